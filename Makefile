@@ -1,0 +1,36 @@
+# make test: create .venv, install dpledger with its dependencies (torch pinned), run the suite.
+# make demo: same install, then the end-to-end demo on the embedded default.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.dpledger-installed
+# One thread: on 2 shared cores the default 2-thread OpenMP runs 4x slower (notes section 7).
+export OMP_NUM_THREADS ?= 1
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test test-slow demo bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	# torch first and pinned, so that nothing pulls a CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest -q tests
+
+test-slow: install
+	$(PY) -m pytest -q -m slow tests
+
+demo: install
+	$(PY) -m dpledger demo
+
+bench: install
+	$(PY) benchmarks/run_benchmarks.py
+
+clean:
+	rm -rf $(VENV) runs .dpledger-cache

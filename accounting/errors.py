@@ -1,0 +1,59 @@
+"""Validation helpers shared by every package: bad input raises ValueError naming the constraint."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise ValueError(message) unless condition holds (never `assert`: it vanishes under -O)."""
+    if not condition:
+        raise ValueError(message)
+
+
+def require_finite(name: str, value: Any) -> float:
+    """Return value as float, or raise naming it when it is NaN, inf or not a number."""
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+    require(math.isfinite(as_float), f"{name} must be finite, got {value!r}")
+    return as_float
+
+
+def require_in_closed(name: str, value: Any, low: float, high: float) -> float:
+    value = require_finite(name, value)
+    require(low <= value <= high, f"{name} must be in [{low:g}, {high:g}], got {value:g}")
+    return value
+
+
+def require_in_open(name: str, value: Any, low: float, high: float) -> float:
+    value = require_finite(name, value)
+    require(low < value < high, f"{name} must be in ({low:g}, {high:g}), got {value:g}")
+    return value
+
+
+def require_positive(name: str, value: Any) -> float:
+    value = require_finite(name, value)
+    require(value > 0, f"{name} must be > 0, got {value:g}")
+    return value
+
+
+def require_non_negative(name: str, value: Any) -> float:
+    value = require_finite(name, value)
+    require(value >= 0, f"{name} must be >= 0, got {value:g}")
+    return value
+
+
+def require_order(name: str, value: Any) -> float:
+    value = require_finite(name, value)
+    require(value > 1, f"{name} (Renyi order) must be > 1, got {value:g}")
+    return value
+
+
+def require_int_at_least(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not float(value).is_integer():
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    as_int = int(value)
+    require(as_int >= low, f"{name} must be an integer >= {low}, got {as_int}")
+    return as_int

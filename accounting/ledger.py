@@ -1,0 +1,160 @@
+"""The accountant: a ledger of named per-step RDP charges (SPEC section 2, Table 2b).
+
+Each step charges one or more named components (e.g. `screen`, `pmixed_data_dependent`). The ledger
+keeps one running RDP total per component; the composed curve is their sum (seed Theorem A.2).
+`breakdown` gives Table 2b's shape: each component's RDP at the optimal order of the composed
+curve, the conversion term, and the total, which sum to the reported epsilon.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from accounting.conversion import ConversionMethod, EpsilonConversion, epsilon_from_rdp
+from accounting.curve import RdpCurve
+from accounting.errors import require
+from accounting.orders import DEFAULT_ORDERS, canonical_orders
+from accounting.relation import NeighbouringRelation
+
+
+@dataclass(frozen=True)
+class BreakdownRow:
+    component: str
+    epsilon: float
+    data_dependent: bool
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Table 2b: component rows at `order`, the conversion row, and the total.
+
+    `rows` holds one row per component, then "RDP to DP (<method>)", then "total"; the component
+    rows plus the conversion row sum to the total (the ledger computes the conversion row as the
+    difference, so the identity holds in floating point too).
+    """
+
+    rows: tuple[BreakdownRow, ...]
+    conversion: EpsilonConversion
+
+    @property
+    def total(self) -> float:
+        return self.conversion.epsilon
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([{"component": r.component, "epsilon": r.epsilon,
+                              "data_dependent": r.data_dependent} for r in self.rows])
+
+    def to_dict(self) -> dict:
+        return {
+            "order": self.conversion.order,
+            "delta": self.conversion.delta,
+            "method": self.conversion.method.value,
+            "data_dependent": self.conversion.data_dependent,
+            "rows": [{"component": r.component, "epsilon": r.epsilon, "data_dependent": r.data_dependent}
+                     for r in self.rows],
+        }
+
+
+class PrivacyLedger:
+    """Running composition of named RDP components over steps, for one neighbouring relation."""
+
+    def __init__(self, orders: Sequence[float] = DEFAULT_ORDERS,
+                 relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE):
+        self.orders = canonical_orders(orders)
+        self.relation = relation
+        self._totals: dict[str, np.ndarray] = {}
+        self._data_dependent: dict[str, bool] = {}
+        self.steps = 0
+
+    def _add(self, name: str, values: np.ndarray, data_dependent: bool) -> None:
+        if name in self._totals:
+            self._totals[name] = self._totals[name] + values
+            self._data_dependent[name] = self._data_dependent[name] or data_dependent
+        else:
+            self._totals[name] = np.array(values, dtype=np.float64)
+            self._data_dependent[name] = data_dependent
+
+    def charge(self, components: Mapping[str, RdpCurve]) -> None:
+        """Charge one step: every named component's curve is added to its running total."""
+        require(len(components) > 0, "a step must charge at least one component")
+        for name, curve in components.items():
+            require(isinstance(curve, RdpCurve), f"component {name!r} must be an RdpCurve, got {type(curve).__name__}")
+            require(curve.orders == self.orders, f"component {name!r} is on a different order grid than the ledger")
+            require(curve.relation == self.relation,
+                    f"component {name!r} is for relation {curve.relation}, the ledger for {self.relation}")
+        for name, curve in components.items():
+            self._add(name, curve.values, curve.data_dependent)
+        self.steps += 1
+
+    def charge_many(self, components: Mapping[str, tuple[np.ndarray, bool]]) -> None:
+        """Charge a block of steps: each component maps to (values[steps, orders], data_dependent)."""
+        require(len(components) > 0, "a block must charge at least one component")
+        steps = None
+        for name, (values, _) in components.items():
+            values = np.asarray(values, dtype=np.float64)
+            require(values.ndim == 2 and values.shape[1] == len(self.orders),
+                    f"component {name!r} values must have shape (steps, {len(self.orders)}), got {values.shape}")
+            require(not bool(np.any(np.isnan(values))), f"component {name!r} has NaN RDP values")
+            require(bool(np.all(values >= 0)), f"component {name!r} has negative RDP values")
+            require(steps is None or values.shape[0] == steps, "every component must cover the same steps")
+            steps = values.shape[0]
+        for name, (values, data_dependent) in components.items():
+            self._add(name, np.asarray(values, dtype=np.float64).sum(axis=0), bool(data_dependent))
+        self.steps += steps
+
+    @property
+    def component_names(self) -> tuple[str, ...]:
+        return tuple(self._totals)
+
+    def component_curve(self, name: str) -> RdpCurve:
+        require(name in self._totals, f"no component named {name!r}; have {list(self._totals)}")
+        return RdpCurve(self.orders, self._totals[name], self.relation, self._data_dependent[name])
+
+    def total_curve(self) -> RdpCurve:
+        """The composed curve: the sum of every component's total (zero if nothing was charged)."""
+        total = RdpCurve.zero(self.orders, self.relation)
+        for name in self._totals:
+            total = total + self.component_curve(name)
+        return total
+
+    def epsilon(self, delta: float, method: ConversionMethod | str = ConversionMethod.IMPROVED) -> EpsilonConversion:
+        return epsilon_from_rdp(self.total_curve(), delta, method)
+
+    def breakdown(self, delta: float, method: ConversionMethod | str = ConversionMethod.IMPROVED) -> Breakdown:
+        """Table 2b at the composed curve's optimal order; rows sum to the total epsilon."""
+        conversion = self.epsilon(delta, method)
+        rows = []
+        if conversion.order is None:
+            for name in self._totals:
+                rows.append(BreakdownRow(name, float("inf"), self._data_dependent[name]))
+            rows.append(BreakdownRow("total", float("inf"), conversion.data_dependent))
+            return Breakdown(tuple(rows), conversion)
+        component_sum = 0.0
+        for name in self._totals:
+            value = self.component_curve(name).value_at(conversion.order)
+            component_sum += value
+            rows.append(BreakdownRow(name, value, self._data_dependent[name]))
+        rows.append(BreakdownRow(f"RDP to DP ({conversion.method.value})", conversion.epsilon - component_sum, False))
+        rows.append(BreakdownRow("total", conversion.epsilon, conversion.data_dependent))
+        return Breakdown(tuple(rows), conversion)
+
+    def to_dict(self) -> dict:
+        return {
+            "orders": list(self.orders),
+            "relation": self.relation.value,
+            "steps": self.steps,
+            "components": {name: self.component_curve(name).to_dict() for name in self._totals},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "PrivacyLedger":
+        ledger = cls(data["orders"], NeighbouringRelation(data["relation"]))
+        for name, curve_data in data["components"].items():
+            curve = RdpCurve.from_dict(curve_data)
+            ledger._add(name, curve.values, curve.data_dependent)
+        ledger.steps = int(data["steps"])
+        return ledger

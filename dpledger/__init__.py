@@ -1,0 +1,25 @@
+"""dpledger: privacy accounting and auditing of private LLM decoding.
+
+The public API: Renyi divergences, RDP curves and their composition, conversions to
+(epsilon, delta), the ledger, budgets, and the mechanism specs.
+"""
+from accounting import (Breakdown, ConversionMethod, DEFAULT_ORDERS, EpsilonConversion, GridEdgeWarning,
+                        NeighbouringRelation, PrivacyLedger, RdpBudget, RdpCurve, compose_curves, default_orders,
+                        delta_from_rdp, epsilon_from_rdp)
+from mechanisms import (AdaPMixED, ConfidentGNMax, CustomCurveMechanism, DPWeightedSampler, GaussianMechanism, GNMax,
+                        Mechanism, NoisyScreening, PMixED, PoissonSubsampledGaussian, SubsampledPMixED,
+                        SubsamplingVariant, Targmax, ThresholdWeightedSampler, beta_from_budget, compose,
+                        data_dependent_pmixed_curve, poisson_subsample, renyi_divergence, self_compose,
+                        subsampled_pmixed_curve, theorem_3_1_epsilon)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdaPMixED", "Breakdown", "ConfidentGNMax", "ConversionMethod", "CustomCurveMechanism", "DEFAULT_ORDERS",
+    "DPWeightedSampler", "EpsilonConversion", "GNMax", "GaussianMechanism", "GridEdgeWarning", "Mechanism",
+    "NeighbouringRelation", "NoisyScreening", "PMixED", "PoissonSubsampledGaussian", "PrivacyLedger", "RdpBudget",
+    "RdpCurve", "SubsampledPMixED", "SubsamplingVariant", "Targmax", "ThresholdWeightedSampler", "beta_from_budget",
+    "compose", "compose_curves", "data_dependent_pmixed_curve", "default_orders", "delta_from_rdp",
+    "epsilon_from_rdp", "poisson_subsample", "renyi_divergence", "self_compose", "subsampled_pmixed_curve",
+    "theorem_3_1_epsilon", "__version__",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from dpledger.cli import main
+
+sys.exit(main())

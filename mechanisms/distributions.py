@@ -1,0 +1,35 @@
+"""Validation of next-token distributions given to mechanisms (arrays whose last axis is V)."""
+from __future__ import annotations
+
+import numpy as np
+
+from accounting.errors import require
+
+SUM_TOLERANCE = 1e-4
+"""|sum - 1| allowed per distribution: float32 softmax over ~50k tokens errs by up to ~1e-5."""
+
+
+def as_float64_array(name: str, values, min_ndim: int = 1) -> np.ndarray:
+    """Convert numpy / torch / list input to a float64 numpy array and validate it as distributions.
+
+    ValueError names the constraint: NaN or infinite entries, negative entries, fewer than
+    `min_ndim` axes, an empty vocabulary axis, or rows not summing to 1 within SUM_TOLERANCE.
+    """
+    if hasattr(values, "detach"):
+        values = values.detach().cpu().double().numpy()
+    array = np.asarray(values, dtype=np.float64)
+    require(array.ndim >= min_ndim, f"{name} must have at least {min_ndim} axes (last = vocabulary), got shape {array.shape}")
+    require(array.shape[-1] > 0, f"{name} must have a non-empty vocabulary axis, got shape {array.shape}")
+    require(not bool(np.any(np.isnan(array))), f"{name} must not contain NaN")
+    require(bool(np.all(np.isfinite(array))), f"{name} must be finite")
+    smallest = float(array.min())
+    require(smallest >= 0, f"{name} must be non-negative, got entry {smallest:g}")
+    sums = array.sum(axis=-1)
+    worst = float(np.max(np.abs(sums - 1.0)))
+    require(worst <= SUM_TOLERANCE, f"{name} must sum to 1 along the last axis within {SUM_TOLERANCE:g}, off by {worst:g}")
+    return array
+
+
+def require_same_vocabulary(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
+    require(a.shape[-1] == b.shape[-1],
+            f"{name_a} and {name_b} must share the vocabulary axis, got {a.shape[-1]} and {b.shape[-1]}")

@@ -1,0 +1,45 @@
+"""Renyi divergence between next-token distributions (SPEC section 1), numpy or torch in, same out."""
+from __future__ import annotations
+
+import numpy as np
+
+from accounting.errors import require, require_order
+from mechanisms.distributions import as_float64_array, require_same_vocabulary
+
+
+def renyi_divergence(p, q, alpha, symmetric: bool = False):
+    """D_alpha(P||Q) = 1/(alpha-1) log sum_j P_j^alpha Q_j^(1-alpha), in float64 log space.
+
+    van Erven & Harremoes 2014, Definition 2; symmetric=True gives
+    D<->_alpha = max(D_alpha(P||Q), D_alpha(Q||P)) (seed section 2). P and Q are arrays whose last
+    axis is the vocabulary (broadcast over leading axes); `alpha` is one order > 1 (result shape:
+    the broadcast batch shape) or a 1-D sequence of orders (result gains a trailing order axis).
+    +inf where P puts mass outside Q's support. Torch inputs give a float64 torch tensor back.
+    """
+    import torch
+
+    from mechanisms.kernels import renyi_divergence_orders, symmetric_renyi_orders
+
+    is_torch = isinstance(p, torch.Tensor) or isinstance(q, torch.Tensor)
+    p_array = as_float64_array("p", p)
+    q_array = as_float64_array("q", q)
+    require_same_vocabulary("p", p_array, "q", q_array)
+    try:
+        np.broadcast_shapes(p_array.shape, q_array.shape)
+    except ValueError:
+        raise ValueError(f"p and q must have broadcastable shapes, got {p_array.shape} and {q_array.shape}") from None
+    alpha_array = np.asarray(alpha, dtype=np.float64)
+    require(alpha_array.ndim <= 1, f"alpha must be a scalar or a 1-D sequence of orders, got shape {alpha_array.shape}")
+    for value in np.atleast_1d(alpha_array):
+        require_order("alpha", value)
+    log_p = torch.log(torch.from_numpy(p_array))
+    log_q = torch.log(torch.from_numpy(q_array))
+    orders = torch.from_numpy(np.atleast_1d(alpha_array).copy())
+    kernel = symmetric_renyi_orders if symmetric else renyi_divergence_orders
+    result = kernel(log_p, log_q, orders)
+    if alpha_array.ndim == 0:
+        result = result[..., 0]
+    if is_torch:
+        return result
+    result = result.numpy()
+    return float(result) if result.ndim == 0 else result

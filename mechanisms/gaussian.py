@@ -1,0 +1,52 @@
+"""The Gaussian mechanism and its Poisson-subsampled form."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from accounting.errors import require_in_closed, require_positive
+from accounting.relation import NeighbouringRelation
+from mechanisms.base import Mechanism
+
+
+@dataclass(frozen=True)
+class GaussianMechanism(Mechanism):
+    """Adds N(0, (noise_multiplier * l2_sensitivity)^2) to a query of L2 sensitivity l2_sensitivity.
+
+    RDP: alpha / (2 noise_multiplier^2) at every order (Mironov 2017, Corollary 3).
+    """
+
+    noise_multiplier: float
+    l2_sensitivity: float = 1.0
+    relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
+
+    def __post_init__(self) -> None:
+        require_positive("noise_multiplier", self.noise_multiplier)
+        require_positive("l2_sensitivity", self.l2_sensitivity)
+
+    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+        return orders / (2.0 * self.noise_multiplier ** 2)
+
+
+@dataclass(frozen=True)
+class PoissonSubsampledGaussian(Mechanism):
+    """Gaussian mechanism on a Poisson subsample of rate `sampling_probability` (add/remove-one).
+
+    RDP from Mironov, Talwar & Zhang 2019, Sections 3.3 (integer orders) and 3.4 (fractional),
+    computed by dp-accounting rather than rewritten here.
+    """
+
+    noise_multiplier: float
+    sampling_probability: float
+
+    def __post_init__(self) -> None:
+        require_positive("noise_multiplier", self.noise_multiplier)
+        require_in_closed("sampling_probability", self.sampling_probability, 0.0, 1.0)
+
+    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+        from dp_accounting.rdp import rdp_privacy_accountant
+
+        values = rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian(
+            self.sampling_probability, self.noise_multiplier, orders)
+        return np.asarray(values, dtype=np.float64)

@@ -1,0 +1,133 @@
+"""Hot PATE: coordinated teacher voting and its aggregators (seed hot_pate_summary.txt; SPEC section 5).
+
+Votes are cast with shared public randomness (coordinated) or independently (cold); the histogram
+changes by one vote when one teacher is replaced (L1 = 2, L2 = sqrt(2), Linf = 1). TARGMAX and TWS
+are T-threshold private (a robustness notion, not DP): their curves are +inf at every order.
+DPARGMAX is Confident-GNMax (mechanisms.pate); DPWS is the construction documented below.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from accounting.errors import require, require_int_at_least, require_positive
+from accounting.relation import NeighbouringRelation
+from mechanisms.base import Mechanism
+from mechanisms.distributions import as_float64_array
+
+
+def vote_histogram(votes, vocabulary_size: int) -> np.ndarray:
+    """c_j = #{i : y_i = j} for each token j; votes (..., N) -> counts (..., V)."""
+    votes = np.asarray(votes)
+    require(np.issubdtype(votes.dtype, np.integer), f"votes must be integer token ids, got dtype {votes.dtype}")
+    require(bool(np.all((votes >= 0) & (votes < vocabulary_size))), f"votes must lie in [0, {vocabulary_size})")
+    flat = votes.reshape(-1, votes.shape[-1])
+    counts = np.zeros((flat.shape[0], vocabulary_size), dtype=np.int64)
+    np.add.at(counts, (np.arange(flat.shape[0])[:, None], flat), 1)
+    return counts.reshape(votes.shape[:-1] + (vocabulary_size,))
+
+
+def cast_votes(teachers, coordinated: bool, seed: int) -> np.ndarray:
+    """One vote per teacher: coordinated (one shared Exp(1) vector, Gumbel-max) or independent.
+
+    teachers (..., N, V). The shared randomness depends on `seed` only, never on private data.
+    """
+    import torch
+
+    from mechanisms.kernels import coordinated_votes
+
+    probs = torch.from_numpy(as_float64_array("teachers", teachers, min_ndim=2))
+    generator = torch.Generator().manual_seed(int(seed))
+    if coordinated:
+        return coordinated_votes(probs, generator).numpy()
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1]).numpy()
+
+
+class _ThresholdPrivateOnly(Mechanism):
+    """Aggregators with no DP guarantee: +inf at every order ("no guarantee")."""
+
+    relation = NeighbouringRelation.REPLACE_ONE
+
+    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+        return np.full_like(orders, np.inf)
+
+
+@dataclass(frozen=True)
+class Targmax(_ThresholdPrivateOnly):
+    """TARGMAX_T: the plurality token if its count is >= T, else fail (None -> public fallback)."""
+
+    threshold: int
+
+    def __post_init__(self) -> None:
+        require_int_at_least("threshold", self.threshold, 1)
+
+    def aggregate(self, counts) -> int | None:
+        counts = np.asarray(counts)
+        top = int(np.argmax(counts))
+        return top if counts[top] >= self.threshold else None
+
+
+@dataclass(frozen=True)
+class ThresholdWeightedSampler(_ThresholdPrivateOnly):
+    """TWS_{T, gamma}: sample among tokens with c_j >= T with probability c_j / max(n/gamma, S),
+    S = sum of those counts; fail with the remaining mass. Never outputs a token with c_j < T, and
+    never gives a token more than gamma times its vote share c_j / n (gamma >= 1: the Hot PATE
+    correlation condition of (tau, beta, gamma)-diversity preservation)."""
+
+    threshold: int
+    gamma: float
+
+    def __post_init__(self) -> None:
+        require_int_at_least("threshold", self.threshold, 1)
+        require(self.gamma >= 1.0, f"gamma must be >= 1, got {self.gamma:g}")
+
+    def probabilities(self, counts) -> np.ndarray:
+        """Per-token output probabilities (the failure probability is 1 minus their sum)."""
+        counts = np.asarray(counts, dtype=np.float64)
+        passing = np.where(counts >= self.threshold, counts, 0.0)
+        normaliser = max(counts.sum() / self.gamma, passing.sum())
+        return passing / normaliser if normaliser > 0 else passing
+
+    def aggregate(self, counts, rng: np.random.Generator) -> int | None:
+        probs = self.probabilities(counts)
+        draw = rng.random()
+        cumulative = np.cumsum(probs)
+        index = int(np.searchsorted(cumulative, draw, side="right"))
+        return index if index < probs.size else None
+
+
+@dataclass(frozen=True)
+class DPWeightedSampler(Mechanism):
+    """DPWS: Gaussian noisy histogram, then TWS on the noisy counts.
+
+    Construction: add N(0, sigma^2) to every count (L2 sensitivity sqrt(2) under replace-one), then
+    run TWS_{T, gamma} on max(noisy counts, 0). The second stage is post-processing (seed Theorem
+    A.1), so the RDP is the Gaussian mechanism's: alpha * 2 / (2 sigma^2) = alpha / sigma^2
+    (Mironov 2017, Corollary 3), data-independent.
+    """
+
+    sigma: float
+    threshold: float
+    gamma: float
+    relation: NeighbouringRelation = NeighbouringRelation.REPLACE_ONE
+
+    def __post_init__(self) -> None:
+        require_positive("sigma", self.sigma)
+        require_positive("threshold", self.threshold)
+        require(self.gamma >= 1.0, f"gamma must be >= 1, got {self.gamma:g}")
+
+    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+        return orders / self.sigma ** 2
+
+    def aggregate(self, counts, rng: np.random.Generator) -> int | None:
+        counts = np.asarray(counts, dtype=np.float64)
+        noisy = np.maximum(counts + rng.normal(0.0, self.sigma, size=counts.shape), 0.0)
+        passing = np.where(noisy >= self.threshold, noisy, 0.0)
+        normaliser = max(counts.sum() / self.gamma, passing.sum())  # counts.sum() = n, public under replace-one
+        if normaliser <= 0:
+            return None
+        cumulative = np.cumsum(passing / normaliser)
+        index = int(np.searchsorted(cumulative, rng.random(), side="right"))
+        return index if index < counts.size else None

@@ -1,0 +1,233 @@
+"""PMixED: project each teacher onto a Renyi ball around the public model, average, sample.
+
+Flemings et al. 2024; seed section 3.2, Algorithm 2, Appendix C. SPEC section 3.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from accounting.curve import RdpCurve, compose_curves
+from accounting.errors import (require, require_in_closed, require_int_at_least, require_non_negative,
+                               require_order, require_positive)
+from accounting.orders import DEFAULT_ORDERS, canonical_orders
+from accounting.relation import NeighbouringRelation
+from mechanisms.base import Mechanism
+from mechanisms.distributions import as_float64_array, require_same_vocabulary
+from mechanisms.subsampling import amplified_rdp
+
+
+def theorem_3_1_epsilon(alpha, beta: float, teachers) -> np.ndarray:
+    """Data-independent per-query RDP of PMixED at the projection order, AS CLAIMED.
+
+    Seed Theorem 3.1 / C.1: eps(a, beta, N) = log((N - 1 + exp(4 beta a (a-1))) / N) / (a-1) for
+    N > 1, and beta * a for N = 1 (the single teacher's ball). Vectorised over alpha and N.
+    Caution (SPEC section 3): the proof applies a triangle-like inequality (seed Theorem A.5)
+    that needs a bound at all orders while the projection enforces order a only; SPEC gives an
+    input where the data-dependent loss exceeds this value. It is reported "as claimed".
+    N = 0 (an empty subsample: the output is the public model) costs 0.
+    """
+    alpha = np.asarray(alpha, dtype=np.float64)
+    n = np.asarray(teachers, dtype=np.float64)
+    exponent = 4.0 * beta * alpha * (alpha - 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        many = (np.logaddexp(np.log(np.maximum(n - 1.0, 0.0)), exponent) - np.log(n)) / (alpha - 1.0)
+    value = np.where(n > 1, many, np.where(n == 1, beta * alpha, 0.0))
+    return value
+
+
+def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers: int) -> float:
+    """Largest beta giving (alpha, epsilon_budget)-RDP over `queries` queries (seed Lemma C.1).
+
+    beta = log(N exp((a-1) eps_G / Q) + 1 - N) / (4 (a-1) a) for N > 1; eps_G / (Q a) for N = 1.
+    """
+    epsilon_budget = require_positive("epsilon_budget", epsilon_budget)
+    queries = require_int_at_least("queries", queries, 1)
+    alpha = require_order("alpha", alpha)
+    teachers = require_int_at_least("teachers", teachers, 1)
+    per_query = epsilon_budget / queries
+    if teachers == 1:
+        return per_query / alpha
+    # log(N e^x + 1 - N) = log(N) + x + log1p((1 - N) e^{-x} / N), stable for small and large x.
+    x = (alpha - 1.0) * per_query
+    inner = math.log(teachers) + x + math.log1p((1.0 - teachers) * math.exp(-x) / teachers)
+    return inner / (4.0 * (alpha - 1.0) * alpha)
+
+
+@dataclass(frozen=True)
+class PMixED(Mechanism):
+    """One PMixED query: Renyi-ball projection at order `alpha`, radius `beta * alpha`, N teachers.
+
+    The curve is Theorem 3.1's value (as claimed) at every order <= alpha (RDP is non-decreasing in
+    the order, so the projection-order bound covers lower orders) and +inf above alpha, where the
+    projection enforces nothing.
+    """
+
+    alpha: float
+    beta: float
+    teachers: int
+    relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
+
+    def __post_init__(self) -> None:
+        require_order("alpha", self.alpha)
+        require_non_negative("beta", self.beta)
+        require_int_at_least("teachers", self.teachers, 1)
+
+    @property
+    def radius(self) -> float:
+        """The Renyi ball's radius beta * alpha (seed Algorithm 2)."""
+        return self.beta * self.alpha
+
+    @property
+    def per_query_epsilon(self) -> float:
+        return float(theorem_3_1_epsilon(self.alpha, self.beta, self.teachers))
+
+    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+        return np.where(orders <= self.alpha + 1e-12, self.per_query_epsilon, np.inf)
+
+    def mixing_weights(self, teachers, public):
+        """lambda_i per teacher (vectorised over all N): largest lambda in [0, 1] keeping the mixed
+        teacher within the ball (SPEC section 3). teachers (..., N, V), public (..., V)."""
+        import torch
+
+        from mechanisms.kernels import mixing_weights
+
+        teachers_np, public_np = _validated_ensemble(teachers, public, self.teachers)
+        lambdas = mixing_weights(torch.from_numpy(teachers_np), torch.from_numpy(public_np), self.alpha, self.radius)
+        return lambdas.numpy()
+
+    def output_distribution(self, teachers, public, lambdas=None) -> np.ndarray:
+        """p = mean_i (lambda_i p_i + (1 - lambda_i) p0), the distribution PMixED samples from."""
+        teachers_np, public_np = _validated_ensemble(teachers, public, self.teachers)
+        if lambdas is None:
+            lambdas = self.mixing_weights(teachers_np, public_np)
+        lam = np.asarray(lambdas, dtype=np.float64)[..., None]
+        return (lam * teachers_np + (1.0 - lam) * public_np[..., None, :]).mean(axis=-2)
+
+
+def _validated_ensemble(teachers, public, expected_teachers: int | None) -> tuple[np.ndarray, np.ndarray]:
+    teachers_np = as_float64_array("teachers", teachers, min_ndim=2)
+    public_np = as_float64_array("public", public)
+    require_same_vocabulary("teachers", teachers_np, "public", public_np)
+    if expected_teachers is not None:
+        require(teachers_np.shape[-2] == expected_teachers,
+                f"teachers must hold N={expected_teachers} distributions on axis -2, got {teachers_np.shape[-2]}")
+    require(public_np.shape[:-1] == teachers_np.shape[:-2],
+            f"public batch shape {public_np.shape[:-1]} must match teachers' {teachers_np.shape[:-2]}")
+    return teachers_np, public_np
+
+
+class SubsamplingVariant(enum.Enum):
+    """How PMixED's Poisson-subsampled per-query bound is formed (SPEC section 3).
+
+    Each is an accounting choice with different soundness; reports show them side by side.
+    """
+
+    REALISED_SIZE = "realised-size"
+    PER_ORDER_RADIUS = "per-order-radius"
+    WORST_CASE_SIZE = "worst-case-size"
+    REALISED_SIZE_GENERAL = "realised-size-general"
+    WORST_CASE_SIZE_GENERAL = "worst-case-size-general"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def uses_realised_sizes(self) -> bool:
+        return self in (SubsamplingVariant.REALISED_SIZE, SubsamplingVariant.PER_ORDER_RADIUS,
+                        SubsamplingVariant.REALISED_SIZE_GENERAL)
+
+    @property
+    def general(self) -> bool:
+        return self in (SubsamplingVariant.REALISED_SIZE_GENERAL, SubsamplingVariant.WORST_CASE_SIZE_GENERAL)
+
+    @property
+    def soundness(self) -> str:
+        return _VARIANT_SOUNDNESS[self]
+
+
+_VARIANT_SOUNDNESS = {
+    SubsamplingVariant.REALISED_SIZE: (
+        "public reference implementation (reproduces Table 2a); lets the realised sample size, a random "
+        "quantity, choose the bound (pitfall 2) and omits the factor 3 (pitfall 3): not a sound guarantee"),
+    SubsamplingVariant.PER_ORDER_RADIUS: (
+        "PMixED paper's original code; charges order k as if the ball there had radius beta*k although "
+        "only the projection order is enforced (pitfall 4): unsound"),
+    SubsamplingVariant.WORST_CASE_SIZE: (
+        "worst ensemble size for every query, tight amplification (seed Theorem A.4) without the factor 3: "
+        "sound only if PMixED meets the tight form's extra condition"),
+    SubsamplingVariant.REALISED_SIZE_GENERAL: (
+        "general amplification (Zhu & Wang 2019, factor 3) but the realised sample size still chooses the "
+        "bound (pitfall 2)"),
+    SubsamplingVariant.WORST_CASE_SIZE_GENERAL: (
+        "worst ensemble size and general amplification (Zhu & Wang 2019, factor 3): sound given Theorem 3.1"),
+}
+
+
+@dataclass(frozen=True)
+class SubsampledPMixED(Mechanism):
+    """One PMixED query on a Poisson subsample of the teachers with rate `sampling_probability`.
+
+    Base epsilon(k) plugged into the amplification bound (seed Theorem A.4 / Zhu & Wang 2019):
+      realised-size(-general): eps(k) := Theorem 3.1 at the projection order a with m = realised_size,
+        for k <= a (+inf above a, where no bound holds);
+      per-order-radius: eps(k) := Theorem 3.1 at order k with m = realised_size (unsound, pitfall 4);
+      worst-case-size(-general): eps(k) := max over m in 1..N of Theorem 3.1 at order a, for k <= a.
+    `realised_size` is required by the realised variants and ignored by the worst-case ones.
+    """
+
+    pmixed: PMixED
+    sampling_probability: float
+    variant: SubsamplingVariant = SubsamplingVariant.WORST_CASE_SIZE_GENERAL
+    realised_size: int | None = None
+
+    def __post_init__(self) -> None:
+        require_in_closed("sampling_probability", self.sampling_probability, 0.0, 1.0)
+        if self.variant.uses_realised_sizes:
+            require(self.realised_size is not None, f"variant {self.variant} needs realised_size")
+            require_int_at_least("realised_size", self.realised_size, 0)
+            require(self.realised_size <= self.pmixed.teachers,
+                    f"realised_size must be <= teachers ({self.pmixed.teachers}), got {self.realised_size}")
+
+    @property
+    def worst_case_size(self) -> int:
+        sizes = np.arange(1, self.pmixed.teachers + 1)
+        return int(sizes[np.argmax(theorem_3_1_epsilon(self.pmixed.alpha, self.pmixed.beta, sizes))])
+
+    def base_epsilon(self, ks: np.ndarray) -> np.ndarray:
+        alpha, beta = self.pmixed.alpha, self.pmixed.beta
+        if self.variant is SubsamplingVariant.PER_ORDER_RADIUS:
+            return theorem_3_1_epsilon(ks, beta, self.realised_size)
+        size = self.realised_size if self.variant.uses_realised_sizes else self.worst_case_size
+        value = float(theorem_3_1_epsilon(alpha, beta, size))
+        return np.where(ks <= alpha + 1e-12, value, np.inf)
+
+    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+        return amplified_rdp(self.sampling_probability, self.base_epsilon, orders, self.variant.general)
+
+
+def realised_subsample_sizes(teachers: int, sampling_probability: float, queries: int, seed: int) -> np.ndarray:
+    """m_t ~ Binomial(N, q) for each query, from numpy's PCG64 seeded with `seed` (reproducible)."""
+    require_int_at_least("teachers", teachers, 1)
+    require_in_closed("sampling_probability", sampling_probability, 0.0, 1.0)
+    require_int_at_least("queries", queries, 1)
+    return np.random.default_rng(seed).binomial(teachers, sampling_probability, size=queries)
+
+
+def subsampled_pmixed_curve(pmixed: PMixED, sampling_probability: float, variant: SubsamplingVariant | str,
+                            queries: int, seed: int = 0, orders: Sequence[float] = DEFAULT_ORDERS) -> RdpCurve:
+    """Composed curve of `queries` subsampled PMixED queries (realised variants draw sizes with `seed`)."""
+    variant = SubsamplingVariant(variant)
+    queries = require_int_at_least("queries", queries, 1)
+    orders = canonical_orders(orders)
+    if not variant.uses_realised_sizes:
+        return SubsampledPMixED(pmixed, sampling_probability, variant).rdp_curve(orders).composed(queries)
+    sizes = realised_subsample_sizes(pmixed.teachers, sampling_probability, queries, seed)
+    unique_sizes, counts = np.unique(sizes, return_counts=True)
+    return compose_curves(
+        SubsampledPMixED(pmixed, sampling_probability, variant, int(size)).rdp_curve(orders).composed(int(count))
+        for size, count in zip(unique_sizes, counts))
