@@ -98,10 +98,15 @@ def epsilon_from_rdp(curve: RdpCurve, delta: float,
     The improved conversion is Balle et al. 2020 Theorem 21 (seed Theorem A.3); the classic one is
     Mironov 2017 Proposition 3. epsilon is clipped below at 0 (DP with epsilon < 0 is meaningless),
     in which case conversion_term = -rdp_at_order so that rdp + term still equals epsilon.
+    A curve that is 0 at every order is a mechanism whose output does not depend on the data: it is
+    (0, 0)-DP, so epsilon = 0 with no optimal order (the conversion formulas would add a spurious
+    positive term).
     """
     delta = require_in_open("delta", delta, 0.0, 1.0)
     method = ConversionMethod(method) if isinstance(method, str) else method
     orders = np.asarray(curve.orders)
+    if not np.any(curve.values):
+        return EpsilonConversion(0.0, delta, None, method, 0.0, 0.0, False, curve.data_dependent)
     with np.errstate(invalid="ignore"):
         eps_per_order = curve.values + conversion_terms(orders, delta, method)
     if not np.any(np.isfinite(eps_per_order)):

@@ -128,10 +128,10 @@ class PrivacyLedger:
         """Table 2b at the composed curve's optimal order; rows sum to the total epsilon."""
         conversion = self.epsilon(delta, method)
         rows = []
-        if conversion.order is None:
+        if conversion.order is None:  # no guarantee anywhere (inf) or a data-free mechanism (0)
             for name in self._totals:
-                rows.append(BreakdownRow(name, float("inf"), self._data_dependent[name]))
-            rows.append(BreakdownRow("total", float("inf"), conversion.data_dependent))
+                rows.append(BreakdownRow(name, conversion.epsilon, self._data_dependent[name]))
+            rows.append(BreakdownRow("total", conversion.epsilon, conversion.data_dependent))
             return Breakdown(tuple(rows), conversion)
         component_sum = 0.0
         for name in self._totals:

@@ -4,13 +4,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpledger import account_cli, demo_cli
+from dpledger import account_cli, decode_cli, demo_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpledger", description="Privacy accounting and auditing of private LLM decoding")
     subparsers = parser.add_subparsers(dest="command", required=True)
     account_cli.add_parser(subparsers)
+    decode_cli.add_parser(subparsers)
     demo_cli.add_parser(subparsers)
     return parser
 

@@ -1,0 +1,110 @@
+"""Build or load the embedded default: corpus, tokenizer, public model and N teachers.
+
+Everything is derived deterministically from (corpus arguments, recipe) and cached under
+`.dpledger-cache/` (or $DPLEDGER_CACHE) by the content hash of those inputs and the library
+versions, so a second run starts at once. A cache entry is written to a temporary directory and
+renamed into place, so an interrupted build never leaves an entry that looks complete.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from decoding.corpus import EmbeddedCorpus, generate_corpus
+from decoding.recipe import (TinyModelRecipe, encode_documents, fine_tune_teacher, new_gpt2, perplexity,
+                             set_single_thread, train_causal_lm, train_tokenizer)
+
+CACHE_FORMAT = 1
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DPLEDGER_CACHE", ".dpledger-cache"))
+
+
+@dataclass(frozen=True)
+class EmbeddedDefault:
+    directory: Path
+    corpus: EmbeddedCorpus
+    recipe: TinyModelRecipe
+    info: dict
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.directory / "tokenizer"
+
+    @property
+    def public_path(self) -> Path:
+        return self.directory / "public"
+
+    @property
+    def teacher_paths(self) -> list[Path]:
+        return [self.directory / "teachers" / f"teacher-{i:03d}" for i in range(len(self.corpus.shards))]
+
+
+def cache_key(corpus: EmbeddedCorpus, recipe: TinyModelRecipe) -> str:
+    import tokenizers
+    import torch
+    import transformers
+
+    payload = json.dumps({"format": CACHE_FORMAT, "corpus": corpus.content_hash(), "recipe": recipe.to_dict(),
+                          "torch": torch.__version__, "transformers": transformers.__version__,
+                          "tokenizers": tokenizers.__version__}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def build_or_load(teachers: int = 8, recipe: TinyModelRecipe = TinyModelRecipe(), corpus_seed: int = 0,
+                  verbose: bool = True, **corpus_kwargs) -> EmbeddedDefault:
+    """The cached embedded default for `teachers` shards, training it first if absent."""
+    corpus = generate_corpus(seed=corpus_seed, teachers=teachers, **corpus_kwargs)
+    key = cache_key(corpus, recipe)
+    final = cache_root() / f"embedded-{key[:16]}"
+    if (final / "info.json").exists():
+        return EmbeddedDefault(final, corpus, recipe, json.loads((final / "info.json").read_text()))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.parent / f".staging-{key[:16]}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    info = _train(corpus, recipe, staging, verbose)
+    (staging / "info.json").write_text(json.dumps(info, indent=2))
+    try:
+        os.rename(staging, final)
+    except OSError:  # another process finished the same entry first
+        shutil.rmtree(staging, ignore_errors=True)
+    return EmbeddedDefault(final, corpus, recipe, json.loads((final / "info.json").read_text()))
+
+
+def _train(corpus: EmbeddedCorpus, recipe: TinyModelRecipe, directory: Path, verbose: bool) -> dict:
+    set_single_thread()
+    say = print if verbose else (lambda *a, **k: None)
+    started = time.time()
+    tokenizer = train_tokenizer(corpus.public_train, recipe.vocab_size, str(directory / "tokenizer"))
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    public_ids = encode_documents(tokenizer, corpus.public_train)
+    private_heldout = encode_documents(tokenizer, corpus.private_heldout)
+    say(f"[embedded] tokenizer: vocab {len(tokenizer)}, public text {public_ids.size} tokens")
+    public = new_gpt2(recipe, eos)
+    train_causal_lm(public, public_ids, recipe.public_steps, recipe.public_batch, recipe.n_positions, recipe.public_lr,
+                    recipe.warmup_steps, recipe.seed, "public model", recipe.public_label_smoothing)
+    public.save_pretrained(directory / "public")
+    public_time = time.time() - started
+    info = {"public_heldout_ppl": perplexity(public, encode_documents(tokenizer, corpus.public_heldout),
+                                             recipe.n_positions),
+            "public_on_private_ppl": perplexity(public, private_heldout, recipe.n_positions),
+            "public_train_seconds": round(public_time, 1)}
+    say(f"[embedded] public model: held-out ppl {info['public_heldout_ppl']:.1f}, "
+        f"on private text {info['public_on_private_ppl']:.1f} ({public_time:.0f} s)")
+    teacher_ppl = []
+    for index, shard in enumerate(corpus.shards):
+        teacher = fine_tune_teacher(public, recipe, encode_documents(tokenizer, shard), index)
+        teacher_ppl.append(perplexity(teacher, private_heldout, recipe.n_positions))
+        teacher.save_pretrained(directory / "teachers" / f"teacher-{index:03d}")
+    info.update(teacher_private_ppl=teacher_ppl, teacher_kind=recipe.teacher_kind,
+                teachers_train_seconds=round(time.time() - started - public_time, 1))
+    say(f"[embedded] {len(corpus.shards)} teachers: private held-out ppl "
+        f"{min(teacher_ppl):.1f}..{max(teacher_ppl):.1f} ({info['teachers_train_seconds']:.0f} s)")
+    return info

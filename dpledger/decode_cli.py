@@ -1,0 +1,37 @@
+"""`dpledger decode CONFIG.toml [--out DIR] [--resume]`: run a private decoding job, write its trace."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("decode", help="run a mechanism over a query stream and write the trace",
+                                   description=__doc__)
+    parser.add_argument("config", help="TOML run configuration (see decoding/config.py)")
+    parser.add_argument("--out", help="trace directory (overrides [run] out)")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted run in the same directory")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from decoding.config import load_config
+    from decoding.run import run_decode
+    from decoding import trace
+
+    config = load_config(args.config, args.out)
+    try:
+        result = run_decode(config, resume=args.resume, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        committed = len(trace.read_records(config.out, verify=False)) if (trace.Path(config.out) / trace.MANIFEST).exists() else 0
+        print(f"\ninterrupted: {committed} steps are committed in {config.out}; continue with --resume",
+              file=sys.stderr)
+        return 130
+    summary = result.summary
+    first = summary["epsilon"][0]
+    kind = "data-dependent loss" if summary["data_dependent"] else "epsilon"
+    ppl = "-" if summary["perplexity"] is None else f"{summary['perplexity']:.3f}"
+    print(f"{result.directory}: {summary['steps']} queries, {kind} {first['epsilon']:.4g} at delta={first['delta']:g} "
+          f"(order {first['order']}), perplexity {ppl}, answered by public {summary['answered_by_public']}")
+    return 0
