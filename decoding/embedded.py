@@ -87,7 +87,7 @@ def _train(corpus: EmbeddedCorpus, recipe: TinyModelRecipe, directory: Path, ver
     public_ids = encode_documents(tokenizer, corpus.public_train)
     private_heldout = encode_documents(tokenizer, corpus.private_heldout)
     say(f"[embedded] tokenizer: vocab {len(tokenizer)}, public text {public_ids.size} tokens")
-    public = new_gpt2(recipe, eos)
+    public = new_gpt2(recipe, eos, len(tokenizer))
     train_causal_lm(public, public_ids, recipe.public_steps, recipe.public_batch, recipe.n_positions, recipe.public_lr,
                     recipe.warmup_steps, recipe.seed, "public model", recipe.public_label_smoothing)
     public.save_pretrained(directory / "public")

@@ -79,10 +79,12 @@ def encode_documents(tokenizer, text: str) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-def new_gpt2(recipe: TinyModelRecipe, eos_id: int):
+def new_gpt2(recipe: TinyModelRecipe, eos_id: int, vocab_size: int):
+    """A fresh GPT-2 sized by the recipe, with the tokenizer's real vocabulary size (BPE may exceed
+    the requested size: the byte alphabet and special tokens always stay)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=recipe.vocab_size, n_positions=recipe.n_positions, n_embd=recipe.n_embd,
+    config = GPT2Config(vocab_size=vocab_size, n_positions=recipe.n_positions, n_embd=recipe.n_embd,
                         n_layer=recipe.n_layer, n_head=recipe.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         bos_token_id=eos_id, eos_token_id=eos_id)
     torch.manual_seed(recipe.seed)

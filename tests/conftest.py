@@ -18,3 +18,20 @@ def lm_like(rng, vocab, batch=(), temperature=2.5):
     logits -= logits.max(axis=-1, keepdims=True)
     probs = np.exp(logits)
     return probs / probs.sum(axis=-1, keepdims=True)
+
+
+@pytest.fixture(scope="session")
+def micro_models(tmp_path_factory):
+    """A public model, 3 full fine-tuned teachers and a tokenizer, trained once per session."""
+    from tests.micro import build_micro_models
+
+    root = tmp_path_factory.mktemp("micro")
+    previous = os.environ.get("DPLEDGER_CACHE")
+    os.environ["DPLEDGER_CACHE"] = str(root / "cache")
+    try:
+        yield build_micro_models(root)
+    finally:
+        if previous is None:
+            os.environ.pop("DPLEDGER_CACHE", None)
+        else:
+            os.environ["DPLEDGER_CACHE"] = previous

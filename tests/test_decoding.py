@@ -1,0 +1,194 @@
+"""Decoding runs: model loading, batched forward, traces, resume after a kill, hash chain, bad configs."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from decoding import trace
+from decoding.config import config_from_dict
+from decoding.ensemble import Ensemble, load_causal_lm
+from decoding.run import run_decode
+from mechanisms import NoisyScreening, PMixED, data_dependent_pmixed_curve
+from tests.micro import micro_config, write_toml
+
+ADAPMIXED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.2, "lam": 0.05, "sigma": 0.01, "threshold": 0.3, "top_k": 20}
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_batched_forward_matches_transformers_per_model(micro_models):
+    ensemble = Ensemble.from_pretrained(str(micro_models.public), [str(t) for t in micro_models.teachers])
+    ids = torch.randint(0, ensemble.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    batched = ensemble.logits(ids)
+    for index, path in enumerate([micro_models.public, *micro_models.teachers]):
+        reference = load_causal_lm(str(path))(input_ids=ids).logits
+        torch.testing.assert_close(batched[index], reference, atol=2e-5, rtol=1e-5)
+
+
+def test_saved_full_and_lora_teachers_load_by_path_with_identical_distributions(micro_models, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    public = load_causal_lm(str(micro_models.public))
+    public_dir = tmp_path / "public"
+    public.save_pretrained(public_dir)
+    lora = get_peft_model(load_causal_lm(str(micro_models.public)),
+                          LoraConfig(r=4, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True, init_lora_weights=False))
+    lora.eval()
+    lora.save_pretrained(tmp_path / "lora")
+    full = load_causal_lm(str(micro_models.teachers[0]))
+    full.save_pretrained(tmp_path / "full")
+    ids = torch.randint(0, public.config.vocab_size, (1, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected_public = torch.softmax(public(input_ids=ids).logits.double(), -1)
+        expected_lora = torch.softmax(lora(input_ids=ids).logits.double(), -1)
+        expected_full = torch.softmax(full(input_ids=ids).logits.double(), -1)
+    lora_ensemble = Ensemble.from_pretrained(str(public_dir), [str(tmp_path / "lora")], teacher_kind="lora")
+    public_probs, teacher_probs = lora_ensemble.distributions(ids)
+    torch.testing.assert_close(public_probs, expected_public, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(teacher_probs[..., 0, :], expected_lora, atol=1e-6, rtol=1e-5)
+    _, full_probs = Ensemble.from_pretrained(str(public_dir), [str(tmp_path / "full")]).distributions(ids)
+    torch.testing.assert_close(full_probs[..., 0, :], expected_full, atol=1e-6, rtol=1e-5)
+
+
+def test_trace_layout_ledger_and_recorded_step_match_pure_mechanism_code(micro_models, tmp_path):
+    config = config_from_dict(micro_config(micro_models, tmp_path / "run", ADAPMIXED))
+    result = run_decode(config, progress=False, verbose=False)
+    run_dir = result.directory
+    manifest = trace.read_manifest(run_dir)
+    assert manifest["mechanism"]["components"] == {"screen": False, "pmixed_data_dependent": True}
+    assert {m["role"] for m in manifest["models"]} == {"public", "teacher-0", "teacher-1", "teacher-2"}
+    records = trace.read_records(run_dir)
+    assert len(records) == 96 and [r["step"] for r in records] == list(range(96))
+    ledger = json.loads((run_dir / trace.LEDGER).read_text())
+    charged = np.sum([r["rdp_pmixed_data_dependent"] for r in records], axis=0)
+    np.testing.assert_allclose(ledger["ledger"]["components"]["pmixed_data_dependent"]["values"], charged, rtol=1e-12)
+    rows = ledger["breakdown"]["rows"]
+    assert sum(r["epsilon"] for r in rows[:-1]) == pytest.approx(rows[-1]["epsilon"], abs=1e-12)
+
+    # one recorded step, recomputed by mechanisms/ from the replay payload
+    payload = np.load(run_dir / "replay" / "block-000001.npz")
+    public, teachers = Ensemble.split_distributions(torch.from_numpy(payload["logits"]))
+    block = records[32:64]
+    passed = [r["position"] for r in block if r["screen_passed"]]
+    failed = [r["position"] for r in block if not r["screen_passed"]]
+    assert passed and failed, "the test threshold should let some steps pass and others fail"
+    pmixed = PMixED(18.0, 0.2, 3)
+    row = passed[0]
+    record = block[row]
+    lambdas = pmixed.mixing_weights(teachers[row].numpy(), public[row].numpy())
+    np.testing.assert_allclose(record["lambdas"], lambdas, rtol=0, atol=1e-12)
+    curve = data_dependent_pmixed_curve(pmixed, teachers[row].numpy(), public[row].numpy(), lambdas, manifest["orders"])
+    np.testing.assert_allclose(record["rdp_pmixed_data_dependent"], curve.values, rtol=1e-9)
+    output = pmixed.output_distribution(teachers[row].numpy(), public[row].numpy(), lambdas)
+    assert record["prob_true_token"] == pytest.approx(output[record["true_token"]], rel=1e-9)
+    screen = NoisyScreening(teachers=3, lam=0.05, sigma=0.01, alpha=18.0).rdp_values(np.asarray(manifest["orders"]))
+    np.testing.assert_allclose(record["rdp_screen"], screen, rtol=1e-12)
+    skipped = block[failed[0]]  # answered by the public model: screening cost only
+    assert skipped["answered_by"] == "public" and not any(skipped["rdp_pmixed_data_dependent"])
+    assert skipped["prob_true_token"] == pytest.approx(float(public[failed[0], skipped["true_token"]]), rel=1e-12)
+
+
+def test_editing_a_committed_record_breaks_the_hash_chain(micro_models, tmp_path):
+    config = config_from_dict(micro_config(micro_models, tmp_path / "run", {"type": "pmixed", "alpha": 6.0, "beta": 0.05},
+                                           queries=64))
+    run_dir = run_decode(config, progress=False, verbose=False).directory
+    path = trace.chunk_path(run_dir, 1)
+    table = pq.read_table(path).to_pylist()
+    table[3]["prob_true_token"] = 0.99
+    pq.write_table(pa.Table.from_pylist(table), path)
+    with pytest.raises(trace.TraceError, match=r"chunk-000001.parquet: step 35 was modified"):
+        trace.read_records(run_dir)
+    os.remove(trace.chunk_path(run_dir, 0))
+    with pytest.raises(trace.TraceError, match="chunk-000000.parquet: missing"):
+        trace.read_records(run_dir)
+
+
+def test_killed_run_resumes_to_the_same_ledger_as_an_uninterrupted_run(micro_models, tmp_path):
+    mechanism = dict(ADAPMIXED)
+    reference_cfg = micro_config(micro_models, tmp_path / "reference", mechanism, queries=1500, block_size=10,
+                                 replay_payload=False)
+    reference = run_decode(config_from_dict(reference_cfg), progress=False, verbose=False)
+    killed_cfg = write_toml(tmp_path / "killed.toml", {**reference_cfg, "run": {**reference_cfg["run"],
+                                                                                 "out": str(tmp_path / "killed")}})
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "dpledger", "decode", str(killed_cfg), "--no-progress"]
+    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not trace.chunk_path(tmp_path / "killed", 3).exists():
+        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        assert time.time() < deadline, "the run never committed its fourth chunk"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "killed" / trace.LEDGER).exists(), "the run finished before it could be killed"
+    committed = len(trace.read_records(tmp_path / "killed"))
+    assert 0 < committed < 1500
+    resumed = subprocess.run(command + ["--resume"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    killed_ledger = json.loads((tmp_path / "killed" / trace.LEDGER).read_text())
+    assert killed_ledger["ledger"] == reference.summary["ledger"]
+    assert killed_ledger["epsilon"] == reference.summary["epsilon"]
+    killed_hashes = [r["record_hash"] for r in trace.read_records(tmp_path / "killed")]
+    assert killed_hashes == [r["record_hash"] for r in trace.read_records(reference.directory)]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c["mechanism"].update(type="magic"), "unknown mechanism type 'magic'"),
+    (lambda c: c["models"].update(teachers=5), "models.teachers = 5 does not match the 3 teacher_paths"),
+    (lambda c: c["models"].update(public="/nonexistent/model"), "model path does not exist: /nonexistent/model"),
+    (lambda c: c["mechanism"].update(beta=-1.0), "beta must be >= 0, got -1"),
+    (lambda c: c["mechanism"].update(gamma=2.0), "unknown parameters for mechanism 'pmixed': ['gamma']"),
+])
+def test_bad_configs_fail_clearly_without_a_trace(micro_models, tmp_path, change, message):
+    config = micro_config(micro_models, tmp_path / "run", {"type": "pmixed", "alpha": 6.0, "beta": 0.05})
+    change(config)
+    with pytest.raises(ValueError) as error:
+        run_decode(config_from_dict(config), progress=False, verbose=False)
+    assert message in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_vocabulary_mismatch_is_refused(micro_models, tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    other = GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=1, n_head=2))
+    other.save_pretrained(tmp_path / "other")
+    config = micro_config(micro_models, tmp_path / "run", {"type": "public"})
+    config["models"]["teacher_paths"][1] = str(tmp_path / "other")
+    with pytest.raises(ValueError, match="teacher 1 has vocabulary size 300, the public model 320"):
+        run_decode(config_from_dict(config), progress=False, verbose=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_output_directory_holding_another_run_is_refused(micro_models, tmp_path):
+    first = config_from_dict(micro_config(micro_models, tmp_path / "run", {"type": "public"}, queries=32))
+    run_decode(first, progress=False, verbose=False)
+    before = sorted(p.name for p in (tmp_path / "run").rglob("*"))
+    second = config_from_dict(micro_config(micro_models, tmp_path / "run", {"type": "ensemble"}, queries=32))
+    with pytest.raises(ValueError, match="already holds files: pass --resume"):
+        run_decode(second, progress=False, verbose=False)
+    with pytest.raises(ValueError, match="holds another run"):
+        run_decode(second, resume=True, progress=False, verbose=False)
+    assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == before
+
+
+def test_free_generation_stream_and_subsampled_pmixed(micro_models, tmp_path):
+    config = micro_config(micro_models, tmp_path / "gen", {"type": "pmixed", "alpha": 6.0, "beta": 0.05,
+                                                          "sample_rate": 0.5, "subsampling_variant": "realised-size"},
+                          queries=12)
+    config["data"] = {"stream": "generate", "prompts": ["Customer: Hi, I am", "Agent:"], "max_new_tokens": 6}
+    result = run_decode(config_from_dict(config), progress=False, verbose=False)
+    records = trace.read_records(result.directory)
+    assert len(records) == 12 and all(r["true_token"] == -1 for r in records)
+    assert result.summary["perplexity"] is None
+    sizes = {len(r["sampled_teachers"]) for r in records}
+    assert sizes <= {0, 1, 2, 3}
+    assert all(set(r["sampled_teachers"]) <= {0, 1, 2} for r in records)
