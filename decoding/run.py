@@ -42,6 +42,8 @@ class PreparedRun:
     token_ids: np.ndarray | None
     prompts: list[list[int]]
     data_identity: dict
+    tokenizer_path: str
+    canaries: list[dict]
 
     @property
     def n_blocks(self) -> int:
@@ -106,7 +108,10 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
         name, digest = "prompts", hashlib.sha256("\x00".join(data.prompts).encode()).hexdigest()
     data_identity = {"name": name, "sha256": digest, "stream": data.stream,
                      "tokens": int(token_ids.size) if token_ids is not None else None}
-    return PreparedRun(config, ensemble, tokenizer, runner, orders, token_ids, prompts, data_identity)
+    canaries = ([{"teacher": c.shard, "text": c.text, "secret": c.secret} for c in embedded.corpus.canaries]
+                if embedded is not None else [])
+    return PreparedRun(config, ensemble, tokenizer, runner, orders, token_ids, prompts, data_identity,
+                       str(tokenizer_path), canaries)
 
 
 def _manifest(prepared: PreparedRun) -> dict:
@@ -123,7 +128,7 @@ def _manifest(prepared: PreparedRun) -> dict:
         "orders": prepared.orders.tolist(),
         "models": [vars(identity) for identity in prepared.ensemble.identities],
         "vocab_size": prepared.ensemble.vocab_size, "n_teachers": prepared.ensemble.n_teachers,
-        "data": prepared.data_identity,
+        "data": prepared.data_identity, "tokenizer": prepared.tokenizer_path, "canaries": prepared.canaries,
         "seeds": {"run": config.seed}, "queries": config.queries, "n_blocks": prepared.n_blocks,
         "replay_payload": config.replay_payload,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
@@ -191,38 +196,50 @@ def _concat_outcomes(outcomes: list[BlockOutcome]) -> BlockOutcome:
                         data_independent=cat("data_independent"))
 
 
-def run_block(prepared: PreparedRun, block: int, logits: torch.Tensor | None = None):
-    """Process one block; returns (outcome, output tokens, true tokens, context tokens, logits (N+1, L, V)).
+def _mechanism_step(runner: Runner, logits: torch.Tensor, generator: torch.Generator, orders: np.ndarray):
+    """One call of the mechanism on (N+1, L, V) logits, then one sampled token per row, in this order
+    of generator use (replay depends on it)."""
+    public, teachers = Ensemble.split_distributions(logits)
+    outcome = runner.process(public, teachers, generator, orders)
+    tokens = torch.multinomial(outcome.output, 1, generator=generator)[:, 0].numpy()
+    return outcome, tokens
 
-    `logits` replays a recorded payload for teacher-forced blocks instead of running the models.
+
+def replay_block(runner: Runner, logits: torch.Tensor, seed: int, block: int, orders: np.ndarray,
+                 sequential: bool) -> tuple[BlockOutcome, np.ndarray]:
+    """Recompute a block from its recorded logits (N+1, L, V): the outcome and the sampled tokens.
+
+    sequential=True replays a free-generation block step by step, as it ran.
     """
+    generator = block_generator(seed, block)
+    if not sequential:
+        return _mechanism_step(runner, logits, generator, orders)
+    steps = [_mechanism_step(runner, logits[:, i:i + 1], generator, orders) for i in range(logits.shape[1])]
+    return _concat_outcomes([o for o, _ in steps]), np.concatenate([t for _, t in steps])
+
+
+def run_block(prepared: PreparedRun, block: int):
+    """Process one block; returns (outcome, output tokens, true tokens, context tokens, logits (N+1, L, V))."""
     generator = block_generator(prepared.config.seed, block)
     length = prepared.block_length(block)
     orders = prepared.orders
     if prepared.config.data.stream == "teacher-forced":
         start = block * prepared.config.data.block_size
         window = torch.from_numpy(prepared.token_ids[start:start + length + 1])
-        if logits is None:
-            logits = prepared.ensemble.logits(window[:length].unsqueeze(0))[:, 0]
-        public, teachers = Ensemble.split_distributions(logits)
-        outcome = prepared.runner.process(public, teachers, generator, orders)
-        tokens = torch.multinomial(outcome.output, 1, generator=generator)[:, 0].numpy()
+        logits = prepared.ensemble.logits(window[:length].unsqueeze(0))[:, 0]
+        outcome, tokens = _mechanism_step(prepared.runner, logits, generator, orders)
         return outcome, tokens, window[1:].numpy(), window[:length].numpy(), logits
-    prompt = prepared.prompts[block % len(prepared.prompts)]
-    context = list(prompt)
+    context = list(prepared.prompts[block % len(prepared.prompts)])
     outcomes, tokens, step_logits, contexts = [], [], [], []
-    window = prepared.ensemble.n_positions
     for _ in range(length):
-        ids = torch.tensor(context[-window:]).unsqueeze(0)
-        current = prepared.ensemble.logits(ids)[:, 0, -1:] if logits is None else logits[:, len(step_logits)][:, None]
-        public, teachers = Ensemble.split_distributions(current)
-        outcome = prepared.runner.process(public, teachers, generator, orders)
-        token = int(torch.multinomial(outcome.output, 1, generator=generator)[0, 0])
+        ids = torch.tensor(context[-prepared.ensemble.n_positions:]).unsqueeze(0)
+        current = prepared.ensemble.logits(ids)[:, 0, -1:]
+        outcome, token = _mechanism_step(prepared.runner, current, generator, orders)
         outcomes.append(outcome)
-        tokens.append(token)
+        tokens.append(int(token[0]))
         step_logits.append(current[:, 0])
         contexts.append(context[-1])
-        context.append(token)
+        context.append(int(token[0]))
     return (_concat_outcomes(outcomes), np.asarray(tokens), np.full(length, -1), np.asarray(contexts),
             torch.stack(step_logits, dim=1))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpledger import account_cli, decode_cli, demo_cli
+from dpledger import account_cli, audit_cli, decode_cli, demo_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -12,6 +12,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     account_cli.add_parser(subparsers)
     decode_cli.add_parser(subparsers)
+    audit_cli.add_parser(subparsers)
     demo_cli.add_parser(subparsers)
     return parser
 

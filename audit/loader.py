@@ -1,0 +1,103 @@
+"""Load a trace for auditing: manifest, verified records, ledger.json, replay payloads."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from decoding import trace
+from decoding.runners import Runner, build_runner
+from decoding.trace import TraceError
+
+
+@dataclass
+class LoadedTrace:
+    directory: Path
+    manifest: dict
+    records: list[dict]
+    ledger: dict
+    chain_error: str | None
+
+    @property
+    def orders(self) -> np.ndarray:
+        return np.asarray(self.manifest["orders"], dtype=np.float64)
+
+    @property
+    def mechanism_type(self) -> str:
+        return self.manifest["mechanism"]["type"]
+
+    @property
+    def params(self) -> dict:
+        return self.manifest["mechanism"]["params"]
+
+    @property
+    def components(self) -> dict[str, bool]:
+        return self.manifest["mechanism"]["components"]
+
+    @property
+    def n_teachers(self) -> int:
+        return int(self.manifest["n_teachers"])
+
+    @property
+    def has_payload(self) -> bool:
+        return bool(self.manifest.get("replay_payload")) and all(
+            trace.replay_path(self.directory, b).exists() for b in self.blocks())
+
+    def blocks(self) -> list[int]:
+        return sorted({r["block"] for r in self.records})
+
+    def block_records(self, block: int) -> list[dict]:
+        return [r for r in self.records if r["block"] == block]
+
+    def runner(self) -> Runner:
+        return build_runner({"type": self.mechanism_type, **self.params}, self.n_teachers)
+
+    def payload_logits(self, block: int) -> torch.Tensor:
+        path = trace.replay_path(self.directory, block)
+        try:
+            with np.load(path) as payload:
+                logits = payload["logits"]
+        except Exception as error:
+            raise TraceError(f"{path}: unreadable replay payload ({type(error).__name__}: {error})") from None
+        expected = (self.n_teachers + 1, len(self.block_records(block)), self.manifest["vocab_size"])
+        if logits.shape != expected:
+            raise TraceError(f"{path}: logits have shape {logits.shape}, expected {expected}")
+        return torch.from_numpy(logits)
+
+    def iter_payload(self) -> Iterator[tuple[int, list[dict], torch.Tensor]]:
+        for block in self.blocks():
+            yield block, self.block_records(block), self.payload_logits(block)
+
+
+def load_trace(run_dir: str | Path) -> LoadedTrace:
+    """TraceError (naming the file) for a foreign, truncated or corrupted directory; a broken hash
+    chain is not raised here but recorded, so the audit can report it as a failed check."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise TraceError(f"{run_dir}: not a directory")
+    manifest = trace.read_manifest(run_dir)
+    for key in ("mechanism", "orders", "n_teachers", "vocab_size", "config", "relation"):
+        if key not in manifest:
+            raise TraceError(f"{run_dir / trace.MANIFEST}: lacks the field {key!r}")
+    ledger_path = run_dir / trace.LEDGER
+    if not ledger_path.exists():
+        raise TraceError(f"{ledger_path}: missing; the run is unfinished (resume it with dpledger decode --resume)")
+    try:
+        ledger = json.loads(ledger_path.read_text())
+    except json.JSONDecodeError as error:
+        raise TraceError(f"{ledger_path}: not valid JSON ({error})") from None
+    chain_error = None
+    try:
+        records = trace.read_records(run_dir, verify=True)
+    except TraceError as error:
+        if "unreadable" in str(error) or "missing" in str(error):
+            raise
+        chain_error = str(error)
+        records = trace.read_records(run_dir, verify=False)
+    if not records:
+        raise TraceError(f"{run_dir / trace.STEPS_DIR}: no committed step records")
+    return LoadedTrace(run_dir, manifest, records, ledger, chain_error)

@@ -1,0 +1,142 @@
+"""Sampled audits: a distinguishing game between neighbouring ensembles gives a Clopper-Pearson
+lower bound on epsilon (SPEC section 7), which must stay at or below the claimed epsilon.
+
+For an (epsilon, delta)-DP mechanism and any test S: Pr[S | D] <= e^eps Pr[S | D'] + delta and
+Pr[not S | D'] <= e^eps Pr[not S | D] + delta (Kairouz et al. 2015; Jagielski et al. 2020). With
+one-sided Clopper-Pearson bounds on both rates (each at (1 - confidence)/2, a union bound gives
+the stated confidence), eps >= max(log((TPR_lo - delta) / FPR_hi), log((1 - FPR_hi - delta) / (1 - TPR_lo))).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from accounting.conversion import epsilon_from_rdp
+from accounting.curve import RdpCurve
+from accounting.errors import require, require_in_open, require_int_at_least
+from accounting.relation import NeighbouringRelation
+from audit.ablation import clopper_pearson
+from audit.checks import CheckResult, skipped, verdict
+from audit.loader import LoadedTrace
+
+
+@dataclass(frozen=True)
+class GameResult:
+    trials: int
+    hits_in: int       # test positive in the world with the neighbour present (D)
+    hits_out: int      # test positive in the world without it (D')
+    delta: float
+    confidence: float
+    epsilon_lower_bound: float
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+
+def epsilon_lower_bound(hits_in: int, hits_out: int, trials: int, delta: float, confidence: float = 0.95) -> float:
+    """Clopper-Pearson lower bound on epsilon from a distinguishing game (module docstring)."""
+    require_int_at_least("trials", trials, 1)
+    require_in_open("confidence", confidence, 0.0, 1.0)
+    # a two-sided interval at `confidence` leaves (1 - confidence) / 2 in each tail; we use one tail of each
+    tpr_low, _ = clopper_pearson(np.array([hits_in]), trials, confidence)
+    _, fpr_high = clopper_pearson(np.array([hits_out]), trials, confidence)
+    tpr_low, fpr_high = float(tpr_low[0]), float(fpr_high[0])
+    candidates = [0.0]
+    if tpr_low - delta > 0 and fpr_high > 0:
+        candidates.append(math.log((tpr_low - delta) / fpr_high))
+    if 1 - fpr_high - delta > 0 and 1 - tpr_low > 0:
+        candidates.append(math.log((1 - fpr_high - delta) / (1 - tpr_low)))
+    return max(candidates)
+
+
+def distinguishing_game(sample_in: Callable[[int, np.random.Generator], np.ndarray],
+                        sample_out: Callable[[int, np.random.Generator], np.ndarray],
+                        test: Callable[[np.ndarray], np.ndarray], trials: int, delta: float,
+                        confidence: float = 0.95, seed: int = 0) -> GameResult:
+    """Run `trials` draws in each world and bound epsilon from the test's hit counts."""
+    rng = np.random.default_rng(seed)
+    hits_in = int(np.sum(test(sample_in(trials, rng))))
+    hits_out = int(np.sum(test(sample_out(trials, rng))))
+    return GameResult(trials, hits_in, hits_out, delta, confidence,
+                      epsilon_lower_bound(hits_in, hits_out, trials, delta, confidence))
+
+
+def _canary_query(tokenizer, canary: dict) -> tuple[list[int], int]:
+    text, secret = canary["text"], canary["secret"]
+    cut = text.index(secret)
+    prefix_ids = tokenizer(text[:cut].rstrip(" "), add_special_tokens=False)["input_ids"]
+    full_ids = tokenizer(text[:cut + len(secret)], add_special_tokens=False)["input_ids"]
+    require(full_ids[:len(prefix_ids)] == prefix_ids, "the canary's prefix does not tokenise as a prefix")
+    return prefix_ids, full_ids[len(prefix_ids)]
+
+
+def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float = 0.95, seed: int = 0,
+                      chunk: int = 250) -> tuple[CheckResult, GameResult | None]:
+    """The planted canary's teacher present vs removed, on the canary's own prefix: does the
+    mechanism emit the secret's first token more often with the teacher than without it?"""
+    from decoding.ensemble import Ensemble
+    from decoding.runners import build_runner
+    from transformers import AutoTokenizer
+
+    canaries = trace.manifest.get("canaries") or []
+    if trace.mechanism_type == "public":
+        return skipped("canary_game", "the public model alone does not read the teachers"), None
+    if not canaries:
+        return skipped("canary_game", "the trace names no planted canary (only the embedded default plants them)"), None
+    models = trace.manifest["models"]
+    ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
+                                        trace.manifest["config"]["models"]["teacher_kind"])
+    for identity, loaded in zip(models, ensemble.identities):
+        require(identity["content_hash"] == loaded.content_hash,
+                f"model {identity['source']} changed since the run (content hash differs)")
+    canary = canaries[0]
+    tokenizer = AutoTokenizer.from_pretrained(trace.manifest["tokenizer"])
+    prefix, target = _canary_query(tokenizer, canary)
+    window = prefix[-ensemble.n_positions:]
+    logits = ensemble.logits(torch.tensor([window]))[:, 0, -1:]                 # (N+1, 1, V)
+    delta = trace.manifest["config"]["deltas"][0]
+    keep = [i for i in range(trace.n_teachers) if i != canary["teacher"]]
+    runner_in = trace.runner()
+    runner_out = build_runner({"type": trace.mechanism_type,
+                               **{**trace.params, **({"teachers": len(keep)} if "teachers" in trace.params else {})}},
+                              len(keep))
+    logits_out = torch.cat([logits[:1], logits[1:][keep]])
+    claimed_one = {}
+
+    def sampler(runner, world_logits):
+        def sample(n, rng):
+            generator = torch.Generator().manual_seed(int(rng.integers(2 ** 62)))
+            tokens = []
+            for start in range(0, n, chunk):
+                rows = min(chunk, n - start)
+                public, teachers = Ensemble.split_distributions(world_logits.expand(-1, rows, -1))
+                outcome = runner.process(public, teachers, generator, trace.orders)
+                tokens.append(torch.multinomial(outcome.output, 1, generator=generator)[:, 0].numpy())
+                if runner is runner_in:
+                    charged = sum(values.max(axis=0) for values in outcome.charged.values())
+                    claimed_one["curve"] = np.maximum(claimed_one.get("curve", 0.0), charged)
+            return np.concatenate(tokens)
+        return sample
+
+    result = distinguishing_game(sampler(runner_in, logits), sampler(runner_out, logits_out),
+                                 lambda tokens: tokens == target, trials, delta, confidence, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        one_query = epsilon_from_rdp(RdpCurve(trace.manifest["orders"], claimed_one["curve"],
+                                              NeighbouringRelation(trace.manifest["relation"]),
+                                              any(trace.components.values())), delta).epsilon
+    run_claim = next(e["epsilon"] for e in trace.ledger["epsilon"] if e["method"] == "improved" and e["delta"] == delta)
+    ok = result.epsilon_lower_bound <= min(one_query, run_claim) + 1e-12
+    evidence = {**result.to_dict(), "canary_teacher": canary["teacher"], "target_token": int(target),
+                "claimed_one_query_epsilon": one_query, "claimed_run_epsilon": run_claim}
+    return verdict("canary_game", ok,
+                   f"lower bound {result.epsilon_lower_bound:.4g} (CP, {confidence:.0%}, {trials} trials per world; "
+                   f"secret-token rate {result.hits_in / trials:.3f} with the canary teacher vs "
+                   f"{result.hits_out / trials:.3f} without) <= claimed one-query epsilon {one_query:.4g}",
+                   f"lower bound {result.epsilon_lower_bound:.4g} exceeds the claimed one-query epsilon {one_query:.4g}",
+                   **evidence), result
