@@ -73,9 +73,9 @@ def ensemble_output(total: torch.Tensor, size: torch.Tensor, public: torch.Tenso
     return (coverage * mean + (1.0 - coverage) * public).clamp_min(0.0)
 
 
-def screen_pass_probability(teacher_sums: torch.Tensor, sizes: torch.Tensor, public: torch.Tensor, params: dict,
+def screen_pass_counts(teacher_sums: torch.Tensor, sizes: torch.Tensor, public: torch.Tensor, params: dict,
                             samples: int, generator: torch.Generator) -> torch.Tensor:
-    """Monte Carlo Pr[screen passes] per step and ensemble: teacher_sums (L, E, V) are sums of the raw
+    """Monte Carlo count of screen passes (out of `samples`) per step and ensemble: teacher_sums (L, E, V) are sums of the raw
     teacher distributions of each ensemble. Common noise across the E ensembles of a step."""
     lam, sigma, threshold, alpha = params["lam"], params["sigma"], params["threshold"], params["alpha"]
     k = min(int(params["top_k"]), public.shape[-1])
@@ -91,7 +91,14 @@ def screen_pass_probability(teacher_sums: torch.Tensor, sizes: torch.Tensor, pub
     statistic = renyi_divergence_orders(torch.log(noisy / total.clamp_min(1e-300)),
                                         public_log.unsqueeze(1).unsqueeze(1), order)[..., 0]
     statistic = torch.where(total[..., 0] > 0, statistic, torch.full_like(statistic, torch.inf))
-    return (statistic <= threshold).double().mean(dim=2)
+    return (statistic <= threshold).double().sum(dim=2)
+
+
+def smoothed_probability(successes: torch.Tensor, samples: int) -> torch.Tensor:
+    """(k + 1/2) / (n + 1), the Jeffreys-prior mean: never exactly 0 or 1, so an estimate of 1 on one
+    ensemble and 1 - 1/n on a neighbour cannot fake an infinite divergence; equal counts (common
+    random numbers) still give equal estimates."""
+    return (successes + 0.5) / (samples + 1.0)
 
 
 def clopper_pearson(successes: np.ndarray, trials: int, confidence: float) -> tuple[np.ndarray, np.ndarray]:
@@ -144,8 +151,9 @@ def block_divergences(trace: LoadedTrace, records: list[dict], logits: torch.Ten
                                     raw_total.unsqueeze(1) + point_masses], dim=1)
         sums = torch.cat([raw_total.unsqueeze(1), raw_neighbours], dim=1)
         sizes = torch.cat([torch.tensor([n]), neighbour_sizes]).expand(length, -1)
-        pass_probability = screen_pass_probability(sums, sizes, public, params, mc_samples, generator)  # (L, 1+E)
-        low, high = clopper_pearson(pass_probability.numpy() * mc_samples, mc_samples, confidence)
+        passes = screen_pass_counts(sums, sizes, public, params, mc_samples, generator)  # (L, 1+E) counts
+        low, high = clopper_pearson(passes.numpy(), mc_samples, confidence)
+        pass_probability = smoothed_probability(passes, mc_samples)
         halfwidth = float(np.max(high - low) / 2)
         laws = torch.cat([output.unsqueeze(1), neighbours], dim=1)                            # (L, 1+E, V)
         joint = torch.cat([pass_probability.unsqueeze(-1) * laws,
@@ -184,7 +192,7 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for row in range(len(labels)):
-            values = np.nan_to_num(np.maximum(forward[row], backward[row]), nan=np.inf)
+            values = np.nan_to_num(np.maximum(forward[row], backward[row]), nan=np.inf, posinf=np.inf)
             result = epsilon_from_rdp(RdpCurve(grid, values, NeighbouringRelation.ADD_OR_REMOVE_ONE, True), delta)
             epsilons.append(result.epsilon)
             best_orders.append(result.order)

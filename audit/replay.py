@@ -58,8 +58,9 @@ def check_ledger_recompute(trace: LoadedTrace) -> CheckResult:
         recomputed = ledger.component_curve(name).values
         values = [math.inf if v == "inf" else v for v in written[name]["values"]]
         if not _close(recomputed, values):
-            worst = np.nanmax(np.abs(np.asarray(values, dtype=float) - recomputed) /
-                              np.maximum(np.abs(recomputed), 1e-300), initial=0.0)
+            with np.errstate(invalid="ignore"):  # inf - inf where both are "no guarantee"
+                worst = np.nanmax(np.abs(np.asarray(values, dtype=float) - recomputed) /
+                                  np.maximum(np.abs(recomputed), 1e-300), initial=0.0)
             mismatched.append(f"{name}: relative difference up to {worst:.3g}")
     return verdict("ledger_recompute", not mismatched,
                    f"every component total ({', '.join(trace.components)}) equals the sum of its per-step charges",

@@ -19,6 +19,7 @@ class MicroModels:
     tokenizer: Path
     heldout_text: Path
     root: Path
+    canaries: tuple[dict, ...]
 
 
 def build_micro_models(root: Path, teachers: int = 3) -> MicroModels:
@@ -27,7 +28,9 @@ def build_micro_models(root: Path, teachers: int = 3) -> MicroModels:
     embedded = build_or_load(teachers=teachers, recipe=MICRO_RECIPE, verbose=False, **MICRO_CORPUS)
     text = root / "heldout.txt"
     text.write_text(embedded.corpus.private_heldout)
-    return MicroModels(embedded.public_path, tuple(embedded.teacher_paths), embedded.tokenizer_path, text, root)
+    canaries = tuple({"teacher": c.shard, "text": c.text, "secret": c.secret} for c in embedded.corpus.canaries)
+    return MicroModels(embedded.public_path, tuple(embedded.teacher_paths), embedded.tokenizer_path, text, root,
+                       canaries)
 
 
 def micro_config(models: MicroModels, out: Path, mechanism: dict, queries: int = 96, block_size: int = 32,

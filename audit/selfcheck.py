@@ -1,0 +1,177 @@
+"""The auditor checks itself: planted faults, each of which a named check must flag.
+
+Mechanism faults are runners that claim the correct parameters but misbehave; trace faults edit a
+correct run's files the way a buggy accountant would have written them.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from accounting.conversion import epsilon_from_rdp
+from accounting.curve import RdpCurve
+from accounting.relation import NeighbouringRelation
+from decoding import trace
+from decoding.run import ledger_summary
+from decoding.runners import BlockOutcome, Runner, adapmixed_runner
+from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, renyi_divergence_orders
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    description: str
+    caught_by: str
+    kind: str  # "runner": a faulty mechanism; "trace": an edited trace
+
+
+def _noise_halved(params: dict) -> Callable:
+    real = adapmixed_runner(**{**params, "sigma": params["sigma"] / 2})
+    claimed = adapmixed_runner(**params)
+
+    def process(public, teachers, generator, orders):
+        outcome = real.process(public, teachers, generator, orders)
+        outcome.charged["screen"] = claimed.process(public[:1], teachers[:1], torch.Generator().manual_seed(0),
+                                                    orders).charged["screen"].repeat(public.shape[0], axis=0)
+        return outcome
+    return process
+
+
+def _sensitivity_wrong(params: dict) -> Callable:
+    real = adapmixed_runner(**params)
+
+    def process(public, teachers, generator, orders):
+        outcome = real.process(public, teachers, generator, orders)
+        outcome.charged["screen"] = outcome.charged["screen"] / 4.0  # sensitivity lam/(sqrt(2) N) instead of lam sqrt(2)/N
+        return outcome
+    return process
+
+
+def _one_direction(params: dict) -> Callable:
+    real = adapmixed_runner(**params)
+
+    def process(public, teachers, generator, orders):
+        outcome = real.process(public, teachers, generator, orders)
+        mixed = mixed_teachers(teachers, public, torch.from_numpy(outcome.lambdas))
+        n = mixed.shape[-2]
+        total = mixed.sum(-2, keepdim=True)
+        backward = renyi_divergence_orders(torch.log((total - mixed) / (n - 1)), torch.log(total / n),
+                                           torch.from_numpy(orders)).max(dim=-2).values.numpy()
+        passed = outcome.screen_passed[:, None]
+        outcome.charged["pmixed_data_dependent"] = np.where(passed, backward, 0.0)
+        return outcome
+    return process
+
+
+def _leaves_ball(params: dict) -> Callable:
+    real = adapmixed_runner(**params)
+
+    def process(public, teachers, generator, orders):
+        outcome = real.process(public, teachers, generator, orders)
+        lambdas = torch.clamp(torch.from_numpy(outcome.lambdas) * 2 + 0.1, max=1.0)
+        mixed = mixed_teachers(teachers, public, lambdas)
+        dd = leave_one_out_divergences(mixed, torch.from_numpy(orders)).max(dim=-2).values.numpy()
+        passed = torch.from_numpy(outcome.screen_passed)
+        output = torch.where(passed.unsqueeze(-1), mixed.mean(dim=-2), public)
+        charged = dict(outcome.charged, pmixed_data_dependent=np.where(outcome.screen_passed[:, None], dd, 0.0))
+        return BlockOutcome(output=output, charged=charged, lambdas=lambdas.numpy(),
+                            screen_statistic=outcome.screen_statistic, screen_passed=outcome.screen_passed,
+                            observed_data_dependent=dd, data_independent=outcome.data_independent)
+    return process
+
+
+RUNNER_FAULTS = {
+    "noise_halved": (Fault("noise_halved", "screening noise sigma/2 used while sigma is claimed and charged",
+                           "replay", "runner"), _noise_halved),
+    "screening_sensitivity": (Fault("screening_sensitivity", "screening charged with a sensitivity off by a factor 2 "
+                                    "(RDP / 4)", "screening_cost", "runner"), _sensitivity_wrong),
+    # Which direction is larger depends on the data; here D(p || p_-i) usually is, so the planted bug
+    # keeps the other one, the one that under-charges (a one-direction loss is only wrong when it does).
+    "one_direction": (Fault("one_direction", "data-dependent loss computed as D(p_-i || p) only", "data_dependent_eq3",
+                            "runner"), _one_direction),
+    "leaves_ball": (Fault("leaves_ball", "mixing weights 2*lambda + 0.1: mixed teachers leave the Renyi ball",
+                          "mixing_ball", "runner"), _leaves_ball),
+}
+
+
+def faulty_runner(runner: Runner, fault: str) -> Runner:
+    """The runner with a planted fault; it claims the same kind and parameters as `runner`."""
+    _, build = RUNNER_FAULTS[fault]
+    params = {**runner.params}
+    return replace(runner, process=build(params))
+
+
+def _rewrite_ledger(run_dir: Path, edit: Callable[[dict, list[dict], dict], None]) -> None:
+    manifest = trace.read_manifest(run_dir)
+    records = trace.read_records(run_dir)
+    summary = json.loads((run_dir / trace.LEDGER).read_text())
+    edit(summary, records, manifest)
+    trace.atomic_write_json(run_dir / trace.LEDGER, summary)
+
+
+def _eps_summed(run_dir: Path) -> None:
+    def edit(summary, records, manifest):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for entry in summary["epsilon"]:
+                per_step = [epsilon_from_rdp(RdpCurve(manifest["orders"],
+                                                      np.sum([r[f"rdp_{n}"] for n in manifest["mechanism"]["components"]], axis=0),
+                                                      NeighbouringRelation(manifest["relation"])), entry["delta"]).epsilon
+                            for r in records]
+                entry["epsilon"] = float(np.sum(per_step))
+    _rewrite_ledger(run_dir, edit)
+
+
+def _wrong_conversion(run_dir: Path) -> None:
+    def edit(summary, records, manifest):
+        for entry in summary["epsilon"]:
+            order = entry["order"] or 2.0
+            entry["epsilon"] = entry["rdp_at_order"] - np.log(entry["delta"]) / order  # divides by a, not a - 1
+    _rewrite_ledger(run_dir, edit)
+
+
+def _step_dropped(run_dir: Path) -> None:
+    def edit(summary, records, manifest):
+        summary.clear()
+        summary.update(ledger_summary(records[:len(records) // 2] + records[len(records) // 2 + 1:], manifest))
+    _rewrite_ledger(run_dir, edit)
+
+
+def _record_edited(run_dir: Path) -> None:
+    path = trace.chunk_path(run_dir, 0)
+    rows = pq.read_table(path).to_pylist()
+    name = next(k for k in rows[0] if k.startswith("rdp_"))
+    rows[1][name] = [v / 2 for v in rows[1][name]]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+TRACE_FAULTS = {
+    "eps_summed": (Fault("eps_summed", "epsilon reported as the sum of per-step epsilons instead of composing RDP",
+                         "conversion", "trace"), _eps_summed),
+    "wrong_conversion": (Fault("wrong_conversion", "RDP->DP conversion with log(1/delta)/a instead of the improved "
+                               "formula", "conversion", "trace"), _wrong_conversion),
+    "step_dropped": (Fault("step_dropped", "one step left out of ledger.json", "ledger_recompute", "trace"),
+                     _step_dropped),
+    "record_edited": (Fault("record_edited", "a committed record's charge halved after the fact", "hash_chain",
+                            "trace"), _record_edited),
+}
+
+FAULTS = {name: fault for name, (fault, _) in {**RUNNER_FAULTS, **TRACE_FAULTS}.items()}
+
+
+def plant_trace_fault(source: Path, target: Path, fault: str) -> Path:
+    """Copy a correct run to `target` and plant a trace fault there."""
+    shutil.copytree(source, target)
+    for stale in (target / "audit.json",):
+        stale.unlink(missing_ok=True)
+    TRACE_FAULTS[fault][1](target)
+    return target

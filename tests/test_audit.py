@@ -1,0 +1,177 @@
+"""The auditor: correct runs pass, every planted fault is caught by its named check, the sampled
+game's lower bound covers known mechanisms, bad trace directories get clear errors."""
+import itertools
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from audit import Status, audit_run, load_trace
+from audit.ablation import ensemble_output, run_ablation
+from audit.sampled import distinguishing_game, epsilon_lower_bound
+from audit.selfcheck import FAULTS, RUNNER_FAULTS, TRACE_FAULTS, faulty_runner, plant_trace_fault
+from decoding import trace
+from decoding.config import config_from_dict
+from decoding.run import prepare, run_decode
+from dpledger.cli import main
+from mechanisms import renyi_divergence
+from tests.micro import micro_config
+
+ADAPMIXED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.002, "lam": 0.05, "sigma": 0.01, "threshold": 5.0, "top_k": 20}
+PMIXED = {"type": "pmixed", "alpha": 6.0, "beta": 0.05}
+
+
+def make_run(models, out, mechanism, fault=None, queries=64):
+    config = config_from_dict(micro_config(models, out, mechanism, queries=queries))
+    prepared = prepare(config, verbose=False)
+    prepared.canaries = list(models.canaries)
+    if fault is not None:
+        prepared.runner = faulty_runner(prepared.runner, fault)
+    return run_decode(config, progress=False, verbose=False, prepared=prepared).directory
+
+
+@pytest.fixture(scope="module")
+def correct_runs(micro_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("audited")
+    return {"adapmixed": make_run(micro_models, root / "adapmixed", ADAPMIXED),
+            "pmixed": make_run(micro_models, root / "pmixed", PMIXED)}
+
+
+@pytest.mark.parametrize("kind", ["adapmixed", "pmixed"])
+def test_correct_runs_pass_every_check(correct_runs, kind):
+    report = audit_run(correct_runs[kind], mc_samples=200, game_trials=600)
+    assert report.verdict == "PASS", [c.to_dict() for c in report.failed]
+    statuses = {c.name: c.status for c in report.checks}
+    expected_pass = {"hash_chain", "step_count", "ledger_recompute", "conversion", "replay", "mixing_ball",
+                     "theorem_3_1", "utility_theorem_4_3", "neighbour_ablation", "canary_game"}
+    assert all(statuses[name] is Status.PASS for name in expected_pass)
+    written = json.loads((correct_runs[kind] / "audit.json").read_text())
+    assert written["verdict"] == "PASS" and written["data_dependent"] == (kind == "adapmixed")
+    game = report.check("canary_game").evidence
+    assert game["epsilon_lower_bound"] <= game["claimed_one_query_epsilon"]
+
+
+@pytest.mark.parametrize("fault", sorted(RUNNER_FAULTS))
+def test_planted_mechanism_faults_are_caught_by_their_check(micro_models, tmp_path, fault):
+    run_dir = make_run(micro_models, tmp_path / fault, ADAPMIXED, fault=fault)
+    report = audit_run(run_dir, mc_samples=100, play_game=False)
+    assert report.verdict == "FAIL"
+    assert report.check(FAULTS[fault].caught_by).status is Status.FAIL, report.check(FAULTS[fault].caught_by).detail
+
+
+@pytest.mark.parametrize("fault", sorted(TRACE_FAULTS))
+def test_planted_trace_faults_are_caught_by_their_check(correct_runs, tmp_path, fault):
+    run_dir = plant_trace_fault(correct_runs["adapmixed"], tmp_path / fault, fault)
+    report = audit_run(run_dir, mc_samples=100, play_game=False)
+    assert report.verdict == "FAIL"
+    assert report.check(FAULTS[fault].caught_by).status is Status.FAIL
+
+
+def test_cli_exit_status_follows_the_verdict(correct_runs, tmp_path, capsys):
+    assert main(["audit", str(correct_runs["pmixed"]), "--no-game", "--mc-samples", "50"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    broken = plant_trace_fault(correct_runs["pmixed"], tmp_path / "broken", "record_edited")
+    assert main(["audit", str(broken), "--no-game", "--mc-samples", "50"]) == 1
+    assert "FAIL (failed: hash_chain" in capsys.readouterr().out
+
+
+def test_ablation_composes_exact_leave_one_out_divergences_per_direction(correct_runs):
+    loaded = load_trace(correct_runs["pmixed"])
+    result = run_ablation(loaded, 1e-5, orders=(2.0, 6.0))
+    forward = np.zeros(2)
+    for _, records, logits in loaded.iter_payload():
+        probs = torch.softmax(logits.double(), -1).numpy()
+        public, teachers = probs[0], probs[1:]
+        lam = np.asarray([r["lambdas"] for r in records])
+        mixed = lam.T[:, :, None] * teachers + (1 - lam.T[:, :, None]) * public
+        p = mixed.mean(axis=0)
+        without = mixed[1:].mean(axis=0)  # remove teacher 0
+        forward += renyi_divergence(p, without, [2.0, 6.0]).sum(axis=0)
+    np.testing.assert_allclose(result.forward[0], forward, rtol=1e-9)
+
+
+def test_subsampled_output_law_matches_enumeration_of_subsets(rng):
+    n, q, vocab = 4, 0.3, 5
+    public = rng.dirichlet(np.ones(vocab))
+    mixed = rng.dirichlet(np.ones(vocab), size=n)
+    expected = np.zeros(vocab)
+    for mask in itertools.product([0, 1], repeat=n):
+        size = sum(mask)
+        probability = np.prod([q if m else 1 - q for m in mask])
+        expected += probability * (mixed[np.array(mask, bool)].mean(axis=0) if size else public)
+    law = ensemble_output(torch.from_numpy(mixed.sum(0)), torch.tensor(n), torch.from_numpy(public), q)
+    np.testing.assert_allclose(law.numpy(), expected, rtol=1e-12)
+
+
+def randomized_response(epsilon):
+    keep = math.exp(epsilon) / (1 + math.exp(epsilon))
+    return (lambda n, rng: rng.random(n) < keep), (lambda n, rng: rng.random(n) >= keep)
+
+
+def test_lower_bound_covers_randomized_response_and_is_tight_with_ample_samples():
+    true_epsilon = 1.0
+    sample_in, sample_out = randomized_response(true_epsilon)
+    bounds = [distinguishing_game(sample_in, sample_out, lambda x: x, 2000, 1e-6, 0.95, seed).epsilon_lower_bound
+              for seed in range(200)]
+    coverage = np.mean(np.asarray(bounds) <= true_epsilon)
+    assert coverage >= 0.95
+    ample = distinguishing_game(sample_in, sample_out, lambda x: x, 2_000_000, 1e-6, 0.95, 0).epsilon_lower_bound
+    assert true_epsilon / 1.1 <= ample <= true_epsilon
+
+
+def test_lower_bound_covers_the_gaussian_mechanism():
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    sigma, delta = 1.0, 1e-3
+    accountant = PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(dp_accounting.GaussianDpEvent(sigma))
+    true_epsilon = accountant.get_epsilon(delta)  # independent reference: privacy loss distributions
+    sample_in = lambda n, rng: rng.normal(1.0, sigma, n)
+    sample_out = lambda n, rng: rng.normal(0.0, sigma, n)
+    threshold = 2.5
+    bounds = [distinguishing_game(sample_in, sample_out, lambda x: x > threshold, 5000, delta, 0.95, seed)
+              .epsilon_lower_bound for seed in range(100)]
+    assert np.mean(np.asarray(bounds) <= true_epsilon) >= 0.95
+    ample = distinguishing_game(sample_in, sample_out, lambda x: x > threshold, 4_000_000, delta, 0.95, 0)
+    assert true_epsilon / 3 <= ample.epsilon_lower_bound <= true_epsilon  # one threshold test is not optimal
+
+
+def test_epsilon_lower_bound_edges():
+    assert epsilon_lower_bound(0, 0, 100, 1e-5) == 0.0
+    assert epsilon_lower_bound(100, 0, 100, 1e-5) > 3.0
+    with pytest.raises(ValueError, match="trials must be an integer >= 1, got 0"):
+        epsilon_lower_bound(0, 0, 0, 1e-5)
+
+
+def test_truncated_corrupted_and_foreign_directories_name_the_file(correct_runs, tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    with pytest.raises(trace.TraceError, match=r"foreign/manifest.json: missing"):
+        load_trace(foreign)
+    (foreign / "manifest.json").write_text('{"format": "something-else"}')
+    with pytest.raises(trace.TraceError, match="not a dpledger trace manifest"):
+        load_trace(foreign)
+    (foreign / "manifest.json").write_text("{not json")
+    with pytest.raises(trace.TraceError, match="manifest.json: not valid JSON"):
+        load_trace(foreign)
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(correct_runs["pmixed"], unfinished)
+    (unfinished / "ledger.json").unlink()
+    with pytest.raises(trace.TraceError, match="ledger.json: missing; the run is unfinished"):
+        load_trace(unfinished)
+    corrupted = tmp_path / "corrupted"
+    shutil.copytree(correct_runs["pmixed"], corrupted)
+    chunk = trace.chunk_path(corrupted, 1)
+    chunk.write_bytes(chunk.read_bytes()[:100])
+    with pytest.raises(trace.TraceError, match="chunk-000001.parquet: unreadable Parquet chunk"):
+        load_trace(corrupted)
+    payload = tmp_path / "payload"
+    shutil.copytree(correct_runs["pmixed"], payload)
+    trace.replay_path(payload, 0).write_bytes(b"garbage")
+    with pytest.raises(trace.TraceError, match="block-000000.npz: unreadable replay payload"):
+        audit_run(payload, play_game=False)
