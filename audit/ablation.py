@@ -40,9 +40,9 @@ DEFAULT_AUDIT_ORDERS = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0
 """A coarser grid than the ledger's: the empirical epsilon minimised over fewer orders can only be
 larger, so the comparison with the claim stays conservative, and the audit is ~8x cheaper."""
 
-ADVERSARY_LABELS = ("add-one: point mass on the output's least likely token",
-                    "add-one: point mass on the public model's least likely token",
-                    "add-one: point mass on the public model's most likely token")
+ADVERSARY_LABELS = ("add-one: point mass, output's rarest token",
+                    "add-one: point mass, public's rarest token",
+                    "add-one: point mass, public's top token")
 
 
 @dataclass
@@ -68,9 +68,12 @@ def subsample_coverage(size: torch.Tensor, rate: float | None) -> torch.Tensor:
 
 def ensemble_output(total: torch.Tensor, size: torch.Tensor, public: torch.Tensor, rate: float | None) -> torch.Tensor:
     """Exact output law for an ensemble whose mixed teachers sum to `total` (..., V) with `size` members."""
-    coverage = subsample_coverage(size, rate).unsqueeze(-1)
-    mean = total / size.clamp_min(1).double().unsqueeze(-1)
-    return (coverage * mean + (1.0 - coverage) * public).clamp_min(0.0)
+    size = size.double().unsqueeze(-1)
+    law = total / size.clamp_min(1.0)
+    if rate is not None or bool((size == 0).any()):
+        coverage = subsample_coverage(size, rate)
+        law.mul_(coverage).add_((1.0 - coverage) * public)
+    return law.clamp_min_(0.0)
 
 
 def screen_pass_counts(teacher_sums: torch.Tensor, sizes: torch.Tensor, public: torch.Tensor, params: dict,
@@ -118,21 +121,31 @@ def point_mass_adversaries(output: torch.Tensor, public: torch.Tensor) -> torch.
 
 def block_divergences(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, removed: list[int],
                       orders: torch.Tensor, mc_samples: int, generator: torch.Generator,
-                      confidence: float) -> tuple[torch.Tensor, torch.Tensor, float | None]:
+                      confidence: float) -> tuple[torch.Tensor, float | None]:
     """Per-step divergences (2, L, E, K) between the run's output law and each neighbour's."""
     public, teachers = Ensemble.split_distributions(logits)
-    kind, params = trace.mechanism_type, trace.params
-    n = trace.n_teachers
-    if kind == "ensemble":
+    if trace.mechanism_type == "ensemble":
         lambdas = torch.ones(teachers.shape[:-1], dtype=torch.float64)
     else:
         lambdas = torch.tensor([r["lambdas"] for r in records], dtype=torch.float64)
+    return neighbour_divergences(public, teachers, lambdas, trace.mechanism_type, trace.params, removed, orders,
+                                 mc_samples, generator, confidence)
+
+
+def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas: torch.Tensor, kind: str,
+                          params: dict, removed: list[int], orders: torch.Tensor, mc_samples: int = 400,
+                          generator: torch.Generator | None = None,
+                          confidence: float = 0.95) -> tuple[torch.Tensor, float | None]:
+    """Divergences (2, L, E, K) in both directions between the output law of the ensemble
+    (public (L, V), teachers (L, N, V), lambdas (L, N)) and each neighbour's: the teachers in
+    `removed` taken out one at a time, then the three add-one adversaries. Vectorised over steps,
+    neighbours and the vocabulary."""
+    n = teachers.shape[-2]
     mixed = lambdas.unsqueeze(-1) * teachers + (1 - lambdas.unsqueeze(-1)) * public.unsqueeze(-2)
     rate = params.get("sample_rate")
     total = mixed.sum(dim=-2)
     length = public.shape[0]
-    full_size = torch.full((length,), n)
-    output = ensemble_output(total, full_size, public, rate)
+    output = ensemble_output(total, torch.full((length,), n), public, rate)
     tokens = point_mass_adversaries(output, public)                                         # (L, 3)
     point_masses = torch.nn.functional.one_hot(tokens, public.shape[-1]).double()            # (L, 3, V)
     if kind == "ensemble":
@@ -151,10 +164,11 @@ def block_divergences(trace: LoadedTrace, records: list[dict], logits: torch.Ten
                                     raw_total.unsqueeze(1) + point_masses], dim=1)
         sums = torch.cat([raw_total.unsqueeze(1), raw_neighbours], dim=1)
         sizes = torch.cat([torch.tensor([n]), neighbour_sizes]).expand(length, -1)
+        generator = generator if generator is not None else torch.Generator().manual_seed(0)
         passes = screen_pass_counts(sums, sizes, public, params, mc_samples, generator)  # (L, 1+E) counts
         low, high = clopper_pearson(passes.numpy(), mc_samples, confidence)
-        pass_probability = smoothed_probability(passes, mc_samples)
         halfwidth = float(np.max(high - low) / 2)
+        pass_probability = smoothed_probability(passes, mc_samples)
         laws = torch.cat([output.unsqueeze(1), neighbours], dim=1)                            # (L, 1+E, V)
         joint = torch.cat([pass_probability.unsqueeze(-1) * laws,
                            (1 - pass_probability).unsqueeze(-1) * public.unsqueeze(1).expand_as(laws)], dim=-1)
@@ -163,7 +177,7 @@ def block_divergences(trace: LoadedTrace, records: list[dict], logits: torch.Ten
     log_neighbours = torch.log(neighbours)
     forward = renyi_divergence_orders(log_output, log_neighbours, orders)
     backward = renyi_divergence_orders(log_neighbours, log_output, orders)
-    return torch.stack([forward, backward]), tokens, halfwidth
+    return torch.stack([forward, backward]), halfwidth
 
 
 def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None = None, mc_samples: int = 400,
@@ -181,7 +195,7 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
     backward = np.zeros_like(forward)
     halfwidths = []
     for _, records, logits in trace.iter_payload():
-        divergences, _, halfwidth = block_divergences(trace, records, logits, removed, orders_t, mc_samples, generator,
+        divergences, halfwidth = block_divergences(trace, records, logits, removed, orders_t, mc_samples, generator,
                                                       confidence)
         forward += divergences[0].sum(dim=0).numpy()
         backward += divergences[1].sum(dim=0).numpy()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpledger import account_cli, audit_cli, decode_cli, demo_cli
+from dpledger import account_cli, audit_cli, decode_cli, demo_cli, report_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -13,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     account_cli.add_parser(subparsers)
     decode_cli.add_parser(subparsers)
     audit_cli.add_parser(subparsers)
+    report_cli.add_parser(subparsers)
     demo_cli.add_parser(subparsers)
     return parser
 

@@ -6,40 +6,90 @@ P_j = Q_j = 0 contribute 0; P_j > 0 = Q_j gives +inf (pitfall 9: never NaN -> 0)
 """
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import torch
 
-_CHUNK_ELEMENTS = 1 << 20  # 8 MB of float64 per pass: large buffers made the kernel memory-bound (3.5x slower)
+_CHUNK_ELEMENTS = 1 << 16  # 512 KB of float64 per buffer: stays in cache
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:
     return torch.log(x.clamp_min(0.0))
 
 
+def kernel_threads() -> int:
+    """Worker threads for the divergence kernel: $DPLEDGER_KERNEL_THREADS, default 1 (robust on
+    shared 2-core machines; set 2 for long audits on an otherwise idle machine)."""
+    return max(1, int(os.environ.get("DPLEDGER_KERNEL_THREADS", "1")))
+
+
+def _row_source(shape: tuple[int, ...], batch_shape: tuple[int, ...], rows: np.ndarray) -> np.ndarray:
+    """Row numbers, in an array of batch shape `shape` (broadcastable to batch_shape), of flat rows."""
+    full = np.unravel_index(rows, batch_shape) if batch_shape else ()
+    offset = len(batch_shape) - len(shape)
+    own = [full[offset + axis] if size > 1 else np.zeros_like(rows) for axis, size in enumerate(shape)]
+    return np.ravel_multi_index(own, shape) if shape else np.zeros_like(rows)
+
+
 def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
     """D_a(P||Q) for every order a in `orders` (shape (K,)): result shape broadcast(P, Q)[:-1] + (K,).
 
-    van Erven & Harremoes 2014, Definition 2 (the Renyi divergence of order a > 1).
+    van Erven & Harremoes 2014, Definition 2 (the Renyi divergence of order a > 1). The loop runs
+    in numpy over cache-sized chunks of rows, gathered from the (broadcast) inputs without
+    materialising the broadcast, in place on one buffer: on CPU ~5x faster than the same loop in
+    torch. Tensors on another device are brought to the CPU.
     """
-    log_p, log_q = torch.broadcast_tensors(log_p.double(), log_q.double())
-    p_zero = torch.isneginf(log_p)
-    q_zero = torch.isneginf(log_q)
-    # Where both are zero the term is 0 (contributes nothing); avoid -inf - -inf = NaN.
-    log_ratio = torch.where(p_zero, torch.full_like(log_p, -torch.inf), log_p - log_q)
-    log_ratio = torch.where(p_zero & q_zero, torch.full_like(log_p, -torch.inf), log_ratio)
-    safe_log_q = torch.where(q_zero & ~p_zero, torch.zeros_like(log_q), log_q)
-    support_violation = torch.any(~p_zero & q_zero, dim=-1)
-    orders = orders.double().to(log_p.device)
-    batch_elements = max(1, log_p.numel())
-    chunk = max(1, _CHUNK_ELEMENTS // batch_elements)
-    results = []
-    for start in range(0, orders.numel(), chunk):
-        block = orders[start:start + chunk]
-        terms = safe_log_q.unsqueeze(-2) + block.view(-1, 1) * log_ratio.unsqueeze(-2)
-        results.append(torch.logsumexp(terms, dim=-1) / (block - 1.0))
-    divergence = torch.cat(results, dim=-1)
-    divergence = torch.where(support_violation.unsqueeze(-1), torch.full_like(divergence, torch.inf), divergence)
+    device = log_p.device
+    batch_shape = tuple(np.broadcast_shapes(tuple(log_p.shape[:-1]), tuple(log_q.shape[:-1])))
+    vocab = log_p.shape[-1]
+    if log_q.shape[-1] != vocab:
+        raise ValueError(f"P and Q must share the vocabulary axis, got {vocab} and {log_q.shape[-1]}")
+    lp = log_p.detach().cpu().double().numpy().reshape(-1, vocab)
+    lq = log_q.detach().cpu().double().numpy().reshape(-1, vocab)
+    orders_np = orders.detach().cpu().double().numpy().reshape(-1)
+    rows = int(np.prod(batch_shape)) if batch_shape else 1
+    result = np.empty((rows, orders_np.size))
+    chunk = max(1, _CHUNK_ELEMENTS // vocab)
+    p_shape, q_shape = tuple(log_p.shape[:-1]), tuple(log_q.shape[:-1])
+
+    def run_chunks(starts: range) -> None:
+        buffer = np.empty((min(chunk, rows), vocab))
+        for start in starts:
+            flat = np.arange(start, min(start + chunk, rows))
+            chunk_p = lp[_row_source(p_shape, batch_shape, flat)]
+            chunk_q = lq[_row_source(q_shape, batch_shape, flat)]
+            p_zero, q_zero = np.isneginf(chunk_p), np.isneginf(chunk_q)
+            with np.errstate(invalid="ignore"):
+                # Terms with P_j = 0 contribute 0 (also when Q_j = 0: never -inf - -inf = NaN).
+                ratio = np.where(p_zero, -np.inf, chunk_p - chunk_q)
+            base = np.where(q_zero & ~p_zero, 0.0, chunk_q)
+            work = buffer[:flat.size]
+            for k, order in enumerate(orders_np):
+                np.multiply(ratio, order, out=work)
+                work += base                                    # log Q_j + a log(P_j / Q_j)
+                shift = work.max(axis=-1, keepdims=True)
+                shift[~np.isfinite(shift)] = 0.0
+                work -= shift
+                # exp below e^-700 relative to the largest term changes the sum by < 1e-299 relative,
+                # and subnormal results take a slow microcode path on x86 (3x slower overall)
+                np.maximum(work, -700.0, out=work)
+                np.exp(work, out=work)
+                result[flat, k] = (np.log(work.sum(axis=-1, keepdims=True)) + shift)[:, 0] / (order - 1.0)
+            result[flat[np.any(~p_zero & q_zero, axis=-1)]] = np.inf   # P has mass outside Q's support
+
+    starts = range(0, rows, chunk)
+    workers = min(kernel_threads(), len(starts))
+    if workers <= 1:
+        run_chunks(starts)
+    else:  # numpy releases the GIL inside ufuncs, so threads over disjoint chunks run in parallel
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(run_chunks, [starts[i::workers] for i in range(workers)]))
     # Rounding can leave -1e-17 for identical inputs; divergences are >= 0 (Theorem 8, ibid.).
-    return divergence.clamp_min(0.0)
+    np.maximum(result, 0.0, out=result)
+    return torch.from_numpy(result.reshape(*batch_shape, orders_np.size)).to(device)
 
 
 def symmetric_renyi_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,27 @@
+"""`dpledger report RUN_DIR [RUN_DIR ...] --format html|md|json|latex|csv [--out FILE]`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("report", help="render a privacy report of one or more runs", description=__doc__)
+    parser.add_argument("run_dir", nargs="+")
+    parser.add_argument("--format", default="html", choices=["html", "md", "json", "latex", "csv"])
+    parser.add_argument("--out", help="write here (default: print; HTML defaults to report.html in the first run)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from reports import load_run, render
+
+    runs = [load_run(d) for d in args.run_dir]
+    text = render(runs, args.format)
+    out = args.out or (str(Path(args.run_dir[0]) / "report.html") if args.format == "html" else None)
+    if out is None:
+        print(text)
+    else:
+        Path(out).write_text(text)
+        print(f"wrote {out}")
+    return 0

@@ -1,0 +1,177 @@
+"""Report figures (matplotlib, Agg), each returned as PNG bytes."""
+from __future__ import annotations
+
+import io
+import warnings
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from accounting.conversion import epsilon_from_rdp  # noqa: E402
+from accounting.curve import RdpCurve  # noqa: E402
+from accounting.relation import NeighbouringRelation  # noqa: E402
+from reports.run_data import RunData  # noqa: E402
+
+
+def _png(figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png", dpi=110)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def _charged(run: RunData) -> np.ndarray:
+    """Per-step charged curves (steps, orders), all components summed."""
+    return np.sum([np.asarray([r[f"rdp_{name}"] for r in run.records], dtype=np.float64)
+                   for name in run.manifest["mechanism"]["components"]], axis=0)
+
+
+def cumulative_epsilon_series(run: RunData, per_step: np.ndarray, points: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """epsilon (improved, at the run's delta) of the running sum of per-step curves, at `points` steps."""
+    orders = run.manifest["orders"]
+    relation = NeighbouringRelation(run.manifest["relation"])
+    running = np.cumsum(per_step, axis=0)
+    steps = np.unique(np.linspace(1, len(per_step), min(points, len(per_step))).astype(int))
+    epsilons = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for step in steps:
+            epsilons.append(epsilon_from_rdp(RdpCurve(orders, running[step - 1], relation), run.delta).epsilon)
+    return steps, np.asarray(epsilons)
+
+
+def comparison_series(run: RunData) -> tuple[str, np.ndarray] | None:
+    """The other bound to draw beside the charged one: the data-independent bound (Theorem 3.1 as
+    claimed, plus screening) for a data-dependent run, the observed data-dependent loss otherwise."""
+    components = run.manifest["mechanism"]["components"]
+    if not run.records or not run.records[0]["data_independent"]:
+        return None
+    screen = (np.asarray([r["rdp_screen"] for r in run.records], dtype=np.float64)
+              if "screen" in components else 0.0)
+    answered = np.asarray([r["answered_by"] == "mechanism" for r in run.records])[:, None]
+    if run.data_dependent:
+        bound = np.asarray([r["data_independent"] for r in run.records], dtype=np.float64)
+        return "data-independent bound (Theorem 3.1, as claimed)", screen + np.where(answered, bound, 0.0)
+    observed = np.asarray([r["observed_data_dependent"] for r in run.records], dtype=np.float64)
+    return "data-dependent loss (seed Eq. 3, observed)", screen + np.where(answered, observed, 0.0)
+
+
+def plot_cumulative_epsilon(run: RunData) -> bytes | None:
+    """Cumulative epsilon of the charged curve and of the other bound; None when epsilon is 0 or inf."""
+    if run.ledger["breakdown"]["order"] is None:
+        return None
+    figure, axis = plt.subplots(figsize=(6.4, 3.6))
+    answered = np.cumsum([r["answered_by"] == "mechanism" for r in run.records])
+    steps, charged = cumulative_epsilon_series(run, _charged(run))
+    label = "charged: data-dependent loss" if run.data_dependent else "charged"
+    axis.plot(answered[steps - 1], charged, label=label, color="tab:blue")
+    other = comparison_series(run)
+    if other is not None:
+        steps2, values = cumulative_epsilon_series(run, other[1])
+        axis.plot(answered[steps2 - 1], values, label=other[0], color="tab:orange", linestyle="--")
+    axis.set_xlabel("queries answered by the mechanism")
+    axis.set_ylabel(f"epsilon at delta={run.delta:g}")
+    axis.set_yscale("log")
+    axis.set_title(f"{run.label}: cumulative privacy loss")
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    return _png(figure)
+
+
+def plot_step_loss_distribution(run: RunData) -> bytes | None:
+    """Histogram of per-step charges at the optimal order; None when there is no optimal order."""
+    order = run.ledger["breakdown"]["order"]
+    if order is None:
+        return None
+    values = _charged(run)[:, run.manifest["orders"].index(order)]
+    figure, axis = plt.subplots(figsize=(6.4, 3.2))
+    finite = values[np.isfinite(values)]
+    axis.hist(finite, bins=40, color="tab:blue", alpha=0.8)
+    axis.set_xlabel(f"per-step charged RDP at order {order:g}")
+    axis.set_ylabel("steps")
+    axis.set_title(f"{run.label}: per-step loss ({len(values) - len(finite)} steps with no guarantee)")
+    return _png(figure)
+
+
+def plot_mixing_weights(run: RunData) -> bytes | None:
+    lambdas = np.concatenate([np.asarray(r["lambdas"], dtype=np.float64) for r in run.records])
+    if lambdas.size == 0:
+        return None
+    figure, axis = plt.subplots(figsize=(6.4, 3.2))
+    axis.hist(lambdas, bins=50, range=(0, 1), color="tab:green", alpha=0.8)
+    axis.set_xlabel("mixing weight lambda")
+    axis.set_ylabel("teacher-steps")
+    axis.set_title(f"{run.label}: mixing weights (mean {lambdas.mean():.3f})")
+    return _png(figure)
+
+
+def plot_screening_pass_rate(run: RunData, window: int = 64) -> bytes | None:
+    if "screen" not in run.manifest["mechanism"]["components"]:
+        return None
+    passed = np.asarray([r["screen_passed"] for r in run.records], dtype=np.float64)
+    window = max(1, min(window, len(passed)))
+    rolling = np.convolve(passed, np.ones(window) / window, mode="valid")
+    figure, axis = plt.subplots(figsize=(6.4, 3.2))
+    axis.plot(np.arange(window, len(passed) + 1), rolling, color="tab:purple")
+    axis.set_ylim(-0.02, 1.02)
+    axis.set_xlabel("query")
+    axis.set_ylabel(f"pass rate (window {window})")
+    axis.set_title(f"{run.label}: screening pass rate (overall {passed.mean():.3f})")
+    return _png(figure)
+
+
+def plot_rdp_curve(run: RunData) -> bytes | None:
+    """The composed curve from ledger.json; None when it is 0 or +inf everywhere (nothing to draw)."""
+    orders = np.asarray(run.manifest["orders"])
+    components = run.ledger["ledger"]["components"]
+    total = np.sum([[np.inf if v == "inf" else v for v in c["values"]] for c in components.values()], axis=0)
+    finite = np.isfinite(total) & (total > 0)
+    if not finite.any():
+        return None
+    figure, axis = plt.subplots(figsize=(6.4, 3.6))
+    axis.plot(orders[finite], total[finite], marker=".", color="tab:blue", label="composed RDP")
+    order = run.ledger["breakdown"]["order"]
+    if order is not None:
+        axis.axvline(order, color="tab:red", linestyle=":", label=f"optimal order {order:g}")
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlabel("Renyi order")
+    axis.set_ylabel("RDP epsilon")
+    axis.set_title(f"{run.label}: RDP curve")
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3, which="both")
+    return _png(figure)
+
+
+def plot_leakage(run: RunData) -> bytes | None:
+    from reports.tables import leakage_table
+
+    table = leakage_table(run)
+    if table is None:
+        return None
+    figure, axis = plt.subplots(figsize=(7.5, 0.35 * len(table) + 1.4))
+    colours = ["tab:blue" if claimed else "tab:gray" for claimed in table["claimed"]]
+    axis.barh(table["neighbour"], table["empirical_epsilon"], color=colours)
+    claimed = next(c for c in run.audit["checks"] if c["name"] == "neighbour_ablation")["evidence"]["claimed_epsilon"]
+    if np.isfinite(claimed):
+        axis.axvline(claimed, color="tab:red", linestyle="--", label=f"claimed {claimed:.3g}")
+        axis.legend(fontsize=8)
+    axis.set_xscale("symlog")
+    axis.set_xlabel("empirical epsilon (grey: not covered by the claim)")
+    axis.set_title(f"{run.label}: leakage per neighbour (audit)")
+    axis.tick_params(axis="y", labelsize=7)
+    return _png(figure)
+
+
+def run_figures(run: RunData) -> dict[str, bytes]:
+    figures = {"cumulative privacy loss": plot_cumulative_epsilon(run),
+               "per-step loss distribution": plot_step_loss_distribution(run),
+               "mixing weights": plot_mixing_weights(run),
+               "screening pass rate": plot_screening_pass_rate(run),
+               "RDP curve over orders": plot_rdp_curve(run),
+               "audit: leakage per neighbour": plot_leakage(run)}
+    return {name: png for name, png in figures.items() if png is not None}

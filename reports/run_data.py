@@ -1,0 +1,76 @@
+"""What a report reads from a run directory: the manifest, ledger.json, audit.json (if any) and the
+per-step records. Every number a report prints comes from ledger.json or audit.json; the records
+only feed the plots of per-step quantities."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from decoding import trace
+from decoding.trace import TraceError
+
+AUDIT_FILE = "audit.json"
+
+
+@dataclass
+class RunData:
+    directory: Path
+    manifest: dict
+    ledger: dict
+    audit: dict | None
+    records: list[dict]
+
+    @property
+    def label(self) -> str:
+        mechanism = self.manifest["mechanism"]
+        params = mechanism["params"]
+        kind = mechanism["type"]
+        if kind == "adapmixed":
+            if not params.get("screening", True):
+                return "AdaPMixED with only data-dependence"
+            if not params.get("data_dependent", True):
+                return "PMixED with noisy screening"
+            return "AdaPMixED"
+        return {"public": "Public model", "ensemble": "Non-private ensemble",
+                "pmixed": "PMixED" + (f" (q={params['sample_rate']:g}, {params['subsampling_variant']})"
+                                      if params.get("sample_rate") is not None else "")}[kind]
+
+    @property
+    def delta(self) -> float:
+        return self.manifest["config"]["deltas"][0]
+
+    def epsilon(self, method: str = "improved") -> dict:
+        return next(e for e in self.ledger["epsilon"] if e["method"] == method and e["delta"] == self.delta)
+
+    @property
+    def data_dependent(self) -> bool:
+        return bool(self.ledger["data_dependent"])
+
+    def per_step(self, field: str) -> np.ndarray:
+        return np.asarray([r[field] for r in self.records], dtype=np.float64)
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    run_dir = Path(run_dir)
+    manifest = trace.read_manifest(run_dir)
+    ledger_path = run_dir / trace.LEDGER
+    if not ledger_path.exists():
+        raise TraceError(f"{ledger_path}: missing; the run is unfinished (resume it with dpledger decode --resume)")
+    ledger = json.loads(ledger_path.read_text())
+    audit_path = run_dir / AUDIT_FILE
+    audit = json.loads(audit_path.read_text()) if audit_path.exists() else None
+    return RunData(run_dir, manifest, ledger, audit, trace.read_records(run_dir, verify=False))
+
+
+def fmt(value, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    if isinstance(value, float) and math.isnan(value):
+        return "n/a"
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,83 @@
+"""The plain-language privacy statement of a run."""
+from __future__ import annotations
+
+from reports.run_data import RunData, fmt
+
+_MECHANISMS = {
+    "public": "The public model answers alone; the teachers are never read, so nothing private is used.",
+    "ensemble": "The average of the teachers answers directly. This is not private: no guarantee is claimed.",
+    "pmixed": ("PMixED (Flemings et al. 2024): each teacher's next-token distribution is projected onto a Renyi ball "
+               "around the public model's, the projections are averaged and the token is sampled."),
+    "adapmixed": ("AdaPMixED: a noisy screening test decides whether PMixED answers or the public model does; PMixED's "
+                  "answers are charged their data-dependent privacy loss."),
+}
+
+
+_RELATIONS = {"add_or_remove_one": "adding or removing one teacher", "replace_one": "replacing one teacher"}
+
+
+def privacy_statement(run: RunData) -> list[str]:
+    """Paragraphs: mechanism, neighbouring relation, unit of privacy, grid, conversion, delta, what is
+    data-dependent, the audit verdict and its evidence."""
+    manifest, ledger = run.manifest, run.ledger
+    kind, params = manifest["mechanism"]["type"], manifest["mechanism"]["params"]
+    epsilon = run.epsilon()
+    orders = manifest["orders"]
+    mechanism = _MECHANISMS[kind]
+    if kind == "adapmixed":
+        parts = []
+        if params.get("screening", True):
+            parts.append(f"screening with lam={params['lam']:g}, sigma={params['sigma']:g}, T={params['threshold']:g}, "
+                         f"top-{params['top_k']}")
+        parts.append("data-dependent loss (seed Eq. 3)" if params.get("data_dependent", True)
+                     else "Theorem 3.1's data-independent bound")
+        mechanism += f" Here: alpha={params['alpha']:g}, beta={params['beta']:g}, N={manifest['n_teachers']}; " + ", ".join(parts) + "."
+    elif kind == "pmixed":
+        mechanism += f" Here: alpha={params['alpha']:g}, beta={params['beta']:g}, N={manifest['n_teachers']}"
+        if params.get("sample_rate") is not None:
+            mechanism += (f", teachers Poisson-subsampled with rate q={params['sample_rate']:g}, amplification variant "
+                          f"'{params['subsampling_variant']}'")
+        mechanism += ". Its per-query bound is Theorem 3.1 as claimed by the paper; that theorem is not guaranteed for every input (SPEC section 3)."
+    if epsilon["order"] is None:
+        outcome = ("epsilon = 0: the output does not depend on the teachers" if epsilon["epsilon"] == 0
+                   else "epsilon = inf: no order gives a guarantee")
+    else:
+        outcome = f"epsilon = {fmt(epsilon['epsilon'])} at order {fmt(epsilon['order'])}"
+    paragraphs = [
+        f"Mechanism. {mechanism}",
+        f"Unit of privacy. One teacher's shard of the private data (the N={manifest['n_teachers']} shards are disjoint). "
+        f"Neighbouring relation: {_RELATIONS.get(manifest['relation'], manifest['relation'])}"
+        + ("; the data-dependent loss covers removing one teacher of this ensemble." if run.data_dependent else "."),
+        f"Accounting. Renyi DP composed over {ledger['steps']} queries on a grid of {len(orders)} orders "
+        f"({fmt(orders[0])}..{fmt(orders[-1])}), converted with the improved conversion (Balle et al. 2020, Theorem 21) "
+        f"at delta={epsilon['delta']:g}: {outcome}.",
+    ]
+    if run.data_dependent:
+        paragraphs.append(
+            "Data-dependent. This epsilon is computed from the private data itself. It is not a differential-privacy "
+            "guarantee that may be released: publishing it, or stopping when it crosses a budget, leaks information "
+            "(Papernot et al. 2018; Redberg et al. 2023). Treat it as an internal measurement.")
+    elif epsilon["epsilon"] == float("inf"):
+        paragraphs.append("No guarantee. The mechanism claims no privacy at all (epsilon is infinite).")
+    if run.audit is None:
+        paragraphs.append("Audit. This run has not been audited: no verdict is available (run `dpledger audit`).")
+    else:
+        audit = run.audit
+        failed = ", ".join(audit["failed_checks"]) or "none"
+        ablation = next((c for c in audit["checks"] if c["name"] == "neighbour_ablation"), None)
+        evidence = ""
+        if ablation and ablation["status"] != "SKIPPED":
+            e = ablation["evidence"]
+            evidence = (f" The leave-one-teacher-out ablation found the worst neighbour to be {e['worst_neighbour']} "
+                        f"with empirical epsilon {fmt(e['worst_empirical_epsilon'])} against the claimed "
+                        f"{fmt(e['claimed_epsilon'])} (ratio {fmt(e['ratio'], 3)}).")
+        game = next((c for c in audit["checks"] if c["name"] == "canary_game"), None)
+        if game and game["status"] != "SKIPPED":
+            evidence += (f" A distinguishing game on a planted canary gave a lower bound of "
+                         f"{fmt(game['evidence']['epsilon_lower_bound'])} on epsilon.")
+        applying = [f for f in audit["findings"] if f["applies"] and f["severity"] in ("medium", "high")]
+        if applying:
+            evidence += " Pitfalls that apply: " + "; ".join(f"#{f['pitfall']} {f['title']} ({f['severity']})"
+                                                            for f in applying) + "."
+        paragraphs.append(f"Audit verdict: {audit['verdict']} (failed checks: {failed}).{evidence}")
+    return paragraphs

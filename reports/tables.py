@@ -1,0 +1,53 @@
+"""Tables: Table 2b (breakdown), Table 2a (method comparison), Table 1 (queries, epsilon, perplexity),
+the audit's per-teacher leakage. Values are copied from ledger.json / audit.json, never recomputed."""
+from __future__ import annotations
+
+import pandas as pd
+
+from accounting.errors import require
+from reports.run_data import RunData
+
+
+def breakdown_table(run: RunData) -> pd.DataFrame:
+    """Table 2b: each component's RDP at the chosen order, the conversion term, the total.
+
+    Raises ValueError if the rows do not sum to the total (the report must never show that)."""
+    breakdown = run.ledger["breakdown"]
+    rows = breakdown["rows"]
+    frame = pd.DataFrame([{"component": r["component"], "epsilon": r["epsilon"],
+                           "data_dependent": r["data_dependent"]} for r in rows])
+    total = rows[-1]["epsilon"]
+    parts = sum(r["epsilon"] for r in rows[:-1])
+    require(total == float("inf") or abs(parts - total) <= 1e-9 * max(1.0, abs(total)),
+            f"breakdown rows of {run.directory} sum to {parts!r}, not the total {total!r}")
+    return frame
+
+
+def comparison_table(runs: list[RunData]) -> pd.DataFrame:
+    """Table 2a / Table 1: method, queries, epsilon at delta (improved), order, perplexity,
+    queries answered by the public model, whether epsilon is data-dependent, audit verdict."""
+    rows = []
+    for run in runs:
+        epsilon = run.epsilon()
+        rows.append({"method": run.label, "queries": run.ledger["steps"], "epsilon": epsilon["epsilon"],
+                     "delta": epsilon["delta"], "order": epsilon["order"], "data_dependent": run.data_dependent,
+                     "perplexity": run.ledger["perplexity"], "answered_by_public": run.ledger["answered_by_public"],
+                     "audit": run.audit["verdict"] if run.audit else "not audited"})
+    return pd.DataFrame(rows)
+
+
+def leakage_table(run: RunData) -> pd.DataFrame | None:
+    """The audit's per-neighbour empirical epsilon (None when the run has no ablation)."""
+    if not run.audit:
+        return None
+    ablation = next((c for c in run.audit["checks"] if c["name"] == "neighbour_ablation"), None)
+    if not ablation or "per_neighbour" not in ablation["evidence"]:
+        return None
+    return pd.DataFrame(ablation["evidence"]["per_neighbour"])
+
+
+def checks_table(run: RunData) -> pd.DataFrame | None:
+    if not run.audit:
+        return None
+    return pd.DataFrame([{"check": c["name"], "status": c["status"], "evidence": c["detail"]}
+                         for c in run.audit["checks"]])
