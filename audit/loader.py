@@ -1,7 +1,6 @@
 """Load a trace for auditing: manifest, verified records, ledger.json, replay payloads."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -83,13 +82,7 @@ def load_trace(run_dir: str | Path) -> LoadedTrace:
     for key in ("mechanism", "orders", "n_teachers", "vocab_size", "config", "relation"):
         if key not in manifest:
             raise TraceError(f"{run_dir / trace.MANIFEST}: lacks the field {key!r}")
-    ledger_path = run_dir / trace.LEDGER
-    if not ledger_path.exists():
-        raise TraceError(f"{ledger_path}: missing; the run is unfinished (resume it with dpledger decode --resume)")
-    try:
-        ledger = json.loads(ledger_path.read_text())
-    except json.JSONDecodeError as error:
-        raise TraceError(f"{ledger_path}: not valid JSON ({error})") from None
+    ledger = trace.read_ledger(run_dir)
     chain_error = None
     try:
         records = trace.read_records(run_dir, verify=True)

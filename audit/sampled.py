@@ -66,13 +66,41 @@ def distinguishing_game(sample_in: Callable[[int, np.random.Generator], np.ndarr
                       epsilon_lower_bound(hits_in, hits_out, trials, delta, confidence))
 
 
-def _canary_query(tokenizer, canary: dict) -> tuple[list[int], int]:
+def one_query_claim(outcome) -> np.ndarray:
+    """The curve one query is charged when the mechanism answers (the worst case over the screening
+    decision): the decoding component as if the screen passed, plus every other charge."""
+    total = np.zeros(next(iter(outcome.charged.values())).shape[-1])
+    for name, values in outcome.charged.items():
+        if name == "pmixed_data_dependent":
+            total = total + outcome.observed_data_dependent[0]
+        elif name == "pmixed_theorem_3_1":
+            total = total + outcome.data_independent[0]
+        else:
+            total = total + values.max(axis=0)
+    return total
+
+
+def canary_query(tokenizer, ensemble, canary: dict) -> tuple[list[int], int]:
+    """The most revealing query inside the canary's secret: the context (token ids) and the true next
+    token at the position where the canary's teacher favours it most over the public model and the
+    other teachers (the auditor, as adversary, may choose any query; the claim covers every one)."""
     text, secret = canary["text"], canary["secret"]
     cut = text.index(secret)
-    prefix_ids = tokenizer(text[:cut].rstrip(" "), add_special_tokens=False)["input_ids"]
-    full_ids = tokenizer(text[:cut + len(secret)], add_special_tokens=False)["input_ids"]
-    require(full_ids[:len(prefix_ids)] == prefix_ids, "the canary's prefix does not tokenise as a prefix")
-    return prefix_ids, full_ids[len(prefix_ids)]
+    prefix = tokenizer(text[:cut].rstrip(" "), add_special_tokens=False)["input_ids"]
+    full = tokenizer(text[:cut + len(secret)], add_special_tokens=False)["input_ids"]
+    require(full[:len(prefix)] == prefix, "the canary's prefix does not tokenise as a prefix")
+    window = full[-ensemble.n_positions:]
+    offset = len(full) - len(window)
+    public, teachers = ensemble.distributions(torch.tensor([window[:-1]]))       # (1, L, V), (1, L, N, V)
+    positions = torch.arange(max(len(prefix), offset + 1) - offset - 1, len(window) - 1)
+    targets = torch.tensor(window)[positions + 1]
+    owner = teachers[0, positions, canary["teacher"], targets]
+    others = torch.cat([teachers[0, positions, :canary["teacher"]], teachers[0, positions, canary["teacher"] + 1:]],
+                       dim=1)[torch.arange(len(positions)), :, targets].mean(dim=1)
+    baseline = torch.maximum(public[0, positions, targets], others)
+    best = int(torch.argmax(torch.log(owner) - torch.log(baseline)))
+    position = int(positions[best])
+    return window[:position + 1], int(targets[best])
 
 
 def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float = 0.95, seed: int = 0,
@@ -96,9 +124,8 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
                 f"model {identity['source']} changed since the run (content hash differs)")
     canary = canaries[0]
     tokenizer = AutoTokenizer.from_pretrained(trace.manifest["tokenizer"])
-    prefix, target = _canary_query(tokenizer, canary)
-    window = prefix[-ensemble.n_positions:]
-    logits = ensemble.logits(torch.tensor([window]))[:, 0, -1:]                 # (N+1, 1, V)
+    context, target = canary_query(tokenizer, ensemble, canary)
+    logits = ensemble.logits(torch.tensor([context]))[:, 0, -1:]                # (N+1, 1, V)
     delta = trace.manifest["config"]["deltas"][0]
     keep = [i for i in range(trace.n_teachers) if i != canary["teacher"]]
     runner_in = trace.runner()
@@ -115,11 +142,14 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
             for start in range(0, n, chunk):
                 rows = min(chunk, n - start)
                 public, teachers = Ensemble.split_distributions(world_logits.expand(-1, rows, -1))
-                outcome = runner.process(public, teachers, generator, trace.orders)
+                # The output does not depend on the order grid; only the first chunk of the world
+                # with the canary needs the full grid, for the one-query claim.
+                first = runner is runner_in and "curve" not in claimed_one
+                orders = trace.orders if first else trace.orders[:1]
+                outcome = runner.process(public, teachers, generator, orders)
                 tokens.append(torch.multinomial(outcome.output, 1, generator=generator)[:, 0].numpy())
-                if runner is runner_in:
-                    charged = sum(values.max(axis=0) for values in outcome.charged.values())
-                    claimed_one["curve"] = np.maximum(claimed_one.get("curve", 0.0), charged)
+                if first:
+                    claimed_one["curve"] = one_query_claim(outcome)
             return np.concatenate(tokens)
         return sample
 

@@ -23,7 +23,7 @@ _ACTIVATIONS = {
 class StackedGPT2:
     """Stacked weights of M GPT-2 models with one configuration; `logits(input_ids)` -> (M, B, L, V)."""
 
-    def __init__(self, models):
+    def __init__(self, models, device: str | torch.device = "cpu"):
         require(len(models) > 0, "need at least one model to stack")
         config = models[0].config
         for model in models[1:]:
@@ -38,7 +38,8 @@ class StackedGPT2:
         self.n_models = len(models)
         self.activation = _ACTIVATIONS[config.activation_function]
         states = [{k: v.detach() for k, v in model.state_dict().items()} for model in models]
-        self.params = {name: torch.stack([state[name] for state in states]).float().contiguous()
+        self.device = torch.device(device)
+        self.params = {name: torch.stack([state[name] for state in states]).float().contiguous().to(self.device)
                        for name in states[0] if not name.endswith(".attn.bias") and not name.endswith(".attn.masked_bias")
                        and name != "lm_head.weight"}
 
@@ -62,8 +63,9 @@ class StackedGPT2:
         require(length <= self.config.n_positions,
                 f"context length {length} exceeds the model's n_positions {self.config.n_positions}")
         heads = self.config.n_head
+        input_ids = input_ids.to(self.device)
         wte, wpe = self.params["transformer.wte.weight"], self.params["transformer.wpe.weight"]
-        positions = torch.arange(length)
+        positions = torch.arange(length, device=self.device)
         h = wte[:, input_ids] + wpe[:, positions][:, None]
         for layer in range(self.config.n_layer):
             prefix = f"transformer.h.{layer}"

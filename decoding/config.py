@@ -18,6 +18,7 @@
     teachers = 8
     # ... or your own checkpoints (local directories or hub names):
     # public = "path/or/name"; teacher_paths = ["t0", "t1"]; teacher_kind = "full" | "lora"; tokenizer = "..."
+    device = "cpu"              # or "cuda"
 
     [data]
     stream = "teacher-forced"   # or "generate"
@@ -46,6 +47,7 @@ class ModelsConfig:
     teacher_paths: tuple[str, ...] = ()
     teacher_kind: str = "full"
     tokenizer: str | None = None
+    device: str = "cpu"  # where the models run ("cuda" on a GPU machine); mechanisms run on the CPU
 
 
 @dataclass(frozen=True)

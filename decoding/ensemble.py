@@ -25,6 +25,9 @@ def _looks_local(name: str) -> bool:
 def load_causal_lm(name_or_path: str):
     """AutoModelForCausalLM.from_pretrained with a clear error for missing local paths."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one bar per teacher drowns the run's own progress bar
 
     path = Path(str(name_or_path)).expanduser()
     if _looks_local(str(name_or_path)) and not path.exists():
@@ -65,7 +68,8 @@ class ModelIdentity:
 class Ensemble:
     """The public model (index 0) and N teachers; `distributions` answers a block of contexts."""
 
-    def __init__(self, public_model, teacher_models: Sequence, identities: Sequence[ModelIdentity]):
+    def __init__(self, public_model, teacher_models: Sequence, identities: Sequence[ModelIdentity],
+                 device: str = "cpu"):
         require(len(teacher_models) >= 1, "an ensemble needs at least one teacher")
         vocab = public_model.config.vocab_size
         for index, teacher in enumerate(teacher_models):
@@ -77,17 +81,19 @@ class Ensemble:
         self.n_positions = getattr(public_model.config, "n_positions", None) or public_model.config.max_position_embeddings
         self.identities = tuple(identities)
         models = [public_model, *teacher_models]
+        self.device = torch.device(device)
         try:
             from decoding.batched_gpt2 import StackedGPT2
 
-            self._stacked = StackedGPT2(models)
+            self._stacked = StackedGPT2(models, self.device)
             self._models = None
         except ValueError:
             self._stacked = None
-            self._models = models
+            self._models = [model.to(self.device) for model in models]
 
     @classmethod
-    def from_pretrained(cls, public: str, teachers: Sequence[str], teacher_kind: str = "full") -> "Ensemble":
+    def from_pretrained(cls, public: str, teachers: Sequence[str], teacher_kind: str = "full",
+                        device: str = "cpu") -> "Ensemble":
         require(teacher_kind in ("full", "lora"), f"teacher_kind must be 'full' or 'lora', got {teacher_kind!r}")
         require(len(teachers) >= 1, "at least one teacher path is needed")
         public_model = load_causal_lm(public)
@@ -98,14 +104,15 @@ class Ensemble:
         identities = [ModelIdentity("public", str(public), model_content_hash(public_model))]
         identities += [ModelIdentity(f"teacher-{i}", str(path), model_content_hash(model))
                        for i, (path, model) in enumerate(zip(teachers, teacher_models))]
-        return cls(public_model, teacher_models, identities)
+        return cls(public_model, teacher_models, identities, device)
 
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """float32 logits (N+1, B, L, V) for every position of every context; index 0 is public."""
+        """float32 logits (N+1, B, L, V) on the CPU (the mechanisms run there); index 0 is public."""
         if self._stacked is not None:
-            return self._stacked.logits(input_ids)
-        return torch.stack([model(input_ids=input_ids).logits.float() for model in self._models])
+            return self._stacked.logits(input_ids).cpu()
+        input_ids = input_ids.to(self.device)
+        return torch.stack([model(input_ids=input_ids).logits.float() for model in self._models]).cpu()
 
     @staticmethod
     def split_distributions(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -80,7 +80,7 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
         public_path, teacher_paths = models.public, list(models.teacher_paths)
         tokenizer_path, teacher_kind = models.tokenizer or models.public, models.teacher_kind
         embedded = None
-    ensemble = Ensemble.from_pretrained(public_path, teacher_paths, teacher_kind)
+    ensemble = Ensemble.from_pretrained(public_path, teacher_paths, teacher_kind, models.device)
     require(ensemble.n_teachers == models.teachers,
             f"models.teachers = {models.teachers} does not match the {ensemble.n_teachers} teachers loaded")
     from transformers import AutoTokenizer

@@ -126,6 +126,17 @@ def read_manifest(run_dir: Path) -> dict:
     return manifest
 
 
+def read_ledger(run_dir: Path) -> dict:
+    """ledger.json; TraceError when the run is unfinished (no ledger yet) or the file is damaged."""
+    path = Path(run_dir) / LEDGER
+    if not path.exists():
+        raise TraceError(f"{path}: missing; the run is unfinished (resume it with dpledger decode --resume)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise TraceError(f"{path}: not valid JSON ({error})") from None
+
+
 def committed_chunk_indices(run_dir: Path) -> list[int]:
     """Indices of committed chunks; TraceError when they are not 0..k-1 (a chunk missing)."""
     steps = Path(run_dir) / STEPS_DIR

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpledger import account_cli, audit_cli, decode_cli, demo_cli, report_cli
+from dpledger import account_cli, audit_cli, decode_cli, demo_cli, report_cli, sweep_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     decode_cli.add_parser(subparsers)
     audit_cli.add_parser(subparsers)
     report_cli.add_parser(subparsers)
+    sweep_cli.add_parser(subparsers)
     demo_cli.add_parser(subparsers)
     return parser
 

@@ -71,7 +71,37 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
     print("\ntraces:")
     for row in rows:
         print(f"  {row['method']:<38} {row['trace']}")
+    audit_and_report(root, [Path(row["trace"]) for row in rows], progress)
     return table, summaries, root
+
+
+AUDITED = ("pmixed", "adapmixed")
+
+
+def audit_and_report(root: Path, directories: list[Path], progress: bool) -> Path:
+    """Audit the PMixED and AdaPMixED traces, then write one HTML report of every run."""
+    from audit import audit_run
+    from reports import load_run, render
+
+    print("\n== Audit (dpledger audit) ==")
+    for directory in directories:
+        if directory.name not in AUDITED:
+            continue
+        started = time.time()
+        report = audit_run(directory, mc_samples=200, game_trials=600)
+        ablation = report.check("neighbour_ablation").evidence
+        game = report.check("canary_game")
+        game_text = (f"canary game lower bound {game.evidence['epsilon_lower_bound']:.3f}"
+                     if game.evidence else game.detail)
+        print(f"  {directory.name:<10} {report.verdict}: empirical/claimed = {ablation['ratio']:.3f} "
+              f"(worst: {ablation['worst_neighbour']}); {game_text}; {time.time() - started:.0f} s")
+        for finding in report.findings:
+            if finding.applies and finding.severity in ("medium", "high"):
+                print(f"      pitfall #{finding.pitfall} [{finding.severity}] {finding.title}")
+    out = root / "report.html"
+    out.write_text(render([load_run(d) for d in directories], "html"))
+    print(f"\nHTML report: {out}")
+    return out
 
 
 def _eps(row: dict) -> str:

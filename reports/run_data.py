@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 
 from decoding import trace
-from decoding.trace import TraceError
 
 AUDIT_FILE = "audit.json"
 
@@ -57,10 +56,7 @@ class RunData:
 def load_run(run_dir: str | Path) -> RunData:
     run_dir = Path(run_dir)
     manifest = trace.read_manifest(run_dir)
-    ledger_path = run_dir / trace.LEDGER
-    if not ledger_path.exists():
-        raise TraceError(f"{ledger_path}: missing; the run is unfinished (resume it with dpledger decode --resume)")
-    ledger = json.loads(ledger_path.read_text())
+    ledger = trace.read_ledger(run_dir)
     audit_path = run_dir / AUDIT_FILE
     audit = json.loads(audit_path.read_text()) if audit_path.exists() else None
     return RunData(run_dir, manifest, ledger, audit, trace.read_records(run_dir, verify=False))
