@@ -34,6 +34,7 @@ from audit.checks import CheckResult, skipped, verdict
 from audit.loader import LoadedTrace
 from decoding.ensemble import Ensemble
 from mechanisms.kernels import mixing_weights, renyi_divergence_orders
+from mechanisms.screening import NoisyScreening
 
 DEFAULT_AUDIT_ORDERS = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 18.0, 20.0, 24.0, 32.0,
                         48.0, 64.0)
@@ -77,24 +78,21 @@ def ensemble_output(total: torch.Tensor, size: torch.Tensor, public: torch.Tenso
 
 
 def screen_pass_counts(teacher_sums: torch.Tensor, sizes: torch.Tensor, public: torch.Tensor, params: dict,
-                            samples: int, generator: torch.Generator) -> torch.Tensor:
-    """Monte Carlo count of screen passes (out of `samples`) per step and ensemble: teacher_sums (L, E, V) are sums of the raw
-    teacher distributions of each ensemble. Common noise across the E ensembles of a step."""
-    lam, sigma, threshold, alpha = params["lam"], params["sigma"], params["threshold"], params["alpha"]
-    k = min(int(params["top_k"]), public.shape[-1])
-    top = torch.topk(public, k, dim=-1).indices                                       # (L, k)
+                       samples: int, generator: torch.Generator) -> torch.Tensor:
+    """Monte Carlo count of screen passes (out of `samples`) per step and ensemble: teacher_sums
+    (L, E, V) are sums of the raw teacher distributions of each ensemble, sizes (L, E) their sizes.
+    The same noise draws serve every ensemble of a step (common random numbers)."""
+    screening = NoisyScreening(teachers=1, lam=params["lam"], sigma=params["sigma"], alpha=params["alpha"],
+                               threshold=params["threshold"], top_k=int(params["top_k"]))
+    top = screening.top_indices(public)                                               # (L, k)
     public_top = torch.gather(public, -1, top)
-    public_log = torch.log(public_top / public_top.sum(-1, keepdim=True))
     teacher_top = torch.gather(teacher_sums, -1, top.unsqueeze(1).expand(-1, teacher_sums.shape[1], -1))
-    mean = lam * teacher_top / sizes.double().unsqueeze(-1) + (1 - lam) * public_top.unsqueeze(1)   # (L, E, k)
-    noise = sigma * torch.randn((public.shape[0], samples, k), generator=generator, dtype=torch.float64)
-    noisy = (mean.unsqueeze(2) + noise.unsqueeze(1)).clamp_min(0.0)                    # (L, E, S, k)
-    total = noisy.sum(-1, keepdim=True)
-    order = torch.tensor([alpha], dtype=torch.float64)
-    statistic = renyi_divergence_orders(torch.log(noisy / total.clamp_min(1e-300)),
-                                        public_log.unsqueeze(1).unsqueeze(1), order)[..., 0]
-    statistic = torch.where(total[..., 0] > 0, statistic, torch.full_like(statistic, torch.inf))
-    return (statistic <= threshold).double().sum(dim=2)
+    mean = screening.lam * teacher_top / sizes.double().unsqueeze(-1) + (1 - screening.lam) * public_top.unsqueeze(1)
+    noise = screening.sigma * torch.randn((public.shape[0], samples, top.shape[-1]), generator=generator,
+                                          dtype=torch.float64)
+    statistic = screening.statistic_from_mean(mean.unsqueeze(2), public_top.unsqueeze(1).unsqueeze(1),
+                                              noise.unsqueeze(1))                    # (L, E, S)
+    return (statistic <= screening.threshold).double().sum(dim=2)
 
 
 def smoothed_probability(successes: torch.Tensor, samples: int) -> torch.Tensor:

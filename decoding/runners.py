@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from accounting.errors import require
-from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, mixing_weights, renyi_divergence_orders
+from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, mixing_weights
 from mechanisms.pmixed import PMixED, SubsampledPMixED, SubsamplingVariant
 from mechanisms.screening import NoisyScreening
 
@@ -102,22 +102,6 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
                                  subsampling_variant=variant.value), {name: False}, process)
 
 
-def screening_statistics(screening: NoisyScreening, public, teachers, generator) -> torch.Tensor:
-    """Noisy screening (seed Algorithm 1) for every query of the block at once: (L,) statistics."""
-    k = min(screening.top_k, public.shape[-1])
-    top = torch.topk(public, k, dim=-1).indices                               # (L, k), public: no privacy cost
-    teacher_top = torch.gather(teachers, -1, top.unsqueeze(-2).expand(*teachers.shape[:-1], k))
-    mean = screening.lam * teacher_top.mean(dim=-2) + (1.0 - screening.lam) * torch.gather(public, -1, top)
-    noisy = (mean + screening.sigma * torch.randn(mean.shape, generator=generator, dtype=torch.float64)).clamp_min(0.0)
-    public_top = torch.gather(public, -1, top)
-    public_top = public_top / public_top.sum(dim=-1, keepdim=True)
-    total = noisy.sum(dim=-1, keepdim=True)
-    noisy = noisy / total.clamp_min(1e-300)
-    order = torch.tensor([screening.alpha], dtype=torch.float64)
-    statistic = renyi_divergence_orders(torch.log(noisy), torch.log(public_top), order)[..., 0]
-    return torch.where(total[..., 0] > 0, statistic, torch.full_like(statistic, torch.inf))
-
-
 def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma: float, threshold: float,
                      top_k: int, screening: bool = True, data_dependent: bool = True) -> Runner:
     """AdaPMixED (seed Algorithm 1) and its Table 2a ablations.
@@ -136,7 +120,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     def process(public, teacher_probs, generator, orders):
         length = public.shape[0]
         if screening:
-            statistic = screening_statistics(screen, public, teacher_probs, generator)
+            statistic = screen.statistics(teacher_probs, public, generator)
             passed = statistic <= threshold
         else:
             statistic, passed = None, torch.ones(length, dtype=torch.bool)

@@ -54,29 +54,49 @@ class NoisyScreening(Mechanism):
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         return (self.lam / (self.teachers * self.sigma)) ** 2 * orders
 
-    def screen(self, teachers, public, generator) -> ScreeningOutcome:
-        """Run the screening test once; `generator` is a torch.Generator for the Gaussian noise.
+    def statistics(self, teachers, public, generator):
+        """Screening statistics of L queries at once (seed Algorithm 1; SPEC section 4): teachers
+        (L, N, V), public (L, V) -> (L,) torch float64; `generator` is a torch.Generator.
 
-        teachers (N, V) and public (V,) torch or numpy arrays. The statistic is
-        D_alpha(noisy[K] || public[K]) on the renormalised top-k (SPEC section 4; the seed's
-        Algorithm 1 writes the symmetric form; either is post-processing of the noisy vector).
+        Per query: K = top-k of p0 (public, so free); mean = lam * mean_i p_i[K] + (1-lam) p0[K];
+        add N(0, sigma^2) to each entry, clip at 0 and renormalise (post-processing); the statistic
+        is D_alpha(noisy || p0[K] renormalised) (the seed's Algorithm 1 writes the symmetric form;
+        either is post-processing of the noisy vector). An all-zero noisy vector gives +inf.
         """
+        import torch
+
+        teachers = torch.as_tensor(teachers, dtype=torch.float64)
+        public = torch.as_tensor(public, dtype=torch.float64)
+        top = self.top_indices(public)
+        teacher_top = torch.gather(teachers, -1, top.unsqueeze(-2).expand(*teachers.shape[:-1], top.shape[-1]))
+        public_top = torch.gather(public, -1, top)
+        mean = self.lam * teacher_top.mean(dim=-2) + (1.0 - self.lam) * public_top
+        noise = self.sigma * torch.randn(mean.shape, generator=generator, dtype=torch.float64)
+        return self.statistic_from_mean(mean, public_top, noise)
+
+    def top_indices(self, public):
+        """K: the public model's top-k tokens per query (public, so choosing them costs nothing)."""
+        import torch
+
+        return torch.topk(public, min(self.top_k, public.shape[-1]), dim=-1).indices
+
+    def statistic_from_mean(self, mean, public_top, noise):
+        """D_alpha(clip(mean + noise, 0) renormalised || public_top renormalised), broadcast over
+        leading axes; +inf where the clipped noisy vector is all zero."""
         import torch
 
         from mechanisms.kernels import renyi_divergence_orders
 
-        teachers_t = torch.as_tensor(teachers, dtype=torch.float64)
-        public_t = torch.as_tensor(public, dtype=torch.float64)
-        k = min(self.top_k, public_t.shape[-1])
-        top = torch.topk(public_t, k).indices
-        mean = self.lam * teachers_t[:, top].mean(dim=0) + (1.0 - self.lam) * public_t[top]
-        noise = torch.randn(k, dtype=torch.float64, generator=generator) * self.sigma
         noisy = (mean + noise).clamp_min(0.0)
-        public_k = public_t[top] / public_t[top].sum()
-        total = noisy.sum()
-        if total <= 0:
-            return ScreeningOutcome(float("inf"), False)
-        noisy = noisy / total
-        statistic = float(renyi_divergence_orders(torch.log(noisy), torch.log(public_k),
-                                                  torch.tensor([self.alpha], dtype=torch.float64))[0])
+        total = noisy.sum(dim=-1, keepdim=True)
+        order = torch.tensor([self.alpha], dtype=torch.float64)
+        statistic = renyi_divergence_orders(torch.log(noisy / total.clamp_min(1e-300)),
+                                            torch.log(public_top / public_top.sum(dim=-1, keepdim=True)), order)[..., 0]
+        return torch.where(total[..., 0] > 0, statistic, torch.full_like(statistic, torch.inf))
+
+    def screen(self, teachers, public, generator) -> ScreeningOutcome:
+        """One query: teachers (N, V), public (V,)."""
+        import torch
+
+        statistic = float(self.statistics(torch.as_tensor(teachers)[None], torch.as_tensor(public)[None], generator)[0])
         return ScreeningOutcome(statistic, statistic <= self.threshold)
