@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from audit.ablation import DEFAULT_AUDIT_ORDERS, neighbour_divergences
 from mechanisms import PMixED, renyi_divergence
+from mechanisms.kernels import kernel_threads
 
 
 def synthetic_block(rng: np.random.Generator, steps: int, teachers: int, vocab: int):
@@ -92,7 +93,8 @@ def main() -> None:
         "side_by_side": {"steps": args.baseline_steps, "loop_over_teachers_seconds": round(baseline, 2),
                          "vectorised_seconds": round(vectorised, 2), "speedup": round(baseline / vectorised, 2),
                          "note": "the vectorised side also computes the 3 add-one neighbours"},
-        "machine": {"processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+        "machine": {"processor": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
+                    "kernel_threads": kernel_threads()},
         "worst_remove_one_rdp_at_18": float(np.max(totals[:, :args.teachers, list(orders.numpy()).index(18.0)])),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
