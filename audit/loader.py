@@ -20,6 +20,8 @@ class LoadedTrace:
     records: list[dict]
     ledger: dict
     chain_error: str | None
+    _logits_source: str | None = "unknown"
+    _ensemble: object = None
 
     @property
     def orders(self) -> np.ndarray:
@@ -43,8 +45,33 @@ class LoadedTrace:
 
     @property
     def has_payload(self) -> bool:
-        return bool(self.manifest.get("replay_payload")) and all(
-            trace.replay_path(self.directory, b).exists() for b in self.blocks())
+        """True when every block's logits can be had: the exact-replay payload, or (teacher-forced
+        runs) the run's models, present with the same content hashes, to recompute them."""
+        return self.logits_source is not None
+
+    @property
+    def logits_source(self) -> str | None:
+        if self._logits_source == "unknown":
+            self._logits_source = self._find_logits_source()
+        return self._logits_source
+
+    def _find_logits_source(self) -> str | None:
+        if self.manifest.get("replay_payload") and all(trace.replay_path(self.directory, b).exists()
+                                                       for b in self.blocks()):
+            return "payload"
+        if self.manifest["data"]["stream"] != "teacher-forced":
+            return None
+        models = self.manifest["models"]
+        if not all(Path(m["source"]).exists() for m in models):
+            return None
+        from decoding.ensemble import Ensemble
+
+        ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
+                                            self.manifest["config"]["models"]["teacher_kind"])
+        if [i.content_hash for i in ensemble.identities] != [m["content_hash"] for m in models]:
+            return None
+        self._ensemble = ensemble
+        return "models"
 
     def blocks(self) -> list[int]:
         return sorted({r["block"] for r in self.records})
@@ -56,6 +83,9 @@ class LoadedTrace:
         return build_runner({"type": self.mechanism_type, **self.params}, self.n_teachers)
 
     def payload_logits(self, block: int) -> torch.Tensor:
+        if self.logits_source == "models":  # the block's inputs are its recorded context tokens
+            contexts = torch.tensor([[r["context_token"] for r in self.block_records(block)]])
+            return self._ensemble.logits(contexts)[:, 0]
         path = trace.replay_path(self.directory, block)
         try:
             with np.load(path) as payload:

@@ -94,7 +94,8 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
     """Every step recomputed from the recorded logits with the manifest's mechanism and seed:
     mixing weights, screening statistic and decision, charged curves, sampled token, utility."""
     if not trace.has_payload:
-        return skipped("replay", "the run kept no exact-replay payload (replay_payload = false)")
+        return skipped("replay", "the run kept no exact-replay payload and its models are not available to "
+                       "recompute the distributions")
     runner = trace.runner()
     sequential = trace.manifest["data"]["stream"] == "generate"
     seed = trace.manifest["config"]["seed"]
@@ -125,8 +126,9 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
                 mismatches.append(f"{where}: probability of the true token differs")
         if len(mismatches) > 50:
             break
+    source = "the exact-replay payload" if trace.logits_source == "payload" else "the run's models, re-run"
     return verdict("replay", not mismatches,
-                   f"all {len(trace.records)} steps replay exactly (max |lambda gap| {worst['lambdas']:.2g}, "
+                   f"all {len(trace.records)} steps replay exactly from {source} (max |lambda gap| {worst['lambdas']:.2g}, "
                    f"tolerance {LAMBDA_ATOL:g}; floats rtol {RTOL:g})",
                    f"{len(mismatches)} replay mismatches, first: " + "; ".join(mismatches[:5]),
                    mismatches=mismatches[:50], max_deviation=worst)

@@ -175,3 +175,15 @@ def test_truncated_corrupted_and_foreign_directories_name_the_file(correct_runs,
     trace.replay_path(payload, 0).write_bytes(b"garbage")
     with pytest.raises(trace.TraceError, match="block-000000.npz: unreadable replay payload"):
         audit_run(payload, play_game=False)
+
+
+def test_replay_without_payload_recomputes_from_the_models(micro_models, tmp_path):
+    config = config_from_dict(micro_config(micro_models, tmp_path / "nopayload", ADAPMIXED, queries=64,
+                                           replay_payload=False))
+    run_dir = run_decode(config, progress=False, verbose=False).directory
+    assert not (run_dir / "replay").exists()
+    loaded = load_trace(run_dir)
+    assert loaded.logits_source == "models"
+    report = audit_run(run_dir, mc_samples=50, play_game=False)
+    assert report.check("replay").status is Status.PASS and "the run's models, re-run" in report.check("replay").detail
+    assert report.verdict == "PASS"
