@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 from accounting.conversion import ConversionMethod, epsilon_from_rdp
 from accounting.curve import RdpCurve
 from accounting.errors import require, require_in_open, require_positive
@@ -53,8 +51,3 @@ class RdpBudget:
         require(self.can_afford(curve),
                 f"step does not fit the budget: epsilon would be {self.epsilon_after(curve):.6g} > {self.epsilon:g}")
         self.spent = self.spent + curve
-
-    @property
-    def remaining_epsilon_fraction(self) -> float:
-        used = epsilon_from_rdp(self.spent, self.delta, self.method).epsilon
-        return float(np.clip(1.0 - used / self.epsilon, 0.0, 1.0))

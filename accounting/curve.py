@@ -82,12 +82,6 @@ class RdpCurve:
             values = np.where(np.isinf(self.values) & (times == 0), 0.0, self.values * times)
         return RdpCurve(self.orders, values, self.relation, self.data_dependent)
 
-    def pointwise_min(self, other: "RdpCurve") -> "RdpCurve":
-        """min of two valid bounds for the same mechanism (both hold, so the smaller does)."""
-        self._check_compatible(other)
-        return RdpCurve(self.orders, np.minimum(self.values, other.values), self.relation,
-                        self.data_dependent or other.data_dependent)
-
     def __repr__(self) -> str:
         finite = np.isfinite(self.values)
         return (f"RdpCurve({len(self.orders)} orders {self.orders[0]:g}..{self.orders[-1]:g}, "

@@ -106,10 +106,6 @@ class PrivacyLedger:
             self._add(name, np.asarray(values, dtype=np.float64).sum(axis=0), bool(data_dependent))
         self.steps += steps
 
-    @property
-    def component_names(self) -> tuple[str, ...]:
-        return tuple(self._totals)
-
     def component_curve(self, name: str) -> RdpCurve:
         require(name in self._totals, f"no component named {name!r}; have {list(self._totals)}")
         return RdpCurve(self.orders, self._totals[name], self.relation, self._data_dependent[name])

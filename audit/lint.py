@@ -9,7 +9,6 @@ import numpy as np
 from audit.loader import LoadedTrace
 from mechanisms.pmixed import SubsamplingVariant
 
-SEVERITIES = ("info", "low", "medium", "high")
 BLIND_SCREEN_RATIO = 1e-2
 """lam / (N sigma) below this: the signal the screen sees moves its statistic far less than the
 noise does, so its decisions are (almost) independent of the private data (pitfall 7)."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -258,8 +258,6 @@ def ledger_summary(records: list[dict], manifest: dict) -> dict:
     """ledger.json's content: composed curve, epsilon per delta and conversion, breakdown, utility."""
     ledger = ledger_from_records(records, manifest)
     deltas = manifest["config"]["deltas"]
-    import warnings
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         epsilons = [{"delta": d, "method": m.value, **_conversion_dict(ledger.epsilon(d, m))}
@@ -277,12 +275,23 @@ def ledger_summary(records: list[dict], manifest: dict) -> dict:
         "warnings": sorted({str(w.message) for w in caught}),
     }
     if observed:
-        observed_total = np.sum(np.asarray(observed, dtype=np.float64), axis=0)
         from accounting.curve import RdpCurve
 
-        curve = RdpCurve(manifest["orders"], observed_total, NeighbouringRelation(manifest["relation"]), True)
-        summary["observed_data_dependent_total"] = {**curve.to_dict(),
-                                                    **_conversion_dict(epsilon_from_rdp(curve, deltas[0]))}
+        relation = NeighbouringRelation(manifest["relation"])
+        answered = np.asarray([r["answered_by"] == "mechanism" for r in records if r["observed_data_dependent"]])[:, None]
+        observed = np.where(answered, np.asarray(observed, dtype=np.float64), 0.0)
+        bound = np.where(answered, np.asarray([r["data_independent"] for r in records if r["observed_data_dependent"]],
+                                              dtype=np.float64), 0.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for key, per_step, note in (
+                    ("observed_data_dependent_total", observed, "seed Eq. 3 on the answered steps; not charged "
+                     "unless the mechanism charges it"),
+                    ("min_data_dependent_theorem_3_1_total", np.minimum(observed, bound),
+                     "min(data-dependent, Theorem 3.1) per step: NOT a valid charge, Theorem 3.1 is not guaranteed "
+                     "(SPEC section 3); recorded for comparison only")):
+                curve = RdpCurve(manifest["orders"], per_step.sum(axis=0), relation, True)
+                summary[key] = {**curve.to_dict(), **_conversion_dict(epsilon_from_rdp(curve, deltas[0])), "note": note}
     return summary
 
 
@@ -306,9 +315,7 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
     out = _open_run_dir(prepared, resume)
     manifest = trace.read_manifest(out)
     if (out / trace.LEDGER).exists():
-        import json
-
-        return RunResult(out, json.loads((out / trace.LEDGER).read_text()), prepared.config.queries)
+        return RunResult(out, trace.read_ledger(out), prepared.config.queries)
     records = trace.read_records(out)
     done_blocks = len(trace.committed_chunk_indices(out))
     prev_hash = trace.last_hash(records)
@@ -330,8 +337,6 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
             step += len(block_records)
             bar.update(len(block_records))
             with np.errstate(all="ignore"):
-                import warnings
-
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     eps = running.epsilon(first_delta).epsilon
@@ -342,7 +347,3 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
     summary = ledger_summary(all_records, manifest)
     trace.atomic_write_json(out / trace.LEDGER, summary)
     return RunResult(out, summary, len(records))
-
-
-def remove_run(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)

@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     first = summary["epsilon"][0]
     kind = "data-dependent loss" if summary["data_dependent"] else "epsilon"
     ppl = "-" if summary["perplexity"] is None else f"{summary['perplexity']:.3f}"
+    if result.resumed_from_step:
+        print(f"resumed after {result.resumed_from_step} committed steps")
     print(f"{result.directory}: {summary['steps']} queries, {kind} {first['epsilon']:.4g} at delta={first['delta']:g} "
           f"(order {first['order']}), perplexity {ppl}, answered by public {summary['answered_by_public']}")
     return 0

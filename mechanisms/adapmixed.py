@@ -50,13 +50,11 @@ class AdaPMixED:
     """AdaPMixED's parameters: the PMixED projection and the noisy screening.
 
     Paper defaults (seed Table 4): alpha=18, beta=0.2, N=100, sigma=1e-2, lam=1e-4, T=4.5, top-k=60.
-    `screening_enabled` / `data_dependent` give Table 2a's ablations.
+    The decoding runner (decoding.runners.adapmixed_runner) also runs Table 2a's two ablations.
     """
 
     pmixed: PMixED
     screening: NoisyScreening
-    screening_enabled: bool = True
-    data_dependent: bool = True
 
     def __post_init__(self) -> None:
         if self.screening.teachers != self.pmixed.teachers:

@@ -72,6 +72,9 @@ def test_trace_layout_ledger_and_recorded_step_match_pure_mechanism_code(micro_m
     np.testing.assert_allclose(ledger["ledger"]["components"]["pmixed_data_dependent"]["values"], charged, rtol=1e-12)
     rows = ledger["breakdown"]["rows"]
     assert sum(r["epsilon"] for r in rows[:-1]) == pytest.approx(rows[-1]["epsilon"], abs=1e-12)
+    minimum, observed = ledger["min_data_dependent_theorem_3_1_total"], ledger["observed_data_dependent_total"]
+    assert "NOT a valid charge" in minimum["note"] and minimum["epsilon"] <= observed["epsilon"]
+    np.testing.assert_allclose(observed["values"], charged, rtol=1e-12)  # AdaPMixED charges exactly Eq. 3
 
     # one recorded step, recomputed by mechanisms/ from the replay payload
     payload = np.load(run_dir / "replay" / "block-000001.npz")
