@@ -90,11 +90,11 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
         mask = torch.rand(teacher_probs.shape[:-1], generator=generator, dtype=torch.float64) < sample_rate
         lambdas, output, observed = _pmixed_step(pmixed, public, teacher_probs, torch.from_numpy(orders), mask)
         sizes = mask.sum(dim=-1).numpy()
-        curves = {int(m): SubsampledPMixED(pmixed, sample_rate, variant,
-                                           int(m) if variant.uses_realised_sizes else None).rdp_values(orders)
-                  for m in np.unique(sizes)}
-        charged = np.stack([curves[int(m)] for m in sizes])
-        bound = np.stack([PMixED(alpha, beta, max(int(m), 1)).rdp_values(orders) for m in sizes])
+        unique, index = np.unique(sizes, return_inverse=True)  # curves depend on the subsample size only
+        charged = np.stack([SubsampledPMixED(pmixed, sample_rate, variant,
+                                             int(m) if variant.uses_realised_sizes else None).rdp_values(orders)
+                            for m in unique])[index]
+        bound = np.stack([PMixED(alpha, beta, max(int(m), 1)).rdp_values(orders) for m in unique])[index]
         return BlockOutcome(output=output, charged={name: charged}, lambdas=lambdas.numpy(), sampled=mask.numpy(),
                             observed_data_dependent=observed, data_independent=bound)
 
