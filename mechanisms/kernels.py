@@ -98,37 +98,59 @@ def symmetric_renyi_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: tor
 
 
 def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, radius: float,
-                   iterations: int = 40) -> torch.Tensor:
+                   max_iterations: int = 60, relative_tolerance: float = 1e-10) -> torch.Tensor:
     """Largest lambda in [0, 1] per teacher with D<->_order(lambda p_i + (1-lambda) p0, p0) <= radius.
 
     PMixED projection (Flemings et al. 2024, Algorithm 2; seed Algorithm 2 / Appendix C). The
     divergence is non-decreasing in lambda (quasi-convexity, van Erven & Harremoes 2014 Theorem 13,
-    with value 0 at lambda = 0), so bisection over all teachers at once; the returned value is the
-    lower end of the final bracket, hence always feasible ("err on the small side").
+    with value 0 at lambda = 0), so the root of f(lambda) = D(lambda) - radius is bracketed by
+    [0, 1] and found by the Illinois variant of regula falsi (superlinear, bisection where the secant
+    is undefined), for all teachers at once; only teachers infeasible at lambda = 1 are iterated.
+    The returned value is always the feasible end of the bracket ("err on the small side"), within
+    `relative_tolerance` * radius of the boundary, or within 1e-12 in lambda.
 
     teachers: (..., N, V); public: (..., V). Returns lambdas (..., N) in float64.
     """
     teachers = teachers.double()
-    public = public.double().unsqueeze(-2)
+    public = public.double()
     order_t = torch.tensor([order], dtype=torch.float64, device=teachers.device)
-    log_public = _log(public)
+    flat_teachers = teachers.reshape(-1, teachers.shape[-1])
+    flat_public = public.unsqueeze(-2).expand(teachers.shape).reshape(-1, teachers.shape[-1])
+    lambdas = torch.ones(flat_teachers.shape[0], dtype=torch.float64, device=teachers.device)
 
-    def divergence_at(lam: torch.Tensor) -> torch.Tensor:
-        mixed = lam.unsqueeze(-1) * teachers + (1.0 - lam.unsqueeze(-1)) * public
-        return symmetric_renyi_orders(_log(mixed), log_public, order_t)[..., 0]
+    def excess(p: torch.Tensor, q: torch.Tensor, log_q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        mixed = lam.unsqueeze(-1) * p + (1.0 - lam.unsqueeze(-1)) * q
+        return symmetric_renyi_orders(_log(mixed), log_q, order_t)[..., 0] - radius
 
-    ones = torch.ones(teachers.shape[:-1], dtype=torch.float64, device=teachers.device)
-    feasible_at_one = divergence_at(ones) <= radius
-    low = torch.where(feasible_at_one, ones, torch.zeros_like(ones))
-    high = ones.clone()
-    if bool(feasible_at_one.all()):
-        return low
-    for _ in range(iterations):
-        mid = 0.5 * (low + high)
-        ok = divergence_at(mid) <= radius
-        low = torch.where(ok, mid, low)  # teachers feasible at 1 have low = high = mid = 1
-        high = torch.where(ok, high, mid)
-    return low
+    active = torch.nonzero(excess(flat_teachers, flat_public, _log(flat_public), lambdas) > 0).flatten()
+    if active.numel() == 0:
+        return lambdas.reshape(teachers.shape[:-1])
+    p_active, q_active = flat_teachers[active], flat_public[active]   # gathered once
+    log_q_active = _log(q_active)
+    low = torch.zeros(active.numel(), dtype=torch.float64)
+    high = torch.ones_like(low)
+    true_low = torch.full_like(low, -radius)            # f(low): the stopping test uses the true value
+    weight_low, weight_high = true_low.clone(), excess(p_active, q_active, log_q_active, high)   # Illinois-weighted end values
+    side = torch.zeros_like(low)
+    for _ in range(max_iterations):
+        done = (true_low >= -relative_tolerance * max(radius, 1e-300)) | (high - low <= 1e-12)
+        if bool(done.all()):
+            break
+        secant = (low * weight_high - high * weight_low) / (weight_high - weight_low)
+        usable = torch.isfinite(weight_high) & (secant > low) & (secant < high)
+        trial = torch.where(usable, secant, 0.5 * (low + high))
+        f_trial = excess(p_active, q_active, log_q_active, trial)
+        feasible = (f_trial <= 0) & ~done
+        infeasible = (f_trial > 0) & ~done
+        # Illinois: halve the stale end's weight when the same end moves twice, so both ends converge
+        weight_high = torch.where(feasible & (side < 0), 0.5 * weight_high, weight_high)
+        weight_low = torch.where(infeasible & (side > 0), 0.5 * weight_low, weight_low)
+        low, true_low = torch.where(feasible, trial, low), torch.where(feasible, f_trial, true_low)
+        weight_low = torch.where(feasible, f_trial, weight_low)
+        high, weight_high = torch.where(infeasible, trial, high), torch.where(infeasible, f_trial, weight_high)
+        side = torch.where(feasible, -1.0, torch.where(infeasible, 1.0, side))
+    lambdas[active] = low
+    return lambdas.reshape(teachers.shape[:-1])
 
 
 def mixed_teachers(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor) -> torch.Tensor:
