@@ -22,8 +22,9 @@ from accounting.curve import RdpCurve
 from accounting.relation import NeighbouringRelation
 from decoding import trace
 from decoding.run import ledger_summary
-from decoding.runners import BlockOutcome, Runner, adapmixed_runner
+from decoding.runners import Runner, adapmixed_runner
 from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, renyi_divergence_orders
+from mechanisms.screening import NoisyScreening
 
 
 @dataclass(frozen=True)
@@ -34,59 +35,50 @@ class Fault:
     kind: str  # "runner": a faulty mechanism; "trace": an edited trace
 
 
-def _noise_halved(params: dict) -> Callable:
-    real = adapmixed_runner(**{**params, "sigma": params["sigma"] / 2})
-    claimed = adapmixed_runner(**params)
-
+def _misreporting(real: Runner, edit: Callable) -> Callable:
+    """A process that runs `real` and then edits its outcome the way a buggy implementation would."""
     def process(public, teachers, generator, orders):
         outcome = real.process(public, teachers, generator, orders)
-        outcome.charged["screen"] = claimed.process(public[:1], teachers[:1], torch.Generator().manual_seed(0),
-                                                    orders).charged["screen"].repeat(public.shape[0], axis=0)
+        edit(outcome, public, teachers, orders)
         return outcome
     return process
+
+
+def _noise_halved(params: dict) -> Callable:
+    claimed = NoisyScreening(teachers=params["teachers"], lam=params["lam"], sigma=params["sigma"], alpha=params["alpha"])
+
+    def edit(outcome, public, teachers, orders):
+        outcome.charged["screen"] = np.broadcast_to(claimed.rdp_values(orders), outcome.charged["screen"].shape).copy()
+    return _misreporting(adapmixed_runner(**{**params, "sigma": params["sigma"] / 2}), edit)
 
 
 def _sensitivity_wrong(params: dict) -> Callable:
-    real = adapmixed_runner(**params)
-
-    def process(public, teachers, generator, orders):
-        outcome = real.process(public, teachers, generator, orders)
+    def edit(outcome, public, teachers, orders):
         outcome.charged["screen"] = outcome.charged["screen"] / 4.0  # sensitivity lam/(sqrt(2) N) instead of lam sqrt(2)/N
-        return outcome
-    return process
+    return _misreporting(adapmixed_runner(**params), edit)
 
 
 def _one_direction(params: dict) -> Callable:
-    real = adapmixed_runner(**params)
-
-    def process(public, teachers, generator, orders):
-        outcome = real.process(public, teachers, generator, orders)
+    def edit(outcome, public, teachers, orders):
         mixed = mixed_teachers(teachers, public, torch.from_numpy(outcome.lambdas))
         n = mixed.shape[-2]
         total = mixed.sum(-2, keepdim=True)
         backward = renyi_divergence_orders(torch.log((total - mixed) / (n - 1)), torch.log(total / n),
                                            torch.from_numpy(orders)).max(dim=-2).values.numpy()
-        passed = outcome.screen_passed[:, None]
-        outcome.charged["pmixed_data_dependent"] = np.where(passed, backward, 0.0)
-        return outcome
-    return process
+        outcome.charged["pmixed_data_dependent"] = np.where(outcome.screen_passed[:, None], backward, 0.0)
+    return _misreporting(adapmixed_runner(**params), edit)
 
 
 def _leaves_ball(params: dict) -> Callable:
-    real = adapmixed_runner(**params)
-
-    def process(public, teachers, generator, orders):
-        outcome = real.process(public, teachers, generator, orders)
+    def edit(outcome, public, teachers, orders):
         lambdas = torch.clamp(torch.from_numpy(outcome.lambdas) * 2 + 0.1, max=1.0)
         mixed = mixed_teachers(teachers, public, lambdas)
         dd = leave_one_out_divergences(mixed, torch.from_numpy(orders)).max(dim=-2).values.numpy()
-        passed = torch.from_numpy(outcome.screen_passed)
-        output = torch.where(passed.unsqueeze(-1), mixed.mean(dim=-2), public)
-        charged = dict(outcome.charged, pmixed_data_dependent=np.where(outcome.screen_passed[:, None], dd, 0.0))
-        return BlockOutcome(output=output, charged=charged, lambdas=lambdas.numpy(),
-                            screen_statistic=outcome.screen_statistic, screen_passed=outcome.screen_passed,
-                            observed_data_dependent=dd, data_independent=outcome.data_independent)
-    return process
+        passed = outcome.screen_passed
+        outcome.lambdas, outcome.observed_data_dependent = lambdas.numpy(), dd
+        outcome.output = torch.where(torch.from_numpy(passed).unsqueeze(-1), mixed.mean(dim=-2), public)
+        outcome.charged["pmixed_data_dependent"] = np.where(passed[:, None], dd, 0.0)
+    return _misreporting(adapmixed_runner(**params), edit)
 
 
 RUNNER_FAULTS = {

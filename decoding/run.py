@@ -74,8 +74,6 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
         embedded = build_or_load(teachers=models.teachers, verbose=verbose)
         public_path, teacher_paths = str(embedded.public_path), [str(p) for p in embedded.teacher_paths]
         tokenizer_path, teacher_kind = str(embedded.tokenizer_path), embedded.recipe.teacher_kind
-        if embedded.recipe.teacher_kind == "lora":
-            teacher_kind = "lora"
     else:
         public_path, teacher_paths = models.public, list(models.teacher_paths)
         tokenizer_path, teacher_kind = models.tokenizer or models.public, models.teacher_kind
@@ -88,7 +86,7 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     require(len(tokenizer) <= ensemble.vocab_size,
             f"tokenizer has {len(tokenizer)} tokens but the models' vocabulary is {ensemble.vocab_size}")
-    orders = np.asarray(default_orders(*[v for k, v in runner.params.items() if k == "alpha"]))
+    orders = np.asarray(default_orders(*([runner.params["alpha"]] if "alpha" in runner.params else [])))
     data = config.data
     token_ids, prompts = None, []
     if data.stream == "teacher-forced":

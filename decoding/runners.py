@@ -16,6 +16,7 @@ import torch
 from accounting.errors import require
 from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, mixing_weights
 from mechanisms.pmixed import PMixED, SubsampledPMixED, SubsamplingVariant
+from mechanisms.pmixed import subsampling_variant as variant_named
 from mechanisms.screening import NoisyScreening
 
 
@@ -82,7 +83,7 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
 
         return Runner("pmixed", dict(alpha=alpha, beta=beta, teachers=teachers), {name: False}, process)
 
-    variant = SubsamplingVariant(subsampling_variant)
+    variant = variant_named(subsampling_variant)
     SubsampledPMixED(pmixed, sample_rate, variant, 0 if variant.uses_realised_sizes else None)  # validates
     name = f"pmixed_subsampled_{variant.value}"
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def add_parser(subparsers) -> None:
@@ -24,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_decode(config, resume=args.resume, progress=not args.no_progress)
     except KeyboardInterrupt:
-        committed = len(trace.read_records(config.out, verify=False)) if (trace.Path(config.out) / trace.MANIFEST).exists() else 0
+        started = (Path(config.out) / trace.MANIFEST).exists()
+        committed = len(trace.read_records(config.out, verify=False)) if started else 0
         print(f"\ninterrupted: {committed} steps are committed in {config.out}; continue with --resume",
               file=sys.stderr)
         return 130

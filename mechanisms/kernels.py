@@ -1,4 +1,5 @@
-"""Vectorised torch kernels: log-space Renyi divergences, PMixED mixing weights, leave-one-out losses.
+"""Vectorised kernels (torch interfaces; the divergence's inner loop runs in numpy on the CPU):
+log-space Renyi divergences, PMixED mixing weights, leave-one-out losses, coordinated votes.
 
 All arithmetic is float64 in log space (SPEC section 1; pitfall 10): D_a(P||Q) is
 1/(a-1) * logsumexp_j(log Q_j + a (log P_j - log Q_j)); P_j^a is never formed. Terms with

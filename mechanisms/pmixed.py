@@ -187,6 +187,7 @@ class SubsampledPMixED(Mechanism):
 
     def __post_init__(self) -> None:
         require_in_closed("sampling_probability", self.sampling_probability, 0.0, 1.0)
+        object.__setattr__(self, "variant", subsampling_variant(self.variant))
         if self.variant.uses_realised_sizes:
             require(self.realised_size is not None, f"variant {self.variant} needs realised_size")
             require_int_at_least("realised_size", self.realised_size, 0)
@@ -210,6 +211,15 @@ class SubsampledPMixED(Mechanism):
         return amplified_rdp(self.sampling_probability, self.base_epsilon, orders, self.variant.general)
 
 
+def subsampling_variant(value: SubsamplingVariant | str) -> SubsamplingVariant:
+    """The variant named by `value`; ValueError listing the names for anything else."""
+    try:
+        return SubsamplingVariant(value)
+    except ValueError:
+        raise ValueError(f"subsampling variant must be one of {[v.value for v in SubsamplingVariant]}, "
+                         f"got {value!r}") from None
+
+
 def realised_subsample_sizes(teachers: int, sampling_probability: float, queries: int, seed: int) -> np.ndarray:
     """m_t ~ Binomial(N, q) for each query, from numpy's PCG64 seeded with `seed` (reproducible)."""
     require_int_at_least("teachers", teachers, 1)
@@ -221,7 +231,7 @@ def realised_subsample_sizes(teachers: int, sampling_probability: float, queries
 def subsampled_pmixed_curve(pmixed: PMixED, sampling_probability: float, variant: SubsamplingVariant | str,
                             queries: int, seed: int = 0, orders: Sequence[float] = DEFAULT_ORDERS) -> RdpCurve:
     """Composed curve of `queries` subsampled PMixED queries (realised variants draw sizes with `seed`)."""
-    variant = SubsamplingVariant(variant)
+    variant = subsampling_variant(variant)
     queries = require_int_at_least("queries", queries, 1)
     orders = canonical_orders(orders)
     if not variant.uses_realised_sizes:

@@ -8,8 +8,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from decoding import trace
 
 AUDIT_FILE = "audit.json"
@@ -48,9 +46,6 @@ class RunData:
     @property
     def data_dependent(self) -> bool:
         return bool(self.ledger["data_dependent"])
-
-    def per_step(self, field: str) -> np.ndarray:
-        return np.asarray([r[field] for r in self.records], dtype=np.float64)
 
 
 def load_run(run_dir: str | Path) -> RunData:

@@ -107,6 +107,30 @@ def test_subsampled_output_law_matches_enumeration_of_subsets(rng):
     np.testing.assert_allclose(law.numpy(), expected, rtol=1e-12)
 
 
+def test_monte_carlo_screening_matches_the_noise_free_statistic_of_each_ensemble(rng):
+    """With sigma ~ 0 the pass decision is deterministic: each ensemble (all teachers, each removed,
+    each added adversary) must pass exactly when its explicitly averaged screened mean does."""
+    from audit.ablation import screen_pass_counts
+
+    n, vocab, k, alpha, lam = 4, 30, 8, 6.0, 0.5
+    public = rng.dirichlet(np.ones(vocab))
+    teachers = rng.dirichlet(np.ones(vocab) * 0.3, size=n)
+    top = np.argsort(public)[::-1][:k]
+    ensembles = [list(range(n))] + [[j for j in range(n) if j != i] for i in range(n)]
+    statistics = []
+    for members in ensembles:
+        mean = lam * teachers[members][:, top].mean(axis=0) + (1 - lam) * public[top]
+        statistics.append(renyi_divergence(mean / mean.sum(), public[top] / public[top].sum(), alpha))
+    ranked = sorted(statistics)
+    threshold = float(ranked[2] + ranked[3]) / 2  # between two statistics: no ties with the noise
+    sums = torch.from_numpy(np.stack([teachers[m].sum(axis=0) for m in ensembles]))[None]
+    sizes = torch.tensor([[len(m) for m in ensembles]])
+    params = {"lam": lam, "sigma": 1e-12, "threshold": threshold, "alpha": alpha, "top_k": k}
+    counts = screen_pass_counts(sums, sizes, torch.from_numpy(public)[None], params, 50, torch.Generator().manual_seed(0))
+    expected = [50.0 if s <= threshold else 0.0 for s in statistics]
+    assert counts[0].tolist() == expected and 0 < sum(expected) < 50 * len(ensembles)
+
+
 def randomized_response(epsilon):
     keep = math.exp(epsilon) / (1 + math.exp(epsilon))
     return (lambda n, rng: rng.random(n) < keep), (lambda n, rng: rng.random(n) >= keep)

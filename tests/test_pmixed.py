@@ -173,6 +173,12 @@ def test_invalid_sampling_rate(q):
         SubsampledPMixED(PMixED(6, 0.01, 10), q, SubsamplingVariant.WORST_CASE_SIZE)
 
 
+def test_unknown_subsampling_variant_is_refused_by_name():
+    assert SubsampledPMixED(PMixED(6, 0.01, 10), 0.1, "worst-case-size").variant is SubsamplingVariant.WORST_CASE_SIZE
+    with pytest.raises(ValueError, match=r"subsampling variant must be one of .*got 'realised'"):
+        SubsampledPMixED(PMixED(6, 0.01, 10), 0.1, "realised")
+
+
 def test_wrong_number_of_teachers_is_refused(rng):
     with pytest.raises(ValueError, match="N=4"):
         PMixED(6, 0.1, 4).mixing_weights(lm_like(rng, 10, (3,)), lm_like(rng, 10))

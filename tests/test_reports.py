@@ -57,6 +57,15 @@ def test_breakdown_that_does_not_sum_is_refused(runs, tmp_path):
         render([load_run(copy)], "md")
 
 
+def test_cumulative_plot_ends_at_the_ledger_epsilon(runs):
+    from reports.plots import _charged, cumulative_epsilon_series
+
+    run = load_run(runs["adapmixed"])
+    steps, epsilons = cumulative_epsilon_series(run, _charged(run))
+    assert steps[-1] == run.ledger["steps"]
+    assert epsilons[-1] == pytest.approx(run.epsilon()["epsilon"], rel=1e-12)
+
+
 def test_report_without_audit_says_so(runs):
     text = render([load_run(runs["pmixed"])], "md")
     assert "not audited" in text and "has not been audited: no verdict is available" in text
