@@ -5,10 +5,10 @@ from accounting.conversion import (ConversionMethod, DeltaConversion, EpsilonCon
 from accounting.curve import RdpCurve, compose_curves
 from accounting.ledger import Breakdown, BreakdownRow, PrivacyLedger
 from accounting.orders import DEFAULT_ORDERS, canonical_orders, default_orders
-from accounting.relation import NeighbouringRelation
+from accounting.relation import DivergenceDirection, NeighbouringRelation
 
 __all__ = [
-    "Breakdown", "BreakdownRow", "ConversionMethod", "DEFAULT_ORDERS", "DeltaConversion", "EpsilonConversion",
+    "Breakdown", "BreakdownRow", "ConversionMethod", "DEFAULT_ORDERS", "DeltaConversion", "DivergenceDirection", "EpsilonConversion",
     "GridEdgeWarning", "NeighbouringRelation", "PrivacyLedger", "RdpBudget", "RdpCurve", "canonical_orders",
     "compose_curves", "conversion_terms", "default_orders", "delta_from_rdp", "epsilon_from_rdp",
 ]

@@ -1,4 +1,4 @@
-"""RDP -> (epsilon, delta) conversions (SPEC section 2).
+"""RDP -> (epsilon, delta) conversions (Balle et al. 2020, Theorem 21; Mironov 2017, Proposition 3).
 
 Each conversion is evaluated at every order of the curve and minimised over orders. The result
 names the optimal order and the method, and warns when the optimum sits at an edge of the grid
@@ -14,12 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from accounting.curve import RdpCurve
-from accounting.errors import require_in_open, require_non_negative
+from accounting.errors import require, require_in_open, require_non_negative
+from accounting.relation import DivergenceDirection
 
 
 class ConversionMethod(enum.Enum):
     IMPROVED = "improved"
-    """Balle et al. 2020, Theorem 21 (seed Theorem A.3)."""
+    """Balle et al. 2020, Theorem 21."""
     CLASSIC = "classic"
     """Mironov 2017, Proposition 3."""
 
@@ -44,6 +45,7 @@ class EpsilonConversion:
       conversion_term: epsilon - rdp_at_order (Table 2b's "RDP to DP" row).
       at_grid_edge: True when the optimal order is the grid's first or last.
       data_dependent: carried over from the curve.
+      direction: carried over from the curve (which divergence directions the result covers).
     """
 
     epsilon: float
@@ -54,28 +56,37 @@ class EpsilonConversion:
     conversion_term: float
     at_grid_edge: bool
     data_dependent: bool
+    direction: DivergenceDirection = DivergenceDirection.BOTH
 
 
 @dataclass(frozen=True)
 class DeltaConversion:
-    """Result of an epsilon -> delta conversion: the smallest delta over the grid."""
+    """Result of an epsilon -> delta conversion: the smallest delta over the grid.
+
+    `log_delta` is the bound's natural log, exact where `delta` would underflow; `delta` is
+    rounded up, never down: a positive bound is never reported as 0.
+    """
 
     delta: float
     epsilon: float
     order: float | None
     at_grid_edge: bool
     data_dependent: bool
+    log_delta: float = 0.0
+    direction: DivergenceDirection = DivergenceDirection.BOTH
 
 
 def conversion_terms(orders: np.ndarray, delta: float, method: ConversionMethod) -> np.ndarray:
     """The part of epsilon(order) beyond RDP(order), for each order.
 
-    improved (Balle et al. 2020, Theorem 21; seed Theorem A.3):
+    improved (Balle et al. 2020, Theorem 21):
         log((a-1)/a) - (log(delta) + log(a)) / (a-1)
     classic (Mironov 2017, Proposition 3):
         log(1/delta) / (a-1)
     """
     orders = np.asarray(orders, dtype=np.float64)
+    require(bool(np.all(orders > 1)), f"every Renyi order must be > 1, got {orders.min():g}")
+    delta = require_in_open("delta", delta, 0.0, 1.0)
     if method is ConversionMethod.IMPROVED:
         return np.log1p(-1.0 / orders) - (math.log(delta) + np.log(orders)) / (orders - 1.0)
     if method is ConversionMethod.CLASSIC:
@@ -91,55 +102,81 @@ def _warn_if_edge(at_edge: bool, order: float | None, curve: RdpCurve) -> None:
             GridEdgeWarning, stacklevel=3)
 
 
+def conversion_method(method: ConversionMethod | str) -> ConversionMethod:
+    """The method named by `method`; ValueError listing the names for anything else."""
+    if isinstance(method, ConversionMethod):
+        return method
+    try:
+        return ConversionMethod(method)
+    except ValueError:
+        raise ValueError(f"method must be one of {[m.value for m in ConversionMethod]}, got {method!r}") from None
+
+
+def _require_curve(curve) -> RdpCurve:
+    require(isinstance(curve, RdpCurve),
+            f"curve must be an RdpCurve (e.g. RdpCurve(orders, values)), got {type(curve).__name__}")
+    return curve
+
+
 def epsilon_from_rdp(curve: RdpCurve, delta: float,
                      method: ConversionMethod | str = ConversionMethod.IMPROVED) -> EpsilonConversion:
     """Smallest epsilon such that the curve implies (epsilon, delta)-DP, minimised over orders.
 
-    The improved conversion is Balle et al. 2020 Theorem 21 (seed Theorem A.3); the classic one is
-    Mironov 2017 Proposition 3. epsilon is clipped below at 0 (DP with epsilon < 0 is meaningless),
-    in which case conversion_term = -rdp_at_order so that rdp + term still equals epsilon.
+    The improved conversion is Balle et al. 2020 Theorem 21; the classic one is Mironov 2017
+    Proposition 3. epsilon is clipped below at 0 (DP with epsilon < 0 is meaningless), in which
+    case conversion_term = -rdp_at_order so that rdp + term still equals epsilon.
     A curve that is 0 at every order is a mechanism whose output does not depend on the data: it is
     (0, 0)-DP, so epsilon = 0 with no optimal order (the conversion formulas would add a spurious
-    positive term).
+    positive term). A curve that is +inf at every order gives epsilon = +inf ("no guarantee").
     """
+    curve = _require_curve(curve)
     delta = require_in_open("delta", delta, 0.0, 1.0)
-    method = ConversionMethod(method) if isinstance(method, str) else method
+    method = conversion_method(method)
     orders = np.asarray(curve.orders)
     if not np.any(curve.values):
-        return EpsilonConversion(0.0, delta, None, method, 0.0, 0.0, False, curve.data_dependent)
-    with np.errstate(invalid="ignore"):
-        eps_per_order = curve.values + conversion_terms(orders, delta, method)
+        return EpsilonConversion(0.0, delta, None, method, 0.0, 0.0, False, curve.data_dependent, curve.direction)
+    # curve values are never NaN (RdpCurve refuses them) and the terms are finite for orders > 1
+    eps_per_order = curve.values + conversion_terms(orders, delta, method)
     if not np.any(np.isfinite(eps_per_order)):
-        return EpsilonConversion(math.inf, delta, None, method, math.inf, math.nan, False, curve.data_dependent)
-    best = int(np.nanargmin(np.where(np.isfinite(eps_per_order), eps_per_order, np.inf)))
+        return EpsilonConversion(math.inf, delta, None, method, math.inf, math.nan, False, curve.data_dependent,
+                                 curve.direction)
+    best = int(np.argmin(eps_per_order))
     epsilon = max(0.0, float(eps_per_order[best]))
     rdp = float(curve.values[best])
     at_edge = best in (0, len(orders) - 1)
     _warn_if_edge(at_edge, float(orders[best]), curve)
     return EpsilonConversion(epsilon, delta, float(orders[best]), method, rdp, epsilon - rdp, at_edge,
-                             curve.data_dependent)
+                             curve.data_dependent, curve.direction)
 
 
 def delta_from_rdp(curve: RdpCurve, epsilon: float) -> DeltaConversion:
     """Smallest delta such that the curve implies (epsilon, delta)-DP, minimised over orders.
 
-    Inverse of the improved conversion (Balle et al. 2020, Theorem 21; SPEC section 2):
+    Inverse of the improved conversion (Balle et al. 2020, Theorem 21):
         log delta(a) = (a-1)(RDP(a) - epsilon) + (a-1) log(1 - 1/a) - log(a),
     and, at every order, the total-variation bound delta <= TV <= sqrt(1 - exp(-KL)) with
-    KL <= RDP(a) (Bretagnolle-Huber; RDP is non-decreasing in the order), which is tighter when the
-    RDP value is tiny. delta is capped at 1.
+    KL <= RDP(a) (Bretagnolle & Huber 1979; RDP is non-decreasing in the order, van Erven &
+    Harremoes 2014 Theorem 3), which is tighter when the RDP value is tiny. 1 - exp(-r) is formed as
+    -expm1(-r), which keeps its digits for r down to the smallest float (log1p(-exp(-r)) returns
+    -inf below r ~ 1e-16). delta is capped at 1 and rounded up, never down to 0.
     """
+    curve = _require_curve(curve)
     epsilon = require_non_negative("epsilon", epsilon)
     orders = np.asarray(curve.orders)
     values = curve.values
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        log_delta_rdp = (orders - 1.0) * (values - epsilon + np.log1p(-1.0 / orders)) - np.log(orders)
-        log_delta_tv = np.where(values == 0, -np.inf, 0.5 * np.log1p(-np.exp(-values)))
-    log_delta = np.minimum(np.nan_to_num(log_delta_rdp, nan=np.inf), np.nan_to_num(log_delta_tv, nan=np.inf))
+    finite = np.isfinite(values)
+    if not np.any(finite):
+        return DeltaConversion(1.0, epsilon, None, False, curve.data_dependent, 0.0, curve.direction)
+    log_delta = np.full(values.shape, np.inf)
+    with np.errstate(divide="ignore"):  # log(0) = -inf is the exact bound of a zero RDP value
+        log_delta_rdp = (orders[finite] - 1.0) * (values[finite] - epsilon + np.log1p(-1.0 / orders[finite])) \
+            - np.log(orders[finite])
+        log_delta_tv = 0.5 * np.log(-np.expm1(-values[finite]))
+    log_delta[finite] = np.minimum(log_delta_rdp, log_delta_tv)
     best = int(np.argmin(log_delta))
-    if not np.isfinite(values[best]):
-        return DeltaConversion(1.0, epsilon, None, False, curve.data_dependent)
-    delta = float(min(1.0, math.exp(min(0.0, float(log_delta[best])))))
+    best_log_delta = min(0.0, float(log_delta[best]))
+    delta = min(1.0, float(np.nextafter(math.exp(best_log_delta), math.inf))) if best_log_delta > -math.inf else 0.0
     at_edge = best in (0, len(orders) - 1)
     _warn_if_edge(at_edge, float(orders[best]), curve)
-    return DeltaConversion(delta, epsilon, float(orders[best]), at_edge, curve.data_dependent)
+    return DeltaConversion(delta, epsilon, float(orders[best]), at_edge, curve.data_dependent, best_log_delta,
+                           curve.direction)

@@ -1,8 +1,9 @@
-"""RDP curves and their composition (SPEC section 2; Mironov 2017, Proposition 1).
+"""RDP curves and their composition (Mironov 2017, Definition 4 and Proposition 1).
 
-A curve is a vector of RDP values over a fixed sorted order grid. +inf is legal and means
-"no guarantee at this order". Composition adds curves order by order (seed Theorem A.2); the result
-is data-dependent when any part is.
+A curve is a vector of RDP values over a sorted order grid, each value kept with its own order.
++inf is legal and means "no guarantee at this order". Composition adds curves order by order
+(Mironov 2017, Proposition 1); the result is data-dependent when any part is, and covers only the
+divergence directions that every part covers.
 """
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from accounting.errors import require, require_int_at_least
-from accounting.orders import DEFAULT_ORDERS, canonical_orders
-from accounting.relation import NeighbouringRelation
+from accounting.orders import DEFAULT_ORDERS, canonical_orders, paired_orders
+from accounting.relation import DivergenceDirection, NeighbouringRelation
 
 
 @dataclass(frozen=True, eq=False)
@@ -21,29 +22,37 @@ class RdpCurve:
     """RDP epsilon at each order of `orders`; immutable.
 
     Attributes:
-      orders: sorted Renyi orders, each > 1.
-      values: epsilon(order) >= 0 at each order; +inf where nothing is guaranteed.
+      orders: Renyi orders, each > 1 and distinct; given in any order, stored sorted.
+      values: epsilon(order) >= 0 at each order, values[i] belonging to orders[i] as given (they
+        are sorted together); +inf where nothing is guaranteed.
       relation: the neighbouring relation the values hold for.
       data_dependent: True when the values depend on the private data (then they are a
-        data-dependent loss, not a releasable DP guarantee; seed section 3.1).
+        data-dependent loss, not a releasable DP guarantee; Papernot et al. 2018, Section 3).
+      direction: which divergence directions the values bound (DivergenceDirection.BOTH for a DP
+        guarantee; FROM_ACTUAL for a bound on D(M(D) || M(D')) at the actual data only).
     """
 
     orders: tuple[float, ...]
     values: np.ndarray
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
     data_dependent: bool = False
+    direction: DivergenceDirection = DivergenceDirection.BOTH
     _order_index: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        orders = canonical_orders(self.orders)
-        require(len(orders) == len(self.orders), f"orders must be sorted and unique, got {list(self.orders)[:8]}...")
-        values = np.array(self.values, dtype=np.float64, copy=True)
+        orders, permutation = paired_orders(self.orders)
+        raw = np.asarray(self.values)
+        require(raw.dtype.kind in "biuf", f"RDP values must be real numbers, got dtype {raw.dtype}")
+        values = np.array(raw, dtype=np.float64, copy=True)
         require(values.shape == (len(orders),),
                 f"values must have one entry per order ({len(orders)}), got shape {values.shape}")
         require(not bool(np.any(np.isnan(values))), "RDP values must not be NaN (use +inf for 'no guarantee')")
         require(bool(np.all(values >= 0)), f"RDP values must be >= 0, got min {values.min():g}")
         require(isinstance(self.relation, NeighbouringRelation),
                 f"relation must be a NeighbouringRelation, got {self.relation!r}")
+        require(isinstance(self.direction, DivergenceDirection),
+                f"direction must be a DivergenceDirection, got {self.direction!r}")
+        values = values[permutation]  # each value stays with its own order
         values.setflags(write=False)
         object.__setattr__(self, "orders", orders)
         object.__setattr__(self, "values", values)
@@ -54,7 +63,8 @@ class RdpCurve:
     def zero(cls, orders: Sequence[float] = DEFAULT_ORDERS,
              relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> "RdpCurve":
         """The curve of a mechanism that reveals nothing (the identity of composition)."""
-        return cls(tuple(orders), np.zeros(len(orders)), relation, False)
+        orders = canonical_orders(orders)
+        return cls(orders, np.zeros(len(orders)), relation, False)
 
     def value_at(self, order: float) -> float:
         """epsilon at `order`, which must lie on the grid (no interpolation: RDP is not linear)."""
@@ -73,19 +83,20 @@ class RdpCurve:
         """Adaptive composition: RDP adds order by order (Mironov 2017, Proposition 1)."""
         self._check_compatible(other)
         return RdpCurve(self.orders, self.values + other.values, self.relation,
-                        self.data_dependent or other.data_dependent)
+                        self.data_dependent or other.data_dependent, self.direction.composed_with(other.direction))
 
     def composed(self, times: int) -> "RdpCurve":
         """k-fold composition of this curve with itself: k * epsilon(order)."""
         times = require_int_at_least("times", times, 0)
         with np.errstate(invalid="ignore"):
             values = np.where(np.isinf(self.values) & (times == 0), 0.0, self.values * times)
-        return RdpCurve(self.orders, values, self.relation, self.data_dependent)
+        return RdpCurve(self.orders, values, self.relation, self.data_dependent, self.direction)
 
     def __repr__(self) -> str:
         finite = np.isfinite(self.values)
         return (f"RdpCurve({len(self.orders)} orders {self.orders[0]:g}..{self.orders[-1]:g}, "
-                f"finite at {int(finite.sum())}, relation={self.relation}, data_dependent={self.data_dependent})")
+                f"finite at {int(finite.sum())}, relation={self.relation}, data_dependent={self.data_dependent}, "
+                f"direction={self.direction})")
 
     def to_dict(self) -> dict:
         """JSON-safe form; +inf is written as the string "inf" so JSON stays standard."""
@@ -94,16 +105,22 @@ class RdpCurve:
             "values": [float(v) if np.isfinite(v) else "inf" for v in self.values],
             "relation": self.relation.value,
             "data_dependent": self.data_dependent,
+            "direction": self.direction.value,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> "RdpCurve":
+        """Inverse of to_dict. A record without "direction" predates it and was always BOTH."""
         try:
             values = [float("inf") if v == "inf" else float(v) for v in data["values"]]
+            require(isinstance(data["data_dependent"], bool),
+                    f"data_dependent must be true or false, got {data['data_dependent']!r}")
             return cls(tuple(data["orders"]), np.asarray(values), NeighbouringRelation(data["relation"]),
-                       bool(data["data_dependent"]))
+                       data["data_dependent"], DivergenceDirection(data.get("direction", "both")))
         except KeyError as missing:
             raise ValueError(f"RDP curve record lacks the field {missing}") from None
+        except TypeError as wrong:
+            raise ValueError(f"RDP curve record is malformed: {wrong}") from None
 
 
 def compose_curves(curves: Iterable[RdpCurve]) -> RdpCurve:

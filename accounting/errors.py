@@ -52,7 +52,11 @@ def require_order(name: str, value: Any) -> float:
 
 
 def require_int_at_least(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not float(value).is_integer():
+    try:
+        integral = not isinstance(value, bool) and float(value).is_integer()
+    except (TypeError, ValueError, OverflowError):
+        integral = False
+    if not integral:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     as_int = int(value)
     require(as_int >= low, f"{name} must be an integer >= {low}, got {as_int}")

@@ -1,9 +1,10 @@
-"""The accountant: a ledger of named per-step RDP charges (SPEC section 2, Table 2b).
+"""The accountant: a ledger of named per-step RDP charges (Flemings et al. 2024, Table 2b).
 
 Each step charges one or more named components (e.g. `screen`, `pmixed_data_dependent`). The ledger
 keeps one running RDP total per component; the composed curve is their sum (seed Theorem A.2).
 `breakdown` gives Table 2b's shape: each component's RDP at the optimal order of the composed
-curve, the conversion term, and the total, which sum to the reported epsilon.
+curve, the conversion term, and the total, which sum to the reported epsilon. Each component
+keeps whether it is data-dependent and which divergence direction(s) it bounds.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import numpy as np
 
 from accounting.conversion import ConversionMethod, EpsilonConversion, epsilon_from_rdp
 from accounting.curve import RdpCurve
-from accounting.errors import require
-from accounting.orders import DEFAULT_ORDERS, canonical_orders
-from accounting.relation import NeighbouringRelation
+from accounting.errors import require, require_int_at_least
+from accounting.orders import DEFAULT_ORDERS, paired_orders
+from accounting.relation import DivergenceDirection, NeighbouringRelation
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class BreakdownRow:
     component: str
     epsilon: float
     data_dependent: bool
+    direction: DivergenceDirection = DivergenceDirection.BOTH
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,8 @@ class Breakdown:
     def to_frame(self):
         import pandas as pd
 
-        return pd.DataFrame([{"component": r.component, "epsilon": r.epsilon,
-                              "data_dependent": r.data_dependent} for r in self.rows])
+        return pd.DataFrame([{"component": r.component, "epsilon": r.epsilon, "data_dependent": r.data_dependent,
+                              "direction": r.direction.value} for r in self.rows])
 
     def to_dict(self) -> dict:
         return {
@@ -54,8 +56,9 @@ class Breakdown:
             "delta": self.conversion.delta,
             "method": self.conversion.method.value,
             "data_dependent": self.conversion.data_dependent,
-            "rows": [{"component": r.component, "epsilon": r.epsilon, "data_dependent": r.data_dependent}
-                     for r in self.rows],
+            "direction": self.conversion.direction.value,
+            "rows": [{"component": r.component, "epsilon": r.epsilon, "data_dependent": r.data_dependent,
+                      "direction": r.direction.value} for r in self.rows],
         }
 
 
@@ -64,19 +67,24 @@ class PrivacyLedger:
 
     def __init__(self, orders: Sequence[float] = DEFAULT_ORDERS,
                  relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE):
-        self.orders = canonical_orders(orders)
+        self.orders, self._permutation = paired_orders(orders)
+        require(isinstance(relation, NeighbouringRelation), f"relation must be a NeighbouringRelation, got {relation!r}")
         self.relation = relation
         self._totals: dict[str, np.ndarray] = {}
         self._data_dependent: dict[str, bool] = {}
+        self._direction: dict[str, DivergenceDirection] = {}
         self.steps = 0
 
-    def _add(self, name: str, values: np.ndarray, data_dependent: bool) -> None:
+    def _add(self, name: str, values: np.ndarray, data_dependent: bool,
+             direction: DivergenceDirection = DivergenceDirection.BOTH) -> None:
         if name in self._totals:
             self._totals[name] = self._totals[name] + values
             self._data_dependent[name] = self._data_dependent[name] or data_dependent
+            self._direction[name] = self._direction[name].composed_with(direction)
         else:
             self._totals[name] = np.array(values, dtype=np.float64)
             self._data_dependent[name] = data_dependent
+            self._direction[name] = direction
 
     def charge(self, components: Mapping[str, RdpCurve]) -> None:
         """Charge one step: every named component's curve is added to its running total."""
@@ -87,11 +95,14 @@ class PrivacyLedger:
             require(curve.relation == self.relation,
                     f"component {name!r} is for relation {curve.relation}, the ledger for {self.relation}")
         for name, curve in components.items():
-            self._add(name, curve.values, curve.data_dependent)
+            self._add(name, curve.values, curve.data_dependent, curve.direction)
         self.steps += 1
 
-    def charge_many(self, components: Mapping[str, tuple[np.ndarray, bool]]) -> None:
-        """Charge a block of steps: each component maps to (values[steps, orders], data_dependent)."""
+    def charge_many(self, components: Mapping[str, tuple[np.ndarray, bool]],
+                    directions: Mapping[str, DivergenceDirection] | None = None) -> None:
+        """Charge a block of steps: each component maps to (values[steps, orders], data_dependent),
+        the columns in the order the ledger's orders were given; `directions` names the components
+        that bound fewer than both directions."""
         require(len(components) > 0, "a block must charge at least one component")
         steps = None
         for name, (values, _) in components.items():
@@ -102,13 +113,16 @@ class PrivacyLedger:
             require(bool(np.all(values >= 0)), f"component {name!r} has negative RDP values")
             require(steps is None or values.shape[0] == steps, "every component must cover the same steps")
             steps = values.shape[0]
+        directions = dict(directions or {})
         for name, (values, data_dependent) in components.items():
-            self._add(name, np.asarray(values, dtype=np.float64).sum(axis=0), bool(data_dependent))
+            self._add(name, np.asarray(values, dtype=np.float64)[:, self._permutation].sum(axis=0), bool(data_dependent),
+                      directions.get(name, DivergenceDirection.BOTH))
         self.steps += steps
 
     def component_curve(self, name: str) -> RdpCurve:
         require(name in self._totals, f"no component named {name!r}; have {list(self._totals)}")
-        return RdpCurve(self.orders, self._totals[name], self.relation, self._data_dependent[name])
+        return RdpCurve(self.orders, self._totals[name], self.relation, self._data_dependent[name],
+                        self._direction[name])
 
     def total_curve(self) -> RdpCurve:
         """The composed curve: the sum of every component's total (zero if nothing was charged)."""
@@ -126,16 +140,16 @@ class PrivacyLedger:
         rows = []
         if conversion.order is None:  # no guarantee anywhere (inf) or a data-free mechanism (0)
             for name in self._totals:
-                rows.append(BreakdownRow(name, conversion.epsilon, self._data_dependent[name]))
-            rows.append(BreakdownRow("total", conversion.epsilon, conversion.data_dependent))
+                rows.append(BreakdownRow(name, conversion.epsilon, self._data_dependent[name], self._direction[name]))
+            rows.append(BreakdownRow("total", conversion.epsilon, conversion.data_dependent, conversion.direction))
             return Breakdown(tuple(rows), conversion)
         component_sum = 0.0
         for name in self._totals:
             value = self.component_curve(name).value_at(conversion.order)
             component_sum += value
-            rows.append(BreakdownRow(name, value, self._data_dependent[name]))
+            rows.append(BreakdownRow(name, value, self._data_dependent[name], self._direction[name]))
         rows.append(BreakdownRow(f"RDP to DP ({conversion.method.value})", conversion.epsilon - component_sum, False))
-        rows.append(BreakdownRow("total", conversion.epsilon, conversion.data_dependent))
+        rows.append(BreakdownRow("total", conversion.epsilon, conversion.data_dependent, conversion.direction))
         return Breakdown(tuple(rows), conversion)
 
     def to_dict(self) -> dict:
@@ -148,9 +162,16 @@ class PrivacyLedger:
 
     @classmethod
     def from_dict(cls, data: dict) -> "PrivacyLedger":
-        ledger = cls(data["orders"], NeighbouringRelation(data["relation"]))
-        for name, curve_data in data["components"].items():
-            curve = RdpCurve.from_dict(curve_data)
-            ledger._add(name, curve.values, curve.data_dependent)
-        ledger.steps = int(data["steps"])
+        """Inverse of to_dict; ValueError when a component is on another grid or relation."""
+        try:
+            ledger = cls(data["orders"], NeighbouringRelation(data["relation"]))
+            for name, curve_data in data["components"].items():
+                curve = RdpCurve.from_dict(curve_data)
+                require(curve.orders == ledger.orders, f"component {name!r} is on a different order grid than the ledger")
+                require(curve.relation == ledger.relation,
+                        f"component {name!r} is for relation {curve.relation}, the ledger for {ledger.relation}")
+                ledger._add(name, curve.values, curve.data_dependent, curve.direction)
+            ledger.steps = require_int_at_least("steps", data["steps"], 0)
+        except KeyError as missing:
+            raise ValueError(f"ledger record lacks the field {missing}") from None
         return ledger

@@ -1,4 +1,4 @@
-"""The Renyi order grid (SPEC section 2).
+"""The Renyi order grid.
 
 The default grid is dp-accounting's (1.1..10.9 step 0.1, 11..63, 128, 256, 512, 1024), which
 already holds the orders the papers run at (alpha=6 for PMixED, alpha=18 for AdaPMixED).
@@ -21,6 +21,16 @@ def canonical_orders(orders: Iterable[float]) -> tuple[float, ...]:
     require(bool(np.all(np.isfinite(values))), f"orders must be finite, got {values.tolist()}")
     require(bool(np.all(values > 1)), f"every Renyi order must be > 1, got min {values.min():g}")
     return tuple(float(v) for v in np.unique(values))
+
+
+def paired_orders(orders: Iterable[float]) -> tuple[tuple[float, ...], np.ndarray]:
+    """Sorted orders and the permutation that sorts them, so values given beside `orders` can be
+    reordered with them; ValueError for a repeated order (two values for one order is ambiguous)."""
+    values = np.round(np.asarray(list(orders), dtype=np.float64), _GRID_DECIMALS)
+    sorted_orders = canonical_orders(values)
+    require(len(sorted_orders) == values.size,
+            f"orders must be distinct, got a repeated order among {values.tolist()[:8]}")
+    return sorted_orders, np.argsort(values, kind="stable")
 
 
 def default_orders(*extra: float) -> tuple[float, ...]:

@@ -84,7 +84,8 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
         return Runner("pmixed", dict(alpha=alpha, beta=beta, teachers=teachers), {name: False}, process)
 
     variant = variant_named(subsampling_variant)
-    SubsampledPMixED(pmixed, sample_rate, variant, 0 if variant.uses_realised_sizes else None)  # validates
+    # validates the parameters (a size of round(qN) is possible for every q, including 0 and 1)
+    SubsampledPMixED(pmixed, sample_rate, variant, round(sample_rate * teachers) if variant.uses_realised_sizes else None)
     name = f"pmixed_subsampled_{variant.value}"
 
     def process(public, teacher_probs, generator, orders):

@@ -15,20 +15,22 @@ import numpy as np
 from accounting.curve import RdpCurve
 from accounting.orders import DEFAULT_ORDERS, canonical_orders
 from accounting.relation import NeighbouringRelation
+from mechanisms.distributions import validated_lambdas
 from mechanisms.pmixed import PMixED, _validated_ensemble
 from mechanisms.screening import NoisyScreening
 
 
 def data_dependent_pmixed_values(teachers, public, lambdas, orders: Sequence[float]) -> np.ndarray:
-    """max_i D<->_a(p, p_{-i}) at each order (seed Eq. 3), vectorised over all N leave-one-out
-    ensembles and the batch: teachers (..., N, V), public (..., V), lambdas (..., N) -> (..., K)."""
+    """max_i D<->_a(p, p_{-i}) at each order (Flemings et al. 2024, Eq. 3), vectorised over all N
+    leave-one-out ensembles and the batch: teachers (..., N, V), public (..., V), lambdas (..., N)
+    -> (..., K), K the number of distinct orders, in sorted order."""
     import torch
 
     from mechanisms.kernels import leave_one_out_divergences, mixed_teachers
 
-    mixed = mixed_teachers(torch.as_tensor(teachers, dtype=torch.float64),
-                           torch.as_tensor(public, dtype=torch.float64),
-                           torch.as_tensor(lambdas, dtype=torch.float64))
+    teachers_np, public_np = _validated_ensemble(teachers, public, None)
+    lambdas_np = validated_lambdas(lambdas, teachers_np)
+    mixed = mixed_teachers(torch.from_numpy(teachers_np), torch.from_numpy(public_np), torch.from_numpy(lambdas_np))
     orders_t = torch.tensor(canonical_orders(orders), dtype=torch.float64)
     per_teacher = leave_one_out_divergences(mixed, orders_t)
     return per_teacher.max(dim=-2).values.numpy()
@@ -36,7 +38,8 @@ def data_dependent_pmixed_values(teachers, public, lambdas, orders: Sequence[flo
 
 def data_dependent_pmixed_curve(pmixed: PMixED, teachers, public, lambdas=None,
                                 orders: Sequence[float] = DEFAULT_ORDERS) -> RdpCurve:
-    """One step's data-dependent PMixED loss over the whole order grid (seed Eq. 3)."""
+    """One step's data-dependent PMixED loss over the whole order grid (Flemings et al. 2024, Eq. 3):
+    a remove-one bound covering both divergence directions."""
     teachers_np, public_np = _validated_ensemble(teachers, public, pmixed.teachers)
     if lambdas is None:
         lambdas = pmixed.mixing_weights(teachers_np, public_np)

@@ -33,3 +33,14 @@ def as_float64_array(name: str, values, min_ndim: int = 1) -> np.ndarray:
 def require_same_vocabulary(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
     require(a.shape[-1] == b.shape[-1],
             f"{name_a} and {name_b} must share the vocabulary axis, got {a.shape[-1]} and {b.shape[-1]}")
+
+
+def validated_lambdas(lambdas, teachers: np.ndarray) -> np.ndarray:
+    """Mixing weights as float64, one per teacher (shape teachers.shape[:-1]), each in [0, 1]."""
+    lam = np.asarray(lambdas.detach().cpu().numpy() if hasattr(lambdas, "detach") else lambdas, dtype=np.float64)
+    require(lam.shape == teachers.shape[:-1],
+            f"lambdas must have one weight per teacher, shape {teachers.shape[:-1]}, got {lam.shape}")
+    bad = ~((lam >= 0) & (lam <= 1))  # NaN fails both comparisons
+    if np.any(bad):
+        raise ValueError(f"lambdas must be in [0, 1], got {lam[bad].flat[0]!r}")
+    return lam

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accounting.errors import require, require_int_at_least, require_positive
+from accounting.errors import require, require_finite, require_int_at_least, require_positive
 from accounting.relation import NeighbouringRelation
 from mechanisms.base import Mechanism
 from mechanisms.distributions import as_float64_array
+from mechanisms.pate import validated_counts
 
 
 def vote_histogram(votes, vocabulary_size: int) -> np.ndarray:
@@ -45,6 +46,12 @@ def cast_votes(teachers, coordinated: bool, seed: int) -> np.ndarray:
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1]).numpy()
 
 
+def require_at_least_one_finite(name: str, value) -> float:
+    value = require_finite(name, value)
+    require(value >= 1.0, f"{name} must be >= 1, got {value:g}")
+    return value
+
+
 class _ThresholdPrivateOnly(Mechanism):
     """Aggregators with no DP guarantee: +inf at every order ("no guarantee")."""
 
@@ -64,7 +71,7 @@ class Targmax(_ThresholdPrivateOnly):
         require_int_at_least("threshold", self.threshold, 1)
 
     def aggregate(self, counts) -> int | None:
-        counts = np.asarray(counts)
+        counts = validated_counts(counts)
         top = int(np.argmax(counts))
         return top if counts[top] >= self.threshold else None
 
@@ -81,11 +88,11 @@ class ThresholdWeightedSampler(_ThresholdPrivateOnly):
 
     def __post_init__(self) -> None:
         require_int_at_least("threshold", self.threshold, 1)
-        require(self.gamma >= 1.0, f"gamma must be >= 1, got {self.gamma:g}")
+        require_at_least_one_finite("gamma", self.gamma)
 
     def probabilities(self, counts) -> np.ndarray:
         """Per-token output probabilities (the failure probability is 1 minus their sum)."""
-        counts = np.asarray(counts, dtype=np.float64)
+        counts = validated_counts(counts)
         passing = np.where(counts >= self.threshold, counts, 0.0)
         normaliser = max(counts.sum() / self.gamma, passing.sum())
         return passing / normaliser if normaliser > 0 else passing
@@ -116,13 +123,13 @@ class DPWeightedSampler(Mechanism):
     def __post_init__(self) -> None:
         require_positive("sigma", self.sigma)
         require_positive("threshold", self.threshold)
-        require(self.gamma >= 1.0, f"gamma must be >= 1, got {self.gamma:g}")
+        require_at_least_one_finite("gamma", self.gamma)
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         return orders / self.sigma ** 2
 
     def aggregate(self, counts, rng: np.random.Generator) -> int | None:
-        counts = np.asarray(counts, dtype=np.float64)
+        counts = validated_counts(counts)
         noisy = np.maximum(counts + rng.normal(0.0, self.sigma, size=counts.shape), 0.0)
         passing = np.where(noisy >= self.threshold, noisy, 0.0)
         normaliser = max(counts.sum() / self.gamma, passing.sum())  # counts.sum() = n, public under replace-one

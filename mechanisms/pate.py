@@ -1,5 +1,12 @@
 """GNMax and Confident-GNMax over vote histograms (Papernot et al. 2018, "Scalable Private Learning
-with PATE"; SPEC section 5). Neighbouring relation: replace one teacher (one vote moves).
+with PATE"). Neighbouring relation: replace one teacher (one vote moves).
+
+Data-dependent bounds come in two directions. Papernot et al. 2018 Theorem 6 bounds
+D_a(M(D) || M(D')) at the actual histogram D only (DivergenceDirection.FROM_ACTUAL); the reverse
+direction D_a(M(D') || M(D)) can be far larger (counts (9, 1), sigma 1, order 2: 0.0157 against the
+forward bound's 1.35e-4). The symmetric bound (DivergenceDirection.BOTH, the default) adds Theorem 6
+applied at every neighbour D', whose failure probability is bounded by Proposition 7 with every gap
+reduced by 2 (one moved vote changes c_{j*} - c_j by at most 2).
 """
 from __future__ import annotations
 
@@ -10,17 +17,39 @@ import numpy as np
 from scipy.special import logsumexp
 from scipy.stats import norm
 
+from accounting.curve import RdpCurve
 from accounting.errors import require, require_non_negative, require_positive
-from accounting.relation import NeighbouringRelation
+from accounting.orders import DEFAULT_ORDERS, canonical_orders
+from accounting.relation import DivergenceDirection, NeighbouringRelation
 from mechanisms.base import Mechanism
 
 
-def _validated_counts(counts) -> np.ndarray:
-    counts = np.asarray(counts, dtype=np.float64)
+def validated_counts(counts) -> np.ndarray:
+    """A vote histogram as float64: 1-D over >= 2 tokens, every count a finite non-negative integer."""
+    raw = np.asarray(counts)
+    require(raw.dtype.kind in "biuf", f"counts must be numbers, got dtype {raw.dtype}")
+    counts = raw.astype(np.float64)
     require(counts.ndim == 1 and counts.size >= 2, f"counts must be a 1-D histogram over >= 2 tokens, got shape {counts.shape}")
-    require(not bool(np.any(np.isnan(counts))), "counts must not contain NaN")
-    require(bool(np.all(counts >= 0)), f"counts must be non-negative, got min {counts.min():g}")
+    with np.errstate(invalid="ignore"):  # NaN and inf are caught by the finiteness test itself
+        bad = ~np.isfinite(counts) | (counts < 0) | (counts != np.round(counts))
+    if np.any(bad):
+        index = int(np.argmax(bad))
+        raise ValueError(f"counts must be finite non-negative integers, got {counts[index]!r} at index {index}")
     return counts
+
+
+def _validated_orders(orders) -> np.ndarray:
+    orders = np.asarray(orders, dtype=np.float64)
+    require(orders.ndim == 1 and orders.size > 0, f"orders must be a non-empty 1-D array, got shape {orders.shape}")
+    bad = ~(np.isfinite(orders) & (orders > 1))
+    if np.any(bad):
+        raise ValueError(f"every Renyi order must be finite and > 1, got {orders[bad][0]!r}")
+    return orders
+
+
+def _log_union_bound(gaps: np.ndarray, sigma: float) -> float:
+    """log sum_j Pr[N(0, 2 sigma^2) >= gap_j] (the noisy difference of two counts has variance 2 sigma^2)."""
+    return float(logsumexp(norm.logsf(gaps, scale=math.sqrt(2.0) * sigma)))
 
 
 def log_q_gnmax(counts, sigma: float) -> float:
@@ -29,12 +58,25 @@ def log_q_gnmax(counts, sigma: float) -> float:
     q~ = sum_{j != j*} Pr[N(0, 2 sigma^2) >= c_{j*} - c_j] (union bound), capped at 1 - 1/V because
     the plurality token wins with probability at least 1/V (it is the most likely winner).
     """
-    counts = _validated_counts(counts)
+    counts = validated_counts(counts)
     sigma = require_positive("sigma", sigma)
     top = int(np.argmax(counts))
     gaps = counts[top] - np.delete(counts, top)
-    log_q = float(logsumexp(norm.logsf(gaps, scale=math.sqrt(2.0) * sigma)))
-    return min(log_q, math.log1p(-1.0 / counts.size))
+    return min(_log_union_bound(gaps, sigma), math.log1p(-1.0 / counts.size))
+
+
+def log_q_gnmax_neighbours(counts, sigma: float) -> float:
+    """log of an upper bound on Pr[GNMax(D') != argmax counts of D] over every replace-one neighbour D'.
+
+    Proposition 7's union bound (Papernot et al. 2018) at D' with the outcome j* = argmax of D: one
+    moved vote changes each gap c_{j*} - c_j by at most 2, so every gap is reduced by 2. Capped at 0
+    (q <= 1); no 1 - 1/V cap, because j* need not be the plurality of D'.
+    """
+    counts = validated_counts(counts)
+    sigma = require_positive("sigma", sigma)
+    top = int(np.argmax(counts))
+    gaps = counts[top] - np.delete(counts, top) - 2.0
+    return min(_log_union_bound(gaps, sigma), 0.0)
 
 
 def _log1mexp(x: float) -> float:
@@ -45,6 +87,10 @@ def _log1mexp(x: float) -> float:
 def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
     """Data-dependent RDP of GNMax at each order (Papernot et al. 2018, Theorem 6), min with alpha / sigma^2.
 
+    Direction: this bounds D_a(M(D) || M(D')) for every neighbour D' of the histogram D at which
+    Pr[M(D) != j*] <= exp(log_q) (DivergenceDirection.FROM_ACTUAL); see `GNMax.data_dependent_rdp`
+    for the symmetric bound. log_q must be finite and <= 0 (q~ = 0 is impossible with Gaussian noise).
+
     With mu2 = sigma sqrt(log(1/q~)), mu1 = mu2 + 1, eps_i = mu_i / sigma^2 (GNMax's own RDP at mu_i),
     for every order a < mu1, if mu2 > 1, q~ < e^{-eps2} and
     q~ <= e^{(mu2 - 1) eps2} / (mu1/(mu1-1) * mu2/(mu2-1))^{mu2}, then
@@ -53,10 +99,15 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: np.ndarray) -> 
     Outside those conditions only the data-independent alpha / sigma^2 is used.
     """
     sigma = require_positive("sigma", sigma)
-    orders = np.asarray(orders, dtype=np.float64)
+    orders = _validated_orders(orders)
+    try:
+        log_q = float(log_q)
+    except (TypeError, ValueError):
+        raise ValueError(f"log_q must be a real number, got {log_q!r}") from None
+    require(math.isfinite(log_q) and log_q <= 0.0, f"log_q must be finite and <= 0 (log of a probability), got {log_q!r}")
     independent = orders / sigma ** 2
-    if log_q >= 0 or not math.isfinite(log_q):
-        return independent if log_q >= 0 else np.zeros_like(orders)
+    if log_q == 0.0:
+        return independent
     mu2 = sigma * math.sqrt(-log_q)
     mu1 = mu2 + 1.0
     eps1, eps2 = mu1 / sigma ** 2, mu2 / sigma ** 2
@@ -68,8 +119,8 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: np.ndarray) -> 
     log_1mq = _log1mexp(log_q)
     log_a = log_1mq - _log1mexp((log_q + eps2) * (1.0 - 1.0 / mu2))
     log_b = eps1 - log_q / (mu1 - 1.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bound = np.logaddexp(log_1mq + (orders - 1.0) * log_a, log_q + (orders - 1.0) * log_b) / (orders - 1.0)
+    bound = np.logaddexp(log_1mq + (orders - 1.0) * log_a, log_q + (orders - 1.0) * log_b) / (orders - 1.0)
+    require(not bool(np.any(np.isnan(bound))), f"Theorem 6 bound is NaN at log_q={log_q!r}, sigma={sigma!r}")
     valid = orders < mu1
     return np.where(valid, np.minimum(independent, np.maximum(bound, 0.0)), independent)
 
@@ -86,13 +137,33 @@ class GNMax(Mechanism):
         require_positive("sigma", self.sigma)
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        return orders / self.sigma ** 2
+        return _validated_orders(orders) / self.sigma ** 2
 
-    def data_dependent_rdp(self, counts, orders: np.ndarray) -> np.ndarray:
-        return data_dependent_gnmax_rdp(log_q_gnmax(counts, self.sigma), self.sigma, orders)
+    def data_dependent_rdp(self, counts, orders: np.ndarray,
+                           direction: DivergenceDirection = DivergenceDirection.BOTH) -> np.ndarray:
+        """Data-dependent RDP at the histogram `counts` (Papernot et al. 2018, Theorem 6 with Proposition 7).
+
+        FROM_ACTUAL: Theorem 6 at D, bounding D_a(M(D) || M(D')). BOTH (default): the larger of that
+        and Theorem 6 at every neighbour D' (`log_q_gnmax_neighbours`), which bounds
+        D_a(M(D') || M(D)) because D is a neighbour of D'.
+        """
+        direction = DivergenceDirection(direction)
+        forward = data_dependent_gnmax_rdp(log_q_gnmax(counts, self.sigma), self.sigma, orders)
+        if direction is DivergenceDirection.FROM_ACTUAL:
+            return forward
+        reverse = data_dependent_gnmax_rdp(log_q_gnmax_neighbours(counts, self.sigma), self.sigma, orders)
+        return np.maximum(forward, reverse)
+
+    def data_dependent_curve(self, counts, orders=DEFAULT_ORDERS,
+                             direction: DivergenceDirection = DivergenceDirection.BOTH) -> RdpCurve:
+        """`data_dependent_rdp` as a data-dependent RdpCurve that records its direction."""
+        orders = canonical_orders(orders)
+        direction = DivergenceDirection(direction)
+        values = self.data_dependent_rdp(counts, np.asarray(orders), direction)
+        return RdpCurve(orders, values, self.relation, data_dependent=True, direction=direction)
 
     def aggregate(self, counts, rng: np.random.Generator) -> int:
-        counts = _validated_counts(counts)
+        counts = validated_counts(counts)
         return int(np.argmax(counts + rng.normal(0.0, self.sigma, size=counts.shape)))
 
 
@@ -124,13 +195,17 @@ class ConfidentGNMax(Mechanism):
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         return self.screen_rdp(orders) + self.answer_rdp(orders)
 
-    def data_dependent_rdp(self, counts, orders: np.ndarray, answered: bool) -> np.ndarray:
-        """Screening (data-independent) plus, if answered, Theorem 6's data-dependent GNMax bound."""
+    def data_dependent_rdp(self, counts, orders: np.ndarray, answered: bool,
+                           direction: DivergenceDirection = DivergenceDirection.BOTH) -> np.ndarray:
+        """Screening (data-independent) plus, if answered, GNMax's data-dependent bound in `direction`
+        (Papernot et al. 2018, Theorem 6; see GNMax.data_dependent_rdp)."""
+        orders = _validated_orders(orders)
+        counts = validated_counts(counts)
         screen = self.screen_rdp(orders)
-        return screen + GNMax(self.sigma).data_dependent_rdp(counts, orders) if answered else screen
+        return screen + GNMax(self.sigma).data_dependent_rdp(counts, orders, direction) if answered else screen
 
     def aggregate(self, counts, rng: np.random.Generator) -> int | None:
-        counts = _validated_counts(counts)
+        counts = validated_counts(counts)
         if counts.max() + rng.normal(0.0, self.sigma_threshold) < self.threshold:
             return None
         return GNMax(self.sigma).aggregate(counts, rng)

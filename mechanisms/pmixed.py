@@ -17,27 +17,34 @@ from accounting.errors import (require, require_in_closed, require_int_at_least,
 from accounting.orders import DEFAULT_ORDERS, canonical_orders
 from accounting.relation import NeighbouringRelation
 from mechanisms.base import Mechanism
-from mechanisms.distributions import as_float64_array, require_same_vocabulary
+from mechanisms.distributions import as_float64_array, require_same_vocabulary, validated_lambdas
 from mechanisms.subsampling import amplified_rdp
 
 
 def theorem_3_1_epsilon(alpha, beta: float, teachers) -> np.ndarray:
     """Data-independent per-query RDP of PMixED at the projection order, AS CLAIMED.
 
-    Seed Theorem 3.1 / C.1: eps(a, beta, N) = log((N - 1 + exp(4 beta a (a-1))) / N) / (a-1) for
-    N > 1, and beta * a for N = 1 (the single teacher's ball). Vectorised over alpha and N.
-    Caution (SPEC section 3): the proof applies a triangle-like inequality (seed Theorem A.5)
-    that needs a bound at all orders while the projection enforces order a only; SPEC gives an
-    input where the data-dependent loss exceeds this value. It is reported "as claimed".
-    N = 0 (an empty subsample: the output is the public model) costs 0.
+    Flemings et al. 2024, Theorem 3.1 / C.1: eps(a, beta, N) = log((N - 1 + exp(4 beta a (a-1))) / N) / (a-1)
+    for N > 1, and beta * a for N = 1 (the single teacher's ball). Vectorised over alpha and N.
+    Caution: the proof applies a triangle-like inequality (Flemings et al. 2024, Theorem A.5, after
+    Steinke) whose hypothesis is a bound at every order, while the projection enforces order a
+    only; there are inputs with extreme tails whose data-dependent loss exceeds this value. It is
+    reported "as claimed". N = 0 (an empty subsample: the output is the public model) costs 0.
+    ValueError unless every alpha is finite and > 1, beta is finite and >= 0, and every N is an
+    integer >= 0.
     """
     alpha = np.asarray(alpha, dtype=np.float64)
+    if np.any(~np.isfinite(alpha) | (alpha <= 1)):
+        raise ValueError(f"alpha (Renyi order) must be finite and > 1, got {alpha[~np.isfinite(alpha) | (alpha <= 1)].flat[0]!r}")
+    beta = require_non_negative("beta", beta)
     n = np.asarray(teachers, dtype=np.float64)
+    bad_n = ~np.isfinite(n) | (n < 0) | (n != np.round(n))
+    if np.any(bad_n):
+        raise ValueError(f"teachers must be integers >= 0, got {n[bad_n].flat[0]!r}")
     exponent = 4.0 * beta * alpha * (alpha - 1.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        many = (np.logaddexp(np.log(np.maximum(n - 1.0, 0.0)), exponent) - np.log(n)) / (alpha - 1.0)
-    value = np.where(n > 1, many, np.where(n == 1, beta * alpha, 0.0))
-    return value
+    with np.errstate(divide="ignore"):  # log(N - 1) = -inf at N = 1, a branch np.where discards
+        many = (np.logaddexp(np.log(np.maximum(n - 1.0, 0.0)), exponent) - np.log(np.maximum(n, 1.0))) / (alpha - 1.0)
+    return np.where(n > 1, many, np.where(n == 1, beta * alpha, 0.0))
 
 
 def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers: int) -> float:
@@ -105,7 +112,7 @@ class PMixED(Mechanism):
         teachers_np, public_np = _validated_ensemble(teachers, public, self.teachers)
         if lambdas is None:
             lambdas = self.mixing_weights(teachers_np, public_np)
-        lam = np.asarray(lambdas, dtype=np.float64)[..., None]
+        lam = validated_lambdas(lambdas, teachers_np)[..., None]
         return (lam * teachers_np + (1.0 - lam) * public_np[..., None, :]).mean(axis=-2)
 
 
@@ -178,6 +185,9 @@ class SubsampledPMixED(Mechanism):
       per-order-radius: eps(k) := Theorem 3.1 at order k with m = realised_size (unsound, pitfall 4);
       worst-case-size(-general): eps(k) := max over m in 1..N of Theorem 3.1 at order a, for k <= a.
     `realised_size` is required by the realised variants and ignored by the worst-case ones.
+    q = 1 is no subsampling (every teacher is always sampled): the curve is PMixED's own for every
+    variant, and a realised size must then be N; q = 0 samples nobody (the public model answers):
+    the curve is 0, and a realised size must be 0.
     """
 
     pmixed: PMixED
@@ -193,6 +203,11 @@ class SubsampledPMixED(Mechanism):
             require_int_at_least("realised_size", self.realised_size, 0)
             require(self.realised_size <= self.pmixed.teachers,
                     f"realised_size must be <= teachers ({self.pmixed.teachers}), got {self.realised_size}")
+            if self.sampling_probability in (0.0, 1.0):
+                certain = round(self.sampling_probability * self.pmixed.teachers)
+                require(self.realised_size == certain,
+                        f"realised_size must be {certain} when sampling_probability is "
+                        f"{self.sampling_probability:g}, got {self.realised_size}")
 
     @property
     def worst_case_size(self) -> int:
@@ -208,6 +223,8 @@ class SubsampledPMixED(Mechanism):
         return np.where(ks <= alpha + 1e-12, value, np.inf)
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+        if self.sampling_probability == 1.0:  # no subsampling: the ensemble is always all N teachers
+            return self.pmixed.rdp_values(np.asarray(orders, dtype=np.float64))
         return amplified_rdp(self.sampling_probability, self.base_epsilon, orders, self.variant.general)
 
 

@@ -1,15 +1,21 @@
-"""Privacy amplification by Poisson subsampling for RDP (seed Theorem A.4; Zhu & Wang 2019).
+"""Privacy amplification by Poisson subsampling for RDP (Zhu & Wang 2019; Steinke 2022, Theorem 6.2).
 
 For integer orders A >= 2 and a mechanism with RDP epsilon(k) at k = 2..A (add/remove-one):
 
-  tight (Steinke 2022, seed Theorem A.4; Zhu & Wang 2019 Theorem 5 under its extra condition):
+  tight (Steinke 2022; Zhu & Wang 2019 Theorem 5 under its extra condition):
     eps'(A) = 1/(A-1) log((1-q)^(A-1) (1+(A-1) q) + sum_{k=2..A} C(A,k) (1-q)^(A-k) q^k e^{(k-1) eps(k)})
   general (Zhu & Wang 2019, Theorem 9): the same with every k >= 3 term multiplied by 3, which
     covers both divergence directions for any mechanism.
 
 A fractional order a is charged the value at ceil(a): RDP is non-decreasing in the order
 (van Erven & Harremoes 2014, Theorem 3), so eps'(a) <= eps'(ceil(a)).
-Amplification is only known for data-independent curves (seed section 3.1); a data-dependent
+The result is also capped by the base mechanism's own value eps(a): the subsampled output law is a
+mixture over subsamples of pairs at divergence 0 (the record not sampled) or at most eps(a) (the
+record sampled), and the Renyi divergence is jointly quasi-convex (van Erven & Harremoes 2014,
+Theorem 13), so subsampling never costs more than running the mechanism on everyone. This makes
+q = 1 give exactly the unsampled curve for both forms (the general form alone would add
+log(3)/(A-1)).
+Amplification is only known for data-independent curves (Zhu et al. 2020); a data-dependent
 mechanism is refused.
 """
 from __future__ import annotations
@@ -26,38 +32,55 @@ from accounting.relation import NeighbouringRelation
 from mechanisms.base import Mechanism
 
 
+def _base_values(base_epsilon: Callable[[np.ndarray], np.ndarray], at: np.ndarray) -> np.ndarray:
+    """base_epsilon(at), refused unless it is one non-NaN value >= 0 (or +inf) per order."""
+    values = np.asarray(base_epsilon(at.astype(np.float64)), dtype=np.float64)
+    require(values.shape == at.shape, f"base mechanism RDP must have one value per order, got shape {values.shape} "
+                                      f"for {at.shape[0]} orders")
+    require(not bool(np.any(np.isnan(values))), "base mechanism RDP must not be NaN (use +inf for 'no guarantee')")
+    require(bool(np.all(values >= 0)), f"base mechanism RDP must be >= 0, got {values.min():g}")
+    return values
+
+
 def amplified_rdp(sampling_probability: float, base_epsilon: Callable[[np.ndarray], np.ndarray],
                   orders: np.ndarray, general: bool) -> np.ndarray:
-    """eps'_q at each order, from base_epsilon(k) evaluated at integer k = 2..ceil(max order).
+    """eps'_q at each order: min(the amplification bound at ceil(order), base_epsilon(order)).
 
-    base_epsilon maps an integer array of orders to the base mechanism's RDP (+inf allowed).
-    Computed in log space (logsumexp) so e^{(k-1) eps(k)} never overflows.
+    base_epsilon maps an array of orders to the base mechanism's RDP (+inf allowed, NaN or negative
+    refused); it is called at the integers 2..ceil(max order) and at `orders` themselves.
+    Computed in log space (logsumexp) so e^{(k-1) eps(k)} never overflows. A term whose binomial
+    weight is exactly 0 ((1-q)^(A-k) with q = 1 and k < A) is 0 even where eps(k) = +inf, never
+    0 * inf = NaN.
     """
     q = require_in_closed("sampling_probability", sampling_probability, 0.0, 1.0)
     orders = np.asarray(orders, dtype=np.float64)
-    integer_orders = np.maximum(2, np.ceil(orders - 1e-12)).astype(np.int64)
+    require(orders.ndim == 1 and orders.size > 0, f"orders must be a non-empty 1-D array, got shape {orders.shape}")
+    require(bool(np.all(np.isfinite(orders) & (orders > 1))), f"every Renyi order must be finite and > 1, got {orders}")
     if q == 0.0:
         return np.zeros_like(orders)
-    top = int(integer_orders.max())
-    ks = np.arange(2, top + 1)
-    base = np.asarray(base_epsilon(ks.astype(np.float64)), dtype=np.float64)
-    require(base.shape == ks.shape and not np.any(np.isnan(base)), "base mechanism RDP must be a NaN-free array")
+    integer_orders = np.maximum(2, np.ceil(orders - 1e-12)).astype(np.int64)
+    ks = np.arange(2, int(integer_orders.max()) + 1)
+    base = _base_values(base_epsilon, ks)
+    unsampled = _base_values(base_epsilon, orders)
     log_q = math.log(q)
     log_1mq = math.log1p(-q) if q < 1.0 else -math.inf
     results = {}
     for order in np.unique(integer_orders):
         k = ks[: order - 1]
         log_binom = gammaln(order + 1) - gammaln(k + 1) - gammaln(order - k + 1)
-        with np.errstate(invalid="ignore"):
-            # (1-q)^(order-k) with q = 1 and k = order is 0^0 = 1.
-            log_1mq_power = np.where(order - k == 0, 0.0, (order - k) * log_1mq)
-            log_terms = log_binom + log_1mq_power + k * log_q + (k - 1) * base[: order - 1]
-        if general:
-            log_terms = log_terms + np.where(k >= 3, math.log(3.0), 0.0)
+        # (1-q)^(order-k) with q = 1 and k = order is 0^0 = 1.
+        log_1mq_power = np.where(order - k == 0, 0.0, log_1mq) * (order - k)
+        log_weight = log_binom + log_1mq_power + k * log_q + (np.log(3.0) * (k >= 3) if general else 0.0)
+        log_terms = np.full(k.shape, -np.inf)
+        present = log_weight > -np.inf
+        log_terms[present] = log_weight[present] + (k[present] - 1) * base[k[present] - 2]
         first = (order - 1) * log_1mq + math.log1p((order - 1) * q) if q < 1.0 else -math.inf
-        total = logsumexp(np.concatenate([[first], log_terms]))
-        results[int(order)] = max(0.0, float(total) / (order - 1))
-    return np.array([results[int(o)] for o in integer_orders], dtype=np.float64)
+        total = float(logsumexp(np.concatenate([[first], log_terms])))
+        require(not math.isnan(total), f"amplification bound at order {order} is NaN")
+        # the terms sum to >= 1 when eps >= 0 (binomial theorem); rounding can leave -1e-17
+        results[int(order)] = max(0.0, total / (order - 1))
+    amplified = np.array([results[int(o)] for o in integer_orders], dtype=np.float64)
+    return np.minimum(amplified, unsampled)
 
 
 @dataclass(frozen=True)
@@ -77,7 +100,7 @@ class PoissonSubsampledMechanism(Mechanism):
         require_in_closed("sampling_probability", self.sampling_probability, 0.0, 1.0)
         require(not self.mechanism.data_dependent,
                 "Poisson amplification of a data-dependent mechanism is not known to be sound "
-                "(seed section 3.1; Zhu et al. 2020); account it without subsampling")
+                "(Zhu et al. 2020); account it without subsampling")
         require(self.mechanism.relation == NeighbouringRelation.ADD_OR_REMOVE_ONE,
                 f"Poisson amplification holds for add/remove-one neighbours, got {self.mechanism.relation}")
 

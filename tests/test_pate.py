@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from accounting import DEFAULT_ORDERS, NeighbouringRelation
+from accounting import DEFAULT_ORDERS, DivergenceDirection, NeighbouringRelation
 from mechanisms import (ConfidentGNMax, DPWeightedSampler, GNMax, Targmax, ThresholdWeightedSampler, cast_votes,
                         data_dependent_gnmax_rdp, log_q_gnmax, renyi_divergence, vote_histogram)
 from tests.conftest import lm_like
@@ -27,18 +27,34 @@ def two_class_gnmax_output(counts, sigma):
     return np.array([first, 1 - first])
 
 
-@pytest.mark.parametrize("gap", [5, 40, 120, 250])
+@pytest.mark.parametrize("gap", [6, 40, 120, 250])
 def test_data_dependent_bound_covers_exact_divergence_of_every_neighbour(gap):
     sigma = 20.0
-    counts = np.array([150 + gap / 2, 150 - gap / 2])
+    counts = np.array([150 + gap // 2, 150 - gap // 2])
     orders = np.array([2.0, 5.0, 10.0, 20.0])
-    bound = GNMax(sigma).data_dependent_rdp(counts, orders)
-    assert np.all(bound <= orders / sigma ** 2 + 1e-15)
+    forward = GNMax(sigma).data_dependent_rdp(counts, orders, DivergenceDirection.FROM_ACTUAL)
+    both = GNMax(sigma).data_dependent_rdp(counts, orders)
+    assert np.all(forward <= both) and np.all(both <= orders / sigma ** 2 + 1e-15)
     here = two_class_gnmax_output(counts, sigma)
     for neighbour in (counts + [-1, 1], counts + [1, -1]):  # replace one teacher's vote
         there = two_class_gnmax_output(neighbour, sigma)
-        exact = renyi_divergence(here, there, orders)
-        assert np.all(exact <= bound + 1e-12)
+        assert np.all(renyi_divergence(here, there, orders) <= forward + 1e-12)
+        assert np.all(renyi_divergence(here, there, orders, symmetric=True) <= both + 1e-12)
+
+
+def test_reverse_direction_exceeds_theorem_6_and_the_symmetric_bound_covers_it():
+    """Counts (9, 1), sigma 1, order 2: D(M(D') || M(D)) = 0.0157 for D' = (8, 2), against
+    Theorem 6's forward bound 1.35e-4 (Papernot et al. 2018 bound one direction only)."""
+    gnmax, orders = GNMax(1.0), np.array([2.0])
+    here, there = two_class_gnmax_output([9, 1], 1.0), two_class_gnmax_output([8, 2], 1.0)
+    reverse = renyi_divergence(there, here, orders)[0]
+    assert reverse == pytest.approx(0.0157, abs=1e-4)
+    assert gnmax.data_dependent_rdp([9, 1], orders, DivergenceDirection.FROM_ACTUAL)[0] == pytest.approx(1.35e-4, rel=1e-2)
+    assert gnmax.data_dependent_rdp([9, 1], orders)[0] >= reverse
+    curve = gnmax.data_dependent_curve([9, 1], DEFAULT_ORDERS, DivergenceDirection.FROM_ACTUAL)
+    assert curve.direction is DivergenceDirection.FROM_ACTUAL and curve.data_dependent
+    assert (curve + gnmax.rdp_curve()).direction is DivergenceDirection.FROM_ACTUAL
+    assert gnmax.data_dependent_curve([9, 1]).direction is DivergenceDirection.BOTH
 
 
 def test_data_dependent_bound_improves_for_confident_histograms_and_vanishes_as_gap_grows():
