@@ -158,7 +158,7 @@ def delta_from_rdp(curve: RdpCurve, epsilon: float) -> DeltaConversion:
     KL <= RDP(a) (Bretagnolle & Huber 1979; RDP is non-decreasing in the order, van Erven &
     Harremoes 2014 Theorem 3), which is tighter when the RDP value is tiny. 1 - exp(-r) is formed as
     -expm1(-r), which keeps its digits for r down to the smallest float (log1p(-exp(-r)) returns
-    -inf below r ~ 1e-16). delta is capped at 1 and rounded up, never down to 0.
+    -inf below r ~ 1e-16). delta is capped at 1 and rounded up (relative 2e-15 (1 + |log delta|) at most), never down to 0.
     """
     curve = _require_curve(curve)
     epsilon = require_non_negative("epsilon", epsilon)

@@ -237,6 +237,8 @@ def check_ablation(trace: LoadedTrace, teachers_sample: int | None = None, mc_sa
     evidence = {"claimed_epsilon": claimed, "delta": delta, "worst_neighbour": result.labels[worst],
                 "worst_empirical_epsilon": float(result.epsilon[worst]), "ratio": ratio, "per_neighbour": table,
                 "claimed_neighbours": "remove-one (data-dependent claim)" if data_dependent else "add-one and remove-one",
+                "claimed_direction": trace.ledger.get("direction", "both"),
+                "measured_direction": "both: max(D(M(D) || M(D')), D(M(D') || M(D))) per order",
                 "unclaimed_worst": max(unclaimed, key=lambda r: r["empirical_epsilon"]) if unclaimed else None,
                 "teachers_removed": result.sampled_teachers,
                 "teacher_sampling": ("all teachers" if len(result.sampled_teachers) == trace.n_teachers else

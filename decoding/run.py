@@ -268,6 +268,7 @@ def ledger_summary(records: list[dict], manifest: dict) -> dict:
     observed = [r["observed_data_dependent"] for r in records if r["observed_data_dependent"]]
     summary = {
         "steps": ledger.steps, "data_dependent": ledger.total_curve().data_dependent,
+        "direction": ledger.total_curve().direction.value,
         "ledger": ledger.to_dict(), "epsilon": epsilons, "breakdown": breakdown,
         "perplexity": ppl, "answered_by_public": int(sum(r["answered_by"] == "public" for r in records)),
         "warnings": sorted({str(w.message) for w in caught}),
@@ -296,7 +297,7 @@ def ledger_summary(records: list[dict], manifest: dict) -> dict:
 def _conversion_dict(result) -> dict:
     return {"epsilon": result.epsilon, "order": result.order, "rdp_at_order": result.rdp_at_order,
             "conversion_term": result.conversion_term, "at_grid_edge": result.at_grid_edge,
-            "data_dependent": result.data_dependent}
+            "data_dependent": result.data_dependent, "direction": result.direction.value}
 
 
 @dataclass

@@ -59,8 +59,10 @@ def _html_table(frame: pd.DataFrame, css: str) -> str:
 def _breakdown_caption(run: RunData) -> str:
     b = run.ledger["breakdown"]
     kind = " (data-dependent)" if b["data_dependent"] else ""
+    covers = ("both divergence directions" if b.get("direction", "both") == "both"
+              else "only D(M(D) || M(D')) at the actual data D, not the reverse direction")
     return (f"Privacy-loss breakdown of {run.label}{kind} at order {fmt(b['order'])}, {b['method']} conversion, "
-            f"delta={b['delta']:g}; rows sum to the total.")
+            f"delta={b['delta']:g}; rows sum to the total; the total covers {covers}.")
 
 
 def render_json(runs: list[RunData]) -> str:
@@ -77,7 +79,8 @@ def render_csv(runs: list[RunData]) -> str:
     for run in runs:
         for _, row in breakdown_table(run).iterrows():
             rows.append({"run": str(run.directory), "method": run.label, "table": "breakdown", "row": row["component"],
-                         "epsilon": row["epsilon"], "data_dependent": row["data_dependent"]})
+                         "epsilon": row["epsilon"], "data_dependent": row["data_dependent"],
+                         "direction": row["direction"]})
     comparison = comparison_table(runs)
     for _, row in comparison.iterrows():
         rows.append({"run": "", "method": row["method"], "table": "comparison", "row": "total",

@@ -52,6 +52,10 @@ def privacy_statement(run: RunData) -> list[str]:
         f"({fmt(orders[0])}..{fmt(orders[-1])}), converted with the improved conversion (Balle et al. 2020, Theorem 21) "
         f"at delta={epsilon['delta']:g}: {outcome}.",
     ]
+    if run.ledger.get("direction", "both") == "from_actual":
+        paragraphs.append(
+            "Direction. Part of this loss bounds only D(M(D) || M(D')) at the actual data D (Papernot et al. 2018, "
+            "Theorem 6), not the reverse direction D(M(D') || M(D)), which can be far larger; the total covers no more.")
     if run.data_dependent:
         paragraphs.append(
             "Data-dependent. This epsilon is computed from the private data itself. It is not a differential-privacy "

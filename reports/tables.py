@@ -15,12 +15,18 @@ def breakdown_table(run: RunData) -> pd.DataFrame:
     breakdown = run.ledger["breakdown"]
     rows = breakdown["rows"]
     frame = pd.DataFrame([{"component": r["component"], "epsilon": r["epsilon"],
-                           "data_dependent": r["data_dependent"]} for r in rows])
+                           "data_dependent": r["data_dependent"], "direction": direction_label(r.get("direction"))}
+                          for r in rows])
     total = rows[-1]["epsilon"]
     parts = sum(r["epsilon"] for r in rows[:-1])
     require(total == float("inf") or abs(parts - total) <= 1e-9 * max(1.0, abs(total)),
             f"breakdown rows of {run.directory} sum to {parts!r}, not the total {total!r}")
     return frame
+
+
+def direction_label(direction: str | None) -> str:
+    """How a table names the divergence direction(s) a row bounds (records before it existed: both)."""
+    return {"both": "both", "from_actual": "D(M(D)||M(D')) only", None: "both"}[direction]
 
 
 def comparison_table(runs: list[RunData]) -> pd.DataFrame:
@@ -31,6 +37,7 @@ def comparison_table(runs: list[RunData]) -> pd.DataFrame:
         epsilon = run.epsilon()
         rows.append({"method": run.label, "queries": run.ledger["steps"], "epsilon": epsilon["epsilon"],
                      "delta": epsilon["delta"], "order": epsilon["order"], "data_dependent": run.data_dependent,
+                     "direction": direction_label(run.ledger.get("direction")),
                      "perplexity": run.ledger["perplexity"], "answered_by_public": run.ledger["answered_by_public"],
                      "audit": run.audit["verdict"] if run.audit else "not audited"})
     return pd.DataFrame(rows)
