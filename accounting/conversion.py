@@ -102,6 +102,9 @@ def _warn_if_edge(at_edge: bool, order: float | None, curve: RdpCurve) -> None:
             GridEdgeWarning, stacklevel=3)
 
 
+_ULPS = 8.0 * np.finfo(np.float64).eps
+
+
 def conversion_method(method: ConversionMethod | str) -> ConversionMethod:
     """The method named by `method`; ValueError listing the names for anything else."""
     if isinstance(method, ConversionMethod):
@@ -128,6 +131,8 @@ def epsilon_from_rdp(curve: RdpCurve, delta: float,
     A curve that is 0 at every order is a mechanism whose output does not depend on the data: it is
     (0, 0)-DP, so epsilon = 0 with no optimal order (the conversion formulas would add a spurious
     positive term). A curve that is +inf at every order gives epsilon = +inf ("no guarantee").
+    epsilon is rounded up by a bound on its floating-point error (8 ulps of RDP + |term| + 1,
+    about 2e-15 relative), never down.
     """
     curve = _require_curve(curve)
     delta = require_in_open("delta", delta, 0.0, 1.0)
@@ -141,12 +146,26 @@ def epsilon_from_rdp(curve: RdpCurve, delta: float,
         return EpsilonConversion(math.inf, delta, None, method, math.inf, math.nan, False, curve.data_dependent,
                                  curve.direction)
     best = int(np.argmin(eps_per_order))
-    epsilon = max(0.0, float(eps_per_order[best]))
     rdp = float(curve.values[best])
+    # rounded up by a bound on the floating-point error of r + term, so rounding never under-states
+    rounding = _ULPS * (rdp + abs(float(eps_per_order[best] - rdp)) + 1.0)
+    epsilon = max(0.0, float(eps_per_order[best]) + rounding)
     at_edge = best in (0, len(orders) - 1)
     _warn_if_edge(at_edge, float(orders[best]), curve)
     return EpsilonConversion(epsilon, delta, float(orders[best]), method, rdp, epsilon - rdp, at_edge,
                              curve.data_dependent, curve.direction)
+
+
+def rdp_branch_rounding_slack(order, rdp, epsilon):
+    """Bound on the floating-point error of log delta(a) = (a-1)(r - eps + log(1-1/a)) - log a:
+    8 ulps of the magnitudes that enter it (the subtraction r - eps is where digits are lost)."""
+    order = np.asarray(order, dtype=np.float64)
+    return _ULPS * ((order - 1.0) * (np.asarray(rdp, dtype=np.float64) + epsilon + 1.0) + np.log(order) + 1.0)
+
+
+def tv_branch_rounding_slack(log_delta_tv):
+    """Bound on the floating-point error of 0.5 log(-expm1(-r)): 8 ulps of its magnitude."""
+    return _ULPS * (np.abs(np.asarray(log_delta_tv, dtype=np.float64)) + 1.0)
 
 
 def delta_from_rdp(curve: RdpCurve, epsilon: float) -> DeltaConversion:
@@ -158,7 +177,8 @@ def delta_from_rdp(curve: RdpCurve, epsilon: float) -> DeltaConversion:
     KL <= RDP(a) (Bretagnolle & Huber 1979; RDP is non-decreasing in the order, van Erven &
     Harremoes 2014 Theorem 3), which is tighter when the RDP value is tiny. 1 - exp(-r) is formed as
     -expm1(-r), which keeps its digits for r down to the smallest float (log1p(-exp(-r)) returns
-    -inf below r ~ 1e-16). delta is capped at 1 and rounded up (relative 2e-15 (1 + |log delta|) at most), never down to 0.
+    -inf below r ~ 1e-16). delta is capped at 1 and rounded up by its floating-point error bound
+    (`rdp_branch_rounding_slack`, `tv_branch_rounding_slack`), never down to 0.
     """
     curve = _require_curve(curve)
     epsilon = require_non_negative("epsilon", epsilon)
@@ -172,12 +192,10 @@ def delta_from_rdp(curve: RdpCurve, epsilon: float) -> DeltaConversion:
     with np.errstate(divide="ignore"):  # log(0) = -inf is the exact bound of a zero RDP value
         log_delta_rdp = (a - 1.0) * (r - epsilon + np.log1p(-1.0 / a)) - np.log(a)
         log_delta_tv = 0.5 * np.log(-np.expm1(-r))
-    # Each log is rounded up by a bound on its floating-point error (a few ulps of the magnitudes
-    # that enter it), so that delta is never under-stated by rounding; the cost is a relative
-    # over-statement below 2e-15 (1 + |log delta|), e.g. 7e-13 at delta = 1e-150.
-    ulps = 8.0 * np.finfo(np.float64).eps
-    log_delta_rdp = log_delta_rdp + ulps * ((a - 1.0) * (r + epsilon + 1.0) + np.log(a) + 1.0)
-    log_delta_tv = log_delta_tv + ulps * (np.abs(log_delta_tv) + 1.0)
+    # rounded up by a bound on the floating-point error, so rounding never under-states delta
+    log_delta_rdp = log_delta_rdp + rdp_branch_rounding_slack(a, r, epsilon)
+    tv_finite = np.isfinite(log_delta_tv)  # -inf (a zero RDP value) is exact: no slack, never -inf + inf
+    log_delta_tv[tv_finite] += tv_branch_rounding_slack(log_delta_tv[tv_finite])
     log_delta[finite] = np.minimum(log_delta_rdp, log_delta_tv)
     best = int(np.argmin(log_delta))
     best_log_delta = min(0.0, float(log_delta[best]))

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accounting.errors import require_in_closed, require_positive
+from accounting.errors import require, require_in_closed, require_positive
 from accounting.relation import NeighbouringRelation
 from mechanisms.base import Mechanism
 
@@ -34,7 +34,13 @@ class PoissonSubsampledGaussian(Mechanism):
     """Gaussian mechanism on a Poisson subsample of rate `sampling_probability` (add/remove-one).
 
     RDP from Mironov, Talwar & Zhang 2019, Sections 3.3 (integer orders) and 3.4 (fractional),
-    computed by dp-accounting rather than rewritten here.
+    computed by dp-accounting rather than rewritten here. Each order is charged the smallest of
+    three sound values: dp-accounting's at the order itself; its exact integer-order value at
+    ceil(order) (RDP is non-decreasing in the order, van Erven & Harremoes 2014 Theorem 3); and
+    the unsampled Gaussian's order / (2 sigma^2) (subsampling never costs more: joint
+    quasi-convexity, ibid. Theorem 13). dp-accounting's fractional-order series gives +inf where
+    it fails to converge (q=0.5, sigma=2, order 1.875) and can exceed the next integer order's
+    value (q=0.5, sigma=10: 0.0117 at order 2.5 against 0.0038 at order 3).
     """
 
     noise_multiplier: float
@@ -47,6 +53,17 @@ class PoissonSubsampledGaussian(Mechanism):
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         from dp_accounting.rdp import rdp_privacy_accountant
 
-        values = rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian(
-            self.sampling_probability, self.noise_multiplier, orders)
-        return np.asarray(values, dtype=np.float64)
+        orders = np.asarray(orders, dtype=np.float64)
+        require(bool(np.all(np.isfinite(orders) & (orders > 1))), f"every Renyi order must be finite and > 1, got {orders}")
+
+        def dp_accounting_rdp(at: np.ndarray) -> np.ndarray:
+            values = rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian(
+                self.sampling_probability, self.noise_multiplier, at)
+            values = np.atleast_1d(np.asarray(values, dtype=np.float64))
+            require(not bool(np.any(np.isnan(values))), "dp-accounting returned a NaN RDP value")
+            return values
+
+        at_order = dp_accounting_rdp(orders)
+        at_ceiling = dp_accounting_rdp(np.ceil(orders))
+        unsampled = orders / (2.0 * self.noise_multiplier ** 2)
+        return np.minimum(np.minimum(at_order, at_ceiling), unsampled)

@@ -42,8 +42,13 @@ def theorem_3_1_epsilon(alpha, beta: float, teachers) -> np.ndarray:
     if np.any(bad_n):
         raise ValueError(f"teachers must be integers >= 0, got {n[bad_n].flat[0]!r}")
     exponent = 4.0 * beta * alpha * (alpha - 1.0)
-    with np.errstate(divide="ignore"):  # log(N - 1) = -inf at N = 1, a branch np.where discards
-        many = (np.logaddexp(np.log(np.maximum(n - 1.0, 0.0)), exponent) - np.log(np.maximum(n, 1.0))) / (alpha - 1.0)
+    # log((N - 1 + e^x) / N) = log1p(expm1(x) / N): exact 0 at x = 0 and no cancellation for small x;
+    # for x > 700 (expm1 overflows) the same value is x - log N + log1p((N - 1) e^{-x}).
+    size = np.maximum(n, 1.0)
+    with np.errstate(over="ignore"):
+        small = np.log1p(np.expm1(np.minimum(exponent, 700.0)) / size)
+    large = exponent - np.log(size) + np.log1p((size - 1.0) * np.exp(-np.maximum(exponent, 700.0)))
+    many = np.where(exponent <= 700.0, small, large) / (alpha - 1.0)
     return np.where(n > 1, many, np.where(n == 1, beta * alpha, 0.0))
 
 
@@ -94,6 +99,9 @@ class PMixED(Mechanism):
         return float(theorem_3_1_epsilon(self.alpha, self.beta, self.teachers))
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+        orders = np.asarray(orders, dtype=np.float64)
+        if self.beta == 0.0:  # a ball of radius 0: every lambda is 0 and the output is the public model
+            return np.zeros_like(orders)
         return np.where(orders <= self.alpha + 1e-12, self.per_query_epsilon, np.inf)
 
     def mixing_weights(self, teachers, public):
