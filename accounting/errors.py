@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 
 def require(condition: bool, message: str) -> None:
     """Raise ValueError(message) unless condition holds (never `assert`: it vanishes under -O)."""
@@ -12,10 +14,13 @@ def require(condition: bool, message: str) -> None:
 
 
 def require_finite(name: str, value: Any) -> float:
-    """Return value as float, or raise naming it when it is NaN, inf or not a number."""
+    """Return value as float, or raise naming it when it is NaN, inf or not a number (a string
+    such as "1e-5" is not a number here: it would hide a caller's parsing bug)."""
+    if isinstance(value, (str, bytes, bool)):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
     try:
         as_float = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{name} must be a real number, got {value!r}") from None
     require(math.isfinite(as_float), f"{name} must be finite, got {value!r}")
     return as_float
@@ -51,9 +56,16 @@ def require_order(name: str, value: Any) -> float:
     return value
 
 
+def require_bool(name: str, value: Any) -> bool:
+    """Return value as bool, or raise naming it unless it is True or False (NaN is not a truth value)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def require_int_at_least(name: str, value: Any, low: int) -> int:
     try:
-        integral = not isinstance(value, bool) and float(value).is_integer()
+        integral = not isinstance(value, (bool, str, bytes)) and float(value).is_integer()
     except (TypeError, ValueError, OverflowError):
         integral = False
     if not integral:

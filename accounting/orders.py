@@ -14,19 +14,31 @@ from accounting.errors import require
 _GRID_DECIMALS = 10  # orders are rounded so that 6.000000001 and 6 name the same order
 
 
+def validated_orders(orders) -> np.ndarray:
+    """orders as a non-empty 1-D float64 array, each finite and > 1 (any order, repeats allowed);
+    ValueError naming the first bad entry otherwise."""
+    if isinstance(orders, (str, bytes)) or not hasattr(orders, "__len__") and not hasattr(orders, "__iter__"):
+        raise ValueError(f"orders must be a non-empty 1-D sequence of numbers, got {orders!r}")
+    raw = np.asarray(list(orders) if not hasattr(orders, "dtype") else orders)
+    require(raw.dtype.kind in "biuf", f"orders must be numbers, got {raw.tolist()[:8]!r}")
+    values = raw.astype(np.float64)
+    require(values.ndim == 1 and values.size > 0, f"orders must be a non-empty 1-D sequence, got shape {values.shape}")
+    bad = ~(np.isfinite(values) & (values > 1))  # NaN fails the comparison
+    if np.any(bad):
+        raise ValueError(f"every Renyi order must be finite and > 1, got {float(values[bad][0])!r}")
+    return values
+
+
 def canonical_orders(orders: Iterable[float]) -> tuple[float, ...]:
-    """Return orders as a sorted tuple of unique floats, each > 1; ValueError otherwise."""
-    values = np.round(np.asarray(list(orders), dtype=np.float64), _GRID_DECIMALS)
-    require(values.ndim == 1 and values.size > 0, f"orders must be a non-empty 1-D sequence, got {values.shape}")
-    require(bool(np.all(np.isfinite(values))), f"orders must be finite, got {values.tolist()}")
-    require(bool(np.all(values > 1)), f"every Renyi order must be > 1, got min {values.min():g}")
+    """Return orders as a sorted tuple of unique floats, each finite and > 1; ValueError otherwise."""
+    values = np.round(validated_orders(orders), _GRID_DECIMALS)
     return tuple(float(v) for v in np.unique(values))
 
 
 def paired_orders(orders: Iterable[float]) -> tuple[tuple[float, ...], np.ndarray]:
     """Sorted orders and the permutation that sorts them, so values given beside `orders` can be
     reordered with them; ValueError for a repeated order (two values for one order is ambiguous)."""
-    values = np.round(np.asarray(list(orders), dtype=np.float64), _GRID_DECIMALS)
+    values = np.round(validated_orders(orders), _GRID_DECIMALS)
     sorted_orders = canonical_orders(values)
     require(len(sorted_orders) == values.size,
             f"orders must be distinct, got a repeated order among {values.tolist()[:8]}")

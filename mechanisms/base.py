@@ -4,32 +4,78 @@ from mechanisms to mechanisms (autodp's design), so the accountant needs no isin
 from __future__ import annotations
 
 import abc
+import functools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from accounting.curve import RdpCurve
 from accounting.errors import require, require_int_at_least
-from accounting.orders import DEFAULT_ORDERS, canonical_orders
+from accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from accounting.relation import NeighbouringRelation
+
+
+def _checked_rdp_values(rdp_values):
+    """Wrap a subclass's rdp_values: orders validated on the way in (finite, > 1), values on the
+    way out (one per order, never NaN, never negative), so no mechanism can return a NaN or a
+    negative privacy loss, whatever its formula does."""
+
+    @functools.wraps(rdp_values)
+    def checked(self, orders):
+        orders = validated_orders(orders)
+        values = np.asarray(rdp_values(self, orders), dtype=np.float64)
+        require(values.shape == orders.shape,
+                f"{type(self).__name__}.rdp_values must give one value per order, got shape {values.shape}")
+        nan = np.isnan(values)
+        if np.any(nan):
+            raise ValueError(f"{type(self).__name__} gave a NaN RDP value at order {float(orders[nan][0]):g}")
+        if np.any(values < 0):
+            raise ValueError(f"{type(self).__name__} gave a negative RDP value {float(values.min())!r}")
+        return values
+
+    return checked
+
+
+def set_validated(spec: Any, **fields: Any) -> None:
+    """Store validated (converted) field values on a frozen dataclass, so that e.g. "2" never
+    survives validation as a string."""
+    for name, value in fields.items():
+        object.__setattr__(spec, name, value)
+
+
+def require_relation(relation: Any) -> NeighbouringRelation:
+    require(isinstance(relation, NeighbouringRelation), f"relation must be a NeighbouringRelation, got {relation!r}")
+    return relation
+
+
+def require_mechanism(name: str, mechanism: Any) -> "Mechanism":
+    require(isinstance(mechanism, Mechanism), f"{name} must be a Mechanism, got {type(mechanism).__name__}")
+    return mechanism
 
 
 class Mechanism(abc.ABC):
     """A randomised algorithm with a known RDP curve for one neighbouring relation.
 
     Subclasses are frozen dataclasses implementing `rdp_values`; `data_dependent` is True when the
-    curve depends on the private data (then it is a data-dependent loss, seed Definition 2.4).
+    curve depends on the private data (then it is a data-dependent loss, Papernot et al. 2018,
+    Definition 5). Every subclass's `rdp_values` is wrapped so that its orders and values are checked.
     """
 
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
     data_dependent: bool = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "rdp_values" in cls.__dict__ and not getattr(cls.__dict__["rdp_values"], "__isabstractmethod__", False):
+            cls.rdp_values = _checked_rdp_values(cls.__dict__["rdp_values"])
 
     @abc.abstractmethod
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         """RDP epsilon at each order (a float64 array, +inf where no guarantee)."""
 
     def rdp_curve(self, orders: Sequence[float] = DEFAULT_ORDERS) -> RdpCurve:
+        """This mechanism's RDP curve on `orders` (sorted, repeats merged)."""
         orders = canonical_orders(orders)
         values = np.asarray(self.rdp_values(np.asarray(orders, dtype=np.float64)), dtype=np.float64)
         return RdpCurve(orders, values, self.relation, self.data_dependent)
@@ -42,7 +88,9 @@ class ComposedMechanism(Mechanism):
     parts: tuple[Mechanism, ...]
 
     def __post_init__(self) -> None:
-        require(len(self.parts) > 0, "a composition needs at least one mechanism")
+        require(isinstance(self.parts, (tuple, list)) and len(self.parts) > 0,
+                f"a composition needs a non-empty sequence of mechanisms, got {self.parts!r}")
+        set_validated(self, parts=tuple(require_mechanism(f"part {i}", p) for i, p in enumerate(self.parts)))
         relations = {part.relation for part in self.parts}
         require(len(relations) == 1,
                 f"cannot compose mechanisms for different neighbouring relations: {sorted(map(str, relations))}")
@@ -67,7 +115,8 @@ class SelfComposedMechanism(Mechanism):
     times: int
 
     def __post_init__(self) -> None:
-        require_int_at_least("times", self.times, 0)
+        set_validated(self, mechanism=require_mechanism("mechanism", self.mechanism),
+                      times=require_int_at_least("times", self.times, 0))
 
     @property
     def relation(self) -> NeighbouringRelation:  # type: ignore[override]

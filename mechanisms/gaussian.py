@@ -7,7 +7,7 @@ import numpy as np
 
 from accounting.errors import require, require_in_closed, require_positive
 from accounting.relation import NeighbouringRelation
-from mechanisms.base import Mechanism
+from mechanisms.base import Mechanism, require_relation, set_validated
 
 
 @dataclass(frozen=True)
@@ -22,11 +22,13 @@ class GaussianMechanism(Mechanism):
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
 
     def __post_init__(self) -> None:
-        require_positive("noise_multiplier", self.noise_multiplier)
-        require_positive("l2_sensitivity", self.l2_sensitivity)
+        set_validated(self, noise_multiplier=require_positive("noise_multiplier", self.noise_multiplier),
+                      l2_sensitivity=require_positive("l2_sensitivity", self.l2_sensitivity),
+                      relation=require_relation(self.relation))
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        return orders / (2.0 * self.noise_multiplier ** 2)
+        # float64 division: a tiny noise multiplier gives +inf ("no guarantee"), never OverflowError
+        return orders / (2.0 * np.float64(self.noise_multiplier) ** 2)
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,8 @@ class PoissonSubsampledGaussian(Mechanism):
     sampling_probability: float
 
     def __post_init__(self) -> None:
-        require_positive("noise_multiplier", self.noise_multiplier)
-        require_in_closed("sampling_probability", self.sampling_probability, 0.0, 1.0)
+        set_validated(self, noise_multiplier=require_positive("noise_multiplier", self.noise_multiplier),
+                      sampling_probability=require_in_closed("sampling_probability", self.sampling_probability, 0.0, 1.0))
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         from dp_accounting.rdp import rdp_privacy_accountant
@@ -61,9 +63,10 @@ class PoissonSubsampledGaussian(Mechanism):
                 self.sampling_probability, self.noise_multiplier, at)
             values = np.atleast_1d(np.asarray(values, dtype=np.float64))
             require(not bool(np.any(np.isnan(values))), "dp-accounting returned a NaN RDP value")
-            return values
+            # RDP is >= 0; dp-accounting's log-space sums can round to -1e-313 (q = 1e-300)
+            return np.maximum(values, 0.0)
 
         at_order = dp_accounting_rdp(orders)
         at_ceiling = dp_accounting_rdp(np.ceil(orders))
-        unsampled = orders / (2.0 * self.noise_multiplier ** 2)
+        unsampled = orders / (2.0 * np.float64(self.noise_multiplier) ** 2)
         return np.minimum(np.minimum(at_order, at_ceiling), unsampled)

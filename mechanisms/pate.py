@@ -18,10 +18,10 @@ from scipy.special import logsumexp
 from scipy.stats import norm
 
 from accounting.curve import RdpCurve
-from accounting.errors import require, require_non_negative, require_positive
-from accounting.orders import DEFAULT_ORDERS, canonical_orders
+from accounting.errors import require, require_bool, require_non_negative, require_positive
+from accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from accounting.relation import DivergenceDirection, NeighbouringRelation
-from mechanisms.base import Mechanism
+from mechanisms.base import Mechanism, require_relation, set_validated
 
 
 def validated_counts(counts) -> np.ndarray:
@@ -38,13 +38,9 @@ def validated_counts(counts) -> np.ndarray:
     return counts
 
 
-def _validated_orders(orders) -> np.ndarray:
-    orders = np.asarray(orders, dtype=np.float64)
-    require(orders.ndim == 1 and orders.size > 0, f"orders must be a non-empty 1-D array, got shape {orders.shape}")
-    bad = ~(np.isfinite(orders) & (orders > 1))
-    if np.any(bad):
-        raise ValueError(f"every Renyi order must be finite and > 1, got {orders[bad][0]!r}")
-    return orders
+def require_generator(rng) -> np.random.Generator:
+    require(isinstance(rng, np.random.Generator), f"rng must be a numpy Generator (np.random.default_rng(seed)), got {rng!r}")
+    return rng
 
 
 def _log_union_bound(gaps: np.ndarray, sigma: float) -> float:
@@ -89,7 +85,8 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: np.ndarray) -> 
 
     Direction: this bounds D_a(M(D) || M(D')) for every neighbour D' of the histogram D at which
     Pr[M(D) != j*] <= exp(log_q) (DivergenceDirection.FROM_ACTUAL); see `GNMax.data_dependent_rdp`
-    for the symmetric bound. log_q must be finite and <= 0 (q~ = 0 is impossible with Gaussian noise).
+    for the symmetric bound. log_q must be <= 0 and not NaN; -inf (q~ underflowed) is the limit 0,
+    reported as the smallest positive float.
 
     With mu2 = sigma sqrt(log(1/q~)), mu1 = mu2 + 1, eps_i = mu_i / sigma^2 (GNMax's own RDP at mu_i),
     for every order a < mu1, if mu2 > 1, q~ < e^{-eps2} and
@@ -98,16 +95,22 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: np.ndarray) -> 
       A = (1 - q~) / (1 - (q~ e^{eps2})^{(mu2-1)/mu2}),  B = e^{eps1} / q~^{1/(mu1-1)}.
     Outside those conditions only the data-independent alpha / sigma^2 is used.
     """
-    sigma = require_positive("sigma", sigma)
-    orders = _validated_orders(orders)
+    sigma = np.float64(require_positive("sigma", sigma))  # float64: a tiny sigma gives inf, never ZeroDivisionError
+    orders = validated_orders(orders)
+    if isinstance(log_q, (str, bytes, bool)):
+        raise ValueError(f"log_q must be a real number, got {log_q!r}")
     try:
         log_q = float(log_q)
     except (TypeError, ValueError):
         raise ValueError(f"log_q must be a real number, got {log_q!r}") from None
-    require(math.isfinite(log_q) and log_q <= 0.0, f"log_q must be finite and <= 0 (log of a probability), got {log_q!r}")
+    require(log_q <= 0.0, f"log_q must be <= 0 and not NaN (log of a probability), got {log_q!r}")
     independent = orders / sigma ** 2
     if log_q == 0.0:
         return independent
+    if log_q == -math.inf:
+        # q~ below the smallest float (a gap of ~1e154 sigma): the bound tends to 0 as q~ -> 0 at
+        # every order (A -> 1, q~ B^(a-1) -> 0); report the smallest positive float, rounded up.
+        return np.minimum(independent, np.finfo(np.float64).smallest_subnormal)
     mu2 = sigma * math.sqrt(-log_q)
     mu1 = mu2 + 1.0
     eps1, eps2 = mu1 / sigma ** 2, mu2 / sigma ** 2
@@ -134,10 +137,10 @@ class GNMax(Mechanism):
     relation: NeighbouringRelation = NeighbouringRelation.REPLACE_ONE
 
     def __post_init__(self) -> None:
-        require_positive("sigma", self.sigma)
+        set_validated(self, sigma=require_positive("sigma", self.sigma), relation=require_relation(self.relation))
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        return _validated_orders(orders) / self.sigma ** 2
+        return orders / np.float64(self.sigma) ** 2
 
     def data_dependent_rdp(self, counts, orders: np.ndarray,
                            direction: DivergenceDirection = DivergenceDirection.BOTH) -> np.ndarray:
@@ -164,6 +167,7 @@ class GNMax(Mechanism):
 
     def aggregate(self, counts, rng: np.random.Generator) -> int:
         counts = validated_counts(counts)
+        require_generator(rng)
         return int(np.argmax(counts + rng.normal(0.0, self.sigma, size=counts.shape)))
 
 
@@ -182,12 +186,12 @@ class ConfidentGNMax(Mechanism):
     relation: NeighbouringRelation = NeighbouringRelation.REPLACE_ONE
 
     def __post_init__(self) -> None:
-        require_non_negative("threshold", self.threshold)
-        require_positive("sigma_threshold", self.sigma_threshold)
-        require_positive("sigma", self.sigma)
+        set_validated(self, threshold=require_non_negative("threshold", self.threshold),
+                      sigma_threshold=require_positive("sigma_threshold", self.sigma_threshold),
+                      sigma=require_positive("sigma", self.sigma), relation=require_relation(self.relation))
 
     def screen_rdp(self, orders: np.ndarray) -> np.ndarray:
-        return orders / (2.0 * self.sigma_threshold ** 2)
+        return validated_orders(orders) / (2.0 * np.float64(self.sigma_threshold) ** 2)
 
     def answer_rdp(self, orders: np.ndarray) -> np.ndarray:
         return GNMax(self.sigma).rdp_values(orders)
@@ -199,13 +203,15 @@ class ConfidentGNMax(Mechanism):
                            direction: DivergenceDirection = DivergenceDirection.BOTH) -> np.ndarray:
         """Screening (data-independent) plus, if answered, GNMax's data-dependent bound in `direction`
         (Papernot et al. 2018, Theorem 6; see GNMax.data_dependent_rdp)."""
-        orders = _validated_orders(orders)
+        orders = validated_orders(orders)
         counts = validated_counts(counts)
+        answered = require_bool("answered", answered)
         screen = self.screen_rdp(orders)
         return screen + GNMax(self.sigma).data_dependent_rdp(counts, orders, direction) if answered else screen
 
     def aggregate(self, counts, rng: np.random.Generator) -> int | None:
         counts = validated_counts(counts)
+        require_generator(rng)
         if counts.max() + rng.normal(0.0, self.sigma_threshold) < self.threshold:
             return None
         return GNMax(self.sigma).aggregate(counts, rng)

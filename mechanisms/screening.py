@@ -7,7 +7,7 @@ import numpy as np
 
 from accounting.errors import require_in_closed, require_int_at_least, require_non_negative, require_order, require_positive
 from accounting.relation import NeighbouringRelation
-from mechanisms.base import Mechanism
+from mechanisms.base import Mechanism, require_relation, set_validated
 
 
 @dataclass(frozen=True)
@@ -40,19 +40,19 @@ class NoisyScreening(Mechanism):
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
 
     def __post_init__(self) -> None:
-        require_int_at_least("teachers", self.teachers, 1)
-        require_in_closed("lam", self.lam, 0.0, 1.0)
-        require_positive("sigma", self.sigma)
-        require_order("alpha", self.alpha)
-        require_non_negative("threshold", self.threshold)
-        require_int_at_least("top_k", self.top_k, 1)
+        set_validated(self, teachers=require_int_at_least("teachers", self.teachers, 1),
+                      lam=require_in_closed("lam", self.lam, 0.0, 1.0), sigma=require_positive("sigma", self.sigma),
+                      alpha=require_order("alpha", self.alpha),
+                      threshold=require_non_negative("threshold", self.threshold),
+                      top_k=require_int_at_least("top_k", self.top_k, 1), relation=require_relation(self.relation))
 
     @property
     def l2_sensitivity(self) -> float:
         return self.lam * np.sqrt(2.0) / self.teachers
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        return (self.lam / (self.teachers * self.sigma)) ** 2 * orders
+        # float64: sigma = 1e-300 gives +inf ("no guarantee"), never OverflowError
+        return (np.float64(self.lam) / (self.teachers * np.float64(self.sigma))) ** 2 * orders
 
     def statistics(self, teachers, public, generator):
         """Screening statistics of L queries at once (seed Algorithm 1; SPEC section 4): teachers

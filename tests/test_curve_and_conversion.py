@@ -60,7 +60,7 @@ def test_invalid_curve_values_are_refused(bad, message):
 
 
 def test_orders_must_exceed_one():
-    with pytest.raises(ValueError, match="must be > 1, got min 1"):
+    with pytest.raises(ValueError, match="must be finite and > 1, got 1.0"):
         RdpCurve((1.0, 2.0), np.zeros(2))
 
 
