@@ -3,16 +3,16 @@
 Composition under a fixed budget is a privacy filter (Feldman & Zrnic 2021, Theorem 3.1: an RDP
 filter with adaptively chosen data-independent per-step curves is valid as long as the running sum
 never exceeds the budget curve). Checking a *data-dependent* total against a budget leaks private
-information (Redberg et al. 2023; seed section 3.1), so it is refused unless the caller opts in
+information (Redberg et al. 2023), so it is refused unless the caller opts in
 with `allow_data_dependent=True`, which the ledger records.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-from accounting.conversion import ConversionMethod, epsilon_from_rdp
+from accounting.conversion import ConversionMethod, conversion_method, epsilon_from_rdp
 from accounting.curve import RdpCurve
-from accounting.errors import require, require_in_open, require_positive
+from accounting.errors import require, require_bool, require_in_open, require_positive
 from accounting.orders import DEFAULT_ORDERS
 from accounting.relation import NeighbouringRelation
 
@@ -25,18 +25,20 @@ class RdpBudget:
                  method: ConversionMethod = ConversionMethod.IMPROVED, allow_data_dependent: bool = False):
         self.epsilon = require_positive("epsilon", epsilon)
         self.delta = require_in_open("delta", delta, 0.0, 1.0)
-        self.method = method
-        self.allow_data_dependent = bool(allow_data_dependent)
+        self.method = conversion_method(method)
+        self.allow_data_dependent = require_bool("allow_data_dependent", allow_data_dependent)
         self.spent = RdpCurve.zero(orders, relation)
         self.data_dependent_checks = 0
 
     def _check_allowed(self, curve: RdpCurve) -> None:
+        require(isinstance(curve, RdpCurve), f"curve must be an RdpCurve, got {type(curve).__name__}")
         if curve.data_dependent and not self.allow_data_dependent:
             raise ValueError(
                 "checking a data-dependent loss against a budget leaks private information "
                 "(Redberg et al. 2023); construct RdpBudget(..., allow_data_dependent=True) to opt in")
 
     def epsilon_after(self, curve: RdpCurve) -> float:
+        require(isinstance(curve, RdpCurve), f"curve must be an RdpCurve, got {type(curve).__name__}")
         return epsilon_from_rdp(self.spent + curve, self.delta, self.method).epsilon
 
     def can_afford(self, curve: RdpCurve) -> bool:

@@ -12,7 +12,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from accounting.errors import require, require_int_at_least
+from accounting.errors import require, require_bool, require_int_at_least
 from accounting.orders import DEFAULT_ORDERS, canonical_orders, paired_orders
 from accounting.relation import DivergenceDirection, NeighbouringRelation
 
@@ -52,6 +52,7 @@ class RdpCurve:
                 f"relation must be a NeighbouringRelation, got {self.relation!r}")
         require(isinstance(self.direction, DivergenceDirection),
                 f"direction must be a DivergenceDirection, got {self.direction!r}")
+        require_bool("data_dependent", self.data_dependent)
         values = values[permutation]  # each value stays with its own order
         values.setflags(write=False)
         object.__setattr__(self, "orders", orders)
@@ -125,8 +126,11 @@ class RdpCurve:
 
 def compose_curves(curves: Iterable[RdpCurve]) -> RdpCurve:
     """Sum of a non-empty sequence of curves on one grid and relation."""
+    require(hasattr(curves, "__iter__"), f"compose_curves needs an iterable of RdpCurve, got {curves!r}")
     curves = list(curves)
     require(len(curves) > 0, "compose_curves needs at least one curve")
+    for index, curve in enumerate(curves):
+        require(isinstance(curve, RdpCurve), f"curve {index} must be an RdpCurve, got {type(curve).__name__}")
     total = curves[0]
     for curve in curves[1:]:
         total = total + curve

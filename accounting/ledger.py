@@ -15,7 +15,7 @@ import numpy as np
 
 from accounting.conversion import ConversionMethod, EpsilonConversion, epsilon_from_rdp
 from accounting.curve import RdpCurve
-from accounting.errors import require, require_int_at_least
+from accounting.errors import require, require_bool, require_int_at_least
 from accounting.orders import DEFAULT_ORDERS, paired_orders
 from accounting.relation import DivergenceDirection, NeighbouringRelation
 
@@ -88,7 +88,8 @@ class PrivacyLedger:
 
     def charge(self, components: Mapping[str, RdpCurve]) -> None:
         """Charge one step: every named component's curve is added to its running total."""
-        require(len(components) > 0, "a step must charge at least one component")
+        require(isinstance(components, Mapping) and len(components) > 0,
+                f"a step must charge a non-empty mapping of component name to RdpCurve, got {components!r}")
         for name, curve in components.items():
             require(isinstance(curve, RdpCurve), f"component {name!r} must be an RdpCurve, got {type(curve).__name__}")
             require(curve.orders == self.orders, f"component {name!r} is on a different order grid than the ledger")
@@ -103,10 +104,16 @@ class PrivacyLedger:
         """Charge a block of steps: each component maps to (values[steps, orders], data_dependent),
         the columns in the order the ledger's orders were given; `directions` names the components
         that bound fewer than both directions."""
-        require(len(components) > 0, "a block must charge at least one component")
+        require(isinstance(components, Mapping) and len(components) > 0,
+                f"a block must charge a non-empty mapping of component name to (values, data_dependent), got {components!r}")
         steps = None
-        for name, (values, _) in components.items():
-            values = np.asarray(values, dtype=np.float64)
+        for name, entry in components.items():
+            require(isinstance(entry, tuple) and len(entry) == 2,
+                    f"component {name!r} must be (values[steps, orders], data_dependent), got {entry!r}")
+            require_bool(f"component {name!r} data_dependent", entry[1])
+            raw = np.asarray(entry[0])
+            require(raw.dtype.kind in "biuf", f"component {name!r} values must be numbers, got dtype {raw.dtype}")
+            values = raw.astype(np.float64)
             require(values.ndim == 2 and values.shape[1] == len(self.orders),
                     f"component {name!r} values must have shape (steps, {len(self.orders)}), got {values.shape}")
             require(not bool(np.any(np.isnan(values))), f"component {name!r} has NaN RDP values")

@@ -15,8 +15,8 @@ import numpy as np
 from accounting.curve import RdpCurve
 from accounting.orders import DEFAULT_ORDERS, canonical_orders
 from accounting.relation import NeighbouringRelation
-from mechanisms.distributions import validated_lambdas
-from mechanisms.pmixed import PMixED, _validated_ensemble
+from mechanisms.distributions import validated_ensemble, validated_lambdas
+from mechanisms.pmixed import PMixED
 from mechanisms.screening import NoisyScreening
 
 
@@ -28,7 +28,7 @@ def data_dependent_pmixed_values(teachers, public, lambdas, orders: Sequence[flo
 
     from mechanisms.kernels import leave_one_out_divergences, mixed_teachers
 
-    teachers_np, public_np = _validated_ensemble(teachers, public, None)
+    teachers_np, public_np = validated_ensemble(teachers, public, None)
     lambdas_np = validated_lambdas(lambdas, teachers_np)
     mixed = mixed_teachers(torch.from_numpy(teachers_np), torch.from_numpy(public_np), torch.from_numpy(lambdas_np))
     orders_t = torch.tensor(canonical_orders(orders), dtype=torch.float64)
@@ -40,7 +40,7 @@ def data_dependent_pmixed_curve(pmixed: PMixED, teachers, public, lambdas=None,
                                 orders: Sequence[float] = DEFAULT_ORDERS) -> RdpCurve:
     """One step's data-dependent PMixED loss over the whole order grid (Flemings et al. 2024, Eq. 3):
     a remove-one bound covering both divergence directions."""
-    teachers_np, public_np = _validated_ensemble(teachers, public, pmixed.teachers)
+    teachers_np, public_np = validated_ensemble(teachers, public, pmixed.teachers)
     if lambdas is None:
         lambdas = pmixed.mixing_weights(teachers_np, public_np)
     orders = canonical_orders(orders)
@@ -60,6 +60,9 @@ class AdaPMixED:
     screening: NoisyScreening
 
     def __post_init__(self) -> None:
+        if not isinstance(self.pmixed, PMixED) or not isinstance(self.screening, NoisyScreening):
+            raise ValueError(f"AdaPMixED needs a PMixED and a NoisyScreening, got {type(self.pmixed).__name__} "
+                             f"and {type(self.screening).__name__}")
         if self.screening.teachers != self.pmixed.teachers:
             raise ValueError(f"screening teachers ({self.screening.teachers}) must equal PMixED teachers "
                              f"({self.pmixed.teachers})")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from accounting.curve import RdpCurve
+from accounting.errors import require
 from accounting.relation import NeighbouringRelation
 from mechanisms.base import Mechanism
 
@@ -18,6 +19,9 @@ class CustomCurveMechanism(Mechanism):
 
     curve: RdpCurve
     name: str = "custom"
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.curve, RdpCurve), f"curve must be an RdpCurve, got {type(self.curve).__name__}")
 
     @property
     def relation(self) -> NeighbouringRelation:  # type: ignore[override]

@@ -19,7 +19,7 @@ def as_float64_array(name: str, values, min_ndim: int = 1) -> np.ndarray:
         values = values.detach().cpu().double().numpy()
     array = np.asarray(values, dtype=np.float64)
     require(array.ndim >= min_ndim, f"{name} must have at least {min_ndim} axes (last = vocabulary), got shape {array.shape}")
-    require(array.shape[-1] > 0, f"{name} must have a non-empty vocabulary axis, got shape {array.shape}")
+    require(array.size > 0, f"{name} must not be empty, got shape {array.shape}")
     require(not bool(np.any(np.isnan(array))), f"{name} must not contain NaN")
     require(bool(np.all(np.isfinite(array))), f"{name} must be finite")
     smallest = float(array.min())
@@ -44,3 +44,17 @@ def validated_lambdas(lambdas, teachers: np.ndarray) -> np.ndarray:
     if np.any(bad):
         raise ValueError(f"lambdas must be in [0, 1], got {lam[bad].flat[0]!r}")
     return lam
+
+
+def validated_ensemble(teachers, public, expected_teachers: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """teachers (..., N, V) and public (..., V) as validated float64 distributions with matching
+    batch and vocabulary axes (and N = expected_teachers when given)."""
+    teachers_np = as_float64_array("teachers", teachers, min_ndim=2)
+    public_np = as_float64_array("public", public)
+    require_same_vocabulary("teachers", teachers_np, "public", public_np)
+    if expected_teachers is not None:
+        require(teachers_np.shape[-2] == expected_teachers,
+                f"teachers must hold N={expected_teachers} distributions on axis -2, got {teachers_np.shape[-2]}")
+    require(public_np.shape[:-1] == teachers_np.shape[:-2],
+            f"public batch shape {public_np.shape[:-1]} must match teachers' {teachers_np.shape[:-2]}")
+    return teachers_np, public_np

@@ -1,9 +1,9 @@
-"""Renyi divergence between next-token distributions (SPEC section 1), numpy or torch in, same out."""
+"""Renyi divergence between next-token distributions (van Erven & Harremoes 2014), numpy or torch in, same out."""
 from __future__ import annotations
 
 import numpy as np
 
-from accounting.errors import require, require_order
+from accounting.errors import require, require_bool, require_order
 from mechanisms.distributions import as_float64_array, require_same_vocabulary
 
 
@@ -28,8 +28,13 @@ def renyi_divergence(p, q, alpha, symmetric: bool = False):
         np.broadcast_shapes(p_array.shape, q_array.shape)
     except ValueError:
         raise ValueError(f"p and q must have broadcastable shapes, got {p_array.shape} and {q_array.shape}") from None
-    alpha_array = np.asarray(alpha, dtype=np.float64)
-    require(alpha_array.ndim <= 1, f"alpha must be a scalar or a 1-D sequence of orders, got shape {alpha_array.shape}")
+    symmetric = require_bool("symmetric", symmetric)
+    if isinstance(alpha, (str, bytes)):
+        raise ValueError(f"alpha must be a Renyi order > 1 or a 1-D sequence of them, got {alpha!r}")
+    alpha_array = np.asarray(alpha)
+    require(alpha_array.dtype.kind in "biuf" and alpha_array.ndim <= 1 and alpha_array.size > 0,
+            f"alpha must be a Renyi order > 1 or a non-empty 1-D sequence of them, got {alpha!r}")
+    alpha_array = alpha_array.astype(np.float64)
     for value in np.atleast_1d(alpha_array):
         require_order("alpha", value)
     log_p = torch.log(torch.from_numpy(p_array))

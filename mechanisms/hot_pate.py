@@ -11,17 +11,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accounting.errors import require, require_finite, require_int_at_least, require_positive
+from accounting.errors import require, require_bool, require_finite, require_int_at_least, require_positive
 from accounting.relation import NeighbouringRelation
-from mechanisms.base import Mechanism
+from mechanisms.base import Mechanism, require_relation, set_validated
 from mechanisms.distributions import as_float64_array
-from mechanisms.pate import validated_counts
+from mechanisms.pate import require_generator, validated_counts
 
 
 def vote_histogram(votes, vocabulary_size: int) -> np.ndarray:
     """c_j = #{i : y_i = j} for each token j; votes (..., N) -> counts (..., V)."""
+    vocabulary_size = require_int_at_least("vocabulary_size", vocabulary_size, 1)
     votes = np.asarray(votes)
     require(np.issubdtype(votes.dtype, np.integer), f"votes must be integer token ids, got dtype {votes.dtype}")
+    require(votes.ndim >= 1 and votes.shape[-1] > 0, f"votes must have a non-empty teacher axis, got shape {votes.shape}")
     require(bool(np.all((votes >= 0) & (votes < vocabulary_size))), f"votes must lie in [0, {vocabulary_size})")
     flat = votes.reshape(-1, votes.shape[-1])
     counts = np.zeros((flat.shape[0], vocabulary_size), dtype=np.int64)
@@ -39,7 +41,10 @@ def cast_votes(teachers, coordinated: bool, seed: int) -> np.ndarray:
     from mechanisms.kernels import coordinated_votes
 
     probs = torch.from_numpy(as_float64_array("teachers", teachers, min_ndim=2))
-    generator = torch.Generator().manual_seed(int(seed))
+    coordinated = require_bool("coordinated", coordinated)
+    seed = require_int_at_least("seed", seed, 0)
+    require(seed < 2 ** 63, f"seed must be < 2**63, got {seed}")
+    generator = torch.Generator().manual_seed(seed)
     if coordinated:
         return coordinated_votes(probs, generator).numpy()
     flat = probs.reshape(-1, probs.shape[-1])
@@ -68,7 +73,7 @@ class Targmax(_ThresholdPrivateOnly):
     threshold: int
 
     def __post_init__(self) -> None:
-        require_int_at_least("threshold", self.threshold, 1)
+        set_validated(self, threshold=require_int_at_least("threshold", self.threshold, 1))
 
     def aggregate(self, counts) -> int | None:
         counts = validated_counts(counts)
@@ -87,8 +92,8 @@ class ThresholdWeightedSampler(_ThresholdPrivateOnly):
     gamma: float
 
     def __post_init__(self) -> None:
-        require_int_at_least("threshold", self.threshold, 1)
-        require_at_least_one_finite("gamma", self.gamma)
+        set_validated(self, threshold=require_int_at_least("threshold", self.threshold, 1),
+                      gamma=require_at_least_one_finite("gamma", self.gamma))
 
     def probabilities(self, counts) -> np.ndarray:
         """Per-token output probabilities (the failure probability is 1 minus their sum)."""
@@ -99,6 +104,7 @@ class ThresholdWeightedSampler(_ThresholdPrivateOnly):
 
     def aggregate(self, counts, rng: np.random.Generator) -> int | None:
         probs = self.probabilities(counts)
+        require_generator(rng)
         draw = rng.random()
         cumulative = np.cumsum(probs)
         index = int(np.searchsorted(cumulative, draw, side="right"))
@@ -121,15 +127,16 @@ class DPWeightedSampler(Mechanism):
     relation: NeighbouringRelation = NeighbouringRelation.REPLACE_ONE
 
     def __post_init__(self) -> None:
-        require_positive("sigma", self.sigma)
-        require_positive("threshold", self.threshold)
-        require_at_least_one_finite("gamma", self.gamma)
+        set_validated(self, sigma=require_positive("sigma", self.sigma),
+                      threshold=require_positive("threshold", self.threshold),
+                      gamma=require_at_least_one_finite("gamma", self.gamma), relation=require_relation(self.relation))
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        return orders / self.sigma ** 2
+        return orders / np.float64(self.sigma) ** 2
 
     def aggregate(self, counts, rng: np.random.Generator) -> int | None:
         counts = validated_counts(counts)
+        require_generator(rng)
         noisy = np.maximum(counts + rng.normal(0.0, self.sigma, size=counts.shape), 0.0)
         passing = np.where(noisy >= self.threshold, noisy, 0.0)
         normaliser = max(counts.sum() / self.gamma, passing.sum())  # counts.sum() = n, public under replace-one

@@ -1,7 +1,7 @@
 """Vectorised kernels (torch interfaces; the divergence's inner loop runs in numpy on the CPU):
 log-space Renyi divergences, PMixED mixing weights, leave-one-out losses, coordinated votes.
 
-All arithmetic is float64 in log space (SPEC section 1; pitfall 10): D_a(P||Q) is
+All arithmetic is float64 in log space (float32 underflows at high orders): D_a(P||Q) is
 1/(a-1) * logsumexp_j(log Q_j + a (log P_j - log Q_j)); P_j^a is never formed. Terms with
 P_j = Q_j = 0 contribute 0; P_j > 0 = Q_j gives +inf (pitfall 9: never NaN -> 0).
 """
@@ -88,13 +88,17 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
 
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(run_chunks, [starts[i::workers] for i in range(workers)]))
+    nan = np.isnan(result)
+    if np.any(nan):  # a NaN input (e.g. a NaN logit) would otherwise pass np.maximum as NaN, or worse
+        raise ValueError(f"Renyi divergence is NaN in row {int(np.argmax(nan.any(axis=-1)))}: an input "
+                         "distribution holds NaN or inf")
     # Rounding can leave -1e-17 for identical inputs; divergences are >= 0 (Theorem 8, ibid.).
     np.maximum(result, 0.0, out=result)
     return torch.from_numpy(result.reshape(*batch_shape, orders_np.size)).to(device)
 
 
 def symmetric_renyi_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
-    """max(D_a(P||Q), D_a(Q||P)) per order (seed Definition of D<->, SPEC section 1)."""
+    """max(D_a(P||Q), D_a(Q||P)) per order (the symmetric divergence of Flemings et al. 2024)."""
     return torch.maximum(renyi_divergence_orders(log_p, log_q, orders), renyi_divergence_orders(log_q, log_p, orders))
 
 

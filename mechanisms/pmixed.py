@@ -16,8 +16,8 @@ from accounting.errors import (require, require_in_closed, require_int_at_least,
                                require_order, require_positive)
 from accounting.orders import DEFAULT_ORDERS, canonical_orders
 from accounting.relation import NeighbouringRelation
-from mechanisms.base import Mechanism
-from mechanisms.distributions import as_float64_array, require_same_vocabulary, validated_lambdas
+from mechanisms.base import Mechanism, require_relation, set_validated
+from mechanisms.distributions import validated_ensemble, validated_lambdas
 from mechanisms.subsampling import amplified_rdp
 
 
@@ -63,11 +63,15 @@ def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers
     teachers = require_int_at_least("teachers", teachers, 1)
     per_query = epsilon_budget / queries
     if teachers == 1:
-        return per_query / alpha
-    # log(N e^x + 1 - N) = log(N) + x + log1p((1 - N) e^{-x} / N), stable for small and large x.
-    x = (alpha - 1.0) * per_query
-    inner = math.log(teachers) + x + math.log1p((1.0 - teachers) * math.exp(-x) / teachers)
-    return inner / (4.0 * (alpha - 1.0) * alpha)
+        beta = per_query / alpha
+    else:
+        # log(N e^x + 1 - N) = log(N) + x + log1p((1 - N) e^{-x} / N), stable for small and large x.
+        x = (alpha - 1.0) * per_query
+        inner = math.log(teachers) + x + math.log1p((1.0 - teachers) * math.exp(-x) / teachers)
+        beta = inner / (4.0 * (alpha - 1.0) * alpha)
+    require(math.isfinite(beta), f"beta overflows for epsilon_budget={epsilon_budget:g}, queries={queries}, "
+                                 f"alpha={alpha:g}: choose a smaller budget per query or order")
+    return beta
 
 
 @dataclass(frozen=True)
@@ -85,9 +89,9 @@ class PMixED(Mechanism):
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
 
     def __post_init__(self) -> None:
-        require_order("alpha", self.alpha)
-        require_non_negative("beta", self.beta)
-        require_int_at_least("teachers", self.teachers, 1)
+        set_validated(self, alpha=require_order("alpha", self.alpha), beta=require_non_negative("beta", self.beta),
+                      teachers=require_int_at_least("teachers", self.teachers, 1),
+                      relation=require_relation(self.relation))
 
     @property
     def radius(self) -> float:
@@ -111,29 +115,17 @@ class PMixED(Mechanism):
 
         from mechanisms.kernels import mixing_weights
 
-        teachers_np, public_np = _validated_ensemble(teachers, public, self.teachers)
+        teachers_np, public_np = validated_ensemble(teachers, public, self.teachers)
         lambdas = mixing_weights(torch.from_numpy(teachers_np), torch.from_numpy(public_np), self.alpha, self.radius)
         return lambdas.numpy()
 
     def output_distribution(self, teachers, public, lambdas=None) -> np.ndarray:
         """p = mean_i (lambda_i p_i + (1 - lambda_i) p0), the distribution PMixED samples from."""
-        teachers_np, public_np = _validated_ensemble(teachers, public, self.teachers)
+        teachers_np, public_np = validated_ensemble(teachers, public, self.teachers)
         if lambdas is None:
             lambdas = self.mixing_weights(teachers_np, public_np)
         lam = validated_lambdas(lambdas, teachers_np)[..., None]
         return (lam * teachers_np + (1.0 - lam) * public_np[..., None, :]).mean(axis=-2)
-
-
-def _validated_ensemble(teachers, public, expected_teachers: int | None) -> tuple[np.ndarray, np.ndarray]:
-    teachers_np = as_float64_array("teachers", teachers, min_ndim=2)
-    public_np = as_float64_array("public", public)
-    require_same_vocabulary("teachers", teachers_np, "public", public_np)
-    if expected_teachers is not None:
-        require(teachers_np.shape[-2] == expected_teachers,
-                f"teachers must hold N={expected_teachers} distributions on axis -2, got {teachers_np.shape[-2]}")
-    require(public_np.shape[:-1] == teachers_np.shape[:-2],
-            f"public batch shape {public_np.shape[:-1]} must match teachers' {teachers_np.shape[:-2]}")
-    return teachers_np, public_np
 
 
 class SubsamplingVariant(enum.Enum):
@@ -204,11 +196,14 @@ class SubsampledPMixED(Mechanism):
     realised_size: int | None = None
 
     def __post_init__(self) -> None:
-        require_in_closed("sampling_probability", self.sampling_probability, 0.0, 1.0)
-        object.__setattr__(self, "variant", subsampling_variant(self.variant))
+        require(isinstance(self.pmixed, PMixED), f"pmixed must be a PMixED, got {type(self.pmixed).__name__}")
+        set_validated(self, sampling_probability=require_in_closed("sampling_probability", self.sampling_probability,
+                                                                   0.0, 1.0),
+                      variant=subsampling_variant(self.variant))
         if self.variant.uses_realised_sizes:
             require(self.realised_size is not None, f"variant {self.variant} needs realised_size")
-            require_int_at_least("realised_size", self.realised_size, 0)
+        if self.realised_size is not None:
+            set_validated(self, realised_size=require_int_at_least("realised_size", self.realised_size, 0))
             require(self.realised_size <= self.pmixed.teachers,
                     f"realised_size must be <= teachers ({self.pmixed.teachers}), got {self.realised_size}")
             if self.sampling_probability in (0.0, 1.0):
@@ -247,17 +242,20 @@ def subsampling_variant(value: SubsamplingVariant | str) -> SubsamplingVariant:
 
 def realised_subsample_sizes(teachers: int, sampling_probability: float, queries: int, seed: int) -> np.ndarray:
     """m_t ~ Binomial(N, q) for each query, from numpy's PCG64 seeded with `seed` (reproducible)."""
-    require_int_at_least("teachers", teachers, 1)
-    require_in_closed("sampling_probability", sampling_probability, 0.0, 1.0)
-    require_int_at_least("queries", queries, 1)
+    teachers = require_int_at_least("teachers", teachers, 1)
+    sampling_probability = require_in_closed("sampling_probability", sampling_probability, 0.0, 1.0)
+    queries = require_int_at_least("queries", queries, 1)
+    seed = require_int_at_least("seed", seed, 0)
     return np.random.default_rng(seed).binomial(teachers, sampling_probability, size=queries)
 
 
 def subsampled_pmixed_curve(pmixed: PMixED, sampling_probability: float, variant: SubsamplingVariant | str,
                             queries: int, seed: int = 0, orders: Sequence[float] = DEFAULT_ORDERS) -> RdpCurve:
     """Composed curve of `queries` subsampled PMixED queries (realised variants draw sizes with `seed`)."""
+    require(isinstance(pmixed, PMixED), f"pmixed must be a PMixED, got {type(pmixed).__name__}")
     variant = subsampling_variant(variant)
     queries = require_int_at_least("queries", queries, 1)
+    seed = require_int_at_least("seed", seed, 0)
     orders = canonical_orders(orders)
     if not variant.uses_realised_sizes:
         return SubsampledPMixED(pmixed, sampling_probability, variant).rdp_curve(orders).composed(queries)

@@ -5,9 +5,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accounting.errors import require_in_closed, require_int_at_least, require_non_negative, require_order, require_positive
+from accounting.errors import require, require_in_closed, require_int_at_least, require_non_negative, require_order, require_positive
 from accounting.relation import NeighbouringRelation
 from mechanisms.base import Mechanism, require_relation, set_validated
+from mechanisms.distributions import validated_ensemble
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,11 @@ class NoisyScreening(Mechanism):
 
         teachers = torch.as_tensor(teachers, dtype=torch.float64)
         public = torch.as_tensor(public, dtype=torch.float64)
+        # the charge uses N = self.teachers: a smaller ensemble would be under-charged
+        require(teachers.ndim >= 2 and teachers.shape[-2] == self.teachers,
+                f"teachers must hold N={self.teachers} distributions on axis -2, got shape {tuple(teachers.shape)}")
+        require(public.shape[-1] == teachers.shape[-1] and tuple(public.shape[:-1]) == tuple(teachers.shape[:-2]),
+                f"public shape {tuple(public.shape)} does not match teachers {tuple(teachers.shape)}")
         top = self.top_indices(public)
         teacher_top = torch.gather(teachers, -1, top.unsqueeze(-2).expand(*teachers.shape[:-1], top.shape[-1]))
         public_top = torch.gather(public, -1, top)
@@ -98,5 +104,7 @@ class NoisyScreening(Mechanism):
         """One query: teachers (N, V), public (V,)."""
         import torch
 
-        statistic = float(self.statistics(torch.as_tensor(teachers)[None], torch.as_tensor(public)[None], generator)[0])
+        teachers, public = validated_ensemble(teachers, public, self.teachers)
+        require(isinstance(generator, torch.Generator), f"generator must be a torch.Generator, got {generator!r}")
+        statistic = float(self.statistics(torch.from_numpy(teachers)[None], torch.from_numpy(public)[None], generator)[0])
         return ScreeningOutcome(statistic, statistic <= self.threshold)

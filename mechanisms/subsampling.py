@@ -27,9 +27,10 @@ from typing import Callable
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
-from accounting.errors import require, require_in_closed
+from accounting.errors import require, require_bool, require_in_closed
+from accounting.orders import validated_orders
 from accounting.relation import NeighbouringRelation
-from mechanisms.base import Mechanism
+from mechanisms.base import Mechanism, require_mechanism, set_validated
 
 
 def _base_values(base_epsilon: Callable[[np.ndarray], np.ndarray], at: np.ndarray) -> np.ndarray:
@@ -53,9 +54,9 @@ def amplified_rdp(sampling_probability: float, base_epsilon: Callable[[np.ndarra
     0 * inf = NaN.
     """
     q = require_in_closed("sampling_probability", sampling_probability, 0.0, 1.0)
-    orders = np.asarray(orders, dtype=np.float64)
-    require(orders.ndim == 1 and orders.size > 0, f"orders must be a non-empty 1-D array, got shape {orders.shape}")
-    require(bool(np.all(np.isfinite(orders) & (orders > 1))), f"every Renyi order must be finite and > 1, got {orders}")
+    orders = validated_orders(orders)
+    general = require_bool("general", general)
+    require(callable(base_epsilon), f"base_epsilon must be a function of the orders, got {base_epsilon!r}")
     if q == 0.0:
         return np.zeros_like(orders)
     integer_orders = np.maximum(2, np.ceil(orders - 1e-12)).astype(np.int64)
@@ -97,7 +98,9 @@ class PoissonSubsampledMechanism(Mechanism):
     general: bool = True
 
     def __post_init__(self) -> None:
-        require_in_closed("sampling_probability", self.sampling_probability, 0.0, 1.0)
+        set_validated(self, mechanism=require_mechanism("mechanism", self.mechanism),
+                      sampling_probability=require_in_closed("sampling_probability", self.sampling_probability, 0.0, 1.0),
+                      general=require_bool("general", self.general))
         require(not self.mechanism.data_dependent,
                 "Poisson amplification of a data-dependent mechanism is not known to be sound "
                 "(Zhu et al. 2020); account it without subsampling")
