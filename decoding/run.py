@@ -331,8 +331,10 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
             prev_hash = trace.chain_records(block_records, prev_hash)
             if config.replay_payload:
                 trace.write_replay(out, block, logits=logits.numpy(), context=contexts)
-            trace.write_chunk(out, block, block_records)  # the commit point
+            # charged (and so validated: no NaN, no negative value) before the commit point, so a bad
+            # charge never reaches the trace
             running.charge_many({name: (outcome.charged[name], dep) for name, dep in prepared.runner.components.items()})
+            trace.write_chunk(out, block, block_records)  # the commit point
             step += len(block_records)
             bar.update(len(block_records))
             with np.errstate(all="ignore"):

@@ -3,7 +3,8 @@
 The public API: Renyi divergences, RDP curves and their composition, conversions to
 (epsilon, delta), the ledger, budgets, and the mechanism specs.
 """
-from accounting import (Breakdown, ConversionMethod, DEFAULT_ORDERS, EpsilonConversion, GridEdgeWarning,
+from accounting import (Breakdown, ConversionMethod, DEFAULT_ORDERS, DeltaConversion, DivergenceDirection,
+                        EpsilonConversion, GridEdgeWarning,
                         NeighbouringRelation, PrivacyLedger, RdpBudget, RdpCurve, compose_curves, default_orders,
                         delta_from_rdp, epsilon_from_rdp)
 from mechanisms import (AdaPMixED, ConfidentGNMax, CustomCurveMechanism, DPWeightedSampler, GaussianMechanism, GNMax,
@@ -16,7 +17,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdaPMixED", "Breakdown", "ConfidentGNMax", "ConversionMethod", "CustomCurveMechanism", "DEFAULT_ORDERS",
-    "DPWeightedSampler", "EpsilonConversion", "GNMax", "GaussianMechanism", "GridEdgeWarning", "Mechanism",
+    "DPWeightedSampler", "DeltaConversion", "DivergenceDirection", "EpsilonConversion", "GNMax", "GaussianMechanism", "GridEdgeWarning", "Mechanism",
     "NeighbouringRelation", "NoisyScreening", "PMixED", "PoissonSubsampledGaussian", "PrivacyLedger", "RdpBudget",
     "RdpCurve", "SubsampledPMixED", "SubsamplingVariant", "Targmax", "ThresholdWeightedSampler", "beta_from_budget",
     "compose", "compose_curves", "data_dependent_pmixed_curve", "default_orders", "delta_from_rdp",

@@ -42,7 +42,7 @@ def validated_lambdas(lambdas, teachers: np.ndarray) -> np.ndarray:
             f"lambdas must have one weight per teacher, shape {teachers.shape[:-1]}, got {lam.shape}")
     bad = ~((lam >= 0) & (lam <= 1))  # NaN fails both comparisons
     if np.any(bad):
-        raise ValueError(f"lambdas must be in [0, 1], got {lam[bad].flat[0]!r}")
+        raise ValueError(f"lambdas must be in [0, 1], got {float(lam[bad].flat[0])!r}")
     return lam
 
 

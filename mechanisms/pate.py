@@ -34,7 +34,7 @@ def validated_counts(counts) -> np.ndarray:
         bad = ~np.isfinite(counts) | (counts < 0) | (counts != np.round(counts))
     if np.any(bad):
         index = int(np.argmax(bad))
-        raise ValueError(f"counts must be finite non-negative integers, got {counts[index]!r} at index {index}")
+        raise ValueError(f"counts must be finite non-negative integers, got {float(counts[index])!r} at index {index}")
     return counts
 
 
@@ -125,7 +125,10 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: np.ndarray) -> 
     bound = np.logaddexp(log_1mq + (orders - 1.0) * log_a, log_q + (orders - 1.0) * log_b) / (orders - 1.0)
     require(not bool(np.any(np.isnan(bound))), f"Theorem 6 bound is NaN at log_q={log_q!r}, sigma={sigma!r}")
     valid = orders < mu1
-    return np.where(valid, np.minimum(independent, np.maximum(bound, 0.0)), independent)
+    # neighbouring GNMax output laws always differ, so the bound is > 0: a value that underflows is
+    # rounded up to the smallest float, never to 0 (an all-zero curve would convert to epsilon 0)
+    return np.where(valid, np.minimum(independent, np.maximum(bound, np.finfo(np.float64).smallest_subnormal)),
+                    independent)
 
 
 @dataclass(frozen=True)

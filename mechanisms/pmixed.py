@@ -35,12 +35,12 @@ def theorem_3_1_epsilon(alpha, beta: float, teachers) -> np.ndarray:
     """
     alpha = np.asarray(alpha, dtype=np.float64)
     if np.any(~np.isfinite(alpha) | (alpha <= 1)):
-        raise ValueError(f"alpha (Renyi order) must be finite and > 1, got {alpha[~np.isfinite(alpha) | (alpha <= 1)].flat[0]!r}")
+        raise ValueError(f"alpha (Renyi order) must be finite and > 1, got {float(alpha[~np.isfinite(alpha) | (alpha <= 1)].flat[0])!r}")
     beta = require_non_negative("beta", beta)
     n = np.asarray(teachers, dtype=np.float64)
     bad_n = ~np.isfinite(n) | (n < 0) | (n != np.round(n))
     if np.any(bad_n):
-        raise ValueError(f"teachers must be integers >= 0, got {n[bad_n].flat[0]!r}")
+        raise ValueError(f"teachers must be integers >= 0, got {float(n[bad_n].flat[0])!r}")
     exponent = 4.0 * beta * alpha * (alpha - 1.0)
     # log((N - 1 + e^x) / N) = log1p(expm1(x) / N): exact 0 at x = 0 and no cancellation for small x;
     # for x > 700 (expm1 overflows) the same value is x - log N + log1p((N - 1) e^{-x}).
