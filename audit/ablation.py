@@ -28,6 +28,7 @@ from scipy.stats import beta as beta_distribution
 
 from accounting.conversion import epsilon_from_rdp
 from accounting.curve import RdpCurve
+from accounting.errors import require
 from accounting.orders import canonical_orders
 from accounting.relation import NeighbouringRelation
 from audit.checks import CheckResult, skipped, verdict
@@ -113,7 +114,11 @@ def clopper_pearson(successes: np.ndarray, trials: int, confidence: float) -> tu
 
 
 def point_mass_adversaries(output: torch.Tensor, public: torch.Tensor) -> torch.Tensor:
-    """(L, 3) candidate tokens for an added point-mass teacher (see ADVERSARY_LABELS)."""
+    """(L, 3) candidate tokens for an added point-mass teacher (see ADVERSARY_LABELS); ValueError
+    where either law holds a NaN (argmin / argmax would pick it: torch ranks NaN above every number)."""
+    for name, law in (("output", output), ("public", public)):
+        rows = torch.nonzero(law.isnan().any(dim=-1))[:, 0].tolist()
+        require(not rows, f"point-mass adversaries: the {name} distribution holds NaN at rows {rows[:5]}")
     return torch.stack([output.argmin(-1), public.argmin(-1), public.argmax(-1)], dim=-1)
 
 
@@ -192,19 +197,25 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
     forward = np.zeros((len(removed) + 3, len(grid)))
     backward = np.zeros_like(forward)
     halfwidths = []
+    labels = [f"remove teacher {i}" for i in removed] + list(ADVERSARY_LABELS)
     for _, records, logits in trace.iter_payload():
         divergences, halfwidth = block_divergences(trace, records, logits, removed, orders_t, mc_samples, generator,
                                                       confidence)
+        nan = torch.nonzero(divergences.isnan())
+        if len(nan):  # a NaN is an undefined divergence, not "infinite leakage": name where it appears
+            direction, row, neighbour, order = nan[0].tolist()
+            divergence = ("D(M(D) || M(D'))", "D(M(D') || M(D))")[direction]
+            raise ValueError(f"neighbour ablation: {divergence} is NaN at step {records[row]['step']}, neighbour "
+                             f"'{labels[neighbour]}', order {grid[order]:g} ({len(nan)} NaN entries in this block)")
         forward += divergences[0].sum(dim=0).numpy()
         backward += divergences[1].sum(dim=0).numpy()
         if halfwidth is not None:
             halfwidths.append(halfwidth)
-    labels = [f"remove teacher {i}" for i in removed] + list(ADVERSARY_LABELS)
     epsilons, best_orders = [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for row in range(len(labels)):
-            values = np.nan_to_num(np.maximum(forward[row], backward[row]), nan=np.inf, posinf=np.inf)
+            values = np.maximum(forward[row], backward[row])
             result = epsilon_from_rdp(RdpCurve(grid, values, NeighbouringRelation.ADD_OR_REMOVE_ONE, True), delta)
             epsilons.append(result.epsilon)
             best_orders.append(result.order)
@@ -221,6 +232,7 @@ def check_ablation(trace: LoadedTrace, teachers_sample: int | None = None, mc_sa
         return skipped("neighbour_ablation", "needs the exact-replay payload"), None
     delta = trace.manifest["config"]["deltas"][0]
     claimed = next(e["epsilon"] for e in trace.ledger["epsilon"] if e["method"] == "improved" and e["delta"] == delta)
+    require(not math.isnan(claimed), f"neighbour ablation: the claimed epsilon in ledger.json at delta={delta:g} is NaN")
     result = run_ablation(trace, delta, teachers_sample, mc_samples, seed=seed)
     # A data-dependent loss (seed Eq. 3 / Definition 2.4) is stated for removing a teacher of the
     # realised ensemble only; data-independent bounds cover add and remove (SPEC section 0).

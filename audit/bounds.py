@@ -1,4 +1,4 @@
-"""Bound checks: the theorems as assertions, per step (SPEC section 7)."""
+"""Bound checks: the theorems of Flemings et al. 2024 (PMixED and AdaPMixED) as assertions, per step."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +24,8 @@ def _recorded_lambdas(records: list[dict]) -> torch.Tensor:
 
 def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
     """Every mixed teacher lambda p_i + (1-lambda) p0 lies in the Renyi ball of radius beta*alpha
-    (seed Algorithm 2), using the recorded lambdas and the replayed distributions."""
+    (Flemings et al. 2024, Algorithm 2), using the recorded lambdas and the replayed distributions;
+    a NaN divergence (e.g. from a NaN lambda) is outside."""
     if not _uses_pmixed(trace):
         return skipped("mixing_ball", f"mechanism {trace.mechanism_type} mixes no teachers")
     if not trace.has_payload:
@@ -36,17 +37,20 @@ def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
         public, teachers = Ensemble.split_distributions(logits)
         mixed = mixed_teachers(teachers, public, _recorded_lambdas(records))
         divergence = symmetric_renyi_orders(torch.log(mixed), torch.log(public).unsqueeze(-2), order)[..., 0]
-        worst = max(worst, float(divergence.max()))
-        for row, teacher in zip(*np.nonzero(divergence.numpy() > radius * (1 + BALL_TOLERANCE) + 1e-12)):
+        worst = float(np.maximum(worst, float(divergence.max())))  # not max(): it would skip a NaN
+        # `not <=` so that a NaN divergence counts as outside the ball
+        for row, teacher in zip(*np.nonzero(~(divergence.numpy() <= radius * (1 + BALL_TOLERANCE) + 1e-12))):
             outside.append(f"step {records[row]['step']} teacher {teacher}: D<-> = {float(divergence[row, teacher]):.6g}")
     return verdict("mixing_ball", not outside,
                    f"every mixed teacher is within the ball: max D<->_{alpha:g} = {worst:.6g} <= {radius:g}",
-                   f"{len(outside)} mixed teachers leave the ball of radius {radius:g}: " + "; ".join(outside[:5]),
+                   f"{len(outside)} mixed teachers leave the ball of radius {radius:g} or have a NaN divergence: "
+                   + "; ".join(outside[:5]),
                    max_divergence=worst, radius=radius, outside=len(outside))
 
 
 def check_screening_cost(trace: LoadedTrace) -> CheckResult:
-    """Each step's screening charge equals (lam / (N sigma))^2 * alpha' at every order (seed Thm 4.1)."""
+    """Each step's screening charge equals (lam / (N sigma))^2 * alpha' at every order (Flemings et al.
+    2024 (AdaPMixED), Theorem 4.1)."""
     if "screen" not in trace.components:
         return skipped("screening_cost", "the run has no screening step")
     p = trace.params
@@ -61,8 +65,9 @@ def check_screening_cost(trace: LoadedTrace) -> CheckResult:
 
 
 def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
-    """The charged data-dependent loss equals seed Eq. 3, max_i max(D(p||p_-i), D(p_-i||p)), on every
-    step that was answered by PMixED (both directions: pitfall of a one-direction loss)."""
+    """The charged data-dependent loss equals Flemings et al. 2024 (AdaPMixED), Eq. 3,
+    max_i max(D(p||p_-i), D(p_-i||p)), on every step that was answered by PMixED (both directions:
+    pitfall of a one-direction loss); a NaN charge or Eq. 3 value on an answered step fails."""
     if "pmixed_data_dependent" not in trace.components:
         return skipped("data_dependent_eq3", "the run charges no data-dependent loss")
     if not trace.has_payload:
@@ -76,44 +81,56 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
         charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
         answered = np.asarray([r["screen_passed"] for r in records])
         gap = np.where(answered[:, None], (expected - charged) / np.maximum(expected, 1e-300), 0.0)
-        worst = max(worst, float(np.max(gap)))
-        for row in np.nonzero(np.any(gap > 1e-9, axis=1))[0]:
-            under.append(f"step {records[row]['step']}: charged {charged[row].max():.6g} < Eq. 3 {expected[row].max():.6g}")
-    return verdict("data_dependent_eq3", not under, "every answered step is charged at least seed Eq. 3 in both directions",
-                   f"{len(under)} steps are charged less than seed Eq. 3: " + "; ".join(under[:5]),
+        worst = float(np.maximum(worst, np.max(gap)))  # not max(): it would skip a NaN
+        for row in np.nonzero(np.any(~(gap <= 1e-9), axis=1))[0]:  # `not <=`: a NaN gap fails too
+            nan = [field for field, values in (("rdp_pmixed_data_dependent", charged[row]), ("Eq. 3", expected[row]))
+                   if np.isnan(values).any()]
+            under.append(f"step {records[row]['step']}: " + (f"{' and '.join(nan)} NaN" if nan else
+                         f"charged {charged[row].max():.6g} < Eq. 3 {expected[row].max():.6g}"))
+    return verdict("data_dependent_eq3", not under, "every answered step is charged at least Eq. 3 in both directions",
+                   f"{len(under)} answered steps are charged less than Eq. 3 or hold a NaN: " + "; ".join(under[:5]),
                    worst_relative_shortfall=worst, undercharged_steps=len(under))
 
 
 def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
-    """Steps where the data-dependent loss exceeds Theorem 3.1 (not guaranteed, SPEC section 3) are
-    counted; the run fails only where it charged Theorem 3.1 at such a step."""
+    """Steps where the data-dependent loss exceeds Theorem 3.1 (Flemings et al. 2024; not guaranteed:
+    its proof's Theorem A.5 needs the ball at every order, the projection enforces one) are counted;
+    the run fails where it charged Theorem 3.1 at such a step, or where either loss is NaN."""
     if not _uses_pmixed(trace):
         return skipped("theorem_3_1", f"mechanism {trace.mechanism_type} makes no Theorem 3.1 claim")
     alpha = trace.params["alpha"]
     within = trace.orders <= alpha + 1e-12
-    observed = np.asarray([r["observed_data_dependent"] for r in trace.records])[:, within]
-    bound = np.asarray([r["data_independent"] for r in trace.records])[:, within]
+    observed = np.asarray([r["observed_data_dependent"] for r in trace.records], dtype=np.float64)
+    bound = np.asarray([r["data_independent"] for r in trace.records], dtype=np.float64)
+    nan_causes = []
+    for field, values in (("observed_data_dependent", observed), ("data_independent", bound)):
+        steps = [int(r["step"]) for r, row in zip(trace.records, values) if np.isnan(row).any()]
+        if steps:
+            nan_causes.append(f"{field} is NaN at steps {steps[:5]}")
+    observed, bound = observed[:, within], bound[:, within]
     exceeds = np.any(observed > bound * (1 + 1e-9), axis=1)
     charged_names = [n for n in trace.components if n.startswith("pmixed_theorem_3_1") or n.startswith("pmixed_subsampled")]
     charged_there = [int(r["step"]) for r, e in zip(trace.records, exceeds)
                      if e and any(np.any(np.asarray(r[f"rdp_{n}"]) > 0) for n in charged_names)]
     ratio = float(np.max(observed / np.maximum(bound, 1e-300)))
-    return verdict("theorem_3_1", not charged_there,
+    return verdict("theorem_3_1", not charged_there and not nan_causes,
                    f"{int(exceeds.sum())} of {len(exceeds)} steps have a data-dependent loss above Theorem 3.1's "
                    f"value (max ratio {ratio:.3g}); none of them was charged Theorem 3.1",
+                   "; ".join(nan_causes) if nan_causes else
                    f"{len(charged_there)} steps were charged Theorem 3.1 although their data-dependent loss exceeds it "
-                   f"(first: {charged_there[:5]}); Theorem 3.1 is not guaranteed (SPEC section 3)",
+                   f"(first: {charged_there[:5]}); Theorem 3.1 is not guaranteed",
                    exceeding_steps=int(exceeds.sum()), charged_exceeding_steps=len(charged_there), max_ratio=ratio)
 
 
 def check_utility_bound(trace: LoadedTrace) -> CheckResult:
-    """seed Theorem 4.3: NLL(lambda) - NLL(all lambda = 1) <= max_t max_j (1 - lambda_jt) log(p_j(x_t) / p0(x_t)),
-    on the recorded teacher-forced steps with the recorded lambdas."""
+    """Flemings et al. 2024, Theorem 4.3: NLL(lambda) - NLL(all lambda = 1) <= max_t max_j (1 - lambda_jt)
+    log(p_j(x_t) / p0(x_t)), on the recorded teacher-forced steps with the recorded lambdas; a NaN in
+    either side fails, naming the steps."""
     if not _uses_pmixed(trace):
         return skipped("utility_theorem_4_3", f"mechanism {trace.mechanism_type} has no mixing weights")
     if trace.manifest["data"]["stream"] != "teacher-forced" or not trace.has_payload:
         return skipped("utility_theorem_4_3", "needs teacher-forced steps and the exact-replay payload")
-    nll_mixed, nll_ensemble, right = [], [], -np.inf
+    nll_mixed, nll_ensemble, right, nan_steps = [], [], -np.inf, []
     for _, records, logits in trace.iter_payload():
         public, teachers = Ensemble.split_distributions(logits)
         lambdas = _recorded_lambdas(records)
@@ -124,9 +141,15 @@ def check_utility_bound(trace: LoadedTrace) -> CheckResult:
         mixed_true = lambdas * p_true + (1 - lambdas) * p0_true[:, None]
         nll_mixed.append(-torch.log(mixed_true.mean(dim=1)))
         nll_ensemble.append(-torch.log(p_true.mean(dim=1)))
-        right = max(right, float(((1 - lambdas) * torch.log(p_true / p0_true[:, None])).max()))
+        # The term vanishes at lambda = 1 even where p_j(x_t) underflows to 0 (0 * -inf is NaN, not 0).
+        term = torch.where(lambdas == 1, 0.0, (1 - lambdas) * torch.log(p_true / p0_true[:, None]))
+        nan_rows = term.isnan().any(dim=1) | mixed_true.isnan().any(dim=1)
+        nan_steps += [records[row]["step"] for row in torch.nonzero(nan_rows)[:, 0].tolist()]
+        right = float(np.maximum(right, float(term.max())))  # not max(): it would skip a NaN
     gap = float(torch.cat(nll_mixed).mean() - torch.cat(nll_ensemble).mean())
-    return verdict("utility_theorem_4_3", gap <= right + 1e-9,
+    return verdict("utility_theorem_4_3", not nan_steps and gap <= right + 1e-9,
                    f"NLL gap to the all-lambda=1 ensemble {gap:.4g} <= Theorem 4.3's bound {right:.4g}",
+                   f"NaN in the mixed probability of the true token or Theorem 4.3's terms at steps "
+                   f"{nan_steps[:5]}" if nan_steps else
                    f"NLL gap {gap:.4g} exceeds Theorem 4.3's bound {right:.4g}: recorded lambdas are inconsistent",
                    nll_gap=gap, bound=right)

@@ -26,6 +26,17 @@ class Finding:
         return dict(vars(self))
 
 
+def _nan_fields(record: dict, screened: bool) -> list[str]:
+    """The record's numeric fields holding a NaN, except the trace's "not applicable" markers: the
+    screening statistic of a run without screening, the true token's probability where there is no
+    true token (generated text)."""
+    markers = {"screen_statistic"} if not screened else set()
+    if record["true_token"] < 0:
+        markers.add("prob_true_token")
+    return [name for name, value in record.items() if name not in markers and not isinstance(value, str)
+            and np.isnan(np.asarray(value, dtype=np.float64)).any()]
+
+
 def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Finding]:
     params, kind = trace.params, trace.mechanism_type
     variant = SubsamplingVariant(params["subsampling_variant"]) if params.get("sample_rate") is not None else None
@@ -78,11 +89,15 @@ def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Find
     findings.append(Finding(8, "screening sensitivity or ensemble size wrong", False, "info",
                             "checked per step by screening_cost (charge = (lam/(N sigma))^2 * order with the run's N)"
                             if "screen" in trace.components else "no screening step"))
-    nan_steps = [r["step"] for r in trace.records
-                 if any(np.isnan(np.asarray(r[f"rdp_{n}"], dtype=float)).any() for n in trace.components)]
-    findings.append(Finding(9, "NaN divergences becoming 0", bool(nan_steps), "high" if nan_steps else "info",
-                            f"NaN charges at steps {nan_steps[:5]}" if nan_steps else
-                            "no NaN charge in the trace; the kernels map 0/0 terms to 0 and support violations to +inf"))
+    nan_fields = {}
+    for record in trace.records:
+        for name in _nan_fields(record, "screen" in trace.components):
+            nan_fields.setdefault(name, []).append(record["step"])
+    findings.append(Finding(9, "NaN divergences becoming 0", bool(nan_fields), "high" if nan_fields else "info",
+                            "NaN in the per-step records: " + "; ".join(f"{name} at steps {steps[:5]}"
+                                                                          for name, steps in nan_fields.items())
+                            if nan_fields else "no NaN in any numeric per-step field; the kernels map 0/0 terms to 0 "
+                            "and support violations to +inf"))
     findings.append(Finding(10, "float32 underflow in high-order divergences", False, "info",
                             "divergences are computed from float64 log-probabilities in log space (logsumexp)"))
     findings.append(Finding(11, "budgets reset per run and epsilon averaged", False, "info",

@@ -36,13 +36,21 @@ def check_step_count(trace: LoadedTrace) -> CheckResult:
 
 
 def _close(a, b, rtol=RTOL) -> bool:
+    """Equal within rtol, with +-inf equal only to itself; a NaN on either side is a mismatch."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
+    if a.shape != b.shape or np.isnan(a).any() or np.isnan(b).any():
         return False
     same_inf = np.isinf(a) == np.isinf(b)
     finite = np.isfinite(a) & np.isfinite(b)
     return bool(np.all(same_inf) and np.all(np.isinf(a) <= (a == b))
                 and np.allclose(a[finite], b[finite], rtol=rtol, atol=1e-300))
+
+
+def _nan_note(recorded, recomputed) -> str:
+    """Which side of a comparison holds a NaN ("" when neither), for the mismatch message."""
+    sides = [side for side, values in (("recorded", recorded), ("recomputed", recomputed))
+             if np.isnan(np.asarray(values, dtype=np.float64)).any()]
+    return f" (NaN {' and '.join(sides)})" if sides else ""
 
 
 def check_ledger_recompute(trace: LoadedTrace) -> CheckResult:
@@ -61,7 +69,7 @@ def check_ledger_recompute(trace: LoadedTrace) -> CheckResult:
             with np.errstate(invalid="ignore"):  # inf - inf where both are "no guarantee"
                 worst = np.nanmax(np.abs(np.asarray(values, dtype=float) - recomputed) /
                                   np.maximum(np.abs(recomputed), 1e-300), initial=0.0)
-            mismatched.append(f"{name}: relative difference up to {worst:.3g}")
+            mismatched.append(f"{name}: relative difference up to {worst:.3g}{_nan_note(values, recomputed)}")
     return verdict("ledger_recompute", not mismatched,
                    f"every component total ({', '.join(trace.components)}) equals the sum of its per-step charges",
                    "ledger.json disagrees with the per-step records: " + "; ".join(mismatched),
@@ -79,7 +87,7 @@ def check_conversion(trace: LoadedTrace) -> CheckResult:
             expected = epsilon_from_rdp(ledger.total_curve(), entry["delta"], ConversionMethod(entry["method"])).epsilon
             if not _close([entry["epsilon"]], [expected]):
                 problems.append(f"{entry['method']} at delta={entry['delta']:g}: reported {entry['epsilon']!r}, "
-                                f"the composed curve gives {expected!r}")
+                                f"the composed curve gives {expected!r}{_nan_note(entry['epsilon'], expected)}")
     rows = trace.ledger.get("breakdown", {}).get("rows", [])
     if rows:
         parts = sum(r["epsilon"] for r in rows[:-1])
@@ -108,22 +116,27 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
             where = f"step {record['step']}"
             if outcome.lambdas is not None:
                 gap = float(np.max(np.abs(np.asarray(record["lambdas"]) - outcome.lambdas[row])))
-                worst["lambdas"] = max(worst["lambdas"], gap)
-                if gap > LAMBDA_ATOL:
-                    mismatches.append(f"{where}: mixing weights differ by {gap:.3g}")
+                # np.maximum, not max(): a NaN gap must reach the evidence, not be skipped
+                worst["lambdas"] = float(np.maximum(worst["lambdas"], gap))
+                if not np.isfinite(gap) or gap > LAMBDA_ATOL:
+                    mismatches.append(f"{where}: mixing weights differ by {gap:.3g}"
+                                      f"{_nan_note(record['lambdas'], outcome.lambdas[row])}")
             if outcome.screen_statistic is not None:
-                recorded = record["screen_statistic"]
-                gap = abs(recorded - outcome.screen_statistic[row]) / max(abs(outcome.screen_statistic[row]), 1e-300)
-                worst["screen_statistic"] = max(worst["screen_statistic"], gap)
-                if not _close([recorded], [outcome.screen_statistic[row]]) or record["screen_passed"] != bool(outcome.screen_passed[row]):
-                    mismatches.append(f"{where}: screening statistic {recorded:.6g} recorded, {outcome.screen_statistic[row]:.6g} replayed")
+                recorded, replayed = record["screen_statistic"], outcome.screen_statistic[row]
+                gap = abs(recorded - replayed) / np.maximum(abs(replayed), 1e-300)
+                worst["screen_statistic"] = float(np.maximum(worst["screen_statistic"], gap))
+                if not _close([recorded], [replayed]) or record["screen_passed"] != bool(outcome.screen_passed[row]):
+                    mismatches.append(f"{where}: screening statistic {recorded:.6g} recorded, {replayed:.6g} replayed"
+                                      f"{_nan_note(recorded, replayed)}")
             for name in trace.components:
                 if not _close(record[f"rdp_{name}"], outcome.charged[name][row]):
-                    mismatches.append(f"{where}: charged {name} differs from the mechanism's")
+                    mismatches.append(f"{where}: charged {name} differs from the mechanism's"
+                                      f"{_nan_note(record[f'rdp_{name}'], outcome.charged[name][row])}")
             if int(tokens[row]) != record["output_token"]:
                 mismatches.append(f"{where}: output token {record['output_token']} recorded, {int(tokens[row])} replayed")
             if record["true_token"] >= 0 and not _close([record["prob_true_token"]], [output[row, record["true_token"]]]):
-                mismatches.append(f"{where}: probability of the true token differs")
+                mismatches.append(f"{where}: probability of the true token differs"
+                                  f"{_nan_note(record['prob_true_token'], output[row, record['true_token']])}")
         if len(mismatches) > 50:
             break
     source = "the exact-replay payload" if trace.logits_source == "payload" else "the run's models, re-run"

@@ -1,5 +1,5 @@
 """Sampled audits: a distinguishing game between neighbouring ensembles gives a Clopper-Pearson
-lower bound on epsilon (SPEC section 7), which must stay at or below the claimed epsilon.
+lower bound on epsilon (Jagielski et al. 2020), which must stay at or below the claimed epsilon.
 
 For an (epsilon, delta)-DP mechanism and any test S: Pr[S | D] <= e^eps Pr[S | D'] + delta and
 Pr[not S | D'] <= e^eps Pr[not S | D] + delta (Kairouz et al. 2015; Jagielski et al. 2020). With
@@ -39,8 +39,12 @@ class GameResult:
 
 
 def epsilon_lower_bound(hits_in: int, hits_out: int, trials: int, delta: float, confidence: float = 0.95) -> float:
-    """Clopper-Pearson lower bound on epsilon from a distinguishing game (module docstring)."""
-    require_int_at_least("trials", trials, 1)
+    """Clopper-Pearson lower bound on epsilon from a distinguishing game (module docstring).
+    ValueError unless trials >= 1, 0 <= hits_in, hits_out <= trials, and delta, confidence in (0, 1)."""
+    trials = require_int_at_least("trials", trials, 1)
+    for name, hits in (("hits_in", hits_in), ("hits_out", hits_out)):
+        require(require_int_at_least(name, hits, 0) <= trials, f"{name} must be <= trials ({trials}), got {hits}")
+    require_in_open("delta", delta, 0.0, 1.0)
     require_in_open("confidence", confidence, 0.0, 1.0)
     # a two-sided interval at `confidence` leaves (1 - confidence) / 2 in each tail; we use one tail of each
     tpr_low, _ = clopper_pearson(np.array([hits_in]), trials, confidence)
@@ -98,7 +102,11 @@ def canary_query(tokenizer, ensemble, canary: dict) -> tuple[list[int], int]:
     others = torch.cat([teachers[0, positions, :canary["teacher"]], teachers[0, positions, canary["teacher"] + 1:]],
                        dim=1)[torch.arange(len(positions)), :, targets].mean(dim=1)
     baseline = torch.maximum(public[0, positions, targets], others)
-    best = int(torch.argmax(torch.log(owner) - torch.log(baseline)))
+    score = torch.log(owner) - torch.log(baseline)
+    # argmax would pick a NaN (torch ranks it above every number)
+    require(not score.isnan().any(), f"canary query: the teacher-vs-baseline log ratio is NaN at context positions "
+            f"{(positions[score.isnan()] + offset).tolist()} (a NaN, or a zero probability on both sides)")
+    best = int(torch.argmax(score))
     position = int(positions[best])
     return window[:position + 1], int(targets[best])
 
@@ -127,6 +135,9 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
     context, target = canary_query(tokenizer, ensemble, canary)
     logits = ensemble.logits(torch.tensor([context]))[:, 0, -1:]                # (N+1, 1, V)
     delta = trace.manifest["config"]["deltas"][0]
+    run_claim = next(e["epsilon"] for e in trace.ledger["epsilon"] if e["method"] == "improved" and e["delta"] == delta)
+    # min(one_query, NaN) below would silently ignore a NaN claim
+    require(not math.isnan(run_claim), f"canary game: the claimed epsilon in ledger.json at delta={delta:g} is NaN")
     keep = [i for i in range(trace.n_teachers) if i != canary["teacher"]]
     runner_in = trace.runner()
     runner_out = build_runner({"type": trace.mechanism_type,
@@ -160,7 +171,6 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
         one_query = epsilon_from_rdp(RdpCurve(trace.manifest["orders"], claimed_one["curve"],
                                               NeighbouringRelation(trace.manifest["relation"]),
                                               any(trace.components.values())), delta).epsilon
-    run_claim = next(e["epsilon"] for e in trace.ledger["epsilon"] if e["method"] == "improved" and e["delta"] == delta)
     ok = result.epsilon_lower_bound <= min(one_query, run_claim) + 1e-12
     evidence = {**result.to_dict(), "canary_teacher": canary["teacher"], "target_token": int(target),
                 "claimed_one_query_epsilon": one_query, "claimed_run_epsilon": run_claim}

@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 
 from accounting.conversion import epsilon_from_rdp  # noqa: E402
 from accounting.curve import RdpCurve  # noqa: E402
+from accounting.errors import require  # noqa: E402
 from accounting.relation import NeighbouringRelation  # noqa: E402
 from reports.run_data import RunData  # noqa: E402
 
@@ -25,9 +26,13 @@ def _png(figure) -> bytes:
 
 
 def _charged(run: RunData) -> np.ndarray:
-    """Per-step charged curves (steps, orders), all components summed."""
-    return np.sum([np.asarray([r[f"rdp_{name}"] for r in run.records], dtype=np.float64)
-                   for name in run.manifest["mechanism"]["components"]], axis=0)
+    """Per-step charged curves (steps, orders), all components summed; ValueError naming the steps
+    where a charge is NaN (a histogram would drop it)."""
+    charged = np.sum([np.asarray([r[f"rdp_{name}"] for r in run.records], dtype=np.float64)
+                      for name in run.manifest["mechanism"]["components"]], axis=0)
+    nan_steps = [r["step"] for r, row in zip(run.records, charged) if np.isnan(row).any()]
+    require(not nan_steps, f"{run.directory}: the charged RDP is NaN at steps {nan_steps[:5]}")
+    return charged
 
 
 def cumulative_epsilon_series(run: RunData, per_step: np.ndarray, points: int = 64) -> tuple[np.ndarray, np.ndarray]:
@@ -98,6 +103,8 @@ def plot_step_loss_distribution(run: RunData) -> bytes | None:
 
 
 def plot_mixing_weights(run: RunData) -> bytes | None:
+    nan_steps = [r["step"] for r in run.records if np.isnan(np.asarray(r["lambdas"], dtype=np.float64)).any()]
+    require(not nan_steps, f"{run.directory}: the mixing weights are NaN at steps {nan_steps[:5]}")
     lambdas = np.concatenate([np.asarray(r["lambdas"], dtype=np.float64) for r in run.records])
     if lambdas.size == 0:
         return None
@@ -129,6 +136,8 @@ def plot_rdp_curve(run: RunData) -> bytes | None:
     orders = np.asarray(run.manifest["orders"])
     components = run.ledger["ledger"]["components"]
     total = np.sum([[np.inf if v == "inf" else v for v in c["values"]] for c in components.values()], axis=0)
+    require(not np.isnan(total).any(),
+            f"{run.directory}/ledger.json: the composed RDP curve is NaN at orders {orders[np.isnan(total)][:5].tolist()}")
     finite = np.isfinite(total) & (total > 0)
     if not finite.any():
         return None

@@ -8,6 +8,7 @@ import json
 import math
 from datetime import datetime, timezone
 
+import numpy as np
 import pandas as pd
 
 from accounting.errors import require
@@ -19,18 +20,19 @@ from reports.tables import breakdown_table, checks_table, comparison_table, leak
 FORMATS = ("html", "md", "json", "latex", "csv")
 
 
-def _cell(value) -> str:
+def _cell(value, column: str) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, float):
-        return fmt(value, 5)
+    if isinstance(value, float) or value is None:
+        return fmt(value, 5, f"table column {column!r}")
     return str(value)
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
     header = "| " + " | ".join(frame.columns) + " |"
     rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
-    rows = ["| " + " | ".join(_cell(v).replace("|", "\\|") for v in row) + " |" for row in frame.itertuples(index=False)]
+    rows = ["| " + " | ".join(_cell(v, c).replace("|", "\\|") for c, v in zip(frame.columns, row)) + " |"
+            for row in frame.itertuples(index=False)]
     return "\n".join([header, rule, *rows])
 
 
@@ -44,15 +46,16 @@ def latex_table(frame: pd.DataFrame, caption: str) -> str:
     columns = "l" * len(frame.columns)
     lines = [r"\begin{table}[h]", r"\centering", rf"\begin{{tabular}}{{{columns}}}", r"\hline",
              " & ".join(escape(str(c)) for c in frame.columns) + r" \\", r"\hline"]
-    lines += [" & ".join(escape(_cell(v)) for v in row) + r" \\" for row in frame.itertuples(index=False)]
+    lines += [" & ".join(escape(_cell(v, c)) for c, v in zip(frame.columns, row)) + r" \\"
+              for row in frame.itertuples(index=False)]
     lines += [r"\hline", r"\end{tabular}", rf"\caption{{{escape(caption)}}}", r"\end{table}"]
     return "\n".join(lines)
 
 
 def _html_table(frame: pd.DataFrame, css: str) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
-                   for row in frame.itertuples(index=False))
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v, c))}</td>" for c, v in zip(frame.columns, row))
+                   + "</tr>" for row in frame.itertuples(index=False))
     return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -65,13 +68,26 @@ def _breakdown_caption(run: RunData) -> str:
             f"delta={b['delta']:g}; rows sum to the total; the total covers {covers}.")
 
 
+def _no_nan(value, where: str):
+    """value with +-inf as the strings "inf" / "-inf" (ledger.json's convention: strict JSON has no
+    infinity); ValueError naming `where` for a NaN, which no output format can show as a number."""
+    if isinstance(value, dict):
+        return {key: _no_nan(item, f"{where}.{key}") for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_no_nan(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    if isinstance(value, (float, np.floating)):
+        require(not math.isnan(value), f"{where} must be a number, inf or null, got NaN")
+        return float(value) if math.isfinite(value) else str(float(value))
+    return value
+
+
 def render_json(runs: list[RunData]) -> str:
     payload = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "comparison": comparison_table(runs).to_dict(orient="records"),
                "runs": [{"directory": str(r.directory), "label": r.label,
                          "breakdown": breakdown_table(r).to_dict(orient="records"),
                          "statement": privacy_statement(r), "audit": r.audit} for r in runs]}
-    return json.dumps(payload, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v))
+    return json.dumps(_no_nan(payload, "report"), indent=2, allow_nan=False, default=str)
 
 
 def render_csv(runs: list[RunData]) -> str:
@@ -87,7 +103,7 @@ def render_csv(runs: list[RunData]) -> str:
                      "epsilon": row["epsilon"], "data_dependent": row["data_dependent"],
                      "perplexity": row["perplexity"], "answered_by_public": row["answered_by_public"],
                      "audit": row["audit"]})
-    return pd.DataFrame(rows).to_csv(index=False)
+    return pd.DataFrame(_no_nan(rows, "csv")).to_csv(index=False)
 
 
 def render_markdown(runs: list[RunData]) -> str:

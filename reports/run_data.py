@@ -57,11 +57,11 @@ def load_run(run_dir: str | Path) -> RunData:
     return RunData(run_dir, manifest, ledger, audit, trace.read_records(run_dir, verify=False))
 
 
-def fmt(value, digits: int = 4) -> str:
+def fmt(value, digits: int = 4, name: str = "a report value") -> str:
+    """A number as a report prints it ("inf" for +inf), "n/a" for a missing value (None); ValueError
+    naming `name` for a NaN, which would otherwise print as a number-like "nan"."""
     if value is None:
-        return "-"
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    if isinstance(value, float) and math.isnan(value):
         return "n/a"
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError(f"{name} must be a number, inf or missing, got NaN")
     return f"{value:.{digits}g}" if isinstance(value, float) else str(value)

@@ -1,6 +1,9 @@
 """The plain-language privacy statement of a run."""
 from __future__ import annotations
 
+import math
+
+from accounting.errors import require
 from reports.run_data import RunData, fmt
 
 _MECHANISMS = {
@@ -22,6 +25,8 @@ def privacy_statement(run: RunData) -> list[str]:
     manifest, ledger = run.manifest, run.ledger
     kind, params = manifest["mechanism"]["type"], manifest["mechanism"]["params"]
     epsilon = run.epsilon()
+    require(not math.isnan(epsilon["epsilon"]),
+            f"{run.directory}/ledger.json: epsilon at delta={epsilon['delta']:g} must be a number or inf, got NaN")
     orders = manifest["orders"]
     mechanism = _MECHANISMS[kind]
     if kind == "adapmixed":

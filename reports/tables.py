@@ -40,7 +40,9 @@ def comparison_table(runs: list[RunData]) -> pd.DataFrame:
                      "direction": direction_label(run.ledger.get("direction")),
                      "perplexity": run.ledger["perplexity"], "answered_by_public": run.ledger["answered_by_public"],
                      "audit": run.audit["verdict"] if run.audit else "not audited"})
-    return pd.DataFrame(rows)
+    # object dtype keeps a missing value (e.g. no order for epsilon = 0) None: a float column would
+    # turn it into NaN, which the renderers refuse
+    return pd.DataFrame(rows, dtype=object)
 
 
 def leakage_table(run: RunData) -> pd.DataFrame | None:
