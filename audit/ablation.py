@@ -34,7 +34,7 @@ from accounting.relation import NeighbouringRelation
 from audit.checks import CheckResult, skipped, verdict
 from audit.loader import LoadedTrace
 from decoding.ensemble import Ensemble
-from mechanisms.kernels import mixing_weights, renyi_divergence_orders
+from mechanisms.kernels import mixing_weights, renyi_divergence_orders, sums_without_each
 from mechanisms.screening import NoisyScreening
 
 DEFAULT_AUDIT_ORDERS = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 18.0, 20.0, 24.0, 32.0,
@@ -157,13 +157,14 @@ def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas:
         adversary_lambdas = mixing_weights(point_masses, public, params["alpha"], params["alpha"] * params["beta"])
     adversaries = adversary_lambdas.unsqueeze(-1) * point_masses + (1 - adversary_lambdas.unsqueeze(-1)) * public.unsqueeze(-2)
     removed_t = torch.tensor(removed, dtype=torch.long)
-    neighbour_totals = torch.cat([total.unsqueeze(1) - mixed[:, removed_t], total.unsqueeze(1) + adversaries], dim=1)
+    # sums without each removed teacher, never total - mixed[i] (that cancels: see sums_without_each)
+    neighbour_totals = torch.cat([sums_without_each(mixed)[:, removed_t], total.unsqueeze(1) + adversaries], dim=1)
     neighbour_sizes = torch.cat([torch.full((len(removed),), n - 1), torch.full((3,), n + 1)])
     neighbours = ensemble_output(neighbour_totals, neighbour_sizes.expand(length, -1), public.unsqueeze(1), rate)
     halfwidth = None
     if kind == "adapmixed" and params.get("screening", True):
         raw_total = teachers.sum(dim=-2)
-        raw_neighbours = torch.cat([raw_total.unsqueeze(1) - teachers[:, removed_t],
+        raw_neighbours = torch.cat([sums_without_each(teachers)[:, removed_t],
                                     raw_total.unsqueeze(1) + point_masses], dim=1)
         sums = torch.cat([raw_total.unsqueeze(1), raw_neighbours], dim=1)
         sizes = torch.cat([torch.tensor([n]), neighbour_sizes]).expand(length, -1)

@@ -23,7 +23,7 @@ from accounting.relation import NeighbouringRelation
 from decoding import trace
 from decoding.run import ledger_summary
 from decoding.runners import Runner, adapmixed_runner
-from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, renyi_divergence_orders
+from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, renyi_divergence_orders, sums_without_each
 from mechanisms.screening import NoisyScreening
 
 
@@ -63,7 +63,7 @@ def _one_direction(params: dict) -> Callable:
         mixed = mixed_teachers(teachers, public, torch.from_numpy(outcome.lambdas))
         n = mixed.shape[-2]
         total = mixed.sum(-2, keepdim=True)
-        backward = renyi_divergence_orders(torch.log((total - mixed) / (n - 1)), torch.log(total / n),
+        backward = renyi_divergence_orders(torch.log(sums_without_each(mixed) / (n - 1)), torch.log(total / n),
                                            torch.from_numpy(orders)).max(dim=-2).values.numpy()
         outcome.charged["pmixed_data_dependent"] = np.where(outcome.screen_passed[:, None], backward, 0.0)
     return _misreporting(adapmixed_runner(**params), edit)

@@ -19,7 +19,13 @@ from accounting.relation import NeighbouringRelation
 def _checked_rdp_values(rdp_values):
     """Wrap a subclass's rdp_values: orders validated on the way in (finite, > 1), values on the
     way out (one per order, never NaN, never negative), so no mechanism can return a NaN or a
-    negative privacy loss, whatever its formula does."""
+    negative privacy loss, whatever its formula does.
+
+    Each value is also lowered to the smallest value at any larger requested order: the Renyi
+    divergence is non-decreasing in the order (van Erven & Harremoes 2014, Theorem 3), so a bound at
+    order b >= a bounds order a too. Some bounds are not monotone themselves (Zhu & Wang 2019's
+    general amplification of a Gaussian with sigma 11, q 0.03: 0.00497 at order 35, 0.00496 at 289).
+    """
 
     @functools.wraps(rdp_values)
     def checked(self, orders):
@@ -32,6 +38,9 @@ def _checked_rdp_values(rdp_values):
             raise ValueError(f"{type(self).__name__} gave a NaN RDP value at order {float(orders[nan][0]):g}")
         if np.any(values < 0):
             raise ValueError(f"{type(self).__name__} gave a negative RDP value {float(values.min())!r}")
+        ascending = np.argsort(orders, kind="stable")
+        suffix_min = np.minimum.accumulate(values[ascending][::-1])[::-1]
+        values[ascending] = suffix_min
         return values
 
     return checked

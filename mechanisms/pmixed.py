@@ -65,13 +65,17 @@ def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers
     if teachers == 1:
         beta = per_query / alpha
     else:
-        # log(N e^x + 1 - N) = log(N) + x + log1p((1 - N) e^{-x} / N), stable for small and large x.
         x = (alpha - 1.0) * per_query
-        inner = math.log(teachers) + x + math.log1p((1.0 - teachers) * math.exp(-x) / teachers)
+        # log(N e^x + 1 - N) = log1p(N expm1(x)): no cancellation for small x (log N + x +
+        # log1p((1 - N) e^{-x} / N) was 8.9e-7 too large at x = 1e-10, N = 1000); for large x, where
+        # expm1 overflows, that second form is itself accurate.
+        inner = (math.log1p(teachers * math.expm1(x)) if x < 700.0
+                 else math.log(teachers) + x + math.log1p((1.0 - teachers) * math.exp(-x) / teachers))
         beta = inner / (4.0 * (alpha - 1.0) * alpha)
     require(math.isfinite(beta), f"beta overflows for epsilon_budget={epsilon_budget:g}, queries={queries}, "
                                  f"alpha={alpha:g}: choose a smaller budget per query or order")
-    return beta
+    # rounded down by a bound on its floating-point error, so that beta never exceeds the budget
+    return beta * (1.0 - 16.0 * np.finfo(np.float64).eps)
 
 
 @dataclass(frozen=True)
