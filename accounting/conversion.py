@@ -80,7 +80,8 @@ def conversion_terms(orders: np.ndarray, delta: float, method: ConversionMethod)
     """The part of epsilon(order) beyond RDP(order), for each order.
 
     improved (Balle et al. 2020, Theorem 21):
-        log((a-1)/a) - (log(delta) + log(a)) / (a-1)
+        log((a-1)/a) - (log(delta) + log(a)) / (a-1), with log((a-1)/a) formed as log(a-1) - log(a)
+        (a - 1 is exact; log1p(-1/a) loses the digits of 1 - 1/a for orders near 1)
     classic (Mironov 2017, Proposition 3):
         log(1/delta) / (a-1)
     """
@@ -88,7 +89,7 @@ def conversion_terms(orders: np.ndarray, delta: float, method: ConversionMethod)
     require(bool(np.all(orders > 1)), f"every Renyi order must be > 1, got {orders.min():g}")
     delta = require_in_open("delta", delta, 0.0, 1.0)
     if method is ConversionMethod.IMPROVED:
-        return np.log1p(-1.0 / orders) - (math.log(delta) + np.log(orders)) / (orders - 1.0)
+        return np.log(orders - 1.0) - np.log(orders) - (math.log(delta) + np.log(orders)) / (orders - 1.0)
     if method is ConversionMethod.CLASSIC:
         return -math.log(delta) / (orders - 1.0)
     raise ValueError(f"method must be one of {[m.value for m in ConversionMethod]}, got {method!r}")
@@ -190,7 +191,7 @@ def delta_from_rdp(curve: RdpCurve, epsilon: float) -> DeltaConversion:
     log_delta = np.full(values.shape, np.inf)
     a, r = orders[finite], values[finite]
     with np.errstate(divide="ignore"):  # log(0) = -inf is the exact bound of a zero RDP value
-        log_delta_rdp = (a - 1.0) * (r - epsilon + np.log1p(-1.0 / a)) - np.log(a)
+        log_delta_rdp = (a - 1.0) * (r - epsilon + np.log(a - 1.0) - np.log(a)) - np.log(a)
         log_delta_tv = 0.5 * np.log(-np.expm1(-r))
     # rounded up by a bound on the floating-point error, so rounding never under-states delta
     log_delta_rdp = log_delta_rdp + rdp_branch_rounding_slack(a, r, epsilon)

@@ -14,6 +14,9 @@ def as_float64_array(name: str, values, min_ndim: int = 1) -> np.ndarray:
 
     ValueError names the constraint: NaN or infinite entries, negative entries, fewer than
     `min_ndim` axes, an empty vocabulary axis, or rows not summing to 1 within SUM_TOLERANCE.
+    Rows are returned renormalised to sum to 1: a sampler draws from the normalised law, and the
+    divergence of two rows that each sum to c < 1 is lower by -log(c)/(a-1) than that of the laws
+    they stand for (0 instead of 7.5e-5 at order 1.5 for c = 1 - 0.99e-4).
     """
     if hasattr(values, "detach"):
         values = values.detach().cpu().double().numpy()
@@ -27,7 +30,7 @@ def as_float64_array(name: str, values, min_ndim: int = 1) -> np.ndarray:
     sums = array.sum(axis=-1)
     worst = float(np.max(np.abs(sums - 1.0)))
     require(worst <= SUM_TOLERANCE, f"{name} must sum to 1 along the last axis within {SUM_TOLERANCE:g}, off by {worst:g}")
-    return array
+    return array / sums[..., None]
 
 
 def require_same_vocabulary(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:

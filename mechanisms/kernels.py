@@ -118,6 +118,9 @@ def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, r
     """
     teachers = teachers.double()
     public = public.double()
+    # aim 1e-12 inside the ball: the divergence of the mixed teacher, recomputed elsewhere from
+    # rows renormalised to sum to 1, may differ from this evaluation by a few ulps
+    radius = radius * (1.0 - 1e-12)
     order_t = torch.tensor([order], dtype=torch.float64, device=teachers.device)
     flat_teachers = teachers.reshape(-1, teachers.shape[-1])
     flat_public = public.unsqueeze(-2).expand(teachers.shape).reshape(-1, teachers.shape[-1])

@@ -43,15 +43,30 @@ def _base_values(base_epsilon: Callable[[np.ndarray], np.ndarray], at: np.ndarra
     return values
 
 
+def _log_term_excess(exponent: np.ndarray, factor: float, k: np.ndarray) -> np.ndarray:
+    """log(m_k e^x - 1) with m_k = factor for k >= 3 and 1 for k = 2, x = (k-1) eps(k) >= 0:
+    log(expm1(x)) for m = 1 (-inf at x = 0), log(2 + 3 expm1(x)) for m = 3; +inf stays +inf."""
+    exponent = np.asarray(exponent, dtype=np.float64)
+    with np.errstate(divide="ignore", over="ignore"):  # log(0) = -inf at x = 0 is exact
+        log_expm1 = np.where(exponent < 30.0, np.log(np.expm1(np.minimum(exponent, 30.0))),
+                             exponent + np.log1p(-np.exp(-np.maximum(exponent, 30.0))))
+    if factor == 1.0:
+        return log_expm1
+    return np.where(k >= 3, np.logaddexp(math.log(factor - 1.0), math.log(factor) + log_expm1), log_expm1)
+
+
 def amplified_rdp(sampling_probability: float, base_epsilon: Callable[[np.ndarray], np.ndarray],
                   orders: np.ndarray, general: bool) -> np.ndarray:
     """eps'_q at each order: min(the amplification bound at ceil(order), base_epsilon(order)).
 
     base_epsilon maps an array of orders to the base mechanism's RDP (+inf allowed, NaN or negative
     refused); it is called at the integers 2..ceil(max order) and at `orders` themselves.
-    Computed in log space (logsumexp) so e^{(k-1) eps(k)} never overflows. A term whose binomial
-    weight is exactly 0 ((1-q)^(A-k) with q = 1 and k < A) is 0 even where eps(k) = +inf, never
-    0 * inf = NaN.
+    Computed in log space so e^{(k-1) eps(k)} never overflows, and as log1p of the excess over 1:
+    by the binomial theorem the bound's sum is 1 + sum_{k>=2} C(A,k) (1-q)^(A-k) q^k (m_k e^{(k-1) eps(k)} - 1)
+    (m_k = 3 for k >= 3 in the general form, else 1), a sum of non-negative terms, so nothing
+    cancels when q is tiny (summing (1-q)^(A-1) (1 + (A-1) q) with the rest gave 0 instead of
+    1.8e-34 at q = 2.4e-16). A term whose binomial weight is exactly 0 ((1-q)^(A-k) with q = 1 and
+    k < A) is 0 even where eps(k) = +inf, never 0 * inf = NaN.
     """
     q = require_in_closed("sampling_probability", sampling_probability, 0.0, 1.0)
     orders = validated_orders(orders)
@@ -71,15 +86,14 @@ def amplified_rdp(sampling_probability: float, base_epsilon: Callable[[np.ndarra
         log_binom = gammaln(order + 1) - gammaln(k + 1) - gammaln(order - k + 1)
         # (1-q)^(order-k) with q = 1 and k = order is 0^0 = 1.
         log_1mq_power = np.where(order - k == 0, 0.0, log_1mq) * (order - k)
-        log_weight = log_binom + log_1mq_power + k * log_q + (np.log(3.0) * (k >= 3) if general else 0.0)
-        log_terms = np.full(k.shape, -np.inf)
-        present = log_weight > -np.inf
-        log_terms[present] = log_weight[present] + (k[present] - 1) * base[k[present] - 2]
-        first = (order - 1) * log_1mq + math.log1p((order - 1) * q) if q < 1.0 else -math.inf
-        total = float(logsumexp(np.concatenate([[first], log_terms])))
+        log_weight = log_binom + log_1mq_power + k * log_q
+        present = log_weight > -np.inf      # q = 1 makes every k < order weigh exactly 0
+        log_excess = np.full(k.shape, -np.inf)
+        log_excess[present] = log_weight[present] + _log_term_excess(
+            (k[present] - 1) * base[k[present] - 2], 3.0 if general else 1.0, k[present])
+        total = float(np.logaddexp(0.0, logsumexp(log_excess)))
         require(not math.isnan(total), f"amplification bound at order {order} is NaN")
-        # the terms sum to >= 1 when eps >= 0 (binomial theorem); rounding can leave -1e-17
-        results[int(order)] = max(0.0, total / (order - 1))
+        results[int(order)] = total / (order - 1)
     amplified = np.array([results[int(o)] for o in integer_orders], dtype=np.float64)
     return np.minimum(amplified, unsampled)
 
