@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 _CHUNK_ELEMENTS = 1 << 16  # 512 KB of float64 per buffer: stays in cache
+_ULPS = 8.0 * np.finfo(np.float64).eps
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:
@@ -65,6 +66,8 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
                 # Terms with P_j = 0 contribute 0 (also when Q_j = 0: never -inf - -inf = NaN).
                 ratio = np.where(p_zero, -np.inf, chunk_p - chunk_q)
             base = np.where(q_zero & ~p_zero, 0.0, chunk_q)
+            # |log P_j| + |log Q_j|: the scale of each exponent's rounding error (0 where a term is 0)
+            magnitude = np.where(p_zero | q_zero, 0.0, np.abs(chunk_p) + np.abs(chunk_q))
             work = buffer[:flat.size]
             for k, order in enumerate(orders_np):
                 np.multiply(ratio, order, out=work)
@@ -76,7 +79,18 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
                 # and subnormal results take a slow microcode path on x86 (3x slower overall)
                 np.maximum(work, -700.0, out=work)
                 np.exp(work, out=work)
-                result[flat, k] = (np.log(work.sum(axis=-1, keepdims=True)) + shift)[:, 0] / (order - 1.0)
+                total = work.sum(axis=-1)
+                log_sum = np.log(total) + shift[:, 0]
+                # Rounded up by a bound on the floating-point error: each exponent a (log P - log Q)
+                # + log Q is off by ~(a+1) ulps of |log P| + |log Q| + 2 (the logs of rounded,
+                # renormalised probabilities are off by an ulp even near log 1 = 0), weighted by
+                # its term's share of the sum; the sum and the log add a few ulps. Without this,
+                # two different laws can come out at exactly 0 (D_2 of (1/2 + 2^-30, 1/2 - 2^-30)
+                # against uniform is 3.5e-18), and a zero makes delta 0 at every epsilon.
+                weighted = np.einsum("ij,ij->i", work, magnitude) / total
+                slack = _ULPS * ((order + 1.0) * (weighted + 2.0) + np.log2(vocab) + 2.0 + np.abs(log_sum))
+                result[flat, k] = (log_sum + slack) / (order - 1.0)
+            result[flat[np.all(chunk_p == chunk_q, axis=-1)]] = 0.0     # identical laws: exactly 0
             result[flat[np.any(~p_zero & q_zero, axis=-1)]] = np.inf   # P has mass outside Q's support
 
     starts = range(0, rows, chunk)

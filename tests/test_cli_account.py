@@ -43,7 +43,9 @@ def test_subsampled_gaussian_matches_dp_accounting(capsys):
                       "--queries", "1000", "--delta", "1e-5")
     accountant = RdpAccountant()
     accountant.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)), 1000)
-    assert record["epsilon"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-9)
+    reference = accountant.get_epsilon(1e-5)
+    # equal up to the 1e-6 margin on dp-accounting's fractional-order series, and never below it
+    assert reference * (1 - 1e-12) <= record["epsilon"] <= reference * (1 + 2e-6)
 
 
 @pytest.mark.parametrize("mechanism, flags", [

@@ -23,8 +23,25 @@ from mechanisms import (ConfidentGNMax, GaussianMechanism, GNMax, NoisyScreening
                         poisson_subsample, self_compose, theorem_3_1_epsilon)
 
 EXAMPLES = 60
-PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+"""Generated cases per property in the default run; the `_slow` twin of each (pytest -m slow) runs
+SLOW_EXAMPLES."""
+SLOW_EXAMPLES = 1000
+
+
+def twins(*strategies, fraction: int = 1):
+    """(default test, slow twin) of one property: the same check under `given(*strategies)`, with
+    EXAMPLES // fraction cases by default and SLOW_EXAMPLES // fraction under the slow marker."""
+
+    def wrap(check):
+        def configured(examples):
+            return settings(max_examples=examples, deadline=None, derandomize=True,
+                            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+        fast = configured(EXAMPLES // fraction)(given(*strategies)(check))
+        slow = pytest.mark.slow(configured(SLOW_EXAMPLES // fraction)(given(*strategies)(check)))
+        return fast, slow
+
+    return wrap
 
 orders_st = st.lists(st.floats(1.01, 1024.0), min_size=1, max_size=12, unique_by=lambda o: round(o, 10))
 rdp_value_st = st.one_of(st.floats(0.0, 1e4), st.just(math.inf), st.just(0.0), st.floats(0.0, 1e-12))
@@ -73,9 +90,7 @@ def quiet(function, *args, **kwargs):
 
 # permuting the order grid ---------------------------------------------------------------------------
 
-@PROPERTY
-@given(curves(), st.randoms(use_true_random=False))
-def test_permuting_a_curves_orders_changes_no_value(curve, random):
+def check_permuting_a_curves_orders_changes_no_value(curve, random):
     permutation = list(range(len(curve.orders)))
     random.shuffle(permutation)
     shuffled = RdpCurve(tuple(curve.orders[i] for i in permutation), curve.values[permutation])
@@ -85,9 +100,10 @@ def test_permuting_a_curves_orders_changes_no_value(curve, random):
                                "values": shuffled.to_dict()["values"]}).values.tolist() == curve.values.tolist()
 
 
-@PROPERTY
-@given(mechanisms(), orders_st, st.randoms(use_true_random=False))
-def test_permuting_the_grid_changes_no_mechanism_value(mechanism, orders, random):
+test_permuting_a_curves_orders_changes_no_value, test_permuting_a_curves_orders_changes_no_value_slow = twins(curves(), st.randoms(use_true_random=False))(check_permuting_a_curves_orders_changes_no_value)
+
+
+def check_permuting_the_grid_changes_no_mechanism_value(mechanism, orders, random):
     shuffled = list(orders)
     random.shuffle(shuffled)
     assert mechanism.rdp_curve(orders).values.tolist() == mechanism.rdp_curve(shuffled).values.tolist()
@@ -97,9 +113,10 @@ def test_permuting_the_grid_changes_no_mechanism_value(mechanism, orders, random
     assert [lookup[o] for o in orders] == values.tolist()
 
 
-@PROPERTY
-@given(st.integers(2, 6), st.integers(2, 9), orders_st, st.randoms(use_true_random=False))
-def test_permuting_the_grid_changes_no_data_dependent_value(teachers, vocab, orders, random):
+test_permuting_the_grid_changes_no_mechanism_value, test_permuting_the_grid_changes_no_mechanism_value_slow = twins(mechanisms(), orders_st, st.randoms(use_true_random=False))(check_permuting_the_grid_changes_no_mechanism_value)
+
+
+def check_permuting_the_grid_changes_no_data_dependent_value(teachers, vocab, orders, random):
     rng = np.random.default_rng(random.randrange(2 ** 32))
     probs = rng.dirichlet(np.ones(vocab), size=teachers + 1)
     lambdas = rng.uniform(0, 1, size=teachers)
@@ -110,11 +127,12 @@ def test_permuting_the_grid_changes_no_data_dependent_value(teachers, vocab, ord
     assert first.tolist() == second.tolist()  # both in sorted order of the grid
 
 
+test_permuting_the_grid_changes_no_data_dependent_value, test_permuting_the_grid_changes_no_data_dependent_value_slow = twins(st.integers(2, 6), st.integers(2, 9), orders_st, st.randoms(use_true_random=False))(check_permuting_the_grid_changes_no_data_dependent_value)
+
+
 # q = 1 and q = 0 -----------------------------------------------------------------------------------
 
-@PROPERTY
-@given(st.floats(1.5, 64.0), st.floats(0.0, 1.0), teachers_st, orders_st)
-def test_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free(alpha, beta, teachers, orders):
+def check_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free(alpha, beta, teachers, orders):
     pmixed = PMixED(alpha, beta, teachers)
     unsampled = pmixed.rdp_curve(orders).values
     for variant in SubsamplingVariant:
@@ -124,9 +142,10 @@ def test_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free(alp
         assert not np.any(empty.rdp_curve(orders).values), variant
 
 
-@PROPERTY
-@given(st.floats(0.05, 100.0), orders_st, st.booleans())
-def test_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free(sigma, orders, general):
+test_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free, test_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free_slow = twins(st.floats(1.5, 64.0), st.floats(0.0, 1.0), teachers_st, orders_st)(check_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free)
+
+
+def check_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free(sigma, orders, general):
     gaussian = GaussianMechanism(sigma).rdp_curve(orders).values
     np.testing.assert_allclose(poisson_subsample(GaussianMechanism(sigma), 1.0, general).rdp_curve(orders).values,
                                gaussian, rtol=1e-12)
@@ -135,12 +154,12 @@ def test_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free(sig
     assert not np.any(PoissonSubsampledGaussian(sigma, 0.0).rdp_curve(orders).values)
 
 
+test_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free, test_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free_slow = twins(st.floats(0.05, 100.0), orders_st, st.booleans())(check_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free)
+
+
 # monotonicity ----------------------------------------------------------------------------------------
 
-@PROPERTY
-@given(st.lists(st.floats(0.0, 50.0), min_size=1, max_size=40), st.booleans(),
-       st.lists(st.floats(0.0, 1.0), min_size=2, max_size=6))
-def test_amplification_is_non_decreasing_in_q(base_values, general, rates):
+def check_amplification_is_non_decreasing_in_q(base_values, general, rates):
     """For a fixed base curve, Zhu & Wang 2019's bounds grow with the sampling rate."""
     orders = np.arange(2, len(base_values) + 2, dtype=np.float64)
     base = np.maximum.accumulate(np.asarray(base_values))  # a valid RDP curve is non-decreasing in the order
@@ -153,36 +172,41 @@ def test_amplification_is_non_decreasing_in_q(base_values, general, rates):
         assert np.all(lower <= higher * (1 + 1e-12) + 1e-15)
 
 
-@PROPERTY
-@given(mechanisms(), orders_st)
-def test_every_curve_is_non_decreasing_in_the_order(mechanism, orders):
+test_amplification_is_non_decreasing_in_q, test_amplification_is_non_decreasing_in_q_slow = twins(st.lists(st.floats(0.0, 50.0), min_size=1, max_size=40), st.booleans(),
+       st.lists(st.floats(0.0, 1.0), min_size=2, max_size=6))(check_amplification_is_non_decreasing_in_q)
+
+
+def check_every_curve_is_non_decreasing_in_the_order(mechanism, orders):
     """van Erven & Harremoes 2014, Theorem 3: D_a is non-decreasing in a; so is every valid RDP curve."""
     values = mechanism.rdp_curve(orders).values
     for lower, higher in zip(values, values[1:]):
         assert higher >= lower * (1 - 1e-12) - 1e-15
 
 
-@PROPERTY
-@given(st.floats(0.05, 100.0), st.floats(0.05, 100.0), q_st, orders_st)
-def test_more_noise_never_costs_more(sigma_a, sigma_b, q, orders):
+test_every_curve_is_non_decreasing_in_the_order, test_every_curve_is_non_decreasing_in_the_order_slow = twins(mechanisms(), orders_st)(check_every_curve_is_non_decreasing_in_the_order)
+
+
+def check_more_noise_never_costs_more(sigma_a, sigma_b, q, orders):
     small, large = sorted((sigma_a, sigma_b))
     for make in (GaussianMechanism, GNMax, lambda s: PoissonSubsampledGaussian(s, q),
                  lambda s: poisson_subsample(GaussianMechanism(s), q), lambda s: NoisyScreening(10, 0.5, s)):
         assert np.all(make(large).rdp_curve(orders).values <= make(small).rdp_curve(orders).values * (1 + 1e-9) + 1e-15)
 
 
-@PROPERTY
-@given(st.floats(1.01, 64.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.integers(2, 1000), st.integers(2, 1000))
-def test_theorem_3_1_grows_with_beta_and_shrinks_with_n(alpha, beta_a, beta_b, n_a, n_b):
+test_more_noise_never_costs_more, test_more_noise_never_costs_more_slow = twins(st.floats(0.05, 100.0), st.floats(0.05, 100.0), q_st, orders_st)(check_more_noise_never_costs_more)
+
+
+def check_theorem_3_1_grows_with_beta_and_shrinks_with_n(alpha, beta_a, beta_b, n_a, n_b):
     low_beta, high_beta = sorted((beta_a, beta_b))
     few, many = sorted((n_a, n_b))
     assert theorem_3_1_epsilon(alpha, low_beta, few) <= theorem_3_1_epsilon(alpha, high_beta, few)
     assert theorem_3_1_epsilon(alpha, high_beta, many) <= theorem_3_1_epsilon(alpha, high_beta, few) * (1 + 1e-12)
 
 
-@PROPERTY
-@given(teachers_st, teachers_st, st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(0.01, 10.0))
-def test_screening_grows_with_lam_and_shrinks_with_n(n_a, n_b, lam_a, lam_b, sigma):
+test_theorem_3_1_grows_with_beta_and_shrinks_with_n, test_theorem_3_1_grows_with_beta_and_shrinks_with_n_slow = twins(st.floats(1.01, 64.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.integers(2, 1000), st.integers(2, 1000))(check_theorem_3_1_grows_with_beta_and_shrinks_with_n)
+
+
+def check_screening_grows_with_lam_and_shrinks_with_n(n_a, n_b, lam_a, lam_b, sigma):
     few, many = sorted((n_a, n_b))
     low, high = sorted((lam_a, lam_b))
     orders = np.asarray(DEFAULT_ORDERS)
@@ -190,10 +214,10 @@ def test_screening_grows_with_lam_and_shrinks_with_n(n_a, n_b, lam_a, lam_b, sig
     assert np.all(NoisyScreening(many, high, sigma).rdp_values(orders) <= NoisyScreening(few, high, sigma).rdp_values(orders))
 
 
-@settings(max_examples=EXAMPLES // 2, deadline=None, derandomize=True)
-@given(st.integers(2, 5), st.integers(2, 8), st.floats(1.5, 20.0), st.floats(0.001, 0.5), st.floats(0.001, 0.5),
-       st.integers(0, 2 ** 32 - 1))
-def test_mixing_weights_grow_with_beta(teachers, vocab, alpha, beta_a, beta_b, seed):
+test_screening_grows_with_lam_and_shrinks_with_n, test_screening_grows_with_lam_and_shrinks_with_n_slow = twins(teachers_st, teachers_st, st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(0.01, 10.0))(check_screening_grows_with_lam_and_shrinks_with_n)
+
+
+def check_mixing_weights_grow_with_beta(teachers, vocab, alpha, beta_a, beta_b, seed):
     rng = np.random.default_rng(seed)
     probs = rng.dirichlet(np.full(vocab, 0.5), size=teachers + 1)
     probs = np.maximum(probs, 1e-12)
@@ -204,11 +228,13 @@ def test_mixing_weights_grow_with_beta(teachers, vocab, alpha, beta_a, beta_b, s
     assert np.all(tight <= loose + 1e-9)
 
 
+test_mixing_weights_grow_with_beta, test_mixing_weights_grow_with_beta_slow = twins(st.integers(2, 5), st.integers(2, 8), st.floats(1.5, 20.0), st.floats(0.001, 0.5), st.floats(0.001, 0.5),
+       st.integers(0, 2 ** 32 - 1), fraction=2)(check_mixing_weights_grow_with_beta)
+
+
 # composition -----------------------------------------------------------------------------------------
 
-@PROPERTY
-@given(curves(), st.integers(0, 50))
-def test_k_fold_composition_is_k_times_one_step(curve, times):
+def check_k_fold_composition_is_k_times_one_step(curve, times):
     composed = curve.composed(times)
     if times == 0:
         assert not np.any(composed.values)
@@ -218,19 +244,20 @@ def test_k_fold_composition_is_k_times_one_step(curve, times):
     np.testing.assert_array_equal(composed.values, curve.values * times)
 
 
-@PROPERTY
-@given(mechanisms(), st.integers(0, 30), orders_st)
-def test_self_composed_mechanism_is_k_times_its_curve(mechanism, times, orders):
+test_k_fold_composition_is_k_times_one_step, test_k_fold_composition_is_k_times_one_step_slow = twins(curves(), st.integers(0, 50))(check_k_fold_composition_is_k_times_one_step)
+
+
+def check_self_composed_mechanism_is_k_times_its_curve(mechanism, times, orders):
     values = mechanism.rdp_curve(orders).values
     composed = self_compose(mechanism, times).rdp_curve(orders).values
     expected = np.zeros_like(values) if times == 0 else values * times
     assert composed.tolist() == expected.tolist()
 
 
-@PROPERTY
-@given(st.lists(st.lists(st.floats(0.0, 100.0), min_size=4, max_size=4), min_size=1, max_size=12),
-       st.randoms(use_true_random=False), delta_st)
-def test_ledger_total_is_the_composition_of_its_charges_in_any_order(steps, random, delta):
+test_self_composed_mechanism_is_k_times_its_curve, test_self_composed_mechanism_is_k_times_its_curve_slow = twins(mechanisms(), st.integers(0, 30), orders_st)(check_self_composed_mechanism_is_k_times_its_curve)
+
+
+def check_ledger_total_is_the_composition_of_its_charges_in_any_order(steps, random, delta):
     orders = (1.5, 2.0, 8.0, 64.0)
     shuffled = list(steps)
     random.shuffle(shuffled)
@@ -249,25 +276,29 @@ def test_ledger_total_is_the_composition_of_its_charges_in_any_order(steps, rand
     assert sum(row.epsilon for row in breakdown.rows[:-1]) == pytest.approx(breakdown.total, rel=1e-12, abs=1e-12)
 
 
+test_ledger_total_is_the_composition_of_its_charges_in_any_order, test_ledger_total_is_the_composition_of_its_charges_in_any_order_slow = twins(st.lists(st.lists(st.floats(0.0, 100.0), min_size=4, max_size=4), min_size=1, max_size=12),
+       st.randoms(use_true_random=False), delta_st)(check_ledger_total_is_the_composition_of_its_charges_in_any_order)
+
+
 # conversions -----------------------------------------------------------------------------------------
 
-@PROPERTY
-@given(curves(), delta_st, delta_st, st.sampled_from(list(ConversionMethod)))
-def test_epsilon_is_non_increasing_in_delta(curve, delta_a, delta_b, method):
+def check_epsilon_is_non_increasing_in_delta(curve, delta_a, delta_b, method):
     small, large = sorted((delta_a, delta_b))
     assert quiet(epsilon_from_rdp, curve, large, method).epsilon <= quiet(epsilon_from_rdp, curve, small, method).epsilon
 
 
-@PROPERTY
-@given(curves(), st.floats(0.0, 1e3), st.floats(0.0, 1e3))
-def test_delta_is_non_increasing_in_epsilon(curve, eps_a, eps_b):
+test_epsilon_is_non_increasing_in_delta, test_epsilon_is_non_increasing_in_delta_slow = twins(curves(), delta_st, delta_st, st.sampled_from(list(ConversionMethod)))(check_epsilon_is_non_increasing_in_delta)
+
+
+def check_delta_is_non_increasing_in_epsilon(curve, eps_a, eps_b):
     small, large = sorted((eps_a, eps_b))
     assert quiet(delta_from_rdp, curve, large).delta <= quiet(delta_from_rdp, curve, small).delta
 
 
-@PROPERTY
-@given(curves(), delta_st)
-def test_delta_of_the_epsilon_of_delta_is_at_most_delta(curve, delta):
+test_delta_is_non_increasing_in_epsilon, test_delta_is_non_increasing_in_epsilon_slow = twins(curves(), st.floats(0.0, 1e3), st.floats(0.0, 1e3))(check_delta_is_non_increasing_in_epsilon)
+
+
+def check_delta_of_the_epsilon_of_delta_is_at_most_delta(curve, delta):
     conversion = quiet(epsilon_from_rdp, curve, delta)
     assume(math.isfinite(conversion.epsilon) and conversion.epsilon > 0)
     # epsilon and delta are each rounded up by their documented floating-point error bounds
@@ -275,9 +306,10 @@ def test_delta_of_the_epsilon_of_delta_is_at_most_delta(curve, delta):
     assert quiet(delta_from_rdp, curve, conversion.epsilon).delta <= delta * math.exp(slack) * (1 + 1e-12)
 
 
-@PROPERTY
-@given(st.lists(st.floats(1.0, 1e3), min_size=1, max_size=8), orders_st, st.floats(0.0, 1e3))
-def test_epsilon_of_the_delta_of_epsilon_round_trips(values, orders, epsilon):
+test_delta_of_the_epsilon_of_delta_is_at_most_delta, test_delta_of_the_epsilon_of_delta_is_at_most_delta_slow = twins(curves(), delta_st)(check_delta_of_the_epsilon_of_delta_is_at_most_delta)
+
+
+def check_epsilon_of_the_delta_of_epsilon_round_trips(values, orders, epsilon):
     """With RDP values >= 1 the total-variation bound is never the tighter one, so the improved
     conversion and its inverse meet exactly at the optimal order."""
     size = min(len(values), len(orders))
@@ -287,3 +319,7 @@ def test_epsilon_of_the_delta_of_epsilon_round_trips(values, orders, epsilon):
     back = quiet(epsilon_from_rdp, curve, delta).epsilon
     assert back <= epsilon + 1e-9 * (1 + epsilon)
     assert back >= epsilon - 1e-6 * (1 + epsilon)
+
+
+test_epsilon_of_the_delta_of_epsilon_round_trips, test_epsilon_of_the_delta_of_epsilon_round_trips_slow = twins(st.lists(st.floats(1.0, 1e3), min_size=1, max_size=8), orders_st, st.floats(0.0, 1e3))(check_epsilon_of_the_delta_of_epsilon_round_trips)
+
