@@ -29,16 +29,30 @@ def validated_orders(orders) -> np.ndarray:
     return values
 
 
+def _on_grid(values: np.ndarray, downward: bool = False) -> np.ndarray:
+    """Orders kept to 10 decimals; with `downward`, never moved up by more than float noise (a
+    value stated at order a holds at every order below it, not above: moving 1.00000000016 up to
+    1.0000000002 would lower the converted epsilon by 20%)."""
+    rounded = np.round(values, _GRID_DECIMALS)
+    if downward:
+        up = rounded > values + 4.0 * np.spacing(values)
+        rounded[up] = np.round(rounded[up] - 10.0 ** -_GRID_DECIMALS, _GRID_DECIMALS)
+    if np.any(rounded <= 1):
+        raise ValueError(f"every Renyi order must exceed 1 by at least 1e-10 (orders are kept to 10 decimals), "
+                         f"got {float(values[rounded <= 1][0])!r}")
+    return rounded
+
+
 def canonical_orders(orders: Iterable[float]) -> tuple[float, ...]:
     """Return orders as a sorted tuple of unique floats, each finite and > 1; ValueError otherwise."""
-    values = np.round(validated_orders(orders), _GRID_DECIMALS)
-    return tuple(float(v) for v in np.unique(values))
+    return tuple(float(v) for v in np.unique(_on_grid(validated_orders(orders))))
 
 
 def paired_orders(orders: Iterable[float]) -> tuple[tuple[float, ...], np.ndarray]:
     """Sorted orders and the permutation that sorts them, so values given beside `orders` can be
-    reordered with them; ValueError for a repeated order (two values for one order is ambiguous)."""
-    values = np.round(validated_orders(orders), _GRID_DECIMALS)
+    reordered with them; ValueError for a repeated order (two values for one order is ambiguous).
+    Orders are kept to 10 decimals, never rounded upward (see _on_grid)."""
+    values = _on_grid(validated_orders(orders), downward=True)
     sorted_orders = canonical_orders(values)
     require(len(sorted_orders) == values.size,
             f"orders must be distinct, got a repeated order among {values.tolist()[:8]}")
