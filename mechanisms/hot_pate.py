@@ -130,6 +130,10 @@ class DPWeightedSampler(Mechanism):
         set_validated(self, sigma=require_positive("sigma", self.sigma),
                       threshold=require_positive("threshold", self.threshold),
                       gamma=require_at_least_one_finite("gamma", self.gamma), relation=require_relation(self.relation))
+        # the normaliser uses the vote total n, public only when one teacher is replaced (under
+        # add/remove-one n itself moves, and alpha / sigma^2 no longer covers the output)
+        require(self.relation is NeighbouringRelation.REPLACE_ONE,
+                f"DPWS is analysed for replace-one neighbours only, got relation {self.relation}")
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         return orders / np.float64(self.sigma) ** 2

@@ -40,6 +40,8 @@ ROWS = {
         (lambda: d.DPWeightedSampler(-1.0, 1.0, 1.0), r"sigma must be > 0, got -1"),
         (lambda: d.DPWeightedSampler(1.0, 1.0, 0.5), r"gamma must be >= 1, got 0.5"),
         (lambda: d.DPWeightedSampler(1.0, 1.0, INF), r"gamma must be finite, got inf"),
+        (lambda: d.DPWeightedSampler(1.0, 1.0, 1.0, d.NeighbouringRelation.ADD_OR_REMOVE_ONE),
+         r"DPWS is analysed for replace-one neighbours only, got relation add_or_remove_one"),
         (lambda: d.DPWeightedSampler(1.0, 1.0, 1.0).aggregate([1, -2], np.random.default_rng(0)),
          r"counts must be finite non-negative integers, got -2.0"),
     ],
