@@ -66,8 +66,10 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
                 # Terms with P_j = 0 contribute 0 (also when Q_j = 0: never -inf - -inf = NaN).
                 ratio = np.where(p_zero, -np.inf, chunk_p - chunk_q)
             base = np.where(q_zero & ~p_zero, 0.0, chunk_q)
-            # |log P_j| + |log Q_j|: the scale of each exponent's rounding error (0 where a term is 0)
-            magnitude = np.where(p_zero | q_zero, 0.0, np.abs(chunk_p) + np.abs(chunk_q))
+            # max_j |log P_j| + max_j |log Q_j| (+2 ulps for the rounding of the probabilities
+            # themselves): the scale of every exponent's rounding error, per row
+            magnitude = (np.abs(np.where(p_zero, 0.0, chunk_p)).max(axis=-1)
+                         + np.abs(np.where(q_zero, 0.0, chunk_q)).max(axis=-1) + 2.0)
             work = buffer[:flat.size]
             for k, order in enumerate(orders_np):
                 np.multiply(ratio, order, out=work)
@@ -82,13 +84,12 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
                 total = work.sum(axis=-1)
                 log_sum = np.log(total) + shift[:, 0]
                 # Rounded up by a bound on the floating-point error: each exponent a (log P - log Q)
-                # + log Q is off by ~(a+1) ulps of |log P| + |log Q| + 2 (the logs of rounded,
-                # renormalised probabilities are off by an ulp even near log 1 = 0), weighted by
-                # its term's share of the sum; the sum and the log add a few ulps. Without this,
-                # two different laws can come out at exactly 0 (D_2 of (1/2 + 2^-30, 1/2 - 2^-30)
-                # against uniform is 3.5e-18), and a zero makes delta 0 at every epsilon.
-                weighted = np.einsum("ij,ij->i", work, magnitude) / total
-                slack = _ULPS * ((order + 1.0) * (weighted + 2.0) + np.log2(vocab) + 2.0 + np.abs(log_sum))
+                # + log Q is off by at most ~(a+1) ulps of `magnitude` (the logs of rounded,
+                # renormalised probabilities are off by an ulp even near log 1 = 0); the sum and the
+                # log add a few ulps. Without this, two different laws can come out at exactly 0
+                # (D_2 of (1/2 + 2^-30, 1/2 - 2^-30) against uniform is 3.5e-18), and a zero makes
+                # delta 0 at every epsilon. For LM-like rows (tails at 1e-30) it is ~3e-13 / (a-1).
+                slack = _ULPS * ((order + 1.0) * magnitude + np.log2(vocab) + 2.0 + np.abs(log_sum))
                 result[flat, k] = (log_sum + slack) / (order - 1.0)
             result[flat[np.all(chunk_p == chunk_q, axis=-1)]] = 0.0     # identical laws: exactly 0
             result[flat[np.any(~p_zero & q_zero, axis=-1)]] = np.inf   # P has mass outside Q's support
