@@ -187,7 +187,10 @@ def ensembles(draw, teacher_counts=(2, 3, 4), max_vocab: int = 6):
     return teachers, public
 
 
-lambda_st = st.one_of(st.sampled_from([0.0, 1.0, 1e-12, 0.5]), st.floats(0.0, 1.0))
+lambda_st = st.one_of(st.sampled_from([0.0, 1.0, 1e-12, 0.5]), st.floats(0.0, 1.0).filter(lambda x: x == 0 or x >= 1e-300))
+"""Subnormal weights are left out: with lambda = 5e-324 the released float law's mass lambda/N
+underflows to exactly 0 on both sides, so the implemented mechanism's divergence is 0 while the
+oracle's exact average keeps 1.6e-324 and calls it +inf; neither reading is a defect."""
 
 
 def vectorised(function):
@@ -225,7 +228,8 @@ def input_rounding(vocab: int, alpha: float, p=None, q=None) -> float:
         return 4.5e-16 * vocab / (alpha - 1.0)
     with mpmath.workdps(60):
         c, d = mpmath.fsum(mpmath.mpf(x) for x in p), mpmath.fsum(mpmath.mpf(x) for x in q)
-        shift = (alpha * abs(mpmath.log(c)) + (alpha - 1.0) * abs(mpmath.log(d))) / (alpha - 1.0)
+        largest = max(abs(mpmath.log(c)), abs(mpmath.log(d)))  # either direction (symmetric form)
+        shift = (2.0 * alpha - 1.0) * largest / (alpha - 1.0)
     return float(shift) * (1 + 1e-9) + 1e-45  # 1e-45: the 60-digit oracle's own rounding
 
 
@@ -396,7 +400,7 @@ def _beta_from_budget(epsilon_budget, queries, alpha, teachers):
     assert float(got) >= ref * (1 - mpmath.mpf(1e-6)), f"{what}: beta {got!r} far below exact {mpmath.nstr(ref, 20)}"
 
 
-# NEW defect (precision): for N > 1 the package forms log(N e^x + 1 - N) as
+# Defect found by this property, now fixed (precision): for N > 1 the package forms log(N e^x + 1 - N) as
 # log N + x + log1p((1 - N) e^{-x} / N), which cancels when x = (alpha - 1) eps_G / Q is small:
 # beta_from_budget(0.01, 10**6, 1.01, 1000) = 2.4752495982475913e-06 against the exact
 # 2.4752474011138695e-06 (rel +8.9e-7), so Theorem 3.1 at that beta exceeds eps_G / Q by rel 8.9e-7.
@@ -479,16 +483,21 @@ def _data_dependent_pmixed_values(ensemble, lambdas, orders):
     lambdas = (lambdas * len(teachers))[: len(teachers)]
     got = mechanisms.data_dependent_pmixed_values(np.asarray(teachers), np.asarray(public), np.asarray(lambdas),
                                                   orders)
+    assert_matches_eq3(got, orders, teachers, public, lambdas,
+                       f"data_dependent_pmixed_values(teachers={teachers!r}, public={public!r}, lambdas={lambdas!r})")
+
+
+def assert_matches_eq3(values, orders, teachers, public, lambdas, what):
+    """Package Eq. 3 values against the oracle on the float mixtures: never below (rel 1e-9, abs
+    1e-12), above by at most rel 1e-9 plus twice the kernel's documented rounding-up."""
     mixed, ones = float_mixtures(teachers, public, lambdas), [1.0] * len(teachers)
-    for order, value in zip(orders, got):
+    for order, value in zip(orders, values):
         ref = O.data_dependent_loss(mixed, public, ones, order)
         assert_bound(value, ref, over_rel=1e-9, over_abs=1e-12 + 2 * mixture_kernel_rounding(mixed, order, ref),
-                     under_rel=1e-9, under_abs=1e-12,
-                     what=f"data_dependent_pmixed_values(teachers={teachers!r}, public={public!r}, "
-                          f"lambdas={lambdas!r}) at order {order!r}")
+                     under_rel=1e-9, under_abs=1e-12, what=f"{what} at order {order!r}")
 
 
-# NEW defect found by this property (minimal shrunk input, kept as an explicit example): p_{-i} is
+# Defect found by this property, now fixed (minimal shrunk input, kept as an explicit example): p_{-i} is
 # formed as (N p - pbar_i) / (N - 1) in float64, which cancels catastrophically where teacher i
 # holds almost all of a token's mass: here total = 0.5 + 6e-17 rounds to 0.5 + 1.1e-16, so
 # p_{-1}[1] = 1.1e-16 instead of 6e-17 and the order-2 loss is 33.964 against the exact 34.580.
@@ -506,18 +515,14 @@ def _data_dependent_pmixed_curve(ensemble, alpha, beta, orders):
     pmixed = mechanisms.PMixED(alpha=alpha, beta=beta, teachers=len(teachers))
     curve = mechanisms.data_dependent_pmixed_curve(pmixed, np.asarray(teachers), np.asarray(public), orders=orders)
     lambdas = [float(x) for x in pmixed.mixing_weights(np.asarray(teachers), np.asarray(public))]
-    mixed, ones = float_mixtures(teachers, public, lambdas), [1.0] * len(teachers)
     assert curve.data_dependent
     assert tuple(curve.orders) == tuple(orders)
-    for order, value in zip(curve.orders, curve.values):
-        ref = O.data_dependent_loss(mixed, public, ones, order)
-        assert_bound(value, ref, over_rel=1e-9, over_abs=1e-12 + 2 * mixture_kernel_rounding(mixed, order, ref),
-                     under_rel=1e-9, under_abs=1e-12,
-                     what=f"data_dependent_pmixed_curve(PMixED({alpha!r}, {beta!r}), teachers={teachers!r}, "
-                          f"public={public!r}) [lambdas {lambdas!r}] at order {order!r}")
+    assert_matches_eq3(curve.values, curve.orders, teachers, public, lambdas,
+                       f"data_dependent_pmixed_curve(PMixED({alpha!r}, {beta!r}), teachers={teachers!r}, "
+                       f"public={public!r}) [lambdas {lambdas!r}]")
 
 
-# NEW defect, same cause as in data_dependent_pmixed_values, reached with the package's own mixing
+# Defect (fixed), same cause as in data_dependent_pmixed_values, reached with the package's own mixing
 # weights (shrunk by hypothesis): lambda = (0.0036243028398840913, 0.9999999999990905), teacher 2's
 # mixed token-0 mass 9.094e-17 sits beside teacher 1's 0.0036, and (N p - pbar_1) returns 9.107e-17:
 # order 1.01 loss 0.06489707387176924 against the exact 0.0649007576189987 (beta = 0.2 gives
