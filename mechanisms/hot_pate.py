@@ -13,7 +13,7 @@ import numpy as np
 
 from accounting.errors import require, require_bool, require_finite, require_int_at_least, require_positive
 from accounting.relation import NeighbouringRelation
-from mechanisms.base import Mechanism, require_relation, set_validated
+from mechanisms.base import Mechanism, positive_floor, require_relation, set_validated
 from mechanisms.distributions import as_float64_array
 from mechanisms.pate import require_generator, validated_counts
 
@@ -136,7 +136,7 @@ class DPWeightedSampler(Mechanism):
                 f"DPWS is analysed for replace-one neighbours only, got relation {self.relation}")
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        return orders / np.float64(self.sigma) ** 2
+        return positive_floor(orders / np.float64(self.sigma) ** 2)
 
     def aggregate(self, counts, rng: np.random.Generator) -> int | None:
         counts = validated_counts(counts)

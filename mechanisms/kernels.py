@@ -89,7 +89,7 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
                 # renormalised probabilities are off by an ulp even near log 1 = 0); the sum and the
                 # log add a few ulps. Without this, two different laws can come out at exactly 0
                 # (D_2 of (1/2 + 2^-30, 1/2 - 2^-30) against uniform is 3.5e-18), and a zero makes
-                # delta 0 at every epsilon. For LM-like rows (tails at 1e-30) it is ~3e-13 / (a-1).
+                # delta 0 at every epsilon. For LM-like rows (tails at 1e-30) it is ~3e-13 (a+1)/(a-1).
                 slack = _ULPS * ((order + 1.0) * magnitude + np.log2(vocab) + 2.0 + np.abs(log_sum))
                 result[flat, k] = (log_sum + slack) / (order - 1.0)
             result[flat[np.all(chunk_p == chunk_q, axis=-1)]] = 0.0     # identical laws: exactly 0
@@ -215,7 +215,11 @@ def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: t
             raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
         output = mixed.sum(dim=-2, keepdim=True) / n
         without = sums_without_each(mixed) / (n - 1)
-        return symmetric_renyi_orders(_log(output), _log(without), orders)
+        divergences = symmetric_renyi_orders(_log(output), _log(without), orders)
+        # all mixed teachers equal (e.g. every lambda 0): every neighbour's law is the same, exactly
+        # 0, although sum/N and sum/(N-1) can differ in the last ulp and draw the rounding-up
+        identical = (mixed == mixed[..., :1, :]).all(dim=-1).all(dim=-1)
+        return torch.where(identical[..., None, None], torch.zeros_like(divergences), divergences)
     if public is None:
         raise ValueError("a masked leave-one-out needs the public distribution for empty ensembles")
     weights = mask.double().unsqueeze(-1)
@@ -225,7 +229,10 @@ def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: t
     without = sums_without_each(weights * mixed) / (size - 1.0).clamp_min(1.0)
     without = torch.where(size == 1, public.double().unsqueeze(-2).expand_as(mixed), without)
     divergences = symmetric_renyi_orders(_log(output), _log(without), orders)
-    return torch.where(mask.unsqueeze(-1), divergences, torch.zeros_like(divergences))
+    # every mixed teacher equal to the public model: each neighbour's law is the public model
+    identical = (mixed == public.double().unsqueeze(-2)).all(dim=-1).all(dim=-1)
+    zero = ~mask.unsqueeze(-1) | identical[..., None, None]
+    return torch.where(zero, torch.zeros_like(divergences), divergences)
 
 
 def coordinated_votes(teachers: torch.Tensor, generator: torch.Generator | None = None,

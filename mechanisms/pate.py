@@ -21,7 +21,7 @@ from accounting.curve import RdpCurve
 from accounting.errors import require, require_bool, require_non_negative, require_positive
 from accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from accounting.relation import DivergenceDirection, NeighbouringRelation
-from mechanisms.base import Mechanism, require_relation, set_validated
+from mechanisms.base import Mechanism, positive_floor, require_relation, set_validated
 
 
 def validated_counts(counts) -> np.ndarray:
@@ -143,7 +143,7 @@ class GNMax(Mechanism):
         set_validated(self, sigma=require_positive("sigma", self.sigma), relation=require_relation(self.relation))
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        return orders / np.float64(self.sigma) ** 2
+        return positive_floor(orders / np.float64(self.sigma) ** 2)
 
     def data_dependent_rdp(self, counts, orders: np.ndarray,
                            direction: DivergenceDirection = DivergenceDirection.BOTH) -> np.ndarray:
@@ -194,7 +194,7 @@ class ConfidentGNMax(Mechanism):
                       sigma=require_positive("sigma", self.sigma), relation=require_relation(self.relation))
 
     def screen_rdp(self, orders: np.ndarray) -> np.ndarray:
-        return validated_orders(orders) / (2.0 * np.float64(self.sigma_threshold) ** 2)
+        return positive_floor(validated_orders(orders) / (2.0 * np.float64(self.sigma_threshold) ** 2))
 
     def answer_rdp(self, orders: np.ndarray) -> np.ndarray:
         return GNMax(self.sigma).rdp_values(orders)

@@ -74,8 +74,12 @@ def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers
         beta = inner / (4.0 * (alpha - 1.0) * alpha)
     require(math.isfinite(beta), f"beta overflows for epsilon_budget={epsilon_budget:g}, queries={queries}, "
                                  f"alpha={alpha:g}: choose a smaller budget per query or order")
-    # rounded down by a bound on its floating-point error, so that beta never exceeds the budget
-    return beta * (1.0 - 16.0 * np.finfo(np.float64).eps)
+    # rounded down by a bound on its floating-point error (relative, and absolute for subnormal
+    # values), so that beta never exceeds the budget
+    beta = beta * (1.0 - 16.0 * np.finfo(np.float64).eps) - 16.0 * np.finfo(np.float64).smallest_subnormal
+    require(beta > 0, f"beta underflows for epsilon_budget={epsilon_budget:g}, queries={queries}: the budget per "
+                      f"query is below what float64 can resolve")
+    return beta
 
 
 @dataclass(frozen=True)

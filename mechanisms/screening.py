@@ -7,7 +7,7 @@ import numpy as np
 
 from accounting.errors import require, require_in_closed, require_int_at_least, require_non_negative, require_order, require_positive
 from accounting.relation import NeighbouringRelation
-from mechanisms.base import Mechanism, require_relation, set_validated
+from mechanisms.base import Mechanism, positive_floor, require_relation, set_validated
 from mechanisms.distributions import validated_ensemble
 
 
@@ -53,7 +53,8 @@ class NoisyScreening(Mechanism):
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         # float64: sigma = 1e-300 gives +inf ("no guarantee"), never OverflowError
-        return (np.float64(self.lam) / (self.teachers * np.float64(self.sigma))) ** 2 * orders
+        values = (np.float64(self.lam) / (self.teachers * np.float64(self.sigma))) ** 2 * orders
+        return positive_floor(values) if self.lam > 0 else values  # lam = 0 reads no teacher: exactly 0
 
     def statistics(self, teachers, public, generator):
         """Screening statistics of L queries at once (seed Algorithm 1; SPEC section 4): teachers

@@ -44,6 +44,9 @@ def _base_values(base_epsilon: Callable[[np.ndarray], np.ndarray], at: np.ndarra
 
 
 _ULPS = 8.0 * np.finfo(np.float64).eps
+_SMALLEST = np.finfo(np.float64).smallest_subnormal
+MAX_AMPLIFIED_ORDER = 100_000
+"""Orders above this are charged the unsampled value (the amplification sum has A terms)."""
 
 
 def _log_term_excess(exponent: np.ndarray, factor: float, k: np.ndarray) -> np.ndarray:
@@ -77,10 +80,15 @@ def amplified_rdp(sampling_probability: float, base_epsilon: Callable[[np.ndarra
     require(callable(base_epsilon), f"base_epsilon must be a function of the orders, got {base_epsilon!r}")
     if q == 0.0:
         return np.zeros_like(orders)
-    integer_orders = np.maximum(2, np.ceil(orders - 1e-12)).astype(np.int64)
+    unsampled = _base_values(base_epsilon, orders)
+    # the sum has one term per integer order up to A: above MAX_AMPLIFIED_ORDER only the
+    # unsampled value (always sound, see above) is charged, never a MemoryError
+    large = orders > MAX_AMPLIFIED_ORDER
+    if np.all(large):
+        return unsampled
+    integer_orders = np.maximum(2, np.ceil(np.where(large, 2.0, orders) - 1e-12)).astype(np.int64)
     ks = np.arange(2, int(integer_orders.max()) + 1)
     base = _base_values(base_epsilon, ks)
-    unsampled = _base_values(base_epsilon, orders)
     log_q = math.log(q)
     log_1mq = math.log1p(-q) if q < 1.0 else -math.inf
     results = {}
@@ -106,9 +114,11 @@ def amplified_rdp(sampling_probability: float, base_epsilon: Callable[[np.ndarra
             share = np.exp(log_excess[counted] - log_sum)
             log_sum += _ULPS * (float(np.dot(share, magnitude[counted])) + math.log2(k.size) + 2.0)
         total = float(np.logaddexp(0.0, log_sum))
-        results[int(order)] = total / (order - 1) * (1.0 + _ULPS)
+        value = total / (order - 1) * (1.0 + _ULPS)
+        # a positive excess that underflowed is the smallest float, never 0 (see positive_floor)
+        results[int(order)] = max(value, _SMALLEST) if log_sum > -math.inf else value
     amplified = np.array([results[int(o)] for o in integer_orders], dtype=np.float64)
-    return np.minimum(amplified, unsampled)
+    return np.where(large, unsampled, np.minimum(amplified, unsampled))
 
 
 @dataclass(frozen=True)

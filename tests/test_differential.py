@@ -416,8 +416,9 @@ def _noisy_screening(teachers, lam, sigma, orders):
     screening = mechanisms.NoisyScreening(teachers=teachers, lam=lam, sigma=sigma)
     got = screening.rdp_values(np.asarray(orders, dtype=np.float64))
     for order, value in zip(orders, got):
-        assert_bound(value, O.noisy_screening_rdp(order, teachers, lam, sigma), over_rel=1e-13, over_abs=0.0,
-                     under_rel=1e-13, under_abs=1e-300,  # (lam/(N sigma))^2 below 1e-308 flushes to 0
+        # a positive value that underflows is reported as the smallest float (5e-324), never 0
+        assert_bound(value, O.noisy_screening_rdp(order, teachers, lam, sigma), over_rel=1e-13, over_abs=5e-324,
+                     under_rel=1e-13, under_abs=0.0,
                      what=f"NoisyScreening(teachers={teachers}, lam={lam!r}, sigma={sigma!r}) at order {order!r}")
 
 

@@ -249,3 +249,32 @@ def test_orders_are_never_rounded_upward():
     curve = RdpCurve((1.00000000016,), np.array([1e-3]))
     assert curve.orders[0] <= 1.00000000016
     assert epsilon_from_rdp(curve, 0.5).epsilon >= float(O.epsilon_improved([1.00000000016], [1e-3], 0.5))
+
+
+def test_subsampled_gaussian_at_tiny_rates_and_extreme_noise():
+    """dp-accounting's fractional series gave 0 (exact 1.4e-17) at q = 1e-8, order 1.0000001, and
+    raised ZeroDivisionError / OverflowError for sigma 1e-300 / 1e160; order 1e12 ran out of memory."""
+    low = PoissonSubsampledGaussian(2.0, 1e-8).rdp_values(np.array([1.0000001]))[0]
+    assert low >= float(O.subsampled_gaussian_rdp(1e-8, 2.0, 2)) * 0.49  # >= exact 1.42e-17 (half of order 2)
+    for sigma in (1e-300, 1e160):
+        curve = PoissonSubsampledGaussian(sigma, 0.5).rdp_curve()
+        assert np.all(curve.values > 0)
+    assert PoissonSubsampledGaussian(1.0, 0.01).rdp_values(np.array([1e12]))[0] == 1e12 / 2
+
+
+def test_losses_that_underflow_are_never_zero():
+    """GaussianMechanism(1e160) gave an all-zero curve, i.e. epsilon 0 as if it read no data."""
+    assert epsilon_from_rdp(GaussianMechanism(1e160).rdp_curve(), 1e-5).epsilon > 0
+    assert delta_from_rdp(PoissonSubsampledGaussian(1.0, 1e-200).rdp_curve(), 0.0).delta > 0
+    with pytest.raises(ValueError, match="beta underflows"):
+        beta_from_budget(1e-320, 10**6, 1.0000001, 2)
+
+
+def test_a_loss_that_is_exactly_zero_stays_zero(rng):
+    """With every lambda 0 all neighbours release the public model: sum/N and sum/(N-1) differed in the
+    last ulp and the rounding-up turned 0 into epsilon 0.0035."""
+    teachers, public = lm_like(rng, 100, batch=(7,)), lm_like(rng, 100)
+    curve = data_dependent_pmixed_curve(PMixED(6.0, 0.0, 7), teachers, public)
+    assert not np.any(curve.values) and epsilon_from_rdp(curve, 1e-5).epsilon == 0.0
+    same = np.stack([public] * 4)
+    assert not np.any(data_dependent_pmixed_values(same, public, np.ones(4), DEFAULT_ORDERS))
