@@ -1,7 +1,7 @@
 """The accountant: a ledger of named per-step RDP charges (Flemings et al. 2024, Table 2b).
 
 Each step charges one or more named components (e.g. `screen`, `pmixed_data_dependent`). The ledger
-keeps one running RDP total per component; the composed curve is their sum (seed Theorem A.2).
+keeps one running RDP total per component; the composed curve is their sum (Mironov 2017, Proposition 1).
 `breakdown` gives Table 2b's shape: each component's RDP at the optimal order of the composed
 curve, the conversion term, and the total, which sum to the reported epsilon. Each component
 keeps whether it is data-dependent and which divergence direction(s) it bounds.

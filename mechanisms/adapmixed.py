@@ -1,9 +1,9 @@
-"""AdaPMixED: noisy screening + PMixED charged data-dependently (seed section 4, Algorithm 1).
+"""AdaPMixED: noisy screening + PMixED charged data-dependently (Flemings et al. 2024, Section 4, Algorithm 1).
 
-Per-step loss (seed Theorem 4.2): eps_screen(a) + 1{screen passed} * eps_t(a), with
-eps_t(a') = max_i D<->_a'(p, p_{-i}) (seed Eq. 3), computable at every order a' of the grid.
+Per-step loss (ibid. Theorem 4.2): eps_screen(a) + 1{screen passed} * eps_t(a), with
+eps_t(a') = max_i D<->_a'(p, p_{-i}) (ibid. Eq. 3), computable at every order a' of the grid.
 The data-dependent loss covers the remove-one neighbours of the realised ensemble; it is not a
-releasable DP guarantee (seed section 3.1; Papernot et al. 2018), and reports must say so.
+releasable DP guarantee (Papernot et al. 2018), and reports must say so.
 """
 from __future__ import annotations
 

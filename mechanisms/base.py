@@ -98,7 +98,7 @@ class Mechanism(abc.ABC):
 
 @dataclass(frozen=True)
 class ComposedMechanism(Mechanism):
-    """Adaptive composition of mechanisms (Mironov 2017, Proposition 1; seed Theorem A.2)."""
+    """Adaptive composition of mechanisms (Mironov 2017, Proposition 1)."""
 
     parts: tuple[Mechanism, ...]
 

@@ -11,7 +11,7 @@ def renyi_divergence(p, q, alpha, symmetric: bool = False):
     """D_alpha(P||Q) = 1/(alpha-1) log sum_j P_j^alpha Q_j^(1-alpha), in float64 log space.
 
     van Erven & Harremoes 2014, Definition 2; symmetric=True gives
-    D<->_alpha = max(D_alpha(P||Q), D_alpha(Q||P)) (seed section 2). P and Q are arrays whose last
+    D<->_alpha = max(D_alpha(P||Q), D_alpha(Q||P)) (Flemings et al. 2024). P and Q are arrays whose last
     axis is the vocabulary (broadcast over leading axes); `alpha` is one order > 1 (result shape:
     the broadcast batch shape) or a 1-D sequence of orders (result gains a trailing order axis).
     +inf where P puts mass outside Q's support. Torch inputs give a float64 torch tensor back.

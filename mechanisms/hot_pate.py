@@ -1,4 +1,4 @@
-"""Hot PATE: coordinated teacher voting and its aggregators (seed hot_pate_summary.txt; SPEC section 5).
+"""Hot PATE: coordinated teacher voting and its aggregators (Cohen et al. 2023).
 
 Votes are cast with shared public randomness (coordinated) or independently (cold); the histogram
 changes by one vote when one teacher is replaced (L1 = 2, L2 = sqrt(2), Linf = 1). TARGMAX and TWS
@@ -116,8 +116,8 @@ class DPWeightedSampler(Mechanism):
     """DPWS: Gaussian noisy histogram, then TWS on the noisy counts.
 
     Construction: add N(0, sigma^2) to every count (L2 sensitivity sqrt(2) under replace-one), then
-    run TWS_{T, gamma} on max(noisy counts, 0). The second stage is post-processing (seed Theorem
-    A.1), so the RDP is the Gaussian mechanism's: alpha * 2 / (2 sigma^2) = alpha / sigma^2
+    run TWS_{T, gamma} on max(noisy counts, 0). The second stage is post-processing (Mironov 2017,
+    Proposition 9), so the RDP is the Gaussian mechanism's: alpha * 2 / (2 sigma^2) = alpha / sigma^2
     (Mironov 2017, Corollary 3), data-independent.
     """
 

@@ -122,7 +122,7 @@ def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, r
                    max_iterations: int = 60, relative_tolerance: float = 1e-10) -> torch.Tensor:
     """Largest lambda in [0, 1] per teacher with D<->_order(lambda p_i + (1-lambda) p0, p0) <= radius.
 
-    PMixED projection (Flemings et al. 2024, Algorithm 2; seed Algorithm 2 / Appendix C). The
+    PMixED projection (Flemings et al. 2024, Algorithm 2 and Appendix C). The
     divergence is non-decreasing in lambda (quasi-convexity, van Erven & Harremoes 2014 Theorem 13,
     with value 0 at lambda = 0), so the root of f(lambda) = D(lambda) - radius is bracketed by
     [0, 1] and found by the Illinois variant of regula falsi (superlinear, bisection where the secant

@@ -1,6 +1,6 @@
 """PMixED: project each teacher onto a Renyi ball around the public model, average, sample.
 
-Flemings et al. 2024; seed section 3.2, Algorithm 2, Appendix C. SPEC section 3.
+Flemings et al. 2024, Section 3.2, Algorithm 2, Appendix C.
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ class PMixED(Mechanism):
 
     @property
     def radius(self) -> float:
-        """The Renyi ball's radius beta * alpha (seed Algorithm 2)."""
+        """The Renyi ball's radius beta * alpha (Flemings et al. 2024, Algorithm 2)."""
         return self.beta * self.alpha
 
     @property
@@ -118,7 +118,7 @@ class PMixED(Mechanism):
 
     def mixing_weights(self, teachers, public):
         """lambda_i per teacher (vectorised over all N): largest lambda in [0, 1] keeping the mixed
-        teacher within the ball (SPEC section 3). teachers (..., N, V), public (..., V)."""
+        teacher within the ball (Flemings et al. 2024, Algorithm 2). teachers (..., N, V), public (..., V)."""
         import torch
 
         from mechanisms.kernels import mixing_weights
@@ -137,7 +137,7 @@ class PMixED(Mechanism):
 
 
 class SubsamplingVariant(enum.Enum):
-    """How PMixED's Poisson-subsampled per-query bound is formed (SPEC section 3).
+    """How PMixED's Poisson-subsampled per-query bound is formed (Flemings et al. 2024, Theorem A.4; Zhu & Wang 2019).
 
     Each is an accounting choice with different soundness; reports show them side by side.
     """
@@ -173,7 +173,7 @@ _VARIANT_SOUNDNESS = {
         "PMixED paper's original code; charges order k as if the ball there had radius beta*k although "
         "only the projection order is enforced (pitfall 4): unsound"),
     SubsamplingVariant.WORST_CASE_SIZE: (
-        "worst ensemble size for every query, tight amplification (seed Theorem A.4) without the factor 3: "
+        "worst ensemble size for every query, tight amplification (Zhu & Wang 2019, Theorem 5) without the factor 3: "
         "sound only if PMixED meets the tight form's extra condition"),
     SubsamplingVariant.REALISED_SIZE_GENERAL: (
         "general amplification (Zhu & Wang 2019, factor 3) but the realised sample size still chooses the "
@@ -187,7 +187,7 @@ _VARIANT_SOUNDNESS = {
 class SubsampledPMixED(Mechanism):
     """One PMixED query on a Poisson subsample of the teachers with rate `sampling_probability`.
 
-    Base epsilon(k) plugged into the amplification bound (seed Theorem A.4 / Zhu & Wang 2019):
+    Base epsilon(k) plugged into the amplification bound (Steinke 2022; Zhu & Wang 2019):
       realised-size(-general): eps(k) := Theorem 3.1 at the projection order a with m = realised_size,
         for k <= a (+inf above a, where no bound holds);
       per-order-radius: eps(k) := Theorem 3.1 at order k with m = realised_size (unsound, pitfall 4);

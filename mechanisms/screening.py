@@ -1,4 +1,4 @@
-"""AdaPMixED's noisy screening (seed section 4.1, Algorithm 1, Theorem 4.1; SPEC section 4)."""
+"""AdaPMixED's noisy screening (Flemings et al. 2024, Section 4.1, Algorithm 1, Theorem 4.1)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,13 +23,13 @@ class ScreeningOutcome:
 class NoisyScreening(Mechanism):
     """Gaussian screening of the lam-mixed ensemble mean on the public model's top-k tokens.
 
-    RDP (seed Theorem 4.1): eps_screen(a) = (lam / (N sigma))^2 * a at every order.
+    RDP (Flemings et al. 2024, Theorem 4.1): eps_screen(a) = (lam / (N sigma))^2 * a at every order.
     Why: pbar = (1/N) sum_i (lam p_i + (1-lam) p0). Replacing teacher i moves pbar by
     (lam/N)(p_i - p_i'); removing it moves pbar by (lam/N)(p_i - mean_{j != i} p_j) (the p0 terms
     cancel). Both have L2 norm <= lam sqrt(2) / N with N the larger ensemble's size, and top-k
     truncation can only shrink it. The Gaussian mechanism with sensitivity D and noise sigma is
     (a, a D^2 / (2 sigma^2))-RDP (Mironov 2017, Corollary 3), i.e. a (lam / (N sigma))^2.
-    Clipping and renormalising the noisy vector is post-processing (seed Theorem A.1).
+    Clipping and renormalising the noisy vector is post-processing (Mironov 2017, Proposition 9).
     """
 
     teachers: int
@@ -57,7 +57,7 @@ class NoisyScreening(Mechanism):
         return positive_floor(values) if self.lam > 0 else values  # lam = 0 reads no teacher: exactly 0
 
     def statistics(self, teachers, public, generator):
-        """Screening statistics of L queries at once (seed Algorithm 1; SPEC section 4): teachers
+        """Screening statistics of L queries at once (Flemings et al. 2024, Algorithm 1): teachers
         (L, N, V), public (L, V) -> (L,) torch float64; `generator` is a torch.Generator.
 
         Per query: K = top-k of p0 (public, so free); mean = lam * mean_i p_i[K] + (1-lam) p0[K];

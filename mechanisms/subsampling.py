@@ -126,7 +126,7 @@ class PoissonSubsampledMechanism(Mechanism):
     """Any data-independent add/remove-one mechanism run on a Poisson subsample of rate q.
 
     `general=True` applies Zhu & Wang 2019 Theorem 9 (factor 3; sound for every mechanism);
-    `general=False` the tight form (seed Theorem A.4), which needs the mechanism to meet its
+    `general=False` the tight form (Steinke 2022; Zhu & Wang 2019, Theorem 5), which needs the mechanism to meet its
     extra condition.
     """
 
