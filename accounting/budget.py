@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from accounting.conversion import ConversionMethod, conversion_method, epsilon_from_rdp
-from accounting.curve import RdpCurve
+from accounting.curve import RdpCurve, require_curve
 from accounting.errors import require, require_bool, require_in_open, require_positive
 from accounting.orders import DEFAULT_ORDERS
 from accounting.relation import NeighbouringRelation
@@ -31,15 +31,13 @@ class RdpBudget:
         self.data_dependent_checks = 0
 
     def _check_allowed(self, curve: RdpCurve) -> None:
-        require(isinstance(curve, RdpCurve), f"curve must be an RdpCurve, got {type(curve).__name__}")
-        if curve.data_dependent and not self.allow_data_dependent:
+        if require_curve(curve).data_dependent and not self.allow_data_dependent:
             raise ValueError(
                 "checking a data-dependent loss against a budget leaks private information "
                 "(Redberg et al. 2023); construct RdpBudget(..., allow_data_dependent=True) to opt in")
 
     def epsilon_after(self, curve: RdpCurve) -> float:
-        require(isinstance(curve, RdpCurve), f"curve must be an RdpCurve, got {type(curve).__name__}")
-        return epsilon_from_rdp(self.spent + curve, self.delta, self.method).epsilon
+        return epsilon_from_rdp(self.spent + require_curve(curve), self.delta, self.method).epsilon
 
     def can_afford(self, curve: RdpCurve) -> bool:
         """True when spending `curve` keeps the (epsilon, delta) target."""

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accounting.curve import RdpCurve
+from accounting.curve import RdpCurve, require_curve
 from accounting.errors import require, require_in_open, require_non_negative
 from accounting.relation import DivergenceDirection
+from accounting.rounding import ROUNDING_ULPS
 
 
 class ConversionMethod(enum.Enum):
@@ -103,9 +104,6 @@ def _warn_if_edge(at_edge: bool, order: float | None, curve: RdpCurve) -> None:
             GridEdgeWarning, stacklevel=3)
 
 
-_ULPS = 8.0 * np.finfo(np.float64).eps
-
-
 def conversion_method(method: ConversionMethod | str) -> ConversionMethod:
     """The method named by `method`; ValueError listing the names for anything else."""
     if isinstance(method, ConversionMethod):
@@ -114,12 +112,6 @@ def conversion_method(method: ConversionMethod | str) -> ConversionMethod:
         return ConversionMethod(method)
     except ValueError:
         raise ValueError(f"method must be one of {[m.value for m in ConversionMethod]}, got {method!r}") from None
-
-
-def _require_curve(curve) -> RdpCurve:
-    require(isinstance(curve, RdpCurve),
-            f"curve must be an RdpCurve (e.g. RdpCurve(orders, values)), got {type(curve).__name__}")
-    return curve
 
 
 def epsilon_from_rdp(curve: RdpCurve, delta: float,
@@ -135,7 +127,7 @@ def epsilon_from_rdp(curve: RdpCurve, delta: float,
     epsilon is rounded up by a bound on its floating-point error (8 ulps of RDP + |term| + 1,
     about 2e-15 relative), never down.
     """
-    curve = _require_curve(curve)
+    curve = require_curve(curve)
     delta = require_in_open("delta", delta, 0.0, 1.0)
     method = conversion_method(method)
     orders = np.asarray(curve.orders)
@@ -149,7 +141,7 @@ def epsilon_from_rdp(curve: RdpCurve, delta: float,
     best = int(np.argmin(eps_per_order))
     rdp = float(curve.values[best])
     # rounded up by a bound on the floating-point error of r + term, so rounding never under-states
-    rounding = _ULPS * (rdp + abs(float(eps_per_order[best] - rdp)) + 1.0)
+    rounding = ROUNDING_ULPS * (rdp + abs(float(eps_per_order[best] - rdp)) + 1.0)
     epsilon = max(0.0, float(eps_per_order[best]) + rounding)
     at_edge = best in (0, len(orders) - 1)
     _warn_if_edge(at_edge, float(orders[best]), curve)
@@ -161,12 +153,12 @@ def rdp_branch_rounding_slack(order, rdp, epsilon):
     """Bound on the floating-point error of log delta(a) = (a-1)(r - eps + log(1-1/a)) - log a:
     8 ulps of the magnitudes that enter it (the subtraction r - eps is where digits are lost)."""
     order = np.asarray(order, dtype=np.float64)
-    return _ULPS * ((order - 1.0) * (np.asarray(rdp, dtype=np.float64) + epsilon + 1.0) + np.log(order) + 1.0)
+    return ROUNDING_ULPS * ((order - 1.0) * (np.asarray(rdp, dtype=np.float64) + epsilon + 1.0) + np.log(order) + 1.0)
 
 
 def tv_branch_rounding_slack(log_delta_tv):
     """Bound on the floating-point error of 0.5 log(-expm1(-r)): 8 ulps of its magnitude."""
-    return _ULPS * (np.abs(np.asarray(log_delta_tv, dtype=np.float64)) + 1.0)
+    return ROUNDING_ULPS * (np.abs(np.asarray(log_delta_tv, dtype=np.float64)) + 1.0)
 
 
 def delta_from_rdp(curve: RdpCurve, epsilon: float) -> DeltaConversion:
@@ -181,7 +173,7 @@ def delta_from_rdp(curve: RdpCurve, epsilon: float) -> DeltaConversion:
     -inf below r ~ 1e-16). delta is capped at 1 and rounded up by its floating-point error bound
     (`rdp_branch_rounding_slack`, `tv_branch_rounding_slack`), never down to 0.
     """
-    curve = _require_curve(curve)
+    curve = require_curve(curve)
     epsilon = require_non_negative("epsilon", epsilon)
     orders = np.asarray(curve.orders)
     values = curve.values

@@ -124,13 +124,20 @@ class RdpCurve:
             raise ValueError(f"RDP curve record is malformed: {wrong}") from None
 
 
+def require_curve(curve, name: str = "curve") -> RdpCurve:
+    """curve itself, or ValueError naming `name` when it is not an RdpCurve."""
+    require(isinstance(curve, RdpCurve),
+            f"{name} must be an RdpCurve (e.g. RdpCurve(orders, values)), got {type(curve).__name__}")
+    return curve
+
+
 def compose_curves(curves: Iterable[RdpCurve]) -> RdpCurve:
     """Sum of a non-empty sequence of curves on one grid and relation."""
     require(hasattr(curves, "__iter__"), f"compose_curves needs an iterable of RdpCurve, got {curves!r}")
     curves = list(curves)
     require(len(curves) > 0, "compose_curves needs at least one curve")
     for index, curve in enumerate(curves):
-        require(isinstance(curve, RdpCurve), f"curve {index} must be an RdpCurve, got {type(curve).__name__}")
+        require_curve(curve, f"curve {index}")
     total = curves[0]
     for curve in curves[1:]:
         total = total + curve

@@ -99,11 +99,10 @@ class PrivacyLedger:
             self._add(name, curve.values, curve.data_dependent, curve.direction)
         self.steps += 1
 
-    def charge_many(self, components: Mapping[str, tuple[np.ndarray, bool]],
-                    directions: Mapping[str, DivergenceDirection] | None = None) -> None:
+    def charge_many(self, components: Mapping[str, tuple[np.ndarray, bool]]) -> None:
         """Charge a block of steps: each component maps to (values[steps, orders], data_dependent),
-        the columns in the order the ledger's orders were given; `directions` names the components
-        that bound fewer than both directions."""
+        the columns in the order the ledger's orders were given. The values bound both divergence
+        directions; a one-direction curve is charged with `charge`, which reads its direction."""
         require(isinstance(components, Mapping) and len(components) > 0,
                 f"a block must charge a non-empty mapping of component name to (values, data_dependent), got {components!r}")
         steps = None
@@ -120,10 +119,8 @@ class PrivacyLedger:
             require(bool(np.all(values >= 0)), f"component {name!r} has negative RDP values")
             require(steps is None or values.shape[0] == steps, "every component must cover the same steps")
             steps = values.shape[0]
-        directions = dict(directions or {})
         for name, (values, data_dependent) in components.items():
-            self._add(name, np.asarray(values, dtype=np.float64)[:, self._permutation].sum(axis=0), bool(data_dependent),
-                      directions.get(name, DivergenceDirection.BOTH))
+            self._add(name, np.asarray(values, dtype=np.float64)[:, self._permutation].sum(axis=0), bool(data_dependent))
         self.steps += steps
 
     def component_curve(self, name: str) -> RdpCurve:

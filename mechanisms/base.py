@@ -46,12 +46,6 @@ def _checked_rdp_values(rdp_values):
     return checked
 
 
-def positive_floor(values: np.ndarray) -> np.ndarray:
-    """A loss that is positive in exact arithmetic but underflowed is reported as the smallest float,
-    never 0: an all-zero curve converts to epsilon 0 (a mechanism that reads no data)."""
-    return np.maximum(values, np.finfo(np.float64).smallest_subnormal)
-
-
 def set_validated(spec: Any, **fields: Any) -> None:
     """Store validated (converted) field values on a frozen dataclass, so that e.g. "2" never
     survives validation as a string."""

@@ -5,8 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accounting.curve import RdpCurve
-from accounting.errors import require
+from accounting.curve import RdpCurve, require_curve
 from accounting.relation import NeighbouringRelation
 from mechanisms.base import Mechanism
 
@@ -21,7 +20,7 @@ class CustomCurveMechanism(Mechanism):
     name: str = "custom"
 
     def __post_init__(self) -> None:
-        require(isinstance(self.curve, RdpCurve), f"curve must be an RdpCurve, got {type(self.curve).__name__}")
+        require_curve(self.curve)
 
     @property
     def relation(self) -> NeighbouringRelation:  # type: ignore[override]

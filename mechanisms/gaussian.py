@@ -7,7 +7,8 @@ import numpy as np
 
 from accounting.errors import require, require_in_closed, require_positive
 from accounting.relation import NeighbouringRelation
-from mechanisms.base import Mechanism, positive_floor, require_relation, set_validated
+from accounting.rounding import positive_floor
+from mechanisms.base import Mechanism, require_relation, set_validated
 
 
 @dataclass(frozen=True)

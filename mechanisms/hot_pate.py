@@ -13,7 +13,8 @@ import numpy as np
 
 from accounting.errors import require, require_bool, require_finite, require_int_at_least, require_positive
 from accounting.relation import NeighbouringRelation
-from mechanisms.base import Mechanism, positive_floor, require_relation, set_validated
+from accounting.rounding import positive_floor
+from mechanisms.base import Mechanism, require_relation, set_validated
 from mechanisms.distributions import as_float64_array
 from mechanisms.pate import require_generator, validated_counts
 
@@ -51,7 +52,7 @@ def cast_votes(teachers, coordinated: bool, seed: int) -> np.ndarray:
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1]).numpy()
 
 
-def require_at_least_one_finite(name: str, value) -> float:
+def require_finite_at_least_one(name: str, value) -> float:
     value = require_finite(name, value)
     require(value >= 1.0, f"{name} must be >= 1, got {value:g}")
     return value
@@ -93,7 +94,7 @@ class ThresholdWeightedSampler(_ThresholdPrivateOnly):
 
     def __post_init__(self) -> None:
         set_validated(self, threshold=require_int_at_least("threshold", self.threshold, 1),
-                      gamma=require_at_least_one_finite("gamma", self.gamma))
+                      gamma=require_finite_at_least_one("gamma", self.gamma))
 
     def probabilities(self, counts) -> np.ndarray:
         """Per-token output probabilities (the failure probability is 1 minus their sum)."""
@@ -129,7 +130,7 @@ class DPWeightedSampler(Mechanism):
     def __post_init__(self) -> None:
         set_validated(self, sigma=require_positive("sigma", self.sigma),
                       threshold=require_positive("threshold", self.threshold),
-                      gamma=require_at_least_one_finite("gamma", self.gamma), relation=require_relation(self.relation))
+                      gamma=require_finite_at_least_one("gamma", self.gamma), relation=require_relation(self.relation))
         # the normaliser uses the vote total n, public only when one teacher is replaced (under
         # add/remove-one n itself moves, and alpha / sigma^2 no longer covers the output)
         require(self.relation is NeighbouringRelation.REPLACE_ONE,

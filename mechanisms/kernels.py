@@ -12,8 +12,9 @@ import os
 import numpy as np
 import torch
 
+from accounting.rounding import ROUNDING_ULPS
+
 _CHUNK_ELEMENTS = 1 << 16  # 512 KB of float64 per buffer: stays in cache
-_ULPS = 8.0 * np.finfo(np.float64).eps
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +91,7 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
                 # log add a few ulps. Without this, two different laws can come out at exactly 0
                 # (D_2 of (1/2 + 2^-30, 1/2 - 2^-30) against uniform is 3.5e-18), and a zero makes
                 # delta 0 at every epsilon. For LM-like rows (tails at 1e-30) it is ~3e-13 (a+1)/(a-1).
-                slack = _ULPS * ((order + 1.0) * magnitude + np.log2(vocab) + 2.0 + np.abs(log_sum))
+                slack = ROUNDING_ULPS * ((order + 1.0) * magnitude + np.log2(vocab) + 2.0 + np.abs(log_sum))
                 result[flat, k] = (log_sum + slack) / (order - 1.0)
             result[flat[np.all(chunk_p == chunk_q, axis=-1)]] = 0.0     # identical laws: exactly 0
             result[flat[np.any(~p_zero & q_zero, axis=-1)]] = np.inf   # P has mass outside Q's support

@@ -21,7 +21,8 @@ from accounting.curve import RdpCurve
 from accounting.errors import require, require_bool, require_non_negative, require_positive
 from accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from accounting.relation import DivergenceDirection, NeighbouringRelation
-from mechanisms.base import Mechanism, positive_floor, require_relation, set_validated
+from accounting.rounding import SMALLEST_POSITIVE, positive_floor
+from mechanisms.base import Mechanism, require_relation, set_validated
 
 
 def validated_counts(counts) -> np.ndarray:
@@ -110,7 +111,7 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: np.ndarray) -> 
     if log_q == -math.inf:
         # q~ below the smallest float (a gap of ~1e154 sigma): the bound tends to 0 as q~ -> 0 at
         # every order (A -> 1, q~ B^(a-1) -> 0); report the smallest positive float, rounded up.
-        return np.minimum(independent, np.finfo(np.float64).smallest_subnormal)
+        return np.minimum(independent, SMALLEST_POSITIVE)
     mu2 = sigma * math.sqrt(-log_q)
     mu1 = mu2 + 1.0
     eps1, eps2 = mu1 / sigma ** 2, mu2 / sigma ** 2
@@ -127,8 +128,7 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: np.ndarray) -> 
     valid = orders < mu1
     # neighbouring GNMax output laws always differ, so the bound is > 0: a value that underflows is
     # rounded up to the smallest float, never to 0 (an all-zero curve would convert to epsilon 0)
-    return np.where(valid, np.minimum(independent, np.maximum(bound, np.finfo(np.float64).smallest_subnormal)),
-                    independent)
+    return np.where(valid, np.minimum(independent, positive_floor(bound)), independent)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from accounting.errors import (require, require_in_closed, require_int_at_least,
                                require_order, require_positive)
 from accounting.orders import DEFAULT_ORDERS, canonical_orders
 from accounting.relation import NeighbouringRelation
+from accounting.rounding import ROUNDING_ULPS, SMALLEST_POSITIVE
 from mechanisms.base import Mechanism, require_relation, set_validated
 from mechanisms.distributions import validated_ensemble, validated_lambdas
 from mechanisms.subsampling import amplified_rdp
@@ -34,8 +35,9 @@ def theorem_3_1_epsilon(alpha, beta: float, teachers) -> np.ndarray:
     integer >= 0.
     """
     alpha = np.asarray(alpha, dtype=np.float64)
-    if np.any(~np.isfinite(alpha) | (alpha <= 1)):
-        raise ValueError(f"alpha (Renyi order) must be finite and > 1, got {float(alpha[~np.isfinite(alpha) | (alpha <= 1)].flat[0])!r}")
+    bad_alpha = ~(np.isfinite(alpha) & (alpha > 1))
+    if np.any(bad_alpha):
+        raise ValueError(f"alpha (Renyi order) must be finite and > 1, got {float(alpha[bad_alpha].flat[0])!r}")
     beta = require_non_negative("beta", beta)
     n = np.asarray(teachers, dtype=np.float64)
     bad_n = ~np.isfinite(n) | (n < 0) | (n != np.round(n))
@@ -76,7 +78,7 @@ def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers
                                  f"alpha={alpha:g}: choose a smaller budget per query or order")
     # rounded down by a bound on its floating-point error (relative, and absolute for subnormal
     # values), so that beta never exceeds the budget
-    beta = beta * (1.0 - 16.0 * np.finfo(np.float64).eps) - 16.0 * np.finfo(np.float64).smallest_subnormal
+    beta = beta * (1.0 - 2.0 * ROUNDING_ULPS) - 16.0 * SMALLEST_POSITIVE
     require(beta > 0, f"beta underflows for epsilon_budget={epsilon_budget:g}, queries={queries}: the budget per "
                       f"query is below what float64 can resolve")
     return beta

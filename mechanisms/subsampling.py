@@ -29,6 +29,7 @@ from scipy.special import gammaln, logsumexp
 
 from accounting.errors import require, require_bool, require_in_closed
 from accounting.orders import validated_orders
+from accounting.rounding import ROUNDING_ULPS, positive_floor
 from accounting.relation import NeighbouringRelation
 from mechanisms.base import Mechanism, require_mechanism, set_validated
 
@@ -43,8 +44,6 @@ def _base_values(base_epsilon: Callable[[np.ndarray], np.ndarray], at: np.ndarra
     return values
 
 
-_ULPS = 8.0 * np.finfo(np.float64).eps
-_SMALLEST = np.finfo(np.float64).smallest_subnormal
 MAX_AMPLIFIED_ORDER = 100_000
 """Orders above this are charged the unsampled value (the amplification sum has A terms)."""
 
@@ -112,11 +111,11 @@ def amplified_rdp(sampling_probability: float, base_epsilon: Callable[[np.ndarra
             magnitude = (np.abs(log_binom) + np.abs(log_1mq_power) + np.abs(k * log_q) + np.abs(log_excess) + 2.0)
             magnitude[present] += np.abs(exponent)
             share = np.exp(log_excess[counted] - log_sum)
-            log_sum += _ULPS * (float(np.dot(share, magnitude[counted])) + math.log2(k.size) + 2.0)
+            log_sum += ROUNDING_ULPS * (float(np.dot(share, magnitude[counted])) + math.log2(k.size) + 2.0)
         total = float(np.logaddexp(0.0, log_sum))
-        value = total / (order - 1) * (1.0 + _ULPS)
-        # a positive excess that underflowed is the smallest float, never 0 (see positive_floor)
-        results[int(order)] = max(value, _SMALLEST) if log_sum > -math.inf else value
+        value = total / (order - 1) * (1.0 + ROUNDING_ULPS)
+        # a positive excess that underflowed is the smallest float, never 0
+        results[int(order)] = float(positive_floor(value)) if log_sum > -math.inf else value
     amplified = np.array([results[int(o)] for o in integer_orders], dtype=np.float64)
     return np.where(large, unsampled, np.minimum(amplified, unsampled))
 

@@ -15,7 +15,7 @@ from accounting.errors import require
 from reports.plots import run_figures
 from reports.run_data import RunData, fmt
 from reports.statement import privacy_statement
-from reports.tables import breakdown_table, checks_table, comparison_table, leakage_table
+from reports.tables import breakdown_table, checks_table, comparison_table, direction_label, leakage_table
 
 FORMATS = ("html", "md", "json", "latex", "csv")
 
@@ -62,7 +62,7 @@ def _html_table(frame: pd.DataFrame, css: str) -> str:
 def _breakdown_caption(run: RunData) -> str:
     b = run.ledger["breakdown"]
     kind = " (data-dependent)" if b["data_dependent"] else ""
-    covers = ("both divergence directions" if b.get("direction", "both") == "both"
+    covers = ("both divergence directions" if direction_label(b.get("direction")) == "both"
               else "only D(M(D) || M(D')) at the actual data D, not the reverse direction")
     return (f"Privacy-loss breakdown of {run.label}{kind} at order {fmt(b['order'])}, {b['method']} conversion, "
             f"delta={b['delta']:g}; rows sum to the total; the total covers {covers}.")

@@ -5,6 +5,7 @@ import math
 
 from accounting.errors import require
 from reports.run_data import RunData, fmt
+from reports.tables import direction_label
 
 _MECHANISMS = {
     "public": "The public model answers alone; the teachers are never read, so nothing private is used.",
@@ -57,7 +58,7 @@ def privacy_statement(run: RunData) -> list[str]:
         f"({fmt(orders[0])}..{fmt(orders[-1])}), converted with the improved conversion (Balle et al. 2020, Theorem 21) "
         f"at delta={epsilon['delta']:g}: {outcome}.",
     ]
-    if run.ledger.get("direction", "both") == "from_actual":
+    if direction_label(run.ledger.get("direction")) != "both":
         paragraphs.append(
             "Direction. Part of this loss bounds only D(M(D) || M(D')) at the actual data D (Papernot et al. 2018, "
             "Theorem 6), not the reverse direction D(M(D') || M(D)), which can be far larger; the total covers no more.")

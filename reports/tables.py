@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from accounting.errors import require
+from accounting.relation import DivergenceDirection
 from reports.run_data import RunData
 
 
@@ -25,8 +26,10 @@ def breakdown_table(run: RunData) -> pd.DataFrame:
 
 
 def direction_label(direction: str | None) -> str:
-    """How a table names the divergence direction(s) a row bounds (records before it existed: both)."""
-    return {"both": "both", "from_actual": "D(M(D)||M(D')) only", None: "both"}[direction]
+    """How a table names the divergence direction(s) a row bounds (records before it existed: both);
+    ValueError for a value that names no direction."""
+    covers = DivergenceDirection(direction or DivergenceDirection.BOTH.value)
+    return "both" if covers is DivergenceDirection.BOTH else "D(M(D)||M(D')) only"
 
 
 def comparison_table(runs: list[RunData]) -> pd.DataFrame:

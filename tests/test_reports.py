@@ -106,3 +106,13 @@ def test_html_report_opens_in_headless_chromium_with_every_image_loaded(runs, tm
     assert len(images) >= 8 and all(complete and width > 0 for _, complete, width in images), images
     assert tables.count("comparison") == 1 and tables.count("breakdown") == 3 and "checks" in tables
     assert any("AdaPMixED" in h and "PASS" in h for h in headings)
+
+
+def test_direction_labels_refuse_a_value_that_names_no_direction():
+    """A tampered or unknown "direction" in ledger.json must not read as "both" (claiming more)."""
+    from reports.tables import direction_label
+
+    assert direction_label(None) == "both" and direction_label("both") == "both"
+    assert direction_label("from_actual") == "D(M(D)||M(D')) only"
+    with pytest.raises(ValueError, match="'forward' is not a valid DivergenceDirection"):
+        direction_label("forward")
