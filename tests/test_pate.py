@@ -106,3 +106,15 @@ def test_dpws_curve_is_gaussian_with_replace_one_sensitivity(rng):
     np.testing.assert_allclose(dpws.rdp_values(ORDERS), ORDERS / 9)
     outputs = [dpws.aggregate(np.array([0, 0, 40, 0]), rng) for _ in range(200)]
     assert outputs.count(2) > 150
+
+
+@pytest.mark.parametrize("sigma", [0.3, 1.0, 7.5, 40.0])
+def test_dpws_curve_is_the_gaussian_mechanism_with_sensitivity_sqrt_2(sigma):
+    """DPWS's curve against the mpmath oracle: the Gaussian mechanism on a histogram whose L2
+    sensitivity under replace-one is sqrt(2) (noise multiplier sigma / sqrt(2); Mironov 2017, Cor. 3)."""
+    from tests import oracles as O
+
+    values = DPWeightedSampler(sigma, threshold=2.0, gamma=1.0).rdp_values(ORDERS)
+    for order, value in zip(ORDERS, values):
+        exact = O.gaussian_rdp(order, sigma / math.sqrt(2.0))
+        assert float(exact) <= value * (1 + 1e-15) and value <= float(exact) * (1 + 1e-12)
