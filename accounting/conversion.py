@@ -15,7 +15,7 @@ import numpy as np
 
 from accounting.curve import RdpCurve, require_curve
 from accounting.errors import require, require_in_open, require_non_negative
-from accounting.relation import DivergenceDirection
+from accounting.relation import DivergenceDirection, NeighbouringRelation
 from accounting.rounding import ROUNDING_ULPS
 
 
@@ -47,6 +47,7 @@ class EpsilonConversion:
       at_grid_edge: True when the optimal order is the grid's first or last.
       data_dependent: carried over from the curve.
       direction: carried over from the curve (which divergence directions the result covers).
+      relation: carried over from the curve (which neighbouring pairs the result covers).
     """
 
     epsilon: float
@@ -58,6 +59,7 @@ class EpsilonConversion:
     at_grid_edge: bool
     data_dependent: bool
     direction: DivergenceDirection = DivergenceDirection.BOTH
+    relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
 
 
 @dataclass(frozen=True)
@@ -132,12 +134,13 @@ def epsilon_from_rdp(curve: RdpCurve, delta: float,
     method = conversion_method(method)
     orders = np.asarray(curve.orders)
     if not np.any(curve.values):
-        return EpsilonConversion(0.0, delta, None, method, 0.0, 0.0, False, curve.data_dependent, curve.direction)
+        return EpsilonConversion(0.0, delta, None, method, 0.0, 0.0, False, curve.data_dependent, curve.direction,
+                                 curve.relation)
     # curve values are never NaN (RdpCurve refuses them) and the terms are finite for orders > 1
     eps_per_order = curve.values + conversion_terms(orders, delta, method)
     if not np.any(np.isfinite(eps_per_order)):
         return EpsilonConversion(math.inf, delta, None, method, math.inf, math.nan, False, curve.data_dependent,
-                                 curve.direction)
+                                 curve.direction, curve.relation)
     best = int(np.argmin(eps_per_order))
     rdp = float(curve.values[best])
     # rounded up by a bound on the floating-point error of r + term, so rounding never under-states
@@ -146,7 +149,7 @@ def epsilon_from_rdp(curve: RdpCurve, delta: float,
     at_edge = best in (0, len(orders) - 1)
     _warn_if_edge(at_edge, float(orders[best]), curve)
     return EpsilonConversion(epsilon, delta, float(orders[best]), method, rdp, epsilon - rdp, at_edge,
-                             curve.data_dependent, curve.direction)
+                             curve.data_dependent, curve.direction, curve.relation)
 
 
 def rdp_branch_rounding_slack(order, rdp, epsilon):

@@ -3,7 +3,7 @@
 A curve is a vector of RDP values over a sorted order grid, each value kept with its own order.
 +inf is legal and means "no guarantee at this order". Composition adds curves order by order
 (Mironov 2017, Proposition 1); the result is data-dependent when any part is, and covers only the
-divergence directions that every part covers.
+divergence directions and the neighbouring pairs that every part covers.
 """
 from __future__ import annotations
 
@@ -77,13 +77,12 @@ class RdpCurve:
         if not isinstance(other, RdpCurve):
             raise TypeError(f"can only compose an RdpCurve with an RdpCurve, got {type(other).__name__}")
         require(self.orders == other.orders, "cannot compose curves on different order grids")
-        require(self.relation == other.relation,
-                f"cannot compose curves for different neighbouring relations: {self.relation} vs {other.relation}")
 
     def __add__(self, other: "RdpCurve") -> "RdpCurve":
-        """Adaptive composition: RDP adds order by order (Mironov 2017, Proposition 1)."""
+        """Adaptive composition: RDP adds order by order (Mironov 2017, Proposition 1). The sum holds
+        for the neighbours both curves cover (NeighbouringRelation.composed_with)."""
         self._check_compatible(other)
-        return RdpCurve(self.orders, self.values + other.values, self.relation,
+        return RdpCurve(self.orders, self.values + other.values, self.relation.composed_with(other.relation),
                         self.data_dependent or other.data_dependent, self.direction.composed_with(other.direction))
 
     def composed(self, times: int) -> "RdpCurve":
@@ -132,7 +131,7 @@ def require_curve(curve, name: str = "curve") -> RdpCurve:
 
 
 def compose_curves(curves: Iterable[RdpCurve]) -> RdpCurve:
-    """Sum of a non-empty sequence of curves on one grid and relation."""
+    """Sum of a non-empty sequence of curves on one grid; it holds for the neighbours every curve covers."""
     require(hasattr(curves, "__iter__"), f"compose_curves needs an iterable of RdpCurve, got {curves!r}")
     curves = list(curves)
     require(len(curves) > 0, "compose_curves needs at least one curve")

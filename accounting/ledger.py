@@ -26,6 +26,7 @@ class BreakdownRow:
     epsilon: float
     data_dependent: bool
     direction: DivergenceDirection = DivergenceDirection.BOTH
+    relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class Breakdown:
         import pandas as pd
 
         return pd.DataFrame([{"component": r.component, "epsilon": r.epsilon, "data_dependent": r.data_dependent,
-                              "direction": r.direction.value} for r in self.rows])
+                              "direction": r.direction.value, "relation": r.relation.value} for r in self.rows])
 
     def to_dict(self) -> dict:
         return {
@@ -57,13 +58,20 @@ class Breakdown:
             "method": self.conversion.method.value,
             "data_dependent": self.conversion.data_dependent,
             "direction": self.conversion.direction.value,
+            "relation": self.conversion.relation.value,
             "rows": [{"component": r.component, "epsilon": r.epsilon, "data_dependent": r.data_dependent,
-                      "direction": r.direction.value} for r in self.rows],
+                      "direction": r.direction.value, "relation": r.relation.value} for r in self.rows],
         }
 
 
 class PrivacyLedger:
-    """Running composition of named RDP components over steps, for one neighbouring relation."""
+    """Running composition of named RDP components over steps.
+
+    Each component keeps the neighbouring relation its charges hold for; `relation` is the one
+    assumed for `charge_many` entries that name none. The total holds for the neighbours every
+    component covers (NeighbouringRelation.composed_with): one remove-one component makes the
+    total remove-one.
+    """
 
     def __init__(self, orders: Sequence[float] = DEFAULT_ORDERS,
                  relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE):
@@ -73,18 +81,43 @@ class PrivacyLedger:
         self._totals: dict[str, np.ndarray] = {}
         self._data_dependent: dict[str, bool] = {}
         self._direction: dict[str, DivergenceDirection] = {}
+        self._relation: dict[str, NeighbouringRelation] = {}
         self.steps = 0
 
     def _add(self, name: str, values: np.ndarray, data_dependent: bool,
-             direction: DivergenceDirection = DivergenceDirection.BOTH) -> None:
+             direction: DivergenceDirection = DivergenceDirection.BOTH,
+             relation: NeighbouringRelation | None = None) -> None:
+        relation = self.relation if relation is None else relation
         if name in self._totals:
+            # the same name charged under another relation holds for the common neighbours only
+            combined = self._relation[name].composed_with(relation)
             self._totals[name] = self._totals[name] + values
             self._data_dependent[name] = self._data_dependent[name] or data_dependent
             self._direction[name] = self._direction[name].composed_with(direction)
+            self._relation[name] = combined
         else:
+            self.total_relation_with(relation)  # refuses a relation that shares no pair with the others
             self._totals[name] = np.array(values, dtype=np.float64)
             self._data_dependent[name] = data_dependent
             self._direction[name] = direction
+            self._relation[name] = relation
+
+    def total_relation_with(self, relation: NeighbouringRelation) -> NeighbouringRelation:
+        """The relation the total would hold for with one more component for `relation`; ValueError
+        when it shares no neighbouring pair with the ledger's relation and the other components'."""
+        total = self.relation.composed_with(relation)
+        for existing in self._relation.values():
+            total = total.composed_with(existing)
+        return total
+
+    @property
+    def total_relation(self) -> NeighbouringRelation:
+        """The neighbouring relation the composed total holds for: the pairs that the ledger's relation
+        and every component cover."""
+        total = self.relation
+        for existing in self._relation.values():
+            total = total.composed_with(existing)
+        return total
 
     def charge(self, components: Mapping[str, RdpCurve]) -> None:
         """Charge one step: every named component's curve is added to its running total."""
@@ -93,22 +126,27 @@ class PrivacyLedger:
         for name, curve in components.items():
             require(isinstance(curve, RdpCurve), f"component {name!r} must be an RdpCurve, got {type(curve).__name__}")
             require(curve.orders == self.orders, f"component {name!r} is on a different order grid than the ledger")
-            require(curve.relation == self.relation,
-                    f"component {name!r} is for relation {curve.relation}, the ledger for {self.relation}")
+        relation = None
         for name, curve in components.items():
-            self._add(name, curve.values, curve.data_dependent, curve.direction)
+            relation = curve.relation if relation is None else relation.composed_with(curve.relation)
+        self.total_relation_with(relation)
+        for name, curve in components.items():
+            self._add(name, curve.values, curve.data_dependent, curve.direction, curve.relation)
         self.steps += 1
 
-    def charge_many(self, components: Mapping[str, tuple[np.ndarray, bool]]) -> None:
-        """Charge a block of steps: each component maps to (values[steps, orders], data_dependent),
-        the columns in the order the ledger's orders were given. The values bound both divergence
-        directions; a one-direction curve is charged with `charge`, which reads its direction."""
+    def charge_many(self, components: Mapping[str, tuple]) -> None:
+        """Charge a block of steps: each component maps to (values[steps, orders], data_dependent) or
+        (values, data_dependent, relation), the columns in the order the ledger's orders were given;
+        without a relation the ledger's own is assumed. The values bound both divergence directions;
+        a one-direction curve is charged with `charge`, which reads its direction."""
         require(isinstance(components, Mapping) and len(components) > 0,
                 f"a block must charge a non-empty mapping of component name to (values, data_dependent), got {components!r}")
         steps = None
         for name, entry in components.items():
-            require(isinstance(entry, tuple) and len(entry) == 2,
-                    f"component {name!r} must be (values[steps, orders], data_dependent), got {entry!r}")
+            require(isinstance(entry, tuple) and len(entry) in (2, 3),
+                    f"component {name!r} must be (values[steps, orders], data_dependent[, relation]), got {entry!r}")
+            require(len(entry) == 2 or isinstance(entry[2], NeighbouringRelation),
+                    f"component {name!r} relation must be a NeighbouringRelation, got {entry[-1]!r}")
             require_bool(f"component {name!r} data_dependent", entry[1])
             raw = np.asarray(entry[0])
             require(raw.dtype.kind in "biuf", f"component {name!r} values must be numbers, got dtype {raw.dtype}")
@@ -119,18 +157,24 @@ class PrivacyLedger:
             require(bool(np.all(values >= 0)), f"component {name!r} has negative RDP values")
             require(steps is None or values.shape[0] == steps, "every component must cover the same steps")
             steps = values.shape[0]
-        for name, (values, data_dependent) in components.items():
-            self._add(name, np.asarray(values, dtype=np.float64)[:, self._permutation].sum(axis=0), bool(data_dependent))
+        relations = {name: self.relation if len(entry) == 2 else entry[2] for name, entry in components.items()}
+        combined = None
+        for relation in relations.values():
+            combined = relation if combined is None else combined.composed_with(relation)
+        self.total_relation_with(combined)
+        for name, entry in components.items():
+            self._add(name, np.asarray(entry[0], dtype=np.float64)[:, self._permutation].sum(axis=0), bool(entry[1]),
+                      relation=relations[name])
         self.steps += steps
 
     def component_curve(self, name: str) -> RdpCurve:
         require(name in self._totals, f"no component named {name!r}; have {list(self._totals)}")
-        return RdpCurve(self.orders, self._totals[name], self.relation, self._data_dependent[name],
+        return RdpCurve(self.orders, self._totals[name], self._relation[name], self._data_dependent[name],
                         self._direction[name])
 
     def total_curve(self) -> RdpCurve:
         """The composed curve: the sum of every component's total (zero if nothing was charged)."""
-        total = RdpCurve.zero(self.orders, self.relation)
+        total = RdpCurve.zero(self.orders, self.total_relation)
         for name in self._totals:
             total = total + self.component_curve(name)
         return total
@@ -144,37 +188,42 @@ class PrivacyLedger:
         rows = []
         if conversion.order is None:  # no guarantee anywhere (inf) or a data-free mechanism (0)
             for name in self._totals:
-                rows.append(BreakdownRow(name, conversion.epsilon, self._data_dependent[name], self._direction[name]))
-            rows.append(BreakdownRow("total", conversion.epsilon, conversion.data_dependent, conversion.direction))
+                rows.append(BreakdownRow(name, conversion.epsilon, self._data_dependent[name], self._direction[name],
+                                        self._relation[name]))
+            rows.append(BreakdownRow("total", conversion.epsilon, conversion.data_dependent, conversion.direction,
+                                     conversion.relation))
             return Breakdown(tuple(rows), conversion)
         component_sum = 0.0
         for name in self._totals:
             value = self.component_curve(name).value_at(conversion.order)
             component_sum += value
-            rows.append(BreakdownRow(name, value, self._data_dependent[name], self._direction[name]))
-        rows.append(BreakdownRow(f"RDP to DP ({conversion.method.value})", conversion.epsilon - component_sum, False))
-        rows.append(BreakdownRow("total", conversion.epsilon, conversion.data_dependent, conversion.direction))
+            rows.append(BreakdownRow(name, value, self._data_dependent[name], self._direction[name],
+                                     self._relation[name]))
+        rows.append(BreakdownRow(f"RDP to DP ({conversion.method.value})", conversion.epsilon - component_sum, False,
+                                 relation=conversion.relation))
+        rows.append(BreakdownRow("total", conversion.epsilon, conversion.data_dependent, conversion.direction,
+                                 conversion.relation))
         return Breakdown(tuple(rows), conversion)
 
     def to_dict(self) -> dict:
         return {
             "orders": list(self.orders),
             "relation": self.relation.value,
+            "total_relation": self.total_relation.value,
             "steps": self.steps,
             "components": {name: self.component_curve(name).to_dict() for name in self._totals},
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> "PrivacyLedger":
-        """Inverse of to_dict; ValueError when a component is on another grid or relation."""
+        """Inverse of to_dict; ValueError when a component is on another grid or its relation shares no
+        neighbouring pair with the others'."""
         try:
             ledger = cls(data["orders"], NeighbouringRelation(data["relation"]))
             for name, curve_data in data["components"].items():
                 curve = RdpCurve.from_dict(curve_data)
                 require(curve.orders == ledger.orders, f"component {name!r} is on a different order grid than the ledger")
-                require(curve.relation == ledger.relation,
-                        f"component {name!r} is for relation {curve.relation}, the ledger for {ledger.relation}")
-                ledger._add(name, curve.values, curve.data_dependent, curve.direction)
+                ledger._add(name, curve.values, curve.data_dependent, curve.direction, curve.relation)
             ledger.steps = require_int_at_least("steps", data["steps"], 0)
         except KeyError as missing:
             raise ValueError(f"ledger record lacks the field {missing}") from None

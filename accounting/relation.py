@@ -12,16 +12,80 @@ import enum
 
 
 class NeighbouringRelation(enum.Enum):
-    """Which pairs of ensembles a bound covers."""
+    """Which pairs of ensembles a bound covers: the moves that turn the actual ensemble D into a neighbour D'.
+
+    For a data-independent (DP) bound, REMOVE_ONE, ADD_ONE and ADD_OR_REMOVE_ONE coincide: removing
+    a teacher from D is adding it to D', and a DP bound quantifies over every D. They differ for
+    data-dependent bounds, which are anchored at the actual ensemble (Papernot et al. 2018,
+    Section 3): Flemings et al. 2024, Eq. 3 maximises over the N ensembles with one teacher
+    removed and says nothing about an ensemble with an (adversarial) teacher added.
+
+    Composition rule (`composed_with`): a composed bound holds for the neighbours that every part
+    covers, so the relation of a composition is the intersection of the parts' moves. Add-or-remove
+    therefore needs every part to cover both adding and removing; a remove-one part makes the total
+    remove-one. Replacing a teacher is two moves (remove, then add), so a replace-one bound and an
+    add/remove bound share no neighbouring pair and are refused together.
+    """
 
     ADD_OR_REMOVE_ONE = "add_or_remove_one"
     """D vs D with one teacher's shard added or removed (PMixED, AdaPMixED, Poisson subsampling)."""
+
+    REMOVE_ONE = "remove_one"
+    """D vs D with one of its teachers removed (Flemings et al. 2024, Eq. 3's leave-one-out loss)."""
+
+    ADD_ONE = "add_one"
+    """D vs D with one teacher added, whatever that teacher's data."""
 
     REPLACE_ONE = "replace_one"
     """D vs D with one teacher's shard replaced (PATE / GNMax histograms, Hot PATE)."""
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def label(self) -> str:
+        """Human-readable name: "add-or-remove-one", "remove-one", "add-one", "replace-one"."""
+        return self.value.replace("_", "-")
+
+    @property
+    def moves(self) -> frozenset[str]:
+        """The neighbouring moves covered: a subset of {"add", "remove", "replace"}."""
+        return _MOVES[self]
+
+    def covers(self, other: "NeighbouringRelation") -> bool:
+        """True when every neighbour of `other` is a neighbour this relation covers."""
+        return other.moves <= self.moves
+
+    def composed_with(self, other: "NeighbouringRelation") -> "NeighbouringRelation":
+        """The relation a composition of a bound for self and one for other holds for (the common
+        moves); ValueError when they share none (replace-one with add or remove)."""
+        if not isinstance(other, NeighbouringRelation):
+            raise ValueError(f"relation must be a NeighbouringRelation, got {other!r}")
+        common = self.moves & other.moves
+        if not common:
+            raise ValueError(f"cannot compose bounds for {self.label} and {other.label}: they cover no common "
+                             "neighbouring pair")
+        return next(relation for relation, moves in _MOVES.items() if moves == common)
+
+
+_MOVES = {
+    NeighbouringRelation.ADD_OR_REMOVE_ONE: frozenset({"add", "remove"}),
+    NeighbouringRelation.REMOVE_ONE: frozenset({"remove"}),
+    NeighbouringRelation.ADD_ONE: frozenset({"add"}),
+    NeighbouringRelation.REPLACE_ONE: frozenset({"replace"}),
+}
+
+
+def neighbouring_relation(value) -> NeighbouringRelation:
+    """The relation named by `value` (an enum member or its value, e.g. "remove_one"); ValueError
+    listing the names for anything else."""
+    if isinstance(value, NeighbouringRelation):
+        return value
+    try:
+        return NeighbouringRelation(value)
+    except ValueError:
+        raise ValueError(f"neighbouring relation must be one of {[r.value for r in NeighbouringRelation]}, "
+                         f"got {value!r}") from None
 
 
 class DivergenceDirection(enum.Enum):

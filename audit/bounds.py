@@ -4,10 +4,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from accounting.relation import NeighbouringRelation
 from audit.checks import CheckResult, passed, skipped, verdict
 from audit.loader import LoadedTrace
 from decoding.ensemble import Ensemble
-from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, symmetric_renyi_orders
+from decoding.run import component_relations, ledger_from_records
+from mechanisms.kernels import (add_one_divergence_bounds, leave_one_out_divergences, max_divergence_symmetric,
+                                mixed_teachers, symmetric_renyi_orders)
+from mechanisms.pmixed import Ball, all_orders_ball_constraints
 from mechanisms.screening import NoisyScreening
 
 BALL_TOLERANCE = 1e-9
@@ -22,30 +26,46 @@ def _recorded_lambdas(records: list[dict]) -> torch.Tensor:
     return torch.tensor([r["lambdas"] for r in records], dtype=torch.float64)
 
 
+def _ball(trace: LoadedTrace) -> Ball:
+    return Ball(trace.params.get("ball", Ball.PROJECTION_ORDER.value))
+
+
 def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
-    """Every mixed teacher lambda p_i + (1-lambda) p0 lies in the Renyi ball of radius beta*alpha
-    (Flemings et al. 2024, Algorithm 2), using the recorded lambdas and the replayed distributions;
-    a NaN divergence (e.g. from a NaN lambda) is outside."""
+    """Every mixed teacher lambda p_i + (1-lambda) p0 lies in its Renyi ball, using the recorded
+    lambdas and the replayed distributions: radius beta*alpha at order alpha (Flemings et al. 2024,
+    Algorithm 2), or for ball="all-orders" every grid constraint of all_orders_ball_constraints and
+    D<->_inf <= beta k_max. A NaN divergence (e.g. from a NaN lambda) is outside."""
     if not _uses_pmixed(trace):
         return skipped("mixing_ball", f"mechanism {trace.mechanism_type} mixes no teachers")
     if not trace.has_payload:
         return skipped("mixing_ball", "needs the exact-replay payload")
-    alpha, radius = trace.params["alpha"], trace.params["alpha"] * trace.params["beta"]
-    order = torch.tensor([alpha], dtype=torch.float64)
+    alpha, beta = trace.params["alpha"], trace.params["beta"]
+    if _ball(trace) is Ball.ALL_ORDERS:
+        grid, radii, max_radius = all_orders_ball_constraints(beta)
+    else:
+        grid, radii, max_radius = (alpha,), (alpha * beta,), None
+    orders = torch.tensor(grid, dtype=torch.float64)
+    limits = np.asarray(radii)
     worst, outside = 0.0, []
     for _, records, logits in trace.iter_payload():
         public, teachers = Ensemble.split_distributions(logits)
         mixed = mixed_teachers(teachers, public, _recorded_lambdas(records))
-        divergence = symmetric_renyi_orders(torch.log(mixed), torch.log(public).unsqueeze(-2), order)[..., 0]
-        worst = float(np.maximum(worst, float(divergence.max())))  # not max(): it would skip a NaN
+        log_mixed, log_public = torch.log(mixed), torch.log(public).unsqueeze(-2)
+        # each constraint as a fraction of its radius: <= 1 inside
+        ratio = (symmetric_renyi_orders(log_mixed, log_public, orders).numpy() / np.maximum(limits, 1e-300)).max(axis=-1)
+        if max_radius is not None:
+            ratio = np.maximum(ratio, max_divergence_symmetric(log_mixed, log_public).numpy() / max(max_radius, 1e-300))
+        worst = float(np.maximum(worst, float(ratio.max())))  # not max(): it would skip a NaN
         # `not <=` so that a NaN divergence counts as outside the ball
-        for row, teacher in zip(*np.nonzero(~(divergence.numpy() <= radius * (1 + BALL_TOLERANCE) + 1e-12))):
-            outside.append(f"step {records[row]['step']} teacher {teacher}: D<-> = {float(divergence[row, teacher]):.6g}")
+        for row, teacher in zip(*np.nonzero(~(ratio <= 1 + BALL_TOLERANCE + 1e-12))):
+            outside.append(f"step {records[row]['step']} teacher {teacher}: D<-> at {ratio[row, teacher]:.6g} of "
+                           "its radius")
+    where = (f"D<->_{alpha:g} <= {alpha * beta:g}" if max_radius is None else
+             f"D<->_k <= beta k at every order ({len(grid)} grid constraints and D<->_inf)")
     return verdict("mixing_ball", not outside,
-                   f"every mixed teacher is within the ball: max D<->_{alpha:g} = {worst:.6g} <= {radius:g}",
-                   f"{len(outside)} mixed teachers leave the ball of radius {radius:g} or have a NaN divergence: "
-                   + "; ".join(outside[:5]),
-                   max_divergence=worst, radius=radius, outside=len(outside))
+                   f"every mixed teacher is within the ball ({where}): largest divergence {worst:.6g} of its radius",
+                   f"{len(outside)} mixed teachers leave the ball or have a NaN divergence: " + "; ".join(outside[:5]),
+                   max_fraction_of_radius=worst, ball=_ball(trace).value, outside=len(outside))
 
 
 def check_screening_cost(trace: LoadedTrace) -> CheckResult:
@@ -64,22 +84,51 @@ def check_screening_cost(trace: LoadedTrace) -> CheckResult:
                    ratio_min=float(ratio.min()), ratio_max=float(ratio.max()))
 
 
+def check_relation_coverage(trace: LoadedTrace) -> CheckResult:
+    """The run's claimed neighbouring relation (manifest "relation") is covered by what it charged:
+    the composed total holds for the neighbours every component covers (NeighbouringRelation.
+    composed_with), e.g. Flemings et al. 2024 Eq. 3 covers removing a teacher only."""
+    claimed = NeighbouringRelation(trace.manifest["relation"])
+    relations = component_relations(trace.manifest)
+    covered = ledger_from_records(trace.records, trace.manifest).total_relation
+    missing = sorted(claimed.moves - covered.moves)
+    narrow = [f"{name} covers {relation.label}" for name, relation in relations.items() if not relation.covers(claimed)]
+    return verdict("relation_coverage", not missing,
+                   f"the run claims {claimed.label} and its charges cover {covered.label}",
+                   f"the run claims {claimed.label} but its charged loss covers {covered.label} only "
+                   f"({'; '.join(narrow)}): no bound is charged for {' or '.join(m + 'ing a teacher' for m in missing)}",
+                   claimed_relation=claimed.value, covered_relation=covered.value,
+                   component_relations={name: relation.value for name, relation in relations.items()})
+
+
 def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
-    """The charged data-dependent loss equals Flemings et al. 2024 (AdaPMixED), Eq. 3,
-    max_i max(D(p||p_-i), D(p_-i||p)), on every step that was answered by PMixED (both directions:
-    pitfall of a one-direction loss); a NaN charge or Eq. 3 value on an answered step fails."""
+    """The charged data-dependent loss is at least what covers its relation, recomputed from the
+    replayed distributions in both directions: Flemings et al. 2024 (AdaPMixED), Eq. 3,
+    max_i max(D(p||p_-i), D(p_-i||p)), for removing a teacher, and the add-one bound
+    (mechanisms.kernels.add_one_divergence_bounds) for adding one; on every step (accounting
+    "released-output") or every step PMixED answered ("realised-path"). A NaN fails."""
     if "pmixed_data_dependent" not in trace.components:
         return skipped("data_dependent_eq3", "the run charges no data-dependent loss")
     if not trace.has_payload:
         return skipped("data_dependent_eq3", "needs the exact-replay payload")
     orders = torch.from_numpy(trace.orders)
+    relation = component_relations(trace.manifest)["pmixed_data_dependent"]
+    every_step = trace.params.get("accounting", "realised-path") == "released-output"
+    beta_all = trace.params["beta"] if _ball(trace) is Ball.ALL_ORDERS else None
     worst, under = 0.0, []
     for _, records, logits in trace.iter_payload():
         public, teachers = Ensemble.split_distributions(logits)
         mixed = mixed_teachers(teachers, public, _recorded_lambdas(records))
-        expected = leave_one_out_divergences(mixed, orders).max(dim=-2).values.numpy()
+        parts = []
+        if "remove" in relation.moves:
+            parts.append(leave_one_out_divergences(mixed, orders).max(dim=-2).values.numpy())
+        if "add" in relation.moves:
+            parts.append(add_one_divergence_bounds(mixed.mean(dim=-2), public, trace.n_teachers, orders,
+                                                   trace.params["alpha"], trace.params["alpha"] * trace.params["beta"],
+                                                   beta_all).numpy())
+        expected = np.maximum.reduce(parts)
         charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
-        answered = np.asarray([r["screen_passed"] for r in records])
+        answered = np.asarray([every_step or r["screen_passed"] for r in records])
         gap = np.where(answered[:, None], (expected - charged) / np.maximum(expected, 1e-300), 0.0)
         worst = float(np.maximum(worst, np.max(gap)))  # not max(): it would skip a NaN
         for row in np.nonzero(np.any(~(gap <= 1e-9), axis=1))[0]:  # `not <=`: a NaN gap fails too
@@ -87,7 +136,11 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
                    if np.isnan(values).any()]
             under.append(f"step {records[row]['step']}: " + (f"{' and '.join(nan)} NaN" if nan else
                          f"charged {charged[row].max():.6g} < Eq. 3 {expected[row].max():.6g}"))
-    return verdict("data_dependent_eq3", not under, "every answered step is charged at least Eq. 3 in both directions",
+    steps = "every step" if every_step else "every answered step"
+    what = {"remove": "Eq. 3", "add": "the add-one bound"}
+    covers = " and ".join(what[m] for m in ("remove", "add") if m in relation.moves)
+    return verdict("data_dependent_eq3", not under, f"{steps} is charged at least {covers} in both directions "
+                   f"({relation.label})",
                    f"{len(under)} answered steps are charged less than Eq. 3 or hold a NaN: " + "; ".join(under[:5]),
                    worst_relative_shortfall=worst, undercharged_steps=len(under))
 
@@ -99,7 +152,8 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
     if not _uses_pmixed(trace):
         return skipped("theorem_3_1", f"mechanism {trace.mechanism_type} makes no Theorem 3.1 claim")
     alpha = trace.params["alpha"]
-    within = trace.orders <= alpha + 1e-12
+    # the paper's ball bounds orders <= alpha only; the all-orders ball every order
+    within = trace.orders <= (np.inf if _ball(trace) is Ball.ALL_ORDERS else alpha + 1e-12)
     observed = np.asarray([r["observed_data_dependent"] for r in trace.records], dtype=np.float64)
     bound = np.asarray([r["data_independent"] for r in trace.records], dtype=np.float64)
     nan_causes = []

@@ -80,7 +80,7 @@ class LoadedTrace:
         return [r for r in self.records if r["block"] == block]
 
     def runner(self) -> Runner:
-        return build_runner({"type": self.mechanism_type, **self.params}, self.n_teachers)
+        return build_runner({"type": self.mechanism_type, **self.params}, self.n_teachers, self.manifest["relation"])
 
     def payload_logits(self, block: int) -> torch.Tensor:
         if self.logits_source == "models":  # the block's inputs are its recorded context tokens

@@ -70,7 +70,7 @@ def main() -> None:
         generation += time.perf_counter() - started
         lambdas = torch.from_numpy(rng.uniform(0.0, 1.0, teachers.shape[:-1]))
         started = time.perf_counter()
-        divergences, _ = neighbour_divergences(public, teachers, lambdas, "pmixed", params, removed, orders)
+        divergences, _, _ = neighbour_divergences(public, teachers, lambdas, "pmixed", params, removed, orders)
         totals += divergences.sum(dim=1).numpy()
         kernel += time.perf_counter() - started
     public, teachers = synthetic_block(rng, args.solver_steps, args.teachers, args.vocab)

@@ -6,6 +6,7 @@
     seed = 0
     replay_payload = true       # keep the logits seen (exact replay; small runs)
     deltas = [1e-5]
+    relation = "add_or_remove_one"  # the claimed neighbouring relation: add_or_remove_one | remove_one | add_one
 
     [mechanism]                 # type = public | ensemble | pmixed | adapmixed, plus its parameters
     type = "adapmixed"
@@ -36,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from accounting.errors import require, require_in_open, require_int_at_least
+from accounting.relation import neighbouring_relation
 from decoding.runners import MECHANISM_TYPES
 
 
@@ -69,8 +71,12 @@ class RunConfig:
     seed: int = 0
     replay_payload: bool = True
     deltas: tuple[float, ...] = (1e-5,)
+    relation: str = "add_or_remove_one"
+    """The neighbouring relation the run claims; the mechanism charges what covers it and the audit
+    FAILs a total that does not (accounting.relation)."""
 
     def __post_init__(self) -> None:
+        neighbouring_relation(self.relation)
         require(isinstance(self.mechanism, dict) and self.mechanism.get("type") in MECHANISM_TYPES,
                 f"unknown mechanism type {self.mechanism.get('type') if isinstance(self.mechanism, dict) else None!r}; "
                 f"known: {', '.join(MECHANISM_TYPES)}")
@@ -123,7 +129,7 @@ def config_from_dict(data: dict, out_override: str | None = None) -> RunConfig:
     unknown = sorted(set(data) - {"run", "mechanism", "models", "data"})
     require(not unknown, f"unknown tables in config: {unknown}; known: run, mechanism, models, data")
     run = dict(data.get("run", {}))
-    known_run = {"out", "queries", "seed", "replay_payload", "deltas"}
+    known_run = {"out", "queries", "seed", "replay_payload", "deltas", "relation"}
     require(not set(run) - known_run, f"unknown keys in [run]: {sorted(set(run) - known_run)}; known: {sorted(known_run)}")
     if out_override is not None:
         run["out"] = out_override

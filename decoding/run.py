@@ -66,7 +66,7 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
     from decoding.recipe import encode_documents, set_single_thread
 
     set_single_thread()
-    runner = build_runner(config.mechanism, config.models.teachers)
+    runner = build_runner(config.mechanism, config.models.teachers, config.relation)
     models = config.models
     if models.embedded:
         from decoding.embedded import build_or_load
@@ -121,8 +121,10 @@ def _manifest(prepared: PreparedRun) -> dict:
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": config.to_dict(), "config_fingerprint": config.fingerprint(),
         "mechanism": {"type": prepared.runner.kind, "params": prepared.runner.params,
-                      "components": prepared.runner.components},
-        "relation": NeighbouringRelation.ADD_OR_REMOVE_ONE.value,
+                      "components": prepared.runner.components,
+                      "component_relations": {name: prepared.runner.relation_of(name).value
+                                              for name in prepared.runner.components}},
+        "relation": config.relation,
         "orders": prepared.orders.tolist(),
         "models": [vars(identity) for identity in prepared.ensemble.identities],
         "vocab_size": prepared.ensemble.vocab_size, "n_teachers": prepared.ensemble.n_teachers,
@@ -242,12 +244,27 @@ def run_block(prepared: PreparedRun, block: int):
             torch.stack(step_logits, dim=1))
 
 
-def ledger_from_records(records: list[dict], manifest: dict) -> PrivacyLedger:
-    """The ledger recomputed from committed per-step records (what the audit recomputes too)."""
-    ledger = PrivacyLedger(manifest["orders"], NeighbouringRelation(manifest["relation"]))
+def component_relations(manifest: dict) -> dict[str, NeighbouringRelation]:
+    """The neighbouring relation each charged component holds for. A trace written before components
+    carried one labelled everything add-or-remove; its data-dependent components are Flemings et al.
+    2024, Eq. 3, which covers removing a teacher only, so they are read as remove-one."""
     components = manifest["mechanism"]["components"]
+    recorded = manifest["mechanism"].get("component_relations")
+    if recorded is not None:
+        return {name: NeighbouringRelation(recorded[name]) for name in components}
+    return {name: NeighbouringRelation.REMOVE_ONE if dependent else NeighbouringRelation.ADD_OR_REMOVE_ONE
+            for name, dependent in components.items()}
+
+
+def ledger_from_records(records: list[dict], manifest: dict) -> PrivacyLedger:
+    """The ledger recomputed from committed per-step records (what the audit recomputes too). Its
+    total holds for the neighbours every component covers (`total_relation`), whatever the run claims."""
+    ledger = PrivacyLedger(manifest["orders"], NeighbouringRelation.ADD_OR_REMOVE_ONE)
+    components = manifest["mechanism"]["components"]
+    relations = component_relations(manifest)
     if records:
-        ledger.charge_many({name: (np.asarray([r[f"rdp_{name}"] for r in records], dtype=np.float64), dependent)
+        ledger.charge_many({name: (np.asarray([r[f"rdp_{name}"] for r in records], dtype=np.float64), dependent,
+                                   relations[name])
                             for name, dependent in components.items()})
     return ledger
 
@@ -269,6 +286,8 @@ def ledger_summary(records: list[dict], manifest: dict) -> dict:
     summary = {
         "steps": ledger.steps, "data_dependent": ledger.total_curve().data_dependent,
         "direction": ledger.total_curve().direction.value,
+        "relation": ledger.total_relation.value, "claimed_relation": manifest["relation"],
+        "accounting": manifest["mechanism"]["params"].get("accounting"),
         "ledger": ledger.to_dict(), "epsilon": epsilons, "breakdown": breakdown,
         "perplexity": ppl, "answered_by_public": int(sum(r["answered_by"] == "public" for r in records)),
         "warnings": sorted({str(w.message) for w in caught}),
@@ -276,7 +295,7 @@ def ledger_summary(records: list[dict], manifest: dict) -> dict:
     if observed:
         from accounting.curve import RdpCurve
 
-        relation = NeighbouringRelation(manifest["relation"])
+        relation = NeighbouringRelation.REMOVE_ONE  # Eq. 3 covers removing a teacher only
         answered = np.asarray([r["answered_by"] == "mechanism" for r in records if r["observed_data_dependent"]])[:, None]
         observed = np.where(answered, np.asarray(observed, dtype=np.float64), 0.0)
         bound = np.where(answered, np.asarray([r["data_independent"] for r in records if r["observed_data_dependent"]],

@@ -14,10 +14,14 @@ import numpy as np
 import torch
 
 from accounting.errors import require
-from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, mixing_weights
-from mechanisms.pmixed import PMixED, SubsampledPMixED, SubsamplingVariant
+from accounting.relation import NeighbouringRelation, neighbouring_relation
+from mechanisms.kernels import add_one_divergence_bounds, leave_one_out_divergences, mixed_teachers
+from mechanisms.pmixed import Ball, PMixED, SubsampledPMixED, SubsamplingVariant, ball_named
 from mechanisms.pmixed import subsampling_variant as variant_named
 from mechanisms.screening import NoisyScreening
+
+ACCOUNTING_CHOICES = ("released-output", "realised-path")
+"""How a screened mechanism is charged (adapmixed_runner's docstring has the analysis)."""
 
 
 @dataclass
@@ -31,7 +35,8 @@ class BlockOutcome:
     screen_statistic: np.ndarray | None = None  # (L,)
     screen_passed: np.ndarray | None = None     # (L,) bool
     observed_data_dependent: np.ndarray | None = None  # (L, K) max_i D<->(p, p_-i), charged or not
-    data_independent: np.ndarray | None = None          # (L, K) Theorem 3.1 (as claimed) where it applies
+    data_independent: np.ndarray | None = None          # (L, K) Theorem 3.1 where it applies
+    add_one_bound: np.ndarray | None = None             # (L, K) bound for an added teacher, charged or not
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,11 @@ class Runner:
     params: dict
     components: dict[str, bool]  # name -> data_dependent
     process: Callable[[torch.Tensor, torch.Tensor, torch.Generator, np.ndarray], BlockOutcome] = field(repr=False)
+    relations: dict[str, NeighbouringRelation] = field(default_factory=dict)
+    """name -> the neighbouring relation its charges hold for (add-or-remove-one when absent)."""
+
+    def relation_of(self, name: str) -> NeighbouringRelation:
+        return self.relations.get(name, NeighbouringRelation.ADD_OR_REMOVE_ONE)
 
 
 def _public_only(public, teachers, generator, orders) -> BlockOutcome:
@@ -55,7 +65,7 @@ def _ensemble(public, teachers, generator, orders) -> BlockOutcome:
 
 
 def _pmixed_step(pmixed: PMixED, public, teachers, orders_t, mask=None):
-    lambdas = mixing_weights(teachers, public, pmixed.alpha, pmixed.radius)
+    lambdas = pmixed.mixing_weights_tensor(teachers, public)
     mixed = mixed_teachers(teachers, public, lambdas)
     if mask is None:
         output = mixed.mean(dim=-2)
@@ -69,10 +79,19 @@ def _pmixed_step(pmixed: PMixED, public, teachers, orders_t, mask=None):
 
 
 def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float | None = None,
-                  subsampling_variant: str = SubsamplingVariant.WORST_CASE_SIZE_GENERAL.value) -> Runner:
-    """PMixED (seed Algorithm 2): charges Theorem 3.1 as claimed, or a named subsampling variant."""
-    pmixed = PMixED(alpha, beta, teachers)
+                  subsampling_variant: str | None = None, ball: str = Ball.PROJECTION_ORDER.value,
+                  relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> Runner:
+    """PMixED (Flemings et al. 2024, Algorithm 2): charges Theorem 3.1 (as claimed for the paper's
+    ball, proven for ball="all-orders"), or a named subsampling variant. Theorem 3.1 is
+    data-independent, so it covers adding and removing a teacher alike (any claimed relation)."""
+    ball = ball_named(ball)
+    relation = neighbouring_relation(relation)
+    require(relation is not NeighbouringRelation.REPLACE_ONE,
+            "PMixED's bounds are for adding or removing a teacher; relation replace_one is not covered")
+    pmixed = PMixED(alpha, beta, teachers, ball=ball)
+    ball_params = {} if ball is Ball.PROJECTION_ORDER else {"ball": ball.value}
     if sample_rate is None:
+        require(subsampling_variant is None, "subsampling_variant needs sample_rate")
         name = "pmixed_theorem_3_1"
 
         def process(public, teacher_probs, generator, orders):
@@ -81,8 +100,11 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
             return BlockOutcome(output=output, charged={name: bound}, lambdas=lambdas.numpy(),
                                 observed_data_dependent=observed, data_independent=bound)
 
-        return Runner("pmixed", dict(alpha=alpha, beta=beta, teachers=teachers), {name: False}, process)
+        return Runner("pmixed", dict(alpha=alpha, beta=beta, teachers=teachers, **ball_params), {name: False}, process)
 
+    if subsampling_variant is None:
+        subsampling_variant = (SubsamplingVariant.ALL_ORDERS_BALL if ball is Ball.ALL_ORDERS
+                               else SubsamplingVariant.WORST_CASE_SIZE_GENERAL).value
     variant = variant_named(subsampling_variant)
     # validates the parameters (a size of round(qN) is possible for every q, including 0 and 1)
     SubsampledPMixED(pmixed, sample_rate, variant, round(sample_rate * teachers) if variant.uses_realised_sizes else None)
@@ -96,28 +118,62 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
         charged = np.stack([SubsampledPMixED(pmixed, sample_rate, variant,
                                              int(m) if variant.uses_realised_sizes else None).rdp_values(orders)
                             for m in unique])[index]
-        bound = np.stack([PMixED(alpha, beta, max(int(m), 1)).rdp_values(orders) for m in unique])[index]
+        bound = np.stack([PMixED(alpha, beta, max(int(m), 1), ball=ball).rdp_values(orders) for m in unique])[index]
         return BlockOutcome(output=output, charged={name: charged}, lambdas=lambdas.numpy(), sampled=mask.numpy(),
                             observed_data_dependent=observed, data_independent=bound)
 
     return Runner("pmixed", dict(alpha=alpha, beta=beta, teachers=teachers, sample_rate=sample_rate,
-                                 subsampling_variant=variant.value), {name: False}, process)
+                                 subsampling_variant=variant.value, **ball_params), {name: False}, process)
 
 
 def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma: float, threshold: float,
-                     top_k: int, screening: bool = True, data_dependent: bool = True) -> Runner:
-    """AdaPMixED (seed Algorithm 1) and its Table 2a ablations.
+                     top_k: int, screening: bool = True, data_dependent: bool = True,
+                     accounting: str = "released-output", ball: str = Ball.PROJECTION_ORDER.value,
+                     relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> Runner:
+    """AdaPMixED (Flemings et al. 2024, Algorithm 1) and its Table 2a ablations.
 
-    screening=True, data_dependent=True: AdaPMixED (screen + Eq. 3 when the screen passes);
+    screening=True, data_dependent=True: AdaPMixED (screen, then PMixED charged data-dependently);
     screening=True, data_dependent=False: PMixED with noisy screening (screen + Theorem 3.1);
     screening=False, data_dependent=True: AdaPMixED with only data-dependence (Eq. 3 every step).
+
+    The data-dependent charge covers the neighbours of `relation`, the run's claim: remove-one is
+    ibid. Eq. 3; add-one the add-one bound (mechanisms.kernels.add_one_divergence_bounds);
+    add-or-remove-one the larger of the two at each order.
+
+    What a screened step releases is the pair (b, y): the decision b (pass or fail, with
+    Pr[pass] = pi under D and pi' under a neighbour D') and the token y, drawn from PMixED's p when b
+    passes and from p0 when it fails. Its Renyi divergence is exactly
+      exp((a-1) D_a) = pi^a pi'^(1-a) exp((a-1) D_a(p || p')) + (1-pi)^a (1-pi')^(1-a)       (*)
+    (the chain rule for a pair; the fail branch answers p0 on both sides, divergence 0), so
+      D_a <= D_a(b || b') + max(D_a(p || p'), 0) <= eps_screen(a) + eps_t(a)
+    (adaptive composition, Mironov 2017, Proposition 1: a maximum over the branch, not the branch
+    taken). accounting="released-output" (the default) charges exactly that at every step, the
+    screen passed or not: a bound on the released output's law, which composes over the run.
+    accounting="realised-path" is the paper's Theorem 4.2 as stated: eps_screen + 1{passed} eps_t,
+    the decision's divergence plus the token's divergence given the decision that was released. It
+    does not bound (*): with lam = 0 the screen reads no teacher (pi = pi' for every neighbour,
+    eps_screen = 0) and, if it fails, the step is charged 0, while (*) is
+    log(1 - pi + pi exp((a-1) D_a(p || p'))) / (a-1) > 0 whenever pi > 0 and p != p'
+    (tests/test_realised_path.py). What it does bound is an odometer: along the run,
+    exp((a-1) (L - C)) is a supermartingale, L the realised privacy loss and C the realised charge
+    (Feldman & Zrnic 2021; Whitehouse et al. 2023), so Pr[L > C + log(1/delta) / (a-1)] <= delta: an
+    ex-post statement about this run's loss, not an RDP guarantee of the mechanism. The audit
+    measures both quantities (audit.ablation) and the report labels a realised-path total as such.
     """
     require(screening or data_dependent, "at least one of screening / data_dependent must be enabled "
                                          "(with neither, use type = \"pmixed\")")
-    pmixed = PMixED(alpha, beta, teachers)
+    require(accounting in ACCOUNTING_CHOICES, f"accounting must be one of {list(ACCOUNTING_CHOICES)}, got {accounting!r}")
+    relation = neighbouring_relation(relation)
+    require(relation is not NeighbouringRelation.REPLACE_ONE,
+            "AdaPMixED's bounds are for adding or removing a teacher; relation replace_one is not covered")
+    ball = ball_named(ball)
+    pmixed = PMixED(alpha, beta, teachers, ball=ball)
     screen = NoisyScreening(teachers=teachers, lam=lam, sigma=sigma, alpha=alpha, threshold=threshold, top_k=top_k)
     decode_name = "pmixed_data_dependent" if data_dependent else "pmixed_theorem_3_1"
     components = ({"screen": False} if screening else {}) | {decode_name: data_dependent}
+    relations = {decode_name: relation if data_dependent else NeighbouringRelation.ADD_OR_REMOVE_ONE}
+    charge_every_step = accounting == "released-output"
+    beta_all_orders = beta if ball is Ball.ALL_ORDERS else None
 
     def process(public, teacher_probs, generator, orders):
         length = public.shape[0]
@@ -129,17 +185,28 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
         lambdas, mixed_output, observed = _pmixed_step(pmixed, public, teacher_probs, torch.from_numpy(orders))
         output = torch.where(passed.unsqueeze(-1), mixed_output, public)
         bound = np.broadcast_to(pmixed.rdp_values(orders), observed.shape).copy()
-        passed_np = passed.numpy()[:, None]
-        charged = {decode_name: np.where(passed_np, observed if data_dependent else bound, 0.0)}
+        added = None
+        if data_dependent and "add" in relation.moves:
+            added = add_one_divergence_bounds(mixed_output, public, teachers, torch.from_numpy(orders), alpha,
+                                              pmixed.radius, beta_all_orders).numpy()
+        if data_dependent:
+            per_step = np.maximum(observed, added) if "remove" in relation.moves and added is not None else (
+                observed if added is None else added)
+        else:
+            per_step = bound
+        charged_steps = np.ones((length, 1), dtype=bool) if charge_every_step else passed.numpy()[:, None]
+        charged = {decode_name: np.where(charged_steps, per_step, 0.0)}
         if screening:
             charged["screen"] = np.broadcast_to(screen.rdp_values(orders), observed.shape).copy()
         return BlockOutcome(output=output, charged=charged, lambdas=lambdas.numpy(),
                             screen_statistic=None if statistic is None else statistic.numpy(), screen_passed=passed.numpy(),
-                            observed_data_dependent=observed, data_independent=bound)
+                            observed_data_dependent=observed, data_independent=bound, add_one_bound=added)
 
     params = dict(alpha=alpha, beta=beta, teachers=teachers, lam=lam, sigma=sigma, threshold=threshold, top_k=top_k,
-                  screening=screening, data_dependent=data_dependent)
-    return Runner("adapmixed", params, components, process)
+                  screening=screening, data_dependent=data_dependent, accounting=accounting)
+    if ball is not Ball.PROJECTION_ORDER:
+        params["ball"] = ball.value
+    return Runner("adapmixed", params, components, process, relations)
 
 
 _BUILDERS = {
@@ -150,8 +217,10 @@ _PARAMETERISED = {"pmixed": pmixed_runner, "adapmixed": adapmixed_runner}
 MECHANISM_TYPES = tuple(sorted([*_BUILDERS, *_PARAMETERISED]))
 
 
-def build_runner(mechanism: dict, teachers: int) -> Runner:
-    """A runner from a config's [mechanism] table: `type` plus that mechanism's parameters."""
+def build_runner(mechanism: dict, teachers: int,
+                 relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> Runner:
+    """A runner from a config's [mechanism] table: `type` plus that mechanism's parameters;
+    `relation` is the run's claimed neighbouring relation (the [run] table's `relation`)."""
     require(isinstance(mechanism, dict) and "type" in mechanism, "the [mechanism] table needs a `type`")
     params = {k: v for k, v in mechanism.items() if k != "type"}
     kind = mechanism["type"]
@@ -161,13 +230,15 @@ def build_runner(mechanism: dict, teachers: int) -> Runner:
                 f"mechanism.teachers = {mechanism['teachers']} does not match the {teachers} teacher models given")
     if kind in _BUILDERS:
         require(not params, f"mechanism {kind!r} takes no parameters, got {sorted(params)}")
+        neighbouring_relation(relation)
         return _BUILDERS[kind](teachers)
     import inspect
 
-    accepted = set(inspect.signature(_PARAMETERISED[kind]).parameters) - {"teachers"}
+    accepted = set(inspect.signature(_PARAMETERISED[kind]).parameters) - {"teachers", "relation"}
     unknown = sorted(set(params) - accepted)
-    require(not unknown, f"unknown parameters for mechanism {kind!r}: {unknown}; accepted: {sorted(accepted)}")
+    require(not unknown, f"unknown parameters for mechanism {kind!r}: {unknown}; accepted: {sorted(accepted)} "
+                         "(the claimed neighbouring relation is [run] relation)")
     try:
-        return _PARAMETERISED[kind](teachers=teachers, **params)
+        return _PARAMETERISED[kind](teachers=teachers, relation=relation, **params)
     except TypeError as error:
         raise ValueError(f"mechanism {kind!r}: {error}") from None

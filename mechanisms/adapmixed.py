@@ -1,9 +1,11 @@
 """AdaPMixED: noisy screening + PMixED charged data-dependently (Flemings et al. 2024, Section 4, Algorithm 1).
 
-Per-step loss (ibid. Theorem 4.2): eps_screen(a) + 1{screen passed} * eps_t(a), with
-eps_t(a') = max_i D<->_a'(p, p_{-i}) (ibid. Eq. 3), computable at every order a' of the grid.
-The data-dependent loss covers the remove-one neighbours of the realised ensemble; it is not a
-releasable DP guarantee (Papernot et al. 2018), and reports must say so.
+Per-step loss as the paper states it (ibid. Theorem 4.2): eps_screen(a) + 1{screen passed} * eps_t(a),
+with eps_t(a') = max_i D<->_a'(p, p_{-i}) (ibid. Eq. 3), computable at every order a' of the grid.
+Eq. 3 covers the remove-one neighbours of the realised ensemble; `add_one_bound_values` covers an
+added teacher. A data-dependent loss is not a releasable DP guarantee (Papernot et al. 2018), and
+reports say so. Which of these the decode loop charges, and why charging eps_t only when the screen
+passed does not bound the released output, is in decoding.runners.adapmixed_runner.
 """
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ import numpy as np
 
 from accounting.curve import RdpCurve
 from accounting.orders import DEFAULT_ORDERS, canonical_orders
-from accounting.relation import NeighbouringRelation
+from accounting.errors import require
+from accounting.relation import NeighbouringRelation, neighbouring_relation
 from mechanisms.distributions import validated_ensemble, validated_lambdas
-from mechanisms.pmixed import PMixED
+from mechanisms.pmixed import Ball, PMixED
 from mechanisms.screening import NoisyScreening
 
 
@@ -36,16 +39,46 @@ def data_dependent_pmixed_values(teachers, public, lambdas, orders: Sequence[flo
     return per_teacher.max(dim=-2).values.numpy()
 
 
+def add_one_bound_values(pmixed: PMixED, teachers, public, lambdas, orders: Sequence[float]) -> np.ndarray:
+    """Upper bound on max(D_a(p_+ || p), D_a(p || p_+)) over every teacher that could be added to
+    the ensemble (p_+ = (N p + q) / (N + 1), q the added teacher after PMixED's projection), at each
+    order: teachers (..., N, V), public (..., V), lambdas (..., N) -> (..., K), K distinct orders
+    sorted. The derivation, step by step with the theorem behind each, is in
+    mechanisms.kernels.add_one_divergence_bounds; tests/test_add_one_bound.py checks it against the
+    worst case found by direct optimisation over the ball."""
+    import torch
+
+    from mechanisms.kernels import add_one_divergence_bounds, mixed_teachers
+
+    teachers_np, public_np = validated_ensemble(teachers, public, None)
+    lambdas_np = validated_lambdas(lambdas, teachers_np)
+    mixed = mixed_teachers(torch.from_numpy(teachers_np), torch.from_numpy(public_np), torch.from_numpy(lambdas_np))
+    orders_t = torch.tensor(canonical_orders(orders), dtype=torch.float64)
+    beta = pmixed.beta if pmixed.ball is Ball.ALL_ORDERS else None
+    return add_one_divergence_bounds(mixed.mean(dim=-2), torch.from_numpy(public_np), teachers_np.shape[-2], orders_t,
+                                     pmixed.alpha, pmixed.radius, beta).numpy()
+
+
 def data_dependent_pmixed_curve(pmixed: PMixED, teachers, public, lambdas=None,
-                                orders: Sequence[float] = DEFAULT_ORDERS) -> RdpCurve:
-    """One step's data-dependent PMixED loss over the whole order grid (Flemings et al. 2024, Eq. 3):
-    a remove-one bound covering both divergence directions."""
+                                orders: Sequence[float] = DEFAULT_ORDERS,
+                                relation: NeighbouringRelation = NeighbouringRelation.REMOVE_ONE) -> RdpCurve:
+    """One step's data-dependent PMixED loss over the whole order grid, covering both divergence
+    directions for the neighbours of `relation`: REMOVE_ONE is Flemings et al. 2024, Eq. 3
+    (max over the N ensembles without one teacher); ADD_ONE the add-one bound
+    (add_one_bound_values); ADD_OR_REMOVE_ONE the larger of the two at each order."""
+    relation = neighbouring_relation(relation)
+    require(relation is not NeighbouringRelation.REPLACE_ONE,
+            "PMixED's data-dependent loss is derived for adding or removing a teacher, not replacing one")
     teachers_np, public_np = validated_ensemble(teachers, public, pmixed.teachers)
     if lambdas is None:
         lambdas = pmixed.mixing_weights(teachers_np, public_np)
     orders = canonical_orders(orders)
-    values = data_dependent_pmixed_values(teachers_np, public_np, lambdas, orders)
-    return RdpCurve(orders, values, pmixed.relation, data_dependent=True)
+    parts = []
+    if "remove" in relation.moves:
+        parts.append(data_dependent_pmixed_values(teachers_np, public_np, lambdas, orders))
+    if "add" in relation.moves:
+        parts.append(add_one_bound_values(pmixed, teachers_np, public_np, lambdas, orders))
+    return RdpCurve(orders, np.maximum.reduce(parts), relation, data_dependent=True)
 
 
 @dataclass(frozen=True)

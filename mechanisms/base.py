@@ -100,13 +100,15 @@ class ComposedMechanism(Mechanism):
         require(isinstance(self.parts, (tuple, list)) and len(self.parts) > 0,
                 f"a composition needs a non-empty sequence of mechanisms, got {self.parts!r}")
         set_validated(self, parts=tuple(require_mechanism(f"part {i}", p) for i, p in enumerate(self.parts)))
-        relations = {part.relation for part in self.parts}
-        require(len(relations) == 1,
-                f"cannot compose mechanisms for different neighbouring relations: {sorted(map(str, relations))}")
+        self.relation  # refuses parts that cover no common neighbouring pair
 
     @property
     def relation(self) -> NeighbouringRelation:  # type: ignore[override]
-        return self.parts[0].relation
+        """The neighbours every part covers (NeighbouringRelation.composed_with)."""
+        relation = self.parts[0].relation
+        for part in self.parts[1:]:
+            relation = relation.composed_with(part.relation)
+        return relation
 
     @property
     def data_dependent(self) -> bool:  # type: ignore[override]

@@ -119,17 +119,43 @@ def symmetric_renyi_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: tor
     return torch.maximum(renyi_divergence_orders(log_p, log_q, orders), renyi_divergence_orders(log_q, log_p, orders))
 
 
+def max_divergence_symmetric(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """max(D_inf(P||Q), D_inf(Q||P)) with D_inf(P||Q) = log max_j P_j / Q_j over P's support
+    (van Erven & Harremoes 2014, Theorem 6): shape broadcast(P, Q)[:-1]. +inf where one law has
+    mass outside the other's support. Rounded up by a few ulps of the logs' magnitude."""
+    p_zero, q_zero = torch.isneginf(log_p), torch.isneginf(log_q)
+    forward = torch.where(p_zero, torch.full_like(log_p, -torch.inf), log_p - torch.where(q_zero, -torch.inf, log_q))
+    backward = torch.where(q_zero, torch.full_like(log_q, -torch.inf), log_q - torch.where(p_zero, -torch.inf, log_p))
+    forward = torch.where(p_zero & q_zero, torch.full_like(forward, -torch.inf), forward)
+    backward = torch.where(p_zero & q_zero, torch.full_like(backward, -torch.inf), backward)
+    value = torch.maximum(forward.amax(dim=-1), backward.amax(dim=-1)).clamp_min(0.0)
+    magnitude = (torch.where(p_zero, 0.0, log_p.abs()).amax(dim=-1)
+                 + torch.where(q_zero, 0.0, log_q.abs()).amax(dim=-1) + 2.0)
+    return torch.where(torch.isfinite(value), value + ROUNDING_ULPS * magnitude * 2.0, value)
+
+
 def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, radius: float,
                    max_iterations: int = 60, relative_tolerance: float = 1e-10) -> torch.Tensor:
     """Largest lambda in [0, 1] per teacher with D<->_order(lambda p_i + (1-lambda) p0, p0) <= radius.
 
-    PMixED projection (Flemings et al. 2024, Algorithm 2 and Appendix C). The
-    divergence is non-decreasing in lambda (quasi-convexity, van Erven & Harremoes 2014 Theorem 13,
-    with value 0 at lambda = 0), so the root of f(lambda) = D(lambda) - radius is bracketed by
-    [0, 1] and found by the Illinois variant of regula falsi (superlinear, bisection where the secant
-    is undefined), for all teachers at once; only teachers infeasible at lambda = 1 are iterated.
-    The returned value is always the feasible end of the bracket ("err on the small side"), within
-    `relative_tolerance` * radius of the boundary, or within 1e-12 in lambda.
+    PMixED projection (Flemings et al. 2024, Algorithm 2 and Appendix C): the ball at one order.
+    teachers: (..., N, V); public: (..., V). Returns lambdas (..., N) in float64.
+    """
+    return ball_mixing_weights(teachers, public, (order,), (radius,), None, max_iterations, relative_tolerance)
+
+
+def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, radii, max_radius: float | None = None,
+                        max_iterations: int = 60, relative_tolerance: float = 1e-10) -> torch.Tensor:
+    """Largest lambda in [0, 1] per teacher such that the mixed teacher lambda p_i + (1-lambda) p0
+    satisfies D<->_k(., p0) <= radius_k at every order k of `orders` and, when `max_radius` is
+    given, D<->_inf(., p0) <= max_radius.
+
+    Each divergence is non-decreasing in lambda (quasi-convexity, van Erven & Harremoes 2014
+    Theorem 13, with value 0 at lambda = 0), so the largest constraint excess is too, and its root
+    is bracketed by [0, 1]. It is found by the Illinois variant of regula falsi (superlinear,
+    bisection where the secant is undefined), for all teachers at once; only teachers infeasible at
+    lambda = 1 are iterated. The returned value is always the feasible end of the bracket ("err on
+    the small side"), within `relative_tolerance` * radius of the boundary, or within 1e-12 in lambda.
 
     teachers: (..., N, V); public: (..., V). Returns lambdas (..., N) in float64.
     """
@@ -137,15 +163,23 @@ def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, r
     public = public.double()
     # aim 1e-12 inside the ball: the divergence of the mixed teacher, recomputed elsewhere from
     # rows renormalised to sum to 1, may differ from this evaluation by a few ulps
-    radius = radius * (1.0 - 1e-12)
-    order_t = torch.tensor([order], dtype=torch.float64, device=teachers.device)
+    radii_t = torch.tensor([float(r) * (1.0 - 1e-12) for r in radii], dtype=torch.float64, device=teachers.device)
+    order_t = torch.tensor([float(o) for o in orders], dtype=torch.float64, device=teachers.device)
+    max_radius = None if max_radius is None else float(max_radius) * (1.0 - 1e-12)
+    smallest = min([float(radii_t.min())] + ([max_radius] if max_radius is not None else []))
     flat_teachers = teachers.reshape(-1, teachers.shape[-1])
     flat_public = public.unsqueeze(-2).expand(teachers.shape).reshape(-1, teachers.shape[-1])
     lambdas = torch.ones(flat_teachers.shape[0], dtype=torch.float64, device=teachers.device)
 
     def excess(p: torch.Tensor, q: torch.Tensor, log_q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
         mixed = lam.unsqueeze(-1) * p + (1.0 - lam.unsqueeze(-1)) * q
-        return symmetric_renyi_orders(_log(mixed), log_q, order_t)[..., 0] - radius
+        log_mixed = _log(mixed)
+        # scaled by each radius, so that constraints of different sizes compare on one scale
+        worst = ((symmetric_renyi_orders(log_mixed, log_q, order_t) - radii_t) / radii_t.clamp_min(1e-300)).amax(dim=-1)
+        if max_radius is not None:
+            worst = torch.maximum(worst, (max_divergence_symmetric(log_mixed, log_q) - max_radius)
+                                  / max(max_radius, 1e-300))
+        return worst * smallest
 
     active = torch.nonzero(excess(flat_teachers, flat_public, _log(flat_public), lambdas) > 0).flatten()
     if active.numel() == 0:
@@ -154,11 +188,11 @@ def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, r
     log_q_active = _log(q_active)
     low = torch.zeros(active.numel(), dtype=torch.float64)
     high = torch.ones_like(low)
-    true_low = torch.full_like(low, -radius)            # f(low): the stopping test uses the true value
+    true_low = torch.full_like(low, -smallest)          # f(low): the stopping test uses the true value
     weight_low, weight_high = true_low.clone(), excess(p_active, q_active, log_q_active, high)   # Illinois-weighted end values
     side = torch.zeros_like(low)
     for _ in range(max_iterations):
-        done = (true_low >= -relative_tolerance * max(radius, 1e-300)) | (high - low <= 1e-12)
+        done = (true_low >= -relative_tolerance * max(smallest, 1e-300)) | (high - low <= 1e-12)
         if bool(done.all()):
             break
         secant = (low * weight_high - high * weight_low) / (weight_high - weight_low)
@@ -234,6 +268,146 @@ def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: t
     identical = (mixed == public.double().unsqueeze(-2)).all(dim=-1).all(dim=-1)
     zero = ~mask.unsqueeze(-1) | identical[..., None, None]
     return torch.where(zero, torch.zeros_like(divergences), divergences)
+
+
+def _knapsack_bound(log_qmax: np.ndarray, log_ratio: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    """log(sum_j qstar_j exp((k-1) log_ratio_j)) / (k-1) per order k, qstar the fractional-knapsack
+    allocation of unit mass to tokens by decreasing log_ratio, each capped at exp(log_qmax_j)
+    (add_one_divergence_bounds, U2). +inf when the caps cannot hold unit mass (never for a ball
+    around a law: qmax_j >= p0_j)."""
+    order = np.argsort(-log_ratio, axis=-1, kind="stable")
+    caps = np.take_along_axis(np.exp(log_qmax), order, axis=-1)
+    ratios = np.take_along_axis(log_ratio, order, axis=-1)
+    before = np.cumsum(caps, axis=-1) - caps
+    # rounded up: the allocation's mass is at least 1 (a larger weight on the largest ratios only adds)
+    allocation = np.clip(1.0 - before, 0.0, None)
+    allocation = np.minimum(caps, allocation * (1.0 + 4.0 * ROUNDING_ULPS * caps.shape[-1]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_allocation = np.log(allocation)
+        terms = log_allocation[..., None, :] + (orders[:, None] - 1.0) * ratios[..., None, :]
+        terms = np.where(allocation[..., None, :] > 0, terms, -np.inf)
+        shift = terms.max(axis=-1, keepdims=True)
+        shift = np.where(np.isfinite(shift), shift, 0.0)
+        log_sum = np.log(np.exp(terms - shift).sum(axis=-1)) + shift[..., 0]
+    total = allocation.sum(axis=-1)
+    value = (log_sum + ROUNDING_ULPS * (np.abs(log_sum) + 2.0 * np.log2(caps.shape[-1] + 1.0))) / (orders - 1.0)
+    return np.where(total[..., None] >= 1.0, value, np.inf)
+
+
+def _chord_knapsack_forward(log_p: np.ndarray, log_qmax: np.ndarray, teachers: float, orders: np.ndarray) -> np.ndarray:
+    """log(sum_j p_j phi_k(q_j / p_j)) / (k-1) maximised over 0 <= q_j <= qmax_j, sum_j q_j = 1, bounded
+    from above, per order k: phi_k(t) = ((N + t) / (N + 1))^k, so that the sum is
+    exp((k-1) D_k(p_+ || p)) for p_+ = (N p + q) / (N + 1). phi_k is convex, so on [0, qmax_j] it
+    lies below its chord: p_j phi_k(q_j/p_j) <= p_j phi_k(0) + q_j c_j, c_j = p_j (phi_k(qmax_j/p_j) -
+    phi_k(0)) / qmax_j; the linear programme max sum_j q_j c_j over the same set is a fractional
+    knapsack (fill by decreasing c_j). The bound is exact wherever the optimum puts every q_j at 0
+    or qmax_j, which all but one token do. Returns (..., K); +inf where p_j = 0 < qmax_j."""
+    log_n, log_n1 = np.log(teachers), np.log(teachers + 1.0)
+    reachable = np.isfinite(log_qmax)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        log_t = np.where(reachable, log_qmax - log_p, -np.inf)                      # log(qmax_j / p_j)
+        k = orders.reshape((-1,) + (1,) * 0)[:, None]                                # (K, 1)
+        log_phi0 = k[:, 0] * (log_n - log_n1)                                        # (K,)
+        log_phi_max = k * (np.logaddexp(log_n, log_t[..., None, :]) - log_n1)         # (..., K, V)
+        gap = np.log1p(-np.exp(log_phi0[:, None] - log_phi_max))                     # log(1 - phi0/phimax)
+        log_c = np.where(reachable[..., None, :], log_p[..., None, :] - log_qmax[..., None, :] + log_phi_max + gap,
+                         -np.inf)
+        log_c = np.where(reachable[..., None, :] & np.isneginf(log_p)[..., None, :], np.inf, log_c)
+    order = np.argsort(-log_c, axis=-1, kind="stable")
+    caps = np.take_along_axis(np.broadcast_to(np.exp(log_qmax)[..., None, :], log_c.shape), order, axis=-1)
+    sorted_c = np.take_along_axis(log_c, order, axis=-1)
+    before = np.cumsum(caps, axis=-1) - caps
+    allocation = np.minimum(caps, np.clip(1.0 - before, 0.0, None) * (1.0 + 4.0 * ROUNDING_ULPS * caps.shape[-1]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(allocation > 0, np.log(allocation) + sorted_c, -np.inf)
+        shift = terms.max(axis=-1, keepdims=True)
+        finite_shift = np.where(np.isfinite(shift), shift, 0.0)
+        log_sum = np.log(np.exp(terms - finite_shift).sum(axis=-1)) + finite_shift[..., 0]
+        log_sum = np.where(np.isposinf(shift[..., 0]), np.inf, log_sum)
+        log_total = np.logaddexp(log_phi0, log_sum)
+    slack = ROUNDING_ULPS * (np.abs(np.where(np.isfinite(log_total), log_total, 0.0))
+                             + orders * (np.abs(log_t[..., None, :]).max(axis=-1, initial=0.0, where=np.isfinite(log_t[..., None, :])) + 4.0)
+                             + 2.0 * np.log2(caps.shape[-1] + 1.0))
+    return (log_total + slack) / (orders - 1.0)
+
+
+def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teachers: int, orders: torch.Tensor,
+                              alpha: float, radius: float, all_orders_beta: float | None = None) -> torch.Tensor:
+    """Upper bound, per order k, on max(D_k(p_+ || p), D_k(p || p_+)) over every teacher an adversary
+    can add: output (..., V) is p = mean of the N mixed teachers, public (..., V) is p0, and
+    p_+ = (N p + q) / (N + 1) with q any law PMixED's projection can produce, i.e. any q in the ball
+    B = {q : D<->_alpha(q, p0) <= radius} (q = lambda x + (1 - lambda) p0 lies in B whatever the
+    added teacher x is, and every q in B is reachable with x = q). With `all_orders_beta` the ball
+    also holds at every order (PMixED ball="all-orders"): D<->_k(q, p0) <= beta k for all k > 1.
+    Returns (..., K). Derivation (each step's source in brackets):
+
+    From the ball at order alpha, per token (each term of a sum is at most the sum), with
+    R = exp((alpha-1) radius):
+      q_j <= qmax_j = min(1, (R p0_j^(alpha-1))^(1/alpha))            [D_alpha(q || p0) <= radius]
+      q_j >= qmin_j = (p0_j^alpha / R)^(1/(alpha-1))                   [D_alpha(p0 || q) <= radius]
+    Forward, D_k(p_+ || p): (P, Q) -> sum_j P_j^k Q_j^(1-k) is jointly convex (perspective of x^k,
+    as in the proof of Flemings et al. 2024, Theorem C.1), and (p_+, p) = N/(N+1) (p, p) + 1/(N+1) (q, p):
+      exp((k-1) D_k(p_+ || p)) <= N/(N+1) + exp((k-1) D_k(q || p)) / (N+1),
+    with D_k(q || p) <= U_k = min(U1_k, U2):
+      U1_k = rho_k + max_j log(p0_j / p_j)     [q^k p^(1-k) = q^k p0^(1-k) (p0/p)^(k-1) termwise],
+      rho_k >= D_k(q || p0): radius for k <= alpha (monotone in the order, van Erven & Harremoes
+        2014, Theorem 3); ((alpha-1) radius + (k-alpha) log M) / (k-1) above, M = max_j qmax_j/p0_j
+        [sum p0 (q/p0)^k <= M^(k-alpha) sum p0 (q/p0)^alpha]; and beta k with the all-orders ball;
+      U2_k = log(sum_j qstar_j (qmax_j / p_j)^(k-1)) / (k-1): as q_j^k p_j^(1-k) = q_j (q_j/p_j)^(k-1)
+        <= q_j (qmax_j/p_j)^(k-1), sum_j q_j^k p_j^(1-k) is at most the linear programme
+        max {sum_j q_j c_j : 0 <= q_j <= qmax_j, sum_j q_j = 1}, c_j = (qmax_j/p_j)^(k-1), whose optimum
+        (a fractional knapsack) fills tokens in decreasing order of qmax_j / p_j (the same order for
+        every k) up to qmax_j until the mass reaches 1: that allocation is qstar.
+    The forward bound is also min'ed with a direct one over the box {0 <= q_j <= qmax_j, sum q = 1},
+    which contains the ball: sum_j p_j ((N + q_j/p_j)/(N+1))^k maximised through the chords of the
+    convex summand and a fractional knapsack (_chord_knapsack_forward); it is nearly exact for the box
+    and much tighter than Jensen at low orders.
+    Reverse, D_k(p || p_+): min(B1, B2_k) with
+      B1 = log(1 + 1/N): p_+ >= N p / (N+1) termwise, so D_k <= D_inf(p || p_+) <= log((N+1)/N);
+      B2_k = W_k / (N+1): D_k is convex in its second argument (ibid. Theorem 12) and
+        D_k(p || p) = 0; W_k = log(sum_j p_j^k qmin_j^(1-k)) / (k-1) >= D_k(p || q) as 1-k < 0.
+    Every value is rounded up (the Renyi kernel's slack, ROUNDING_ULPS on the rest).
+    """
+    output = output.detach().cpu().double()
+    public = public.detach().cpu().double()
+    orders_np = orders.detach().cpu().double().numpy().reshape(-1)
+    n = float(teachers)
+    log_p = _log(output).numpy()
+    log_p0 = _log(public).numpy()
+    on_public = np.isfinite(log_p0)
+    log_r = (alpha - 1.0) * radius
+    with np.errstate(invalid="ignore"):
+        log_qmax = np.where(on_public, np.minimum(0.0, (log_r + (alpha - 1.0) * log_p0) / alpha), -np.inf)
+        log_qmin = np.where(on_public, (alpha * log_p0 - log_r) / (alpha - 1.0), -np.inf)
+        # tokens the public model never emits: every q in the ball is 0 there too (D_alpha(q||p0) finite)
+        ratio_p0_p = np.where(on_public, log_p0 - log_p, -np.inf)          # +inf where p_j = 0 < p0_j
+        log_m = np.where(on_public, log_qmax - log_p0, -np.inf).max(axis=-1)   # log M
+        ratio_q_p = np.where(on_public, log_qmax - log_p, -np.inf)          # log(qmax_j / p_j)
+    max_ratio = ratio_p0_p.max(axis=-1)
+    slack = ROUNDING_ULPS * (np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1)
+                             + np.abs(np.where(on_public, log_p0, 0.0)).max(axis=-1) + abs(log_r) + 4.0)
+    orders_col = orders_np.reshape((1,) * max_ratio.ndim + (-1,))
+    with np.errstate(invalid="ignore", over="ignore"):
+        above = ((alpha - 1.0) * radius + (orders_col - alpha) * log_m[..., None]) / (orders_col - 1.0)
+        rho = np.where(orders_col <= alpha, radius, above)
+        if all_orders_beta is not None:
+            rho = np.minimum(rho, all_orders_beta * orders_col)
+        u2 = _knapsack_bound(log_qmax, ratio_q_p, orders_np)
+        u = np.minimum(rho + max_ratio[..., None], u2) + slack[..., None]
+        x = (orders_col - 1.0) * u
+        # log((N + e^x) / (N + 1)) = log1p(expm1(x) / (N + 1)), and for x > 700 x - log(N+1) + log1p(N e^-x)
+        small = np.log1p(np.expm1(np.minimum(x, 700.0)) / (n + 1.0))
+        large = x - np.log(n + 1.0) + np.log1p(n * np.exp(-np.maximum(x, 700.0)))
+        forward = np.where(x <= 700.0, small, large) / (orders_col - 1.0)
+    forward = np.where(np.isnan(forward), np.inf, forward)        # u = +inf: no bound
+    forward = np.minimum(forward, _chord_knapsack_forward(log_p, log_qmax, n, orders_np))
+    w = renyi_divergence_orders(torch.from_numpy(log_p), torch.from_numpy(log_qmin), orders.cpu()).numpy()
+    reverse = np.minimum(np.log1p(1.0 / n), w / (n + 1.0))
+    bound = np.maximum(forward, reverse)
+    bound = bound * (1.0 + ROUNDING_ULPS) + ROUNDING_ULPS * 1e-300
+    if np.any(np.isnan(bound)):
+        raise ValueError("add-one bound is NaN: an input distribution holds NaN or inf")
+    return torch.from_numpy(np.maximum(bound, 0.0))
 
 
 def coordinated_votes(teachers: torch.Tensor, generator: torch.Generator | None = None,

@@ -84,24 +84,71 @@ def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers
     return beta
 
 
+class Ball(enum.Enum):
+    """Which Renyi ball PMixED projects each teacher onto."""
+
+    PROJECTION_ORDER = "projection-order"
+    """Flemings et al. 2024, Algorithm 2: D<->_alpha(pbar_i, p0) <= beta alpha at the one order alpha.
+    Theorem 3.1's proof needs the ball at every order (Theorem A.5's hypothesis), so its bound is
+    reported "as claimed"; an input with extreme tails exceeds it (a data-dependent loss of 4.2
+    against 0.041; tests/test_all_orders_ball.py)."""
+
+    ALL_ORDERS = "all-orders"
+    """D<->_k(pbar_i, p0) <= beta k at every order k > 1, enforced on the grid ALL_ORDERS_BALL_GRID
+    with slack (for k in (k_j, k_j+1], D_k <= D_k_j+1 <= beta k_j, k_0 = 1) and above it through
+    D<->_inf <= beta k_max. This is the hypothesis of Theorem A.5 (Steinke 2022, Lemma 33.7) at every
+    order, so Theorem 3.1 is proven at every order and the curve is finite everywhere."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ALL_ORDERS_BALL_GRID: tuple[float, ...] = tuple(float(1.2 ** i) for i in range(1, 39))
+"""Orders at which ball="all-orders" enforces its radii: 1.2, 1.44, ..., 1.2^38 ~ 1022 (38 orders).
+Between two of them the radius enforced is at least 1/1.2 of beta k; the ratio trades utility for
+projection cost (each root-finding step evaluates every order)."""
+
+
+def ball_named(value: "Ball | str") -> Ball:
+    """The Ball named by `value`; ValueError listing the names for anything else."""
+    try:
+        return Ball(value)
+    except ValueError:
+        raise ValueError(f"ball must be one of {[b.value for b in Ball]}, got {value!r}") from None
+
+
+def all_orders_ball_constraints(beta: float, grid: Sequence[float] = ALL_ORDERS_BALL_GRID):
+    """(orders, radii, max_radius) enforcing D<->_k <= beta k at every k > 1 through a finite grid
+    k_1 < ... < k_m: D<->_{k_j+1} <= beta k_j (k_0 = 1) and D<->_inf <= beta k_m. Since D_k is
+    non-decreasing in k (van Erven & Harremoes 2014, Theorem 3), for k in (k_j, k_j+1]:
+    D_k <= D_{k_j+1} <= beta k_j < beta k, and for k > k_m: D_k <= D_inf <= beta k_m < beta k."""
+    grid = tuple(sorted(float(k) for k in grid))
+    lower = (1.0,) + grid[:-1]
+    return grid, tuple(beta * k for k in lower), beta * grid[-1]
+
+
 @dataclass(frozen=True)
 class PMixED(Mechanism):
-    """One PMixED query: Renyi-ball projection at order `alpha`, radius `beta * alpha`, N teachers.
+    """One PMixED query: N teachers, each projected onto a Renyi ball around p0, then averaged.
 
-    The curve is Theorem 3.1's value (as claimed) at every order <= alpha (RDP is non-decreasing in
-    the order, so the projection-order bound covers lower orders) and +inf above alpha, where the
-    projection enforces nothing.
+    ball="projection-order" (the paper's, Flemings et al. 2024, Algorithm 2): radius beta * alpha at
+    order alpha only. The curve is Theorem 3.1's value (as claimed) at every order <= alpha (RDP is
+    non-decreasing in the order, so the projection-order bound covers lower orders) and +inf above
+    alpha, where the projection enforces nothing.
+    ball="all-orders": radius beta * k at every order k (Ball.ALL_ORDERS); the curve is Theorem 3.1
+    at every order, proven. `alpha` is then only the order Lemma C.1 budgets at.
     """
 
     alpha: float
     beta: float
     teachers: int
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
+    ball: Ball = Ball.PROJECTION_ORDER
 
     def __post_init__(self) -> None:
         set_validated(self, alpha=require_order("alpha", self.alpha), beta=require_non_negative("beta", self.beta),
                       teachers=require_int_at_least("teachers", self.teachers, 1),
-                      relation=require_relation(self.relation))
+                      relation=require_relation(self.relation), ball=ball_named(self.ball))
 
     @property
     def radius(self) -> float:
@@ -112,22 +159,40 @@ class PMixED(Mechanism):
     def per_query_epsilon(self) -> float:
         return float(theorem_3_1_epsilon(self.alpha, self.beta, self.teachers))
 
+    @property
+    def proven(self) -> bool:
+        """True when Theorem 3.1's hypothesis holds (the all-orders ball); False: "as claimed"."""
+        return self.ball is Ball.ALL_ORDERS
+
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         orders = np.asarray(orders, dtype=np.float64)
         if self.beta == 0.0:  # a ball of radius 0: every lambda is 0 and the output is the public model
             return np.zeros_like(orders)
+        if self.ball is Ball.ALL_ORDERS:
+            # Theorem 3.1 / C.1 at each order k: its proof applies Theorem A.5 with the ball at every order
+            return theorem_3_1_epsilon(orders, self.beta, self.teachers)
         return np.where(orders <= self.alpha + 1e-12, self.per_query_epsilon, np.inf)
 
     def mixing_weights(self, teachers, public):
         """lambda_i per teacher (vectorised over all N): largest lambda in [0, 1] keeping the mixed
-        teacher within the ball (Flemings et al. 2024, Algorithm 2). teachers (..., N, V), public (..., V)."""
+        teacher within the ball (Flemings et al. 2024, Algorithm 2; every order for the all-orders
+        ball). teachers (..., N, V), public (..., V)."""
         import torch
 
-        from mechanisms.kernels import mixing_weights
-
         teachers_np, public_np = validated_ensemble(teachers, public, self.teachers)
-        lambdas = mixing_weights(torch.from_numpy(teachers_np), torch.from_numpy(public_np), self.alpha, self.radius)
-        return lambdas.numpy()
+        return self.mixing_weights_tensor(torch.from_numpy(teachers_np), torch.from_numpy(public_np)).numpy()
+
+    def mixing_weights_tensor(self, teachers, public):
+        """mixing_weights on float64 tensors, unvalidated (the decode loop's inner call)."""
+        import torch
+
+        from mechanisms.kernels import ball_mixing_weights, mixing_weights
+
+        if self.ball is Ball.ALL_ORDERS:
+            if self.beta == 0.0:  # radius 0 at every order: only the public model itself is in the ball
+                return torch.zeros(teachers.shape[:-1], dtype=torch.float64)
+            return ball_mixing_weights(teachers, public, *all_orders_ball_constraints(self.beta))
+        return mixing_weights(teachers, public, self.alpha, self.radius)
 
     def output_distribution(self, teachers, public, lambdas=None) -> np.ndarray:
         """p = mean_i (lambda_i p_i + (1 - lambda_i) p0), the distribution PMixED samples from."""
@@ -149,6 +214,7 @@ class SubsamplingVariant(enum.Enum):
     WORST_CASE_SIZE = "worst-case-size"
     REALISED_SIZE_GENERAL = "realised-size-general"
     WORST_CASE_SIZE_GENERAL = "worst-case-size-general"
+    ALL_ORDERS_BALL = "all-orders-ball"
 
     def __str__(self) -> str:
         return self.value
@@ -160,7 +226,8 @@ class SubsamplingVariant(enum.Enum):
 
     @property
     def general(self) -> bool:
-        return self in (SubsamplingVariant.REALISED_SIZE_GENERAL, SubsamplingVariant.WORST_CASE_SIZE_GENERAL)
+        return self in (SubsamplingVariant.REALISED_SIZE_GENERAL, SubsamplingVariant.WORST_CASE_SIZE_GENERAL,
+                        SubsamplingVariant.ALL_ORDERS_BALL)
 
     @property
     def soundness(self) -> str:
@@ -181,7 +248,12 @@ _VARIANT_SOUNDNESS = {
         "general amplification (Zhu & Wang 2019, factor 3) but the realised sample size still chooses the "
         "bound (pitfall 2)"),
     SubsamplingVariant.WORST_CASE_SIZE_GENERAL: (
-        "worst ensemble size and general amplification (Zhu & Wang 2019, factor 3): sound given Theorem 3.1"),
+        "worst ensemble size and general amplification (Zhu & Wang 2019, factor 3): sound given Theorem 3.1, "
+        "which the paper's one-order ball does not guarantee"),
+    SubsamplingVariant.ALL_ORDERS_BALL: (
+        "PMixED with the ball at every order (ball = all-orders): Theorem 3.1 then holds at every order k, so "
+        "eps(k) := max over ensemble sizes m of Theorem 3.1 at order k is what the per-order-radius variant "
+        "assumed, now enforced; with general amplification (Zhu & Wang 2019, factor 3): sound"),
 }
 
 
@@ -193,7 +265,9 @@ class SubsampledPMixED(Mechanism):
       realised-size(-general): eps(k) := Theorem 3.1 at the projection order a with m = realised_size,
         for k <= a (+inf above a, where no bound holds);
       per-order-radius: eps(k) := Theorem 3.1 at order k with m = realised_size (unsound, pitfall 4);
-      worst-case-size(-general): eps(k) := max over m in 1..N of Theorem 3.1 at order a, for k <= a.
+      worst-case-size(-general): eps(k) := max over m in 1..N of Theorem 3.1 at order a, for k <= a;
+      all-orders-ball: eps(k) := max over m in 1..N of Theorem 3.1 at order k, every k (needs a PMixED
+        with ball="all-orders", for which that is proven).
     `realised_size` is required by the realised variants and ignored by the worst-case ones.
     q = 1 is no subsampling (every teacher is always sampled): the curve is PMixED's own for every
     variant, and a realised size must then be N; q = 0 samples nobody (the public model answers):
@@ -210,6 +284,10 @@ class SubsampledPMixED(Mechanism):
         set_validated(self, sampling_probability=require_in_closed("sampling_probability", self.sampling_probability,
                                                                    0.0, 1.0),
                       variant=subsampling_variant(self.variant))
+        require((self.variant is SubsamplingVariant.ALL_ORDERS_BALL) == (self.pmixed.ball is Ball.ALL_ORDERS),
+                f"variant {self.variant} needs a PMixED with ball = "
+                f"{'all-orders' if self.variant is SubsamplingVariant.ALL_ORDERS_BALL else 'projection-order'}, "
+                f"got ball = {self.pmixed.ball}")
         if self.variant.uses_realised_sizes:
             require(self.realised_size is not None, f"variant {self.variant} needs realised_size")
         if self.realised_size is not None:
@@ -229,6 +307,10 @@ class SubsampledPMixED(Mechanism):
 
     def base_epsilon(self, ks: np.ndarray) -> np.ndarray:
         alpha, beta = self.pmixed.alpha, self.pmixed.beta
+        if self.variant is SubsamplingVariant.ALL_ORDERS_BALL:
+            sizes = np.arange(1, self.pmixed.teachers + 1, dtype=np.float64)
+            ks = np.asarray(ks, dtype=np.float64)
+            return theorem_3_1_epsilon(ks[..., None], beta, sizes).max(axis=-1)
         if self.variant is SubsamplingVariant.PER_ORDER_RADIUS:
             return theorem_3_1_epsilon(ks, beta, self.realised_size)
         size = self.realised_size if self.variant.uses_realised_sizes else self.worst_case_size

@@ -15,7 +15,8 @@ from accounting.errors import require
 from reports.plots import run_figures
 from reports.run_data import RunData, fmt
 from reports.statement import privacy_statement
-from reports.tables import breakdown_table, checks_table, comparison_table, direction_label, leakage_table
+from reports.tables import (audit_headline, breakdown_table, checks_table, comparison_table, direction_label,
+                           leakage_table)
 
 FORMATS = ("html", "md", "json", "latex", "csv")
 
@@ -116,7 +117,8 @@ def render_markdown(runs: list[RunData]) -> str:
                   markdown_table(breakdown_table(run)), "", _breakdown_caption(run), "", "### Privacy statement", ""]
         parts += [p + "\n" for p in privacy_statement(run)]
         checks = checks_table(run)
-        parts += ["### Audit", "", markdown_table(checks) if checks is not None else "Not audited.", ""]
+        parts += ["### Audit", "", f"Verdict: {audit_headline(run)}", "",
+                  markdown_table(checks) if checks is not None else "Not audited.", ""]
     return "\n".join(parts)
 
 
@@ -142,7 +144,12 @@ def render_html(runs: list[RunData]) -> str:
              "measurements on the private data, not releasable guarantees.</p>"]
     for index, run in enumerate(runs):
         verdict = run.audit["verdict"] if run.audit else None
-        badge = (f"<span class='verdict-{verdict}'>{verdict}</span>" if verdict else "<span>not audited</span>")
+        headline = audit_headline(run)
+        rest = headline[len(verdict):] if verdict and headline.startswith(verdict) else ""
+        # the relations not covered are shown in red beside the verdict, never hidden below it
+        badge = (f"<span class='verdict-{verdict}'>{verdict}</span>"
+                 + (f"<span class='verdict-FAIL'>{html.escape(rest)}</span>" if "NOT COVERED" in rest
+                    else html.escape(rest)) if verdict else "<span>not audited</span>")
         parts += [f"<h2 id='run-{index}'>{html.escape(run.label)} — audit: {badge}</h2>",
                   f"<p class='note'>Trace: {html.escape(str(run.directory))}</p>",
                   "<h3>Privacy-loss breakdown</h3>", _html_table(breakdown_table(run), "breakdown"),

@@ -17,7 +17,8 @@ _MECHANISMS = {
 }
 
 
-_RELATIONS = {"add_or_remove_one": "adding or removing one teacher", "replace_one": "replacing one teacher"}
+_RELATIONS = {"add_or_remove_one": "adding or removing one teacher", "remove_one": "removing one teacher",
+              "add_one": "adding one teacher", "replace_one": "replacing one teacher"}
 
 
 def privacy_statement(run: RunData) -> list[str]:
@@ -43,7 +44,10 @@ def privacy_statement(run: RunData) -> list[str]:
         if params.get("sample_rate") is not None:
             mechanism += (f", teachers Poisson-subsampled with rate q={params['sample_rate']:g}, amplification variant "
                           f"'{params['subsampling_variant']}'")
-        mechanism += ". Its per-query bound is Theorem 3.1 as claimed by the paper; that theorem is not guaranteed for every input (SPEC section 3)."
+        mechanism += (". Its per-query bound is Theorem 3.1, proven at every order: the ball holds at every order."
+                      if params.get("ball") == "all-orders" else
+                      ". Its per-query bound is Theorem 3.1 as claimed by the paper; that theorem is not guaranteed "
+                      "for every input (docs/soundness.md).")
     if epsilon["order"] is None:
         outcome = ("epsilon = 0: the output does not depend on the teachers" if epsilon["epsilon"] == 0
                    else "epsilon = inf: no order gives a guarantee")
@@ -52,8 +56,12 @@ def privacy_statement(run: RunData) -> list[str]:
     paragraphs = [
         f"Mechanism. {mechanism}",
         f"Unit of privacy. One teacher's shard of the private data (the N={manifest['n_teachers']} shards are disjoint). "
-        f"Neighbouring relation: {_RELATIONS.get(manifest['relation'], manifest['relation'])}"
-        + ("; the data-dependent loss covers removing one teacher of this ensemble." if run.data_dependent else "."),
+        f"Neighbouring relation claimed: {_RELATIONS.get(manifest['relation'], manifest['relation'])}; the charged "
+        f"loss covers {_RELATIONS.get(ledger.get('relation', manifest['relation']), ledger.get('relation'))}"
+        + (" of this ensemble (a data-dependent loss is anchored at the actual ensemble)." if run.data_dependent else ".")
+        + ("" if ledger.get("accounting") != "realised-path" else
+           " Screened steps are charged on the realised path (Flemings et al. 2024, Theorem 4.2 as stated): that total "
+           "does not bound the released output's law (docs/soundness.md)."),
         f"Accounting. Renyi DP composed over {ledger['steps']} queries on a grid of {len(orders)} orders "
         f"({fmt(orders[0])}..{fmt(orders[-1])}), converted with the improved conversion (Balle et al. 2020, Theorem 21) "
         f"at delta={epsilon['delta']:g}: {outcome}.",
@@ -89,5 +97,6 @@ def privacy_statement(run: RunData) -> list[str]:
         if applying:
             evidence += " Pitfalls that apply: " + "; ".join(f"#{f['pitfall']} {f['title']} ({f['severity']})"
                                                             for f in applying) + "."
-        paragraphs.append(f"Audit verdict: {audit['verdict']} (failed checks: {failed}).{evidence}")
+        headline = audit.get("headline", audit["verdict"])
+        paragraphs.append(f"Audit verdict: {headline} (failed checks: {failed}).{evidence}")
     return paragraphs

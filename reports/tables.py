@@ -32,17 +32,33 @@ def direction_label(direction: str | None) -> str:
     return "both" if covers is DivergenceDirection.BOTH else "D(M(D)||M(D')) only"
 
 
+def relation_label(run: RunData) -> str:
+    """The relation the charged total covers ("remove-one", ...); a ledger that predates the field
+    holds the run's claim only."""
+    return str(run.ledger.get("relation", run.manifest["relation"])).replace("_", "-")
+
+
+def audit_headline(run: RunData) -> str:
+    """The audit's verdict with the relation it is for and every other relation tested."""
+    if not run.audit:
+        return "not audited"
+    return run.audit.get("headline", run.audit["verdict"])
+
+
 def comparison_table(runs: list[RunData]) -> pd.DataFrame:
     """Table 2a / Table 1: method, queries, epsilon at delta (improved), order, perplexity,
-    queries answered by the public model, whether epsilon is data-dependent, audit verdict."""
+    queries answered by the public model, whether epsilon is data-dependent, the neighbouring relation
+    the charged total covers, and the audit's headline (its verdict for the claimed relation and
+    every other relation it tested)."""
     rows = []
     for run in runs:
         epsilon = run.epsilon()
         rows.append({"method": run.label, "queries": run.ledger["steps"], "epsilon": epsilon["epsilon"],
                      "delta": epsilon["delta"], "order": epsilon["order"], "data_dependent": run.data_dependent,
                      "direction": direction_label(run.ledger.get("direction")),
+                     "relation": relation_label(run),
                      "perplexity": run.ledger["perplexity"], "answered_by_public": run.ledger["answered_by_public"],
-                     "audit": run.audit["verdict"] if run.audit else "not audited"})
+                     "audit": audit_headline(run)})
     # object dtype keeps a missing value (e.g. no order for epsilon = 0) None: a float column would
     # turn it into NaN, which the renderers refuse
     return pd.DataFrame(rows, dtype=object)

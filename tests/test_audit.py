@@ -211,3 +211,43 @@ def test_replay_without_payload_recomputes_from_the_models(micro_models, tmp_pat
     report = audit_run(run_dir, mc_samples=50, play_game=False)
     assert report.check("replay").status is Status.PASS and "the run's models, re-run" in report.check("replay").detail
     assert report.verdict == "PASS"
+
+
+def _claim(run_dir: Path, relation: str) -> None:
+    manifest = json.loads((run_dir / trace.MANIFEST).read_text())
+    manifest["relation"] = relation
+    trace.atomic_write_json(run_dir / trace.MANIFEST, manifest)
+
+
+def test_claimed_relation_not_covered_by_the_charges_fails_naming_it(micro_models, tmp_path):
+    """A remove-one run (Eq. 3 only) whose manifest claims add-or-remove: relation_coverage FAILs
+    with the relation named, and the ablation judges the add-one adversaries as claimed."""
+    run_dir = tmp_path / "remove"
+    config = config_from_dict(micro_config(micro_models, run_dir, ADAPMIXED, queries=32, relation="remove_one"))
+    run_decode(config, progress=False, verbose=False)
+    honest = audit_run(run_dir, mc_samples=100, play_game=False, write=False)
+    coverage = honest.check("relation_coverage")
+    assert coverage.status is Status.PASS and coverage.evidence["covered_relation"] == "remove_one"
+    assert honest.headline.startswith(f"{honest.verdict} for remove-one")
+    add_one = honest.relations["add_one"]
+    assert not add_one["claimed"] and not add_one["charged_for"]
+    assert ("NOT COVERED" in honest.headline) == (not add_one["within_claim"])
+    _claim(run_dir, "add_or_remove_one")
+    report = audit_run(run_dir, mc_samples=100, play_game=False, write=False)
+    assert report.verdict == "FAIL"
+    coverage = report.check("relation_coverage")
+    assert coverage.status is Status.FAIL
+    assert "claims add-or-remove-one but its charged loss covers remove-one only" in coverage.detail
+    assert "adding a teacher" in coverage.detail
+    assert report.relations["add_one"]["claimed"]
+
+
+def test_trace_without_component_relations_reads_eq3_as_remove_one(correct_runs, tmp_path):
+    """Traces written before components carried a relation labelled Eq. 3 add-or-remove."""
+    run_dir = tmp_path / "old"
+    shutil.copytree(correct_runs["adapmixed"], run_dir)
+    manifest = json.loads((run_dir / trace.MANIFEST).read_text())
+    del manifest["mechanism"]["component_relations"]
+    trace.atomic_write_json(run_dir / trace.MANIFEST, manifest)
+    report = audit_run(run_dir, mc_samples=100, play_game=False, write=False)
+    assert report.check("relation_coverage").status is Status.FAIL

@@ -37,7 +37,7 @@ def test_composition_propagates_data_dependence_and_refuses_mixed_relations():
     dependent = RdpCurve(DEFAULT_ORDERS, ORDERS * 0.01, data_dependent=True)
     assert (independent + dependent).data_dependent
     assert not (independent + independent).data_dependent
-    with pytest.raises(ValueError, match="different neighbouring relations"):
+    with pytest.raises(ValueError, match="cover no common neighbouring pair"):
         independent + gaussian_curve(2.0, NeighbouringRelation.REPLACE_ONE)
 
 
