@@ -174,12 +174,11 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, ra
     def excess(p: torch.Tensor, q: torch.Tensor, log_q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
         mixed = lam.unsqueeze(-1) * p + (1.0 - lam.unsqueeze(-1)) * q
         log_mixed = _log(mixed)
-        # scaled by each radius, so that constraints of different sizes compare on one scale
-        worst = ((symmetric_renyi_orders(log_mixed, log_q, order_t) - radii_t) / radii_t.clamp_min(1e-300)).amax(dim=-1)
+        # the largest excess over the constraints: each is non-decreasing in lambda, so is their maximum
+        worst = (symmetric_renyi_orders(log_mixed, log_q, order_t) - radii_t).amax(dim=-1)
         if max_radius is not None:
-            worst = torch.maximum(worst, (max_divergence_symmetric(log_mixed, log_q) - max_radius)
-                                  / max(max_radius, 1e-300))
-        return worst * smallest
+            worst = torch.maximum(worst, max_divergence_symmetric(log_mixed, log_q) - max_radius)
+        return worst
 
     active = torch.nonzero(excess(flat_teachers, flat_public, _log(flat_public), lambdas) > 0).flatten()
     if active.numel() == 0:

@@ -76,7 +76,7 @@ def test_cli_exit_status_follows_the_verdict(correct_runs, tmp_path, capsys):
     assert "PASS" in capsys.readouterr().out
     broken = plant_trace_fault(correct_runs["pmixed"], tmp_path / "broken", "record_edited")
     assert main(["audit", str(broken), "--no-game", "--mc-samples", "50"]) == 1
-    assert "FAIL (failed: hash_chain" in capsys.readouterr().out
+    assert "FAIL for add-or-remove-one (failed: hash_chain" in capsys.readouterr().out
 
 
 def test_ablation_composes_exact_leave_one_out_divergences_per_direction(correct_runs):

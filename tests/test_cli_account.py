@@ -19,7 +19,9 @@ def test_pmixed_with_sample_rate_lists_every_variant(capsys):
     assert {"epsilon", "delta", "order", "method", "variants"} <= set(record)
     names = {v["name"] for v in record["variants"]}
     assert names == {"realised-size", "per-order-radius", "worst-case-size", "realised-size-general",
-                     "worst-case-size-general"}
+                     "worst-case-size-general", "all-orders-ball"}
+    sound = next(v for v in record["variants"] if v["name"] == "all-orders-ball")
+    assert "sound" in sound["soundness"] and 4.5 < sound["epsilon"] < 4.7
     realised = next(v for v in record["variants"] if v["name"] == "realised-size")
     assert 4.3 < realised["epsilon"] < 4.45
     assert record["epsilon"] == next(v["epsilon"] for v in record["variants"] if v["name"] == "worst-case-size-general")

@@ -547,12 +547,19 @@ def _oracle_subsampled_pmixed(alpha, beta, teachers, q, variant, size, order):
     for the *-general variants) of the variant's base eps(k), capped by eps(order):
       per-order-radius: Theorem 3.1 at order k with the realised size;
       realised-size(-general): Theorem 3.1 at alpha with the realised size, k <= alpha, +inf above;
-      worst-case-size(-general): max over m = 1..N of Theorem 3.1 at alpha, k <= alpha, +inf above."""
+      worst-case-size(-general): max over m = 1..N of Theorem 3.1 at alpha, k <= alpha, +inf above;
+      all-orders-ball (PMixED with the ball at every order): max over m of Theorem 3.1 at order k, every k."""
+    all_orders = variant is SubsamplingVariant.ALL_ORDERS_BALL
     if q == 1.0:
         if beta == 0.0:
             return mpmath.mpf(0)
+        if all_orders:
+            return O.theorem_3_1_epsilon(order, beta, teachers)
         return O.theorem_3_1_epsilon(alpha, beta, teachers) if order <= alpha else mpmath.inf
-    if variant is SubsamplingVariant.PER_ORDER_RADIUS:
+    if all_orders:
+        def base(k):
+            return max(O.theorem_3_1_epsilon(k, beta, m) for m in range(1, teachers + 1))
+    elif variant is SubsamplingVariant.PER_ORDER_RADIUS:
         def base(k):
             return O.theorem_3_1_epsilon(k, beta, size)
     else:
@@ -580,7 +587,8 @@ def subsampled_pmixed_cases(draw):
 def _subsampled_pmixed(case, alpha, beta, orders):
     # tolerance as amplified_rdp (rel 1e-10, abs 1e-13 both ways)
     teachers, q, variant, size = case
-    mechanism = mechanisms.SubsampledPMixED(mechanisms.PMixED(alpha=alpha, beta=beta, teachers=teachers), q,
+    ball = mechanisms.Ball.ALL_ORDERS if variant is SubsamplingVariant.ALL_ORDERS_BALL else mechanisms.Ball.PROJECTION_ORDER
+    mechanism = mechanisms.SubsampledPMixED(mechanisms.PMixED(alpha=alpha, beta=beta, teachers=teachers, ball=ball), q,
                                             variant, size)
     got = mechanism.rdp_values(np.asarray(orders, dtype=np.float64))
     refs = suffix_minima([_oracle_subsampled_pmixed(alpha, beta, teachers, q, variant, size, order) for order in orders])
@@ -853,6 +861,11 @@ def test_amplification_at_q_1_is_the_unsampled_mechanism_above_the_projection_or
     pmixed = mechanisms.PMixED(alpha=6.0, beta=0.01, teachers=100)
     for variant in SubsamplingVariant:
         size = 100 if variant.uses_realised_sizes else None
+        if variant is SubsamplingVariant.ALL_ORDERS_BALL:  # its ball holds at every order: finite everywhere
+            sound = mechanisms.PMixED(alpha=6.0, beta=0.01, teachers=100, ball=mechanisms.Ball.ALL_ORDERS)
+            got = mechanisms.SubsampledPMixED(sound, 1.0, variant).rdp_values(orders)
+            assert np.all(np.isfinite(got)) and got.tolist() == sound.rdp_values(orders).tolist(), got
+            continue
         got = mechanisms.SubsampledPMixED(pmixed, 1.0, variant, size).rdp_values(orders)
         assert np.all(np.isinf(got[2:])), f"{variant}: {got}"
 

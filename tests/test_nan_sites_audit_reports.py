@@ -65,8 +65,8 @@ def test_site3_mixing_ball_nan_divergence_fails_naming_the_step(runs, monkeypatc
 
     monkeypatch.setattr(bounds, "symmetric_renyi_orders", with_nan)
     result = bounds.check_mixing_ball(load_trace(runs["pmixed"]))
-    assert result.status is Status.FAIL and "step 5 teacher 1: D<-> = nan" in result.detail
-    assert math.isnan(result.evidence["max_divergence"])
+    assert result.status is Status.FAIL and "step 5 teacher 1: D<-> at nan of its radius" in result.detail
+    assert math.isnan(result.evidence["max_fraction_of_radius"])
 
 
 def test_site4_eq3_nan_charge_on_an_answered_step_fails(runs):
@@ -128,10 +128,10 @@ def test_site9_ablation_nan_divergence_raises_naming_step_neighbour_order(runs, 
     real = ablation.block_divergences
 
     def with_nan(*args):
-        divergences, halfwidth = real(*args)
+        divergences, halfwidth, realised = real(*args)
         divergences = divergences.clone()
         divergences[1, 3, 0, 2] = NAN
-        return divergences, halfwidth
+        return divergences, halfwidth, realised
 
     monkeypatch.setattr(ablation, "block_divergences", with_nan)
     with pytest.raises(ValueError, match=r"D\(M\(D'\) \|\| M\(D\)\) is NaN at step 3, neighbour 'remove teacher 0', "

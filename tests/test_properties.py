@@ -7,6 +7,7 @@ times one step; a ledger's total is the composition of its charges in any order;
 non-increasing in delta, delta in epsilon, and the two conversions round-trip.
 Example counts are fixed (derandomised) so the suite is reproducible; see EXAMPLES.
 """
+import dataclasses
 import math
 import warnings
 
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from accounting.conversion import rdp_branch_rounding_slack
 from accounting import (DEFAULT_ORDERS, ConversionMethod, GridEdgeWarning, PrivacyLedger, RdpCurve, compose_curves,
                         delta_from_rdp, epsilon_from_rdp)
-from mechanisms import (ConfidentGNMax, GaussianMechanism, GNMax, NoisyScreening, PMixED, PoissonSubsampledGaussian,
+from mechanisms import (Ball, ConfidentGNMax, GaussianMechanism, GNMax, NoisyScreening, PMixED, PoissonSubsampledGaussian,
                         SubsampledPMixED, SubsamplingVariant, amplified_rdp, data_dependent_pmixed_values,
                         poisson_subsample, self_compose, theorem_3_1_epsilon)
 
@@ -79,6 +80,8 @@ def mechanisms(draw):
     if kind == "pmixed":
         return pmixed
     variant = draw(st.sampled_from([v for v in SubsamplingVariant if not v.uses_realised_sizes]))
+    if variant is SubsamplingVariant.ALL_ORDERS_BALL:
+        pmixed = dataclasses.replace(pmixed, ball=Ball.ALL_ORDERS)
     return SubsampledPMixED(pmixed, draw(q_st), variant)
 
 
@@ -133,9 +136,10 @@ test_permuting_the_grid_changes_no_data_dependent_value, test_permuting_the_grid
 # q = 1 and q = 0 -----------------------------------------------------------------------------------
 
 def check_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free(alpha, beta, teachers, orders):
-    pmixed = PMixED(alpha, beta, teachers)
-    unsampled = pmixed.rdp_curve(orders).values
     for variant in SubsamplingVariant:
+        ball = Ball.ALL_ORDERS if variant is SubsamplingVariant.ALL_ORDERS_BALL else Ball.PROJECTION_ORDER
+        pmixed = PMixED(alpha, beta, teachers, ball=ball)
+        unsampled = pmixed.rdp_curve(orders).values
         full = SubsampledPMixED(pmixed, 1.0, variant, teachers if variant.uses_realised_sizes else None)
         empty = SubsampledPMixED(pmixed, 0.0, variant, 0 if variant.uses_realised_sizes else None)
         assert full.rdp_curve(orders).values.tolist() == unsampled.tolist(), variant

@@ -63,8 +63,11 @@ def test_cli_sample_rate_one_equals_no_subsampling(capsys):
     assert main(base + ["--sample-rate", "1.0"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["epsilon"] == pytest.approx(unsampled, rel=1e-12)
+    assert main(base + ["--ball", "all-orders"]) == 0
+    unsampled_all_orders = json.loads(capsys.readouterr().out)["epsilon"]
     for variant in record["variants"]:
-        assert variant["epsilon"] == pytest.approx(unsampled, rel=1e-12), variant["name"]
+        expected = unsampled_all_orders if variant["name"] == "all-orders-ball" else unsampled
+        assert variant["epsilon"] == pytest.approx(expected, rel=1e-12), variant["name"]
 
 
 def test_amplification_at_rate_one_keeps_infinite_orders_infinite():
