@@ -89,35 +89,31 @@ class PrivacyLedger:
              relation: NeighbouringRelation | None = None) -> None:
         relation = self.relation if relation is None else relation
         if name in self._totals:
-            # the same name charged under another relation holds for the common neighbours only
-            combined = self._relation[name].composed_with(relation)
             self._totals[name] = self._totals[name] + values
             self._data_dependent[name] = self._data_dependent[name] or data_dependent
             self._direction[name] = self._direction[name].composed_with(direction)
-            self._relation[name] = combined
+            # the same name charged under another relation holds for the common neighbours only
+            relation = self._relation[name].composed_with(relation)
         else:
-            self.total_relation_with(relation)  # refuses a relation that shares no pair with the others
             self._totals[name] = np.array(values, dtype=np.float64)
             self._data_dependent[name] = data_dependent
             self._direction[name] = direction
-            self._relation[name] = relation
+        self._relation[name] = relation
 
-    def total_relation_with(self, relation: NeighbouringRelation) -> NeighbouringRelation:
-        """The relation the total would hold for with one more component for `relation`; ValueError
-        when it shares no neighbouring pair with the ledger's relation and the other components'."""
-        total = self.relation.composed_with(relation)
-        for existing in self._relation.values():
-            total = total.composed_with(existing)
+    def total_relation_with(self, *relations: NeighbouringRelation) -> NeighbouringRelation:
+        """The relation the total would hold for with components for `relations` added; ValueError
+        when they share no neighbouring pair with the ledger's relation and the other components'.
+        Called before anything is charged, so that a refused charge leaves the ledger as it was."""
+        total = self.relation
+        for relation in (*self._relation.values(), *relations):
+            total = total.composed_with(relation)
         return total
 
     @property
     def total_relation(self) -> NeighbouringRelation:
         """The neighbouring relation the composed total holds for: the pairs that the ledger's relation
         and every component cover."""
-        total = self.relation
-        for existing in self._relation.values():
-            total = total.composed_with(existing)
-        return total
+        return self.total_relation_with()
 
     def charge(self, components: Mapping[str, RdpCurve]) -> None:
         """Charge one step: every named component's curve is added to its running total."""
@@ -126,10 +122,7 @@ class PrivacyLedger:
         for name, curve in components.items():
             require(isinstance(curve, RdpCurve), f"component {name!r} must be an RdpCurve, got {type(curve).__name__}")
             require(curve.orders == self.orders, f"component {name!r} is on a different order grid than the ledger")
-        relation = None
-        for name, curve in components.items():
-            relation = curve.relation if relation is None else relation.composed_with(curve.relation)
-        self.total_relation_with(relation)
+        self.total_relation_with(*(curve.relation for curve in components.values()))
         for name, curve in components.items():
             self._add(name, curve.values, curve.data_dependent, curve.direction, curve.relation)
         self.steps += 1
@@ -158,10 +151,7 @@ class PrivacyLedger:
             require(steps is None or values.shape[0] == steps, "every component must cover the same steps")
             steps = values.shape[0]
         relations = {name: self.relation if len(entry) == 2 else entry[2] for name, entry in components.items()}
-        combined = None
-        for relation in relations.values():
-            combined = relation if combined is None else combined.composed_with(relation)
-        self.total_relation_with(combined)
+        self.total_relation_with(*relations.values())
         for name, entry in components.items():
             self._add(name, np.asarray(entry[0], dtype=np.float64)[:, self._permutation].sum(axis=0), bool(entry[1]),
                       relation=relations[name])
@@ -223,6 +213,7 @@ class PrivacyLedger:
             for name, curve_data in data["components"].items():
                 curve = RdpCurve.from_dict(curve_data)
                 require(curve.orders == ledger.orders, f"component {name!r} is on a different order grid than the ledger")
+                ledger.total_relation_with(curve.relation)
                 ledger._add(name, curve.values, curve.data_dependent, curve.direction, curve.relation)
             ledger.steps = require_int_at_least("steps", data["steps"], 0)
         except KeyError as missing:

@@ -296,8 +296,7 @@ def check_ablation(trace: LoadedTrace, teachers_sample: int | None = None, mc_sa
         return bool(value <= claimed * (1 + 1e-6) + 1e-12)
 
     table = [{"neighbour": label, "relation": result.relation_of(i).value, "empirical_epsilon": float(eps),
-              "order": order, "claimed": result.relation_of(i).covers(result.relation_of(i))
-              and bool(result.relation_of(i).moves <= claimed_relation.moves),
+              "order": order, "claimed": claimed_relation.covers(result.relation_of(i)),
               "ratio_to_claimed": float(eps / claimed) if finite_claim else None,
               **({"realised_path_epsilon": float(result.realised_path_epsilon[i])}
                  if result.realised_path_epsilon is not None else {})}
@@ -307,8 +306,8 @@ def check_ablation(trace: LoadedTrace, teachers_sample: int | None = None, mc_sa
         rows = [i for i in range(len(result.labels)) if result.relation_of(i) is relation]
         worst = max(rows, key=lambda i: result.epsilon[i])
         relations[relation.value] = {
-            "relation": relation.label, "claimed": bool(relation.moves <= claimed_relation.moves),
-            "charged_for": bool(relation.moves <= covered_relation.moves),
+            "relation": relation.label, "claimed": claimed_relation.covers(relation),
+            "charged_for": covered_relation.covers(relation),
             "worst_neighbour": result.labels[worst], "empirical_epsilon": float(result.epsilon[worst]),
             "within_claim": within(result.epsilon[worst]), "ratio": ratio_of(result.epsilon[worst]),
             **({"realised_path_epsilon": float(max(result.realised_path_epsilon[i] for i in rows))}

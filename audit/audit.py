@@ -56,6 +56,8 @@ class AuditReport:
         claimed = coverage.evidence.get("claimed_relation", "").replace("_", "-") if coverage else ""
         parts = [f"{self.verdict} for {claimed}" if claimed else self.verdict]
         ablation = next((c for c in self.checks if c.name == "neighbour_ablation"), None)
+        if ablation is None or ablation.status is Status.SKIPPED:  # the verdict then rests on no neighbour
+            parts.append("no neighbour was tested")
         claim = ablation.evidence.get("claimed_epsilon") if ablation is not None else None
         for entry in self.relations.values():
             if not entry["claimed"]:

@@ -11,6 +11,7 @@ from decoding.ensemble import Ensemble
 from decoding.run import component_relations, ledger_from_records
 from mechanisms.kernels import (add_one_divergence_bounds, leave_one_out_divergences, max_divergence_symmetric,
                                 mixed_teachers, symmetric_renyi_orders)
+from mechanisms.adapmixed import loss_covering
 from mechanisms.pmixed import Ball, all_orders_ball_constraints
 from mechanisms.screening import NoisyScreening
 
@@ -119,14 +120,10 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
     for _, records, logits in trace.iter_payload():
         public, teachers = Ensemble.split_distributions(logits)
         mixed = mixed_teachers(teachers, public, _recorded_lambdas(records))
-        parts = []
-        if "remove" in relation.moves:
-            parts.append(leave_one_out_divergences(mixed, orders).max(dim=-2).values.numpy())
-        if "add" in relation.moves:
-            parts.append(add_one_divergence_bounds(mixed.mean(dim=-2), public, trace.n_teachers, orders,
-                                                   trace.params["alpha"], trace.params["alpha"] * trace.params["beta"],
-                                                   beta_all).numpy())
-        expected = np.maximum.reduce(parts)
+        expected = loss_covering(
+            relation, lambda: leave_one_out_divergences(mixed, orders).max(dim=-2).values.numpy(),
+            lambda: add_one_divergence_bounds(mixed.mean(dim=-2), public, trace.n_teachers, orders, trace.params["alpha"],
+                                              trace.params["alpha"] * trace.params["beta"], beta_all).numpy())
         charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
         answered = np.asarray([every_step or r["screen_passed"] for r in records])
         gap = np.where(answered[:, None], (expected - charged) / np.maximum(expected, 1e-300), 0.0)

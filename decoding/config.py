@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from accounting.errors import require, require_in_open, require_int_at_least
-from accounting.relation import neighbouring_relation
+from accounting.relation import NeighbouringRelation, neighbouring_relation
 from decoding.runners import MECHANISM_TYPES
 
 
@@ -76,7 +76,10 @@ class RunConfig:
     FAILs a total that does not (accounting.relation)."""
 
     def __post_init__(self) -> None:
-        neighbouring_relation(self.relation)
+        # every decoding mechanism mixes or averages teachers: its bounds are for adding or removing one
+        require(neighbouring_relation(self.relation) is not NeighbouringRelation.REPLACE_ONE,
+                f"relation must be one of ['add_or_remove_one', 'remove_one', 'add_one'] for a decoding run, "
+                f"got {self.relation!r}")
         require(isinstance(self.mechanism, dict) and self.mechanism.get("type") in MECHANISM_TYPES,
                 f"unknown mechanism type {self.mechanism.get('type') if isinstance(self.mechanism, dict) else None!r}; "
                 f"known: {', '.join(MECHANISM_TYPES)}")

@@ -15,6 +15,7 @@ import torch
 
 from accounting.errors import require
 from accounting.relation import NeighbouringRelation, neighbouring_relation
+from mechanisms.adapmixed import loss_covering
 from mechanisms.kernels import add_one_divergence_bounds, leave_one_out_divergences, mixed_teachers
 from mechanisms.pmixed import Ball, PMixED, SubsampledPMixED, SubsamplingVariant, ball_named
 from mechanisms.pmixed import subsampling_variant as variant_named
@@ -185,15 +186,10 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
         lambdas, mixed_output, observed = _pmixed_step(pmixed, public, teacher_probs, torch.from_numpy(orders))
         output = torch.where(passed.unsqueeze(-1), mixed_output, public)
         bound = np.broadcast_to(pmixed.rdp_values(orders), observed.shape).copy()
-        added = None
-        if data_dependent and "add" in relation.moves:
-            added = add_one_divergence_bounds(mixed_output, public, teachers, torch.from_numpy(orders), alpha,
-                                              pmixed.radius, beta_all_orders).numpy()
-        if data_dependent:
-            per_step = np.maximum(observed, added) if "remove" in relation.moves and added is not None else (
-                observed if added is None else added)
-        else:
-            per_step = bound
+        added = (add_one_divergence_bounds(mixed_output, public, teachers, torch.from_numpy(orders), alpha,
+                                           pmixed.radius, beta_all_orders).numpy()
+                 if data_dependent and "add" in relation.moves else None)
+        per_step = loss_covering(relation, lambda: observed, lambda: added) if data_dependent else bound
         charged_steps = np.ones((length, 1), dtype=bool) if charge_every_step else passed.numpy()[:, None]
         charged = {decode_name: np.where(charged_steps, per_step, 0.0)}
         if screening:

@@ -59,6 +59,18 @@ def add_one_bound_values(pmixed: PMixED, teachers, public, lambdas, orders: Sequ
                                      pmixed.alpha, pmixed.radius, beta).numpy()
 
 
+def loss_covering(relation: NeighbouringRelation, remove_one, add_one) -> np.ndarray:
+    """The data-dependent loss that covers `relation`, from zero-argument callables giving the
+    remove-one loss (Eq. 3) and the add-one bound (each called only when needed): one of them for
+    REMOVE_ONE / ADD_ONE, the larger at each order for ADD_OR_REMOVE_ONE. A composition of the two
+    per order, not a sum: both bound the same step's divergence for different neighbours."""
+    relation = neighbouring_relation(relation)
+    require(relation is not NeighbouringRelation.REPLACE_ONE,
+            "PMixED's data-dependent loss is derived for adding or removing a teacher, not replacing one")
+    parts = [loss() for move, loss in (("remove", remove_one), ("add", add_one)) if move in relation.moves]
+    return np.maximum.reduce(parts)
+
+
 def data_dependent_pmixed_curve(pmixed: PMixED, teachers, public, lambdas=None,
                                 orders: Sequence[float] = DEFAULT_ORDERS,
                                 relation: NeighbouringRelation = NeighbouringRelation.REMOVE_ONE) -> RdpCurve:
@@ -67,18 +79,13 @@ def data_dependent_pmixed_curve(pmixed: PMixED, teachers, public, lambdas=None,
     (max over the N ensembles without one teacher); ADD_ONE the add-one bound
     (add_one_bound_values); ADD_OR_REMOVE_ONE the larger of the two at each order."""
     relation = neighbouring_relation(relation)
-    require(relation is not NeighbouringRelation.REPLACE_ONE,
-            "PMixED's data-dependent loss is derived for adding or removing a teacher, not replacing one")
     teachers_np, public_np = validated_ensemble(teachers, public, pmixed.teachers)
     if lambdas is None:
         lambdas = pmixed.mixing_weights(teachers_np, public_np)
     orders = canonical_orders(orders)
-    parts = []
-    if "remove" in relation.moves:
-        parts.append(data_dependent_pmixed_values(teachers_np, public_np, lambdas, orders))
-    if "add" in relation.moves:
-        parts.append(add_one_bound_values(pmixed, teachers_np, public_np, lambdas, orders))
-    return RdpCurve(orders, np.maximum.reduce(parts), relation, data_dependent=True)
+    values = loss_covering(relation, lambda: data_dependent_pmixed_values(teachers_np, public_np, lambdas, orders),
+                           lambda: add_one_bound_values(pmixed, teachers_np, public_np, lambdas, orders))
+    return RdpCurve(orders, values, relation, data_dependent=True)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from accounting.rounding import ROUNDING_ULPS
+from mechanisms.divergence import log_mean_with_one_exp
 
 _CHUNK_ELEMENTS = 1 << 16  # 512 KB of float64 per buffer: stays in cache
 
@@ -124,10 +125,9 @@ def max_divergence_symmetric(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.
     (van Erven & Harremoes 2014, Theorem 6): shape broadcast(P, Q)[:-1]. +inf where one law has
     mass outside the other's support. Rounded up by a few ulps of the logs' magnitude."""
     p_zero, q_zero = torch.isneginf(log_p), torch.isneginf(log_q)
-    forward = torch.where(p_zero, torch.full_like(log_p, -torch.inf), log_p - torch.where(q_zero, -torch.inf, log_q))
-    backward = torch.where(q_zero, torch.full_like(log_q, -torch.inf), log_q - torch.where(p_zero, -torch.inf, log_p))
-    forward = torch.where(p_zero & q_zero, torch.full_like(forward, -torch.inf), forward)
-    backward = torch.where(p_zero & q_zero, torch.full_like(backward, -torch.inf), backward)
+    # a token outside one law's support counts for the other direction only (log 0 - log 0 is masked)
+    forward = torch.where(p_zero, -torch.inf, log_p - log_q)
+    backward = torch.where(q_zero, -torch.inf, log_q - log_p)
     value = torch.maximum(forward.amax(dim=-1), backward.amax(dim=-1)).clamp_min(0.0)
     magnitude = (torch.where(p_zero, 0.0, log_p.abs()).amax(dim=-1)
                  + torch.where(q_zero, 0.0, log_q.abs()).amax(dim=-1) + 2.0)
@@ -269,65 +269,26 @@ def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: t
     return torch.where(zero, torch.zeros_like(divergences), divergences)
 
 
-def _knapsack_bound(log_qmax: np.ndarray, log_ratio: np.ndarray, orders: np.ndarray) -> np.ndarray:
-    """log(sum_j qstar_j exp((k-1) log_ratio_j)) / (k-1) per order k, qstar the fractional-knapsack
-    allocation of unit mass to tokens by decreasing log_ratio, each capped at exp(log_qmax_j)
-    (add_one_divergence_bounds, U2). +inf when the caps cannot hold unit mass (never for a ball
-    around a law: qmax_j >= p0_j)."""
-    order = np.argsort(-log_ratio, axis=-1, kind="stable")
+def _knapsack_allocation(log_qmax: np.ndarray, log_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fractional-knapsack allocation of unit mass to tokens in decreasing order of log_t, each
+    capped at qmax_j = exp(log_qmax_j): (log of each token's allocation, -inf where none; log_t in the
+    same order). Rounded up: the mass placed is at least 1 (extra weight on the largest ratios only
+    raises a bound built on it). A ball around a law has qmax_j >= p0_j, so the caps hold unit mass."""
+    order = np.argsort(-log_t, axis=-1, kind="stable")
     caps = np.take_along_axis(np.exp(log_qmax), order, axis=-1)
-    ratios = np.take_along_axis(log_ratio, order, axis=-1)
-    before = np.cumsum(caps, axis=-1) - caps
-    # rounded up: the allocation's mass is at least 1 (a larger weight on the largest ratios only adds)
-    allocation = np.clip(1.0 - before, 0.0, None)
-    allocation = np.minimum(caps, allocation * (1.0 + 4.0 * ROUNDING_ULPS * caps.shape[-1]))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_allocation = np.log(allocation)
-        terms = log_allocation[..., None, :] + (orders[:, None] - 1.0) * ratios[..., None, :]
-        terms = np.where(allocation[..., None, :] > 0, terms, -np.inf)
-        shift = terms.max(axis=-1, keepdims=True)
-        shift = np.where(np.isfinite(shift), shift, 0.0)
-        log_sum = np.log(np.exp(terms - shift).sum(axis=-1)) + shift[..., 0]
-    total = allocation.sum(axis=-1)
-    value = (log_sum + ROUNDING_ULPS * (np.abs(log_sum) + 2.0 * np.log2(caps.shape[-1] + 1.0))) / (orders - 1.0)
-    return np.where(total[..., None] >= 1.0, value, np.inf)
-
-
-def _chord_knapsack_forward(log_p: np.ndarray, log_qmax: np.ndarray, teachers: float, orders: np.ndarray) -> np.ndarray:
-    """log(sum_j p_j phi_k(q_j / p_j)) / (k-1) maximised over 0 <= q_j <= qmax_j, sum_j q_j = 1, bounded
-    from above, per order k: phi_k(t) = ((N + t) / (N + 1))^k, so that the sum is
-    exp((k-1) D_k(p_+ || p)) for p_+ = (N p + q) / (N + 1). phi_k is convex, so on [0, qmax_j] it
-    lies below its chord: p_j phi_k(q_j/p_j) <= p_j phi_k(0) + q_j c_j, c_j = p_j (phi_k(qmax_j/p_j) -
-    phi_k(0)) / qmax_j; the linear programme max sum_j q_j c_j over the same set is a fractional
-    knapsack (fill by decreasing c_j). The bound is exact wherever the optimum puts every q_j at 0
-    or qmax_j, which all but one token do. Returns (..., K); +inf where p_j = 0 < qmax_j."""
-    log_n, log_n1 = np.log(teachers), np.log(teachers + 1.0)
-    reachable = np.isfinite(log_qmax)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        log_t = np.where(reachable, log_qmax - log_p, -np.inf)                      # log(qmax_j / p_j)
-        k = orders.reshape((-1,) + (1,) * 0)[:, None]                                # (K, 1)
-        log_phi0 = k[:, 0] * (log_n - log_n1)                                        # (K,)
-        log_phi_max = k * (np.logaddexp(log_n, log_t[..., None, :]) - log_n1)         # (..., K, V)
-        gap = np.log1p(-np.exp(log_phi0[:, None] - log_phi_max))                     # log(1 - phi0/phimax)
-        log_c = np.where(reachable[..., None, :], log_p[..., None, :] - log_qmax[..., None, :] + log_phi_max + gap,
-                         -np.inf)
-        log_c = np.where(reachable[..., None, :] & np.isneginf(log_p)[..., None, :], np.inf, log_c)
-    order = np.argsort(-log_c, axis=-1, kind="stable")
-    caps = np.take_along_axis(np.broadcast_to(np.exp(log_qmax)[..., None, :], log_c.shape), order, axis=-1)
-    sorted_c = np.take_along_axis(log_c, order, axis=-1)
     before = np.cumsum(caps, axis=-1) - caps
     allocation = np.minimum(caps, np.clip(1.0 - before, 0.0, None) * (1.0 + 4.0 * ROUNDING_ULPS * caps.shape[-1]))
+    with np.errstate(divide="ignore"):
+        return np.log(allocation), np.take_along_axis(log_t, order, axis=-1)
+
+
+def _log_sum_exp(terms: np.ndarray) -> np.ndarray:
+    """log(sum exp(terms)) over the last axis; -inf for all -inf, +inf as soon as one term is +inf."""
+    shift = terms.max(axis=-1, keepdims=True)
+    finite_shift = np.where(np.isfinite(shift), shift, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(allocation > 0, np.log(allocation) + sorted_c, -np.inf)
-        shift = terms.max(axis=-1, keepdims=True)
-        finite_shift = np.where(np.isfinite(shift), shift, 0.0)
-        log_sum = np.log(np.exp(terms - finite_shift).sum(axis=-1)) + finite_shift[..., 0]
-        log_sum = np.where(np.isposinf(shift[..., 0]), np.inf, log_sum)
-        log_total = np.logaddexp(log_phi0, log_sum)
-    slack = ROUNDING_ULPS * (np.abs(np.where(np.isfinite(log_total), log_total, 0.0))
-                             + orders * (np.abs(log_t[..., None, :]).max(axis=-1, initial=0.0, where=np.isfinite(log_t[..., None, :])) + 4.0)
-                             + 2.0 * np.log2(caps.shape[-1] + 1.0))
-    return (log_total + slack) / (orders - 1.0)
+        value = np.log(np.exp(terms - finite_shift).sum(axis=-1)) + finite_shift[..., 0]
+    return np.where(np.isposinf(shift[..., 0]), np.inf, value)
 
 
 def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teachers: int, orders: torch.Tensor,
@@ -359,7 +320,7 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
         every k) up to qmax_j until the mass reaches 1: that allocation is qstar.
     The forward bound is also min'ed with a direct one over the box {0 <= q_j <= qmax_j, sum q = 1},
     which contains the ball: sum_j p_j ((N + q_j/p_j)/(N+1))^k maximised through the chords of the
-    convex summand and a fractional knapsack (_chord_knapsack_forward); it is nearly exact for the box
+    convex summand and a fractional knapsack (the "chord" bound below); it is nearly exact for the box
     and much tighter than Jensen at low orders.
     Reverse, D_k(p || p_+): min(B1, B2_k) with
       B1 = log(1 + 1/N): p_+ >= N p / (N+1) termwise, so D_k <= D_inf(p || p_+) <= log((N+1)/N);
@@ -386,27 +347,38 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
     slack = ROUNDING_ULPS * (np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1)
                              + np.abs(np.where(on_public, log_p0, 0.0)).max(axis=-1) + abs(log_r) + 4.0)
     orders_col = orders_np.reshape((1,) * max_ratio.ndim + (-1,))
+    # One allocation serves U2 and the chord bound at every order: both fill tokens by decreasing
+    # t_j = qmax_j / p_j (the chord's slope (phi_k(t) - phi_k(0)) / t grows with t, phi_k being convex).
+    log_allocation, log_t = _knapsack_allocation(log_qmax, ratio_q_p)
+    allocated = np.isfinite(log_allocation)[..., None, :]
+    k = orders_np[:, None]
     with np.errstate(invalid="ignore", over="ignore"):
         above = ((alpha - 1.0) * radius + (orders_col - alpha) * log_m[..., None]) / (orders_col - 1.0)
         rho = np.where(orders_col <= alpha, radius, above)
         if all_orders_beta is not None:
             rho = np.minimum(rho, all_orders_beta * orders_col)
-        u2 = _knapsack_bound(log_qmax, ratio_q_p, orders_np)
+        u2 = _log_sum_exp(np.where(allocated, log_allocation[..., None, :] + (k - 1.0) * log_t[..., None, :],
+                                   -np.inf)) / (orders_col - 1.0)
         u = np.minimum(rho + max_ratio[..., None], u2) + slack[..., None]
-        x = (orders_col - 1.0) * u
-        # log((N + e^x) / (N + 1)) = log1p(expm1(x) / (N + 1)), and for x > 700 x - log(N+1) + log1p(N e^-x)
-        small = np.log1p(np.expm1(np.minimum(x, 700.0)) / (n + 1.0))
-        large = x - np.log(n + 1.0) + np.log1p(n * np.exp(-np.maximum(x, 700.0)))
-        forward = np.where(x <= 700.0, small, large) / (orders_col - 1.0)
-    forward = np.where(np.isnan(forward), np.inf, forward)        # u = +inf: no bound
-    forward = np.minimum(forward, _chord_knapsack_forward(log_p, log_qmax, n, orders_np))
+        jensen = log_mean_with_one_exp((orders_col - 1.0) * u, n + 1.0) / (orders_col - 1.0)
+        # chord bound: c_j = p_j (phi_k(t_j) - phi_k(0)) / qmax_j = (phi_k(t_j) - phi_k(0)) / t_j, in logs
+        log_phi0 = k[:, 0] * (np.log(n) - np.log(n + 1.0))
+        log_phi = k * (np.logaddexp(np.log(n), log_t[..., None, :]) - np.log(n + 1.0))
+        log_c = log_phi + np.log1p(-np.exp(log_phi0[:, None] - log_phi)) - log_t[..., None, :]
+        log_c = np.where(np.isposinf(log_t)[..., None, :], np.inf, log_c)        # p_j = 0 < qmax_j
+        chord_total = np.logaddexp(log_phi0, _log_sum_exp(np.where(allocated, log_allocation[..., None, :] + log_c,
+                                                                   -np.inf)))
+    magnitude = np.abs(np.where(np.isfinite(log_t), log_t, 0.0)).max(axis=-1)[..., None]
+    chord = (chord_total + ROUNDING_ULPS * (np.abs(np.where(np.isfinite(chord_total), chord_total, 0.0))
+                                            + orders_col * (magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0))
+             ) / (orders_col - 1.0)
+    forward = np.minimum(jensen, chord)
     w = renyi_divergence_orders(torch.from_numpy(log_p), torch.from_numpy(log_qmin), orders.cpu()).numpy()
     reverse = np.minimum(np.log1p(1.0 / n), w / (n + 1.0))
-    bound = np.maximum(forward, reverse)
-    bound = bound * (1.0 + ROUNDING_ULPS) + ROUNDING_ULPS * 1e-300
+    bound = np.maximum(forward, reverse) * (1.0 + ROUNDING_ULPS)   # the last divisions' rounding
     if np.any(np.isnan(bound)):
         raise ValueError("add-one bound is NaN: an input distribution holds NaN or inf")
-    return torch.from_numpy(np.maximum(bound, 0.0))
+    return torch.from_numpy(bound)
 
 
 def coordinated_votes(teachers: torch.Tensor, generator: torch.Generator | None = None,

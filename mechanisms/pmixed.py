@@ -19,6 +19,7 @@ from accounting.relation import NeighbouringRelation
 from accounting.rounding import ROUNDING_ULPS, SMALLEST_POSITIVE
 from mechanisms.base import Mechanism, require_relation, set_validated
 from mechanisms.distributions import validated_ensemble, validated_lambdas
+from mechanisms.divergence import log_mean_with_one_exp
 from mechanisms.subsampling import amplified_rdp
 
 
@@ -44,13 +45,7 @@ def theorem_3_1_epsilon(alpha, beta: float, teachers) -> np.ndarray:
     if np.any(bad_n):
         raise ValueError(f"teachers must be integers >= 0, got {float(n[bad_n].flat[0])!r}")
     exponent = 4.0 * beta * alpha * (alpha - 1.0)
-    # log((N - 1 + e^x) / N) = log1p(expm1(x) / N): exact 0 at x = 0 and no cancellation for small x;
-    # for x > 700 (expm1 overflows) the same value is x - log N + log1p((N - 1) e^{-x}).
-    size = np.maximum(n, 1.0)
-    with np.errstate(over="ignore"):
-        small = np.log1p(np.expm1(np.minimum(exponent, 700.0)) / size)
-    large = exponent - np.log(size) + np.log1p((size - 1.0) * np.exp(-np.maximum(exponent, 700.0)))
-    many = np.where(exponent <= 700.0, small, large) / (alpha - 1.0)
+    many = log_mean_with_one_exp(exponent, np.maximum(n, 1.0)) / (alpha - 1.0)
     return np.where(n > 1, many, np.where(n == 1, beta * alpha, 0.0))
 
 

@@ -200,31 +200,22 @@ def check_mixed_teachers_in_ball(case: Case) -> None:
         assert in_ball(mixed, case.public, case.alpha, case.radius, **case.constraints()), case.describe()
 
 
-@pytest.mark.parametrize("index", range(FAST_CASES[Ball.PROJECTION_ORDER]))
-def test_bound_dominates_worst_case(index):
-    result = evaluated_seeded(Ball.PROJECTION_ORDER, index, FAST_EFFORT)
-    check_mixed_teachers_in_ball(result.case)
-    assert_bound_holds(result)
+def seeded_cases(cases):
+    return [(ball, index) for ball in (Ball.PROJECTION_ORDER, Ball.ALL_ORDERS) for index in range(cases[ball])]
 
 
-@pytest.mark.parametrize("index", range(FAST_CASES[Ball.ALL_ORDERS]))
-def test_all_orders_bound_dominates_worst_case_in_the_enforced_ball(index):
-    result = evaluated_seeded(Ball.ALL_ORDERS, index, FAST_EFFORT)
-    assert_bound_holds(result)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("index", range(SLOW_CASES[Ball.PROJECTION_ORDER]))
-def test_bound_dominates_worst_case_slow(index):
-    result = evaluated_seeded(Ball.PROJECTION_ORDER, index, SLOW_EFFORT)
+@pytest.mark.parametrize("ball, index", seeded_cases(FAST_CASES))
+def test_bound_dominates_worst_case(ball, index):
+    """ALL_ORDERS restricts q by the constraints its projection enforces (a subset of its ball)."""
+    result = evaluated_seeded(ball, index, FAST_EFFORT)
     check_mixed_teachers_in_ball(result.case)
     assert_bound_holds(result)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(SLOW_CASES[Ball.ALL_ORDERS]))
-def test_all_orders_bound_dominates_worst_case_in_the_enforced_ball_slow(index):
-    result = evaluated_seeded(Ball.ALL_ORDERS, index, SLOW_EFFORT)
+@pytest.mark.parametrize("ball, index", seeded_cases(SLOW_CASES))
+def test_bound_dominates_worst_case_slow(ball, index):
+    result = evaluated_seeded(ball, index, SLOW_EFFORT)
     check_mixed_teachers_in_ball(result.case)
     assert_bound_holds(result)
 

@@ -68,3 +68,33 @@ def test_accounting_choice_is_validated():
     with pytest.raises(ValueError, match=r"accounting must be one of \['released-output', 'realised-path'\], got 'x'"):
         adapmixed_runner(alpha=2.0, beta=0.5, teachers=3, lam=0.5, sigma=0.05, threshold=0.02, top_k=10,
                          accounting="x")
+
+
+def test_ablation_realised_path_is_the_decision_plus_the_answered_token_divergence():
+    """audit.ablation's realised-path quantity: the token term appears exactly on answered steps and
+    equals D(p || p_-i), checked against the mpmath oracle (independent of the package's kernel)."""
+    import mpmath
+
+    from audit.ablation import neighbour_divergences
+    from tests import oracles as O
+
+    public, teachers = _ensemble(5, length=4, teachers=3, vocab=12)
+    lambdas = torch.full((4, 3), 0.7, dtype=torch.float64)
+    params = dict(alpha=2.0, beta=0.5, lam=0.5, sigma=0.05, threshold=0.05, top_k=6)
+    orders = torch.tensor([2.0, 4.0], dtype=torch.float64)
+    results = {}
+    for answered in (False, True):
+        _, _, realised = neighbour_divergences(public, teachers, lambdas, "adapmixed", params, [0], orders, 200,
+                                               torch.Generator().manual_seed(3), 0.95,
+                                               torch.full((4,), answered))
+        results[answered] = realised.numpy()
+    token = results[True] - results[False]                         # (2 directions, L, E, K)
+    mixed = (lambdas[..., None] * teachers + (1 - lambdas[..., None]) * public[:, None]).numpy()
+    for step in range(4):
+        p, without = mixed[step].mean(axis=0), mixed[step, 1:].mean(axis=0)
+        for k, order in enumerate((2.0, 4.0)):
+            forward = float(O.renyi_divergence([mpmath.mpf(x) for x in p], [mpmath.mpf(x) for x in without], order))
+            backward = float(O.renyi_divergence([mpmath.mpf(x) for x in without], [mpmath.mpf(x) for x in p], order))
+            assert token[0, step, 0, k] == pytest.approx(forward, rel=1e-9, abs=1e-13)
+            assert token[1, step, 0, k] == pytest.approx(backward, rel=1e-9, abs=1e-13)
+    assert np.all(results[False] >= 0)

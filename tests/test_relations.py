@@ -75,3 +75,18 @@ def test_data_dependent_curve_says_what_it_covers():
     np.testing.assert_array_equal(both.values, np.maximum(remove.values, add.values))
     with pytest.raises(ValueError, match="not replacing one"):
         data_dependent_pmixed_curve(pmixed, teachers, public, relation=R.REPLACE_ONE)
+
+
+def test_a_decoding_run_refuses_replace_one_and_nan_reaches_no_add_one_bound():
+    import torch
+
+    from decoding.config import config_from_dict
+    from mechanisms.kernels import add_one_divergence_bounds
+
+    with pytest.raises(ValueError, match=r"relation must be one of \['add_or_remove_one', 'remove_one', 'add_one'\] "
+                                         r"for a decoding run, got 'replace_one'"):
+        config_from_dict({"run": {"out": "x", "relation": "replace_one"}, "mechanism": {"type": "public"}})
+    law = torch.tensor([[0.5, float("nan"), 0.5]], dtype=torch.float64)
+    public = torch.tensor([[0.2, 0.3, 0.5]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="NaN"):
+        add_one_divergence_bounds(law, public, 3, torch.tensor([2.0], dtype=torch.float64), 2.0, 0.5)
