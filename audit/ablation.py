@@ -38,10 +38,9 @@ from accounting.curve import RdpCurve
 from accounting.errors import require
 from accounting.orders import canonical_orders
 from accounting.relation import NeighbouringRelation
-from audit.checks import CheckResult, skipped, verdict
+from audit.checks import CheckResult, failed, skipped, verdict
 from audit.loader import LoadedTrace
 from decoding.ensemble import Ensemble
-from decoding.run import ledger_from_records
 from mechanisms.kernels import renyi_divergence_orders, sums_without_each
 from mechanisms.pmixed import Ball, PMixED
 from mechanisms.screening import NoisyScreening
@@ -279,13 +278,20 @@ def check_ablation(trace: LoadedTrace, teachers_sample: int | None = None, mc_sa
         return skipped("neighbour_ablation", "the public model alone does not read the teachers: every neighbour "
                        "gives the same output (empirical epsilon 0)"), None
     if not trace.has_payload:
-        return skipped("neighbour_ablation", "needs the exact-replay payload"), None
+        return skipped("neighbour_ablation", "needs the per-step distributions (the exact-replay payload or the "
+                       "run's models)"), None
+    if trace.totals is None:
+        return skipped("neighbour_ablation", "the records do not fit the manifest (see records)"), None
     delta = trace.manifest["config"]["deltas"][0]
-    claimed = next(e["epsilon"] for e in trace.ledger["epsilon"] if e["method"] == "improved" and e["delta"] == delta)
+    claimed = next((e.get("epsilon") for e in trace.ledger.get("epsilon", []) if isinstance(e, dict)
+                    and e.get("method") == "improved" and e.get("delta") == delta), None)
+    if not isinstance(claimed, (int, float)) or isinstance(claimed, bool):
+        return failed("neighbour_ablation", f"ledger.json states no improved epsilon at the run's delta = {delta:g} "
+                      f"(found {claimed!r}): there is no claim to test"), None
     require(not math.isnan(claimed), f"neighbour ablation: the claimed epsilon in ledger.json at delta={delta:g} is NaN")
     result = run_ablation(trace, delta, teachers_sample, mc_samples, seed=seed)
     claimed_relation = NeighbouringRelation(trace.manifest["relation"])
-    covered_relation = ledger_from_records(trace.records, trace.manifest).total_relation
+    covered_relation = trace.totals.ledger.total_relation
     accounting = trace.params.get("accounting")
     finite_claim = claimed > 0 and math.isfinite(claimed)
 

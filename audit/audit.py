@@ -1,4 +1,10 @@
-"""The audit of one run: every check, the findings, and a PASS / FAIL verdict written to audit.json."""
+"""The audit of one run: every check, the findings, and a verdict written to audit.json.
+
+Verdicts: PASS (the claimed charges were recomputed from the run's models or its replay payload and
+every check passed), FAIL (a check failed), UNVERIFIED (nothing failed, but the charges could not
+be recomputed: only the trace's integrity and internal consistency were checked). The command
+line exits 0, 1 and 3 for them, and 2 for input it cannot use.
+"""
 from __future__ import annotations
 
 import time
@@ -6,9 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from audit import bounds, replay
+from audit import bounds, consistency, replay
 from audit.ablation import check_ablation
-from audit.checks import CheckResult, Status
+from audit.checks import CheckResult, Status, failed, skipped
 from audit.lint import Finding, lint
 from audit.loader import load_trace
 from audit.sampled import check_canary_game
@@ -34,9 +40,37 @@ class AuditReport:
     def failed(self) -> list[CheckResult]:
         return [c for c in self.checks if c.status is Status.FAIL]
 
+    audited: dict = field(default_factory=dict)
+
+    @property
+    def verified(self) -> bool:
+        """The claimed charges were recomputed (the replay check ran and passed)."""
+        replayed = next((c for c in self.checks if c.name == "replay"), None)
+        return replayed is not None and replayed.status is Status.PASS
+
     @property
     def verdict(self) -> str:
-        return "FAIL" if self.failed else "PASS"
+        if self.failed:
+            return "FAIL"
+        return "PASS" if self.verified else "UNVERIFIED"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    @property
+    def verification(self) -> dict:
+        """What the verdict rests on: where the charges were recomputed from (or why not), and
+        which checks passed, failed or were skipped."""
+        replayed = next((c for c in self.checks if c.name == "replay"), None)
+        final = next((c for c in self.checks if c.name == "final_record"), None)
+        return {"charges_recomputed_from": replayed.evidence.get("source") if self.verified else None,
+                "cross_checked_with_models": bool(replayed and replayed.evidence.get("cross_checked_with_models")),
+                "not_recomputed_because": None if self.verified or replayed is None else replayed.detail,
+                "head_anchored": bool(final and final.evidence.get("anchored")),
+                "passed": [c.name for c in self.checks if c.status is Status.PASS],
+                "failed": [c.name for c in self.failed],
+                "skipped": [c.name for c in self.checks if c.status is Status.SKIPPED]}
 
     def check(self, name: str) -> CheckResult:
         return next(c for c in self.checks if c.name == name)
@@ -55,6 +89,10 @@ class AuditReport:
         coverage = next((c for c in self.checks if c.name == "relation_coverage"), None)
         claimed = coverage.evidence.get("claimed_relation", "").replace("_", "-") if coverage else ""
         parts = [f"{self.verdict} for {claimed}" if claimed else self.verdict]
+        if self.verdict == "UNVERIFIED":
+            parts.append("the charges were not recomputed (" + (self.verification["not_recomputed_because"] or "")
+                         .removeprefix("the charges cannot be recomputed: ") + "); only the trace's integrity and "
+                         "internal consistency were checked")
         ablation = next((c for c in self.checks if c.name == "neighbour_ablation"), None)
         if ablation is None or ablation.status is Status.SKIPPED:  # the verdict then rests on no neighbour
             parts.append("no neighbour was tested")
@@ -69,7 +107,8 @@ class AuditReport:
 
     def to_dict(self) -> dict:
         return {"format": "dpledger-audit", "run_dir": str(self.run_dir), "verdict": self.verdict,
-                "headline": self.headline,
+                "headline": self.headline, "exit_code": self.exit_code, "verification": self.verification,
+                "audited": self.audited,
                 "failed_checks": [c.name for c in self.failed], "created_at": self.created_at,
                 "seconds": round(self.seconds, 2), "data_dependent": self.data_dependent,
                 "caveat": DATA_DEPENDENT_CAVEAT if self.data_dependent else None,
@@ -77,25 +116,89 @@ class AuditReport:
                 "checks": [c.to_dict() for c in self.checks], "findings": [f.to_dict() for f in self.findings]}
 
 
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "UNVERIFIED": 3}
+EXIT_UNUSABLE = 2
+
+_RECORD_READERS = ("relation_coverage", "mixing_ball", "screening_cost", "data_dependent_eq3", "theorem_3_1",
+                   "utility_theorem_4_3", "neighbour_ablation", "canary_game")
+
+
+def _guarded(name: str, check, loaded) -> CheckResult:
+    """A check on untrusted files: content it cannot evaluate (a field of the wrong type, a value out
+    of range) is a failed check naming the problem, never a traceback and never a pass."""
+    if name in _RECORD_READERS and not loaded.consistent:
+        return skipped(name, "the records do not fit the manifest (see records), so this check cannot read them")
+    try:
+        return check()
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, ZeroDivisionError) as error:
+        detail = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+        return failed(name, f"could not be evaluated on this trace: {detail}")
+
+
 def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_samples: int = 400,
-              game_trials: int = 2000, play_game: bool = True, seed: int = 0, write: bool = True) -> AuditReport:
-    """Audit a finished run directory; writes audit.json there (unless write=False)."""
+              game_trials: int = 2000, play_game: bool = True, seed: int = 0, write: bool = True,
+              expect_head: str | None = None) -> AuditReport:
+    """Audit a finished run directory; writes audit.json there (unless write=False), bound to the
+    hashes of the manifest, ledger.json and the chain head it audited. TraceError (a ValueError)
+    for a directory that is not a finished dpledger run."""
     started = time.time()
+    if expect_head is not None and not (isinstance(expect_head, str) and len(expect_head) == 64
+                                        and all(c in "0123456789abcdef" for c in expect_head)):
+        raise ValueError(f"--expect-head must be a 64-character lowercase hex sha256, got {expect_head!r}")
+    if trace_files.is_locked(run_dir):
+        raise trace_files.TraceError(f"{run_dir} is being written by a dpledger process; audit it when the run has "
+                                     "finished")
     loaded = load_trace(run_dir)
-    checks = [replay.check_hash_chain(loaded), replay.check_step_count(loaded), replay.check_ledger_recompute(loaded),
-              replay.check_conversion(loaded), replay.check_replay(loaded), bounds.check_relation_coverage(loaded),
-              bounds.check_mixing_ball(loaded),
-              bounds.check_screening_cost(loaded), bounds.check_data_dependent_charge(loaded),
-              bounds.check_theorem_3_1(loaded), bounds.check_utility_bound(loaded)]
-    ablation, _ = check_ablation(loaded, teachers_sample, mc_samples, seed)
+    plan = [("hash_chain", lambda: replay.check_hash_chain(loaded)),
+            ("final_record", lambda: consistency.check_final_record(loaded, expect_head)),
+            ("manifest", lambda: consistency.check_manifest(loaded)),
+            ("records", lambda: consistency.check_records(loaded)),
+            ("payload", lambda: consistency.check_payload(loaded)),
+            ("ledger_recompute", lambda: replay.check_ledger_recompute(loaded)),
+            ("conversion", lambda: replay.check_conversion(loaded)),
+            ("replay", lambda: replay.check_replay(loaded)),
+            ("relation_coverage", lambda: bounds.check_relation_coverage(loaded)),
+            ("mixing_ball", lambda: bounds.check_mixing_ball(loaded)),
+            ("screening_cost", lambda: bounds.check_screening_cost(loaded)),
+            ("data_dependent_eq3", lambda: bounds.check_data_dependent_charge(loaded)),
+            ("theorem_3_1", lambda: bounds.check_theorem_3_1(loaded)),
+            ("utility_theorem_4_3", lambda: bounds.check_utility_bound(loaded))]
+    checks = [_guarded(name, check, loaded) for name, check in plan]
+    ablation = _guarded("neighbour_ablation", lambda: check_ablation(loaded, teachers_sample, mc_samples, seed)[0], loaded)
     checks.append(ablation)
     if play_game:
-        checks.append(check_canary_game(loaded, game_trials, seed=seed)[0])
-    report = AuditReport(Path(run_dir), checks, lint(loaded, ablation.evidence), any(loaded.components.values()),
-                         time.time() - started)
+        checks.append(_guarded("canary_game", lambda: check_canary_game(loaded, game_trials, seed=seed)[0], loaded))
+    try:
+        findings = lint(loaded, ablation.evidence) if loaded.consistent else []
+    except (ValueError, KeyError, TypeError, IndexError) as error:
+        checks.append(failed("lint", f"the pitfall lint could not read this trace: {error}"))
+        findings = []
+    report = AuditReport(Path(run_dir), checks, findings, any(loaded.components.values()), time.time() - started,
+                         audited={"manifest_sha256": loaded.manifest_sha256, "ledger_sha256": loaded.ledger_sha256,
+                                  "head": loaded.final.get("head")})
     if write:
         trace_files.atomic_write_json(Path(run_dir) / AUDIT_FILE, report.to_dict())
     return report
+
+
+def audit_binding(run_dir: str | Path, audit: dict) -> str | None:
+    """None when audit.json was made for the run's current manifest, ledger.json and chain head;
+    otherwise why it is stale (a report must not print its verdict beside other numbers)."""
+    import hashlib
+
+    run_dir = Path(run_dir)
+    audited = audit.get("audited") if isinstance(audit, dict) else None
+    if not isinstance(audited, dict):
+        return "audit.json records no hashes of what it audited (made by an older dpledger)"
+    try:
+        current = {"manifest_sha256": hashlib.sha256((run_dir / trace_files.MANIFEST).read_bytes()).hexdigest(),
+                   "ledger_sha256": hashlib.sha256((run_dir / trace_files.LEDGER).read_bytes()).hexdigest(),
+                   "head": trace_files.read_final(run_dir).get("head")}
+    except (OSError, ValueError) as error:
+        return f"the run's files cannot be hashed ({error})"
+    changed = [name.removesuffix("_sha256") for name, value in current.items() if audited.get(name) != value]
+    return None if not changed else (f"audit.json was made for another {' and '.join(changed)} than the run holds now "
+                                     "(re-run dpledger audit)")
 
 
 def render_summary(report: AuditReport) -> str:
@@ -106,7 +209,7 @@ def render_summary(report: AuditReport) -> str:
         lines.append(f"  [{check.status.value:<7}] {check.name}: {check.detail}")
     applying = [f for f in report.findings if f.applies]
     if applying:
-        lines.append("  pitfalls that apply (SPEC section 8):")
+        lines.append("  pitfalls that apply (docs/soundness.md):")
         for finding in applying:
             lines.append(f"    #{finding.pitfall} {finding.title} [{finding.severity}]: {finding.reason}")
     if report.data_dependent:

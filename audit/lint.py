@@ -44,7 +44,13 @@ def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Find
     data_dependent = any(trace.components.values())
     findings = []
 
-    sizes = [len(r["sampled_teachers"]) for r in trace.records if r["sampled_teachers"] or variant]
+    sizes, passes, nan_fields = [], [], {}
+    for _, records in trace.iter_blocks():
+        sizes += [len(r["sampled_teachers"]) for r in records if r["sampled_teachers"] or variant]
+        passes.append(sum(bool(r["screen_passed"]) for r in records))
+        for record in records:
+            for name in _nan_fields(record, "screen" in trace.components):
+                nan_fields.setdefault(name, []).append(record["step"])
     findings.append(Finding(1, "subsampling with replacement analysed as Poisson", False, "info",
                             "teachers are Poisson-sampled without replacement: each is kept independently with "
                             f"probability q (recorded subsample sizes {min(sizes)}..{max(sizes)})" if variant else
@@ -83,7 +89,7 @@ def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Find
     if "screen" in trace.components:
         ratio = params["lam"] / (trace.n_teachers * params["sigma"])
         blind = ratio < BLIND_SCREEN_RATIO
-        passed = np.mean([r["screen_passed"] for r in trace.records])
+        passed = sum(passes) / trace.steps
         findings.append(Finding(7, "screening blind to the private data", blind, "medium" if blind else "info",
                                 f"lam/(N sigma) = {ratio:.3g}: the ensemble moves the screened mean by at most "
                                 f"{params['lam'] / trace.n_teachers:.3g} per token against noise sigma = {params['sigma']:g}"
@@ -94,10 +100,6 @@ def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Find
     findings.append(Finding(8, "screening sensitivity or ensemble size wrong", False, "info",
                             "checked per step by screening_cost (charge = (lam/(N sigma))^2 * order with the run's N)"
                             if "screen" in trace.components else "no screening step"))
-    nan_fields = {}
-    for record in trace.records:
-        for name in _nan_fields(record, "screen" in trace.components):
-            nan_fields.setdefault(name, []).append(record["step"])
     findings.append(Finding(9, "NaN divergences becoming 0", bool(nan_fields), "high" if nan_fields else "info",
                             "NaN in the per-step records: " + "; ".join(f"{name} at steps {steps[:5]}"
                                                                           for name, steps in nan_fields.items())

@@ -1,7 +1,16 @@
-"""Load a trace for auditing: manifest, verified records, ledger.json, replay payloads."""
+"""Load a trace for auditing, streaming: the manifest, ledger.json and the final record are read
+whole; per-step records are read one chunk (block) at a time and replay logits one window of rows
+at a time, so the audit's memory does not grow with the run's length.
+
+`load_trace` makes one pass over the chunks: it checks the hash chain from the manifest's
+genesis, recomputes everything ledger.json holds (decoding.run.RunTotals) and checks each record's
+structure against the manifest (trace_consistency reports what it found).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -9,19 +18,48 @@ import numpy as np
 import torch
 
 from decoding import trace
+from decoding.run import RunTotals
 from decoding.runners import Runner, build_runner
 from decoding.trace import TraceError
+
+PAYLOAD_WINDOW_BYTES = 256 * 2 ** 20
+"""Replay windows hold at most this much of a block's float64 distributions (N+1 rows of V per
+step) at once; a larger block is replayed in windows of fewer steps (per-step randomness makes
+every window exact)."""
+MAX_PROBLEMS = 50
+BASE_FIELDS = frozenset({"step", "block", "position", "query_id", "context_token", "true_token", "output_token",
+                         "prob_true_token", "screen_statistic", "screen_passed", "answered_by", "lambdas",
+                         "sampled_teachers", "observed_data_dependent", "data_independent", "payload_sha256",
+                         "prev_hash", "record_hash"})
+
+
+@dataclass
+class BlockInfo:
+    index: int
+    first_step: int
+    length: int
+    payload_sha256: str
 
 
 @dataclass
 class LoadedTrace:
     directory: Path
     manifest: dict
-    records: list[dict]
     ledger: dict
+    final: dict
     chain_error: str | None
+    chain_end: str
+    steps: int
+    blocks_info: list[BlockInfo]
+    totals: RunTotals | None
+    totals_error: str | None
+    problems: list[str] = field(default_factory=list)
+    problem_count: int = 0
+    manifest_sha256: str = ""
+    ledger_sha256: str = ""
     _logits_source: str | None = "unknown"
     _ensemble: object = None
+    _payload_problems: list[str] | None = None
 
     @property
     def orders(self) -> np.ndarray:
@@ -44,83 +82,250 @@ class LoadedTrace:
         return int(self.manifest["n_teachers"])
 
     @property
+    def consistent(self) -> bool:
+        """No structural problem: the records fit the manifest, so the checks below can read them."""
+        return not self.problems and self.totals is not None
+
+    def note(self, problem: str) -> None:
+        self.problem_count += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(problem)
+
+    # -- what the per-step distributions can be had from -------------------------------------
+
+    @property
     def has_payload(self) -> bool:
-        """True when every block's logits can be had: the exact-replay payload, or (teacher-forced
-        runs) the run's models, present with the same content hashes, to recompute them."""
+        """True when every block's logits can be had: the exact-replay payload (present, with the
+        hashes its records hold), or (teacher-forced runs) the run's models, present with the same
+        content hashes, to recompute them."""
         return self.logits_source is not None
 
     @property
     def logits_source(self) -> str | None:
         if self._logits_source == "unknown":
-            self._logits_source = self._find_logits_source()
+            self._logits_source = "payload" if self.payload_intact else ("models" if self.models_available else None)
         return self._logits_source
 
-    def _find_logits_source(self) -> str | None:
-        if self.manifest.get("replay_payload") and all(trace.replay_path(self.directory, b).exists()
-                                                       for b in self.blocks()):
-            return "payload"
+    @property
+    def payload_problems(self) -> list[str]:
+        """Why the replay payload cannot be used ([] when it can)."""
+        if self._payload_problems is None:
+            problems = []
+            if not self.manifest.get("replay_payload"):
+                problems.append("the run kept no exact-replay payload (replay_payload = false)")
+            else:
+                for info in self.blocks_info:
+                    path = trace.replay_path(self.directory, info.index)
+                    if not path.exists():
+                        problems.append(f"{path}: missing")
+                    elif trace.file_sha256(path) != info.payload_sha256:
+                        problems.append(f"{path}: its sha256 differs from the one chained in block {info.index}'s "
+                                        "records (the payload was changed after the run)")
+                    if len(problems) >= 5:
+                        break
+            self._payload_problems = problems
+        return self._payload_problems
+
+    @property
+    def payload_intact(self) -> bool:
+        return not self.payload_problems
+
+    @property
+    def models_available(self) -> bool:
+        """The run's models exist where the manifest says, with the content hashes it records
+        (teacher-forced runs only: free generation needs the payload)."""
+        if self._ensemble is not None:
+            return True
         if self.manifest["data"]["stream"] != "teacher-forced":
-            return None
+            return False
         models = self.manifest["models"]
-        if not all(Path(m["source"]).exists() for m in models):
-            return None
+        if not models or not all(Path(m["source"]).exists() for m in models):
+            return False
         from decoding.ensemble import Ensemble
 
-        ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
-                                            self.manifest["config"]["models"]["teacher_kind"])
+        try:
+            ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
+                                                self.manifest["config"]["models"]["teacher_kind"])
+        except (OSError, ValueError):
+            return False
         if [i.content_hash for i in ensemble.identities] != [m["content_hash"] for m in models]:
-            return None
+            return False
         self._ensemble = ensemble
-        return "models"
+        return True
+
+    def model_unavailability(self) -> str:
+        if self.manifest["data"]["stream"] != "teacher-forced":
+            return "free generation is replayed from the payload only"
+        missing = [m["source"] for m in self.manifest["models"] if not Path(m["source"]).exists()]
+        if missing:
+            return f"the run's models are not at the recorded paths (first missing: {missing[0]})"
+        return "the models at the recorded paths have other content hashes than the manifest records"
+
+    # -- streaming ----------------------------------------------------------------------------
 
     def blocks(self) -> list[int]:
-        return sorted({r["block"] for r in self.records})
+        return [info.index for info in self.blocks_info]
 
-    def block_records(self, block: int) -> list[dict]:
-        return [r for r in self.records if r["block"] == block]
+    def iter_blocks(self) -> Iterator[tuple[int, list[dict]]]:
+        """(block index, its records), one chunk at a time."""
+        for index in trace.committed_chunk_indices(self.directory):
+            yield index, trace.read_chunk(self.directory, index)
+
+    def iter_records(self) -> Iterator[dict]:
+        for _, records in self.iter_blocks():
+            yield from records
 
     def runner(self) -> Runner:
         return build_runner({"type": self.mechanism_type, **self.params}, self.n_teachers, self.manifest["relation"])
 
-    def payload_logits(self, block: int) -> torch.Tensor:
-        if self.logits_source == "models":  # the block's inputs are its recorded context tokens
-            contexts = torch.tensor([[r["context_token"] for r in self.block_records(block)]])
-            return self._ensemble.logits(contexts)[:, 0]
-        path = trace.replay_path(self.directory, block)
-        try:
-            with np.load(path) as payload:
-                logits = payload["logits"]
-        except Exception as error:
-            raise TraceError(f"{path}: unreadable replay payload ({type(error).__name__}: {error})") from None
-        expected = (self.n_teachers + 1, len(self.block_records(block)), self.manifest["vocab_size"])
-        if logits.shape != expected:
-            raise TraceError(f"{path}: logits have shape {logits.shape}, expected {expected}")
-        return torch.from_numpy(logits)
+    def window_rows(self) -> int:
+        per_step = (self.n_teachers + 1) * int(self.manifest["vocab_size"]) * 8 * 4  # a few float64 copies
+        return max(1, PAYLOAD_WINDOW_BYTES // max(per_step, 1))
 
-    def iter_payload(self) -> Iterator[tuple[int, list[dict], torch.Tensor]]:
-        for block in self.blocks():
-            yield block, self.block_records(block), self.payload_logits(block)
+    def _model_logits(self, records: list[dict]) -> torch.Tensor:
+        contexts = torch.tensor([[r["context_token"] for r in records]])
+        return self._ensemble.logits(contexts)[:, 0]
+
+    def iter_payload(self, window: int | None = None) -> Iterator[tuple[int, list[dict], torch.Tensor]]:
+        """(block, records of a window of consecutive steps, their logits (N+1, W, V)), block by
+        block and within a block window by window (at most `window` steps, default window_rows())."""
+        window = window or self.window_rows()
+        expected_shape = (self.n_teachers + 1, None, int(self.manifest["vocab_size"]))
+        for block, records in self.iter_blocks():
+            if self.logits_source == "models":
+                logits = self._model_logits(records)
+            else:
+                logits = trace.read_replay(self.directory, block)
+                path = trace.replay_path(self.directory, block)
+                if (logits.shape[0], logits.shape[2]) != (expected_shape[0], expected_shape[2]) or \
+                        logits.shape[1] != len(records):
+                    raise TraceError(f"{path}: logits have shape {logits.shape}, expected "
+                                     f"{(expected_shape[0], len(records), expected_shape[2])}")
+            for start in range(0, len(records), window):
+                rows = slice(start, start + window)
+                part = logits[:, rows]
+                yield block, records[rows], (part if isinstance(part, torch.Tensor) else torch.from_numpy(np.array(part)))
+
+    def payload_logits(self, block: int) -> torch.Tensor:
+        """One block's whole logits (N+1, L, V)."""
+        parts = [logits for b, _, logits in self.iter_payload() if b == block]
+        return torch.cat(parts, dim=1)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _expected_fields(manifest: dict) -> set[str]:
+    return set(BASE_FIELDS) | {f"rdp_{name}" for name in manifest["mechanism"]["components"]}
+
+
+def _check_records(loaded: LoadedTrace, block: int, records: list[dict], first_step: int, block_size: int) -> None:
+    """Each record's structure against the manifest: fields, step/block/position numbering, array
+    lengths, value ranges, answered_by following the screen decision, the context chain, and one
+    payload hash per block."""
+    manifest = loaded.manifest
+    expected = _expected_fields(manifest)
+    n, vocab, k = loaded.n_teachers, int(manifest["vocab_size"]), len(manifest["orders"])
+    mixes = loaded.mechanism_type in ("pmixed", "adapmixed")
+    teacher_forced = manifest["data"]["stream"] == "teacher-forced"
+    payload = {r.get("payload_sha256") for r in records}
+    if len(payload) != 1:
+        loaded.note(f"block {block}: its records name {len(payload)} different payload hashes")
+    elif bool(manifest.get("replay_payload")) != bool(next(iter(payload))):
+        loaded.note(f"block {block}: payload hash {'missing' if manifest.get('replay_payload') else 'present'} although "
+                    f"the manifest says replay_payload = {manifest.get('replay_payload')}")
+    for row, record in enumerate(records):
+        where = f"{trace.chunk_path(loaded.directory, block).name} row {row}"
+        keys = set(record)
+        if keys != expected:
+            loaded.note(f"{where}: fields differ from the manifest's mechanism (missing {sorted(expected - keys)}, "
+                        f"unexpected {sorted(keys - expected)})")
+            continue
+        step = first_step + row
+        if (record["step"], record["block"], record["position"], record["query_id"]) != (step, block, row,
+                                                                                          f"b{block}-p{row}"):
+            loaded.note(f"{where}: numbered step {record['step']!r} block {record['block']!r} position "
+                        f"{record['position']!r}, expected step {step} block {block} position {row}")
+        if row >= block_size:
+            loaded.note(f"{where}: block {block} holds more than the block size {block_size}")
+        for name in ("context_token", "output_token"):
+            if not (isinstance(record[name], int) and 0 <= record[name] < vocab):
+                loaded.note(f"{where}: {name} {record[name]!r} outside the vocabulary [0, {vocab})")
+        true = record["true_token"]
+        if teacher_forced and not (isinstance(true, int) and 0 <= true < vocab):
+            loaded.note(f"{where}: true_token {true!r} outside the vocabulary [0, {vocab})")
+        if not teacher_forced and true != -1:
+            loaded.note(f"{where}: free generation has no true token, got {true!r}")
+        if teacher_forced and row > 0 and record["context_token"] != records[row - 1]["true_token"]:
+            loaded.note(f"{where}: context token {record['context_token']} is not the previous step's true token")
+        passed = record["screen_passed"]
+        if not isinstance(passed, bool) or record["answered_by"] != ("mechanism" if passed else "public"):
+            loaded.note(f"{where}: answered_by {record['answered_by']!r} does not follow screen_passed {passed!r}")
+        if "screen" not in manifest["mechanism"]["components"] and passed is not True:
+            loaded.note(f"{where}: a run without screening records a failed screen")
+        lambdas = record["lambdas"]
+        if len(lambdas) != (n if mixes else 0):
+            loaded.note(f"{where}: {len(lambdas)} mixing weights, expected {n if mixes else 0}")
+        elif lambdas and not all(0.0 <= v <= 1.0 for v in lambdas):
+            loaded.note(f"{where}: mixing weights outside [0, 1] (or NaN)")
+        sampled = record["sampled_teachers"]
+        if sampled and (sampled != sorted(set(sampled)) or sampled[0] < 0 or sampled[-1] >= n
+                        or loaded.params.get("sample_rate") is None):
+            loaded.note(f"{where}: sampled_teachers {sampled[:5]}... are not distinct teacher indices of a subsampled run")
+        for name in ("observed_data_dependent", "data_independent"):
+            if len(record[name]) not in ((k,) if mixes else (0,)):
+                loaded.note(f"{where}: {name} has {len(record[name])} values, expected {k if mixes else 0}")
+        for name in manifest["mechanism"]["components"]:
+            if len(record[f"rdp_{name}"]) != k:
+                loaded.note(f"{where}: rdp_{name} has {len(record[f'rdp_{name}'])} values, the grid has {k} orders")
 
 
 def load_trace(run_dir: str | Path) -> LoadedTrace:
-    """TraceError (naming the file) for a foreign, truncated or corrupted directory; a broken hash
-    chain is not raised here but recorded, so the audit can report it as a failed check."""
+    """TraceError (naming the file) for a directory that is not a finished run; a broken hash
+    chain or records that do not fit the manifest are not raised here but recorded, so the audit
+    reports them as failed checks."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise TraceError(f"{run_dir}: not a directory")
     manifest = trace.read_manifest(run_dir)
-    for key in ("mechanism", "orders", "n_teachers", "vocab_size", "config", "relation"):
-        if key not in manifest:
-            raise TraceError(f"{run_dir / trace.MANIFEST}: lacks the field {key!r}")
+    for key, kind in (("mechanism", dict), ("orders", list), ("n_teachers", int), ("vocab_size", int),
+                      ("config", dict), ("relation", str), ("models", list), ("data", dict), ("queries", int)):
+        if not isinstance(manifest.get(key), kind):
+            raise TraceError(f"{run_dir / trace.MANIFEST}: field {key!r} must be a {kind.__name__}, got "
+                             f"{manifest.get(key)!r}")
+    mechanism = manifest["mechanism"]
+    if not (isinstance(mechanism.get("type"), str) and isinstance(mechanism.get("params"), dict)
+            and isinstance(mechanism.get("components"), dict)):
+        raise TraceError(f"{run_dir / trace.MANIFEST}: mechanism must hold a type, params and components")
     ledger = trace.read_ledger(run_dir)
-    chain_error = None
-    try:
-        records = trace.read_records(run_dir, verify=True)
-    except TraceError as error:
-        if "unreadable" in str(error) or "missing" in str(error):
-            raise
-        chain_error = str(error)
-        records = trace.read_records(run_dir, verify=False)
-    if not records:
+    final = trace.read_final(run_dir)
+    loaded = LoadedTrace(run_dir, manifest, ledger, final, None, "", 0, [], None, None,
+                         manifest_sha256=_sha256(run_dir / trace.MANIFEST), ledger_sha256=_sha256(run_dir / trace.LEDGER))
+    config = manifest["config"]
+    stream = manifest["data"].get("stream")
+    data = config.get("data", {}) if isinstance(config.get("data"), dict) else {}
+    block_size = data.get("block_size") if stream == "teacher-forced" else data.get("max_new_tokens")
+    if not (isinstance(block_size, int) and block_size >= 1):
+        raise TraceError(f"{run_dir / trace.MANIFEST}: config.data has no valid block size for stream {stream!r}")
+    totals = RunTotals(manifest)
+    reader = trace.ChainReader(run_dir, manifest, verify=False)
+    for block, records in reader:
+        if not records:
+            loaded.note(f"{trace.chunk_path(run_dir, block).name}: holds no records")
+            continue
+        first_step = reader.steps - len(records)
+        loaded.blocks_info.append(BlockInfo(block, first_step, len(records), str(records[0].get("payload_sha256"))))
+        before = loaded.problem_count
+        try:
+            _check_records(loaded, block, records, first_step, block_size)
+        except (TypeError, KeyError, AttributeError) as error:  # a value of the wrong type
+            loaded.note(f"{trace.chunk_path(run_dir, block).name}: a record holds a value of the wrong type ({error})")
+        if loaded.problem_count == before and loaded.totals_error is None:
+            try:
+                totals.add(records)
+            except (ValueError, TypeError, KeyError) as error:
+                loaded.totals_error = f"block {block}: {error}"
+    if reader.steps == 0:
         raise TraceError(f"{run_dir / trace.STEPS_DIR}: no committed step records")
-    return LoadedTrace(run_dir, manifest, records, ledger, chain_error)
+    loaded.chain_error, loaded.chain_end, loaded.steps = reader.error, reader.head, reader.steps
+    loaded.totals = totals if loaded.totals_error is None and not loaded.problems else None
+    return loaded

@@ -83,7 +83,15 @@ class RunConfig:
         require(isinstance(self.mechanism, dict) and self.mechanism.get("type") in MECHANISM_TYPES,
                 f"unknown mechanism type {self.mechanism.get('type') if isinstance(self.mechanism, dict) else None!r}; "
                 f"known: {', '.join(MECHANISM_TYPES)}")
+        for name, value in (("run.queries", self.queries), ("run.seed", self.seed),
+                            ("models.teachers", self.models.teachers), ("data.block_size", self.data.block_size),
+                            ("data.max_new_tokens", self.data.max_new_tokens)):
+            _check_type(name, value, int)
+        _check_type("run.replay_payload", self.replay_payload, bool)
+        _check_type("models.embedded", self.models.embedded, bool)
         require_int_at_least("queries", self.queries, 1)
+        require(isinstance(self.deltas, (tuple, list)), f"run.deltas must be a list of numbers, got {self.deltas!r}")
+        require(len(self.deltas) >= 1, "run.deltas must list at least one delta, got []")
         for delta in self.deltas:
             require_in_open("delta", delta, 0.0, 1.0)
         models = self.models
@@ -108,7 +116,9 @@ class RunConfig:
         elif not models.embedded:
             require(data.text is not None, "data.text (a text file) is required with your own models")
         if data.text is not None:
-            require(Path(data.text).exists(), f"data.text file does not exist: {data.text}")
+            require(Path(data.text).is_file(), f"data.text file does not exist: {data.text}" if not Path(data.text).exists()
+                    else f"data.text must be a file, got {data.text}")
+        require(_device_ok(models.device), f"models.device must be 'cpu', 'cuda' or 'cuda:N', got {models.device!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -119,36 +129,87 @@ class RunConfig:
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _table(data: dict, name: str, cls):
+_SCHEMA = {
+    "run": {"out": str, "queries": int, "seed": int, "replay_payload": bool, "deltas": [float], "relation": str},
+    "models": {"embedded": bool, "teachers": int, "public": str, "teacher_paths": [str], "teacher_kind": str,
+               "tokenizer": str, "device": str},
+    "data": {"stream": str, "text": str, "block_size": int, "prompts": [str], "max_new_tokens": int},
+}
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}
+
+
+def _check_type(where: str, value, kind) -> None:
+    """TOML values as the schema says, without coercion: 32.0 is not an integer, "0.2" not a
+    number, a string not a list (it would be split into characters)."""
+    if isinstance(kind, list):
+        require(isinstance(value, list), f"{where} must be a list of {_TYPE_NAMES[kind[0]]}s, got {value!r}")
+        for index, item in enumerate(value):
+            _check_type(f"{where}[{index}]", item, kind[0])
+        return
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    require(ok, f"{where} must be {_TYPE_NAMES[kind]}, got {value!r}")
+
+
+def _device_ok(device) -> bool:
+    import re
+
+    return isinstance(device, str) and re.fullmatch(r"cpu|cuda(:\d+)?", device) is not None
+
+
+def _table(data: dict, name: str, cls=None) -> dict:
     table = data.get(name, {})
-    require(isinstance(table, dict), f"[{name}] must be a table")
-    known = set(cls.__dataclass_fields__)
-    unknown = sorted(set(table) - known)
-    require(not unknown, f"unknown keys in [{name}]: {unknown}; known: {sorted(known)}")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
+    require(isinstance(table, dict), f"[{name}] must be a table, got {table!r}")
+    schema = _SCHEMA[name]
+    unknown = sorted(set(table) - set(schema))
+    require(not unknown, f"unknown keys in [{name}]: {unknown}; known: {sorted(schema)}")
+    for key, value in table.items():
+        _check_type(f"{name}.{key}", value, schema[key])
+    table = {k: tuple(v) if isinstance(v, list) else v for k, v in table.items()}
+    return table if cls is None else cls(**table)
 
 
 def config_from_dict(data: dict, out_override: str | None = None) -> RunConfig:
+    """A RunConfig from parsed TOML; ValueError naming the table, key, value and rule."""
+    require(isinstance(data, dict), f"a config must be a table of tables, got {data!r}")
     unknown = sorted(set(data) - {"run", "mechanism", "models", "data"})
     require(not unknown, f"unknown tables in config: {unknown}; known: run, mechanism, models, data")
-    run = dict(data.get("run", {}))
-    known_run = {"out", "queries", "seed", "replay_payload", "deltas", "relation"}
-    require(not set(run) - known_run, f"unknown keys in [run]: {sorted(set(run) - known_run)}; known: {sorted(known_run)}")
+    run = _table(data, "run")
     if out_override is not None:
+        _check_type("--out", out_override, str)
         run["out"] = out_override
     require("out" in run, "[run] needs `out` (the trace directory), or pass --out")
+    require(len(run.get("deltas", (1e-5,))) >= 1, "run.deltas must list at least one delta, got []")
     require("mechanism" in data, "the config needs a [mechanism] table with a `type`")
-    if "deltas" in run:
-        run["deltas"] = tuple(run["deltas"])
-    return RunConfig(mechanism=dict(data["mechanism"]), models=_table(data, "models", ModelsConfig),
+    mechanism = data["mechanism"]
+    require(isinstance(mechanism, dict), f"[mechanism] must be a table, got {mechanism!r}")
+    require(isinstance(mechanism.get("type"), str), f"mechanism.type must be a string, got {mechanism.get('type')!r}")
+    return RunConfig(mechanism=dict(mechanism), models=_table(data, "models", ModelsConfig),
                      data=_table(data, "data", DataConfig), **run)
 
 
-def load_config(path: str | Path, out_override: str | None = None) -> RunConfig:
+def read_text_file(path: str | Path, what: str) -> str:
+    """A UTF-8 text file's content; ValueError naming `what`, the path and the problem."""
     path = Path(path)
-    require(path.exists(), f"config file does not exist: {path}")
+    require(path.exists(), f"{what} file does not exist: {path}")
+    require(path.is_file(), f"{what} must be a file, got the directory {path}" if path.is_dir()
+            else f"{what} must be a regular file: {path}")
     try:
-        data = tomllib.loads(path.read_text())
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{what} {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except OSError as error:
+        raise ValueError(f"{what} {path} cannot be read: {error.strerror or error}") from None
+
+
+def load_config(path: str | Path, out_override: str | None = None) -> RunConfig:
+    text = read_text_file(path, "config")
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{path}: invalid TOML ({error})") from None
     return config_from_dict(data, out_override)

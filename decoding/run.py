@@ -1,14 +1,18 @@
 """The decode loop: run a mechanism over a query stream, charge the ledger, write the trace.
 
-Blocks of queries are processed in order; block b uses a torch generator seeded from
-(run seed, b) for every random draw (screening noise, Poisson masks, the sampled token), so a
-resumed run reproduces an uninterrupted one exactly. After each block its records are chained and
-committed atomically (trace.py). ledger.json is computed from the committed records alone.
+Blocks of queries are processed in order; step t draws everything random (Poisson mask,
+screening noise, the sampled token) from its own generator seeded from (run seed, t)
+(mechanisms.randomness), so a resumed run reproduces an uninterrupted one exactly and a block can be
+replayed in windows of rows. One process writes a run: it holds the directory's lock
+(trace.RunLock) from creation or resume to exit. After each block its records are chained and
+committed atomically (trace.py); ledger.json and then the final record (the chain's head) are
+computed from the committed records alone.
 """
 from __future__ import annotations
 
 import hashlib
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -25,9 +29,10 @@ from accounting.ledger import PrivacyLedger
 from accounting.orders import default_orders
 from accounting.relation import NeighbouringRelation
 from decoding import trace
-from decoding.config import RunConfig
+from decoding.config import RunConfig, read_text_file
 from decoding.ensemble import Ensemble
 from decoding.runners import BlockOutcome, Runner, build_runner
+from mechanisms.randomness import StepGenerators
 
 PACKAGE_VERSION = "0.1.0"
 
@@ -51,14 +56,12 @@ class PreparedRun:
             return math.ceil(self.config.queries / self.config.data.block_size)
         return math.ceil(self.config.queries / self.config.data.max_new_tokens)
 
+    @property
+    def block_size(self) -> int:
+        return self.config.data.block_size if self.config.data.stream == "teacher-forced" else self.config.data.max_new_tokens
+
     def block_length(self, block: int) -> int:
-        size = self.config.data.block_size if self.config.data.stream == "teacher-forced" else self.config.data.max_new_tokens
-        return min(size, self.config.queries - block * size)
-
-
-def block_generator(seed: int, block: int) -> torch.Generator:
-    digest = hashlib.sha256(f"dpledger-block:{seed}:{block}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+        return min(self.block_size, self.config.queries - block * self.block_size)
 
 
 def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
@@ -68,6 +71,12 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
     set_single_thread()
     runner = build_runner(config.mechanism, config.models.teachers, config.relation)
     models = config.models
+    require(not models.device.startswith("cuda") or torch.cuda.is_available(),
+            f"models.device = {models.device!r} but CUDA is not available on this machine (use \"cpu\")")
+    out = Path(config.out)
+    require(not out.exists() or out.is_dir(), f"run.out {out} exists and is not a directory")
+    existing = next(parent for parent in (out, *out.parents) if parent.exists())
+    require(os.access(existing, os.W_OK | os.X_OK), f"run.out {out}: {existing} is not writable")
     if models.embedded:
         from decoding.embedded import build_or_load
 
@@ -93,7 +102,7 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
         require(data.block_size <= ensemble.n_positions,
                 f"data.block_size {data.block_size} exceeds the models' n_positions {ensemble.n_positions}")
         if data.text is not None:
-            text, name = Path(data.text).read_text(), str(data.text)
+            text, name = read_text_file(data.text, "data.text"), str(data.text)
         else:
             text, name = embedded.corpus.private_heldout, f"embedded-private-heldout(seed={embedded.corpus.seed})"
         token_ids = encode_documents(tokenizer, text)
@@ -112,53 +121,61 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
                        str(tokenizer_path), canaries)
 
 
-def _manifest(prepared: PreparedRun) -> dict:
+def build_manifest(config: RunConfig, runner: Runner, orders: np.ndarray, models: list[dict], vocab_size: int,
+                   data_identity: dict, tokenizer_path: str, canaries: list[dict]) -> dict:
+    """manifest.json's content: what ran (the chain's genesis hash binds all of it)."""
     import transformers
 
-    config = prepared.config
+    size = config.data.block_size if config.data.stream == "teacher-forced" else config.data.max_new_tokens
     return {
         "format": "dpledger-trace", "schema_version": trace.SCHEMA_VERSION, "package_version": PACKAGE_VERSION,
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": config.to_dict(), "config_fingerprint": config.fingerprint(),
-        "mechanism": {"type": prepared.runner.kind, "params": prepared.runner.params,
-                      "components": prepared.runner.components,
-                      "component_relations": {name: prepared.runner.relation_of(name).value
-                                              for name in prepared.runner.components}},
+        "mechanism": {"type": runner.kind, "params": runner.params, "components": runner.components,
+                      "component_relations": {name: runner.relation_of(name).value for name in runner.components}},
         "relation": config.relation,
-        "orders": prepared.orders.tolist(),
-        "models": [vars(identity) for identity in prepared.ensemble.identities],
-        "vocab_size": prepared.ensemble.vocab_size, "n_teachers": prepared.ensemble.n_teachers,
-        "data": prepared.data_identity, "tokenizer": prepared.tokenizer_path, "canaries": prepared.canaries,
-        "seeds": {"run": config.seed}, "queries": config.queries, "n_blocks": prepared.n_blocks,
+        "orders": np.asarray(orders).tolist(),
+        "models": models, "vocab_size": int(vocab_size), "n_teachers": config.models.teachers,
+        "data": data_identity, "tokenizer": tokenizer_path, "canaries": canaries,
+        "seeds": {"run": config.seed}, "queries": config.queries, "n_blocks": math.ceil(config.queries / size),
         "replay_payload": config.replay_payload,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
 
 
-def _open_run_dir(prepared: PreparedRun, resume: bool) -> Path:
+def _manifest(prepared: PreparedRun) -> dict:
+    return build_manifest(prepared.config, prepared.runner, prepared.orders,
+                          [vars(identity) for identity in prepared.ensemble.identities], prepared.ensemble.vocab_size,
+                          prepared.data_identity, prepared.tokenizer_path, prepared.canaries)
+
+
+def _open_run_dir(prepared: PreparedRun, resume: bool) -> trace.RunLock:
+    """The run directory, created with its manifest (a fresh run) or checked for resuming, and its
+    lock, held until the caller releases it. Nothing is written when a check fails."""
     out = Path(prepared.config.out)
-    if out.exists() and any(out.iterdir()):
+    require(not out.exists() or out.is_dir(), f"output path {out} exists and is not a directory")
+    if out.is_dir() and any(p.name != trace.LOCK for p in out.iterdir()):
         if not resume:
             raise ValueError(f"output directory {out} already holds files: pass --resume to continue that run, "
                              "or choose another --out")
-        manifest = trace.read_manifest(out)
-        if manifest.get("config_fingerprint") != prepared.config.fingerprint():
-            raise ValueError(f"output directory {out} holds another run (its config differs from this one)")
-        if [m["content_hash"] for m in manifest["models"]] != [i.content_hash for i in prepared.ensemble.identities]:
-            raise ValueError(f"output directory {out} was written with different model weights")
-        for stale in out.rglob(".*.tmp-*"):
-            stale.unlink()
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / trace.STEPS_DIR).mkdir()
-    if prepared.config.replay_payload:
-        (out / trace.REPLAY_DIR).mkdir()
-    trace.atomic_write_json(out / trace.MANIFEST, _manifest(prepared))
-    return out
+        lock = trace.RunLock(out).acquire()
+        try:
+            manifest = trace.read_manifest(out)
+            if manifest.get("config_fingerprint") != prepared.config.fingerprint():
+                raise ValueError(f"output directory {out} holds another run (its config differs from this one)")
+            if [m.get("content_hash") for m in manifest.get("models", [])] != [i.content_hash for i in
+                                                                              prepared.ensemble.identities]:
+                raise ValueError(f"output directory {out} was written with different model weights")
+            trace.remove_temporary_files(out)
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+    return trace.create_run_directory(out, _manifest(prepared), prepared.config.replay_payload)
 
 
-def _outcome_records(prepared: PreparedRun, block: int, first_step: int, outcome: BlockOutcome,
-                     output_tokens: np.ndarray, true_tokens: np.ndarray, context_tokens: np.ndarray) -> list[dict]:
+def _outcome_records(runner: Runner, block: int, first_step: int, outcome: BlockOutcome, output_tokens: np.ndarray,
+                     true_tokens: np.ndarray, context_tokens: np.ndarray, payload_sha256: str) -> list[dict]:
     output = outcome.output.numpy()
     length = output.shape[0]
     records = []
@@ -177,8 +194,9 @@ def _outcome_records(prepared: PreparedRun, block: int, first_step: int, outcome
             "observed_data_dependent": ([] if outcome.observed_data_dependent is None
                                         else outcome.observed_data_dependent[row].tolist()),
             "data_independent": [] if outcome.data_independent is None else outcome.data_independent[row].tolist(),
+            "payload_sha256": payload_sha256,
         }
-        for name in prepared.runner.components:
+        for name in runner.components:
             record[f"rdp_{name}"] = outcome.charged[name][row].tolist()
         records.append(record)
     return records
@@ -196,45 +214,47 @@ def _concat_outcomes(outcomes: list[BlockOutcome]) -> BlockOutcome:
                         data_independent=cat("data_independent"))
 
 
-def _mechanism_step(runner: Runner, logits: torch.Tensor, generator: torch.Generator, orders: np.ndarray):
-    """One call of the mechanism on (N+1, L, V) logits, then one sampled token per row, in this order
-    of generator use (replay depends on it)."""
+def _mechanism_step(runner: Runner, logits: torch.Tensor, randomness: StepGenerators, orders: np.ndarray):
+    """One call of the mechanism on (N+1, L, V) logits, then one sampled token per row; row i draws
+    from randomness' generator i in this order (replay depends on it)."""
     public, teachers = Ensemble.split_distributions(logits)
-    outcome = runner.process(public, teachers, generator, orders)
-    tokens = torch.multinomial(outcome.output, 1, generator=generator)[:, 0].numpy()
-    return outcome, tokens
+    outcome = runner.process(public, teachers, randomness, orders)
+    return outcome, randomness.multinomial(outcome.output).numpy()
 
 
-def replay_block(runner: Runner, logits: torch.Tensor, seed: int, block: int, orders: np.ndarray,
+def replay_steps(runner: Runner, logits: torch.Tensor, seed: int, first_step: int, orders: np.ndarray,
                  sequential: bool) -> tuple[BlockOutcome, np.ndarray]:
-    """Recompute a block from its recorded logits (N+1, L, V): the outcome and the sampled tokens.
+    """Recompute consecutive steps from their recorded logits (N+1, L, V): the outcome and the
+    sampled tokens. Any window of a block replays exactly (per-step randomness).
 
     sequential=True replays a free-generation block step by step, as it ran.
     """
-    generator = block_generator(seed, block)
+    length = logits.shape[1]
     if not sequential:
-        return _mechanism_step(runner, logits, generator, orders)
-    steps = [_mechanism_step(runner, logits[:, i:i + 1], generator, orders) for i in range(logits.shape[1])]
+        return _mechanism_step(runner, logits, StepGenerators.for_steps(seed, first_step, length), orders)
+    steps = [_mechanism_step(runner, logits[:, i:i + 1], StepGenerators.for_steps(seed, first_step + i, 1), orders)
+             for i in range(length)]
     return _concat_outcomes([o for o, _ in steps]), np.concatenate([t for _, t in steps])
 
 
 def run_block(prepared: PreparedRun, block: int):
     """Process one block; returns (outcome, output tokens, true tokens, context tokens, logits (N+1, L, V))."""
-    generator = block_generator(prepared.config.seed, block)
     length = prepared.block_length(block)
-    orders = prepared.orders
+    first_step = block * prepared.block_size
+    seed, orders = prepared.config.seed, prepared.orders
     if prepared.config.data.stream == "teacher-forced":
-        start = block * prepared.config.data.block_size
-        window = torch.from_numpy(prepared.token_ids[start:start + length + 1])
+        window = torch.from_numpy(prepared.token_ids[first_step:first_step + length + 1])
         logits = prepared.ensemble.logits(window[:length].unsqueeze(0))[:, 0]
-        outcome, tokens = _mechanism_step(prepared.runner, logits, generator, orders)
+        outcome, tokens = _mechanism_step(prepared.runner, logits, StepGenerators.for_steps(seed, first_step, length),
+                                          orders)
         return outcome, tokens, window[1:].numpy(), window[:length].numpy(), logits
     context = list(prepared.prompts[block % len(prepared.prompts)])
     outcomes, tokens, step_logits, contexts = [], [], [], []
-    for _ in range(length):
+    for i in range(length):
         ids = torch.tensor(context[-prepared.ensemble.n_positions:]).unsqueeze(0)
         current = prepared.ensemble.logits(ids)[:, 0, -1:]
-        outcome, token = _mechanism_step(prepared.runner, current, generator, orders)
+        outcome, token = _mechanism_step(prepared.runner, current, StepGenerators.for_steps(seed, first_step + i, 1),
+                                         orders)
         outcomes.append(outcome)
         tokens.append(int(token[0]))
         step_logits.append(current[:, 0])
@@ -256,61 +276,102 @@ def component_relations(manifest: dict) -> dict[str, NeighbouringRelation]:
             for name, dependent in components.items()}
 
 
+class RunTotals:
+    """Everything ledger.json holds, accumulated block by block from per-step records (decode and
+    audit feed the same blocks in the same order, so both get the same floats; memory is one block).
+
+    The ledger's total holds for the neighbours every component covers (`total_relation`), whatever
+    the run claims."""
+
+    def __init__(self, manifest: dict):
+        self.manifest = manifest
+        self.components = manifest["mechanism"]["components"]
+        self.relations = component_relations(manifest)
+        self.ledger = PrivacyLedger(manifest["orders"], NeighbouringRelation.ADD_OR_REMOVE_ONE)
+        self.log_prob_sum, self.scored, self.public = 0.0, 0, 0
+        self.observed, self.observed_min = None, None  # (K,) sums over answered steps that record them
+
+    def add(self, records: list[dict]) -> None:
+        """Charge one block's records (ValueError for a NaN or negative charge: nothing is added)."""
+        if not records:
+            return
+        self.ledger.charge_many({name: (np.asarray([r[f"rdp_{name}"] for r in records], dtype=np.float64), dependent,
+                                        self.relations[name])
+                                 for name, dependent in self.components.items()})
+        probs = np.asarray([r["prob_true_token"] for r in records], dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            self.log_prob_sum += float(np.sum(np.log(probs)))
+        self.scored += len(records)
+        self.public += int(sum(r["answered_by"] == "public" for r in records))
+        rows = [r for r in records if r["observed_data_dependent"]]
+        if rows:
+            answered = np.asarray([r["answered_by"] == "mechanism" for r in rows])[:, None]
+            observed = np.where(answered, np.asarray([r["observed_data_dependent"] for r in rows], dtype=np.float64), 0.0)
+            bound = np.where(answered, np.asarray([r["data_independent"] for r in rows], dtype=np.float64), 0.0)
+            with np.errstate(invalid="ignore"):
+                block_observed, block_min = observed.sum(axis=0), np.minimum(observed, bound).sum(axis=0)
+            self.observed = block_observed if self.observed is None else self.observed + block_observed
+            self.observed_min = block_min if self.observed_min is None else self.observed_min + block_min
+
+    def summary(self) -> dict:
+        """ledger.json's content: composed curve, epsilon per delta and conversion, breakdown, utility."""
+        ledger, manifest = self.ledger, self.manifest
+        deltas = manifest["config"]["deltas"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            epsilons = [{"delta": d, "method": m.value, **_conversion_dict(ledger.epsilon(d, m))}
+                        for d in deltas for m in ConversionMethod]
+            breakdown = ledger.breakdown(deltas[0]).to_dict()
+        teacher_forced = manifest["data"]["stream"] == "teacher-forced"
+        ppl = float(np.exp(-self.log_prob_sum / self.scored)) if teacher_forced and self.scored else None
+        summary = {
+            "steps": ledger.steps, "data_dependent": ledger.total_curve().data_dependent,
+            "direction": ledger.total_curve().direction.value,
+            "relation": ledger.total_relation.value, "claimed_relation": manifest["relation"],
+            "accounting": manifest["mechanism"]["params"].get("accounting"),
+            "ledger": ledger.to_dict(), "epsilon": epsilons, "breakdown": breakdown,
+            "perplexity": ppl, "answered_by_public": self.public,
+            "warnings": sorted({str(w.message) for w in caught}),
+        }
+        if self.observed is not None:
+            from accounting.curve import RdpCurve
+
+            relation = NeighbouringRelation.REMOVE_ONE  # Eq. 3 covers removing a teacher only
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for key, total, note in (
+                        ("observed_data_dependent_total", self.observed, "Flemings et al. 2024, Eq. 3 on the answered "
+                         "steps; not charged unless the mechanism charges it"),
+                        ("min_data_dependent_theorem_3_1_total", self.observed_min,
+                         "min(data-dependent, Theorem 3.1) per step: NOT a valid charge, Theorem 3.1 is not guaranteed "
+                         "(docs/soundness.md); recorded for comparison only")):
+                    curve = RdpCurve(manifest["orders"], total, relation, True)
+                    summary[key] = {**curve.to_dict(), **_conversion_dict(epsilon_from_rdp(curve, deltas[0])),
+                                    "note": note}
+        return summary
+
+
+def records_by_block(records: list[dict]) -> list[list[dict]]:
+    blocks: dict[int, list[dict]] = {}
+    for record in records:
+        blocks.setdefault(record["block"], []).append(record)
+    return [blocks[b] for b in sorted(blocks)]
+
+
+def run_totals(records: list[dict], manifest: dict) -> RunTotals:
+    """RunTotals of in-memory records, fed block by block as decode feeds them."""
+    totals = RunTotals(manifest)
+    for block in records_by_block(records):
+        totals.add(block)
+    return totals
+
+
 def ledger_from_records(records: list[dict], manifest: dict) -> PrivacyLedger:
-    """The ledger recomputed from committed per-step records (what the audit recomputes too). Its
-    total holds for the neighbours every component covers (`total_relation`), whatever the run claims."""
-    ledger = PrivacyLedger(manifest["orders"], NeighbouringRelation.ADD_OR_REMOVE_ONE)
-    components = manifest["mechanism"]["components"]
-    relations = component_relations(manifest)
-    if records:
-        ledger.charge_many({name: (np.asarray([r[f"rdp_{name}"] for r in records], dtype=np.float64), dependent,
-                                   relations[name])
-                            for name, dependent in components.items()})
-    return ledger
+    return run_totals(records, manifest).ledger
 
 
 def ledger_summary(records: list[dict], manifest: dict) -> dict:
-    """ledger.json's content: composed curve, epsilon per delta and conversion, breakdown, utility."""
-    ledger = ledger_from_records(records, manifest)
-    deltas = manifest["config"]["deltas"]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        epsilons = [{"delta": d, "method": m.value, **_conversion_dict(ledger.epsilon(d, m))}
-                    for d in deltas for m in ConversionMethod]
-        breakdown = ledger.breakdown(deltas[0]).to_dict()
-    probs = np.asarray([r["prob_true_token"] for r in records], dtype=np.float64)
-    teacher_forced = manifest["data"]["stream"] == "teacher-forced"
-    with np.errstate(divide="ignore"):
-        ppl = float(np.exp(-np.mean(np.log(probs)))) if teacher_forced and records else None
-    observed = [r["observed_data_dependent"] for r in records if r["observed_data_dependent"]]
-    summary = {
-        "steps": ledger.steps, "data_dependent": ledger.total_curve().data_dependent,
-        "direction": ledger.total_curve().direction.value,
-        "relation": ledger.total_relation.value, "claimed_relation": manifest["relation"],
-        "accounting": manifest["mechanism"]["params"].get("accounting"),
-        "ledger": ledger.to_dict(), "epsilon": epsilons, "breakdown": breakdown,
-        "perplexity": ppl, "answered_by_public": int(sum(r["answered_by"] == "public" for r in records)),
-        "warnings": sorted({str(w.message) for w in caught}),
-    }
-    if observed:
-        from accounting.curve import RdpCurve
-
-        relation = NeighbouringRelation.REMOVE_ONE  # Eq. 3 covers removing a teacher only
-        answered = np.asarray([r["answered_by"] == "mechanism" for r in records if r["observed_data_dependent"]])[:, None]
-        observed = np.where(answered, np.asarray(observed, dtype=np.float64), 0.0)
-        bound = np.where(answered, np.asarray([r["data_independent"] for r in records if r["observed_data_dependent"]],
-                                              dtype=np.float64), 0.0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for key, per_step, note in (
-                    ("observed_data_dependent_total", observed, "seed Eq. 3 on the answered steps; not charged "
-                     "unless the mechanism charges it"),
-                    ("min_data_dependent_theorem_3_1_total", np.minimum(observed, bound),
-                     "min(data-dependent, Theorem 3.1) per step: NOT a valid charge, Theorem 3.1 is not guaranteed "
-                     "(SPEC section 3); recorded for comparison only")):
-                curve = RdpCurve(manifest["orders"], per_step.sum(axis=0), relation, True)
-                summary[key] = {**curve.to_dict(), **_conversion_dict(epsilon_from_rdp(curve, deltas[0])), "note": note}
-    return summary
+    return run_totals(records, manifest).summary()
 
 
 def _conversion_dict(result) -> dict:
@@ -324,21 +385,54 @@ class RunResult:
     directory: Path
     summary: dict
     resumed_from_step: int
+    head: str
+
+
+class RunWriteError(ValueError):
+    """Writing the trace failed (disk full, file-size limit, permissions): what was committed stays."""
 
 
 def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, verbose: bool = True,
                prepared: PreparedRun | None = None) -> RunResult:
-    """Run (or resume) a decoding job and return its directory and ledger summary."""
+    """Run (or resume) a decoding job and return its directory, ledger summary and chain head.
+
+    Every check runs before anything is written; the run directory's lock is held throughout, so a
+    second writer (another decode or resume of the same directory) fails with one line and changes
+    nothing. A write failure (OSError) leaves the committed blocks for --resume."""
     prepared = prepared or prepare(config, verbose=verbose)
-    out = _open_run_dir(prepared, resume)
+    out = Path(config.out)
+    try:
+        lock = _open_run_dir(prepared, resume)
+    except OSError as error:
+        raise RunWriteError(f"cannot create the run directory {out}: {error.strerror or error}") from None
+    try:
+        return _decode_locked(prepared, out, progress)
+    except OSError as error:
+        where = f" ({error.filename})" if getattr(error, "filename", None) else ""
+        committed = len(trace.committed_chunk_indices(out)) if out.is_dir() else 0
+        raise RunWriteError(f"writing the trace failed{where}: {error.strerror or error}; {committed} blocks are "
+                            f"committed in {out}; continue with --resume once the cause is fixed") from None
+    finally:
+        lock.release()
+
+
+def _decode_locked(prepared: PreparedRun, out: Path, progress: bool) -> RunResult:
+    config = prepared.config
     manifest = trace.read_manifest(out)
-    if (out / trace.LEDGER).exists():
-        return RunResult(out, trace.read_ledger(out), prepared.config.queries)
-    records = trace.read_records(out)
-    done_blocks = len(trace.committed_chunk_indices(out))
-    prev_hash = trace.last_hash(records)
-    step = len(records)
-    running = ledger_from_records(records, manifest)
+    if (out / trace.FINAL).exists():
+        return RunResult(out, trace.read_ledger(out), config.queries, trace.read_final(out)["head"])
+    running = RunTotals(manifest)
+    reader = trace.ChainReader(out, manifest)
+    for block, records in reader:
+        if config.replay_payload:
+            path = trace.replay_path(out, block)
+            if not path.exists() or trace.file_sha256(path) != records[0].get("payload_sha256"):
+                raise trace.TraceError(f"{path}: {'missing' if not path.exists() else 'differs from the hash in its chunk'}; "
+                                       "the run's exact-replay payload is incomplete, so it cannot be resumed "
+                                       "(start it again in a new directory)")
+        running.add(records)
+    done_blocks, step, prev_hash = len(trace.committed_chunk_indices(out)), reader.steps, reader.head
+    resumed_from = step
     first_delta = config.deltas[0]
     bar = tqdm(total=config.queries, initial=step, unit="q", desc=f"{prepared.runner.kind}", disable=not progress,
                dynamic_ncols=True)
@@ -346,24 +440,32 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
     try:
         for block in range(done_blocks, prepared.n_blocks):
             outcome, tokens, true_tokens, contexts, logits = run_block(prepared, block)
-            block_records = _outcome_records(prepared, block, step, outcome, tokens, true_tokens, contexts)
+            payload = trace.write_replay(out, block, logits.numpy()) if config.replay_payload else ""
+            block_records = _outcome_records(prepared.runner, block, step, outcome, tokens, true_tokens, contexts,
+                                             payload)
             prev_hash = trace.chain_records(block_records, prev_hash)
-            if config.replay_payload:
-                trace.write_replay(out, block, logits=logits.numpy(), context=contexts)
             # charged (and so validated: no NaN, no negative value) before the commit point, so a bad
             # charge never reaches the trace
-            running.charge_many({name: (outcome.charged[name], dep) for name, dep in prepared.runner.components.items()})
+            running.add(block_records)
             trace.write_chunk(out, block, block_records)  # the commit point
             step += len(block_records)
             bar.update(len(block_records))
             with np.errstate(all="ignore"):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    eps = running.epsilon(first_delta).epsilon
-            bar.set_postfix(eps=f"{eps:.3g}", qps=f"{(step - len(records)) / max(time.time() - started, 1e-9):.0f}")
+                    eps = running.ledger.epsilon(first_delta).epsilon
+            bar.set_postfix(eps=f"{eps:.3g}", qps=f"{(step - resumed_from) / max(time.time() - started, 1e-9):.0f}")
     finally:
         bar.close()
-    all_records = trace.read_records(out)
-    summary = ledger_summary(all_records, manifest)
-    trace.atomic_write_json(out / trace.LEDGER, summary)
-    return RunResult(out, summary, len(records))
+    summary, final = finish_run(out, manifest, running, prepared.n_blocks, prev_hash)
+    return RunResult(out, summary, resumed_from, final["head"])
+
+
+def finish_run(out: Path, manifest: dict, running: RunTotals, blocks: int, last_record_hash: str) -> tuple[dict, dict]:
+    """Write ledger.json, then the final record that closes the chain; returns both."""
+    summary = running.summary()
+    ledger_bytes = trace.json_bytes(summary)
+    trace.atomic_write_bytes(out / trace.LEDGER, ledger_bytes)
+    final = trace.final_record(manifest, running.ledger.steps, blocks, last_record_hash, ledger_bytes)
+    trace.atomic_write_json(out / trace.FINAL, final)  # the run is complete from here on
+    return summary, final

@@ -19,6 +19,7 @@ from mechanisms.adapmixed import loss_covering
 from mechanisms.kernels import add_one_divergence_bounds, leave_one_out_divergences, mixed_teachers
 from mechanisms.pmixed import Ball, PMixED, SubsampledPMixED, SubsamplingVariant, ball_named
 from mechanisms.pmixed import subsampling_variant as variant_named
+from mechanisms.randomness import uniform
 from mechanisms.screening import NoisyScreening
 
 ACCOUNTING_CHOICES = ("released-output", "realised-path")
@@ -112,7 +113,7 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
     name = f"pmixed_subsampled_{variant.value}"
 
     def process(public, teacher_probs, generator, orders):
-        mask = torch.rand(teacher_probs.shape[:-1], generator=generator, dtype=torch.float64) < sample_rate
+        mask = uniform(teacher_probs.shape[:-1], generator) < sample_rate
         lambdas, output, observed = _pmixed_step(pmixed, public, teacher_probs, torch.from_numpy(orders), mask)
         sizes = mask.sum(dim=-1).numpy()
         unique, index = np.unique(sizes, return_inverse=True)  # curves depend on the subsample size only
@@ -213,6 +214,24 @@ _PARAMETERISED = {"pmixed": pmixed_runner, "adapmixed": adapmixed_runner}
 MECHANISM_TYPES = tuple(sorted([*_BUILDERS, *_PARAMETERISED]))
 
 
+def _check_parameter(kind: str, name: str, value, annotation: str) -> None:
+    """A [mechanism] value has its parameter's type, without coercion ("0.2" is not a number, 1 is
+    not true); None is accepted where the parameter is optional."""
+    if value is None and "None" in annotation:
+        return
+    base = annotation.split("|")[0].strip()
+    if base == "bool":
+        ok = isinstance(value, bool)
+    elif base == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif base == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:  # str, or an enum given by its value
+        ok = isinstance(value, str)
+    names = {"bool": "true or false", "int": "an integer", "float": "a number"}
+    require(ok, f"mechanism.{name} ({kind}) must be {names.get(base, 'a string')}, got {value!r}")
+
+
 def build_runner(mechanism: dict, teachers: int,
                  relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> Runner:
     """A runner from a config's [mechanism] table: `type` plus that mechanism's parameters;
@@ -234,6 +253,9 @@ def build_runner(mechanism: dict, teachers: int,
     unknown = sorted(set(params) - accepted)
     require(not unknown, f"unknown parameters for mechanism {kind!r}: {unknown}; accepted: {sorted(accepted)} "
                          "(the claimed neighbouring relation is [run] relation)")
+    signature = inspect.signature(_PARAMETERISED[kind])
+    for name, value in params.items():
+        _check_parameter(kind, name, value, str(signature.parameters[name].annotation))
     try:
         return _PARAMETERISED[kind](teachers=teachers, relation=relation, **params)
     except TypeError as error:

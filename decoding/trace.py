@@ -1,23 +1,35 @@
-"""The run trace (SPEC section 6): manifest, per-step Parquet chunks with a hash chain, ledger.
+"""The run trace: manifest, per-step Parquet chunks on a hash chain, ledger, final record.
 
 Layout of a run directory:
-  manifest.json           what ran: mechanism, grid, models, data, seeds, versions, start time
+  manifest.json                what ran: mechanism, grid, models, data, seeds, versions, start time
   steps/chunk-NNNNNN.parquet   per-step records, one chunk per block, each committed atomically
-  replay/block-NNNNNN.npz      optional exact-replay payload (the logits the mechanism saw)
-  ledger.json             written last: the composed curve, epsilons, breakdown, utility
+  replay/block-NNNNNN.npy      optional exact-replay payload: the logits (N+1, L, V) the mechanism saw
+  ledger.json                  the composed curve, epsilons, breakdown, utility
+  final.json                   written last: step count, last record hash, hashes of manifest and
+                               ledger, and the head hash that binds them (`dpledger decode` prints it)
+  .lock                        held (flock) by the one process writing the run
 
-Each record carries `prev_hash` and `record_hash` = sha256(prev_hash + canonical JSON of the
-record's other fields), so editing, dropping or reordering a committed record breaks the chain.
-A chunk is written to a temporary file, fsynced and renamed: a crash loses at most the open chunk.
-A directory without ledger.json is an unfinished run, never a complete one.
+The chain starts from a genesis hash derived from the manifest, so the manifest (its mechanism,
+parameters, queries, models, seeds) cannot change without re-chaining every record. Each record
+carries `prev_hash`, `record_hash` = sha256(prev_hash + canonical JSON of its other fields) and the
+sha256 of its block's replay payload. The final record fixes the chain's end: the head printed by
+`decode` and published elsewhere detects truncation or re-chaining (`audit --expect-head`).
+Chunks, payloads and JSON files are written to a temporary file, fsynced and renamed: a crash
+loses at most the open block. A directory without final.json is an unfinished run.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import math
 import os
+import re
+import shutil
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -25,33 +37,49 @@ import pyarrow.parquet as pq
 
 from accounting.errors import require
 
-SCHEMA_VERSION = 1
-GENESIS_HASH = "0" * 64
+SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 LEDGER = "ledger.json"
+FINAL = "final.json"
+LOCK = ".lock"
 STEPS_DIR = "steps"
 REPLAY_DIR = "replay"
+CHUNK_NAME = re.compile(r"chunk-(\d{6})\.parquet")
+PAYLOAD_NAME = re.compile(r"block-(\d{6})\.npy")
+_TEMPORARY = re.compile(r"\..+\.tmp-\d+")
 
 
 class TraceError(ValueError):
     """A trace directory is truncated, corrupted or foreign; the message names the file and problem."""
 
 
+class RunLockedError(ValueError):
+    """Another process holds the run directory's lock."""
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write leaves nothing half-written behind
+        raise
 
 
 def atomic_write_json(path: Path, payload: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(payload, indent=2, sort_keys=True, default=_json_default) + "\n").encode())
+    atomic_write_bytes(path, json_bytes(payload))
+
+
+def json_bytes(payload: dict) -> bytes:
+    return (json.dumps(payload, indent=2, sort_keys=True, default=_json_default) + "\n").encode()
 
 
 def _json_default(value):
-    if isinstance(value, (np.floating, np.integer)):
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
         return value.item()
     if isinstance(value, np.ndarray):
         return value.tolist()
@@ -61,11 +89,13 @@ def _json_default(value):
 
 
 def _canonical(value):
-    """Floats as repr strings (exact, and +inf / NaN stay distinguishable), lists recursively."""
+    """Floats as repr strings (exact, and +inf / NaN stay distinguishable), containers recursively."""
     if isinstance(value, (float, np.floating)):
         return repr(float(value))
     if isinstance(value, (list, tuple, np.ndarray)):
         return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
     if isinstance(value, (np.integer,)):
         return int(value)
     if isinstance(value, (np.bool_,)):
@@ -73,10 +103,19 @@ def _canonical(value):
     return value
 
 
+def canonical_digest(tag: str, value) -> str:
+    """sha256 of `tag` and the canonical JSON of `value` (key order and float formatting fixed)."""
+    return hashlib.sha256((tag + json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"))).encode()).hexdigest()
+
+
+def genesis_hash(manifest: dict) -> str:
+    """The chain's first prev_hash: binds every record to this manifest."""
+    return canonical_digest("dpledger-genesis:", manifest)
+
+
 def record_hash(prev_hash: str, record: dict) -> str:
-    body = {key: _canonical(value) for key, value in record.items() if key not in ("record_hash", "prev_hash")}
-    payload = prev_hash + json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(payload.encode()).hexdigest()
+    body = {key: value for key, value in record.items() if key not in ("record_hash", "prev_hash")}
+    return canonical_digest(prev_hash, body)
 
 
 def chain_records(records: list[dict], prev_hash: str) -> str:
@@ -87,12 +126,20 @@ def chain_records(records: list[dict], prev_hash: str) -> str:
     return prev_hash
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for piece in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
 def chunk_path(run_dir: Path, index: int) -> Path:
-    return run_dir / STEPS_DIR / f"chunk-{index:06d}.parquet"
+    return Path(run_dir) / STEPS_DIR / f"chunk-{index:06d}.parquet"
 
 
 def replay_path(run_dir: Path, index: int) -> Path:
-    return run_dir / REPLAY_DIR / f"block-{index:06d}.npz"
+    return Path(run_dir) / REPLAY_DIR / f"block-{index:06d}.npy"
 
 
 def write_chunk(run_dir: Path, index: int, records: list[dict]) -> None:
@@ -102,47 +149,89 @@ def write_chunk(run_dir: Path, index: int, records: list[dict]) -> None:
     atomic_write_bytes(chunk_path(run_dir, index), sink.getvalue().to_pybytes())
 
 
-def write_replay(run_dir: Path, index: int, **arrays: np.ndarray) -> None:
+def write_replay(run_dir: Path, index: int, logits: np.ndarray) -> str:
+    """The block's logits as an uncompressed .npy (memory-mappable); returns its sha256."""
     import io
 
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    atomic_write_bytes(replay_path(run_dir, index), buffer.getvalue())
+    np.save(buffer, np.ascontiguousarray(logits), allow_pickle=False)
+    data = buffer.getvalue()
+    atomic_write_bytes(replay_path(run_dir, index), data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_replay(run_dir: Path, index: int) -> np.ndarray:
+    """The block's logits, memory-mapped (rows are read when sliced); TraceError when unreadable."""
+    path = replay_path(run_dir, index)
+    try:
+        logits = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as error:  # numpy raises several types for damaged files
+        raise TraceError(f"{path}: unreadable replay payload ({type(error).__name__}: {error})") from None
+    if logits.ndim != 3 or logits.dtype.kind != "f":
+        raise TraceError(f"{path}: replay payload must be a 3-d float array (N+1, L, V), got {logits.dtype} "
+                         f"{logits.shape}")
+    return logits
+
+
+def read_json_file(path: Path, what: str) -> dict:
+    """A JSON object from `path`; TraceError naming the file for a missing, non-UTF-8, invalid or
+    non-object file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: missing ({what})") from None
+    except UnicodeDecodeError as error:
+        raise TraceError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except OSError as error:
+        raise TraceError(f"{path}: cannot be read ({error.strerror or error})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise TraceError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise TraceError(f"{path}: must hold a JSON object, got {type(value).__name__}")
+    return value
 
 
 def read_manifest(run_dir: Path) -> dict:
-    path = Path(run_dir) / MANIFEST
+    run_dir = Path(run_dir)
+    path = run_dir / MANIFEST
+    if not run_dir.is_dir():
+        raise TraceError(f"{run_dir}: not a directory")
     if not path.exists():
         raise TraceError(f"{path}: missing; {run_dir} is not a dpledger run directory")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise TraceError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != "dpledger-trace":
-        raise TraceError(f"{path}: not a dpledger trace manifest (format field is {manifest.get('format')!r})"
-                         if isinstance(manifest, dict) else f"{path}: not a JSON object")
+    manifest = read_json_file(path, "the run's manifest")
+    if manifest.get("format") != "dpledger-trace":
+        raise TraceError(f"{path}: not a dpledger trace manifest (format field is {manifest.get('format')!r})")
     if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise TraceError(f"{path}: schema version {manifest.get('schema_version')!r}, this dpledger reads {SCHEMA_VERSION}")
+        raise TraceError(f"{path}: schema version {manifest.get('schema_version')!r}, this dpledger reads "
+                         f"{SCHEMA_VERSION} (re-run the decode with this version)")
     return manifest
 
 
 def read_ledger(run_dir: Path) -> dict:
-    """ledger.json; TraceError when the run is unfinished (no ledger yet) or the file is damaged."""
-    path = Path(run_dir) / LEDGER
-    if not path.exists():
-        raise TraceError(f"{path}: missing; the run is unfinished (resume it with dpledger decode --resume)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise TraceError(f"{path}: not valid JSON ({error})") from None
+    """ledger.json; TraceError when the run is unfinished (no final record yet) or a file is damaged."""
+    run_dir = Path(run_dir)
+    if not (run_dir / FINAL).exists():
+        raise TraceError(f"{run_dir / FINAL}: missing; the run is unfinished (resume it with dpledger decode --resume)")
+    return read_json_file(run_dir / LEDGER, "the run's ledger")
 
 
 def committed_chunk_indices(run_dir: Path) -> list[int]:
-    """Indices of committed chunks; TraceError when they are not 0..k-1 (a chunk missing)."""
+    """Indices of committed chunks; TraceError for a file in steps/ that is not a chunk (a stray
+    copy would otherwise be read or ignored silently) and for a gap (a chunk missing)."""
     steps = Path(run_dir) / STEPS_DIR
     if not steps.exists():
         return []
-    indices = sorted(int(p.stem.split("-")[1]) for p in steps.glob("chunk-*.parquet"))
+    indices = []
+    for path in sorted(steps.iterdir()):
+        if _TEMPORARY.fullmatch(path.name):
+            continue  # an interrupted atomic write: never committed
+        match = CHUNK_NAME.fullmatch(path.name)
+        if match is None or not path.is_file():
+            raise TraceError(f"{path}: not a chunk of this run (chunks are named chunk-NNNNNN.parquet); "
+                             "move it out of steps/")
+        indices.append(int(match.group(1)))
     for expected, found in enumerate(indices):
         if expected != found:
             raise TraceError(f"{chunk_path(Path(run_dir), expected)}: missing (chunks jump to {found})")
@@ -157,26 +246,165 @@ def read_chunk(run_dir: Path, index: int) -> list[dict]:
         raise TraceError(f"{path}: unreadable Parquet chunk ({type(error).__name__}: {error})") from None
 
 
-def read_records(run_dir: Path, verify: bool = True) -> list[dict]:
-    """All committed records in order; with verify, the hash chain is checked (TraceError names the
-    first broken record and its chunk file)."""
-    records: list[dict] = []
-    prev = GENESIS_HASH
-    for index in committed_chunk_indices(run_dir):
-        chunk = read_chunk(run_dir, index)
-        if verify:
+class ChainReader:
+    """Streams a run's committed chunks in order, one block of records at a time, checking the
+    hash chain from the manifest's genesis; after iterating, `head` is the last record hash and
+    `steps` the record count. Memory is one chunk, whatever the run's length.
+
+    With verify=True a break raises TraceError naming the chunk and step; with verify=False the
+    first break is kept in `error` and reading goes on.
+    """
+
+    def __init__(self, run_dir: Path, manifest: dict, verify: bool = True):
+        self.run_dir, self.manifest, self.verify = Path(run_dir), manifest, verify
+        self.head, self.steps, self.error = genesis_hash(manifest), 0, None
+
+    def __iter__(self) -> Iterator[tuple[int, list[dict]]]:
+        self.head, self.steps, self.error = genesis_hash(self.manifest), 0, None
+        for index in committed_chunk_indices(self.run_dir):
+            chunk = read_chunk(self.run_dir, index)
             for record in chunk:
-                if record.get("prev_hash") != prev:
-                    raise TraceError(f"{chunk_path(Path(run_dir), index)}: step {record.get('step')} breaks the hash "
-                                     "chain (prev_hash does not match the previous record: a record was dropped or reordered)")
-                expected = record_hash(prev, record)
-                if record.get("record_hash") != expected:
-                    raise TraceError(f"{chunk_path(Path(run_dir), index)}: step {record.get('step')} was modified "
-                                     "after it was committed (record_hash does not match its contents)")
-                prev = expected
-        records.extend(chunk)
-    return records
+                problem = None
+                if record.get("prev_hash") != self.head:
+                    problem = (f"step {record.get('step')} breaks the hash chain (prev_hash does not match the previous "
+                               "record: a record was dropped, reordered or comes from another run)")
+                elif record.get("record_hash") != record_hash(self.head, record):
+                    problem = (f"step {record.get('step')} was modified after it was committed (record_hash does not "
+                               "match its contents)")
+                if problem is not None and self.error is None:
+                    self.error = f"{chunk_path(self.run_dir, index)}: {problem}"
+                    if self.verify:
+                        raise TraceError(self.error)
+                self.head = record.get("record_hash") if isinstance(record.get("record_hash"), str) else ""
+                self.steps += 1
+            yield index, chunk
 
 
-def last_hash(records: list[dict]) -> str:
-    return records[-1]["record_hash"] if records else GENESIS_HASH
+def read_records(run_dir: Path, verify: bool = True) -> list[dict]:
+    """All committed records in order (the whole run in memory: for small runs and tests; the
+    audit streams with ChainReader)."""
+    manifest = read_manifest(run_dir)
+    return [record for _, chunk in ChainReader(run_dir, manifest, verify) for record in chunk]
+
+
+def final_record(manifest: dict, steps: int, blocks: int, last_record_hash: str, ledger_bytes: bytes) -> dict:
+    """The chain's end: step and block counts, the last record hash, the manifest's and the
+    ledger's hashes, and `head`, the hash of all of them (what `decode` prints and a user publishes)."""
+    body = {"format": "dpledger-final", "schema_version": SCHEMA_VERSION, "steps": int(steps), "blocks": int(blocks),
+            "last_record_hash": last_record_hash, "genesis_hash": genesis_hash(manifest),
+            "ledger_sha256": hashlib.sha256(ledger_bytes).hexdigest()}
+    return {**body, "head": canonical_digest("dpledger-head:", body)}
+
+
+def head_of(final: dict) -> str:
+    """The head hash recomputed from a final record's other fields."""
+    return canonical_digest("dpledger-head:", {k: v for k, v in final.items() if k != "head"})
+
+
+def read_final(run_dir: Path) -> dict:
+    return read_json_file(Path(run_dir) / FINAL, "the run's final record: the run is unfinished")
+
+
+class RunLock:
+    """An exclusive advisory lock (flock) on `<run_dir>/.lock`, held by the one process writing the
+    run; the OS releases it when the process exits, however it exits."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory) / LOCK
+        self._handle = None
+
+    def acquire(self) -> "RunLock":
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise RunLockedError(f"{self.path.parent} is being written by another dpledger process ({holder}); "
+                                 "wait for it to finish or choose another --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        if self._handle is not None:
+            fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+
+
+def is_locked(directory: Path) -> bool:
+    """True while another process holds the directory's lock."""
+    path = Path(directory) / LOCK
+    if not path.exists():
+        return False
+    with open(path, "r") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return False
+
+
+def _remove_abandoned_creations(out: Path) -> None:
+    """Directories left by a process killed while creating `out` (their lock is free)."""
+    for candidate in out.parent.glob(f".{out.name}.creating-*"):
+        if candidate.is_dir() and not is_locked(candidate):
+            shutil.rmtree(candidate, ignore_errors=True)
+
+
+def create_run_directory(out: Path, manifest: dict, payload: bool) -> RunLock:
+    """Create `out` with its manifest atomically (built under a temporary name, locked, then
+    renamed), and return the held lock: no kill leaves a directory without a manifest, and a second
+    writer racing for the same `out` gets RunLockedError or the "already holds files" error."""
+    out = Path(out)
+    require(not out.exists() or out.is_dir(), f"output path {out} exists and is not a directory")
+    parent = out.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_creations(out)
+    staging = parent / f".{out.name}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    lock = None
+    try:
+        lock = RunLock(staging).acquire()
+        (staging / STEPS_DIR).mkdir()
+        if payload:
+            (staging / REPLAY_DIR).mkdir()
+        atomic_write_json(staging / MANIFEST, manifest)
+        try:
+            os.rename(staging, out)  # atomic; fails when `out` holds anything
+        except OSError as error:
+            if out.is_dir() and any(out.iterdir()):
+                raise ValueError(f"output directory {out} already holds files: pass --resume to continue that run, "
+                                 "or choose another --out") from None
+            raise
+        lock.path = out / LOCK
+        return lock
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def remove_temporary_files(run_dir: Path) -> None:
+    """Interrupted atomic writes (only ever called with the run's lock held)."""
+    for sub in (Path(run_dir), Path(run_dir) / STEPS_DIR, Path(run_dir) / REPLAY_DIR):
+        if sub.is_dir():
+            for path in sub.iterdir():
+                if _TEMPORARY.fullmatch(path.name):
+                    path.unlink()
+
+
+@contextmanager
+def locked(run_dir: Path):
+    lock = RunLock(run_dir).acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()

@@ -1,13 +1,25 @@
-"""`dpledger audit RUN_DIR`: replay, bound checks, ablations, a sampled game; exit 1 on FAIL."""
+"""`dpledger audit RUN_DIR [RUN_DIR ...]`: integrity, replay, bound checks, ablations, a sampled game.
+
+Exit status: 0 PASS, 1 FAIL, 2 input that cannot be audited (not a finished run, unreadable
+files, a bad flag), 3 UNVERIFIED (nothing failed, but the charges could not be recomputed from the
+run's models or replay payload). With several runs, the worst status wins, in the order
+FAIL, unusable, UNVERIFIED, PASS.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+
+SEVERITY = (1, 2, 3, 0)  # worst first
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("audit", help="audit a run trace (exit status 1 on FAIL)", description=__doc__)
+    parser = subparsers.add_parser("audit", help="audit a run trace (exit 0 PASS, 1 FAIL, 2 unusable, 3 UNVERIFIED)",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", nargs="+")
+    parser.add_argument("--expect-head", help="the chain head published for the run (printed by dpledger decode); "
+                        "a run whose final record has another head FAILs")
     parser.add_argument("--teachers-sample", type=int, help="ablate a seeded sample of this many teachers")
     parser.add_argument("--mc-samples", type=int, default=400, help="Monte Carlo draws per step for screening")
     parser.add_argument("--trials", type=int, default=2000, help="distinguishing-game trials per world")
@@ -18,11 +30,25 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from accounting.errors import require
     from audit import audit_run, render_summary
+    from audit.audit import EXIT_UNUSABLE
 
-    status = 0
+    require(args.expect_head is None or len(args.run_dir) == 1,
+            f"--expect-head names one run's head, got {len(args.run_dir)} run directories")
+    require(args.teachers_sample is None or args.teachers_sample >= 1,
+            f"--teachers-sample must be >= 1, got {args.teachers_sample}")
+    require(args.mc_samples >= 1, f"--mc-samples must be >= 1, got {args.mc_samples}")
+    require(args.trials >= 1, f"--trials must be >= 1, got {args.trials}")
+    statuses = []
     for run_dir in args.run_dir:
-        report = audit_run(run_dir, args.teachers_sample, args.mc_samples, args.trials, not args.no_game, args.seed)
+        try:
+            report = audit_run(run_dir, args.teachers_sample, args.mc_samples, args.trials, not args.no_game, args.seed,
+                               expect_head=args.expect_head)
+        except (ValueError, OSError) as error:
+            print(f"dpledger audit: error: {error}", file=sys.stderr)
+            statuses.append(EXIT_UNUSABLE)
+            continue
         print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else render_summary(report))
-        status = max(status, 1 if report.failed else 0)
-    return status
+        statuses.append(report.exit_code)
+    return min(statuses, key=SEVERITY.index)

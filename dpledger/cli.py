@@ -1,10 +1,15 @@
-"""The `dpledger` command line. Bad input ends with a one-line error naming the constraint, exit 2."""
+"""The `dpledger` command line. Bad input ends with a one-line error naming the file, key or flag,
+the value and the rule, and exit status 2; nothing is written by a command that fails that way."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from dpledger import account_cli, audit_cli, decode_cli, demo_cli, report_cli, sweep_cli
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 4
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,9 +29,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except ValueError as error:
+    except ValueError as error:  # includes UnicodeDecodeError; messages name the file, key or flag
         print(f"dpledger {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except OSError as error:  # a path that cannot be read or written
+        where = f"{error.filename}: " if getattr(error, "filename", None) else ""
+        print(f"dpledger {args.command}: error: {where}{error.strerror or error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"\ndpledger {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # a bug in dpledger, not in the input: say so, distinctly from FAIL (1)
+        if os.environ.get("DPLEDGER_DEBUG"):
+            raise
+        print(f"dpledger {args.command}: internal error (a bug in dpledger; please report it with "
+              f"DPLEDGER_DEBUG=1 output): {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

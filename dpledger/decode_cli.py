@@ -26,8 +26,8 @@ def run(args: argparse.Namespace) -> int:
         result = run_decode(config, resume=args.resume, progress=not args.no_progress)
     except KeyboardInterrupt:
         started = (Path(config.out) / trace.MANIFEST).exists()
-        committed = len(trace.read_records(config.out, verify=False)) if started else 0
-        print(f"\ninterrupted: {committed} steps are committed in {config.out}; continue with --resume",
+        committed = len(trace.committed_chunk_indices(config.out)) if started else 0
+        print(f"\ninterrupted: {committed} blocks are committed in {config.out}; continue with --resume",
               file=sys.stderr)
         return 130
     summary = result.summary
@@ -38,4 +38,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"resumed after {result.resumed_from_step} committed steps")
     print(f"{result.directory}: {summary['steps']} queries, {kind} {first['epsilon']:.4g} at delta={first['delta']:g} "
           f"(order {first['order']}), perplexity {ppl}, answered by public {summary['answered_by_public']}")
+    print(f"chain head {result.head} ({summary['steps']} steps): publish it; `dpledger audit {result.directory} "
+          f"--expect-head {result.head}` then detects any rewrite or truncation of this run")
     return 0

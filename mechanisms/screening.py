@@ -59,7 +59,8 @@ class NoisyScreening(Mechanism):
 
     def statistics(self, teachers, public, generator):
         """Screening statistics of L queries at once (Flemings et al. 2024, Algorithm 1): teachers
-        (L, N, V), public (L, V) -> (L,) torch float64; `generator` is a torch.Generator.
+        (L, N, V), public (L, V) -> (L,) torch float64; `generator` is a torch.Generator or
+        mechanisms.randomness.StepGenerators (one per query).
 
         Per query: K = top-k of p0 (public, so free); mean = lam * mean_i p_i[K] + (1-lam) p0[K];
         add N(0, sigma^2) to each entry, clip at 0 and renormalise (post-processing); the statistic
@@ -67,6 +68,8 @@ class NoisyScreening(Mechanism):
         either is post-processing of the noisy vector). An all-zero noisy vector gives +inf.
         """
         import torch
+
+        from mechanisms.randomness import standard_normal
 
         teachers = torch.as_tensor(teachers, dtype=torch.float64)
         public = torch.as_tensor(public, dtype=torch.float64)
@@ -79,7 +82,7 @@ class NoisyScreening(Mechanism):
         teacher_top = torch.gather(teachers, -1, top.unsqueeze(-2).expand(*teachers.shape[:-1], top.shape[-1]))
         public_top = torch.gather(public, -1, top)
         mean = self.lam * teacher_top.mean(dim=-2) + (1.0 - self.lam) * public_top
-        noise = self.sigma * torch.randn(mean.shape, generator=generator, dtype=torch.float64)
+        noise = self.sigma * standard_normal(mean.shape, generator)
         return self.statistic_from_mean(mean, public_top, noise)
 
     def top_indices(self, public):

@@ -131,6 +131,7 @@ def render_latex(runs: list[RunData]) -> str:
 _STYLE = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:0.8em 0}td,th{border:1px solid #bbb;padding:4px 8px;font-size:0.9em;text-align:left}
 th{background:#eef}.verdict-PASS{color:#176b1b;font-weight:bold}.verdict-FAIL{color:#b00;font-weight:bold}
+.verdict-UNVERIFIED{color:#b36b00;font-weight:bold}
 .note{color:#555;font-size:0.9em}figure{margin:1em 0}img{max-width:100%;border:1px solid #ddd}"""
 
 
@@ -149,7 +150,8 @@ def render_html(runs: list[RunData]) -> str:
         # the relations not covered are shown in red beside the verdict, never hidden below it
         badge = (f"<span class='verdict-{verdict}'>{verdict}</span>"
                  + (f"<span class='verdict-FAIL'>{html.escape(rest)}</span>" if "NOT COVERED" in rest
-                    else html.escape(rest)) if verdict else "<span>not audited</span>")
+                    else html.escape(rest)) if verdict else
+                 f"<span class='verdict-FAIL'>{html.escape(headline)}</span>" if run.stale_audit else "<span>not audited</span>")
         parts += [f"<h2 id='run-{index}'>{html.escape(run.label)} — audit: {badge}</h2>",
                   f"<p class='note'>Trace: {html.escape(str(run.directory))}</p>",
                   "<h3>Privacy-loss breakdown</h3>", _html_table(breakdown_table(run), "breakdown"),

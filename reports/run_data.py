@@ -3,7 +3,6 @@ per-step records. Every number a report prints comes from ledger.json or audit.j
 only feed the plots of per-step quantities."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,9 @@ class RunData:
     ledger: dict
     audit: dict | None
     records: list[dict]
+    stale_audit: str | None = None
+    """Why the directory's audit.json is not shown (made for other files, or unreadable); None when
+    it is current or absent."""
 
     @property
     def label(self) -> str:
@@ -52,9 +54,18 @@ def load_run(run_dir: str | Path) -> RunData:
     run_dir = Path(run_dir)
     manifest = trace.read_manifest(run_dir)
     ledger = trace.read_ledger(run_dir)
-    audit_path = run_dir / AUDIT_FILE
-    audit = json.loads(audit_path.read_text()) if audit_path.exists() else None
-    return RunData(run_dir, manifest, ledger, audit, trace.read_records(run_dir, verify=False))
+    audit, stale = None, None
+    if (run_dir / AUDIT_FILE).exists():
+        from audit.audit import audit_binding
+
+        try:
+            audit = trace.read_json_file(run_dir / AUDIT_FILE, "the run's audit")
+            stale = audit_binding(run_dir, audit)
+        except trace.TraceError as error:
+            stale = str(error)
+        if stale is not None:
+            audit = None  # never print a verdict beside numbers it was not made for
+    return RunData(run_dir, manifest, ledger, audit, trace.read_records(run_dir, verify=False), stale)
 
 
 def fmt(value, digits: int = 4, name: str = "a report value") -> str:

@@ -77,7 +77,9 @@ def privacy_statement(run: RunData) -> list[str]:
             "(Papernot et al. 2018; Redberg et al. 2023). Treat it as an internal measurement.")
     elif epsilon["epsilon"] == float("inf"):
         paragraphs.append("No guarantee. The mechanism claims no privacy at all (epsilon is infinite).")
-    if run.audit is None:
+    if run.stale_audit:
+        paragraphs.append(f"Audit. The directory's audit.json is not shown: {run.stale_audit}.")
+    elif run.audit is None:
         paragraphs.append("Audit. This run has not been audited: no verdict is available (run `dpledger audit`).")
     else:
         audit = run.audit

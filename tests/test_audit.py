@@ -46,7 +46,7 @@ def test_correct_runs_pass_every_check(correct_runs, kind):
     report = audit_run(correct_runs[kind], mc_samples=200, game_trials=600)
     assert report.verdict == "PASS", [c.to_dict() for c in report.failed]
     statuses = {c.name: c.status for c in report.checks}
-    expected_pass = {"hash_chain", "step_count", "ledger_recompute", "conversion", "replay", "mixing_ball",
+    expected_pass = {"hash_chain", "final_record", "manifest", "records", "ledger_recompute", "conversion", "replay", "mixing_ball",
                      "theorem_3_1", "utility_theorem_4_3", "neighbour_ablation", "canary_game"}
     assert all(statuses[name] is Status.PASS for name in expected_pass)
     written = json.loads((correct_runs[kind] / "audit.json").read_text())
@@ -185,9 +185,14 @@ def test_truncated_corrupted_and_foreign_directories_name_the_file(correct_runs,
         load_trace(foreign)
     unfinished = tmp_path / "unfinished"
     shutil.copytree(correct_runs["pmixed"], unfinished)
-    (unfinished / "ledger.json").unlink()
-    with pytest.raises(trace.TraceError, match="ledger.json: missing; the run is unfinished"):
+    (unfinished / "final.json").unlink()
+    with pytest.raises(trace.TraceError, match="final.json: missing; the run is unfinished"):
         load_trace(unfinished)
+    no_ledger = tmp_path / "no_ledger"
+    shutil.copytree(correct_runs["pmixed"], no_ledger)
+    (no_ledger / "ledger.json").unlink()
+    with pytest.raises(trace.TraceError, match="ledger.json: missing"):
+        load_trace(no_ledger)
     corrupted = tmp_path / "corrupted"
     shutil.copytree(correct_runs["pmixed"], corrupted)
     chunk = trace.chunk_path(corrupted, 1)
@@ -197,8 +202,9 @@ def test_truncated_corrupted_and_foreign_directories_name_the_file(correct_runs,
     payload = tmp_path / "payload"
     shutil.copytree(correct_runs["pmixed"], payload)
     trace.replay_path(payload, 0).write_bytes(b"garbage")
-    with pytest.raises(trace.TraceError, match="block-000000.npz: unreadable replay payload"):
-        audit_run(payload, play_game=False)
+    report = audit_run(payload, play_game=False, mc_samples=50)
+    assert report.verdict == "FAIL" and report.check("payload").status is Status.FAIL
+    assert "block-000000.npy: sha256 differs from the hash chained in its records" in report.check("payload").detail
 
 
 def test_replay_without_payload_recomputes_from_the_models(micro_models, tmp_path):

@@ -27,17 +27,26 @@ def runs(micro_models, tmp_path_factory):
             "pmixed": make_run(micro_models, root / "pmixed", PMIXED, queries=16)}
 
 
+def editable(loaded):
+    """The trace's records, held in memory and served to every check (they read records block by
+    block through iter_blocks), so a test can plant a value in one of them."""
+    blocks = [(block, records) for block, records in loaded.iter_blocks()]
+    loaded.iter_blocks = lambda: iter(blocks)
+    loaded.records = [record for _, records in blocks for record in records]
+    return loaded
+
+
 def answered_step(loaded) -> int:
     return next(i for i, r in enumerate(loaded.records) if r["screen_passed"] and i > 0)
 
 
 def test_site1_replay_close_counts_a_nan_as_a_mismatch(runs):
     assert not replay._close([NAN], [1.0]) and not replay._close([1.0], [NAN]) and not replay._close([NAN], [NAN])
-    loaded = load_trace(runs["adapmixed"])
+    loaded = editable(load_trace(runs["adapmixed"]))
     loaded.ledger["epsilon"][0]["epsilon"] = NAN
     conversion = replay.check_conversion(loaded)
     assert conversion.status is Status.FAIL and "reported nan" in conversion.detail and "(NaN recorded)" in conversion.detail
-    loaded = load_trace(runs["adapmixed"])
+    loaded = editable(load_trace(runs["adapmixed"]))
     loaded.records[2]["screen_statistic"] = NAN
     loaded.records[3]["rdp_screen"][5] = NAN
     result = replay.check_replay(loaded)
@@ -47,7 +56,7 @@ def test_site1_replay_close_counts_a_nan_as_a_mismatch(runs):
 
 
 def test_site2_replay_nan_lambda_gap_is_a_mismatch(runs):
-    loaded = load_trace(runs["pmixed"])
+    loaded = editable(load_trace(runs["pmixed"]))
     loaded.records[4]["lambdas"][1] = NAN
     result = replay.check_replay(loaded)
     assert result.status is Status.FAIL
@@ -70,7 +79,7 @@ def test_site3_mixing_ball_nan_divergence_fails_naming_the_step(runs, monkeypatc
 
 
 def test_site4_eq3_nan_charge_on_an_answered_step_fails(runs):
-    loaded = load_trace(runs["adapmixed"])
+    loaded = editable(load_trace(runs["adapmixed"]))
     step = answered_step(loaded)
     loaded.records[step]["rdp_pmixed_data_dependent"][0] = NAN
     result = bounds.check_data_dependent_charge(loaded)
@@ -78,19 +87,19 @@ def test_site4_eq3_nan_charge_on_an_answered_step_fails(runs):
 
 
 def test_site5_theorem_3_1_nan_observed_loss_fails_with_its_cause(runs):
-    loaded = load_trace(runs["pmixed"])
+    loaded = editable(load_trace(runs["pmixed"]))
     loaded.records[6]["observed_data_dependent"][0] = NAN
     result = bounds.check_theorem_3_1(loaded)
     assert result.status is Status.FAIL and result.detail == "observed_data_dependent is NaN at steps [6]"
 
 
 def test_site6_utility_bound_nan_fails_and_lambda_one_term_vanishes(runs):
-    loaded = load_trace(runs["pmixed"])
+    loaded = editable(load_trace(runs["pmixed"]))
     loaded.records[7]["lambdas"][0] = NAN
     result = bounds.check_utility_bound(loaded)
     assert result.status is Status.FAIL and "at steps [7]" in result.detail and "NaN" in result.detail
     # lambda = 1 with p_j(x_t) underflowing to 0: (1 - lambda) log(p_j / p0) is 0, not 0 * -inf = NaN
-    loaded = load_trace(runs["pmixed"])
+    loaded = editable(load_trace(runs["pmixed"]))
     block = loaded.blocks()[0]
     logits = loaded.payload_logits(block).clone()
     row, teacher = 3, 0
@@ -103,7 +112,7 @@ def test_site6_utility_bound_nan_fails_and_lambda_one_term_vanishes(runs):
 
 
 def test_site7_canary_game_and_ablation_refuse_a_nan_claim(runs):
-    loaded = load_trace(runs["adapmixed"])
+    loaded = editable(load_trace(runs["adapmixed"]))
     for entry in loaded.ledger["epsilon"]:
         entry["epsilon"] = NAN
     with pytest.raises(ValueError, match=r"canary game: the claimed epsilon in ledger.json at delta=1e-05 is NaN"):
@@ -140,7 +149,7 @@ def test_site9_ablation_nan_divergence_raises_naming_step_neighbour_order(runs, 
 
 
 def test_site10_lint_scans_every_numeric_per_step_field(runs):
-    loaded = load_trace(runs["adapmixed"])
+    loaded = editable(load_trace(runs["adapmixed"]))
     loaded.records[1]["lambdas"][0] = NAN
     loaded.records[2]["observed_data_dependent"][3] = NAN
     loaded.records[3]["screen_statistic"] = NAN

@@ -1,0 +1,148 @@
+"""Integrity checks: the files of a run agree with one another and with the chain's head.
+
+The manifest is bound to the chain (its genesis hash), the records to one another (the chain), the
+replay payload to its records (hashes chained in them), ledger.json and the chain's end to the
+final record, and the final record to its head hash, which `decode` prints for publication. These
+checks say the files are what one run wrote and are mutually consistent; they do not say the
+charges are right (that needs the replay, audit.replay.check_replay).
+"""
+from __future__ import annotations
+
+import math
+
+from accounting.orders import default_orders
+from audit.checks import CheckResult, failed, passed, skipped, verdict
+from audit.loader import LoadedTrace
+from decoding import trace
+from decoding.config import DataConfig, ModelsConfig, RunConfig
+from decoding.run import component_relations
+from decoding.runners import build_runner
+
+
+def check_final_record(loaded: LoadedTrace, expect_head: str | None = None) -> CheckResult:
+    """final.json: its head recomputes, it names this manifest's genesis, the chain's last record,
+    the step and block counts and ledger.json's hash; with expect_head, the head is the published one."""
+    final = loaded.final
+    problems = []
+    expected = {"steps": loaded.steps, "blocks": len(loaded.blocks_info), "last_record_hash": loaded.chain_end,
+                "genesis_hash": trace.genesis_hash(loaded.manifest), "ledger_sha256": loaded.ledger_sha256,
+                "format": "dpledger-final", "schema_version": trace.SCHEMA_VERSION}
+    for key, value in expected.items():
+        if final.get(key) != value:
+            problems.append(f"{key} is {final.get(key)!r}, the run's files give {value!r}")
+    unknown = sorted(set(final) - set(expected) - {"head"})
+    if unknown:
+        problems.append(f"unexpected fields {unknown}")
+    head = final.get("head")
+    if head != trace.head_of(final):
+        problems.append("its head does not hash its fields")
+    if expect_head is not None and head != expect_head:
+        problems.append(f"head {head} is not the expected (published) head {expect_head}")
+    anchored = (f"equals the expected head {expect_head}" if expect_head is not None else
+                "not compared with a published head (pass --expect-head to detect a consistently rewritten or "
+                "truncated run)")
+    return verdict("final_record", not problems,
+                   f"final.json closes the chain after {loaded.steps} steps; head {head}: {anchored}",
+                   f"{trace.FINAL} does not match the run: " + "; ".join(problems),
+                   head=head, expected_head=expect_head, anchored=expect_head is not None and not problems,
+                   problems=problems)
+
+
+def _config_of(manifest: dict) -> RunConfig:
+    config = dict(manifest["config"])
+    models, data = config.pop("models"), config.pop("data")
+    models = {k: tuple(v) if isinstance(v, list) else v for k, v in models.items()}
+    data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    config["deltas"] = tuple(config.get("deltas", ()))
+    return RunConfig(models=ModelsConfig(**models), data=DataConfig(**data), **config)
+
+
+def check_manifest(loaded: LoadedTrace) -> CheckResult:
+    """The manifest agrees with its own config: the config validates and has the recorded
+    fingerprint; the mechanism rebuilt from it has the recorded type, parameters, components and
+    relations; orders, teachers, models, queries, blocks, seeds, stream and payload setting match."""
+    manifest = loaded.manifest
+    problems = []
+    try:
+        config = _config_of(manifest)
+    except (ValueError, TypeError, KeyError) as error:
+        return failed("manifest", f"{trace.MANIFEST}: its config is not a valid run config ({error})")
+    if config.fingerprint() != manifest.get("config_fingerprint"):
+        problems.append("config_fingerprint is not the hash of its config")
+    try:
+        runner = build_runner(config.mechanism, config.models.teachers, config.relation)
+    except ValueError as error:
+        return failed("manifest", f"{trace.MANIFEST}: its config's mechanism cannot be built ({error})")
+    mechanism = manifest["mechanism"]
+    recorded_relations = mechanism.get("component_relations", {})
+    rebuilt = {"type": runner.kind, "params": runner.params, "components": runner.components,
+               "component_relations": {name: runner.relation_of(name).value for name in runner.components}}
+    for key, value in rebuilt.items():
+        recorded = recorded_relations if key == "component_relations" else mechanism.get(key)
+        if recorded != value:
+            problems.append(f"mechanism.{key} is {recorded!r}, the config gives {value!r}")
+    block_size = config.data.block_size if config.data.stream == "teacher-forced" else config.data.max_new_tokens
+    orders = [float(v) for v in default_orders(*([runner.params["alpha"]] if "alpha" in runner.params else []))]
+    expected = {"relation": config.relation, "orders": orders, "n_teachers": config.models.teachers,
+                "queries": config.queries, "n_blocks": math.ceil(config.queries / block_size),
+                "replay_payload": config.replay_payload, "seeds": {"run": config.seed}}
+    for key, value in expected.items():
+        if manifest.get(key) != value:
+            problems.append(f"{key} is {manifest.get(key)!r}, the config gives {value!r}")
+    if manifest["data"].get("stream") != config.data.stream:
+        problems.append(f"data.stream is {manifest['data'].get('stream')!r}, the config gives {config.data.stream!r}")
+    roles = [m.get("role") for m in manifest["models"]]
+    if roles != ["public"] + [f"teacher-{i}" for i in range(config.models.teachers)]:
+        problems.append(f"models lists roles {roles}, expected public and {config.models.teachers} teachers")
+    try:
+        component_relations(manifest)
+    except (ValueError, KeyError) as error:
+        problems.append(f"mechanism.component_relations unreadable ({error})")
+    return verdict("manifest", not problems,
+                   f"the manifest agrees with its config (fingerprint, mechanism {runner.kind} and its parameters, "
+                   f"{len(orders)} orders, {config.models.teachers} teachers, {config.queries} queries, seed, stream)",
+                   f"{trace.MANIFEST} contradicts itself: " + "; ".join(problems), problems=problems)
+
+
+def check_records(loaded: LoadedTrace) -> CheckResult:
+    """Every record fits the manifest (fields, numbering, lengths, ranges, decisions, contexts) and
+    there are exactly `queries` of them, numbered 0.. without a gap."""
+    problems = list(loaded.problems)
+    queries = loaded.manifest["queries"]
+    if loaded.steps != queries:
+        problems.insert(0, f"the manifest says {queries} queries, the chunks hold {loaded.steps} records")
+    if loaded.totals_error:
+        problems.append(f"the per-step charges cannot be composed: {loaded.totals_error}")
+    more = loaded.problem_count - len(loaded.problems)
+    return verdict("records", not problems,
+                   f"all {loaded.steps} records fit the manifest (fields, step numbering, array lengths, token ranges, "
+                   "screen decisions, context chain, one payload hash per block)",
+                   f"{len(problems) + max(more, 0)} record problems, first: " + "; ".join(problems[:5]),
+                   problems=problems, records=loaded.steps, manifest_queries=queries)
+
+
+def check_payload(loaded: LoadedTrace) -> CheckResult:
+    """The replay payload is what the run wrote: every block's file has the sha256 chained in its
+    records, and replay/ holds nothing else. A changed file FAILs; a deleted payload is not an
+    integrity failure (users delete large payloads) but leaves the replay to the models."""
+    if not loaded.manifest.get("replay_payload"):
+        return skipped("payload", "the run kept no exact-replay payload")
+    changed, missing = [], []
+    for info in loaded.blocks_info:
+        path = trace.replay_path(loaded.directory, info.index)
+        if not path.exists():
+            missing.append(path.name)
+        elif trace.file_sha256(path) != info.payload_sha256:
+            changed.append(path.name)
+    replay_dir = loaded.directory / trace.REPLAY_DIR
+    expected = {trace.replay_path(loaded.directory, info.index).name for info in loaded.blocks_info}
+    stray = sorted(p.name for p in replay_dir.iterdir() if p.name not in expected) if replay_dir.is_dir() else []
+    if changed or stray:
+        return failed("payload", "the replay payload is not what the run wrote: "
+                      + "; ".join(([f"{', '.join(changed[:5])}: sha256 differs from the hash chained in its records"]
+                                   if changed else []) + ([f"unexpected files in replay/: {stray[:5]}"] if stray else [])),
+                      changed=changed, stray=stray, missing=missing)
+    if missing:
+        return skipped("payload", f"{len(missing)} of {len(loaded.blocks_info)} payload blocks are missing (first: "
+                       f"{missing[0]}); the replay needs the run's models instead", missing=missing)
+    return passed("payload", f"all {len(loaded.blocks_info)} payload blocks have the sha256 chained in their records")

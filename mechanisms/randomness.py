@@ -1,0 +1,67 @@
+"""Per-step randomness: one torch.Generator per decoding step.
+
+A step's draws (Poisson mask, screening noise, sampled token) come from its own generator, seeded
+from (run seed, step). They do not depend on which other steps share its block, so a block can be
+replayed in windows of rows (bounded memory at any block size) and still reproduce every draw.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import torch
+
+from accounting.errors import require
+
+
+def step_seed(run_seed: int, step: int) -> int:
+    digest = hashlib.sha256(f"dpledger-step:{run_seed}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class StepGenerators:
+    """Generators for consecutive steps; every draw has one row per step, row i from generator i."""
+
+    def __init__(self, generators: Sequence[torch.Generator]):
+        require(all(isinstance(g, torch.Generator) for g in generators), "every step needs a torch.Generator")
+        self.generators = list(generators)
+
+    @classmethod
+    def for_steps(cls, run_seed: int, first_step: int, length: int) -> "StepGenerators":
+        return cls([torch.Generator().manual_seed(step_seed(run_seed, step))
+                    for step in range(first_step, first_step + length)])
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def _check_rows(self, rows: int) -> None:
+        require(rows == len(self.generators), f"a draw for {rows} steps needs {rows} generators, got {len(self.generators)}")
+
+    def rand(self, shape: Sequence[int]) -> torch.Tensor:
+        """Uniform(0, 1) float64 of `shape`, shape[0] = the number of steps."""
+        self._check_rows(shape[0])
+        return torch.stack([torch.rand(tuple(shape[1:]), generator=g, dtype=torch.float64) for g in self.generators])
+
+    def randn(self, shape: Sequence[int]) -> torch.Tensor:
+        """Standard normal float64 of `shape`, shape[0] = the number of steps."""
+        self._check_rows(shape[0])
+        return torch.stack([torch.randn(tuple(shape[1:]), generator=g, dtype=torch.float64) for g in self.generators])
+
+    def multinomial(self, probabilities: torch.Tensor) -> torch.Tensor:
+        """One token per step from probabilities (L, V)."""
+        self._check_rows(probabilities.shape[0])
+        return torch.stack([torch.multinomial(row, 1, generator=g)[0] for row, g in zip(probabilities, self.generators)])
+
+
+def standard_normal(shape: Sequence[int], generator) -> torch.Tensor:
+    """N(0, 1) float64 draws from a torch.Generator, or per step from StepGenerators."""
+    if isinstance(generator, StepGenerators):
+        return generator.randn(shape)
+    return torch.randn(tuple(shape), generator=generator, dtype=torch.float64)
+
+
+def uniform(shape: Sequence[int], generator) -> torch.Tensor:
+    """Uniform(0, 1) float64 draws from a torch.Generator, or per step from StepGenerators."""
+    if isinstance(generator, StepGenerators):
+        return generator.rand(shape)
+    return torch.rand(tuple(shape), generator=generator, dtype=torch.float64)

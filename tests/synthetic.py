@@ -1,0 +1,49 @@
+"""Synthetic run traces for scale tests: random logits stand in for the models, everything else
+(the mechanism, the records, the chain, the ledger, the final record) is the decode's own code."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from decoding import trace
+from decoding.config import DataConfig, ModelsConfig, RunConfig
+from decoding.run import RunTotals, _outcome_records, build_manifest, finish_run, replay_steps
+from decoding.runners import build_runner
+from accounting.orders import default_orders
+
+
+def write_synthetic_run(out: Path, teachers: int, vocab: int, steps: int, block_size: int, mechanism: dict,
+                        payload: bool = False, seed: int = 0) -> Path:
+    """A finished run of `mechanism` over `steps` random teacher-forced queries. The manifest names
+    models that do not exist, so without the payload an audit cannot recompute the charges."""
+    config = RunConfig(out=str(out), mechanism=mechanism, models=ModelsConfig(embedded=True, teachers=teachers),
+                       data=DataConfig(block_size=block_size), queries=steps, replay_payload=payload, seed=seed)
+    runner = build_runner(config.mechanism, teachers, config.relation)
+    orders = np.asarray(default_orders(*([runner.params["alpha"]] if "alpha" in runner.params else [])))
+    models = [{"role": "public", "source": "synthetic://public", "content_hash": "0" * 64}]
+    models += [{"role": f"teacher-{i}", "source": f"synthetic://teacher-{i}", "content_hash": f"{i + 1:064x}"}
+               for i in range(teachers)]
+    data = {"name": "synthetic", "sha256": "", "stream": "teacher-forced", "tokens": None}
+    manifest = build_manifest(config, runner, orders, models, vocab, data, "synthetic://tokenizer", [])
+    lock = trace.create_run_directory(Path(out), manifest, payload)
+    rng = np.random.default_rng(seed)
+    running, prev = RunTotals(manifest), trace.genesis_hash(manifest)
+    blocks = -(-steps // block_size)
+    try:
+        for block in range(blocks):
+            first = block * block_size
+            length = min(block_size, steps - first)
+            logits = torch.from_numpy(rng.normal(0.0, 2.5, (teachers + 1, length, vocab)).astype(np.float32))
+            outcome, tokens = replay_steps(runner, logits, seed, first, orders, sequential=False)
+            stream = rng.integers(0, vocab, length + 1)
+            digest = trace.write_replay(Path(out), block, logits.numpy()) if payload else ""
+            records = _outcome_records(runner, block, first, outcome, tokens, stream[1:], stream[:-1], digest)
+            prev = trace.chain_records(records, prev)
+            running.add(records)
+            trace.write_chunk(Path(out), block, records)
+        finish_run(Path(out), manifest, running, blocks, prev)
+    finally:
+        lock.release()
+    return Path(out)
