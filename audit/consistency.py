@@ -94,6 +94,8 @@ def check_manifest(loaded: LoadedTrace) -> CheckResult:
     roles = [m.get("role") for m in manifest["models"]]
     if roles != ["public"] + [f"teacher-{i}" for i in range(config.models.teachers)]:
         problems.append(f"models lists roles {roles}, expected public and {config.models.teachers} teachers")
+    if config.models.embedded:
+        problems += _embedded_data_problems(manifest, config)
     try:
         component_relations(manifest)
     except (ValueError, KeyError) as error:
@@ -102,6 +104,24 @@ def check_manifest(loaded: LoadedTrace) -> CheckResult:
                    f"the manifest agrees with its config (fingerprint, mechanism {runner.kind} and its parameters, "
                    f"{len(orders)} orders, {config.models.teachers} teachers, {config.queries} queries, seed, stream)",
                    f"{trace.MANIFEST} contradicts itself: " + "; ".join(problems), problems=problems)
+
+
+def _embedded_data_problems(manifest: dict, config: RunConfig) -> list[str]:
+    """The embedded default's corpus is regenerated from its seed: the planted canaries and the
+    held-out text (teacher-forced data) the manifest records must be its own."""
+    import hashlib
+
+    from decoding.corpus import generate_corpus
+
+    corpus = generate_corpus(teachers=config.models.teachers)
+    problems = []
+    canaries = [{"teacher": c.shard, "text": c.text, "secret": c.secret} for c in corpus.canaries]
+    if manifest.get("canaries") != canaries:
+        problems.append("canaries are not the embedded corpus's planted canaries")
+    if config.data.stream == "teacher-forced" and config.data.text is None and \
+            manifest["data"].get("sha256") != hashlib.sha256(corpus.private_heldout.encode()).hexdigest():
+        problems.append("data.sha256 is not the embedded held-out text's")
+    return problems
 
 
 def check_records(loaded: LoadedTrace) -> CheckResult:

@@ -136,13 +136,14 @@ _SCHEMA = {
     "data": {"stream": str, "text": str, "block_size": int, "prompts": [str], "max_new_tokens": int},
 }
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}
+_LIST_NAMES = {str: "strings", int: "integers", bool: "true/false values", float: "numbers"}
 
 
 def _check_type(where: str, value, kind) -> None:
     """TOML values as the schema says, without coercion: 32.0 is not an integer, "0.2" not a
     number, a string not a list (it would be split into characters)."""
     if isinstance(kind, list):
-        require(isinstance(value, list), f"{where} must be a list of {_TYPE_NAMES[kind[0]]}s, got {value!r}")
+        require(isinstance(value, list), f"{where} must be a list of {_LIST_NAMES[kind[0]]}, got {value!r}")
         for index, item in enumerate(value):
             _check_type(f"{where}[{index}]", item, kind[0])
         return

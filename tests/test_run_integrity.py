@@ -1,0 +1,442 @@
+"""Runs that cannot be broken and an audit that cannot be fooled: the run lock (two real
+processes), atomic creation, every tampering class a forger can try (with the chain, ledger and
+final record recomputed as a forger would), verdicts that say what was verified, audit.json bound
+to what it audited, and one clean error line for bad configs and bad trace directories."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from audit import Status, audit_run, load_trace
+from decoding import trace
+from decoding.config import config_from_dict
+from decoding.run import RunTotals, finish_run, records_by_block, run_decode
+from dpledger.cli import main
+from reports import load_run, render
+from tests.micro import micro_config, write_toml
+from tests.test_audit import ADAPMIXED, PMIXED, make_run
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+AUDIT = dict(mc_samples=50, play_game=False)
+
+
+@pytest.fixture(scope="module")
+def runs(micro_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("integrity")
+    return {"adapmixed": make_run(micro_models, root / "adapmixed", ADAPMIXED),
+            "pmixed": make_run(micro_models, root / "pmixed", PMIXED)}
+
+
+def copy(run_dir: Path, target: Path) -> Path:
+    shutil.copytree(run_dir, target)
+    (target / "audit.json").unlink(missing_ok=True)
+    return target
+
+
+def forge(run_dir: Path, edit_record=None, edit_manifest=None, keep_blocks=None) -> None:
+    """What a forger with write access does: edit records and/or the manifest, optionally cut the
+    run after `keep_blocks` blocks, then re-chain every record and recompute ledger.json and
+    final.json with dpledger's own code, so that every internal hash agrees again."""
+    manifest = trace.read_manifest(run_dir)
+    blocks = records_by_block(trace.read_records(run_dir, verify=False))
+    if edit_manifest is not None:
+        edit_manifest(manifest)
+        trace.atomic_write_json(run_dir / trace.MANIFEST, manifest)
+    if keep_blocks is not None:
+        for index in range(keep_blocks, len(blocks)):
+            trace.chunk_path(run_dir, index).unlink()
+            trace.replay_path(run_dir, index).unlink(missing_ok=True)
+        blocks = blocks[:keep_blocks]
+    prev, totals = trace.genesis_hash(manifest), RunTotals(manifest)
+    for index, records in enumerate(blocks):
+        for record in records:
+            if edit_record is not None:
+                edit_record(record)
+        prev = trace.chain_records(records, prev)
+        totals.add(records)
+        trace.write_chunk(run_dir, index, records)
+    finish_run(run_dir, manifest, totals, len(blocks), prev)
+
+
+def point_models_nowhere(manifest: dict) -> None:
+    for model in manifest["models"]:
+        model["source"] = "/nowhere/" + model["role"]
+
+
+def audit_cli(run_dir: Path, *flags: str, capsys=None) -> tuple[int, str]:
+    status = main(["audit", str(run_dir), "--no-game", "--mc-samples", "50", *flags])
+    return status, capsys.readouterr() if capsys else ""
+
+
+# -- verdicts that say what was verified ---------------------------------------------------------
+
+def test_doctored_charges_without_payload_or_models_are_unverified_never_pass(runs, tmp_path, capsys):
+    """The review's case: every data-dependent charge x 0.1, chain and ledger recomputed, replay/
+    deleted, model paths pointing nowhere. Nothing can recompute the charges: UNVERIFIED, exit 3."""
+    honest = load_trace(runs["adapmixed"]).ledger["epsilon"][0]["epsilon"]
+    doctored = copy(runs["adapmixed"], tmp_path / "doctored")
+    shutil.rmtree(doctored / "replay")
+
+    def lower(record):
+        record["rdp_pmixed_data_dependent"] = [v * 0.1 for v in record["rdp_pmixed_data_dependent"]]
+    forge(doctored, edit_record=lower, edit_manifest=point_models_nowhere)
+    report = audit_run(doctored, **AUDIT)
+    assert load_trace(doctored).ledger["epsilon"][0]["epsilon"] < honest
+    assert report.verdict == "UNVERIFIED" and not report.failed
+    assert report.check("replay").status is Status.SKIPPED
+    assert "the charges were not recomputed" in report.headline and "/nowhere/public" in report.headline
+    assert report.to_dict()["verification"]["charges_recomputed_from"] is None
+    status, _ = audit_cli(doctored, capsys=capsys)
+    assert status == 3
+    # the same doctoring with the payload kept is caught by the replay
+    kept = copy(runs["adapmixed"], tmp_path / "kept")
+    forge(kept, edit_record=lower, edit_manifest=point_models_nowhere)
+    report = audit_run(kept, **AUDIT)
+    assert report.verdict == "FAIL" and report.check("replay").status is Status.FAIL
+    assert "charged pmixed_data_dependent differs" in report.check("replay").detail
+
+
+def test_an_honest_run_without_payload_or_models_is_unverified_and_with_models_passes(runs, tmp_path):
+    bare = copy(runs["pmixed"], tmp_path / "bare")
+    shutil.rmtree(bare / "replay")
+    report = audit_run(bare, **AUDIT)  # the models are still where the manifest says
+    assert report.verdict == "PASS" and report.check("replay").evidence["source"] == "models"
+    assert report.check("payload").status is Status.SKIPPED
+    forge(bare, edit_manifest=point_models_nowhere)
+    report = audit_run(bare, **AUDIT)
+    assert report.verdict == "UNVERIFIED" and report.exit_code == 3
+    assert report.check("neighbour_ablation").status is Status.SKIPPED
+
+
+def test_payload_edited_and_rechained_is_caught_by_the_models(runs, tmp_path):
+    """A forger who edits the payload logits (to lower the data-dependent charges), recomputes
+    the charges from them and re-chains: the models' logits differ from the payload's."""
+    forged = copy(runs["adapmixed"], tmp_path / "payload")
+    logits = np.load(trace.replay_path(forged, 0)).copy()
+    logits[1:] = logits[0]  # every teacher = the public model: charges near 0
+    digest = trace.write_replay(forged, 0, logits)
+    forge(forged, edit_record=lambda r: r.update(payload_sha256=digest) if r["block"] == 0 else None)
+    report = audit_run(forged, **AUDIT)
+    assert report.verdict == "FAIL"
+    assert "payload logits differ from the models'" in report.check("replay").detail
+
+
+def test_truncation_is_caught_and_a_consistent_rewrite_needs_the_published_head(runs, tmp_path, capsys):
+    original_head = trace.read_final(runs["pmixed"])["head"]
+    naive = copy(runs["pmixed"], tmp_path / "naive")
+    forge(naive, keep_blocks=1, edit_manifest=lambda m: m.update(queries=32))
+    report = audit_run(naive, **AUDIT)
+    assert report.verdict == "FAIL" and report.check("manifest").status is Status.FAIL
+    assert "queries is 32, the config gives 64" in report.check("manifest").detail
+    consistent = copy(runs["pmixed"], tmp_path / "consistent")
+
+    def shorten(manifest):
+        manifest.update(queries=32, n_blocks=1)
+        manifest["config"]["queries"] = 32
+        from decoding.config import RunConfig, ModelsConfig, DataConfig
+        from audit.consistency import _config_of
+        manifest["config_fingerprint"] = _config_of(manifest).fingerprint()
+    forge(consistent, keep_blocks=1, edit_manifest=shorten)
+    # a consistent rewrite of a shorter run is a valid shorter run; only the published head tells
+    assert audit_run(consistent, **AUDIT).verdict == "PASS"
+    report = audit_run(consistent, expect_head=original_head, **AUDIT)
+    assert report.verdict == "FAIL" and report.check("final_record").status is Status.FAIL
+    assert f"is not the expected (published) head {original_head}" in report.check("final_record").detail
+    status, _ = audit_cli(runs["pmixed"], "--expect-head", original_head, capsys=capsys)
+    assert status == 0
+
+
+@pytest.mark.parametrize("edit", [
+    lambda l: l["ledger"]["components"]["pmixed_data_dependent"].update(data_dependent=False),
+    lambda l: l.update(data_dependent=False),
+    lambda l: l["breakdown"]["rows"][0].update(data_dependent=False),
+    lambda l: l.update(perplexity=l["perplexity"] / 2),
+    lambda l: l.update(answered_by_public=l["answered_by_public"] + 1),
+    lambda l: l["ledger"].update(orders=l["ledger"]["orders"][::-1]),
+    lambda l: l.update(relation="add_or_remove_one", claimed_relation="remove_one"),
+    lambda l: l.update(accounting="realised-path"),
+    lambda l: l["epsilon"][0].update(delta=1e-3),
+    lambda l: l.pop("observed_data_dependent_total"),
+    lambda l: l.update(note="extra field"),
+], ids=["component-flag", "total-flag", "breakdown-flag", "perplexity", "public-answers", "orders", "relation",
+        "accounting", "delta", "dropped-field", "extra-field"])
+def test_every_ledger_field_is_recomputed(runs, tmp_path, edit):
+    """A ledger.json edit FAILs ledger_recompute, whether or not the forger re-issues final.json."""
+    for rehash in (False, True):
+        run = copy(runs["adapmixed"], tmp_path / f"ledger-{rehash}")
+        ledger = json.loads((run / trace.LEDGER).read_text())
+        edit(ledger)
+        trace.atomic_write_json(run / trace.LEDGER, ledger)
+        if rehash:
+            final = trace.read_final(run)
+            manifest = trace.read_manifest(run)
+            trace.atomic_write_json(run / trace.FINAL, trace.final_record(
+                manifest, final["steps"], final["blocks"], final["last_record_hash"], (run / trace.LEDGER).read_bytes()))
+        report = audit_run(run, **AUDIT)
+        assert report.verdict == "FAIL" and report.check("ledger_recompute").status is Status.FAIL, rehash
+        assert (report.check("final_record").status is Status.FAIL) is not rehash
+        shutil.rmtree(run)
+
+
+def test_manifest_edits_break_the_chain_or_contradict_the_config(runs, tmp_path):
+    edited = copy(runs["adapmixed"], tmp_path / "edited")
+    manifest = trace.read_manifest(edited)
+    manifest["mechanism"]["params"]["sigma"] = 1.0  # a 10^4 times smaller screening charge
+    trace.atomic_write_json(edited / trace.MANIFEST, manifest)
+    report = audit_run(edited, **AUDIT)
+    assert report.verdict == "FAIL" and report.check("hash_chain").status is Status.FAIL
+    rechained = copy(runs["adapmixed"], tmp_path / "rechained")
+    forge(rechained, edit_manifest=lambda m: m["mechanism"]["params"].update(sigma=1.0))
+    report = audit_run(rechained, **AUDIT)
+    assert report.check("manifest").status is Status.FAIL and "mechanism.params" in report.check("manifest").detail
+    for field, value in (("seeds", {"run": 8}), ("n_teachers", 2), ("queries", 63)):
+        run = copy(runs["pmixed"], tmp_path / f"m-{field}")
+        forge(run, edit_manifest=lambda m: m.update({field: value}))
+        assert audit_run(run, **AUDIT).verdict == "FAIL", field
+    # canaries and model hashes of your own models have no other source: the genesis binds them
+    for field, value in (("canaries", []), ("models", [])):
+        run = copy(runs["pmixed"], tmp_path / f"c-{field}")
+        manifest = trace.read_manifest(run)
+        manifest[field] = value
+        trace.atomic_write_json(run / trace.MANIFEST, manifest)
+        assert audit_run(run, **AUDIT).check("hash_chain").status is Status.FAIL, field
+
+
+def test_foreign_chunks_manifests_and_deltas_are_findings_not_tracebacks(runs, tmp_path):
+    mixed = copy(runs["pmixed"], tmp_path / "chunk")
+    shutil.copy(trace.chunk_path(runs["adapmixed"], 1), trace.chunk_path(mixed, 1))
+    report = audit_run(mixed, **AUDIT)
+    assert report.verdict == "FAIL" and report.check("hash_chain").status is Status.FAIL
+    assert report.check("records").status is Status.FAIL  # another mechanism's fields
+    swapped = copy(runs["pmixed"], tmp_path / "manifest")
+    shutil.copy(runs["adapmixed"] / trace.MANIFEST, swapped / trace.MANIFEST)
+    assert audit_run(swapped, **AUDIT).verdict == "FAIL"
+    delta = copy(runs["adapmixed"], tmp_path / "delta")
+    manifest = trace.read_manifest(delta)
+    manifest["config"]["deltas"] = [1e-3]
+    trace.atomic_write_json(delta / trace.MANIFEST, manifest)
+    report = audit_run(delta, **AUDIT)
+    assert report.verdict == "FAIL" and report.check("neighbour_ablation").status is not Status.PASS
+
+
+def test_stray_and_damaged_files_are_one_line_errors(runs, tmp_path, capsys):
+    stray = copy(runs["pmixed"], tmp_path / "stray")
+    shutil.copy(trace.chunk_path(stray, 1), stray / "steps" / "chunk-000001 (copy).parquet")
+    status = main(["audit", str(stray), "--no-game"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "chunk-000001 (copy).parquet: not a chunk of this run" in err
+    bad_utf8 = copy(runs["pmixed"], tmp_path / "utf8")
+    (bad_utf8 / trace.LEDGER).write_bytes(b"\xff\xfe{")
+    status = main(["audit", str(bad_utf8), "--no-game"])
+    err = capsys.readouterr().err
+    assert status == 2 and "ledger.json: not UTF-8 text" in err and err.count("\n") == 1
+
+
+def test_random_byte_flips_never_pass(runs, tmp_path):
+    rng = np.random.default_rng(2026)
+    source = runs["adapmixed"]
+    files = [p.relative_to(source) for p in sorted(source.rglob("*")) if p.is_file() and p.name not in (".lock",
+                                                                                                          "audit.json")]
+    outcomes = {}
+    for trial in range(12):
+        run = copy(source, tmp_path / f"flip-{trial}")
+        target = run / files[rng.integers(len(files))]
+        data = bytearray(target.read_bytes())
+        offset = int(rng.integers(len(data)))
+        data[offset] ^= int(rng.integers(1, 256))
+        target.write_bytes(bytes(data))
+        try:
+            verdict = audit_run(run, **AUDIT).verdict
+        except ValueError:
+            verdict = "unusable"
+        outcomes[f"{target.name}@{offset}"] = verdict
+        assert verdict in ("FAIL", "unusable"), outcomes
+        shutil.rmtree(run)
+
+
+def test_the_report_refuses_an_audit_made_for_other_files(runs, tmp_path):
+    run = copy(runs["adapmixed"], tmp_path / "stale")
+    audit_run(run, **AUDIT)
+    assert "Audit verdict: PASS" in render([load_run(run)], "md")
+    shutil.copy(run / "audit.json", tmp_path / "audit.json")
+    forge(run, edit_record=lambda r: r.update(rdp_screen=[v / 2 for v in r["rdp_screen"]]))
+    shutil.copy(tmp_path / "audit.json", run / "audit.json")  # a PASS copied beside a lowered ledger
+    text = render([load_run(run)], "md")
+    assert "PASS" not in text and "STALE audit, not shown" in text and "another ledger and head" in text
+
+
+# -- runs that cannot be broken ------------------------------------------------------------------
+
+def test_a_second_writer_is_locked_out_and_changes_nothing(micro_models, tmp_path):
+    config = micro_config(micro_models, tmp_path / "run", ADAPMIXED, queries=2000, block_size=10, replay_payload=False)
+    path = write_toml(tmp_path / "run.toml", config)
+    command = [sys.executable, "-m", "dpledger", "decode", str(path), "--no-progress"]
+    first = subprocess.Popen(command, env=ENV, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not trace.chunk_path(tmp_path / "run", 1).exists():
+        assert first.poll() is None, first.stderr.read()[-2000:]
+        assert time.time() < deadline
+        time.sleep(0.01)
+    resumed = subprocess.run(command + ["--resume"], env=ENV, cwd=tmp_path, capture_output=True, text=True)
+    fresh = subprocess.run(command, env=ENV, cwd=tmp_path, capture_output=True, text=True)
+    assert first.poll() is None, "the first run finished before the second writer started"
+    assert resumed.returncode == 2 and resumed.stderr.count("\n") == 1
+    assert "is being written by another dpledger process (pid" in resumed.stderr
+    assert fresh.returncode == 2 and "already holds files" in fresh.stderr and fresh.stderr.count("\n") == 1
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-2000:]
+    report = audit_run(tmp_path / "run", **AUDIT)
+    assert report.verdict == "PASS" and report.check("hash_chain").status is Status.PASS
+    assert f"chain head {trace.read_final(tmp_path / 'run')['head']}" in out
+
+
+def test_creation_is_atomic_and_abandoned_creations_are_cleared(micro_models, tmp_path, monkeypatch):
+    config = config_from_dict(micro_config(micro_models, tmp_path / "run", PMIXED, queries=32))
+    real = trace.atomic_write_json
+
+    def killed(path, payload):  # the process dies while writing the manifest
+        raise KeyboardInterrupt
+    monkeypatch.setattr(trace, "atomic_write_json", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_decode(config, progress=False, verbose=False)
+    assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".run.creating-*"))
+    monkeypatch.setattr(trace, "atomic_write_json", real)
+    abandoned = tmp_path / ".run.creating-999999-deadbeef"  # left by a SIGKILL mid-creation
+    (abandoned / "steps").mkdir(parents=True)
+    result = run_decode(config, progress=False, verbose=False)
+    assert not abandoned.exists() and (result.directory / trace.FINAL).exists()
+
+
+def test_resume_with_a_deleted_payload_is_one_clear_error(micro_models, tmp_path):
+    config = config_from_dict(micro_config(micro_models, tmp_path / "run", PMIXED, queries=64))
+    run_decode(config, progress=False, verbose=False)
+    (tmp_path / "run" / trace.FINAL).unlink()
+    shutil.rmtree(tmp_path / "run" / "replay")
+    with pytest.raises(trace.TraceError, match=r"replay/block-000000.npy: missing; the run's exact-replay payload is "
+                                               "incomplete"):
+        run_decode(config, resume=True, progress=False, verbose=False)
+
+
+def test_a_failed_write_keeps_the_committed_blocks(micro_models, tmp_path, monkeypatch):
+    config = config_from_dict(micro_config(micro_models, tmp_path / "run", PMIXED, queries=96))
+    real, calls = trace.write_chunk, []
+
+    def full_disk(run_dir, index, records):
+        if index == 2:
+            raise OSError(27, "File too large", str(trace.chunk_path(run_dir, index)))
+        calls.append(index)
+        real(run_dir, index, records)
+    monkeypatch.setattr(trace, "write_chunk", full_disk)
+    with pytest.raises(ValueError, match=r"writing the trace failed \(.*chunk-000002.parquet\): File too large; 2 "
+                                         "blocks are committed"):
+        run_decode(config, progress=False, verbose=False)
+    monkeypatch.setattr(trace, "write_chunk", real)
+    result = run_decode(config, resume=True, progress=False, verbose=False)
+    assert result.resumed_from_step == 64 and result.summary["steps"] == 96
+
+
+# -- one error path: bad configs -----------------------------------------------------------------
+
+BAD_CONFIGS = [
+    (lambda c: c["mechanism"].update(beta="0.2"), "mechanism.beta (pmixed) must be a number, got '0.2'"),
+    (lambda c: c["data"].update(block_size=32.0), "data.block_size must be an integer, got 32.0"),
+    (lambda c: c.update(run=5), "[run] must be a table, got 5"),
+    (lambda c: c.update(mechanism="pmixed"), "[mechanism] must be a table, got 'pmixed'"),
+    (lambda c: c["data"].update(stream="generate", prompts="Customer: hi"),
+     "data.prompts must be a list of strings, got 'Customer: hi'"),
+    (lambda c: c["run"].update(replay_payload="no"), "run.replay_payload must be true or false, got 'no'"),
+    (lambda c: c["run"].update(queries=True), "run.queries must be an integer, got True"),
+    (lambda c: c["run"].update(deltas=[]), "run.deltas must list at least one delta, got []"),
+    (lambda c: c["run"].update(deltas=1e-5), "run.deltas must be a list of numbers, got 1e-05"),
+    (lambda c: c["run"].update(deltas=[1e-5, "x"]), "run.deltas[1] must be a number, got 'x'"),
+    (lambda c: c["run"].update(relation=5), "run.relation must be a string, got 5"),
+    (lambda c: c["run"].update(seed=1.5), "run.seed must be an integer, got 1.5"),
+    (lambda c: c["models"].update(teachers="3"), "models.teachers must be an integer, got '3'"),
+    (lambda c: c["models"].update(device="banana"), "models.device must be 'cpu', 'cuda' or 'cuda:N', got 'banana'"),
+    (lambda c: c["models"].update(device="cuda"), "models.device = 'cuda' but CUDA is not available"),
+    (lambda c: c["mechanism"].update(type="adapmixed", lam=0.05, sigma=1e-300, threshold=5.0, top_k=20),
+     "sigma"),
+    (lambda c: c["mechanism"].update(alpha=True), "mechanism.alpha (pmixed) must be a number, got True"),
+    (lambda c: c["mechanism"].update(type=3), "mechanism.type must be a string, got 3"),
+    (lambda c: c["data"].update(text="{tmp}"), "data.text must be a file"),
+    (lambda c: c["data"].update(text="{tmp}/latin1.txt"), "data.text {tmp}/latin1.txt is not UTF-8 text"),
+    (lambda c: c["run"].update(out="{tmp}/afile"), "exists and is not a directory"),
+    (lambda c: c["models"].update(extra=1), "unknown keys in [models]: ['extra']"),
+    (lambda c: c["run"].update(queries=0), "queries must be an integer >= 1, got 0"),
+]
+
+
+def _fill(config: dict, tmp: Path) -> dict:
+    text = json.dumps(config).replace("{tmp}", str(tmp))
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("change, message", BAD_CONFIGS, ids=[m[:40] for _, m in BAD_CONFIGS])
+def test_bad_configs_are_one_line_errors_and_write_nothing(micro_models, tmp_path, capsys, change, message):
+    if "CUDA is not available" in message:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1") * 100)
+    (tmp_path / "afile").write_text("not a directory")
+    config = micro_config(micro_models, tmp_path / "run", dict(PMIXED), queries=32)
+    change(config)
+    config = _fill(config, tmp_path)
+    path = write_toml(tmp_path / "bad.toml", {k: v for k, v in config.items() if isinstance(v, dict)})
+    scalars = [f"{k} = {json.dumps(v)}" for k, v in config.items() if not isinstance(v, dict)]
+    path.write_text("\n".join(scalars) + "\n" + path.read_text())  # top-level keys come before the tables
+    before = sorted(p.name for p in tmp_path.iterdir())
+    status = main(["decode", str(path), "--no-progress"])
+    err = capsys.readouterr().err
+    if message == "sigma":  # a legal value: +inf screening charges, i.e. "no guarantee", not an error
+        assert status == 0 and json.loads((tmp_path / "run" / trace.LEDGER).read_text())["epsilon"][0]["epsilon"] \
+            == float("inf")
+        return
+    assert status == 2, err
+    assert err.count("\n") == 1 and err.startswith("dpledger decode: error: ") and message.replace("{tmp}", str(tmp_path)) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_config_paths_that_are_not_text_files(tmp_path, capsys):
+    (tmp_path / "dir.toml").mkdir()
+    assert main(["decode", str(tmp_path / "dir.toml")]) == 2
+    assert "config must be a file, got the directory" in capsys.readouterr().err
+    (tmp_path / "bytes.toml").write_bytes(b"[run]\nout = \"\xff\"\n")
+    assert main(["decode", str(tmp_path / "bytes.toml")]) == 2
+    assert "bytes.toml is not UTF-8 text (invalid start byte at byte 13)" in capsys.readouterr().err
+
+
+def test_fuzzed_configs_give_a_config_or_a_value_error():
+    """config_from_dict on generated junk: a RunConfig or ValueError, never another exception."""
+    from hypothesis import given, settings, strategies as st
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 10 ** 6), st.floats(allow_nan=True),
+                        st.text(max_size=8), st.sampled_from(["pmixed", "adapmixed", "public", "ensemble", "cpu",
+                                                              "teacher-forced", "generate", "remove_one"]))
+    values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                           st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+                          max_leaves=6)
+    keys = {"run": ["out", "queries", "seed", "replay_payload", "deltas", "relation"],
+            "mechanism": ["type", "alpha", "beta", "sample_rate", "lam", "sigma", "threshold", "top_k", "ball"],
+            "models": ["embedded", "teachers", "public", "teacher_paths", "device"],
+            "data": ["stream", "text", "block_size", "prompts", "max_new_tokens"]}
+    tables = st.fixed_dictionaries({}, optional={name: st.one_of(values, st.dictionaries(st.sampled_from(names), values,
+                                                                                             max_size=5))
+                                                 for name, names in keys.items()})
+
+    @settings(max_examples=400, deadline=None, derandomize=True)
+    @given(tables)
+    def check(data):
+        try:
+            config_from_dict(data)
+        except ValueError:
+            pass
+
+    check()
