@@ -285,7 +285,8 @@ class RunTotals:
 
     def __init__(self, manifest: dict):
         self.manifest = manifest
-        self.components = manifest["mechanism"]["components"]
+        # by name: the ledger (its breakdown's row order) must not depend on how the manifest's keys are ordered
+        self.components = dict(sorted(manifest["mechanism"]["components"].items()))
         self.relations = component_relations(manifest)
         self.ledger = PrivacyLedger(manifest["orders"], NeighbouringRelation.ADD_OR_REMOVE_ONE)
         self.log_prob_sum, self.scored, self.public = 0.0, 0, 0

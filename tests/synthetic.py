@@ -2,6 +2,7 @@
 (the mechanism, the records, the chain, the ledger, the final record) is the decode's own code."""
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -18,16 +19,22 @@ def write_synthetic_run(out: Path, teachers: int, vocab: int, steps: int, block_
                         payload: bool = False, seed: int = 0) -> Path:
     """A finished run of `mechanism` over `steps` random teacher-forced queries. The manifest names
     models that do not exist, so without the payload an audit cannot recompute the charges."""
-    config = RunConfig(out=str(out), mechanism=mechanism, models=ModelsConfig(embedded=True, teachers=teachers),
-                       data=DataConfig(block_size=block_size), queries=steps, replay_payload=payload, seed=seed)
+    out = Path(out)
+    text = out.parent / f"{out.name}.txt"  # stands in for the data: the tokens themselves are random
+    text.write_text("synthetic\n")
+    models = ModelsConfig(embedded=False, teachers=teachers, public="synthetic://public",
+                          teacher_paths=tuple(f"synthetic://teacher-{i}" for i in range(teachers)))
+    config = RunConfig(out=str(out), mechanism=mechanism, models=models, data=DataConfig(text=str(text),
+                       block_size=block_size), queries=steps, replay_payload=payload, seed=seed)
     runner = build_runner(config.mechanism, teachers, config.relation)
     orders = np.asarray(default_orders(*([runner.params["alpha"]] if "alpha" in runner.params else [])))
     models = [{"role": "public", "source": "synthetic://public", "content_hash": "0" * 64}]
     models += [{"role": f"teacher-{i}", "source": f"synthetic://teacher-{i}", "content_hash": f"{i + 1:064x}"}
                for i in range(teachers)]
-    data = {"name": "synthetic", "sha256": "", "stream": "teacher-forced", "tokens": None}
+    data = {"name": str(text), "sha256": hashlib.sha256(text.read_bytes()).hexdigest(), "stream": "teacher-forced",
+            "tokens": None}
     manifest = build_manifest(config, runner, orders, models, vocab, data, "synthetic://tokenizer", [])
-    lock = trace.create_run_directory(Path(out), manifest, payload)
+    lock = trace.create_run_directory(out, manifest, payload)
     rng = np.random.default_rng(seed)
     running, prev = RunTotals(manifest), trace.genesis_hash(manifest)
     blocks = -(-steps // block_size)

@@ -1,0 +1,75 @@
+"""Peak memory of `dpledger audit`: independent of the run's length (records stream chunk by chunk,
+logits window by window). Each audit runs in a fresh subprocess and reports its peak resident set
+(ru_maxrss); results go to benchmarks/results/audit_memory.json.
+
+    python benchmarks/audit_memory.py [--steps 100000] [--teachers 100] [--demo runs/demo/adapmixed]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PMIXED = {"type": "pmixed", "alpha": 18.0, "beta": 0.2}
+
+
+def _audit_peak(run_dir: Path, game: bool = False) -> dict:
+    """Audit in a child process; its peak RSS (MiB), verdict and wall time."""
+    code = ("import json, resource, sys, time; from audit import audit_run; t = time.time(); "
+            f"r = audit_run({str(run_dir)!r}, mc_samples=100, play_game={game}, write=False); "
+            "print(json.dumps({'verdict': r.verdict, 'failed': [c.name for c in r.failed], 'seconds': time.time() - t, "
+            "'peak_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                            env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                                 "PYTHONPATH": str(REPO)})
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-2000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def synthetic(root: Path, steps: int, teachers: int, vocab: int, block: int, payload: bool) -> dict:
+    from tests.synthetic import write_synthetic_run
+
+    started = time.time()
+    run = write_synthetic_run(root / f"s{steps}-n{teachers}-v{vocab}-{payload}", teachers, vocab, steps, block, PMIXED,
+                              payload=payload)
+    written = time.time() - started
+    return {"steps": steps, "teachers": teachers, "vocab": vocab, "block_size": block, "payload": payload,
+            "write_seconds": round(written, 1), **_audit_peak(run)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--teachers", type=int, default=100)
+    parser.add_argument("--demo", help="a demo run directory to audit too (e.g. runs/demo/adapmixed)")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "audit_memory.json"))
+    args = parser.parse_args(argv)
+    results = {"baseline_python_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "runs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        # the same trace shape at 1x and 10x the length: peak memory must not follow the length
+        for steps in (args.steps // 10, args.steps):
+            results["runs"].append(synthetic(root, steps, args.teachers, 16, 128, payload=False))
+            print(results["runs"][-1], flush=True)
+        for steps in (2_000, 20_000):
+            results["runs"].append(synthetic(root, steps, args.teachers, 32, 128, payload=True))
+            print(results["runs"][-1], flush=True)
+    if args.demo:
+        results["demo"] = {"run": args.demo, **_audit_peak(Path(args.demo), game=True)}
+        print(results["demo"])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
