@@ -209,7 +209,7 @@ def render_summary(report: AuditReport) -> str:
         lines.append(f"  [{check.status.value:<7}] {check.name}: {check.detail}")
     applying = [f for f in report.findings if f.applies]
     if applying:
-        lines.append("  pitfalls that apply (docs/soundness.md):")
+        lines.append("  pitfalls that apply (audit/lint.py):")
         for finding in applying:
             lines.append(f"    #{finding.pitfall} {finding.title} [{finding.severity}]: {finding.reason}")
     if report.data_dependent:

@@ -192,19 +192,18 @@ class LoadedTrace:
         window = window or self.window_rows()
         expected_shape = (self.n_teachers + 1, None, int(self.manifest["vocab_size"]))
         for block, records in self.iter_blocks():
-            if self.logits_source == "models":
+            if self.logits_source == "models":  # a forward pass needs the block's whole context
                 logits = self._model_logits(records)
+                window_of = lambda start, stop: logits[:, start:stop]  # noqa: E731
             else:
-                logits = trace.read_replay(self.directory, block)
-                path = trace.replay_path(self.directory, block)
-                if (logits.shape[0], logits.shape[2]) != (expected_shape[0], expected_shape[2]) or \
-                        logits.shape[1] != len(records):
-                    raise TraceError(f"{path}: logits have shape {logits.shape}, expected "
+                payload = trace.ReplayPayload(self.directory, block)
+                if payload.shape != (expected_shape[0], len(records), expected_shape[2]):
+                    raise TraceError(f"{payload.path}: logits have shape {payload.shape}, expected "
                                      f"{(expected_shape[0], len(records), expected_shape[2])}")
+                window_of = lambda start, stop: torch.from_numpy(payload.rows(start, stop))  # noqa: E731
             for start in range(0, len(records), window):
-                rows = slice(start, start + window)
-                part = logits[:, rows]
-                yield block, records[rows], (part if isinstance(part, torch.Tensor) else torch.from_numpy(np.array(part)))
+                stop = min(start + window, len(records))
+                yield block, records[start:stop], window_of(start, stop)
 
     def payload_logits(self, block: int) -> torch.Tensor:
         """One block's whole logits (N+1, L, V)."""

@@ -1533,18 +1533,39 @@ def run_tampering(worker: Worker, bases: dict, assets: dict, work: Path, quick: 
                                else f"exit {result['rc']}, expected exit {want}")
                     problem += ": " + short(result)
                 entry.update(clean=problem is None, **({"what": problem} if problem else {}))
+                if problem is not None and result.get("rc") == 1:
+                    entry["failed_checks"] = [l.strip()[:400] for l in result["stdout"].splitlines()
+                                              if l.strip().startswith("[FAIL")][:4]
                 results.append(entry)
                 if report is not None:
                     report_results.append(_judge_report(name, report, result))
     return _summarise(results, limits=limits), _summarise(report_results)
 
 
+def report_verdicts(markdown: str) -> list[str]:
+    """The audit verdicts a Markdown report prints: "Verdict: X", "Audit verdict: X" and the first
+    word of the comparison table's audit column (per-check PASS rows are not verdicts)."""
+    import re
+
+    verdicts = re.findall(r"(?:Audit verdict|Verdict): ([A-Z]+)", markdown)
+    lines = markdown.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("|") and line.rstrip().endswith("| audit |"):
+            for row in lines[index + 2:]:
+                if not row.startswith("|"):
+                    break
+                cell = row.rstrip().rstrip("|").split("|")[-1].strip()
+                verdicts.append(cell.split(" ")[0] if cell else "")
+    return verdicts
+
+
 def _judge_report(name: str, report: dict, audit_result: dict) -> dict:
     problem = problem_of(report)
     if problem is None and report["rc"] not in (0, 2):
         problem = f"exit {report['rc']}: " + short(report)
-    if problem is None and report["rc"] == 0 and "PASS" in report["stdout"] and audit_result.get("rc") != 0:
-        problem = "report prints PASS although the audit of these files did not pass"
+    if problem is None and report["rc"] == 0 and "PASS" in report_verdicts(report["stdout"]) \
+            and audit_result.get("rc") != 0:
+        problem = "report prints a PASS verdict although the audit of these files did not pass"
     return {"case": name, "clean": problem is None, "outcome": short(report), **({"what": problem} if problem else {})}
 
 
@@ -1605,8 +1626,8 @@ def run_stale_reports(worker: Worker, bases: dict, work: Path, quick: bool) -> l
             problem = problem_of(report)
             if problem is None and report["rc"] != 0:
                 problem = "report refused the run: " + short(report)
-            if problem is None and "PASS" in report["stdout"]:
-                problem = "report prints PASS beside files the audit did not see"
+            if problem is None and "PASS" in report_verdicts(report["stdout"]):
+                problem = "report prints a PASS verdict beside files the audit did not see"
             if problem is None and name.startswith("pass_audit") and "STALE" not in report["stdout"]:
                 problem = "report does not say STALE"
             results.append({"case": f"{name}[{kind}]", "clean": problem is None, "outcome": short(report),
@@ -1965,14 +1986,14 @@ def run_concurrency(worker: Worker, models, work: Path, quick: bool, seed: int) 
         record(name, problem, short(result))
 
     # (a), (b): second writers while a long run is being written
-    long_queries = 400 if quick else 1500
+    long_queries = 1000 if quick else 1500
     long_config = write_toml(root / "long.toml", micro_config(models, root / "unused", ADAPMIXED, queries=long_queries,
                                                               block_size=10, replay_payload=False))
     first_dir = root / "long-run"
     first = spawn("decode", long_config, "--out", first_dir, "--no-progress")
-    started = wait_for(lambda: len(list((first_dir / "steps").glob("chunk-*.parquet"))) >= 1, 120, first)
+    started = wait_for(lambda: (first_dir / "manifest.json").exists(), 120, first)
     if not started:
-        record("first_run_started", "the first run wrote no chunk: " + str(finish(first))[:300])
+        record("first_run_started", "the first run wrote no manifest: " + str(finish(first))[:300])
     else:
         checkers = {"resume_while_running": spawn("decode", long_config, "--out", first_dir, "--resume",
                                                   "--no-progress"),
@@ -2178,7 +2199,7 @@ def _accounting_call(rng: random.Random):
 
     import dpledger as api
     P = lambda what: _arg(rng, what)  # noqa: E731
-    pm = lambda: api.PMixED(_plausible(rng, "float") + 1.01, rng.uniform(0.001, 1), rng.randrange(1, 6))  # noqa: E731
+    pm = lambda: api.PMixED(rng.uniform(1.5, 20), rng.uniform(0.001, 1), rng.randrange(1, 6))  # noqa: E731
     mech = lambda: rng.choice([pm(), api.GaussianMechanism(rng.uniform(0.5, 5)), api.GNMax(rng.uniform(1, 10))])  # noqa
     options = {
         "RdpCurve": lambda: (P("orders"), _arg(rng, "float") if rng.random() < 0.5 else np.asarray(
@@ -2431,14 +2452,30 @@ def _fuzz_batch(target: str, seed: int, n: int, context: dict, timeout_s: int = 
     failures: dict[str, dict] = {}
     tried = 0
     for index in range(n):
-        if target == "accounting":
-            made = _accounting_call(rng)
-        elif target == "config":
-            made = _config_call(rng, context["models"])
-        elif target == "runner":
-            made = _runner_call(rng)
-        else:
-            made = _garbage_dir_call(rng, context["base_runs"], context["scratch"], index)
+        try:  # building the arguments calls the API too (e.g. a PMixED with a plausible alpha)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if target == "accounting":
+                    made = _accounting_call(rng)
+                elif target == "config":
+                    made = _config_call(rng, context["models"])
+                elif target == "runner":
+                    made = _runner_call(rng)
+                else:
+                    made = _garbage_dir_call(rng, context["base_runs"], context["scratch"], index)
+        except ValueError:
+            tried += 1
+            continue
+        except Exception as exc:  # noqa: BLE001
+            tried += 1
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            raised_at = f"{Path(where.filename).name}:{where.lineno}"
+            key = f"{target} (building arguments) | {type(exc).__name__} | {raised_at}"
+            failures.setdefault(key, {"function": f"{target} (building arguments)", "exception": type(exc).__name__,
+                                      "message": str(exc)[:200], "raised_at": raised_at,
+                                      "input": f"_fuzz_batch({target!r}, seed={seed}), call {index}", "count": 0})
+            failures[key]["count"] += 1
+            continue
         if made is None:
             continue
         name, args, call = made
@@ -2557,6 +2594,28 @@ def movable_models(models, root: Path):
         {"models": target / "models", "text": target / "text"}
 
 
+def source_identity() -> dict:
+    """Which dpledger was attacked: the package sources' digest, and the git commit and whether the
+    package files differ from it (another engineer may be editing the tree)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for package in ("accounting", "audit", "decoding", "dpledger", "mechanisms", "reports"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    identity = {"root": str(ROOT), "package_sources_sha256": digest.hexdigest()}
+    try:
+        identity["git_head"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "accounting", "audit",
+                                "decoding", "dpledger", "mechanisms", "reports"], capture_output=True, text=True,
+                               check=True).stdout.split("\n")
+        identity["package_files_changed_since_head"] = [line[3:] for line in dirty if line.strip()]
+    except (OSError, subprocess.CalledProcessError):
+        identity["git_head"] = None
+    return identity
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small subset (< 2 minutes)")
@@ -2579,7 +2638,7 @@ def main() -> int:
     out_path = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / (
         "adversarial_audit_quick.json" if args.quick else "adversarial_audit.json")
     results: dict = {"generated_by": "benchmarks/adversarial_audit.py", "mode": "quick" if args.quick else "full",
-                     "seed": args.seed, "euid": os.geteuid(), "categories": {}}
+                     "seed": args.seed, "euid": os.geteuid(), "source": source_identity(), "categories": {}}
     worker = None
     try:
         from tests.micro import build_micro_models
@@ -2638,6 +2697,8 @@ def main() -> int:
         if worker is not None:
             worker.close()
         results["seconds"] = round(time.time() - started, 1)
+        if source_identity()["package_sources_sha256"] != results["source"]["package_sources_sha256"]:
+            results["source"]["warning"] = "the package sources changed while this ran: results may mix versions"
         results["summary"] = {name: {"tried": c["tried"], "clean": c["clean"], "failures": len(c["failures"])}
                               for name, c in results["categories"].items()}
         out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -160,17 +160,40 @@ def write_replay(run_dir: Path, index: int, logits: np.ndarray) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_replay(run_dir: Path, index: int) -> np.ndarray:
-    """The block's logits, memory-mapped (rows are read when sliced); TraceError when unreadable."""
-    path = replay_path(run_dir, index)
-    try:
-        logits = np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as error:  # numpy raises several types for damaged files
-        raise TraceError(f"{path}: unreadable replay payload ({type(error).__name__}: {error})") from None
-    if logits.ndim != 3 or logits.dtype.kind != "f":
-        raise TraceError(f"{path}: replay payload must be a 3-d float array (N+1, L, V), got {logits.dtype} "
-                         f"{logits.shape}")
-    return logits
+class ReplayPayload:
+    """One block's logits file, read a window of steps at a time: the (N+1, L, V) array is C-ordered,
+    so steps start..stop of model m are one contiguous run of bytes; a window costs N+1 reads and
+    its own size in memory, whatever the block's size."""
+
+    def __init__(self, run_dir: Path, index: int):
+        self.path = replay_path(run_dir, index)
+        try:
+            with open(self.path, "rb") as handle:
+                version = np.lib.format.read_magic(handle)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read_header(handle)
+                self.offset = handle.tell()
+        except Exception as error:  # numpy raises several types for damaged files
+            raise TraceError(f"{self.path}: unreadable replay payload ({type(error).__name__}: {error})") from None
+        if len(shape) != 3 or fortran or dtype.kind != "f" or dtype.hasobject:
+            raise TraceError(f"{self.path}: replay payload must be a C-ordered 3-d float array (N+1, L, V), got "
+                             f"{dtype} {shape}")
+        self.shape, self.dtype = tuple(int(v) for v in shape), dtype
+        expected = self.offset + int(np.prod(self.shape)) * dtype.itemsize
+        if self.path.stat().st_size != expected:
+            raise TraceError(f"{self.path}: {self.path.stat().st_size} bytes, a {dtype} {self.shape} array needs "
+                             f"{expected}")
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Logits (N+1, stop - start, V) of steps start..stop of the block."""
+        models, length, vocab = self.shape
+        out = np.empty((models, stop - start, vocab), dtype=self.dtype)
+        with open(self.path, "rb") as handle:
+            for model in range(models):
+                handle.seek(self.offset + (model * length + start) * vocab * self.dtype.itemsize)
+                out[model] = np.fromfile(handle, dtype=self.dtype, count=(stop - start) * vocab).reshape(-1, vocab)
+        return out
 
 
 def read_json_file(path: Path, what: str) -> dict:

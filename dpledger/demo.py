@@ -62,8 +62,8 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
           f"delta=1e-5 ({time.time() - started:.0f} s) ==")
     shown = table.assign(epsilon=[_eps(r) for r in rows]).drop(columns=["trace", "data_dependent"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print("  * data-dependent loss measured on the private data: not a released DP guarantee (seed section 3.1)")
-    print("  PMixED: Theorem 3.1 as claimed (SPEC section 3); inf = no privacy guarantee")
+    print("  * data-dependent loss measured on the private data: not a released DP guarantee (Papernot et al. 2018, Section 3)")
+    print("  PMixED: Theorem 3.1 as claimed (not proven for the paper's ball: docs/soundness.md); inf = no privacy guarantee")
     breakdown = summaries["AdaPMixED"]["breakdown"]
     print(f"\n== Table 2b: AdaPMixED privacy-loss breakdown at order {breakdown['order']:g}, "
           f"{breakdown['method']} conversion, delta={breakdown['delta']:g} ==")
