@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from accounting.relation import NeighbouringRelation
-from audit.checks import CheckResult, passed, skipped, verdict
+from audit.checks import CheckResult, skipped, verdict
 from audit.loader import LoadedTrace
 from decoding.ensemble import Ensemble
 from decoding.run import component_relations

@@ -39,7 +39,7 @@ def _nan_fields(record: dict, screened: bool) -> list[str]:
 
 
 def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Finding]:
-    params, kind = trace.params, trace.mechanism_type
+    params = trace.params
     variant = SubsamplingVariant(params["subsampling_variant"]) if params.get("sample_rate") is not None else None
     data_dependent = any(trace.components.values())
     findings = []

@@ -9,7 +9,6 @@ structure against the manifest (trace_consistency reports what it found).
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator

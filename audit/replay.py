@@ -177,7 +177,7 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
     tokens_stream = _data_tokens(trace) if trace.models_available or trace.logits_source == "models" else None
     worst = {"lambdas": 0.0, "logits_vs_models": 0.0}
     mismatches = []
-    current_block, block_rows = None, []
+    current_block = None
     for block, records, logits in trace.iter_payload():
         first = records[0]["step"]
         outcome, tokens = replay_steps(runner, logits, seed, first, trace.orders, sequential)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -401,7 +400,7 @@ def create_run_directory(out: Path, manifest: dict, payload: bool) -> RunLock:
         atomic_write_json(staging / MANIFEST, manifest)
         try:
             os.rename(staging, out)  # atomic; fails when `out` holds anything
-        except OSError as error:
+        except OSError:
             if out.is_dir() and any(out.iterdir()):
                 raise ValueError(f"output directory {out} already holds files: pass --resume to continue that run, "
                                  "or choose another --out") from None

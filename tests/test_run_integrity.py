@@ -140,7 +140,6 @@ def test_truncation_is_caught_and_a_consistent_rewrite_needs_the_published_head(
     def shorten(manifest):
         manifest.update(queries=32, n_blocks=1)
         manifest["config"]["queries"] = 32
-        from decoding.config import RunConfig, ModelsConfig, DataConfig
         from audit.consistency import _config_of
         manifest["config_fingerprint"] = _config_of(manifest).fingerprint()
     forge(consistent, keep_blocks=1, edit_manifest=shorten)
