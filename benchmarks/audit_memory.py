@@ -51,6 +51,10 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--teachers", type=int, default=100)
     parser.add_argument("--demo", help="a demo run directory to audit too (e.g. runs/demo/adapmixed)")
+    parser.add_argument("--paper-block", type=int, default=16, metavar="STEPS",
+                        help="also audit STEPS steps of the paper's per-step shape (N=100 teachers, V=50,257, with "
+                             "payload); the audit replays one step per window at that size, so its peak is that of a "
+                             "128-step block (0 to skip)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "audit_memory.json"))
     args = parser.parse_args(argv)
     results = {"baseline_python_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "runs": []}
@@ -63,6 +67,9 @@ def main(argv=None) -> int:
         for steps in (2_000, 20_000):
             results["runs"].append(synthetic(root, steps, args.teachers, 32, 128, payload=True))
             print(results["runs"][-1], flush=True)
+        if args.paper_block:
+            results["paper_block"] = synthetic(root, args.paper_block, 100, 50_257, 128, payload=True)
+            print(results["paper_block"], flush=True)
     if args.demo:
         results["demo"] = {"run": args.demo, **_audit_peak(Path(args.demo), game=True)}
         print(results["demo"])

@@ -165,6 +165,7 @@ def _device_ok(device) -> bool:
 def _table(data: dict, name: str, cls=None) -> dict:
     table = data.get(name, {})
     require(isinstance(table, dict), f"[{name}] must be a table, got {table!r}")
+    require(all(isinstance(key, str) for key in table), f"[{name}] keys must be strings, got {list(table)!r}")
     schema = _SCHEMA[name]
     unknown = sorted(set(table) - set(schema))
     require(not unknown, f"unknown keys in [{name}]: {unknown}; known: {sorted(schema)}")
@@ -177,6 +178,7 @@ def _table(data: dict, name: str, cls=None) -> dict:
 def config_from_dict(data: dict, out_override: str | None = None) -> RunConfig:
     """A RunConfig from parsed TOML; ValueError naming the table, key, value and rule."""
     require(isinstance(data, dict), f"a config must be a table of tables, got {data!r}")
+    require(all(isinstance(key, str) for key in data), f"config table names must be strings, got {list(data)!r}")
     unknown = sorted(set(data) - {"run", "mechanism", "models", "data"})
     require(not unknown, f"unknown tables in config: {unknown}; known: run, mechanism, models, data")
     run = _table(data, "run")
@@ -188,6 +190,7 @@ def config_from_dict(data: dict, out_override: str | None = None) -> RunConfig:
     require("mechanism" in data, "the config needs a [mechanism] table with a `type`")
     mechanism = data["mechanism"]
     require(isinstance(mechanism, dict), f"[mechanism] must be a table, got {mechanism!r}")
+    require(all(isinstance(key, str) for key in mechanism), f"[mechanism] keys must be strings, got {list(mechanism)!r}")
     require(isinstance(mechanism.get("type"), str), f"mechanism.type must be a string, got {mechanism.get('type')!r}")
     return RunConfig(mechanism=dict(mechanism), models=_table(data, "models", ModelsConfig),
                      data=_table(data, "data", DataConfig), **run)

@@ -237,6 +237,7 @@ def build_runner(mechanism: dict, teachers: int,
     """A runner from a config's [mechanism] table: `type` plus that mechanism's parameters;
     `relation` is the run's claimed neighbouring relation (the [run] table's `relation`)."""
     require(isinstance(mechanism, dict) and "type" in mechanism, "the [mechanism] table needs a `type`")
+    require(all(isinstance(key, str) for key in mechanism), f"[mechanism] keys must be strings, got {list(mechanism)!r}")
     params = {k: v for k, v in mechanism.items() if k != "type"}
     kind = mechanism["type"]
     require(kind in MECHANISM_TYPES, f"unknown mechanism type {kind!r}; known: {', '.join(MECHANISM_TYPES)}")
