@@ -111,6 +111,7 @@ class RdpCurve:
     @classmethod
     def from_dict(cls, data: dict) -> "RdpCurve":
         """Inverse of to_dict. A record without "direction" predates it and was always BOTH."""
+        require(isinstance(data, dict), f"an RDP curve record must be a mapping, got {type(data).__name__}")
         try:
             values = [float("inf") if v == "inf" else float(v) for v in data["values"]]
             require(isinstance(data["data_dependent"], bool),
@@ -119,7 +120,7 @@ class RdpCurve:
                        data["data_dependent"], DivergenceDirection(data.get("direction", "both")))
         except KeyError as missing:
             raise ValueError(f"RDP curve record lacks the field {missing}") from None
-        except TypeError as wrong:
+        except (TypeError, AttributeError, IndexError) as wrong:
             raise ValueError(f"RDP curve record is malformed: {wrong}") from None
 
 

@@ -208,6 +208,9 @@ class PrivacyLedger:
     def from_dict(cls, data: dict) -> "PrivacyLedger":
         """Inverse of to_dict; ValueError when a component is on another grid or its relation shares no
         neighbouring pair with the others'."""
+        require(isinstance(data, dict), f"a ledger record must be a mapping, got {type(data).__name__}")
+        require(isinstance(data.get("components"), dict),
+                f"a ledger record's components must be a mapping, got {type(data.get('components')).__name__}")
         try:
             ledger = cls(data["orders"], NeighbouringRelation(data["relation"]))
             for name, curve_data in data["components"].items():
@@ -218,4 +221,6 @@ class PrivacyLedger:
             ledger.steps = require_int_at_least("steps", data["steps"], 0)
         except KeyError as missing:
             raise ValueError(f"ledger record lacks the field {missing}") from None
+        except (TypeError, AttributeError, IndexError) as wrong:
+            raise ValueError(f"ledger record is malformed: {wrong}") from None
         return ledger

@@ -89,6 +89,11 @@ class AuditReport:
         coverage = next((c for c in self.checks if c.name == "relation_coverage"), None)
         claimed = coverage.evidence.get("claimed_relation", "").replace("_", "-") if coverage else ""
         parts = [f"{self.verdict} for {claimed}" if claimed else self.verdict]
+        if self.verdict == "PASS" and self.verification["charges_recomputed_from"] == "payload" \
+                and not self.verification["cross_checked_with_models"]:
+            parts.append("charges recomputed from the replay payload alone (the run's models were not there to check "
+                         "it against)" + ("" if self.verification["head_anchored"] else
+                                          "; without --expect-head a rewritten payload cannot be ruled out"))
         if self.verdict == "UNVERIFIED":
             parts.append("the charges were not recomputed (" + (self.verification["not_recomputed_because"] or "")
                          .removeprefix("the charges cannot be recomputed: ") + "); only the trace's integrity and "
@@ -154,6 +159,7 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
             ("manifest", lambda: consistency.check_manifest(loaded)),
             ("records", lambda: consistency.check_records(loaded)),
             ("payload", lambda: consistency.check_payload(loaded)),
+            ("models", lambda: consistency.check_models(loaded)),
             ("ledger_recompute", lambda: replay.check_ledger_recompute(loaded)),
             ("conversion", lambda: replay.check_conversion(loaded)),
             ("replay", lambda: replay.check_replay(loaded)),

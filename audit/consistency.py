@@ -166,3 +166,22 @@ def check_payload(loaded: LoadedTrace) -> CheckResult:
         return skipped("payload", f"{len(missing)} of {len(loaded.blocks_info)} payload blocks are missing (first: "
                        f"{missing[0]}); the replay needs the run's models instead", missing=missing)
     return passed("payload", f"all {len(loaded.blocks_info)} payload blocks have the sha256 chained in their records")
+
+
+def check_models(loaded: LoadedTrace) -> CheckResult:
+    """The models at the manifest's paths are the ones it names (content hashes). Models that are
+    there with other hashes FAIL: either they changed since the run or the manifest was rewritten,
+    and in both cases nothing can check the payload against the run's models. Absent models are
+    not a failure (the replay then rests on the payload alone, and says so)."""
+    state = loaded.model_state
+    if state == "available":
+        return passed("models", f"the {len(loaded.manifest['models'])} models at the recorded paths have the "
+                      "content hashes the manifest records")
+    if state == "different":
+        recorded = [m.get("content_hash") for m in loaded.manifest["models"]]
+        differing = [m.get("role") for m, found, want in zip(loaded.manifest["models"], loaded.found_model_hashes,
+                                                             recorded) if found != want]
+        return failed("models", f"the models at the recorded paths are not the ones the manifest names ({', '.join(differing)}"
+                      " have other content hashes): they changed since the run, or the manifest was rewritten",
+                      differing=differing)
+    return skipped("models", loaded.model_unavailability())

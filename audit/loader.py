@@ -59,6 +59,8 @@ class LoadedTrace:
     _logits_source: str | None = "unknown"
     _ensemble: object = None
     _payload_problems: list[str] | None = None
+    _model_state: str | None = None
+    found_model_hashes: list[str] | None = None
 
     @property
     def orders(self) -> np.ndarray:
@@ -133,32 +135,46 @@ class LoadedTrace:
     def models_available(self) -> bool:
         """The run's models exist where the manifest says, with the content hashes it records
         (teacher-forced runs only: free generation needs the payload)."""
-        if self._ensemble is not None:
-            return True
+        return self.model_state == "available"
+
+    @property
+    def model_state(self) -> str:
+        """"available"; "absent" (not at the recorded paths, or not loadable); "different" (models
+        are there but their content hashes are not the ones the manifest records); or
+        "not-used" (free generation, replayed from the payload only)."""
+        if self._model_state is None:
+            self._model_state = self._load_models()
+        return self._model_state
+
+    def _load_models(self) -> str:
         if self.manifest["data"]["stream"] != "teacher-forced":
-            return False
+            return "not-used"
         models = self.manifest["models"]
-        if not models or not all(Path(m["source"]).exists() for m in models):
-            return False
+        if not models or not all(isinstance(m, dict) and Path(str(m.get("source"))).exists() for m in models):
+            return "absent"
         from decoding.ensemble import Ensemble
 
         try:
             ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
                                                 self.manifest["config"]["models"]["teacher_kind"])
         except (OSError, ValueError):
-            return False
-        if [i.content_hash for i in ensemble.identities] != [m["content_hash"] for m in models]:
-            return False
+            return "absent"
+        self.found_model_hashes = [i.content_hash for i in ensemble.identities]
+        if self.found_model_hashes != [m.get("content_hash") for m in models]:
+            return "different"
         self._ensemble = ensemble
-        return True
+        return "available"
 
     def model_unavailability(self) -> str:
-        if self.manifest["data"]["stream"] != "teacher-forced":
+        if self.model_state == "not-used":
             return "free generation is replayed from the payload only"
-        missing = [m["source"] for m in self.manifest["models"] if not Path(m["source"]).exists()]
+        missing = [str(m.get("source")) for m in self.manifest["models"]
+                   if not isinstance(m, dict) or not Path(str(m.get("source"))).exists()]
         if missing:
             return f"the run's models are not at the recorded paths (first missing: {missing[0]})"
-        return "the models at the recorded paths have other content hashes than the manifest records"
+        if self.model_state == "different":
+            return "the models at the recorded paths have other content hashes than the manifest records"
+        return "the run's models cannot be loaded from the recorded paths"
 
     # -- streaming ----------------------------------------------------------------------------
 
@@ -304,7 +320,11 @@ def load_trace(run_dir: str | Path) -> LoadedTrace:
     block_size = data.get("block_size") if stream == "teacher-forced" else data.get("max_new_tokens")
     if not (isinstance(block_size, int) and block_size >= 1):
         raise TraceError(f"{run_dir / trace.MANIFEST}: config.data has no valid block size for stream {stream!r}")
-    totals = RunTotals(manifest)
+    try:
+        totals = RunTotals(manifest)
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        raise TraceError(f"{run_dir / trace.MANIFEST}: its mechanism's components or their relations are malformed "
+                         f"({error})") from None
     reader = trace.ChainReader(run_dir, manifest, verify=False)
     for block, records in reader:
         if not records:

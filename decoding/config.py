@@ -115,9 +115,7 @@ class RunConfig:
             require_int_at_least("data.max_new_tokens", data.max_new_tokens, 1)
         elif not models.embedded:
             require(data.text is not None, "data.text (a text file) is required with your own models")
-        if data.text is not None:
-            require(Path(data.text).is_file(), f"data.text file does not exist: {data.text}" if not Path(data.text).exists()
-                    else f"data.text must be a file, got {data.text}")
+        require(data.text is None or isinstance(data.text, str), f"data.text must be a string, got {data.text!r}")
         require(_device_ok(models.device), f"models.device must be 'cpu', 'cuda' or 'cuda:N', got {models.device!r}")
 
     def to_dict(self) -> dict:

@@ -171,6 +171,11 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     ball = ball_named(ball)
     pmixed = PMixED(alpha, beta, teachers, ball=ball)
     screen = NoisyScreening(teachers=teachers, lam=lam, sigma=sigma, alpha=alpha, threshold=threshold, top_k=top_k)
+    if screening:
+        with np.errstate(over="ignore"):
+            finite = bool(np.all(np.isfinite(screen.rdp_values(np.asarray([alpha, 256.0])))))
+        require(finite, f"mechanism.sigma = {sigma!r} makes the screening charge (lam / (N sigma))^2 * order overflow "
+                        "to +inf: the run would have no privacy guarantee; choose a larger sigma")
     decode_name = "pmixed_data_dependent" if data_dependent else "pmixed_theorem_3_1"
     components = ({"screen": False} if screening else {}) | {decode_name: data_dependent}
     relations = {decode_name: relation if data_dependent else NeighbouringRelation.ADD_OR_REMOVE_ONE}

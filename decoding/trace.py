@@ -56,6 +56,10 @@ class RunLockedError(ValueError):
     """Another process holds the run directory's lock."""
 
 
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -166,6 +170,8 @@ class ReplayPayload:
 
     def __init__(self, run_dir: Path, index: int):
         self.path = replay_path(run_dir, index)
+        if not self.path.is_file():
+            raise TraceError(f"{self.path}: missing or not a regular file")
         try:
             with open(self.path, "rb") as handle:
                 version = np.lib.format.read_magic(handle)
@@ -174,7 +180,7 @@ class ReplayPayload:
                 shape, fortran, dtype = read_header(handle)
                 self.offset = handle.tell()
         except Exception as error:  # numpy raises several types for damaged files
-            raise TraceError(f"{self.path}: unreadable replay payload ({type(error).__name__}: {error})") from None
+            raise TraceError(f"{self.path}: unreadable replay payload ({type(error).__name__}: {_one_line(error)})") from None
         if len(shape) != 3 or fortran or dtype.kind != "f" or dtype.hasobject:
             raise TraceError(f"{self.path}: replay payload must be a C-ordered 3-d float array (N+1, L, V), got "
                              f"{dtype} {shape}")
@@ -198,6 +204,8 @@ class ReplayPayload:
 def read_json_file(path: Path, what: str) -> dict:
     """A JSON object from `path`; TraceError naming the file for a missing, non-UTF-8, invalid or
     non-object file."""
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO or device would block or never end
+        raise TraceError(f"{path}: not a regular file ({what})")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -265,7 +273,7 @@ def read_chunk(run_dir: Path, index: int) -> list[dict]:
     try:
         return pq.read_table(path).to_pylist()
     except Exception as error:  # pyarrow raises several types for damaged files
-        raise TraceError(f"{path}: unreadable Parquet chunk ({type(error).__name__}: {error})") from None
+        raise TraceError(f"{path}: unreadable Parquet chunk ({type(error).__name__}: {_one_line(error)})") from None
 
 
 class ChainReader:

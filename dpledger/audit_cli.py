@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             report = audit_run(run_dir, args.teachers_sample, args.mc_samples, args.trials, not args.no_game, args.seed,
                                expect_head=args.expect_head)
         except (ValueError, OSError) as error:
-            print(f"dpledger audit: error: {error}", file=sys.stderr)
+            print(f"dpledger audit: error: {' '.join(str(error).split())}", file=sys.stderr)
             statuses.append(EXIT_UNUSABLE)
             continue
         print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else render_summary(report))

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ValueError as error:  # includes UnicodeDecodeError; messages name the file, key or flag
-        print(f"dpledger {args.command}: error: {error}", file=sys.stderr)
+        print(f"dpledger {args.command}: error: {' '.join(str(error).split())}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as error:  # a path that cannot be read or written
         where = f"{error.filename}: " if getattr(error, "filename", None) else ""

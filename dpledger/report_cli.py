@@ -16,8 +16,12 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from reports import load_run, render
 
-    runs = [load_run(d) for d in args.run_dir]
-    text = render(runs, args.format)
+    try:
+        runs = [load_run(d) for d in args.run_dir]
+        text = render(runs, args.format)
+    except (KeyError, TypeError, IndexError, AttributeError) as error:  # a hand-edited ledger.json or audit.json
+        raise ValueError(f"{', '.join(args.run_dir)}: ledger.json or audit.json does not have the fields a report "
+                         f"reads ({type(error).__name__}: {error}); run dpledger audit to find what changed") from None
     out = args.out or (str(Path(args.run_dir[0]) / "report.html") if args.format == "html" else None)
     if out is None:
         print(text)

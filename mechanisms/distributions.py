@@ -20,7 +20,10 @@ def as_float64_array(name: str, values, min_ndim: int = 1) -> np.ndarray:
     """
     if hasattr(values, "detach"):
         values = values.detach().cpu().double().numpy()
-    array = np.asarray(values, dtype=np.float64)
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an array of probabilities, got {type(values).__name__}") from None
     require(array.ndim >= min_ndim, f"{name} must have at least {min_ndim} axes (last = vocabulary), got shape {array.shape}")
     require(array.size > 0, f"{name} must not be empty, got shape {array.shape}")
     require(not bool(np.any(np.isnan(array))), f"{name} must not contain NaN")

@@ -43,7 +43,11 @@ class RunData:
         return self.manifest["config"]["deltas"][0]
 
     def epsilon(self, method: str = "improved") -> dict:
-        return next(e for e in self.ledger["epsilon"] if e["method"] == method and e["delta"] == self.delta)
+        entry = next((e for e in self.ledger["epsilon"] if isinstance(e, dict) and e.get("method") == method
+                      and e.get("delta") == self.delta), None)
+        if entry is None:
+            raise ValueError(f"{self.directory / trace.LEDGER}: no {method} epsilon at the run's delta {self.delta!r}")
+        return entry
 
     @property
     def data_dependent(self) -> bool:

@@ -86,13 +86,13 @@ def privacy_statement(run: RunData) -> list[str]:
         failed = ", ".join(audit["failed_checks"]) or "none"
         ablation = next((c for c in audit["checks"] if c["name"] == "neighbour_ablation"), None)
         evidence = ""
-        if ablation and ablation["status"] != "SKIPPED":
+        if ablation and ablation["status"] != "SKIPPED" and "worst_neighbour" in ablation.get("evidence", {}):
             e = ablation["evidence"]
             evidence = (f" The leave-one-teacher-out ablation found the worst neighbour to be {e['worst_neighbour']} "
                         f"with empirical epsilon {fmt(e['worst_empirical_epsilon'])} against the claimed "
                         f"{fmt(e['claimed_epsilon'])} (ratio {fmt(e['ratio'], 3)}).")
         game = next((c for c in audit["checks"] if c["name"] == "canary_game"), None)
-        if game and game["status"] != "SKIPPED":
+        if game and game["status"] != "SKIPPED" and "epsilon_lower_bound" in game.get("evidence", {}):
             evidence += (f" A distinguishing game on a planted canary gave a lower bound of "
                          f"{fmt(game['evidence']['epsilon_lower_bound'])} on epsilon.")
         applying = [f for f in audit["findings"] if f["applies"] and f["severity"] in ("medium", "high")]
