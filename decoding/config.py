@@ -190,6 +190,9 @@ def config_from_dict(data: dict, out_override: str | None = None) -> RunConfig:
     require(isinstance(mechanism, dict), f"[mechanism] must be a table, got {mechanism!r}")
     require(all(isinstance(key, str) for key in mechanism), f"[mechanism] keys must be strings, got {list(mechanism)!r}")
     require(isinstance(mechanism.get("type"), str), f"mechanism.type must be a string, got {mechanism.get('type')!r}")
+    for key, value in mechanism.items():  # TOML scalars: a nested value or a numpy scalar has no place here
+        require(type(value) in (bool, int, float, str),
+                f"mechanism.{key} must be a number, a string or true/false, got {value!r}")
     return RunConfig(mechanism=dict(mechanism), models=_table(data, "models", ModelsConfig),
                      data=_table(data, "data", DataConfig), **run)
 
