@@ -22,8 +22,8 @@ from decoding.runners import Runner, build_runner
 from decoding.trace import TraceError
 
 PAYLOAD_WINDOW_BYTES = 256 * 2 ** 20
-"""Replay windows hold at most this much of a block's float64 distributions (N+1 rows of V per
-step) at once; a larger block is replayed in windows of fewer steps (per-step randomness makes
+"""Replay windows hold at most this much of a block's float64 work (N+1 distributions and the
+per-order kernels' arrays, V wide, per step) at once; a larger block is replayed in windows of fewer steps (per-step randomness makes
 every window exact)."""
 MAX_PROBLEMS = 50
 BASE_FIELDS = frozenset({"step", "block", "position", "query_id", "context_token", "true_token", "output_token",
@@ -194,7 +194,8 @@ class LoadedTrace:
         return build_runner({"type": self.mechanism_type, **self.params}, self.n_teachers, self.manifest["relation"])
 
     def window_rows(self) -> int:
-        per_step = (self.n_teachers + 1) * int(self.manifest["vocab_size"]) * 8 * 4  # a few float64 copies
+        # a few float64 copies of a step's (N+1) x V distributions and of the kernels' (orders x V) work
+        per_step = (self.n_teachers + 1 + len(self.manifest["orders"])) * int(self.manifest["vocab_size"]) * 8 * 4
         return max(1, PAYLOAD_WINDOW_BYTES // max(per_step, 1))
 
     def _model_logits(self, records: list[dict]) -> torch.Tensor:

@@ -149,13 +149,15 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
     def sampler(runner, world_logits):
         def sample(n, rng):
             generator = torch.Generator().manual_seed(int(rng.integers(2 ** 62)))
-            tokens = []
-            for start in range(0, n, chunk):
-                rows = min(chunk, n - start)
-                public, teachers = Ensemble.split_distributions(world_logits.expand(-1, rows, -1))
-                # The output does not depend on the order grid; only the first chunk of the world
-                # with the canary needs the full grid, for the one-query claim.
+            tokens, start = [], 0
+            while start < n:
+                # The output does not depend on the order grid; only the first draw of the world with
+                # the canary needs the full grid, for the one-query claim: one row, so that the
+                # per-order kernels hold one step's (orders x V) arrays, not a chunk's.
                 first = runner is runner_in and "curve" not in claimed_one
+                rows = 1 if first else min(chunk, n - start)
+                start += rows
+                public, teachers = Ensemble.split_distributions(world_logits.expand(-1, rows, -1))
                 orders = trace.orders if first else trace.orders[:1]
                 outcome = runner.process(public, teachers, generator, orders)
                 tokens.append(torch.multinomial(outcome.output, 1, generator=generator)[:, 0].numpy())

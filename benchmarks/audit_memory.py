@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--teachers", type=int, default=100)
-    parser.add_argument("--payload-steps", type=int, nargs="+", default=[2_000, 20_000],
+    parser.add_argument("--payload-steps", type=int, nargs="*", default=[2_000, 20_000],
                         help="lengths of the runs with a replay payload (V = 32)")
     parser.add_argument("--demo", help="a demo run directory to audit too (e.g. runs/demo/adapmixed)")
     parser.add_argument("--paper-block", type=int, default=16, metavar="STEPS",
@@ -59,24 +59,28 @@ def main(argv=None) -> int:
                              "128-step block (0 to skip)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "audit_memory.json"))
     args = parser.parse_args(argv)
-    results = {"runs": []}
+    out = Path(args.out)
+    # a section not run this time (--steps 0, --payload-steps with no value, --paper-block 0) keeps its last result
+    results = json.loads(out.read_text()) if out.exists() else {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        # the same trace shape at 1x and 10x the length: peak memory must not follow the length
-        for steps in (args.steps // 10, args.steps):
-            results["runs"].append(synthetic(root, steps, args.teachers, 16, 128, payload=False))
-            print(results["runs"][-1], flush=True)
-        for steps in args.payload_steps:
-            results["runs"].append(synthetic(root, steps, args.teachers, 32, 128, payload=True))
-            print(results["runs"][-1], flush=True)
+        if args.steps:  # the same trace shape at 1x and 10x the length: peak memory must not follow the length
+            results["records_only"] = [synthetic(root, steps, args.teachers, 16, 128, payload=False)
+                                       for steps in (args.steps // 10, args.steps)]
+            print(results["records_only"], flush=True)
+        if args.payload_steps:
+            results["with_payload"] = [synthetic(root, steps, args.teachers, 32, 128, payload=True)
+                                       for steps in args.payload_steps]
+            print(results["with_payload"], flush=True)
         if args.paper_block:
             results["paper_block"] = synthetic(root, args.paper_block, 100, 50_257, 128, payload=True)
             print(results["paper_block"], flush=True)
     if args.demo:
         results["demo"] = {"run": args.demo, **_audit_peak(Path(args.demo), game=True)}
         print(results["demo"])
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    results.pop("runs", None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 
