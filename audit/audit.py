@@ -190,15 +190,13 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
 def audit_binding(run_dir: str | Path, audit: dict) -> str | None:
     """None when audit.json was made for the run's current manifest, ledger.json and chain head;
     otherwise why it is stale (a report must not print its verdict beside other numbers)."""
-    import hashlib
-
     run_dir = Path(run_dir)
     audited = audit.get("audited") if isinstance(audit, dict) else None
     if not isinstance(audited, dict):
         return "audit.json records no hashes of what it audited (made by an older dpledger)"
     try:
-        current = {"manifest_sha256": hashlib.sha256((run_dir / trace_files.MANIFEST).read_bytes()).hexdigest(),
-                   "ledger_sha256": hashlib.sha256((run_dir / trace_files.LEDGER).read_bytes()).hexdigest(),
+        current = {"manifest_sha256": trace_files.file_sha256(run_dir / trace_files.MANIFEST),
+                   "ledger_sha256": trace_files.file_sha256(run_dir / trace_files.LEDGER),
                    "head": trace_files.read_final(run_dir).get("head")}
     except (OSError, ValueError) as error:
         return f"the run's files cannot be hashed ({error})"

@@ -147,13 +147,9 @@ def check_payload(loaded: LoadedTrace) -> CheckResult:
     integrity failure (users delete large payloads) but leaves the replay to the models."""
     if not loaded.manifest.get("replay_payload"):
         return skipped("payload", "the run kept no exact-replay payload")
-    changed, missing = [], []
-    for info in loaded.blocks_info:
-        path = trace.replay_path(loaded.directory, info.index)
-        if not path.exists():
-            missing.append(path.name)
-        elif trace.file_sha256(path) != info.payload_sha256:
-            changed.append(path.name)
+    named = {state: [trace.replay_path(loaded.directory, index).name for index, s in loaded.payload_states.items()
+                     if s == state] for state in ("changed", "missing")}
+    changed, missing = named["changed"], named["missing"]
     replay_dir = loaded.directory / trace.REPLAY_DIR
     expected = {trace.replay_path(loaded.directory, info.index).name for info in loaded.blocks_info}
     stray = sorted(p.name for p in replay_dir.iterdir() if p.name not in expected) if replay_dir.is_dir() else []

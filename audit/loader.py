@@ -8,7 +8,6 @@ structure against the manifest (trace_consistency reports what it found).
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -58,7 +57,7 @@ class LoadedTrace:
     ledger_sha256: str = ""
     _logits_source: str | None = "unknown"
     _ensemble: object = None
-    _payload_problems: list[str] | None = None
+    _payload_states: dict[int, str] | None = None
     _model_state: str | None = None
     found_model_hashes: list[str] | None = None
 
@@ -110,22 +109,26 @@ class LoadedTrace:
     @property
     def payload_problems(self) -> list[str]:
         """Why the replay payload cannot be used ([] when it can)."""
-        if self._payload_problems is None:
-            problems = []
-            if not self.manifest.get("replay_payload"):
-                problems.append("the run kept no exact-replay payload (replay_payload = false)")
-            else:
+        if not self.manifest.get("replay_payload"):
+            return ["the run kept no exact-replay payload (replay_payload = false)"]
+        problems = [f"{trace.replay_path(self.directory, index)}: " + ("missing" if state == "missing" else
+                    f"its sha256 differs from the one chained in block {index}'s records (changed after the run)")
+                    for index, state in self.payload_states.items() if state != "intact"]
+        return problems[:5]
+
+    @property
+    def payload_states(self) -> dict[int, str]:
+        """Per block: "intact" (its file has the chained sha256), "missing" or "changed"; each file is
+        hashed once per audit ({} when the run kept no payload)."""
+        if self._payload_states is None:
+            states = {}
+            if self.manifest.get("replay_payload"):
                 for info in self.blocks_info:
                     path = trace.replay_path(self.directory, info.index)
-                    if not path.exists():
-                        problems.append(f"{path}: missing")
-                    elif trace.file_sha256(path) != info.payload_sha256:
-                        problems.append(f"{path}: its sha256 differs from the one chained in block {info.index}'s "
-                                        "records (the payload was changed after the run)")
-                    if len(problems) >= 5:
-                        break
-            self._payload_problems = problems
-        return self._payload_problems
+                    states[info.index] = ("missing" if not path.exists() else
+                                          "intact" if trace.file_sha256(path) == info.payload_sha256 else "changed")
+            self._payload_states = states
+        return self._payload_states
 
     @property
     def payload_intact(self) -> bool:
@@ -227,10 +230,6 @@ class LoadedTrace:
         return torch.cat(parts, dim=1)
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _expected_fields(manifest: dict) -> set[str]:
     return set(BASE_FIELDS) | {f"rdp_{name}" for name in manifest["mechanism"]["components"]}
 
@@ -314,7 +313,8 @@ def load_trace(run_dir: str | Path) -> LoadedTrace:
     ledger = trace.read_ledger(run_dir)
     final = trace.read_final(run_dir)
     loaded = LoadedTrace(run_dir, manifest, ledger, final, None, "", 0, [], None, None,
-                         manifest_sha256=_sha256(run_dir / trace.MANIFEST), ledger_sha256=_sha256(run_dir / trace.LEDGER))
+                         manifest_sha256=trace.file_sha256(run_dir / trace.MANIFEST),
+                         ledger_sha256=trace.file_sha256(run_dir / trace.LEDGER))
     config = manifest["config"]
     stream = manifest["data"].get("stream")
     data = config.get("data", {}) if isinstance(config.get("data"), dict) else {}
