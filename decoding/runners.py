@@ -15,12 +15,13 @@ import torch
 
 from accounting.errors import require
 from accounting.relation import NeighbouringRelation, neighbouring_relation
-from mechanisms.adapmixed import loss_covering
-from mechanisms.kernels import add_one_divergence_bounds, leave_one_out_divergences, mixed_teachers
+from mechanisms.adapmixed import AdaPMixED
+from mechanisms.kernels import leave_one_out_curve, leave_one_out_divergences, mixed_teachers
 from mechanisms.pmixed import Ball, PMixED, SubsampledPMixED, SubsamplingVariant, ball_named
 from mechanisms.pmixed import subsampling_variant as variant_named
 from mechanisms.randomness import uniform
 from mechanisms.screening import NoisyScreening
+from mechanisms.step import adapmixed_step, pmixed_step
 
 ACCOUNTING_CHOICES = ("released-output", "realised-path")
 """How a screened mechanism is charged (adapmixed_runner's docstring has the analysis)."""
@@ -67,17 +68,12 @@ def _ensemble(public, teachers, generator, orders) -> BlockOutcome:
 
 
 def _pmixed_step(pmixed: PMixED, public, teachers, orders_t, mask=None):
-    lambdas = pmixed.mixing_weights_tensor(teachers, public)
-    mixed = mixed_teachers(teachers, public, lambdas)
-    if mask is None:
-        output = mixed.mean(dim=-2)
-        observed = leave_one_out_divergences(mixed, orders_t).max(dim=-2).values
-    else:
-        weights = mask.double().unsqueeze(-1)
-        size = weights.sum(dim=-2)
-        output = torch.where(size > 0, (weights * mixed).sum(dim=-2) / size.clamp_min(1.0), public)
-        observed = leave_one_out_divergences(mixed, orders_t, mask, public).max(dim=-2).values
-    return lambdas, output, observed.numpy()
+    """PMixED's step (mechanisms.step.pmixed_step) plus the exact leave-one-out loss at every order,
+    recorded for the audit's Theorem 3.1 check though not charged."""
+    result = pmixed_step(pmixed, teachers, public, orders_t.numpy(), mask)
+    mixed = mixed_teachers(teachers, public, result.lambdas)
+    observed = leave_one_out_divergences(mixed, orders_t, mask, None if mask is None else public).max(dim=-2).values
+    return result.lambdas, result.output, observed.numpy()
 
 
 def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float | None = None,
@@ -176,33 +172,24 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
             finite = bool(np.all(np.isfinite(screen.rdp_values(np.asarray([alpha, 256.0])))))
         require(finite, f"mechanism.sigma = {sigma!r} makes the screening charge (lam / (N sigma))^2 * order overflow "
                         "to +inf: the run would have no privacy guarantee; choose a larger sigma")
+    mechanism = AdaPMixED(pmixed, screen)
     decode_name = "pmixed_data_dependent" if data_dependent else "pmixed_theorem_3_1"
     components = ({"screen": False} if screening else {}) | {decode_name: data_dependent}
     relations = {decode_name: relation if data_dependent else NeighbouringRelation.ADD_OR_REMOVE_ONE}
-    charge_every_step = accounting == "released-output"
-    beta_all_orders = beta if ball is Ball.ALL_ORDERS else None
 
     def process(public, teacher_probs, generator, orders):
-        length = public.shape[0]
-        if screening:
-            statistic = screen.statistics(teacher_probs, public, generator)
-            passed = statistic <= threshold
-        else:
-            statistic, passed = None, torch.ones(length, dtype=torch.bool)
-        lambdas, mixed_output, observed = _pmixed_step(pmixed, public, teacher_probs, torch.from_numpy(orders))
-        output = torch.where(passed.unsqueeze(-1), mixed_output, public)
-        bound = np.broadcast_to(pmixed.rdp_values(orders), observed.shape).copy()
-        added = (add_one_divergence_bounds(mixed_output, public, teachers, torch.from_numpy(orders), alpha,
-                                           pmixed.radius, beta_all_orders).numpy()
-                 if data_dependent and "add" in relation.moves else None)
-        per_step = loss_covering(relation, lambda: observed, lambda: added) if data_dependent else bound
-        charged_steps = np.ones((length, 1), dtype=bool) if charge_every_step else passed.numpy()[:, None]
-        charged = {decode_name: np.where(charged_steps, per_step, 0.0)}
-        if screening:
-            charged["screen"] = np.broadcast_to(screen.rdp_values(orders), observed.shape).copy()
-        return BlockOutcome(output=output, charged=charged, lambdas=lambdas.numpy(),
-                            screen_statistic=None if statistic is None else statistic.numpy(), screen_passed=passed.numpy(),
-                            observed_data_dependent=observed, data_independent=bound, add_one_bound=added)
+        result = adapmixed_step(mechanism, teacher_probs, public, generator if screening else None, orders, relation,
+                                accounting, screening, data_dependent)
+        if data_dependent:   # the remove-one part of what was charged, on the same sub-grid
+            observed = (result.data_dependent if "remove" in relation.moves
+                        else leave_one_out_curve(teacher_probs, public, result.lambdas, orders)[0])
+        else:                # not charged: exact at every order, for the audit's Theorem 3.1 check
+            observed = leave_one_out_divergences(mixed_teachers(teacher_probs, public, result.lambdas),
+                                                 torch.from_numpy(orders)).max(dim=-2).values.numpy()
+        return BlockOutcome(output=result.output, charged=result.charged, lambdas=result.lambdas.numpy(),
+                            screen_statistic=result.screen_statistic if screening else None,
+                            screen_passed=result.screen_passed, observed_data_dependent=observed,
+                            data_independent=result.details["data_independent"], add_one_bound=result.add_one_bound)
 
     params = dict(alpha=alpha, beta=beta, teachers=teachers, lam=lam, sigma=sigma, threshold=threshold, top_k=top_k,
                   screening=screening, data_dependent=data_dependent, accounting=accounting)

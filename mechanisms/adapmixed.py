@@ -113,6 +113,17 @@ class AdaPMixED:
     def relation(self) -> NeighbouringRelation:
         return self.pmixed.relation
 
+    def step(self, teachers, public, generator=None, orders=None, relation=None, accounting: str = "released-output"):
+        """One AdaPMixED step for a batch of steps, as the decode loop runs it: teachers (..., N, V)
+        and public (..., V), numpy or torch on any device; `generator` a torch.Generator (or
+        mechanisms.randomness.StepGenerators) for the screening noise. Returns a
+        mechanisms.step.StepResult: the distribution to sample from, lambdas, screening statistic
+        and decision, and the charged curve by component on `orders` (default
+        accounting.orders.DEFAULT_ORDERS), covering `relation` (default: the mechanism's)."""
+        from mechanisms.step import adapmixed_step
+
+        return adapmixed_step(self, teachers, public, generator, orders, relation, accounting)
+
     @classmethod
     def paper_defaults(cls, teachers: int = 100) -> "AdaPMixED":
         return cls(PMixED(alpha=18.0, beta=0.2, teachers=teachers),

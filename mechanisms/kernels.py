@@ -1,5 +1,6 @@
-"""Vectorised kernels (torch interfaces; the divergence's inner loop runs in numpy on the CPU):
-log-space Renyi divergences, PMixED mixing weights, leave-one-out losses, coordinated votes.
+"""Vectorised kernels (torch interfaces): log-space Renyi divergences, PMixED mixing weights,
+leave-one-out losses and their order curves, the add-one bound, coordinated votes. CPU tensors run
+the fused numba kernels of mechanisms.fused; tensors on a GPU run torch forms on their device.
 
 All arithmetic is float64 in log space (float32 underflows at high orders): D_a(P||Q) is
 1/(a-1) * logsumexp_j(log Q_j + a (log P_j - log Q_j)); P_j^a is never formed. Terms with
@@ -7,6 +8,7 @@ P_j = Q_j = 0 contribute 0; P_j > 0 = Q_j gives +inf (pitfall 9: never NaN -> 0)
 """
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -15,7 +17,17 @@ import torch
 from accounting.rounding import ROUNDING_ULPS
 from mechanisms.divergence import log_mean_with_one_exp
 
-_CHUNK_ELEMENTS = 1 << 16  # 512 KB of float64 per buffer: stays in cache
+_SLACK_PER_ULP = 1.0
+"""The rounding-up allowance is ROUNDING_ULPS * _SLACK_PER_ULP per unit of magnitude: 8 ulps,
+which covers the fused kernels' exp and log (within mechanisms.fastmath.MAX_ULPS = 2 ulps of the
+true value) as it covered the C library's; tests/test_differential.py holds both to mpmath."""
+_SLACK_ULPS = ROUNDING_ULPS * _SLACK_PER_ULP
+
+
+def _set_threads() -> None:
+    from numba import set_num_threads
+
+    set_num_threads(kernel_threads())
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:
@@ -23,9 +35,11 @@ def _log(x: torch.Tensor) -> torch.Tensor:
 
 
 def kernel_threads() -> int:
-    """Worker threads for the divergence kernel: $DPLEDGER_KERNEL_THREADS, default 1 (robust on
-    shared 2-core machines; set 2 for long audits on an otherwise idle machine)."""
-    return max(1, int(os.environ.get("DPLEDGER_KERNEL_THREADS", "1")))
+    """Worker threads for the fused kernels: $DPLEDGER_KERNEL_THREADS, default 1 (robust on shared
+    2-core machines; set 2 for long audits on an otherwise idle machine), at most the cores numba has."""
+    from numba import config
+
+    return max(1, min(int(os.environ.get("DPLEDGER_KERNEL_THREADS", "1")), config.NUMBA_NUM_THREADS))
 
 
 def _row_source(shape: tuple[int, ...], batch_shape: tuple[int, ...], rows: np.ndarray) -> np.ndarray:
@@ -39,80 +53,65 @@ def _row_source(shape: tuple[int, ...], batch_shape: tuple[int, ...], rows: np.n
 def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
     """D_a(P||Q) for every order a in `orders` (shape (K,)): result shape broadcast(P, Q)[:-1] + (K,).
 
-    van Erven & Harremoes 2014, Definition 2 (the Renyi divergence of order a > 1). The loop runs
-    in numpy over cache-sized chunks of rows, gathered from the (broadcast) inputs without
-    materialising the broadcast, in place on one buffer: on CPU ~5x faster than the same loop in
-    torch. Tensors on another device are brought to the CPU.
+    van Erven & Harremoes 2014, Definition 2 (the Renyi divergence of order a > 1):
+    D_a = log sum_j Q_j exp(a (log P_j - log Q_j)) / (a - 1). CPU tensors run the fused kernel
+    (mechanisms.fused.renyi_log_moments: one pass per order, rows gathered from the broadcast inputs
+    without materialising the broadcast); tensors on another device run the same arithmetic in
+    torch there (renyi_divergence_orders_torch). Both round up by the same bound.
     """
-    device = log_p.device
-    batch_shape = tuple(np.broadcast_shapes(tuple(log_p.shape[:-1]), tuple(log_q.shape[:-1])))
+    batch_shape = tuple(torch.broadcast_shapes(tuple(log_p.shape[:-1]), tuple(log_q.shape[:-1])))
     vocab = log_p.shape[-1]
     if log_q.shape[-1] != vocab:
         raise ValueError(f"P and Q must share the vocabulary axis, got {vocab} and {log_q.shape[-1]}")
-    lp = log_p.detach().cpu().double().numpy().reshape(-1, vocab)
-    lq = log_q.detach().cpu().double().numpy().reshape(-1, vocab)
-    orders_np = orders.detach().cpu().double().numpy().reshape(-1)
+    if log_p.device.type != "cpu" or log_q.device.type != "cpu":
+        return renyi_divergence_orders_torch(log_p, log_q, orders)
+    from mechanisms.fused import renyi_log_moments
+
+    lp = np.ascontiguousarray(log_p.detach().double().numpy().reshape(-1, vocab))
+    lq = np.ascontiguousarray(log_q.detach().double().numpy().reshape(-1, vocab))
+    orders_np = np.ascontiguousarray(orders.detach().cpu().double().numpy().reshape(-1))
     rows = int(np.prod(batch_shape)) if batch_shape else 1
-    result = np.empty((rows, orders_np.size))
-    chunk = max(1, _CHUNK_ELEMENTS // vocab)
+    flat = np.arange(rows)
     p_shape, q_shape = tuple(log_p.shape[:-1]), tuple(log_q.shape[:-1])
+    moments = np.empty((rows, orders_np.size))
+    _set_threads()
+    renyi_log_moments(lp, lq, _row_source(p_shape, batch_shape, flat), _row_source(q_shape, batch_shape, flat),
+                      orders_np, _SLACK_ULPS, moments)
+    return torch.from_numpy(_divergences_from_moments(moments, orders_np).reshape(*batch_shape, orders_np.size))
 
-    def run_chunks(starts: range) -> None:
-        buffer = np.empty((min(chunk, rows), vocab))
-        for start in starts:
-            flat = np.arange(start, min(start + chunk, rows))
-            chunk_p = lp[_row_source(p_shape, batch_shape, flat)]
-            chunk_q = lq[_row_source(q_shape, batch_shape, flat)]
-            p_zero, q_zero = np.isneginf(chunk_p), np.isneginf(chunk_q)
-            with np.errstate(invalid="ignore"):
-                # Terms with P_j = 0 contribute 0 (also when Q_j = 0: never -inf - -inf = NaN).
-                ratio = np.where(p_zero, -np.inf, chunk_p - chunk_q)
-            base = np.where(q_zero & ~p_zero, 0.0, chunk_q)
-            # max_j |log P_j| + max_j |log Q_j| (+2 ulps for the rounding of the probabilities
-            # themselves): the scale of every exponent's rounding error, per row
-            magnitude = (np.abs(np.where(p_zero, 0.0, chunk_p)).max(axis=-1)
-                         + np.abs(np.where(q_zero, 0.0, chunk_q)).max(axis=-1) + 2.0)
-            work = buffer[:flat.size]
-            for k, order in enumerate(orders_np):
-                np.multiply(ratio, order, out=work)
-                work += base                                    # log Q_j + a log(P_j / Q_j)
-                shift = work.max(axis=-1, keepdims=True)
-                shift[~np.isfinite(shift)] = 0.0
-                work -= shift
-                # exp below e^-700 relative to the largest term changes the sum by < 1e-299 relative,
-                # and subnormal results take a slow microcode path on x86 (3x slower overall)
-                np.maximum(work, -700.0, out=work)
-                with np.errstate(over="ignore"):  # +inf only in rows with P_j > 0 = Q_j, set to inf below
-                    np.exp(work, out=work)
-                total = work.sum(axis=-1)
-                log_sum = np.log(total) + shift[:, 0]
-                # Rounded up by a bound on the floating-point error: each exponent a (log P - log Q)
-                # + log Q is off by at most ~(a+1) ulps of `magnitude` (the logs of rounded,
-                # renormalised probabilities are off by an ulp even near log 1 = 0); the sum and the
-                # log add a few ulps. Without this, two different laws can come out at exactly 0
-                # (D_2 of (1/2 + 2^-30, 1/2 - 2^-30) against uniform is 3.5e-18), and a zero makes
-                # delta 0 at every epsilon. For LM-like rows (tails at 1e-30) it is ~3e-13 (a+1)/(a-1).
-                slack = ROUNDING_ULPS * ((order + 1.0) * magnitude + np.log2(vocab) + 2.0 + np.abs(log_sum))
-                result[flat, k] = (log_sum + slack) / (order - 1.0)
-            result[flat[np.all(chunk_p == chunk_q, axis=-1)]] = 0.0     # identical laws: exactly 0
-            result[flat[np.any(~p_zero & q_zero, axis=-1)]] = np.inf   # P has mass outside Q's support
 
-    starts = range(0, rows, chunk)
-    workers = min(kernel_threads(), len(starts))
-    if workers <= 1:
-        run_chunks(starts)
-    else:  # numpy releases the GIL inside ufuncs, so threads over disjoint chunks run in parallel
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(run_chunks, [starts[i::workers] for i in range(workers)]))
-    nan = np.isnan(result)
-    if np.any(nan):  # a NaN input (e.g. a NaN logit) would otherwise pass np.maximum as NaN, or worse
+def _divergences_from_moments(moments: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    """D_a = g / (a - 1) from g = (a - 1) D_a, rounded up; ValueError for a NaN (a NaN or inf input)."""
+    nan = np.isnan(moments)
+    if np.any(nan):
         raise ValueError(f"Renyi divergence is NaN in row {int(np.argmax(nan.any(axis=-1)))}: an input "
                          "distribution holds NaN or inf")
-    # Rounding can leave -1e-17 for identical inputs; divergences are >= 0 (Theorem 8, ibid.).
-    np.maximum(result, 0.0, out=result)
-    return torch.from_numpy(result.reshape(*batch_shape, orders_np.size)).to(device)
+    return np.maximum(moments / (orders - 1.0), 0.0)
+
+
+def renyi_divergence_orders_torch(log_p: torch.Tensor, log_q: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
+    """renyi_divergence_orders in torch on the inputs' device (a GPU's): one logsumexp per order,
+    the same special cases and the same rounding up as the fused kernel. Also the straightforward
+    form the tests hold the fused kernel to."""
+    log_p, log_q = torch.broadcast_tensors(log_p.double(), log_q.double())
+    orders = orders.to(log_p.device).double().reshape(-1)
+    p_zero, q_zero = torch.isneginf(log_p), torch.isneginf(log_q)
+    ratio = torch.where(p_zero, -torch.inf, log_p - log_q)
+    base = torch.where(q_zero & ~p_zero, 0.0, log_q)
+    magnitude = (torch.where(p_zero, 0.0, log_p.abs()).amax(dim=-1)
+                 + torch.where(q_zero, 0.0, log_q.abs()).amax(dim=-1) + 2.0)
+    columns = []
+    for order in orders:
+        value = torch.logsumexp(base + order * ratio, dim=-1)
+        slack = ROUNDING_ULPS * _SLACK_PER_ULP * ((order + 1.0) * magnitude + math.log2(log_p.shape[-1]) + 2.0
+                                                  + value.abs())
+        columns.append(value + slack)
+    moments = torch.stack(columns, dim=-1).clamp_min(0.0)
+    moments = torch.where((log_p == log_q).all(dim=-1, keepdim=True), 0.0, moments)
+    moments = torch.where((~p_zero & q_zero).any(dim=-1, keepdim=True), torch.inf, moments)
+    if bool(torch.isnan(moments).any()):
+        raise ValueError("Renyi divergence is NaN: an input distribution holds NaN or inf")
+    return (moments / (orders - 1.0)).clamp_min(0.0)
 
 
 def symmetric_renyi_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
@@ -135,29 +134,62 @@ def max_divergence_symmetric(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.
 
 
 def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, radius: float,
-                   max_iterations: int = 60, relative_tolerance: float = 1e-10) -> torch.Tensor:
+                   relative_tolerance: float = 1e-10) -> torch.Tensor:
     """Largest lambda in [0, 1] per teacher with D<->_order(lambda p_i + (1-lambda) p0, p0) <= radius.
 
     PMixED projection (Flemings et al. 2024, Algorithm 2 and Appendix C): the ball at one order.
     teachers: (..., N, V); public: (..., V). Returns lambdas (..., N) in float64.
     """
-    return ball_mixing_weights(teachers, public, (order,), (radius,), None, max_iterations, relative_tolerance)
+    return ball_mixing_weights(teachers, public, (order,), (radius,), None, relative_tolerance)
 
 
 def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, radii, max_radius: float | None = None,
-                        max_iterations: int = 60, relative_tolerance: float = 1e-10) -> torch.Tensor:
+                        relative_tolerance: float = 1e-10) -> torch.Tensor:
     """Largest lambda in [0, 1] per teacher such that the mixed teacher lambda p_i + (1-lambda) p0
     satisfies D<->_k(., p0) <= radius_k at every order k of `orders` and, when `max_radius` is
-    given, D<->_inf(., p0) <= max_radius.
+    given, D<->_inf(., p0) <= max_radius (Flemings et al. 2024, Algorithm 2 and Appendix C).
 
     Each divergence is non-decreasing in lambda (quasi-convexity, van Erven & Harremoes 2014
-    Theorem 13, with value 0 at lambda = 0), so the largest constraint excess is too, and its root
-    is bracketed by [0, 1]. It is found by the Illinois variant of regula falsi (superlinear,
-    bisection where the secant is undefined), for all teachers at once; only teachers infeasible at
-    lambda = 1 are iterated. The returned value is always the feasible end of the bracket ("err on
-    the small side"), within `relative_tolerance` * radius of the boundary, or within 1e-12 in lambda.
+    Theorem 13, with value 0 at lambda = 0), and exp((k-1) D_k) of the mixed teacher is convex in
+    lambda (a sum of p0_j (1 + lambda delta_j)^c, c = k > 1 or c = 1 - k < 0). CPU tensors run the
+    fused safeguarded Newton solver (mechanisms.fused.solve_mixing_weights), one teacher at a time
+    in cache; other devices run ball_mixing_weights_torch there. Either way the returned value is
+    the feasible end of a bracket, as evaluated in float64, 1e-12 inside the ball and within
+    `relative_tolerance` * radius of its boundary (or 1e-12 in lambda).
 
     teachers: (..., N, V); public: (..., V). Returns lambdas (..., N) in float64.
+    """
+    if teachers.device.type != "cpu":
+        return ball_mixing_weights_torch(teachers, public, orders, radii, max_radius, relative_tolerance=relative_tolerance)
+    from mechanisms.fused import solve_mixing_weights
+
+    orders_np = np.asarray([float(o) for o in orders], dtype=np.float64)
+    # aim 1e-12 inside the ball: the divergence of the mixed teacher, recomputed elsewhere from
+    # rows renormalised to sum to 1, may differ from this evaluation by a few ulps
+    log_targets = np.asarray([(o - 1.0) * float(r) * (1.0 - 1e-12) for o, r in zip(orders_np, radii)])
+    max_log_ratio = np.inf if max_radius is None else float(max_radius) * (1.0 - 1e-12)
+    vocab = teachers.shape[-1]
+    flat_teachers = np.ascontiguousarray(teachers.detach().double().numpy().reshape(-1, teachers.shape[-2], vocab))
+    flat_public = np.ascontiguousarray(public.detach().double().numpy().reshape(-1, vocab))
+    if np.isnan(flat_teachers).any() or np.isnan(flat_public).any():
+        raise ValueError("mixing weights: an input distribution holds NaN")
+    lambdas = np.empty(flat_teachers.shape[:2])
+    evaluations = np.empty(flat_teachers.shape[:2], dtype=np.int64)
+    _set_threads()
+    for row in range(flat_teachers.shape[0]):
+        solve_mixing_weights(flat_teachers[row], flat_public[row], orders_np, log_targets, max_log_ratio,
+                             relative_tolerance, 200, _SLACK_ULPS, lambdas[row], evaluations[row])
+    return torch.from_numpy(lambdas.reshape(teachers.shape[:-1]))
+
+
+def ball_mixing_weights_torch(teachers: torch.Tensor, public: torch.Tensor, orders, radii,
+                              max_radius: float | None = None, max_iterations: int = 60,
+                              relative_tolerance: float = 1e-10) -> torch.Tensor:
+    """ball_mixing_weights by the Illinois variant of regula falsi in torch, on the inputs' device,
+    for all teachers at once (only teachers infeasible at lambda = 1 are iterated): the form a GPU
+    runs, and the straightforward one the tests hold the fused solver to. The largest constraint
+    excess is non-decreasing in lambda, so its root is bracketed by [0, 1]; the returned value is
+    the feasible end of the bracket ("err on the small side").
     """
     teachers = teachers.double()
     public = public.double()
@@ -175,7 +207,9 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, ra
         mixed = lam.unsqueeze(-1) * p + (1.0 - lam.unsqueeze(-1)) * q
         log_mixed = _log(mixed)
         # the largest excess over the constraints: each is non-decreasing in lambda, so is their maximum
-        worst = (symmetric_renyi_orders(log_mixed, log_q, order_t) - radii_t).amax(dim=-1)
+        symmetric = torch.maximum(renyi_divergence_orders_torch(log_mixed, log_q, order_t),
+                                  renyi_divergence_orders_torch(log_q, log_mixed, order_t))
+        worst = (symmetric - radii_t).amax(dim=-1)
         if max_radius is not None:
             worst = torch.maximum(worst, max_divergence_symmetric(log_mixed, log_q) - max_radius)
         return worst
@@ -185,7 +219,7 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, ra
         return lambdas.reshape(teachers.shape[:-1])
     p_active, q_active = flat_teachers[active], flat_public[active]   # gathered once
     log_q_active = _log(q_active)
-    low = torch.zeros(active.numel(), dtype=torch.float64)
+    low = torch.zeros(active.numel(), dtype=torch.float64, device=teachers.device)
     high = torch.ones_like(low)
     true_low = torch.full_like(low, -smallest)          # f(low): the stopping test uses the true value
     weight_low, weight_high = true_low.clone(), excess(p_active, q_active, log_q_active, high)   # Illinois-weighted end values
@@ -234,7 +268,7 @@ def sums_without_each(values: torch.Tensor) -> torch.Tensor:
 
 def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: torch.Tensor | None = None,
                               public: torch.Tensor | None = None) -> torch.Tensor:
-    """D<->_a(p, p_{-i}) for every teacher i and order a: shape (..., N, K).
+    """D<->_a(p, p_{-i}) for every teacher i and order a, exact at every order: shape (..., N, K).
 
     p = mean_i pbar_i and p_{-i} = sum_{j != i} pbar_j / (N - 1) (Flemings et al. 2024, Eq. 3),
     summed without subtraction (`sums_without_each`). The other teachers' lambdas do not change
@@ -242,7 +276,193 @@ def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: t
     With `mask` (..., N), only the masked (e.g. Poisson-sampled) teachers form the ensemble:
     removing an unsampled teacher changes nothing (divergence 0), and removing the only sampled
     teacher leaves the public model `public` (..., V), PMixED's answer for an empty ensemble.
+    Unmasked CPU input runs the fused kernels (mechanisms.fused); the rest runs in torch.
     """
+    n = mixed.shape[-2]
+    if mask is None and mixed.device.type == "cpu":
+        if n < 2:
+            raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
+        orders_np = orders.detach().cpu().double().numpy().reshape(-1)
+        flat = mixed.detach().double().reshape(-1, n, mixed.shape[-1]).numpy()
+        out = np.empty((flat.shape[0], n, orders_np.size))
+        for row in range(flat.shape[0]):
+            ratios = _LeaveOneOut.of_mixed(flat[row])
+            out[row] = _divergences_from_moments(ratios.moments(np.arange(n), orders_np)[0], orders_np)
+        return torch.from_numpy(out.reshape(*mixed.shape[:-1], orders_np.size))
+    return leave_one_out_divergences_torch(mixed, orders, mask, public)
+
+
+class _LeaveOneOut:
+    """One step's rows p_-i / p and their logs (mechanisms.fused.leave_one_out_log_ratios) from the
+    teachers, the public model and the lambdas, ready for exact log-moments at any order for any
+    subset of teachers."""
+
+    def __init__(self, teachers: np.ndarray, public: np.ndarray, lambdas: np.ndarray,
+                 reuse: "_LeaveOneOut | None" = None):
+        from mechanisms.fused import leave_one_out_log_ratios
+
+        teachers = np.ascontiguousarray(teachers, dtype=np.float64)
+        public = np.ascontiguousarray(public, dtype=np.float64)
+        lambdas = np.ascontiguousarray(lambdas, dtype=np.float64)
+        if reuse is not None and reuse.ratios.shape == teachers.shape:   # a block's steps share the buffers
+            self.output, self.log_output, self.ratios = reuse.output, reuse.log_output, reuse.ratios
+            self.log_ratios, self.spans = reuse.log_ratios, reuse.spans
+        else:
+            self.output = np.empty(teachers.shape[1])
+            self.log_output = np.empty(teachers.shape[1])
+            self.ratios = np.empty_like(teachers)
+            self.log_ratios = np.empty_like(teachers)
+            self.spans = np.empty((teachers.shape[0], 2))
+        leave_one_out_log_ratios(teachers, public, lambdas, self.output, self.log_output, self.ratios,
+                                 self.log_ratios, self.spans)
+        # a NaN anywhere in the teachers, the public model or the lambdas reaches the mean
+        if np.isnan(self.output).any() or np.isnan(self.spans).any():
+            raise ValueError("Renyi divergence is NaN: a mixed teacher holds NaN")
+
+    @classmethod
+    def of_mixed(cls, mixed: np.ndarray) -> "_LeaveOneOut":
+        """From already mixed teachers (lambda 1 on each, so pbar_i = mixed_i)."""
+        return cls(mixed, np.zeros(mixed.shape[1]), np.ones(mixed.shape[0]))
+
+    def moments(self, rows: np.ndarray, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(g, dg/da) for teachers `rows` at `orders`: g = (a - 1) D<->_a(p, p_-i), rounded up."""
+        from mechanisms.fused import leave_one_out_log_moments
+
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        orders = np.ascontiguousarray(orders, dtype=np.float64)
+        values = np.empty((rows.size, orders.size))
+        slopes = np.empty((rows.size, orders.size))
+        _set_threads()
+        leave_one_out_log_moments(self.output, self.log_output, self.ratios, self.log_ratios, self.spans, rows, orders,
+                                  _SLACK_ULPS, values, slopes)
+        return values, slopes
+
+
+def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor, orders,
+                        relative_tolerance: float = 0.005) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """max_i D<->_a(p, p_{-i}) (Flemings et al. 2024, Eq. 3) at every order of the sorted grid
+    `orders`, for the ensemble of mixed teachers lambda_i p_i + (1 - lambda_i) p0: exact on a
+    sub-grid, a sound upper bound within `relative_tolerance` of the exact value everywhere else.
+    teachers (..., N, V), public (..., V), lambdas (..., N) -> (values (..., K), exact (..., K) bool,
+    p = the mixed teachers' mean (..., V)).
+
+    Why it is sound: g_i(a) = (a - 1) D_a(P || Q) = log sum_j Q_j exp(a log(P_j / Q_j)) is the log
+    of a sum of exponentials of affine functions of a, hence convex in a (Hoelder's inequality; van
+    Erven & Harremoes 2014, Corollary 2), and so is the larger of the two directions. Between two
+    sub-grid orders s < t, g_i lies under its chord; at s and t it lies above its tangents (the
+    kernel gives the derivative). So max_i chord_i(a) >= max_i g_i(a) >= max_i tangent_i(a), and the
+    sub-grid is refined (the interval with the widest gap is bisected) until
+    max chord <= (1 + relative_tolerance) max tangent at every grid order. A teacher whose chord at
+    a new order lies below the lower bound there cannot be the maximum and is not evaluated (its
+    chord value stands in, still an upper bound). Tensors on a GPU get exact values at every order
+    (leave_one_out_divergences there), all marked exact.
+    """
+    grid = np.asarray(orders, dtype=np.float64).reshape(-1)
+    if not np.all(np.diff(grid) > 0):
+        raise ValueError("leave_one_out_curve needs strictly increasing orders")
+    n = teachers.shape[-2]
+    if n < 2:
+        raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
+    if teachers.device.type != "cpu":
+        mixed = mixed_teachers(teachers, public, lambdas)
+        exact = leave_one_out_divergences(mixed, torch.from_numpy(grid).to(mixed.device)).amax(dim=-2)
+        values = exact.cpu().numpy()
+        return values, np.ones(values.shape, dtype=bool), mixed.mean(dim=-2)
+    vocab = teachers.shape[-1]
+    flat_teachers = teachers.detach().double().reshape(-1, n, vocab).numpy()
+    flat_public = public.detach().double().reshape(-1, vocab).numpy()
+    flat_lambdas = lambdas.detach().double().reshape(-1, n).numpy()
+    values = np.empty((flat_teachers.shape[0], grid.size))
+    exact = np.zeros((flat_teachers.shape[0], grid.size), dtype=bool)
+    output = np.empty((flat_teachers.shape[0], vocab))
+    ratios = None
+    for row in range(flat_teachers.shape[0]):
+        ratios = _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios)
+        values[row], exact[row] = _refined_curve(ratios, n, grid, relative_tolerance)
+        output[row] = ratios.output
+    batch = tuple(teachers.shape[:-2])
+    return (values.reshape(*batch, grid.size), exact.reshape(*batch, grid.size),
+            torch.from_numpy(output.reshape(*batch, vocab)))
+
+
+def _seed_indices(grid: np.ndarray) -> list[int]:
+    """The first sub-grid, where every teacher is evaluated: both ends and the orders nearest 4 and 32."""
+    seeds = {0, grid.size - 1} | {int(np.argmin(np.abs(grid - a))) for a in (4.0, 32.0)}
+    return sorted(seeds)
+
+
+def _refined_curve(ratios: "_LeaveOneOut", n: int, grid: np.ndarray, tolerance: float):
+    """leave_one_out_curve for one step: (D values (K,), exact mask (K,))."""
+    size = grid.size
+    upper = np.full((n, size), np.nan)        # g_i at evaluated orders, or its chord (an upper bound)
+    slope = np.full((n, size), np.nan)        # g_i' where g_i was evaluated there
+    done = np.zeros(size, dtype=bool)
+    everyone = np.arange(n)
+
+    def evaluate(index: int, rows: np.ndarray) -> None:
+        value, derivative = ratios.moments(rows, grid[index:index + 1])
+        upper[rows, index], slope[rows, index] = value[:, 0], derivative[:, 0]
+        done[index] = True
+
+    seeds = np.asarray(_seed_indices(grid))
+    value, derivative = ratios.moments(everyone, grid[seeds])   # one pass over each row for all seeds
+    upper[:, seeds], slope[:, seeds] = value, derivative
+    done[seeds] = True
+    if np.isinf(upper[:, done]).any():          # mass outside a neighbour's support: infinite at every order
+        return np.full(size, np.inf), done.copy()
+    while True:
+        anchors = np.flatnonzero(done)
+        bound, floor = _chord_and_tangent_bounds(grid, anchors, upper, slope)
+        gap = bound - (1.0 + tolerance) * floor - 1e-300
+        gap[done] = -np.inf
+        if not np.any(gap > 0):
+            break
+        index = int(np.argmax(gap))
+        left, right = anchors[anchors < index].max(), anchors[anchors > index].min()
+        index = (left + right) // 2 if right - left > 1 else index   # bisect the interval: balanced refinement
+        chord = _chord_at(grid, left, right, upper, index)
+        candidates = np.flatnonzero(chord > floor[index]) if np.isfinite(floor[index]) else everyone
+        upper[:, index] = chord
+        evaluate(index, candidates if candidates.size else everyone[:1])
+    anchors = np.flatnonzero(done)
+    bound, _ = _chord_and_tangent_bounds(grid, anchors, upper, slope)
+    moments = np.where(done, upper.max(axis=0), bound)
+    return _divergences_from_moments(moments[None], grid)[0], done.copy()
+
+
+def _chord_at(grid: np.ndarray, left: int, right: int, upper: np.ndarray, index: int) -> np.ndarray:
+    """Every teacher's chord between sub-grid orders `left` and `right`, at `index`, rounded up."""
+    weight = (grid[index] - grid[left]) / (grid[right] - grid[left])
+    chord = (1.0 - weight) * upper[:, left] + weight * upper[:, right]
+    return chord * (1.0 + 4.0 * ROUNDING_ULPS) + 4.0 * ROUNDING_ULPS * np.abs(upper[:, [left, right]]).max(axis=1)
+
+
+def _chord_and_tangent_bounds(grid: np.ndarray, anchors: np.ndarray, upper: np.ndarray, slope: np.ndarray):
+    """At every grid order: the max over teachers of their chords between the enclosing sub-grid
+    orders (an upper bound on max_i g_i; the exact max at sub-grid orders), and the max over
+    evaluated teachers of their tangents at those two orders (a lower bound)."""
+    size = grid.size
+    bound = np.empty(size)
+    floor = np.empty(size)
+    position = np.clip(np.searchsorted(anchors, np.arange(size), side="right") - 1, 0, anchors.size - 2)
+    left, right = anchors[position], anchors[position + 1]
+    weight = (grid - grid[left]) / (grid[right] - grid[left])
+    chords = (1.0 - weight) * upper[:, left] + weight * upper[:, right]
+    bound[:] = (chords * (1.0 + 4.0 * ROUNDING_ULPS)).max(axis=0)
+    with np.errstate(invalid="ignore"):
+        tangents = np.maximum(upper[:, left] + slope[:, left] * (grid - grid[left]),
+                              upper[:, right] + slope[:, right] * (grid - grid[right]))
+    floor[:] = np.nanmax(np.where(np.isnan(tangents), -np.inf, tangents), axis=0)
+    on_anchor = np.isin(np.arange(size), anchors)
+    bound[on_anchor] = upper[:, on_anchor].max(axis=0)
+    floor[on_anchor] = bound[on_anchor]
+    return bound, np.maximum(floor, 0.0)
+
+
+def leave_one_out_divergences_torch(mixed: torch.Tensor, orders: torch.Tensor, mask: torch.Tensor | None = None,
+                                    public: torch.Tensor | None = None) -> torch.Tensor:
+    """leave_one_out_divergences in torch on the inputs' device (and with a Poisson mask): the GPU
+    form, and the straightforward one the tests hold the fused kernels to."""
     n = mixed.shape[-2]
     if mask is None:
         if n < 2:
@@ -282,13 +502,29 @@ def _knapsack_allocation(log_qmax: np.ndarray, log_t: np.ndarray) -> tuple[np.nd
         return np.log(allocation), np.take_along_axis(log_t, order, axis=-1)
 
 
-def _log_sum_exp(terms: np.ndarray) -> np.ndarray:
-    """log(sum exp(terms)) over the last axis; -inf for all -inf, +inf as soon as one term is +inf."""
-    shift = terms.max(axis=-1, keepdims=True)
-    finite_shift = np.where(np.isfinite(shift), shift, 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        value = np.log(np.exp(terms - finite_shift).sum(axis=-1)) + finite_shift[..., 0]
-    return np.where(np.isposinf(shift[..., 0]), np.inf, value)
+def _add_one_order_sums(log_allocation: np.ndarray, log_t: np.ndarray, orders: np.ndarray,
+                        teachers: float) -> tuple[np.ndarray, np.ndarray]:
+    """(log sum_j a_j t_j^(k-1), log of the chord bound's sum) per row of (..., V) and order k, by the
+    fused kernel (mechanisms.fused.add_one_order_sums) over the allocated tokens only: (..., K) each.
+    A token with t_j = +inf (p_j = 0 < qmax_j) that receives mass makes both +inf."""
+    from mechanisms.fused import add_one_order_sums
+
+    batch = log_t.shape[:-1]
+    flat_allocation = log_allocation.reshape(-1, log_t.shape[-1])
+    flat_t = log_t.reshape(-1, log_t.shape[-1])
+    u2 = np.empty((flat_t.shape[0], orders.size))
+    chord = np.empty((flat_t.shape[0], orders.size))
+    _set_threads()
+    for row in range(flat_t.shape[0]):
+        allocated = np.isfinite(flat_allocation[row])
+        if np.isposinf(flat_t[row][allocated]).any():
+            u2[row], chord[row] = np.inf, np.inf
+            continue
+        la, lt = flat_allocation[row][allocated], flat_t[row][allocated]
+        shift = np.logaddexp(np.log(teachers), lt) - np.log(teachers + 1.0)
+        add_one_order_sums(np.ascontiguousarray(la), np.ascontiguousarray(lt), np.ascontiguousarray(shift),
+                           orders, float(teachers), u2[row], chord[row])
+    return u2.reshape(*batch, orders.size), chord.reshape(*batch, orders.size)
 
 
 def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teachers: int, orders: torch.Tensor,
@@ -350,24 +586,15 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
     # One allocation serves U2 and the chord bound at every order: both fill tokens by decreasing
     # t_j = qmax_j / p_j (the chord's slope (phi_k(t) - phi_k(0)) / t grows with t, phi_k being convex).
     log_allocation, log_t = _knapsack_allocation(log_qmax, ratio_q_p)
-    allocated = np.isfinite(log_allocation)[..., None, :]
-    k = orders_np[:, None]
+    u2_moment, chord_total = _add_one_order_sums(log_allocation, log_t, orders_np, n)
     with np.errstate(invalid="ignore", over="ignore"):
         above = ((alpha - 1.0) * radius + (orders_col - alpha) * log_m[..., None]) / (orders_col - 1.0)
         rho = np.where(orders_col <= alpha, radius, above)
         if all_orders_beta is not None:
             rho = np.minimum(rho, all_orders_beta * orders_col)
-        u2 = _log_sum_exp(np.where(allocated, log_allocation[..., None, :] + (k - 1.0) * log_t[..., None, :],
-                                   -np.inf)) / (orders_col - 1.0)
+        u2 = u2_moment / (orders_col - 1.0)
         u = np.minimum(rho + max_ratio[..., None], u2) + slack[..., None]
         jensen = log_mean_with_one_exp((orders_col - 1.0) * u, n + 1.0) / (orders_col - 1.0)
-        # chord bound: c_j = p_j (phi_k(t_j) - phi_k(0)) / qmax_j = (phi_k(t_j) - phi_k(0)) / t_j, in logs
-        log_phi0 = k[:, 0] * (np.log(n) - np.log(n + 1.0))
-        log_phi = k * (np.logaddexp(np.log(n), log_t[..., None, :]) - np.log(n + 1.0))
-        log_c = log_phi + np.log1p(-np.exp(log_phi0[:, None] - log_phi)) - log_t[..., None, :]
-        log_c = np.where(np.isposinf(log_t)[..., None, :], np.inf, log_c)        # p_j = 0 < qmax_j
-        chord_total = np.logaddexp(log_phi0, _log_sum_exp(np.where(allocated, log_allocation[..., None, :] + log_c,
-                                                                   -np.inf)))
     magnitude = np.abs(np.where(np.isfinite(log_t), log_t, 0.0)).max(axis=-1)[..., None]
     chord = (chord_total + ROUNDING_ULPS * (np.abs(np.where(np.isfinite(chord_total), chord_total, 0.0))
                                             + orders_col * (magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0))

@@ -189,6 +189,16 @@ class PMixED(Mechanism):
             return ball_mixing_weights(teachers, public, *all_orders_ball_constraints(self.beta))
         return mixing_weights(teachers, public, self.alpha, self.radius)
 
+    def step(self, teachers, public, generator=None, orders=None):
+        """One PMixED step for a batch of steps, as the decode loop runs it: teachers (..., N, V) and
+        public (..., V), numpy or torch on any device. Returns a mechanisms.step.StepResult (the
+        distribution to sample from, the lambdas, Theorem 3.1's curve on `orders`, default
+        accounting.orders.DEFAULT_ORDERS). `generator` is accepted for symmetry with
+        AdaPMixED.step; PMixED itself draws nothing before sampling."""
+        from mechanisms.step import pmixed_step
+
+        return pmixed_step(self, teachers, public, orders)
+
     def output_distribution(self, teachers, public, lambdas=None) -> np.ndarray:
         """p = mean_i (lambda_i p_i + (1 - lambda_i) p0), the distribution PMixED samples from."""
         teachers_np, public_np = validated_ensemble(teachers, public, self.teachers)

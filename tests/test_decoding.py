@@ -93,7 +93,9 @@ def test_trace_layout_ledger_and_recorded_step_match_pure_mechanism_code(micro_m
     curve = data_dependent_pmixed_curve(pmixed, teachers[row].numpy(), public[row].numpy(), lambdas, manifest["orders"],
                                         relation="add_or_remove_one")
     assert manifest["mechanism"]["component_relations"]["pmixed_data_dependent"] == "add_or_remove_one"
-    np.testing.assert_allclose(record["rdp_pmixed_data_dependent"], curve.values, rtol=1e-9)
+    # charged: exact on a sub-grid, a chord bound within 0.5% between (mechanisms.kernels.leave_one_out_curve)
+    charged = np.asarray(record["rdp_pmixed_data_dependent"])
+    assert np.all(charged >= curve.values * (1 - 1e-12)) and np.all(charged <= curve.values * 1.006)
     output = pmixed.output_distribution(teachers[row].numpy(), public[row].numpy(), lambdas)
     assert record["prob_true_token"] == pytest.approx(output[record["true_token"]], rel=1e-9)
     screen = NoisyScreening(teachers=3, lam=0.05, sigma=0.01, alpha=18.0).rdp_values(np.asarray(manifest["orders"]))

@@ -59,9 +59,11 @@ def test_released_output_charges_every_step_realised_path_only_passed_steps(seed
     np.testing.assert_array_equal(released.screen_passed, realised.screen_passed)
     mixed = mixed_teachers(teachers, public, torch.from_numpy(released.lambdas))
     eq3 = leave_one_out_divergences(mixed, torch.from_numpy(orders)).max(dim=-2).values.numpy()
-    np.testing.assert_array_equal(released.charged["pmixed_data_dependent"], eq3)
+    # the charged curve is exact on a sub-grid and a chord bound within 0.5% of Eq. 3 between
+    charged = released.charged["pmixed_data_dependent"]
+    assert np.all(charged >= eq3 * (1 - 1e-12)) and np.all(charged <= eq3 * 1.006 + 1e-300)
     passed = realised.screen_passed[:, None]
-    np.testing.assert_array_equal(realised.charged["pmixed_data_dependent"], np.where(passed, eq3, 0.0))
+    np.testing.assert_array_equal(realised.charged["pmixed_data_dependent"], np.where(passed, charged, 0.0))
 
 
 def test_accounting_choice_is_validated():

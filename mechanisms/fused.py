@@ -1,0 +1,484 @@
+"""Fused CPU kernels (numba): each makes one pass over N x V per solver evaluation or per exact
+order, in float64 log space, with exp and log from mechanisms.fastmath (vectorised).
+
+Why numba: it installs from a wheel on every platform torch supports, needs no C compiler on the
+user's machine (torch.compile's CPU backend does), and lets one loop fuse what torch would run as
+ten passes with temporaries. The price is a compile on first use (cached on disk afterwards).
+Tensors on a GPU never come here: mechanisms.kernels runs the torch form of the same arithmetic
+on their device.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from mechanisms.fastmath import vexp, vexpm1, vlog, vmax, vmin
+
+# reassociation lets sums and maxima vectorise; no "nnan"/"ninf": infinities carry meaning here
+_FLAGS = dict(fastmath={"reassoc", "contract", "arcp", "nsz"}, error_model="numpy", cache=True, nogil=True)
+
+
+@njit(**_FLAGS)
+def _log_public(public, out):
+    for j in range(public.size):
+        out[j] = vlog(public[j])
+
+
+@njit(**_FLAGS)
+def _ratios(teacher, public, delta):
+    """delta_j = p_j / p0_j - 1 (0 where p0_j = 0 = p_j); returns (min, max, chi-square, outside):
+    chi-square = sum_j p0_j delta_j^2, and `outside` says p puts mass where p0 has none (every
+    lambda > 0 is then infinitely far from p0)."""
+    outside = 0.0
+    for j in range(public.size):
+        delta[j] = teacher[j] / public[j] - 1.0 if public[j] > 0.0 else 0.0
+        outside += teacher[j] if public[j] == 0.0 else 0.0
+    low, high, chi_square = 0.0, 0.0, 0.0
+    for j in range(public.size):   # a separate pass: with the stores above the loop does not vectorise
+        low = vmin(low, delta[j])
+        high = vmax(high, delta[j])
+        chi_square += public[j] * delta[j] * delta[j]
+    return low, high, chi_square, outside > 0.0
+
+
+_FAST_RANGE = 600.0
+"""Exponent span below which a sum is formed from one shifted exp per term (no term under- or
+overflows: every shifted power lies in [e^-600, 1])."""
+
+
+@njit(**_FLAGS)
+def _ball_residual(lam, public, log_public, delta, orders, log_targets, max_log_ratio, low, high, log_r, slope,
+                   public_magnitude, slack_ulps):
+    """The largest constraint residual of the mixed teacher m = p0 + lam (p - p0) and its derivative
+    in lam, each residual <= 0 exactly when its constraint holds. Order constraint k, both
+    directions: sqrt(log sum_j p0_j r_j^c) - sqrt((a - 1) radius_k), r_j = m_j / p0_j = 1 + lam delta_j,
+    c = a forward and 1 - a reverse ((a - 1) D_a = the log-sum). The square root makes the residual
+    nearly linear in lam (D_a ~ lam^2 chi^2 a / 2 for small lam), so Newton needs few steps.
+    Max-divergence constraint: (log max_j r_j - max_log_ratio) / (2 sqrt(max_log_ratio)) and the
+    same with -log min_j r_j.
+
+    log r_j is monotone in delta_j, so its range [log1p(lam low), log1p(lam high)] is known without a
+    pass; when a times it is below _FAST_RANGE both sums come from one exp per token,
+    y_j = r_j^a / r_max^a: forward sum_j p0_j y_j, reverse sum_j p0_j r_j / y_j. Otherwise each
+    sum is a two-pass log-sum-exp (maximum first)."""
+    size = delta.size
+    for j in range(size):
+        r = 1.0 + lam * delta[j]
+        log_r[j] = vlog(r)
+        slope[j] = delta[j] / r
+    top, bottom = math.log1p(lam * high), math.log1p(lam * low) if lam * low > -1.0 else -np.inf
+    # |log m_j| <= |log p0_j| + |log r_j|: twice the public magnitude and the span bound the kernel's
+    magnitude = 2.0 * public_magnitude + max(top, -bottom) + 2.0
+    worst, derivative = -np.inf, 0.0
+    for k in range(orders.size):
+        a = orders[k]
+        if a * (top - bottom) + top + math.log(size) < _FAST_RANGE:
+            sum_forward, moment_forward, sum_reverse, moment_reverse = 0.0, 0.0, 0.0, 0.0
+            for j in range(size):
+                y = vexp(a * (log_r[j] - top))
+                u = public[j] * y
+                w = public[j] * (1.0 + lam * delta[j]) / y
+                sum_forward += u
+                sum_reverse += w
+                moment_forward += u * slope[j]
+                moment_reverse += w * slope[j]
+            forward = math.log(sum_forward) + a * top - log_targets[k]
+            reverse = math.log(sum_reverse) - a * top - log_targets[k]
+        else:
+            top_forward, top_reverse = -np.inf, -np.inf
+            for j in range(size):
+                top_forward = vmax(top_forward, log_public[j] + a * log_r[j])
+                top_reverse = vmax(top_reverse, log_public[j] + (1.0 - a) * log_r[j])
+            if top_forward == np.inf or top_reverse == np.inf:
+                return np.inf, np.nan
+            sum_forward, moment_forward, sum_reverse, moment_reverse = 0.0, 0.0, 0.0, 0.0
+            for j in range(size):
+                u = vexp(log_public[j] + a * log_r[j] - top_forward)
+                w = vexp(log_public[j] + (1.0 - a) * log_r[j] - top_reverse)
+                sum_forward += u
+                sum_reverse += w
+                moment_forward += u * slope[j]
+                moment_reverse += w * slope[j]
+            forward = math.log(sum_forward) + top_forward - log_targets[k]
+            reverse = math.log(sum_reverse) + top_reverse - log_targets[k]
+        for value, slope_sum, total, c in ((forward, moment_forward, sum_forward, a),
+                                           (reverse, moment_reverse, sum_reverse, 1.0 - a)):
+            moment = value + log_targets[k]             # log sum_j p0_j r_j^c >= 0
+            # rounded up as mechanisms.kernels.renyi_divergence_orders rounds: feasible as it would judge
+            moment += slack_ulps * ((a + 1.0) * magnitude + math.log2(size) + 2.0 + abs(moment))
+            root = math.sqrt(max(moment, 0.0))
+            residual = root - math.sqrt(log_targets[k])
+            if residual > worst:
+                worst = residual
+                derivative = c * slope_sum / total / (2.0 * root) if root > 0.0 else np.nan
+    if max_log_ratio < np.inf:
+        scale = 2.0 * math.sqrt(max_log_ratio)
+        rounding = 2.0 * slack_ulps * magnitude       # as mechanisms.kernels.max_divergence_symmetric rounds
+        forward = (math.log1p(lam * high) + rounding - max_log_ratio) / scale
+        reverse = (-math.log1p(lam * low) + rounding - max_log_ratio) / scale if lam * low > -1.0 else np.inf
+        if forward > worst:
+            worst, derivative = forward, high / (1.0 + lam * high) / scale
+        if reverse > worst:
+            worst, derivative = reverse, -low / (1.0 + lam * low) / scale
+    return worst, derivative
+
+
+@njit(**_FLAGS)
+def _secant_root(lo, residual_lo, hi, residual_hi):
+    """Root of the line through (lo, residual_lo < 0) and (hi, residual_hi > 0): on the feasible
+    side when the residual is convex in lam, nearly exact when it is nearly linear."""
+    if not math.isfinite(residual_hi):
+        return lo
+    return lo + (-residual_lo) / (residual_hi - residual_lo) * (hi - lo)
+
+
+@njit(**_FLAGS)
+def _solve_teacher(teacher, public, log_public, orders, log_targets, max_log_ratio, tolerance, max_evaluations,
+                   slack_ulps, public_magnitude, smallest_target, curvature):
+    """One teacher's lambda and the evaluations it took (solve_mixing_weights has the method)."""
+    size = public.size
+    delta = np.empty(size)
+    log_r = np.empty(size)
+    slope = np.empty(size)
+    low, high, chi_square, outside = _ratios(teacher, public, delta)
+    if outside or (smallest_target <= 0.0 and (low < 0.0 or high > 0.0)):
+        # a radius 0 admits the public model only: rounding must not let a tiny lambda through
+        return 0.0, 0
+    lo, residual_lo, hi, residual_hi, hi_known = 0.0, -smallest_target, 1.0, np.inf, False
+    trial = min(1.0, 1.0 / math.sqrt(curvature * chi_square)) if curvature * chi_square > 1.0 else 1.0
+    count, answer = 0, -1.0
+    while True:
+        residual, derivative = _ball_residual(trial, public, log_public, delta, orders, log_targets, max_log_ratio,
+                                              low, high, log_r, slope, public_magnitude, slack_ulps)
+        count += 1
+        latest, residual_latest, derivative_latest = trial, residual, derivative
+        if residual <= 0.0:
+            if trial == 1.0:
+                answer = 1.0
+                break
+            lo, residual_lo = trial, residual
+        else:
+            hi, residual_hi, hi_known = trial, residual, True
+            chord = _secant_root(lo, residual_lo, hi, residual_hi)
+            # far from the root the next Newton point gains more than the secant would
+            close = math.isfinite(residual) and derivative > 0.0 and residual < 1e-3 * derivative * trial
+            if close and lo < chord < hi and count < max_evaluations:
+                residual, derivative = _ball_residual(chord, public, log_public, delta, orders, log_targets,
+                                                      max_log_ratio, low, high, log_r, slope, public_magnitude, slack_ulps)
+                count += 1
+                if residual <= 0.0:
+                    lo, residual_lo = chord, residual
+                else:
+                    hi, residual_hi = chord, residual
+                    latest, residual_latest, derivative_latest = chord, residual, derivative
+        if count >= max_evaluations or residual_lo >= -tolerance * smallest_target or hi - lo <= 1e-12:
+            break
+        if math.isfinite(residual_latest) and derivative_latest > 0.0:
+            trial = latest - residual_latest / derivative_latest
+        else:
+            trial = 0.5 * (lo + hi)
+        if not hi_known and trial >= 1.0:
+            trial = 1.0
+        elif not (lo < trial < hi):
+            trial = 0.5 * (lo + hi)
+    return (answer if answer >= 0.0 else lo), count
+
+
+@njit(**_FLAGS)
+def solve_mixing_weights(teachers, public, orders, log_targets, max_log_ratio, tolerance, max_evaluations,
+                         slack_ulps, lambdas, evaluations):
+    """Largest lam in [0, 1] per teacher with every residual of _ball_residual <= 0.
+
+    Safeguarded Newton on the largest residual R(lam), inside the bracket [lo, hi] (R(lo) <= 0 < R(hi)),
+    one teacher at a time while its rows are in cache. It starts where the second-order expansion
+    (a - 1) D_a ~ a (a - 1) lam^2 chi^2 / 2 meets the tightest constraint (or at 1), then takes the
+    Newton point from the latest evaluation (bisection when it leaves the bracket); after an
+    infeasible point it also takes the chord root of exp(R) - 1, which convexity puts on the feasible
+    side, so the bracket closes from both ends. The answer is always the feasible end lo, as
+    evaluated; it stops when R(lo) >= -tolerance * (smallest target) or hi - lo <= 1e-12. Writes
+    lambdas (N,) and the evaluations made per teacher.
+    """
+    n, size = teachers.shape
+    log_public = np.empty(size)
+    _log_public(public, log_public)
+    public_magnitude = 0.0
+    for j in range(size):
+        public_magnitude = vmax(public_magnitude, abs(log_public[j]) if public[j] > 0.0 else 0.0)
+    smallest_target = 0.5 * math.sqrt(max_log_ratio) if max_log_ratio < np.inf else np.inf   # -residual at lam = 0
+    curvature = 0.0   # the largest a (a - 1) / (2 target) over the order constraints
+    for k in range(orders.size):
+        smallest_target = min(smallest_target, math.sqrt(log_targets[k]))
+        curvature = max(curvature, orders[k] * (orders[k] - 1.0) / (2.0 * log_targets[k]))
+    for i in range(n):   # one thread: the decode loop's budget (a prange body here ran 20% slower)
+        lambdas[i], evaluations[i] = _solve_teacher(teachers[i], public, log_public, orders, log_targets,
+                                                    max_log_ratio, tolerance, max_evaluations, slack_ulps,
+                                                    public_magnitude, smallest_target, curvature)
+
+
+@njit(**_FLAGS)
+def leave_one_out_log_ratios(teachers, public, lambdas, output, log_output, ratios, log_ratios, spans):
+    """The mixed teachers pbar_i = lambda_i p_i + (1 - lambda_i) p0 (never stored), their mean p and
+    rho_ij = p_-i,j / p_j for every teacher i, p_-i = sum_{k != i} pbar_k / (N-1) formed from
+    exclusive prefix and suffix sums (no subtraction: mechanisms.kernels.sums_without_each says
+    why). Tokens with p_j = 0 get rho = 1 and log p_j = -inf, so they add nothing; when every
+    pbar_i is the same law (e.g. every lambda 0) every rho is exactly 1, although sum / N and
+    sum / (N - 1) can differ in the last ulp. Writes output (V,) = p, log_output (V,), ratios and
+    log_ratios (N, V) (ratios holds the sums first), and spans (N, 2): each row's smallest and
+    largest log rho."""
+    n, size = teachers.shape
+    ratios[0, :] = 0.0
+    for i in range(1, n):
+        _accumulate_mixed(ratios[i], ratios[i - 1], teachers[i - 1], public, lambdas[i - 1])
+    suffix = np.zeros(size)
+    for i in range(n - 1, -1, -1):
+        _add_into(ratios[i], suffix)
+        _accumulate_mixed(suffix, suffix, teachers[i], public, lambdas[i])
+    for j in range(size):
+        output[j] = suffix[j] / n
+        log_output[j] = vlog(output[j])
+    identical = True
+    for i in range(1, n):
+        identical = identical and _same_mixture(teachers[i], lambdas[i], teachers[0], lambdas[0], public)
+    for i in range(n):
+        if identical:
+            ratios[i, :] = 1.0
+            log_ratios[i, :] = 0.0
+            spans[i, 0], spans[i, 1] = 0.0, 0.0
+        else:
+            spans[i, 0], spans[i, 1] = _ratio_row(ratios[i], log_ratios[i], output, n - 1.0)
+
+
+@njit(**_FLAGS)
+def _accumulate_mixed(out, before, teacher, public, lam):
+    """out = before + lam * teacher + (1 - lam) * public, elementwise (out may be before)."""
+    keep = 1.0 - lam
+    for j in range(out.size):
+        out[j] = before[j] + (lam * teacher[j] + keep * public[j])
+
+
+@njit(**_FLAGS)
+def _add_into(out, values):
+    for j in range(out.size):
+        out[j] += values[j]
+
+
+@njit(**_FLAGS)
+def _same_mixture(teacher, lam, other, other_lam, public):
+    for j in range(public.size):
+        if lam * teacher[j] + (1.0 - lam) * public[j] != other_lam * other[j] + (1.0 - other_lam) * public[j]:
+            return False
+    return True
+
+
+@njit(**_FLAGS)
+def _ratio_row(sums, log_ratios, output, others):
+    """sums (the other teachers' total) -> rho = (sums / others) / p in place, its logs; (min, max) log."""
+    for j in range(sums.size):
+        ratio = (sums[j] / others) / output[j] if output[j] > 0.0 else 1.0
+        sums[j] = ratio
+        log_ratios[j] = vlog(ratio)
+    low, high = 0.0, 0.0
+    for j in range(sums.size):   # a separate pass: with the stores above the loop does not vectorise
+        low = vmin(low, log_ratios[j])
+        high = vmax(high, log_ratios[j])
+    return low, high
+
+
+_CHUNK = 2048
+"""Tokens per cache-resident chunk: every order's pass over a row reads the chunk from L1/L2."""
+
+
+@njit(**_FLAGS)
+def _fast_moments(a, high, output, ratios, log_ratios, start, stop, sums):
+    """One exp per token: y = (rho / rho_max)^a; reverse += p y, forward += p rho / y, and the
+    a-derivative moments; sums = (forward, forward moment, reverse, reverse moment)."""
+    forward, forward_moment, reverse, reverse_moment = 0.0, 0.0, 0.0, 0.0
+    for j in range(start, stop):
+        y = vexp(a * (log_ratios[j] - high))
+        v = output[j] * y
+        w = output[j] * ratios[j] / y
+        reverse += v
+        forward += w
+        reverse_moment += v * log_ratios[j]
+        forward_moment -= w * log_ratios[j]
+    sums[0] += forward
+    sums[1] += forward_moment
+    sums[2] += reverse
+    sums[3] += reverse_moment
+
+
+@njit(**_FLAGS)
+def _shifted_moments(a, top_forward, top_reverse, log_output, log_ratios, start, stop, sums):
+    """Two exps per token, each shifted by its direction's largest exponent."""
+    forward, forward_moment, reverse, reverse_moment = 0.0, 0.0, 0.0, 0.0
+    for j in range(start, stop):
+        w = vexp(log_output[j] + (1.0 - a) * log_ratios[j] - top_forward)
+        v = vexp(log_output[j] + a * log_ratios[j] - top_reverse)
+        forward += w
+        reverse += v
+        forward_moment -= w * log_ratios[j]
+        reverse_moment += v * log_ratios[j]
+    sums[0] += forward
+    sums[1] += forward_moment
+    sums[2] += reverse
+    sums[3] += reverse_moment
+
+
+@njit(**_FLAGS)
+def _largest_magnitude(values):
+    """max_j |values_j| over the finite entries."""
+    largest = 0.0
+    for j in range(values.size):
+        largest = vmax(largest, abs(values[j]) if values[j] > -np.inf else 0.0)
+    return largest
+
+
+@njit(**_FLAGS)
+def _largest_exponents(a, log_output, log_ratios):
+    top_forward, top_reverse = -np.inf, -np.inf
+    for j in range(log_ratios.size):
+        top_forward = vmax(top_forward, log_output[j] + (1.0 - a) * log_ratios[j])
+        top_reverse = vmax(top_reverse, log_output[j] + a * log_ratios[j])
+    return top_forward, top_reverse
+
+
+@njit(parallel=True, **_FLAGS)
+def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, rows, orders, slack_ulps, moments,
+                              slopes):
+    """For each teacher in `rows` and order a: max over the two directions of
+    g = log sum_j p_j^a q_j^(1-a) and log sum_j q_j^a p_j^(1-a) (q = p_-i), i.e. (a - 1) D<->_a(p, p_-i),
+    rounded up, and the derivative in a of the larger one (a subgradient of the convex max).
+    In terms of rho_j = q_j / p_j: forward sum_j p_j rho_j^(1-a), reverse sum_j p_j rho_j^a; when
+    a times the row's log rho span is below _FAST_RANGE, both come from one exp per token,
+    y_j = (rho_j / rho_max)^a: reverse sum_j p_j y_j, forward sum_j p_j rho_j / y_j; otherwise from
+    two-pass log-sum-exps. Every order is summed chunk by chunk, so a row is read from memory once.
+    +inf where q_j = 0 < p_j (teacher i holds all of token j's mass); exactly 0 for q = p. Rounded up
+    by slack_ulps * ((a + 1) (max_j |log p_j| + N + 2) + log2 V + 2 + |g|): each exponent is off by
+    ~(a + 1) ulps of its terms, the N-term sums behind rho by N ulps."""
+    n, size = log_ratios.shape
+    count = orders.size
+    magnitude = _largest_magnitude(log_output) + n + 2.0
+    for r in prange(rows.size):
+        i = rows[r]
+        low, high = spans[i, 0], spans[i, 1]
+        if low == 0.0 and high == 0.0:            # q = p: every neighbour's law is p itself
+            moments[r, :], slopes[r, :] = 0.0, 0.0
+            continue
+        if low == -np.inf:                        # q_j = 0 < p_j
+            moments[r, :], slopes[r, :] = np.inf, 0.0
+            continue
+        fast = np.empty(count, dtype=np.bool_)
+        tops = np.zeros((count, 2))
+        for k in range(count):
+            a = orders[k]
+            fast[k] = a * (high - low) + abs(high) + math.log(size) < _FAST_RANGE
+            if not fast[k]:
+                tops[k, 0], tops[k, 1] = _largest_exponents(a, log_output, log_ratios[i])
+        sums = np.zeros((count, 4))
+        for start in range(0, size, _CHUNK):
+            stop = min(size, start + _CHUNK)
+            for k in range(count):
+                if fast[k]:
+                    _fast_moments(orders[k], high, output, ratios[i], log_ratios[i], start, stop, sums[k])
+                else:
+                    _shifted_moments(orders[k], tops[k, 0], tops[k, 1], log_output, log_ratios[i], start, stop,
+                                     sums[k])
+        for k in range(count):
+            a = orders[k]
+            if fast[k]:
+                forward = math.log(sums[k, 0]) - a * high
+                reverse = math.log(sums[k, 2]) + a * high
+            else:
+                forward = math.log(sums[k, 0]) + tops[k, 0]
+                reverse = math.log(sums[k, 2]) + tops[k, 1]
+            value = max(forward, reverse)
+            slopes[r, k] = sums[k, 1] / sums[k, 0] if forward >= reverse else sums[k, 3] / sums[k, 2]
+            slack = slack_ulps * ((a + 1.0) * magnitude + math.log2(size) + 2.0 + abs(value))
+            moments[r, k] = max(value + slack, 0.0)
+
+
+@njit(parallel=True, **_FLAGS)
+def renyi_log_moments(log_p, log_q, p_rows, q_rows, orders, slack_ulps, out):
+    """(a - 1) D_a(P || Q) = log sum_j Q_j exp(a (log P_j - log Q_j)) for row pairs (p_rows[r], q_rows[r])
+    and every order (van Erven & Harremoes 2014, Definition 2), rounded up by
+    slack_ulps * ((a + 1) (max_j |log P_j| + max_j |log Q_j| + 2) + log2 V + 2 + |g|): each exponent
+    is off by ~(a + 1) ulps of its terms. Terms with P_j = 0 add 0; P_j > 0 = Q_j gives +inf;
+    identical rows give exactly 0; a NaN input gives NaN. (The per-row work is in helper
+    functions: loops written directly in a prange body do not vectorise.)"""
+    for r in prange(p_rows.size):
+        _renyi_row(log_p[p_rows[r]], log_q[q_rows[r]], orders, slack_ulps, out[r])
+
+
+@njit(**_FLAGS)
+def _renyi_row(lp, lq, orders, slack_ulps, out):
+    size = lp.size
+    nan, identical, outside = False, True, False
+    for j in range(size):
+        if lp[j] != lp[j] or lq[j] != lq[j]:
+            nan = True
+        if lp[j] != lq[j]:
+            identical = False
+        if lp[j] > -np.inf and lq[j] == -np.inf:
+            outside = True
+    if nan:
+        out[:] = np.nan
+        return
+    if identical:
+        out[:] = 0.0
+        return
+    if outside:
+        out[:] = np.inf
+        return
+    top_p, top_q = 0.0, 0.0
+    for j in range(size):
+        top_p = vmax(top_p, abs(lp[j]) if lp[j] > -np.inf else 0.0)
+        top_q = vmax(top_q, abs(lq[j]) if lq[j] > -np.inf else 0.0)
+    magnitude = top_p + top_q + 2.0
+    for k in range(orders.size):
+        a = orders[k]
+        top = -np.inf
+        for j in range(size):
+            top = vmax(top, lq[j] + a * (lp[j] - lq[j]) if lp[j] > -np.inf else -np.inf)
+        if top == -np.inf:     # P has no mass at all (a zeroed row): nothing to sum
+            out[k] = 0.0
+            continue
+        total = 0.0
+        for j in range(size):
+            total += vexp(lq[j] + a * (lp[j] - lq[j]) - top) if lp[j] > -np.inf else 0.0
+        value = math.log(total) + top
+        slack = slack_ulps * ((a + 1.0) * magnitude + math.log2(size) + 2.0 + abs(value))
+        out[k] = max(value + slack, 0.0)
+
+
+@njit(**_FLAGS)
+def add_one_order_sums(log_allocation, log_t, shift, orders, teachers, out_u2, out_chord):
+    """The two order-dependent sums of the add-one bound (mechanisms.kernels.add_one_divergence_bounds)
+    over the allocated tokens of the fractional knapsack (log allocation a_j, log t_j, all finite),
+    for every order k:
+      out_u2 = log sum_j a_j t_j^(k-1)                                   (the U2 bound, times k - 1)
+      out_chord = log(phi_k(0) + sum_j a_j (phi_k(t_j) - phi_k(0)) / t_j),  phi_k(t) = ((N + t)/(N + 1))^k,
+    with shift_j = log((N + t_j) / (N + 1)) given, log phi_k(0) = k log(N / (N + 1)); the difference
+    phi_k(t) - phi_k(0) = phi_k(t) (1 - exp(k (log phi(0) - shift_j))) uses vexpm1 (no cancellation)."""
+    zero_shift = math.log(teachers) - math.log(teachers + 1.0)
+    size = log_t.size
+    for index in range(orders.size):
+        k = orders[index]
+        top = -np.inf
+        for j in range(size):
+            top = vmax(top, log_allocation[j] + (k - 1.0) * log_t[j])
+        total = 0.0
+        for j in range(size):
+            total += vexp(log_allocation[j] + (k - 1.0) * log_t[j] - top)
+        out_u2[index] = math.log(total) + top
+        top = -np.inf
+        for j in range(size):
+            top = vmax(top, log_allocation[j] - log_t[j] + k * shift[j])
+        total = 0.0
+        for j in range(size):
+            total += vexp(log_allocation[j] - log_t[j] + k * shift[j] - top) * -vexpm1(k * (zero_shift - shift[j]))
+        chord = math.log(total) + top if total > 0.0 else -np.inf
+        phi_zero = k * zero_shift
+        high, low = max(chord, phi_zero), min(chord, phi_zero)
+        out_chord[index] = high + math.log1p(math.exp(low - high))
