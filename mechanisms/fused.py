@@ -345,8 +345,8 @@ def _largest_exponents(a, log_output, log_ratios):
 
 
 @njit(parallel=True, **_FLAGS)
-def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, rows, orders, slack_ulps, moments,
-                              slopes):
+def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, rows, orders, wanted, slack_ulps,
+                              moments, slopes):
     """For each teacher in `rows` and order a: max over the two directions of
     g = log sum_j p_j^a q_j^(1-a) and log sum_j q_j^a p_j^(1-a) (q = p_-i), i.e. (a - 1) D<->_a(p, p_-i),
     rounded up, and the derivative in a of the larger one (a subgradient of the convex max).
@@ -356,7 +356,8 @@ def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, row
     two-pass log-sum-exps. Every order is summed chunk by chunk, so a row is read from memory once.
     +inf where q_j = 0 < p_j (teacher i holds all of token j's mass); exactly 0 for q = p. Rounded up
     by slack_ulps * ((a + 1) (max_j |log p_j| + N + 2) + log2 V + 2 + |g|): each exponent is off by
-    ~(a + 1) ulps of its terms, the N-term sums behind rho by N ulps."""
+    ~(a + 1) ulps of its terms, the N-term sums behind rho by N ulps. Only the (row, order) pairs
+    marked in `wanted` (rows x orders) are computed; the others are left as they are."""
     n, size = log_ratios.shape
     count = orders.size
     magnitude = _largest_magnitude(log_output) + n + 2.0
@@ -364,22 +365,28 @@ def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, row
         i = rows[r]
         low, high = spans[i, 0], spans[i, 1]
         if low == 0.0 and high == 0.0:            # q = p: every neighbour's law is p itself
-            moments[r, :], slopes[r, :] = 0.0, 0.0
+            for k in range(count):
+                if wanted[r, k]:
+                    moments[r, k], slopes[r, k] = 0.0, 0.0
             continue
         if low == -np.inf:                        # q_j = 0 < p_j
-            moments[r, :], slopes[r, :] = np.inf, 0.0
+            for k in range(count):
+                if wanted[r, k]:
+                    moments[r, k], slopes[r, k] = np.inf, 0.0
             continue
         fast = np.empty(count, dtype=np.bool_)
         tops = np.zeros((count, 2))
         for k in range(count):
             a = orders[k]
             fast[k] = a * (high - low) + abs(high) + math.log(size) < _FAST_RANGE
-            if not fast[k]:
+            if not fast[k] and wanted[r, k]:
                 tops[k, 0], tops[k, 1] = _largest_exponents(a, log_output, log_ratios[i])
         sums = np.zeros((count, 4))
         for start in range(0, size, _CHUNK):
             stop = min(size, start + _CHUNK)
             for k in range(count):
+                if not wanted[r, k]:
+                    continue
                 if fast[k]:
                     _fast_moments(orders[k], high, output, ratios[i], log_ratios[i], start, stop, sums[k])
                 else:
@@ -387,6 +394,8 @@ def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, row
                                      sums[k])
         for k in range(count):
             a = orders[k]
+            if not wanted[r, k]:
+                continue
             if fast[k]:
                 forward = math.log(sums[k, 0]) - a * high
                 reverse = math.log(sums[k, 2]) + a * high

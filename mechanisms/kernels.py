@@ -315,6 +315,9 @@ class _LeaveOneOut:
             self.spans = np.empty((teachers.shape[0], 2))
         leave_one_out_log_ratios(teachers, public, lambdas, self.output, self.log_output, self.ratios,
                                  self.log_ratios, self.spans)
+        finite = self.log_output[np.isfinite(self.log_output)]
+        # the kernel's rounding scale: max_j |log p_j| + N + 2 (mechanisms.fused.leave_one_out_log_moments)
+        self.magnitude = (float(np.abs(finite).max()) if finite.size else 0.0) + teachers.shape[0] + 2.0
         # a NaN anywhere in the teachers, the public model or the lambdas reaches the mean
         if np.isnan(self.output).any() or np.isnan(self.spans).any():
             raise ValueError("Renyi divergence is NaN: a mixed teacher holds NaN")
@@ -324,22 +327,25 @@ class _LeaveOneOut:
         """From already mixed teachers (lambda 1 on each, so pbar_i = mixed_i)."""
         return cls(mixed, np.zeros(mixed.shape[1]), np.ones(mixed.shape[0]))
 
-    def moments(self, rows: np.ndarray, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(g, dg/da) for teachers `rows` at `orders`: g = (a - 1) D<->_a(p, p_-i), rounded up."""
+    def moments(self, rows: np.ndarray, orders: np.ndarray,
+                wanted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(g, dg/da) for teachers `rows` at `orders`: g = (a - 1) D<->_a(p, p_-i), rounded up; with
+        `wanted` (rows x orders, bool) only those pairs are computed (the rest are NaN)."""
         from mechanisms.fused import leave_one_out_log_moments
 
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         orders = np.ascontiguousarray(orders, dtype=np.float64)
-        values = np.empty((rows.size, orders.size))
-        slopes = np.empty((rows.size, orders.size))
+        wanted = np.ones((rows.size, orders.size), dtype=bool) if wanted is None else np.ascontiguousarray(wanted)
+        values = np.full((rows.size, orders.size), np.nan)
+        slopes = np.full((rows.size, orders.size), np.nan)
         _set_threads()
         leave_one_out_log_moments(self.output, self.log_output, self.ratios, self.log_ratios, self.spans, rows, orders,
-                                  _SLACK_ULPS, values, slopes)
+                                  wanted, _SLACK_ULPS, values, slopes)
         return values, slopes
 
 
 def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor, orders,
-                        relative_tolerance: float = 0.005) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+                        relative_tolerance: float | None = 0.005) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
     """max_i D<->_a(p, p_{-i}) (Flemings et al. 2024, Eq. 3) at every order of the sorted grid
     `orders`, for the ensemble of mixed teachers lambda_i p_i + (1 - lambda_i) p0: exact on a
     sub-grid, a sound upper bound within `relative_tolerance` of the exact value everywhere else.
@@ -354,8 +360,9 @@ def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: t
     sub-grid is refined (the interval with the widest gap is bisected) until
     max chord <= (1 + relative_tolerance) max tangent at every grid order. A teacher whose chord at
     a new order lies below the lower bound there cannot be the maximum and is not evaluated (its
-    chord value stands in, still an upper bound). Tensors on a GPU get exact values at every order
-    (leave_one_out_divergences there), all marked exact.
+    chord value stands in, still an upper bound). relative_tolerance=None evaluates every teacher at
+    every order (exact everywhere, in the same arithmetic). Tensors on a GPU get exact values at
+    every order (leave_one_out_divergences there), all marked exact.
     """
     grid = np.asarray(orders, dtype=np.float64).reshape(-1)
     if not np.all(np.diff(grid) > 0):
@@ -378,7 +385,11 @@ def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: t
     ratios = None
     for row in range(flat_teachers.shape[0]):
         ratios = _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios)
-        values[row], exact[row] = _refined_curve(ratios, n, grid, relative_tolerance)
+        if relative_tolerance is None:
+            values[row] = _divergences_from_moments(ratios.moments(np.arange(n), grid)[0].max(axis=0)[None], grid)[0]
+            exact[row] = True
+        else:
+            values[row], exact[row] = _refined_curve(ratios, n, grid, relative_tolerance)
         output[row] = ratios.output
     batch = tuple(teachers.shape[:-2])
     return (values.reshape(*batch, grid.size), exact.reshape(*batch, grid.size),
@@ -392,71 +403,63 @@ def _seed_indices(grid: np.ndarray) -> list[int]:
 
 
 def _refined_curve(ratios: "_LeaveOneOut", n: int, grid: np.ndarray, tolerance: float):
-    """leave_one_out_curve for one step: (D values (K,), exact mask (K,))."""
+    """leave_one_out_curve for one step: (D values (K,), exact mask (K,)). Each round bisects every
+    interval whose certificate fails, evaluating the new orders in one kernel call."""
     size = grid.size
     upper = np.full((n, size), np.nan)        # g_i at evaluated orders, or its chord (an upper bound)
     slope = np.full((n, size), np.nan)        # g_i' where g_i was evaluated there
     done = np.zeros(size, dtype=bool)
-    everyone = np.arange(n)
-
-    def evaluate(index: int, rows: np.ndarray) -> None:
-        value, derivative = ratios.moments(rows, grid[index:index + 1])
-        upper[rows, index], slope[rows, index] = value[:, 0], derivative[:, 0]
-        done[index] = True
-
     seeds = np.asarray(_seed_indices(grid))
-    value, derivative = ratios.moments(everyone, grid[seeds])   # one pass over each row for all seeds
-    upper[:, seeds], slope[:, seeds] = value, derivative
+    upper[:, seeds], slope[:, seeds] = ratios.moments(np.arange(n), grid[seeds])   # each row read once
     done[seeds] = True
     if np.isinf(upper[:, done]).any():          # mass outside a neighbour's support: infinite at every order
         return np.full(size, np.inf), done.copy()
     while True:
         anchors = np.flatnonzero(done)
-        bound, floor = _chord_and_tangent_bounds(grid, anchors, upper, slope)
-        gap = bound - (1.0 + tolerance) * floor - 1e-300
-        gap[done] = -np.inf
-        if not np.any(gap > 0):
+        chords, bound, floor = _chord_and_tangent_bounds(grid, anchors, upper, slope)
+        failing = (bound - (1.0 + tolerance) * floor > 1e-300) & ~done
+        if not failing.any():
             break
-        index = int(np.argmax(gap))
-        left, right = anchors[anchors < index].max(), anchors[anchors > index].min()
-        index = (left + right) // 2 if right - left > 1 else index   # bisect the interval: balanced refinement
-        chord = _chord_at(grid, left, right, upper, index)
-        candidates = np.flatnonzero(chord > floor[index]) if np.isfinite(floor[index]) else everyone
-        upper[:, index] = chord
-        evaluate(index, candidates if candidates.size else everyone[:1])
+        position = np.searchsorted(anchors, np.flatnonzero(failing)) - 1
+        new = np.unique((anchors[position] + anchors[position + 1]) // 2)   # the middle of each failing interval
+        candidates = chords[:, new] > floor[new]     # a teacher whose chord is below the lower bound is not the max
+        candidates[np.argmax(chords[:, new], axis=0), np.arange(new.size)] = True   # at least one per order
+        rows = np.flatnonzero(candidates.any(axis=1))
+        upper[:, new] = chords[:, new]               # stand-ins, still upper bounds
+        wanted = candidates[rows]
+        value, derivative = ratios.moments(rows, grid[new], wanted)
+        block_upper, block_slope = upper[np.ix_(rows, new)], slope[np.ix_(rows, new)]
+        upper[np.ix_(rows, new)] = np.where(wanted, value, block_upper)
+        slope[np.ix_(rows, new)] = np.where(wanted, derivative, block_slope)
+        done[new] = True
     anchors = np.flatnonzero(done)
-    bound, _ = _chord_and_tangent_bounds(grid, anchors, upper, slope)
-    moments = np.where(done, upper.max(axis=0), bound)
+    _, bound, _ = _chord_and_tangent_bounds(grid, anchors, upper, slope)
+    # between sub-grid orders the chord bounds the true value; twice the kernel's rounding allowance
+    # on top keeps it above what the kernel itself would return there (which carries that allowance)
+    allowance = _SLACK_ULPS * ((grid + 1.0) * ratios.magnitude + np.log2(ratios.output.size) + 2.0 + np.abs(bound))
+    # (a chord through zeros is exactly zero: g_i >= 0 is convex and vanishes at both ends)
+    moments = np.where(done | (bound == 0.0), bound, bound + 2.0 * allowance)
     return _divergences_from_moments(moments[None], grid)[0], done.copy()
 
 
-def _chord_at(grid: np.ndarray, left: int, right: int, upper: np.ndarray, index: int) -> np.ndarray:
-    """Every teacher's chord between sub-grid orders `left` and `right`, at `index`, rounded up."""
-    weight = (grid[index] - grid[left]) / (grid[right] - grid[left])
-    chord = (1.0 - weight) * upper[:, left] + weight * upper[:, right]
-    return chord * (1.0 + 4.0 * ROUNDING_ULPS) + 4.0 * ROUNDING_ULPS * np.abs(upper[:, [left, right]]).max(axis=1)
-
-
 def _chord_and_tangent_bounds(grid: np.ndarray, anchors: np.ndarray, upper: np.ndarray, slope: np.ndarray):
-    """At every grid order: the max over teachers of their chords between the enclosing sub-grid
-    orders (an upper bound on max_i g_i; the exact max at sub-grid orders), and the max over
-    evaluated teachers of their tangents at those two orders (a lower bound)."""
+    """(every teacher's chord between the sub-grid orders enclosing each grid order (n, K), rounded
+    up; their max over teachers (K,), the exact max at sub-grid orders; the max over evaluated
+    teachers of their tangents at those two orders (K,), a lower bound, the max itself at sub-grid orders)."""
     size = grid.size
-    bound = np.empty(size)
-    floor = np.empty(size)
     position = np.clip(np.searchsorted(anchors, np.arange(size), side="right") - 1, 0, anchors.size - 2)
     left, right = anchors[position], anchors[position + 1]
     weight = (grid - grid[left]) / (grid[right] - grid[left])
-    chords = (1.0 - weight) * upper[:, left] + weight * upper[:, right]
-    bound[:] = (chords * (1.0 + 4.0 * ROUNDING_ULPS)).max(axis=0)
+    chords = ((1.0 - weight) * upper[:, left] + weight * upper[:, right]) * (1.0 + 4.0 * ROUNDING_ULPS)
     with np.errstate(invalid="ignore"):
         tangents = np.maximum(upper[:, left] + slope[:, left] * (grid - grid[left]),
                               upper[:, right] + slope[:, right] * (grid - grid[right]))
-    floor[:] = np.nanmax(np.where(np.isnan(tangents), -np.inf, tangents), axis=0)
-    on_anchor = np.isin(np.arange(size), anchors)
-    bound[on_anchor] = upper[:, on_anchor].max(axis=0)
-    floor[on_anchor] = bound[on_anchor]
-    return bound, np.maximum(floor, 0.0)
+    on_anchor = np.zeros(size, dtype=bool)
+    on_anchor[anchors] = True
+    chords[:, on_anchor] = upper[:, on_anchor]
+    bound = chords.max(axis=0)
+    floor = np.where(on_anchor, bound, np.where(np.isnan(tangents), -np.inf, tangents).max(axis=0))
+    return chords, bound, np.maximum(floor, 0.0)
 
 
 def leave_one_out_divergences_torch(mixed: torch.Tensor, orders: torch.Tensor, mask: torch.Tensor | None = None,

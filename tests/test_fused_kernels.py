@@ -1,0 +1,277 @@
+"""The fused kernels equal the straightforward implementations: exp/log within 2 ulps, Renyi
+divergences and the add-one bound within 1e-12 relative of the previous numpy code, lambdas within
+1e-6 of the torch Illinois solver and feasible, the sub-grid curve never below the exact one and
+within its tolerance, and the public step API consistent across input types and batching."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from numba import njit
+
+from accounting.curve import RdpCurve, compose_curves
+from accounting.orders import DEFAULT_ORDERS
+from accounting.relation import NeighbouringRelation
+from tests.conftest import lm_like
+from mechanisms.adapmixed import AdaPMixED
+from mechanisms.divergence import renyi_divergence
+from mechanisms.fastmath import vexp, vexpm1, vlog
+from mechanisms.kernels import (add_one_divergence_bounds, ball_mixing_weights, ball_mixing_weights_torch,
+                                leave_one_out_curve, leave_one_out_divergences, leave_one_out_divergences_torch,
+                                mixed_teachers, mixing_weights, renyi_divergence_orders,
+                                renyi_divergence_orders_torch)
+from mechanisms.pmixed import Ball, PMixED, all_orders_ball_constraints
+from tests.straightforward import reference_add_one_bounds, reference_renyi_orders
+
+GRID = np.asarray(DEFAULT_ORDERS)
+
+
+@njit
+def _map(function_id, values, out):
+    for j in range(values.size):
+        x = values[j]
+        out[j] = vexp(x) if function_id == 0 else (vlog(x) if function_id == 1 else vexpm1(x))
+
+
+def _apply(function_id: int, values: np.ndarray) -> np.ndarray:
+    out = np.empty_like(values)
+    _map(function_id, values, out)
+    return out
+
+
+def test_vectorised_exp_log_expm1_are_within_a_few_ulps_and_keep_special_values():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.uniform(-708, 709.7, 200_000), rng.uniform(-1, 1, 100_000), rng.uniform(-1e-9, 1e-9, 10_000)])
+    got, want = _apply(0, x), np.exp(x)
+    assert np.max(np.abs(got - want) / np.spacing(want)) <= 2
+    y = np.concatenate([np.exp(rng.uniform(-744, 709, 200_000)), 1 + rng.uniform(-1e-8, 1e-8, 10_000), [5e-324, 1e-310]])
+    got, want = _apply(1, y), np.log(y)
+    nonzero = want != 0
+    assert np.max(np.abs(got - want)[nonzero] / np.spacing(np.abs(want[nonzero]))) <= 2
+    z = np.concatenate([rng.uniform(-30, 0, 100_000), rng.uniform(-1e-12, 1e-12, 10_000), rng.uniform(-0.6, 0.6, 10_000)])
+    got, want = _apply(2, z), np.expm1(z)
+    assert np.max(np.abs(got - want) / np.maximum(np.spacing(np.abs(want)), 1e-320)) <= 8
+    special = np.array([-np.inf, np.inf, np.nan, 0.0, -745.2, 710.0])
+    np.testing.assert_array_equal(_apply(0, special), [0.0, np.inf, np.nan, 1.0, 0.0, np.inf])
+    np.testing.assert_array_equal(_apply(1, np.array([0.0, np.inf, -1.0, np.nan, 1.0])),
+                                  [-np.inf, np.inf, np.nan, np.nan, 0.0])
+
+
+distributions = st.integers(0, 2**31 - 1).map(lambda seed: np.random.default_rng(seed))
+
+
+@settings(max_examples=40, deadline=None)
+@given(distributions, st.integers(2, 300), st.floats(0.3, 6.0), st.booleans())
+def test_fused_renyi_equals_the_numpy_reference(rng, vocab, temperature, holes):
+    p = lm_like(rng, vocab, (3,), temperature)
+    q = lm_like(rng, vocab, (), temperature)
+    if holes:       # zeros in P (terms that add 0) and in Q where P is also 0
+        p[:, : vocab // 3] = 0.0
+        q[: vocab // 6] = 0.0
+        p /= p.sum(axis=-1, keepdims=True)
+        q /= q.sum()
+    log_p, log_q = torch.log(torch.from_numpy(p)), torch.log(torch.from_numpy(q))
+    orders = torch.from_numpy(GRID)
+    fused = renyi_divergence_orders(log_p, log_q, orders).numpy()
+    reference = reference_renyi_orders(log_p, log_q, orders).numpy()
+    torch_form = renyi_divergence_orders_torch(log_p, log_q, orders).numpy()
+    # equal up to the rounding allowance both carry (8 ulps per unit of magnitude, over a - 1)
+    allowance = 1e-12 * (GRID + 1.0) / (GRID - 1.0) * (np.abs(np.log(p[p > 0])).max() + 2)
+    assert np.all(np.abs(fused - reference) <= 1e-9 * reference + allowance)
+    assert np.all(np.abs(torch_form - reference) <= 1e-9 * reference + allowance)
+
+
+def test_fused_renyi_special_cases():
+    orders = torch.tensor([2.0, 8.0])
+    p = torch.log(torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], dtype=torch.float64))
+    q = torch.log(torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64))
+    out = renyi_divergence_orders(q.expand(2, 3), p, orders).numpy()
+    assert np.all(out[0] == 0.0)                      # identical laws: exactly 0
+    assert np.all(np.isinf(out[1]) == False)  # noqa: E712 - q has no mass where p is 0 here
+    assert np.all(np.isinf(renyi_divergence_orders(p[1:], q, orders).numpy()))   # mass outside Q's support
+    with pytest.raises(ValueError, match="NaN"):
+        renyi_divergence_orders(torch.tensor([[float("nan"), 0.0]]), torch.tensor([-0.7, -0.7]), orders)
+
+
+def _ensemble(seed: int, teachers: int, vocab: int, spread: float = 1.0):
+    rng = np.random.default_rng(seed)
+    public_logits = 4.5 * rng.standard_normal(vocab)
+    logits = public_logits + spread * rng.standard_normal((teachers, vocab))
+    softmax = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
+    return torch.from_numpy(softmax(logits)), torch.from_numpy(softmax(public_logits))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10**6), st.integers(2, 12), st.integers(3, 400), st.sampled_from([2.0, 6.0, 18.0, 3.5]),
+       st.floats(0.001, 0.5), st.floats(0.2, 3.0))
+def test_newton_solver_matches_illinois_and_is_feasible(seed, teachers, vocab, alpha, beta, spread):
+    ensemble, public = _ensemble(seed, teachers, vocab, spread)
+    radius = alpha * beta
+    fused = mixing_weights(ensemble, public, alpha, radius).numpy()
+    straightforward = ball_mixing_weights_torch(ensemble, public, (alpha,), (radius,)).numpy()
+    np.testing.assert_allclose(fused, straightforward, rtol=0, atol=1e-6)
+    mixed = fused[:, None] * ensemble.numpy() + (1 - fused[:, None]) * public.numpy()
+    assert np.all(renyi_divergence(mixed, public.numpy(), alpha, symmetric=True) <= radius)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_all_orders_ball_solver_matches_illinois_and_is_feasible(seed):
+    ensemble, public = _ensemble(seed, 4, 200, 1.5)
+    constraints = all_orders_ball_constraints(0.05)
+    fused = ball_mixing_weights(ensemble, public, *constraints).numpy()
+    straightforward = ball_mixing_weights_torch(ensemble, public, *constraints).numpy()
+    np.testing.assert_allclose(fused, straightforward, rtol=0, atol=1e-6)
+    lambdas = PMixED(2.0, 0.05, 4, ball=Ball.ALL_ORDERS).mixing_weights(ensemble.numpy(), public.numpy())
+    mixed = lambdas[:, None] * ensemble.numpy() + (1 - lambdas[:, None]) * public.numpy()
+    orders, radii, _ = constraints
+    assert np.all(renyi_divergence(mixed, public.numpy(), list(orders), symmetric=True) <= np.asarray(radii))
+
+
+def test_solver_edge_cases():
+    ensemble, public = _ensemble(1, 3, 50)
+    assert np.all(mixing_weights(ensemble, public, 6.0, 0.0).numpy() == 0.0)     # radius 0: the public model
+    same = public.expand(2, -1).clone()
+    assert np.all(mixing_weights(same, public, 6.0, 0.3).numpy() == 1.0)          # already inside: 1
+    outside = public.clone()
+    outside[0] = 0.0
+    outside /= outside.sum()
+    teacher = torch.stack([torch.roll(outside, 1), outside])
+    lambdas = mixing_weights(teacher, outside, 6.0, 0.3).numpy()                   # mass where p0 has none
+    assert lambdas[0] == 0.0 and lambdas[1] == 1.0
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10**6), st.integers(2, 10), st.integers(3, 300), st.floats(0.1, 2.0))
+def test_leave_one_out_fused_equals_the_torch_form(seed, teachers, vocab, spread):
+    ensemble, public = _ensemble(seed, teachers, vocab, spread)
+    lambdas = torch.from_numpy(np.random.default_rng(seed).uniform(0, 1, teachers))
+    mixed = mixed_teachers(ensemble, public, lambdas)
+    orders = torch.from_numpy(GRID)
+    fused = leave_one_out_divergences(mixed, orders).numpy()
+    straightforward = leave_one_out_divergences_torch(mixed, orders).numpy()
+    # the torch form takes log p - log p_-i (a difference of logs); the kernel logs the ratio itself
+    slack = 1e-12 * (GRID + 1) / (GRID - 1) * (np.abs(np.log(mixed.mean(0).numpy())).max() + teachers + 2)
+    assert np.all(np.abs(fused - straightforward) <= 1e-9 * straightforward + slack)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10**6), st.integers(2, 12), st.integers(3, 500), st.floats(0.1, 2.5),
+       st.sampled_from([0.001, 0.005, 0.02]))
+def test_sub_grid_curve_is_never_below_the_exact_curve_and_within_its_tolerance(seed, teachers, vocab, spread,
+                                                                                 tolerance):
+    ensemble, public = _ensemble(seed, teachers, vocab, spread)
+    lambdas = mixing_weights(ensemble, public, 18.0, 3.6)
+    bounded, exact_mask, output = leave_one_out_curve(ensemble, public, lambdas, GRID, tolerance)
+    exact, all_exact, _ = leave_one_out_curve(ensemble, public, lambdas, GRID, None)
+    assert all_exact.all() and exact_mask[[0, -1]].all()
+    assert np.all(bounded >= exact)
+    assert np.all(bounded <= exact * (1 + tolerance) + 1e-12)
+    np.testing.assert_array_equal(bounded[exact_mask], exact[exact_mask])
+    np.testing.assert_allclose(output.numpy(), mixed_teachers(ensemble, public, lambdas).mean(dim=-2).numpy(),
+                               rtol=1e-13)
+    # and the same machinery against the torch form, every teacher and order
+    torch_form = leave_one_out_divergences_torch(mixed_teachers(ensemble, public, lambdas),
+                                                 torch.from_numpy(GRID)).amax(dim=-2).numpy()
+    np.testing.assert_allclose(exact, torch_form, rtol=1e-6, atol=1e-12)
+
+
+def test_sub_grid_curve_is_infinite_or_zero_where_the_exact_one_is():
+    ensemble, public = _ensemble(3, 3, 40)
+    identical = public.expand(3, -1).clone()
+    values, _, _ = leave_one_out_curve(identical, public, torch.ones(3), GRID)
+    assert np.all(values == 0.0)
+    holder = ensemble.clone()
+    holder[0, 5], holder[1:, 5] = 0.3, 0.0          # teacher 0 alone holds token 5
+    holder /= holder.sum(-1, keepdim=True)
+    values, _, _ = leave_one_out_curve(holder, public, torch.ones(3), GRID)
+    assert np.all(np.isinf(values))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 20), st.integers(3, 300), st.sampled_from([2.0, 6.0, 18.0]),
+       st.floats(0.01, 0.3), st.booleans())
+def test_fused_add_one_bound_equals_the_numpy_reference(seed, teachers, vocab, alpha, beta, all_orders):
+    ensemble, public = _ensemble(seed, teachers, vocab)
+    lambdas = mixing_weights(ensemble, public, alpha, alpha * beta)
+    output = mixed_teachers(ensemble, public, lambdas).mean(dim=-2)
+    orders = torch.from_numpy(GRID)
+    beta_all = beta if all_orders else None
+    fused = add_one_divergence_bounds(output, public, teachers, orders, alpha, alpha * beta, beta_all).numpy()
+    reference = reference_add_one_bounds(output, public, teachers, orders, alpha, alpha * beta, beta_all).numpy()
+    np.testing.assert_allclose(fused, reference, rtol=1e-12)
+
+
+def test_step_api_takes_numpy_or_torch_batched_or_not_and_charges_what_the_runner_records():
+    ensemble, public = _ensemble(5, 4, 300)
+    mechanism = AdaPMixED(PMixED(18.0, 0.2, 4), AdaPMixED.paper_defaults(4).screening)
+    batch_t, batch_p = torch.stack([ensemble, ensemble.roll(1, dims=-1)]), torch.stack([public, public.roll(1)])
+    batched = mechanism.step(batch_t, batch_p, torch.Generator().manual_seed(3))
+    from_numpy = mechanism.step(batch_t.numpy(), batch_p.numpy(), torch.Generator().manual_seed(3))
+    for key in ("pmixed_data_dependent", "screen"):
+        np.testing.assert_array_equal(batched.charged[key], from_numpy.charged[key])
+    single = mechanism.step(ensemble, public, torch.Generator().manual_seed(3))
+    np.testing.assert_allclose(single.lambdas.numpy(), batched.lambdas[0].numpy(), atol=0)
+    np.testing.assert_allclose(single.charged["pmixed_data_dependent"], batched.charged["pmixed_data_dependent"][0])
+    assert batched.output.shape == (2, 300) and batched.screen_passed.shape == (2,)
+    assert batched.charged["pmixed_data_dependent"].shape == (2, len(DEFAULT_ORDERS))
+    np.testing.assert_allclose(batched.total, batched.charged["screen"] + batched.charged["pmixed_data_dependent"])
+    # the data-dependent charge covers add-or-remove: at least Eq. 3 and the add-one bound
+    mixed = mixed_teachers(ensemble, public, single.lambdas)
+    eq3 = leave_one_out_divergences(mixed, torch.from_numpy(GRID)).amax(dim=-2).numpy()
+    added = add_one_divergence_bounds(mixed.mean(-2), public, 4, torch.from_numpy(GRID), 18.0, 3.6).numpy()
+    assert np.all(single.charged["pmixed_data_dependent"] >= np.maximum(eq3, added) * (1 - 1e-12))
+    plain = PMixED(6.0, 0.05, 4).step(ensemble.numpy(), public.numpy())
+    np.testing.assert_allclose(plain.charged["pmixed_theorem_3_1"], PMixED(6.0, 0.05, 4).rdp_values(GRID))
+    with pytest.raises(ValueError, match="screening draws"):
+        mechanism.step(ensemble, public)
+    with pytest.raises(ValueError, match="N=4"):
+        mechanism.step(ensemble[:3], public, torch.Generator())
+
+
+def test_compose_curves_equals_sequential_addition_and_the_grid_cache_is_not_fooled():
+    rng = np.random.default_rng(0)
+    values = rng.uniform(0, 1, (50, len(DEFAULT_ORDERS)))
+    curves = [RdpCurve(DEFAULT_ORDERS, v) for v in values]
+    total = compose_curves(curves)
+    sequential = curves[0]
+    for curve in curves[1:]:
+        sequential = sequential + curve
+    np.testing.assert_allclose(total.values, sequential.values, rtol=1e-14)
+    shuffled = tuple(reversed(DEFAULT_ORDERS))          # same orders, another order: values move with them
+    curve = RdpCurve(shuffled, np.arange(len(shuffled), dtype=float))
+    assert curve.value_at(shuffled[0]) == 0.0 and curve.orders == DEFAULT_ORDERS
+    with pytest.raises(ValueError, match="NaN"):
+        RdpCurve(DEFAULT_ORDERS, np.full(len(DEFAULT_ORDERS), np.nan))
+    with pytest.raises(ValueError, match=">= 0"):
+        RdpCurve(DEFAULT_ORDERS, np.full(len(DEFAULT_ORDERS), -1.0))
+    remove = RdpCurve(DEFAULT_ORDERS, values[0], NeighbouringRelation.REMOVE_ONE)
+    assert compose_curves([curves[0], remove]).relation is NeighbouringRelation.REMOVE_ONE
+
+
+def _run_epsilon_ratios(ensemble, public, lambdas):
+    from accounting.conversion import epsilon_from_rdp
+
+    bounded, _, _ = leave_one_out_curve(ensemble, public, lambdas, GRID)
+    exact, _, _ = leave_one_out_curve(ensemble, public, lambdas, GRID, None)
+    ratios = []
+    for steps in (1, 30, 1000, 100_000):
+        ratios.append(epsilon_from_rdp(RdpCurve(DEFAULT_ORDERS, bounded * steps), 1e-5).epsilon
+                      / epsilon_from_rdp(RdpCurve(DEFAULT_ORDERS, exact * steps), 1e-5).epsilon)
+    return np.asarray(ratios)
+
+
+def test_run_epsilon_from_the_sub_grid_is_within_one_percent_at_demo_scale():
+    ensemble, public = _ensemble(0, 8, 1024)
+    ratios = _run_epsilon_ratios(ensemble, public, mixing_weights(ensemble, public, 18.0, 3.6))
+    assert np.all(ratios >= 1.0) and np.all(ratios <= 1.01)
+
+
+@pytest.mark.slow
+def test_run_epsilon_from_the_sub_grid_is_within_one_percent_at_paper_scale():
+    ensemble, public = _ensemble(0, 100, 50257)
+    ratios = _run_epsilon_ratios(ensemble, public, mixing_weights(ensemble, public, 18.0, 3.6))
+    assert np.all(ratios >= 1.0) and np.all(ratios <= 1.01)
+    assert math.isfinite(float(ratios.max()))
