@@ -47,7 +47,7 @@ class RdpCurve:
         values = np.array(raw, dtype=np.float64, copy=True)
         if values.shape != (len(orders),):
             raise ValueError(f"values must have one entry per order ({len(orders)}), got shape {values.shape}")
-        low = values.min()          # NaN if any value is NaN: one reduction checks both
+        low = _smallest(values)      # NaN if any value is NaN: one reduction checks both
         if not low >= 0:
             require(not bool(np.any(np.isnan(values))), "RDP values must not be NaN (use +inf for 'no guarantee')")
             raise ValueError(f"RDP values must be >= 0, got min {low:g}")
@@ -56,14 +56,14 @@ class RdpCurve:
         if not isinstance(self.direction, DivergenceDirection):
             raise ValueError(f"direction must be a DivergenceDirection, got {self.direction!r}")
         if type(self.data_dependent) is not bool:
-            require_bool("data_dependent", self.data_dependent)
+            object.__setattr__(self, "data_dependent", require_bool("data_dependent", self.data_dependent))
         if permutation is not None:
             values = values[permutation]  # each value stays with its own order
-        values.setflags(write=False)
-        object.__setattr__(self, "orders", orders)
-        object.__setattr__(self, "values", values)
-        object.__setattr__(self, "data_dependent", bool(self.data_dependent))
-        object.__setattr__(self, "_order_index", index)
+        values.flags.writeable = False
+        set_field = object.__setattr__
+        set_field(self, "orders", orders)
+        set_field(self, "values", values)
+        set_field(self, "_order_index", index)
 
     @classmethod
     def zero(cls, orders: Sequence[float] = DEFAULT_ORDERS,
@@ -148,6 +148,7 @@ def _validated_grid(orders) -> tuple[tuple[float, ...], np.ndarray | None, dict]
 
 
 _KNOWN_GRIDS: dict[int, tuple] = {}
+_smallest = np.minimum.reduce   # the ufunc itself: ndarray.min's Python wrapper costs as much as the rest
 
 
 def require_curve(curve, name: str = "curve") -> RdpCurve:

@@ -8,7 +8,7 @@ from accounting import (Breakdown, ConversionMethod, DEFAULT_ORDERS, DeltaConver
                         NeighbouringRelation, PrivacyLedger, RdpBudget, RdpCurve, compose_curves, default_orders,
                         delta_from_rdp, epsilon_from_rdp)
 from mechanisms import (AdaPMixED, Ball, ConfidentGNMax, CustomCurveMechanism, DPWeightedSampler, GaussianMechanism, GNMax,
-                        Mechanism, NoisyScreening, PMixED, PoissonSubsampledGaussian, SubsampledPMixED,
+                        Mechanism, NoisyScreening, PMixED, PoissonSubsampledGaussian, StepResult, SubsampledPMixED,
                         SubsamplingVariant, Targmax, ThresholdWeightedSampler, add_one_bound_values, beta_from_budget, compose,
                         data_dependent_pmixed_curve, poisson_subsample, renyi_divergence, self_compose,
                         subsampled_pmixed_curve, theorem_3_1_epsilon)
@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdaPMixED", "Ball", "Breakdown", "ConfidentGNMax", "ConversionMethod", "CustomCurveMechanism", "DEFAULT_ORDERS",
-    "DPWeightedSampler", "DeltaConversion", "DivergenceDirection", "EpsilonConversion", "GNMax", "GaussianMechanism", "GridEdgeWarning", "Mechanism",
+    "DPWeightedSampler", "DeltaConversion", "DivergenceDirection", "EpsilonConversion", "GNMax", "GaussianMechanism", "GridEdgeWarning", "Mechanism", "StepResult",
     "NeighbouringRelation", "NoisyScreening", "PMixED", "PoissonSubsampledGaussian", "PrivacyLedger", "RdpBudget",
     "RdpCurve", "SubsampledPMixED", "SubsamplingVariant", "Targmax", "ThresholdWeightedSampler", "add_one_bound_values", "beta_from_budget",
     "compose", "compose_curves", "data_dependent_pmixed_curve", "default_orders", "delta_from_rdp",

@@ -4,6 +4,7 @@ from mechanisms.adapmixed import (AdaPMixED, add_one_bound_values, data_dependen
 from mechanisms.base import ComposedMechanism, Mechanism, SelfComposedMechanism, compose, self_compose
 from mechanisms.custom import CustomCurveMechanism
 from mechanisms.divergence import renyi_divergence
+from mechanisms.step import StepResult
 from mechanisms.gaussian import GaussianMechanism, PoissonSubsampledGaussian
 from mechanisms.hot_pate import DPWeightedSampler, Targmax, ThresholdWeightedSampler, cast_votes, vote_histogram
 from mechanisms.pate import ConfidentGNMax, GNMax, data_dependent_gnmax_rdp, log_q_gnmax
@@ -16,7 +17,7 @@ __all__ = [
     "ALL_ORDERS_BALL_GRID", "AdaPMixED", "Ball", "ComposedMechanism", "ConfidentGNMax", "CustomCurveMechanism", "DPWeightedSampler", "GNMax",
     "GaussianMechanism", "Mechanism", "NoisyScreening", "PMixED", "PoissonSubsampledGaussian",
     "PoissonSubsampledMechanism", "ScreeningOutcome", "SelfComposedMechanism", "SubsampledPMixED",
-    "SubsamplingVariant", "Targmax", "ThresholdWeightedSampler", "add_one_bound_values", "all_orders_ball_constraints",
+    "StepResult", "SubsamplingVariant", "Targmax", "ThresholdWeightedSampler", "add_one_bound_values", "all_orders_ball_constraints",
     "amplified_rdp", "beta_from_budget", "cast_votes",
     "compose", "data_dependent_gnmax_rdp", "data_dependent_pmixed_curve", "data_dependent_pmixed_values",
     "log_q_gnmax", "poisson_subsample", "realised_subsample_sizes", "renyi_divergence", "self_compose",

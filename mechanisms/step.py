@@ -32,12 +32,19 @@ class StepResult:
     screen_statistic: np.ndarray | None = None  # (...,) D_alpha of the noisy screening vector
     screen_passed: np.ndarray | None = None     # (...,) bool: PMixED answered (else the public model)
     add_one_bound: np.ndarray | None = None     # (..., K) bound for an added teacher, charged or not
+    relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE   # what the charges hold for
     details: dict = field(default_factory=dict)
 
     @property
     def total(self) -> np.ndarray:
         """(..., K): the step's RDP summed over its components (sequential composition)."""
         return sum(self.charged.values())
+
+    def ledger_charges(self) -> dict[str, tuple]:
+        """The charges in the form PrivacyLedger.charge_many takes: component -> (values (steps, K),
+        data_dependent, relation), the batch axes flattened into steps."""
+        return {name: (values.reshape(-1, values.shape[-1]), name == "pmixed_data_dependent", self.relation)
+                for name, values in self.charged.items()}
 
 
 def as_ensemble(teachers, public, expected_teachers: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,7 +117,8 @@ def pmixed_step(pmixed, teachers, public, orders=None, mask=None) -> StepResult:
     lambdas = pmixed.mixing_weights_tensor(teachers, public)
     _, output = mixed_output(teachers, public, lambdas, mask)
     curve = np.broadcast_to(pmixed.rdp_values(orders), tuple(output.shape[:-1]) + (orders.size,)).copy()
-    return StepResult(output=output, lambdas=lambdas, orders=orders, charged={"pmixed_theorem_3_1": curve})
+    return StepResult(output=output, lambdas=lambdas, orders=orders, charged={"pmixed_theorem_3_1": curve},
+                      relation=pmixed.relation)
 
 
 def adapmixed_step(mechanism, teachers, public, generator=None, orders=None,
@@ -160,4 +168,5 @@ def adapmixed_step(mechanism, teachers, public, generator=None, orders=None,
         charged["pmixed_theorem_3_1"] = bound
     return StepResult(output=output, lambdas=lambdas, orders=orders, charged=charged, data_dependent=covering,
                       exact_orders=exact, screen_statistic=None if statistic is None else statistic.numpy(),
-                      screen_passed=passed.numpy(), add_one_bound=added, details={"data_independent": bound})
+                      screen_passed=passed.numpy(), add_one_bound=added,
+                      relation=relation if data_dependent else mechanism.relation, details={"data_independent": bound})

@@ -5,6 +5,7 @@ to what it audited, and one clean error line for bad configs and bad trace direc
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -283,9 +284,15 @@ def test_a_second_writer_is_locked_out_and_changes_nothing(micro_models, tmp_pat
         assert first.poll() is None, first.stderr.read()[-2000:]
         assert time.time() < deadline
         time.sleep(0.01)
-    resumed = subprocess.run(command + ["--resume"], env=ENV, cwd=tmp_path, capture_output=True, text=True)
-    fresh = subprocess.run(command, env=ENV, cwd=tmp_path, capture_output=True, text=True)
-    assert first.poll() is None, "the first run finished before the second writer started"
+    # paused, the first writer holds its lock for as long as the second ones take to start (the
+    # decode loop outran their start-up once it got faster)
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        resumed = subprocess.run(command + ["--resume"], env=ENV, cwd=tmp_path, capture_output=True, text=True)
+        fresh = subprocess.run(command, env=ENV, cwd=tmp_path, capture_output=True, text=True)
+        assert first.poll() is None, "the first run finished before the second writer started"
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     assert resumed.returncode == 2 and resumed.stderr.count("\n") == 1
     assert "is being written by another dpledger process (pid" in resumed.stderr
     assert fresh.returncode == 2 and "already holds files" in fresh.stderr and fresh.stderr.count("\n") == 1
