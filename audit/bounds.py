@@ -9,7 +9,7 @@ from audit.checks import CheckResult, skipped, verdict
 from audit.loader import LoadedTrace
 from decoding.ensemble import Ensemble
 from decoding.run import component_relations
-from mechanisms.kernels import (add_one_divergence_bounds, leave_one_out_divergences, max_divergence_symmetric,
+from mechanisms.kernels import (add_one_divergence_bounds, leave_one_out_curve, max_divergence_symmetric,
                                 mixed_teachers, symmetric_renyi_orders)
 from mechanisms.adapmixed import loss_covering
 from mechanisms.pmixed import Ball, all_orders_ball_constraints
@@ -127,10 +127,12 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
     worst, under = 0.0, []
     for _, records, logits in trace.iter_payload():
         public, teachers = Ensemble.split_distributions(logits)
-        mixed = mixed_teachers(teachers, public, _recorded_lambdas(records))
+        # every teacher at every order, in the decode loop's own arithmetic (no sub-grid, no chords)
+        exact, _, output = leave_one_out_curve(teachers, public, _recorded_lambdas(records), trace.orders,
+                                               relative_tolerance=None)
         expected = loss_covering(
-            relation, lambda: leave_one_out_divergences(mixed, orders).max(dim=-2).values.numpy(),
-            lambda: add_one_divergence_bounds(mixed.mean(dim=-2), public, trace.n_teachers, orders, trace.params["alpha"],
+            relation, lambda: exact,
+            lambda: add_one_divergence_bounds(output, public, trace.n_teachers, orders, trace.params["alpha"],
                                               trace.params["alpha"] * trace.params["beta"], beta_all).numpy())
         charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
         answered = np.asarray([every_step or r["screen_passed"] for r in records])

@@ -414,7 +414,7 @@ def _refined_curve(ratios: "_LeaveOneOut", n: int, grid: np.ndarray, tolerance: 
     done[seeds] = True
     if np.isinf(upper[:, done]).any():          # mass outside a neighbour's support: infinite at every order
         return np.full(size, np.inf), done.copy()
-    while True:
+    while not done.all():                        # (a grid of one to four orders is all seeds)
         anchors = np.flatnonzero(done)
         chords, bound, floor = _chord_and_tangent_bounds(grid, anchors, upper, slope)
         failing = (bound - (1.0 + tolerance) * floor > 1e-300) & ~done
@@ -432,6 +432,8 @@ def _refined_curve(ratios: "_LeaveOneOut", n: int, grid: np.ndarray, tolerance: 
         upper[np.ix_(rows, new)] = np.where(wanted, value, block_upper)
         slope[np.ix_(rows, new)] = np.where(wanted, derivative, block_slope)
         done[new] = True
+    if done.all():
+        return _divergences_from_moments(upper.max(axis=0)[None], grid)[0], done.copy()
     anchors = np.flatnonzero(done)
     _, bound, _ = _chord_and_tangent_bounds(grid, anchors, upper, slope)
     # between sub-grid orders the chord bounds the true value; twice the kernel's rounding allowance

@@ -275,3 +275,14 @@ def test_run_epsilon_from_the_sub_grid_is_within_one_percent_at_paper_scale():
     ratios = _run_epsilon_ratios(ensemble, public, mixing_weights(ensemble, public, 18.0, 3.6))
     assert np.all(ratios >= 1.0) and np.all(ratios <= 1.01)
     assert math.isfinite(float(ratios.max()))
+
+
+@pytest.mark.parametrize("orders", [[2.0], [2.0, 3.0], [1.5, 2.0, 4.0, 8.0, 16.0]])
+def test_sub_grid_curve_on_grids_of_a_few_orders_is_exact(orders):
+    ensemble, public = _ensemble(2, 4, 50)
+    lambdas = mixing_weights(ensemble, public, 6.0, 0.3)
+    with np.errstate(all="raise"):
+        values, exact, _ = leave_one_out_curve(ensemble, public, lambdas, orders)
+    reference, _, _ = leave_one_out_curve(ensemble, public, lambdas, orders, None)
+    assert exact.all() or len(orders) > 4
+    assert np.all(values >= reference) and np.all(values <= reference * 1.005)
