@@ -35,6 +35,10 @@ ROWS = {
     "AdaPMixED": [
         (lambda: d.AdaPMixED(None, d.NoisyScreening(2, 1e-4, 1e-2)), r"needs a PMixED and a NoisyScreening, got NoneType"),
         (lambda: d.AdaPMixED(PMIXED, d.NoisyScreening(3, 1e-4, 1e-2)), r"screening teachers \(3\) must equal PMixED teachers \(2\)"),
+        (lambda: d.AdaPMixED(PMIXED, d.NoisyScreening(2, 1e-4, 1e-2)).step(TEACHERS, PUBLIC),
+         r"screening draws Gaussian noise: pass a torch.Generator"),
+        (lambda: d.AdaPMixED(PMIXED, d.NoisyScreening(2, 1e-4, 1e-2)).step(TEACHERS, PUBLIC, None, accounting="both"),
+         r"accounting must be one of \['released-output', 'realised-path'\], got 'both'"),
     ],
     "ConfidentGNMax": [
         (lambda: d.ConfidentGNMax(-1.0, 1.0, 1.0), r"threshold must be >= 0, got -1"),
@@ -95,6 +99,8 @@ ROWS = {
         (lambda: d.PMixED(6.0, -0.1, 3), r"beta must be >= 0, got -0.1"),
         (lambda: d.PMixED(6.0, INF, 3), r"beta must be finite, got inf"),
         (lambda: d.PMixED(6.0, 0.1, 0), r"teachers must be an integer >= 1, got 0"),
+        (lambda: PMIXED.step(TEACHERS[:1], PUBLIC), r"teachers must hold N=2 distributions on axis -2, got 1"),
+        (lambda: PMIXED.step(np.array([[NAN, 1.0], [0.5, 0.5]]), PUBLIC), r"teachers must not contain NaN"),
         (lambda: d.PMixED(6.0, 0.1, 2.5), r"teachers must be an integer >= 1, got 2.5"),
         (lambda: PMIXED.mixing_weights(np.array([[NAN, 1.0], [0.5, 0.5]]), PUBLIC), r"teachers must not contain NaN"),
         (lambda: PMIXED.mixing_weights(TEACHERS[:1], PUBLIC), r"teachers must hold N=2 distributions on axis -2, got 1"),
@@ -238,6 +244,7 @@ NO_INPUT = {
     "EpsilonConversion": "result record built by epsilon_from_rdp",
     "DeltaConversion": "result record built by delta_from_rdp",
     "DEFAULT_ORDERS": "constant",
+    "StepResult": "result record built by PMixED.step and AdaPMixED.step",
     "GridEdgeWarning": "warning class",
     "__version__": "constant",
 }
