@@ -41,10 +41,10 @@ class RdpCurve:
 
     def __post_init__(self) -> None:
         orders, permutation, index = _validated_grid(self.orders)
-        raw = np.asarray(self.values)
+        raw = self.values if type(self.values) is np.ndarray else np.asarray(self.values)
         if raw.dtype.kind not in "biuf":
             raise ValueError(f"RDP values must be real numbers, got dtype {raw.dtype}")
-        values = np.array(raw, dtype=np.float64, copy=True)
+        values = raw.astype(np.float64)          # a copy: the curve owns its values
         if values.shape != (len(orders),):
             raise ValueError(f"values must have one entry per order ({len(orders)}), got shape {values.shape}")
         low = _smallest(values)      # NaN if any value is NaN: one reduction checks both
