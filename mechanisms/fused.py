@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
 
-from mechanisms.fastmath import vexp, vexpm1, vlog, vmax, vmin
+from mechanisms.fastmath import vexp, vexpm1, vlog, vmax, vmin  # first: it sets numba's vector width
+
+from numba import njit, prange  # noqa: E402,I001
 
 # reassociation lets sums and maxima vectorise; no "nnan"/"ninf": infinities carry meaning here
 _FLAGS = dict(fastmath={"reassoc", "contract", "arcp", "nsz"}, error_model="numpy", cache=True, nogil=True)

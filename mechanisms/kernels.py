@@ -25,6 +25,9 @@ _SLACK_ULPS = ROUNDING_ULPS * _SLACK_PER_ULP
 
 
 def _set_threads() -> None:
+    from mechanisms.fastmath import prefer_wide_vectors
+
+    prefer_wide_vectors()   # before numba is first imported (a no-op after)
     from numba import set_num_threads
 
     set_num_threads(kernel_threads())
@@ -37,6 +40,9 @@ def _log(x: torch.Tensor) -> torch.Tensor:
 def kernel_threads() -> int:
     """Worker threads for the fused kernels: $DPLEDGER_KERNEL_THREADS, default 1 (robust on shared
     2-core machines; set 2 for long audits on an otherwise idle machine), at most the cores numba has."""
+    from mechanisms.fastmath import prefer_wide_vectors
+
+    prefer_wide_vectors()   # before numba is first imported (a no-op after)
     from numba import config
 
     return max(1, min(int(os.environ.get("DPLEDGER_KERNEL_THREADS", "1")), config.NUMBA_NUM_THREADS))

@@ -3,8 +3,11 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np
-import pytest
+from mechanisms.fastmath import prefer_wide_vectors  # noqa: E402 (before any numba import)
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+prefer_wide_vectors()   # the suite runs the kernels as users do (a no-op: importing it did this)
 
 
 @pytest.fixture

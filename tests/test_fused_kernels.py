@@ -286,3 +286,41 @@ def test_sub_grid_curve_on_grids_of_a_few_orders_is_exact(orders):
     reference, _, _ = leave_one_out_curve(ensemble, public, lambdas, orders, None)
     assert exact.all() or len(orders) > 4
     assert np.all(values >= reference) and np.all(values <= reference * 1.005)
+
+
+_WIDTH_PROBE = """
+import json, os, numpy as np, torch
+from mechanisms.kernels import leave_one_out_curve, mixing_weights
+rng = np.random.default_rng(0)
+z = 4.5 * rng.standard_normal(300)
+soft = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
+teachers, public = torch.from_numpy(soft(z + rng.standard_normal((5, 300)))), torch.from_numpy(soft(z))
+lambdas = mixing_weights(teachers, public, 18.0, 3.6)
+exact = leave_one_out_curve(teachers, public, lambdas, [1.5, 2.0, 8.0, 64.0], None)[0]
+print(json.dumps({"features": os.environ.get("NUMBA_CPU_FEATURES", ""), "lambdas": lambdas.tolist(),
+                  "exact": exact.tolist()}))
+"""
+
+
+def test_wide_vectors_are_chosen_before_numba_loads_and_do_not_change_the_numbers():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    outputs = {}
+    for bits in ("512", "256"):
+        env = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES" and k != "NUMBA_CPU_NAME"}
+        env["DPLEDGER_VECTOR_BITS"] = bits
+        done = subprocess.run([sys.executable, "-c", _WIDTH_PROBE], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs[bits] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "-prefer-256-bit" not in outputs["256"]["features"]
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    if "+avx512f" in llvm.get_host_cpu_features().flatten().split(","):
+        assert outputs["512"]["features"].endswith("-prefer-256-bit")
+    np.testing.assert_allclose(outputs["512"]["lambdas"], outputs["256"]["lambdas"], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(outputs["512"]["exact"], outputs["256"]["exact"], rtol=1e-12)
