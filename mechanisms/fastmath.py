@@ -90,6 +90,12 @@ not); a NaN argument yields the other one, so callers check for NaN input themse
 vmin = _min_max_intrinsic("minnum", "llvm.minnum: the minimum counterpart of vmax.")
 
 
+fma = _fused_multiply_add
+"""a * b + c with one rounding, never regrouped by a caller's fastmath flags: mixtures
+lam * p + (1 - lam) * p0 are formed with it, since "reassoc" would otherwise rewrite them as
+p0 + lam (p - p0), which loses every digit of a small p next to a large p0."""
+
+
 @njit
 def vexp(x):
     clamped = min(max(x, -709.0), 709.79)

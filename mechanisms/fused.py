@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from mechanisms.fastmath import vexp, vexpm1, vlog, vmax, vmin  # first: it sets numba's vector width
+from mechanisms.fastmath import fma, vexp, vexpm1, vlog, vmax, vmin  # first: it sets numba's vector width
 
 from numba import njit, prange  # noqa: E402,I001
 
@@ -28,19 +28,19 @@ def _log_public(public, out):
 
 
 @njit(**_FLAGS)
-def _ratios(teacher, public, delta):
-    """delta_j = p_j / p0_j - 1 (0 where p0_j = 0 = p_j); returns (min, max, chi-square, outside):
-    chi-square = sum_j p0_j delta_j^2, and `outside` says p puts mass where p0 has none (every
-    lambda > 0 is then infinitely far from p0)."""
+def _ratios(teacher, public, ratio):
+    """ratio_j = p_j / p0_j (1 where p0_j = 0 = p_j); returns (min, max, chi-square, outside):
+    chi-square = sum_j p0_j (ratio_j - 1)^2, and `outside` says p puts mass where p0 has none
+    (every lambda > 0 is then infinitely far from p0)."""
     outside = 0.0
     for j in range(public.size):
-        delta[j] = teacher[j] / public[j] - 1.0 if public[j] > 0.0 else 0.0
+        ratio[j] = teacher[j] / public[j] if public[j] > 0.0 else 1.0
         outside += teacher[j] if public[j] == 0.0 else 0.0
-    low, high, chi_square = 0.0, 0.0, 0.0
+    low, high, chi_square = np.inf, 0.0, 0.0
     for j in range(public.size):   # a separate pass: with the stores above the loop does not vectorise
-        low = vmin(low, delta[j])
-        high = vmax(high, delta[j])
-        chi_square += public[j] * delta[j] * delta[j]
+        low = vmin(low, ratio[j])
+        high = vmax(high, ratio[j])
+        chi_square += public[j] * (ratio[j] - 1.0) * (ratio[j] - 1.0)
     return low, high, chi_square, outside > 0.0
 
 
@@ -50,26 +50,28 @@ overflows: every shifted power lies in [e^-600, 1])."""
 
 
 @njit(**_FLAGS)
-def _ball_residual(lam, public, log_public, delta, orders, log_targets, max_log_ratio, low, high, log_r, slope,
+def _ball_residual(lam, public, log_public, ratio, orders, log_targets, max_log_ratio, low, high, log_r, slope,
                    public_magnitude, slack_ulps):
     """The largest constraint residual of the mixed teacher m = p0 + lam (p - p0) and its derivative
     in lam, each residual <= 0 exactly when its constraint holds. Order constraint k, both
-    directions: sqrt(log sum_j p0_j r_j^c) - sqrt((a - 1) radius_k), r_j = m_j / p0_j = 1 + lam delta_j,
+    directions: sqrt(log sum_j p0_j r_j^c) - sqrt((a - 1) radius_k), r_j = m_j / p0_j
+    = lam ratio_j + (1 - lam), formed with one rounding from two non-negative terms (no cancellation),
     c = a forward and 1 - a reverse ((a - 1) D_a = the log-sum). The square root makes the residual
     nearly linear in lam (D_a ~ lam^2 chi^2 a / 2 for small lam), so Newton needs few steps.
     Max-divergence constraint: (log max_j r_j - max_log_ratio) / (2 sqrt(max_log_ratio)) and the
     same with -log min_j r_j.
 
-    log r_j is monotone in delta_j, so its range [log1p(lam low), log1p(lam high)] is known without a
-    pass; when a times it is below _FAST_RANGE both sums come from one exp per token,
+    log r_j is monotone in ratio_j, so its range [log r(low), log r(high)] is known without a pass; when a times it is below _FAST_RANGE both sums come from one exp per token,
     y_j = r_j^a / r_max^a: forward sum_j p0_j y_j, reverse sum_j p0_j r_j / y_j. Otherwise each
     sum is a two-pass log-sum-exp (maximum first)."""
-    size = delta.size
+    size = ratio.size
+    keep = 1.0 - lam
     for j in range(size):
-        r = 1.0 + lam * delta[j]
+        r = fma(lam, ratio[j], keep)
         log_r[j] = vlog(r)
-        slope[j] = delta[j] / r
-    top, bottom = math.log1p(lam * high), math.log1p(lam * low) if lam * low > -1.0 else -np.inf
+        slope[j] = (ratio[j] - 1.0) / r
+    r_high, r_low = lam * high + keep, lam * low + keep
+    top, bottom = math.log(r_high), math.log(r_low) if r_low > 0.0 else -np.inf
     # |log m_j| <= |log p0_j| + |log r_j|: twice the public magnitude and the span bound the kernel's
     magnitude = 2.0 * public_magnitude + max(top, -bottom) + 2.0
     worst, derivative = -np.inf, 0.0
@@ -80,7 +82,7 @@ def _ball_residual(lam, public, log_public, delta, orders, log_targets, max_log_
             for j in range(size):
                 y = vexp(a * (log_r[j] - top))
                 u = public[j] * y
-                w = public[j] * (1.0 + lam * delta[j]) / y
+                w = public[j] * fma(lam, ratio[j], keep) / y
                 sum_forward += u
                 sum_reverse += w
                 moment_forward += u * slope[j]
@@ -117,12 +119,12 @@ def _ball_residual(lam, public, log_public, delta, orders, log_targets, max_log_
     if max_log_ratio < np.inf:
         scale = 2.0 * math.sqrt(max_log_ratio)
         rounding = 2.0 * slack_ulps * magnitude       # as mechanisms.kernels.max_divergence_symmetric rounds
-        forward = (math.log1p(lam * high) + rounding - max_log_ratio) / scale
-        reverse = (-math.log1p(lam * low) + rounding - max_log_ratio) / scale if lam * low > -1.0 else np.inf
+        forward = (top + rounding - max_log_ratio) / scale
+        reverse = (-bottom + rounding - max_log_ratio) / scale
         if forward > worst:
-            worst, derivative = forward, high / (1.0 + lam * high) / scale
+            worst, derivative = forward, (high - 1.0) / r_high / scale
         if reverse > worst:
-            worst, derivative = reverse, -low / (1.0 + lam * low) / scale
+            worst, derivative = reverse, -(low - 1.0) / r_low / scale
     return worst, derivative
 
 
@@ -140,18 +142,18 @@ def _solve_teacher(teacher, public, log_public, orders, log_targets, max_log_rat
                    slack_ulps, public_magnitude, smallest_target, curvature):
     """One teacher's lambda and the evaluations it took (solve_mixing_weights has the method)."""
     size = public.size
-    delta = np.empty(size)
+    ratio = np.empty(size)
     log_r = np.empty(size)
     slope = np.empty(size)
-    low, high, chi_square, outside = _ratios(teacher, public, delta)
-    if outside or (smallest_target <= 0.0 and (low < 0.0 or high > 0.0)):
+    low, high, chi_square, outside = _ratios(teacher, public, ratio)
+    if outside or (smallest_target <= 0.0 and (low < 1.0 or high > 1.0)):
         # a radius 0 admits the public model only: rounding must not let a tiny lambda through
         return 0.0, 0
     lo, residual_lo, hi, residual_hi, hi_known = 0.0, -smallest_target, 1.0, np.inf, False
     trial = min(1.0, 1.0 / math.sqrt(curvature * chi_square)) if curvature * chi_square > 1.0 else 1.0
     count, answer = 0, -1.0
     while True:
-        residual, derivative = _ball_residual(trial, public, log_public, delta, orders, log_targets, max_log_ratio,
+        residual, derivative = _ball_residual(trial, public, log_public, ratio, orders, log_targets, max_log_ratio,
                                               low, high, log_r, slope, public_magnitude, slack_ulps)
         count += 1
         latest, residual_latest, derivative_latest = trial, residual, derivative
@@ -166,7 +168,7 @@ def _solve_teacher(teacher, public, log_public, orders, log_targets, max_log_rat
             # far from the root the next Newton point gains more than the secant would
             close = math.isfinite(residual) and derivative > 0.0 and residual < 1e-3 * derivative * trial
             if close and lo < chord < hi and count < max_evaluations:
-                residual, derivative = _ball_residual(chord, public, log_public, delta, orders, log_targets,
+                residual, derivative = _ball_residual(chord, public, log_public, ratio, orders, log_targets,
                                                       max_log_ratio, low, high, log_r, slope, public_magnitude, slack_ulps)
                 count += 1
                 if residual <= 0.0:
@@ -256,7 +258,7 @@ def _accumulate_mixed(out, before, teacher, public, lam):
     """out = before + lam * teacher + (1 - lam) * public, elementwise (out may be before)."""
     keep = 1.0 - lam
     for j in range(out.size):
-        out[j] = before[j] + (lam * teacher[j] + keep * public[j])
+        out[j] = before[j] + fma(lam, teacher[j], keep * public[j])
 
 
 @njit(**_FLAGS)
@@ -268,7 +270,7 @@ def _add_into(out, values):
 @njit(**_FLAGS)
 def _same_mixture(teacher, lam, other, other_lam, public):
     for j in range(public.size):
-        if lam * teacher[j] + (1.0 - lam) * public[j] != other_lam * other[j] + (1.0 - other_lam) * public[j]:
+        if fma(lam, teacher[j], (1.0 - lam) * public[j]) != fma(other_lam, other[j], (1.0 - other_lam) * public[j]):
             return False
     return True
 
