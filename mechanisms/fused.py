@@ -50,28 +50,33 @@ overflows: every shifted power lies in [e^-600, 1])."""
 
 
 @njit(**_FLAGS)
-def _ball_residual(lam, public, log_public, ratio, orders, log_targets, max_log_ratio, low, high, log_r, slope,
-                   public_magnitude, slack_ulps):
-    """The largest constraint residual of the mixed teacher m = p0 + lam (p - p0) and its derivative
-    in lam, each residual <= 0 exactly when its constraint holds. Order constraint k, both
-    directions: sqrt(log sum_j p0_j r_j^c) - sqrt((a - 1) radius_k), r_j = m_j / p0_j
-    = lam ratio_j + (1 - lam), formed with one rounding from two non-negative terms (no cancellation),
-    c = a forward and 1 - a reverse ((a - 1) D_a = the log-sum). The square root makes the residual
-    nearly linear in lam (D_a ~ lam^2 chi^2 a / 2 for small lam), so Newton needs few steps.
-    Max-divergence constraint: (log max_j r_j - max_log_ratio) / (2 sqrt(max_log_ratio)) and the
-    same with -log min_j r_j.
+def _ball_residual(lam, teacher, public, log_public, ratio, low, high, orders, log_targets, max_log_ratio, log_r,
+                   slope, public_magnitude, slack_ulps):
+    """The largest constraint residual of the mixed teacher m = lam p + (1 - lam) p0 and its
+    derivative in lam, each residual <= 0 exactly when its constraint holds. Order constraint k, both
+    directions: sqrt(log sum_j p0_j r_j^c) - sqrt((a - 1) radius_k), r_j = m_j / p0_j with m_j
+    formed as the decode loop forms it (one fma of two non-negative terms: no cancellation, and a
+    mixture that underflows to 0 where p0_j > 0 counts as infinitely far), c = a forward and 1 - a
+    reverse ((a - 1) D_a = the log-sum). The square root makes the residual nearly linear in lam
+    (D_a ~ lam^2 chi^2 a / 2 for small lam), so Newton needs few steps. Max-divergence constraint:
+    (log max_j r_j - max_log_ratio) / (2 sqrt(max_log_ratio)) and the same with -log min_j r_j
+    (low and high are the extreme ratios p_j / p0_j, where r is extreme too).
 
-    log r_j is monotone in ratio_j, so its range [log r(low), log r(high)] is known without a pass; when a times it is below _FAST_RANGE both sums come from one exp per token,
+    When a times the span of log r is below _FAST_RANGE both sums come from one exp per token,
     y_j = r_j^a / r_max^a: forward sum_j p0_j y_j, reverse sum_j p0_j r_j / y_j. Otherwise each
     sum is a two-pass log-sum-exp (maximum first)."""
     size = ratio.size
     keep = 1.0 - lam
     for j in range(size):
-        r = fma(lam, ratio[j], keep)
+        r = fma(lam, teacher[j], keep * public[j]) / public[j] if public[j] > 0.0 else 1.0
         log_r[j] = vlog(r)
         slope[j] = (ratio[j] - 1.0) / r
-    r_high, r_low = lam * high + keep, lam * low + keep
-    top, bottom = math.log(r_high), math.log(r_low) if r_low > 0.0 else -np.inf
+    top, bottom = 0.0, 0.0
+    for j in range(size):   # a separate pass: with the stores above the loop does not vectorise
+        top = vmax(top, log_r[j])
+        bottom = vmin(bottom, log_r[j])
+    if bottom == -np.inf:   # the mixture vanishes where p0 does not: no finite divergence
+        return np.inf, np.nan
     # |log m_j| <= |log p0_j| + |log r_j|: twice the public magnitude and the span bound the kernel's
     magnitude = 2.0 * public_magnitude + max(top, -bottom) + 2.0
     worst, derivative = -np.inf, 0.0
@@ -82,7 +87,7 @@ def _ball_residual(lam, public, log_public, ratio, orders, log_targets, max_log_
             for j in range(size):
                 y = vexp(a * (log_r[j] - top))
                 u = public[j] * y
-                w = public[j] * fma(lam, ratio[j], keep) / y
+                w = fma(lam, teacher[j], keep * public[j]) / y        # p0_j r_j / y_j = m_j / y_j
                 sum_forward += u
                 sum_reverse += w
                 moment_forward += u * slope[j]
@@ -122,9 +127,9 @@ def _ball_residual(lam, public, log_public, ratio, orders, log_targets, max_log_
         forward = (top + rounding - max_log_ratio) / scale
         reverse = (-bottom + rounding - max_log_ratio) / scale
         if forward > worst:
-            worst, derivative = forward, (high - 1.0) / r_high / scale
+            worst, derivative = forward, (high - 1.0) / math.exp(top) / scale
         if reverse > worst:
-            worst, derivative = reverse, -(low - 1.0) / r_low / scale
+            worst, derivative = reverse, -(low - 1.0) / math.exp(bottom) / scale
     return worst, derivative
 
 
@@ -153,8 +158,8 @@ def _solve_teacher(teacher, public, log_public, orders, log_targets, max_log_rat
     trial = min(1.0, 1.0 / math.sqrt(curvature * chi_square)) if curvature * chi_square > 1.0 else 1.0
     count, answer = 0, -1.0
     while True:
-        residual, derivative = _ball_residual(trial, public, log_public, ratio, orders, log_targets, max_log_ratio,
-                                              low, high, log_r, slope, public_magnitude, slack_ulps)
+        residual, derivative = _ball_residual(trial, teacher, public, log_public, ratio, low, high, orders, log_targets,
+                                              max_log_ratio, log_r, slope, public_magnitude, slack_ulps)
         count += 1
         latest, residual_latest, derivative_latest = trial, residual, derivative
         if residual <= 0.0:
@@ -168,8 +173,9 @@ def _solve_teacher(teacher, public, log_public, orders, log_targets, max_log_rat
             # far from the root the next Newton point gains more than the secant would
             close = math.isfinite(residual) and derivative > 0.0 and residual < 1e-3 * derivative * trial
             if close and lo < chord < hi and count < max_evaluations:
-                residual, derivative = _ball_residual(chord, public, log_public, ratio, orders, log_targets,
-                                                      max_log_ratio, low, high, log_r, slope, public_magnitude, slack_ulps)
+                residual, derivative = _ball_residual(chord, teacher, public, log_public, ratio, low, high, orders,
+                                                      log_targets, max_log_ratio, log_r, slope, public_magnitude,
+                                                      slack_ulps)
                 count += 1
                 if residual <= 0.0:
                     lo, residual_lo = chord, residual
