@@ -413,7 +413,8 @@ def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, row
                 reverse = math.log(sums[k, 2]) + tops[k, 1]
             value = max(forward, reverse)
             slopes[r, k] = sums[k, 1] / sums[k, 0] if forward >= reverse else sums[k, 3] / sums[k, 2]
-            slack = slack_ulps * ((a + 1.0) * magnitude + math.log2(size) + 2.0 + abs(value))
+            # the row's log-rho span joins the magnitude: the shifted exponents a (log rho - max) reach it
+            slack = slack_ulps * ((a + 1.0) * (magnitude + high - low) + math.log2(size) + 2.0 + abs(value))
             moments[r, k] = max(value + slack, 0.0)
 
 

@@ -322,8 +322,11 @@ class _LeaveOneOut:
         leave_one_out_log_ratios(teachers, public, lambdas, self.output, self.log_output, self.ratios,
                                  self.log_ratios, self.spans)
         finite = self.log_output[np.isfinite(self.log_output)]
-        # the kernel's rounding scale: max_j |log p_j| + N + 2 (mechanisms.fused.leave_one_out_log_moments)
-        self.magnitude = (float(np.abs(finite).max()) if finite.size else 0.0) + teachers.shape[0] + 2.0
+        # the kernel's largest rounding scale: max_j |log p_j| + N + 2 + the widest log-rho span
+        # (mechanisms.fused.leave_one_out_log_moments)
+        spans = self.spans[:, 1] - self.spans[:, 0]
+        self.magnitude = ((float(np.abs(finite).max()) if finite.size else 0.0) + teachers.shape[0] + 2.0
+                          + float(spans[np.isfinite(spans)].max(initial=0.0)))
         # a NaN anywhere in the teachers, the public model or the lambdas reaches the mean
         if np.isnan(self.output).any() or np.isnan(self.spans).any():
             raise ValueError("Renyi divergence is NaN: a mixed teacher holds NaN")
