@@ -51,7 +51,7 @@ overflows: every shifted power lies in [e^-600, 1])."""
 
 @njit(**_FLAGS)
 def _ball_residual(lam, teacher, public, log_public, ratio, low, high, orders, log_targets, max_log_ratio, log_r,
-                   slope, public_magnitude, slack_ulps):
+                   slope, mixed_ratio, public_magnitude, slack_ulps):
     """The largest constraint residual of the mixed teacher m = lam p + (1 - lam) p0 and its
     derivative in lam, each residual <= 0 exactly when its constraint holds. Order constraint k, both
     directions: sqrt(log sum_j p0_j r_j^c) - sqrt((a - 1) radius_k), r_j = m_j / p0_j with m_j
@@ -68,7 +68,9 @@ def _ball_residual(lam, teacher, public, log_public, ratio, low, high, orders, l
     size = ratio.size
     keep = 1.0 - lam
     for j in range(size):
+        # a division, not a product with 1 / p0_j: that is inf for a subnormal p0_j, and inf * 0 = NaN
         r = fma(lam, teacher[j], keep * public[j]) / public[j] if public[j] > 0.0 else 1.0
+        mixed_ratio[j] = r
         log_r[j] = vlog(r)
         slope[j] = (ratio[j] - 1.0) / r
     top, bottom = 0.0, 0.0
@@ -87,7 +89,7 @@ def _ball_residual(lam, teacher, public, log_public, ratio, low, high, orders, l
             for j in range(size):
                 y = vexp(a * (log_r[j] - top))
                 u = public[j] * y
-                w = fma(lam, teacher[j], keep * public[j]) / y        # p0_j r_j / y_j = m_j / y_j
+                w = public[j] * mixed_ratio[j] / y
                 sum_forward += u
                 sum_reverse += w
                 moment_forward += u * slope[j]
@@ -150,6 +152,7 @@ def _solve_teacher(teacher, public, log_public, orders, log_targets, max_log_rat
     ratio = np.empty(size)
     log_r = np.empty(size)
     slope = np.empty(size)
+    mixed_ratio = np.empty(size)
     low, high, chi_square, outside = _ratios(teacher, public, ratio)
     if outside or (smallest_target <= 0.0 and (low < 1.0 or high > 1.0)):
         # a radius 0 admits the public model only: rounding must not let a tiny lambda through
@@ -158,8 +161,9 @@ def _solve_teacher(teacher, public, log_public, orders, log_targets, max_log_rat
     trial = min(1.0, 1.0 / math.sqrt(curvature * chi_square)) if curvature * chi_square > 1.0 else 1.0
     count, answer = 0, -1.0
     while True:
-        residual, derivative = _ball_residual(trial, teacher, public, log_public, ratio, low, high, orders, log_targets,
-                                              max_log_ratio, log_r, slope, public_magnitude, slack_ulps)
+        residual, derivative = _ball_residual(trial, teacher, public, log_public, ratio, low, high, orders,
+                                              log_targets, max_log_ratio, log_r, slope, mixed_ratio,
+                                              public_magnitude, slack_ulps)
         count += 1
         latest, residual_latest, derivative_latest = trial, residual, derivative
         if residual <= 0.0:
@@ -173,9 +177,9 @@ def _solve_teacher(teacher, public, log_public, orders, log_targets, max_log_rat
             # far from the root the next Newton point gains more than the secant would
             close = math.isfinite(residual) and derivative > 0.0 and residual < 1e-3 * derivative * trial
             if close and lo < chord < hi and count < max_evaluations:
-                residual, derivative = _ball_residual(chord, teacher, public, log_public, ratio, low, high, orders,
-                                                      log_targets, max_log_ratio, log_r, slope, public_magnitude,
-                                                      slack_ulps)
+                residual, derivative = _ball_residual(chord, teacher, public, log_public, ratio, low, high,
+                                                      orders, log_targets, max_log_ratio, log_r, slope,
+                                                      mixed_ratio, public_magnitude, slack_ulps)
                 count += 1
                 if residual <= 0.0:
                     lo, residual_lo = chord, residual

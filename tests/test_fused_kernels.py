@@ -324,3 +324,44 @@ def test_wide_vectors_are_chosen_before_numba_loads_and_do_not_change_the_number
         assert outputs["512"]["features"].endswith("-prefer-256-bit")
     np.testing.assert_allclose(outputs["512"]["lambdas"], outputs["256"]["lambdas"], rtol=0, atol=1e-9)
     np.testing.assert_allclose(outputs["512"]["exact"], outputs["256"]["exact"], rtol=1e-12)
+
+
+def _mpmath_leave_one_out(mixed: np.ndarray, order: float) -> float:
+    """max_i max(D_a(p || p_-i), D_a(p_-i || p)) at 60 digits, written from Eq. 3 directly."""
+    import mpmath
+
+    mpmath.mp.dps = 60
+    rows = [[mpmath.mpf(float(v)) for v in row] for row in mixed]
+    n, a = len(rows), mpmath.mpf(order)
+    p = [sum(row[j] for row in rows) / n for j in range(len(rows[0]))]
+    worst = mpmath.mpf(0)
+    for i in range(n):
+        q = [sum(rows[k][j] for k in range(n) if k != i) / (n - 1) for j in range(len(p))]
+        for x, y in ((p, q), (q, p)):
+            total = sum(xj ** a * yj ** (1 - a) for xj, yj in zip(x, y) if xj > 0)
+            worst = max(worst, mpmath.log(total) / (a - 1))
+    return worst
+
+
+def test_review_cases_mixtures_subnormal_public_and_the_fast_path_boundary_are_not_under_stated():
+    # 1. lam ~ 1 beside a large public probability: a regrouped mixture lost every digit (was 0)
+    public = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    teachers = torch.tensor([[1e-20, 1 - 1e-20], [2e-20, 1 - 2e-20]], dtype=torch.float64)
+    lambdas = mixing_weights(teachers, public, 6.0, 60.0)
+    mixed = mixed_teachers(teachers, public, lambdas).numpy()
+    grid = np.asarray([2.0, 64.0, 1024.0])
+    fused = leave_one_out_curve(teachers, public, lambdas, grid, None)[0]
+    assert all(fused[k] >= float(_mpmath_leave_one_out(mixed, a)) for k, a in enumerate(grid))
+    # 2. a subnormal public probability: the float mixture must stay inside the ball
+    public = torch.tensor([1.0, 5e-324], dtype=torch.float64)
+    teachers = torch.tensor([[1.0, 0.0], [0.75, 0.25]], dtype=torch.float64)
+    for order, radius in ((100.0, 1.0), (6.0, 1e-3)):
+        lambdas = mixing_weights(teachers, public, order, radius)
+        mixed = mixed_teachers(teachers, public, lambdas).numpy()
+        assert np.all(renyi_divergence(mixed, public.numpy(), order, symmetric=True) <= radius)
+    # 3. the one-exp fast path near its range limit (a * span of log rho ~ 560)
+    for x in np.geomspace(1e-262, 1e-240, 8):
+        mixed = torch.tensor([[1.0 - x, x], [2.7085e-06, 1 - 2.7085e-06]], dtype=torch.float64)
+        value = leave_one_out_curve(mixed, torch.zeros(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64),
+                                    [1.0001], None)[0][0]
+        assert value >= float(_mpmath_leave_one_out(mixed.numpy(), 1.0001))
