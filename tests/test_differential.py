@@ -452,7 +452,11 @@ def _pmixed_mixing_weights(ensemble, alpha, beta):
         assert divergence <= radius * (1 + mpmath.mpf(1e-9)) + slack, (
             f"UNDER-STATES {what}: lambda {lam!r} leaves the ball: divergence {mpmath.nstr(divergence, 17)} "
             f"> radius {mpmath.nstr(radius, 17)}")
-        assert lam >= low - 1e-9 or divergence >= radius * (1 - mpmath.mpf(1e-8)) - slack, (
+        # the solver stops inside the ball by its rounding allowance (8 ulps per unit of log magnitude,
+        # over alpha - 1: 1.4e-10 at order 1.01 beside p0 = 5e-82), which utility must not count
+        magnitude = 2 * max(abs(math.log(p)) for p in public if p > 0) + abs(math.log1p(-min(lam, 0.5))) + 2
+        allowance = 16 * 2.220446049250313e-16 * ((alpha + 1) * magnitude + math.log2(len(public)) + 4) / (alpha - 1)
+        assert lam >= low - 1e-9 or divergence >= radius * (1 - mpmath.mpf(1e-8)) - slack - allowance, (
             f"{what}: lambda {lam!r} far below the largest feasible {mpmath.nstr(low, 17)}")
 
 
