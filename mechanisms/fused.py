@@ -3,7 +3,9 @@ order, in float64 log space, with exp and log from mechanisms.fastmath (vectoris
 
 Why numba: it installs from a wheel on every platform torch supports, needs no C compiler on the
 user's machine (torch.compile's CPU backend does), and lets one loop fuse what torch would run as
-ten passes with temporaries. The price is a compile on first use (cached on disk afterwards).
+ten passes with temporaries. The price is a compile on first use in each process. It is not cached
+on disk: a process that loaded numba's cached code replayed a freshly compiling one's lambdas 1e-12
+apart, which failed an audit's replay of Eq. 3 at tiny values.
 Tensors on a GPU never come here: mechanisms.kernels runs the torch form of the same arithmetic
 on their device.
 """
@@ -18,7 +20,8 @@ from mechanisms.fastmath import fma, vexp, vexpm1, vlog, vmax, vmin  # first: it
 from numba import njit, prange  # noqa: E402,I001
 
 # reassociation lets sums and maxima vectorise; no "nnan"/"ninf": infinities carry meaning here
-_FLAGS = dict(fastmath={"reassoc", "contract", "arcp", "nsz"}, error_model="numpy", cache=True, nogil=True)
+# cache=False: see the module docstring (cached and fresh code gave lambdas 1e-12 apart)
+_FLAGS = dict(fastmath={"reassoc", "contract", "arcp", "nsz"}, error_model="numpy", cache=False, nogil=True)
 
 
 @njit(**_FLAGS)
