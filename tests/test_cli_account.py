@@ -1,8 +1,10 @@
 """`dpledger account` on the command line."""
 import json
+import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from dpledger.cli import main
@@ -76,3 +78,159 @@ def test_console_entry_point_runs():
                              "1e-4", "--sigma", "1e-2", "--queries", "9728", "--delta", "1e-5"],
                             capture_output=True, text=True, check=True)
     assert "screening: 9728 queries -> epsilon" in result.stdout
+
+
+# ---- Hot PATE's aggregators (Cohen et al. 2023) ----
+
+def strict_loads(text):
+    """json.loads that refuses NaN / Infinity (strict JSON)."""
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def run_strict_json(capsys, *args):
+    assert main(["account", *args, "--json"]) == 0
+    return strict_loads(capsys.readouterr().out)
+
+
+def gaussian_reference(events, delta):
+    """dp-accounting's RDP epsilon of the composition of (noise multiplier, count) Gaussian events."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    accountant = RdpAccountant()
+    for noise_multiplier, count in events:
+        if count:
+            accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier), count)
+    return accountant.get_epsilon(delta)
+
+
+DPARGMAX = ["dpargmax", "--sigma", "40", "--sigma-threshold", "150", "--threshold", "300", "--queries", "200",
+            "--delta", "1e-6"]
+
+
+def test_dpargmax_released_output_matches_dp_accounting(capsys):
+    # screen alpha/(2 s1^2) = Gaussian with multiplier s1; GNMax alpha/s2^2 = multiplier s2/sqrt(2)
+    record = run_strict_json(capsys, *DPARGMAX)
+    reference = gaussian_reference([(150.0, 200), (40.0 / math.sqrt(2.0), 200)], 1e-6)
+    assert record["epsilon"] == pytest.approx(reference, rel=1e-9)
+    assert record["accounting"] == "released-output" and record["dp_guarantee"] is True
+    assert record["charged"] == {"screen_queries": 200, "gnmax_queries": 200}
+    assert record["threshold"] == 300 and "label" not in record
+
+
+def test_dpargmax_released_output_is_the_default_and_equals_confident_gnmax(capsys):
+    explicit = run_strict_json(capsys, *DPARGMAX, "--accounting", "released-output")
+    default = run_strict_json(capsys, *DPARGMAX)
+    confident = run_json(capsys, "confident-gnmax", "--sigma", "40", "--sigma-threshold", "150", "--queries", "200",
+                         "--delta", "1e-6")
+    assert explicit["epsilon"] == default["epsilon"] == confident["epsilon"]
+
+
+@pytest.mark.parametrize("answered", [0, 37, 200])
+def test_dpargmax_realised_path_charges_gnmax_on_answered_queries_only(capsys, answered):
+    record = run_strict_json(capsys, *DPARGMAX, "--accounting", "realised-path", "--answered", str(answered))
+    reference = gaussian_reference([(150.0, 200), (40.0 / math.sqrt(2.0), answered)], 1e-6)
+    assert record["epsilon"] == pytest.approx(reference, rel=1e-9)
+    assert record["charged"] == {"screen_queries": 200, "gnmax_queries": answered}
+    assert record["dp_guarantee"] is False and record["data_dependent"] is True and record["answered"] == answered
+    assert record["label"] == (f"realised-path: an ex-post statement about one run with {answered} answered "
+                               "queries, not an RDP guarantee of the mechanism")
+
+
+def test_dpargmax_realised_path_is_labelled_in_the_printed_result(capsys):
+    assert main(["account", *DPARGMAX, "--accounting", "realised-path", "--answered", "37"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("dpargmax: 200 queries -> epsilon = ")
+    assert ("realised-path: an ex-post statement about one run with 37 answered queries, not an RDP guarantee "
+            "of the mechanism") in out
+    realised = float(out.split("epsilon = ")[1].split()[0])
+    assert main(["account", *DPARGMAX]) == 0
+    released = float(capsys.readouterr().out.split("epsilon = ")[1].split()[0])
+    assert realised < released
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--accounting", "realised-path", "--answered", "201"], "--answered must be in [0, --queries = 200], got 201"),
+    (["--accounting", "realised-path", "--answered", "-1"], "--answered must be in [0, --queries = 200], got -1"),
+    (["--accounting", "realised-path"], "mechanism dpargmax with --accounting realised-path needs --answered"),
+    (["--answered", "3"], "--answered applies only with --accounting realised-path"),
+])
+def test_dpargmax_bad_answered_exits_2_with_one_line(capsys, extra, message):
+    assert main(["account", *DPARGMAX, *extra]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["dpargmax", "--sigma", "40", "--queries", "5", "--delta", "1e-5"], "--sigma-threshold"),
+    (["dpargmax", "--sigma-threshold", "40", "--queries", "5", "--delta", "1e-5"], "--sigma"),
+    (["dpws", "--sigma", "4", "--queries", "5", "--delta", "1e-5"], "--threshold"),
+    (["dpws", "--threshold", "4", "--queries", "5", "--delta", "1e-5"], "--sigma"),
+    (["dpws", "--sigma", "4", "--threshold", "4", "--delta", "1e-5"], "--queries"),
+    (["dpargmax", "--sigma", "4", "--sigma-threshold", "4", "--queries", "5"], "--delta"),
+    (["targmax"], "--threshold"),
+    (["tws", "--gamma", "2"], "--threshold"),
+    (["gnmax", "--sigma", "40", "--queries", "5", "--delta", "1e-5", "--accounting", "realised-path",
+      "--answered", "1"], "--accounting realised-path applies to dpargmax only"),
+])
+def test_hot_pate_missing_flags_are_refused_by_name(capsys, argv, flag):
+    assert main(["account", *argv]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and flag in lines[0]
+
+
+def test_dpws_matches_dp_accounting(capsys):
+    # N(0, sigma^2) on counts with L2 sensitivity sqrt(2): the Gaussian with multiplier sigma / sqrt(2)
+    record = run_strict_json(capsys, "dpws", "--sigma", "20", "--threshold", "30", "--gamma", "1.5", "--queries", "100",
+                             "--delta", "1e-5")
+    assert record["epsilon"] == pytest.approx(gaussian_reference([(20.0 / math.sqrt(2.0), 100)], 1e-5), rel=1e-9)
+    assert record["dp_guarantee"] is True and record["gamma"] == 1.5 and record["threshold"] == 30
+    default_gamma = run_strict_json(capsys, "dpws", "--sigma", "20", "--threshold", "30", "--queries", "100",
+                                    "--delta", "1e-5")
+    assert default_gamma["gamma"] == 1.0 and default_gamma["epsilon"] == record["epsilon"]
+
+
+NO_DP = ("no DP guarantee: {} releases only tokens with at least T votes (T-threshold privacy, a robustness "
+         "notion; Cohen et al. 2023)")
+
+
+@pytest.mark.parametrize("mechanism, flags, name", [
+    ("targmax", ["--threshold", "50"], "TARGMAX_T"),
+    ("tws", ["--threshold", "50", "--gamma", "2"], "TWS_{T,gamma}"),
+    ("targmax", ["--threshold", "50", "--queries", "100", "--delta", "1e-5"], "TARGMAX_T"),
+])
+def test_threshold_private_aggregators_state_no_dp_and_print_no_epsilon(capsys, mechanism, flags, name):
+    assert main(["account", mechanism, *flags]) == 0
+    out = capsys.readouterr().out
+    assert NO_DP.format(name) in out
+    assert "epsilon" not in out.lower() and "inf" not in out.split()
+    record = run_strict_json(capsys, mechanism, *flags)
+    assert record["dp_guarantee"] is False and record["epsilon"] is None
+    assert record["guarantee"].startswith("T-threshold privacy") and record["statement"] == NO_DP.format(name)
+    assert record["threshold"] == 50
+
+
+def test_threshold_private_aggregators_validate_their_parameters(capsys):
+    assert main(["account", "targmax", "--threshold", "2.5"]) == 2
+    assert "threshold must be an integer >= 1, got 2.5" in capsys.readouterr().err
+    assert main(["account", "tws", "--threshold", "5", "--gamma", "0.5"]) == 2
+    assert "gamma must be >= 1, got 0.5" in capsys.readouterr().err
+
+
+def test_hot_pate_json_is_strict_and_maps_inf_to_null(capsys):
+    # a vanishing noise scale: RDP +inf at every order, epsilon +inf -> null with a note
+    with np.errstate(divide="ignore", over="ignore"):
+        assert main(["account", "dpws", "--sigma", "1e-200", "--threshold", "3", "--queries", "10", "--delta", "1e-5",
+                     "--json"]) == 0
+    text = capsys.readouterr().out
+    record = strict_loads(text)
+    assert "Infinity" not in text and "NaN" not in text
+    assert record["epsilon"] is None and record["dp_guarantee"] is False and "null" in record["null_note"]
+    for argv in (DPARGMAX, [*DPARGMAX, "--accounting", "realised-path", "--answered", "5"],
+                 ["targmax", "--threshold", "3"], ["tws", "--threshold", "3"]):
+        assert main(["account", *argv, "--json"]) == 0
+        assert isinstance(strict_loads(capsys.readouterr().out), dict)
