@@ -139,7 +139,8 @@ def epsilon_from_rdp(curve: RdpCurve, delta: float,
     # curve values are never NaN (RdpCurve refuses them) and the terms are finite for orders > 1
     eps_per_order = curve.values + conversion_terms(orders, delta, method)
     if not np.any(np.isfinite(eps_per_order)):
-        return EpsilonConversion(math.inf, delta, None, method, math.inf, math.nan, False, curve.data_dependent,
+        # no order guarantees anything: rdp_at_order + conversion_term = inf + 0 = epsilon, never NaN
+        return EpsilonConversion(math.inf, delta, None, method, math.inf, 0.0, False, curve.data_dependent,
                                  curve.direction, curve.relation)
     best = int(np.argmin(eps_per_order))
     rdp = float(curve.values[best])

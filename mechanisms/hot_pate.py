@@ -116,37 +116,48 @@ class ThresholdWeightedSampler(_ThresholdPrivateOnly):
 class DPWeightedSampler(Mechanism):
     """DPWS: Gaussian noisy histogram, then TWS on the noisy counts.
 
-    Construction: add N(0, sigma^2) to every count (L2 sensitivity sqrt(2) under replace-one), then
-    run TWS_{T, gamma} on max(noisy counts, 0). The second stage is post-processing (Mironov 2017,
-    Proposition 9), so the RDP is the Gaussian mechanism's: alpha * 2 / (2 sigma^2) = alpha / sigma^2
-    (Mironov 2017, Corollary 3), data-independent.
+    Construction: add N(0, sigma^2) to every count, then run TWS_{T, gamma} on max(noisy counts, 0)
+    with normaliser max(n / gamma, sum of the passing noisy counts). The second stage is
+    post-processing (Mironov 2017, Proposition 9) as long as n is public, so the RDP is the Gaussian
+    mechanism's at the histogram's L2 sensitivity: sqrt(2) when one teacher is replaced, 1 when one
+    is added or removed; alpha * 2 / (2 sigma^2) = alpha / sigma^2 covers both (Mironov 2017,
+    Corollary 3), data-independent.
+
+    `voters` is the public number of teachers N used as n. Without it n is the histogram's own total,
+    public only when one teacher is replaced (under add/remove-one n itself moves), so the relation
+    must then be replace-one.
     """
 
     sigma: float
     threshold: float
     gamma: float
     relation: NeighbouringRelation = NeighbouringRelation.REPLACE_ONE
+    voters: int | None = None
 
     def __post_init__(self) -> None:
         set_validated(self, sigma=require_positive("sigma", self.sigma),
                       threshold=require_positive("threshold", self.threshold),
-                      gamma=require_finite_at_least_one("gamma", self.gamma), relation=require_relation(self.relation))
-        # the normaliser uses the vote total n, public only when one teacher is replaced (under
-        # add/remove-one n itself moves, and alpha / sigma^2 no longer covers the output)
-        require(self.relation is NeighbouringRelation.REPLACE_ONE,
-                f"DPWS is analysed for replace-one neighbours only, got relation {self.relation}")
+                      gamma=require_finite_at_least_one("gamma", self.gamma), relation=require_relation(self.relation),
+                      voters=None if self.voters is None else require_int_at_least("voters", self.voters, 1))
+        require(self.voters is not None or self.relation is NeighbouringRelation.REPLACE_ONE,
+                f"DPWS is analysed for replace-one neighbours only, got relation {self.relation} "
+                "(pass voters = the public number of teachers to cover adding or removing one)")
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         return positive_floor(orders / np.float64(self.sigma) ** 2)
 
+    def probabilities_given_noise(self, counts, noise) -> np.ndarray:
+        """Output probabilities of each token given the Gaussian draws `noise` (the rest is fail)."""
+        counts = validated_counts(counts)
+        noisy = np.maximum(counts + np.asarray(noise, dtype=np.float64), 0.0)
+        passing = np.where(noisy >= self.threshold, noisy, 0.0)
+        total = counts.sum() if self.voters is None else float(self.voters)
+        normaliser = max(total / self.gamma, passing.sum())
+        return passing / normaliser if normaliser > 0 else passing
+
     def aggregate(self, counts, rng: np.random.Generator) -> int | None:
         counts = validated_counts(counts)
         require_generator(rng)
-        noisy = np.maximum(counts + rng.normal(0.0, self.sigma, size=counts.shape), 0.0)
-        passing = np.where(noisy >= self.threshold, noisy, 0.0)
-        normaliser = max(counts.sum() / self.gamma, passing.sum())  # counts.sum() = n, public under replace-one
-        if normaliser <= 0:
-            return None
-        cumulative = np.cumsum(passing / normaliser)
-        index = int(np.searchsorted(cumulative, rng.random(), side="right"))
+        probs = self.probabilities_given_noise(counts, rng.normal(0.0, self.sigma, size=counts.shape))
+        index = int(np.searchsorted(np.cumsum(probs), rng.random(), side="right"))
         return index if index < counts.size else None

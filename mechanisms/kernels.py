@@ -635,5 +635,7 @@ def coordinated_votes(teachers: torch.Tensor, generator: torch.Generator | None 
         shape = teachers.shape[:-2] + teachers.shape[-1:]
         exp_draws = torch.empty(shape, dtype=torch.float64, device=teachers.device).exponential_(generator=generator)
         log_uniform_exp = torch.log(exp_draws)
+    # a log draw of -inf beside a zero probability would score NaN, which argmax takes as the maximum
+    log_uniform_exp = log_uniform_exp.clamp_min(math.log(torch.finfo(torch.float64).tiny))
     scores = _log(teachers.double()) - log_uniform_exp.unsqueeze(-2)
     return torch.argmax(scores, dim=-1)

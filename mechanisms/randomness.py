@@ -19,17 +19,32 @@ def step_seed(run_seed: int, step: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+def vote_seed(run_seed: int, step: int) -> int:
+    """The seed of step `step`'s shared voting randomness (Hot PATE's coordinated votes, Cohen et
+    al. 2023): a function of the public run seed and the step only, never of private data, so the
+    analysis may treat it as public. Distinct from `step_seed`, whose generator also draws the
+    aggregator's noise."""
+    digest = hashlib.sha256(f"dpledger-votes:{run_seed}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
 class StepGenerators:
     """Generators for consecutive steps; every draw has one row per step, row i from generator i."""
 
-    def __init__(self, generators: Sequence[torch.Generator]):
+    def __init__(self, generators: Sequence[torch.Generator], run_seed: int | None = None, first_step: int | None = None):
         require(all(isinstance(g, torch.Generator) for g in generators), "every step needs a torch.Generator")
         self.generators = list(generators)
+        self.run_seed, self.first_step = run_seed, first_step
 
     @classmethod
     def for_steps(cls, run_seed: int, first_step: int, length: int) -> "StepGenerators":
         return cls([torch.Generator().manual_seed(step_seed(run_seed, step))
-                    for step in range(first_step, first_step + length)])
+                    for step in range(first_step, first_step + length)], run_seed, first_step)
+
+    def vote_seeds(self) -> list[int]:
+        """Each step's shared-voting seed (`vote_seed`); needs generators built by `for_steps`."""
+        require(self.run_seed is not None, "voting needs StepGenerators.for_steps (the run seed and step numbers)")
+        return [vote_seed(self.run_seed, self.first_step + row) for row in range(len(self.generators))]
 
     def __len__(self) -> int:
         return len(self.generators)

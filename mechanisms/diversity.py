@@ -1,0 +1,450 @@
+"""Diversity transfer of Hot PATE voting (Cohen et al. 2023, "Hot PATE: Private Aggregation of
+Distributions for Diverse Tasks").
+
+N teachers each hold a next-token distribution p_i over V tokens and cast one vote y_i ~ p_i; the
+histogram is c_j = #{i : y_i = j}. Cold votes are independent; coordinated (hot) votes share one
+Exp(1) vector u per draw and vote y_i = argmax_j p_i[j] / u_j (the exponential race: each marginal
+is exactly p_i, while teachers with overlapping support agree with probability at least
+(1 - TV) / (1 + TV)). A token can be released only when its count clears a threshold T, so what
+matters for diversity is how much of the teachers' common mass ever clears it:
+
+* `diversity_curve` / `mean_diversity_curve`: Monte Carlo yield (Pr[max_j c_j >= T]), coverage
+  (the mass under the mean teacher distribution pbar of the tokens that reach T in at least one
+  draw: the transferred support), and the expected passing mass per draw, at several thresholds.
+* `diversity_preservation`: the (tau, beta, gamma)-diversity-preservation conditions of Hot PATE
+  (Cohen et al. 2023, Definition of diversity preservation) checked on an output law.
+* `aggregator_output_law`: the output law of a histogram aggregator (TWS, TARGMAX) averaged over
+  the votes' randomness.
+
+Everything here is a property of the voting scheme and the aggregator, not a privacy bound.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from accounting.errors import require, require_bool, require_finite, require_in_closed, require_int_at_least
+
+TEACHER_SUM_TOLERANCE = 1e-6
+"""|sum_j p_i[j] - 1| allowed per teacher."""
+
+CHUNK_BYTES = 64 * 2 ** 20
+"""Bound on one chunk's float64 score tensor (samples x N x V for cold votes, the largest
+intermediate); a few such tensors are alive at once, so peak memory stays below ~200 MB."""
+
+MAX_OFFENDING = 10
+"""How many offending tokens a DiversityPreservation lists (the first ones by token id)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# validation
+
+
+def validated_teachers(teachers, name: str = "teachers", ndim: int = 2) -> np.ndarray:
+    """teachers as float64 of exactly `ndim` axes (last = vocabulary), finite, >= 0, each row
+    summing to 1 within TEACHER_SUM_TOLERANCE (rows are not renormalised)."""
+    if hasattr(teachers, "detach"):
+        teachers = teachers.detach().cpu().double().numpy()
+    try:
+        array = np.asarray(teachers, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an array of probabilities, got {type(teachers).__name__}") from None
+    require(array.ndim == ndim, f"{name} must have {ndim} axes (last = vocabulary), got shape {array.shape}")
+    require(array.size > 0, f"{name} must not be empty, got shape {array.shape}")
+    require(bool(np.all(np.isfinite(array))), f"{name} must be finite (no NaN or inf)")
+    smallest = float(array.min())
+    require(smallest >= 0.0, f"{name} must be non-negative, got entry {smallest:g}")
+    worst = float(np.max(np.abs(array.sum(axis=-1) - 1.0)))
+    require(worst <= TEACHER_SUM_TOLERANCE,
+            f"{name} rows must sum to 1 within {TEACHER_SUM_TOLERANCE:g}, off by {worst:g}")
+    return array
+
+
+def _validated_seed(seed) -> int:
+    seed = require_int_at_least("seed", seed, 0)
+    require(seed < 2 ** 63, f"seed must be < 2**63, got {seed}")
+    return seed
+
+
+def _validated_thresholds(thresholds) -> tuple[int, ...]:
+    if isinstance(thresholds, (str, bytes)) or not hasattr(thresholds, "__iter__"):
+        raise ValueError(f"thresholds must be a non-empty sequence of integers >= 1, got {thresholds!r}")
+    values = tuple(require_int_at_least("threshold", t, 1) for t in np.asarray(list(thresholds), dtype=object).ravel())
+    require(len(values) > 0, "thresholds must be a non-empty sequence of integers >= 1, got an empty one")
+    require(all(a < b for a, b in zip(values, values[1:])), f"thresholds must be strictly increasing, got {list(values)}")
+    return values
+
+
+def mean_teacher(teachers: np.ndarray) -> np.ndarray:
+    """pbar = (1/N) sum_i p_i, summed over each token's sorted column: bit-for-bit the same for any
+    order of the teachers (so permuting teachers leaves every metric exactly unchanged)."""
+    return np.sort(teachers, axis=0).sum(axis=0) / teachers.shape[0]
+
+
+def query_seed(seed: int, index: int) -> int:
+    """The voting seed of query `index` in `mean_diversity_curve` (a hash of the public seed and
+    the index; the same for hot and cold curves, so their comparisons are paired)."""
+    seed = _validated_seed(seed)
+    index = require_int_at_least("index", index, 0)
+    digest = hashlib.sha256(f"dpledger-diversity:{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# votes and histograms
+
+
+def _chunk_rows(teachers: int, vocabulary: int) -> int:
+    return max(1, CHUNK_BYTES // (8 * teachers * vocabulary))
+
+
+def vote_draws(teachers, coordinated: bool, samples: int, seed: int) -> np.ndarray:
+    """`samples` independent rounds of voting: int64 votes of shape (samples, N).
+
+    Coordinated (Cohen et al. 2023, coordinated ensembles): one shared u ~ Exp(1)^V per round and
+    y_i = argmax_j p_i[j] / u_j (`mechanisms.kernels.coordinated_votes`). Independent: an Exp(1)
+    per teacher and token, y_i = argmax_j p_i[j] / u_ij, the exponential race, which samples
+    p_i exactly. Draws come from one torch.Generator seeded by `seed`, in chunks of rounds that
+    bound memory; the chunking depends on (N, V) only, so equal inputs give equal votes.
+    """
+    import torch
+
+    from mechanisms.kernels import coordinated_votes
+
+    probs_np = validated_teachers(teachers)
+    coordinated = require_bool("coordinated", coordinated)
+    samples = require_int_at_least("samples", samples, 1)
+    seed = _validated_seed(seed)
+    n, vocabulary = probs_np.shape
+    probs = torch.from_numpy(probs_np)
+    log_probs = torch.log(probs)  # -inf at zero-probability tokens: they never win the race
+    generator = torch.Generator().manual_seed(seed)
+    tiny = float(np.finfo(np.float64).tiny)  # an Exp(1) draw of 0 would make log u = -inf
+    rows = _chunk_rows(n, vocabulary)
+    out = np.empty((samples, n), dtype=np.int64)
+    for start in range(0, samples, rows):
+        size = min(rows, samples - start)
+        if coordinated:
+            exp_draws = torch.empty((size, vocabulary), dtype=torch.float64).exponential_(generator=generator)
+            log_u = torch.log(exp_draws.clamp_min(tiny))
+            votes = coordinated_votes(probs, log_uniform_exp=log_u)  # (size, N) via broadcasting
+        else:
+            scores = torch.empty((size, n, vocabulary), dtype=torch.float64).exponential_(generator=generator)
+            scores.clamp_min_(tiny).log_().neg_().add_(log_probs)  # log p_i[j] - log u_ij, in place
+            votes = torch.argmax(scores, dim=-1)
+        out[start:start + size] = votes.numpy()
+    return out
+
+
+def _histograms(votes: np.ndarray, vocabulary: int) -> np.ndarray:
+    """(rows, N) votes -> (rows, V) int64 counts, by one bincount."""
+    rows = votes.shape[0]
+    flat = (np.arange(rows, dtype=np.int64)[:, None] * vocabulary + votes).ravel()
+    return np.bincount(flat, minlength=rows * vocabulary).reshape(rows, vocabulary)
+
+
+def _histogram_chunks(votes: np.ndarray, vocabulary: int):
+    rows = max(1, CHUNK_BYTES // (8 * vocabulary))
+    for start in range(0, votes.shape[0], rows):
+        yield _histograms(votes[start:start + rows], vocabulary)
+
+
+# ----------------------------------------------------------------------------------------------
+# diversity curves
+
+
+def _json_float(value: float) -> float:
+    value = float(value)
+    require(math.isfinite(value), f"a diversity metric must be finite, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DiversityCurve:
+    """Monte Carlo diversity metrics of one voting scheme at several thresholds T.
+
+    yield_[k]: fraction of draws with max_j c_j >= T_k (TARGMAX_T answers), with its binomial
+    standard error yield_stderr[k]. coverage[k]: pbar-mass of the transferred support, the tokens
+    with c_j >= T_k in at least one of the `samples` draws (Cohen et al. 2023's coverage; a set
+    statistic, no standard error). support_size[k]: the size of that support. passing_mass[k]: the
+    mean over draws of sum_{j : c_j >= T_k} pbar_j, with standard error passing_mass_stderr[k].
+    Over several queries (`mean_diversity_curve`) every metric is the mean over queries, and the
+    standard errors are Monte Carlo errors given the queries: sqrt(sum_q se_q^2) / Q.
+    """
+
+    coordinated: bool
+    teachers: int
+    samples: int
+    thresholds: tuple
+    yield_: tuple
+    yield_stderr: tuple
+    coverage: tuple
+    support_size: tuple
+    passing_mass: tuple
+    passing_mass_stderr: tuple
+    queries: int = 1
+
+    def to_dict(self) -> dict:
+        """Strict JSON-safe dict: plain bools, ints, lists of floats (json.dumps(allow_nan=False) works)."""
+        return {
+            "coordinated": bool(self.coordinated),
+            "teachers": int(self.teachers),
+            "samples": int(self.samples),
+            "queries": int(self.queries),
+            "thresholds": [int(t) for t in self.thresholds],
+            **{name: [_json_float(v) for v in getattr(self, name)]
+               for name in ("yield_", "yield_stderr", "coverage", "support_size", "passing_mass",
+                            "passing_mass_stderr")},
+        }
+
+
+def _curve_arrays(teachers: np.ndarray, thresholds: tuple, coordinated: bool, samples: int, seed: int) -> dict:
+    """Per-query metrics as float64 arrays over thresholds."""
+    n, vocabulary = teachers.shape
+    pbar = mean_teacher(teachers)
+    votes = vote_draws(teachers, coordinated, samples, seed)
+    levels = np.asarray(thresholds, dtype=np.int64)
+    capped = np.minimum(levels, n + 1)  # a count never exceeds n: T > n passes nothing
+    answered = np.zeros(levels.size, dtype=np.int64)
+    token_max = np.zeros(vocabulary, dtype=np.int64)
+    mass_sum = np.zeros(levels.size)
+    mass_sq = np.zeros(levels.size)
+    for counts in _histogram_chunks(votes, vocabulary):
+        rows = counts.shape[0]
+        answered += (counts.max(axis=1)[None, :] >= levels[:, None]).sum(axis=1)
+        np.maximum(token_max, counts.max(axis=0), out=token_max)
+        # mass_by_count[r, c] = sum of pbar_j over tokens with c_j = c in draw r; reverse cumsum
+        # gives the mass of tokens with c_j >= c
+        flat = (np.arange(rows, dtype=np.int64)[:, None] * (n + 2) + counts).ravel()
+        by_count = np.bincount(flat, weights=np.broadcast_to(pbar, counts.shape).ravel(),
+                               minlength=rows * (n + 2)).reshape(rows, n + 2)
+        at_least = np.cumsum(by_count[:, ::-1], axis=1)[:, ::-1]
+        passing = at_least[:, capped]  # (rows, K)
+        mass_sum += passing.sum(axis=0)
+        mass_sq += (passing ** 2).sum(axis=0)
+    yield_ = answered / samples
+    in_support = token_max[None, :] >= levels[:, None]  # (K, V)
+    mass_mean = mass_sum / samples
+    mass_var = np.maximum(mass_sq / samples - mass_mean ** 2, 0.0) * (samples / max(samples - 1, 1))
+    return {
+        "yield_": yield_,
+        "yield_stderr": np.sqrt(yield_ * (1.0 - yield_) / samples),
+        "coverage": np.minimum((in_support * pbar[None, :]).sum(axis=1), 1.0),
+        "support_size": in_support.sum(axis=1).astype(np.float64),
+        "passing_mass": np.minimum(mass_mean, 1.0),
+        "passing_mass_stderr": np.sqrt(mass_var / samples),
+    }
+
+
+def diversity_curve(teachers, thresholds, coordinated: bool, samples: int = 200, seed: int = 0) -> DiversityCurve:
+    """Yield, coverage, transferred-support size and passing mass of one query's votes (teachers
+    (N, V)) at each threshold, from `samples` rounds of voting seeded by `seed` (see DiversityCurve)."""
+    teachers = validated_teachers(teachers)
+    thresholds = _validated_thresholds(thresholds)
+    coordinated = require_bool("coordinated", coordinated)
+    samples = require_int_at_least("samples", samples, 1)
+    seed = _validated_seed(seed)
+    arrays = _curve_arrays(teachers, thresholds, coordinated, samples, seed)
+    return DiversityCurve(coordinated=coordinated, teachers=teachers.shape[0], samples=samples, thresholds=thresholds,
+                          support_size=tuple(int(v) for v in arrays.pop("support_size")),
+                          **{k: tuple(float(v) for v in a) for k, a in arrays.items()})
+
+
+def mean_diversity_curve(queries, thresholds, coordinated: bool, samples: int = 200, seed: int = 0) -> DiversityCurve:
+    """`diversity_curve` averaged over queries (Q, N, V); query q votes with seed query_seed(seed, q)
+    whether coordinated or not (paired hot/cold comparisons). support_size is the mean size."""
+    queries = validated_teachers(queries, name="queries", ndim=3)
+    thresholds = _validated_thresholds(thresholds)
+    coordinated = require_bool("coordinated", coordinated)
+    samples = require_int_at_least("samples", samples, 1)
+    seed = _validated_seed(seed)
+    per_query = [_curve_arrays(query, thresholds, coordinated, samples, query_seed(seed, index))
+                 for index, query in enumerate(queries)]
+    count = len(per_query)
+
+    def mean(name: str) -> tuple:
+        return tuple(float(v) for v in np.mean([m[name] for m in per_query], axis=0))
+
+    def pooled_stderr(name: str) -> tuple:
+        return tuple(float(v) for v in np.sqrt(np.sum([m[name] ** 2 for m in per_query], axis=0)) / count)
+
+    return DiversityCurve(coordinated=coordinated, teachers=queries.shape[1], samples=samples, thresholds=thresholds,
+                          yield_=mean("yield_"), yield_stderr=pooled_stderr("yield_stderr"),
+                          coverage=mean("coverage"), support_size=mean("support_size"),
+                          passing_mass=mean("passing_mass"), passing_mass_stderr=pooled_stderr("passing_mass_stderr"),
+                          queries=count)
+
+
+# ----------------------------------------------------------------------------------------------
+# (tau, beta, gamma)-diversity preservation
+
+
+@dataclass(frozen=True)
+class DiversityPreservation:
+    """The (tau, beta, gamma)-diversity-preservation check of Hot PATE (Cohen et al. 2023).
+
+    Transferability: for every token j and grid value q with c_{j,q} = #{i : p_i[j] >= q} >= tau,
+    output_law[j] >= beta * (c_{j,q} / n) * q. Correlation: output_law[j] <= gamma * pbar_j for
+    every j. transfer_slack = min over constrained (j, q) of output_law[j] - beta c_{j,q} q / n
+    (None when no pair is constrained); correlation_slack = min_j gamma pbar_j - output_law[j].
+    A condition holds when its slack is >= -tolerance. *_offending: the first MAX_OFFENDING
+    violating token ids; *_violations: how many tokens violate.
+    """
+
+    tau: int
+    beta: float
+    gamma: float
+    transfer_holds: bool
+    correlation_holds: bool
+    transfer_slack: float | None
+    correlation_slack: float
+    transfer_offending: tuple
+    correlation_offending: tuple
+    transfer_violations: int
+    correlation_violations: int
+
+    @property
+    def holds(self) -> bool:
+        return self.transfer_holds and self.correlation_holds
+
+    def to_dict(self) -> dict:
+        return {"tau": self.tau, "beta": self.beta, "gamma": self.gamma, "holds": self.holds,
+                "transfer_holds": self.transfer_holds, "correlation_holds": self.correlation_holds,
+                "transfer_slack": None if self.transfer_slack is None else _json_float(self.transfer_slack),
+                "correlation_slack": _json_float(self.correlation_slack),
+                "transfer_offending": list(self.transfer_offending),
+                "correlation_offending": list(self.correlation_offending),
+                "transfer_violations": self.transfer_violations, "correlation_violations": self.correlation_violations}
+
+
+def _validated_law(output_law, vocabulary: int, name: str = "output_law") -> np.ndarray:
+    if hasattr(output_law, "detach"):
+        output_law = output_law.detach().cpu().double().numpy()
+    try:
+        law = np.asarray(output_law, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an array of probabilities, got {type(output_law).__name__}") from None
+    require(law.shape == (vocabulary,), f"{name} must have shape ({vocabulary},), got {law.shape}")
+    require(bool(np.all(np.isfinite(law))), f"{name} must be finite (no NaN or inf)")
+    require(float(law.min()) >= 0.0, f"{name} must be non-negative, got entry {float(law.min()):g}")
+    total = float(law.sum())
+    require(total <= 1.0 + TEACHER_SUM_TOLERANCE, f"{name} must sum to <= 1 (the rest is failure), got {total:g}")
+    return law
+
+
+def _required_transfer(teachers: np.ndarray, tau: int, beta: float, q_grid: np.ndarray | None) -> np.ndarray:
+    """max over grid q with c_{j,q} >= tau of beta * c_{j,q} / n * q, per token; -inf where none."""
+    n, vocabulary = teachers.shape
+    if q_grid is None:
+        # the binding q for token j is one of its own teacher probabilities (between two of them
+        # c_{j,q} is constant and the requirement grows with q), and at the k-th largest value
+        # p_(k)[j] the count is >= k, with equality at the last of a tied run: so the maximum over
+        # the distinct teacher probabilities is max_{k >= tau} k / n * p_(k)[j] (q = 0 is vacuous)
+        if tau > n:
+            return np.full(vocabulary, -np.inf)
+        ordered = -np.sort(-teachers, axis=0)  # (n, V) descending per token
+        ks = np.arange(1, n + 1, dtype=np.float64)[:, None]
+        candidates = beta * ks / n * ordered
+        candidates[ordered <= 0.0] = -np.inf  # q must be a (positive) teacher probability
+        return candidates[tau - 1:].max(axis=0)
+    grid = np.unique(q_grid)  # ascending
+    # idx[i, j] = number of grid values <= p_i[j]: teacher i counts towards c_{j, grid[k]} for k < idx
+    idx = np.searchsorted(grid, teachers, side="right")
+    required = np.full(vocabulary, -np.inf)
+    columns = max(1, CHUNK_BYTES // (8 * (grid.size + 1)))
+    for start in range(0, vocabulary, columns):
+        block = idx[:, start:start + columns]
+        width = block.shape[1]
+        flat = (np.arange(width, dtype=np.int64)[None, :] * (grid.size + 1) + block).ravel()
+        hist = np.bincount(flat, minlength=width * (grid.size + 1)).reshape(width, grid.size + 1)
+        counts = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1][:, 1:]  # counts[j, k] = #{i : p_i[j] >= grid[k]}
+        values = np.where(counts >= tau, beta * counts / n * grid[None, :], -np.inf)
+        required[start:start + width] = values.max(axis=1)
+    return required
+
+
+def diversity_preservation(output_law, teachers, tau: int, beta: float, gamma: float, q_grid=None,
+                           tolerance: float = 1e-12) -> DiversityPreservation:
+    """Check (tau, beta, gamma)-diversity preservation (Cohen et al. 2023) of `output_law` (V,),
+    the aggregator's output probabilities (they may sum to < 1: the rest is failure), for teachers
+    (n, V). q ranges over `q_grid` (values in (0, 1]) or, by default, the distinct teacher
+    probabilities. See DiversityPreservation for the conditions and the reported slacks."""
+    teachers = validated_teachers(teachers)
+    n, vocabulary = teachers.shape
+    law = _validated_law(output_law, vocabulary)
+    tau = require_int_at_least("tau", tau, 1)
+    beta = require_finite("beta", beta)
+    require(0.0 < beta <= 1.0, f"beta must be in (0, 1], got {beta:g}")
+    gamma = require_finite("gamma", gamma)
+    require(gamma >= 1.0, f"gamma must be >= 1, got {gamma:g}")
+    tolerance = require_in_closed("tolerance", tolerance, 0.0, 1.0)
+    if q_grid is not None:
+        grid = np.asarray(q_grid, dtype=np.float64).ravel()
+        require(grid.size > 0, "q_grid must be non-empty")
+        require(bool(np.all(np.isfinite(grid) & (grid > 0.0) & (grid <= 1.0))), "q_grid values must be in (0, 1]")
+    else:
+        grid = None
+    required = _required_transfer(teachers, tau, beta, grid)
+    constrained = np.isfinite(required)
+    transfer_gap = np.where(constrained, law - np.where(constrained, required, 0.0), np.inf)
+    transfer_bad = np.flatnonzero(transfer_gap < -tolerance)
+    correlation_gap = gamma * mean_teacher(teachers) - law
+    correlation_bad = np.flatnonzero(correlation_gap < -tolerance)
+    return DiversityPreservation(
+        tau=tau, beta=beta, gamma=gamma,
+        transfer_holds=transfer_bad.size == 0, correlation_holds=correlation_bad.size == 0,
+        transfer_slack=float(transfer_gap.min()) if bool(constrained.any()) else None,
+        correlation_slack=float(correlation_gap.min()),
+        transfer_offending=tuple(int(j) for j in transfer_bad[:MAX_OFFENDING]),
+        correlation_offending=tuple(int(j) for j in correlation_bad[:MAX_OFFENDING]),
+        transfer_violations=int(transfer_bad.size), correlation_violations=int(correlation_bad.size))
+
+
+# ----------------------------------------------------------------------------------------------
+# aggregator output laws
+
+
+def targmax_probabilities(counts, threshold: int) -> np.ndarray:
+    """TARGMAX_T's output law on one histogram: one-hot at the plurality token (lowest id on ties,
+    as `Targmax.aggregate`) when its count is >= T, all zeros (failure) otherwise."""
+    from mechanisms.hot_pate import Targmax
+
+    counts = np.asarray(counts)
+    token = Targmax(threshold).aggregate(counts)
+    out = np.zeros(counts.shape[-1] if counts.ndim else 0, dtype=np.float64)
+    if token is not None:
+        out[token] = 1.0
+    return out
+
+
+def aggregator_output_law(aggregate_probabilities: Callable[[np.ndarray], np.ndarray], teachers, coordinated: bool,
+                          samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The output law E_votes[aggregate_probabilities(c)] of a histogram aggregator over the votes'
+    randomness, and its Monte Carlo standard errors, from `samples` rounds of `vote_draws`.
+
+    aggregate_probabilities maps a histogram (V,) int64 to per-token output probabilities (V,)
+    summing to <= 1 (e.g. ThresholdWeightedSampler(T, gamma).probabilities, or
+    lambda c: targmax_probabilities(c, T)). Returns (law (V,), stderr (V,)), stderr the sample
+    standard deviation / sqrt(samples) (zero when samples = 1).
+    """
+    require(callable(aggregate_probabilities), f"aggregate_probabilities must be callable, got {aggregate_probabilities!r}")
+    teachers = validated_teachers(teachers)
+    coordinated = require_bool("coordinated", coordinated)
+    samples = require_int_at_least("samples", samples, 1)
+    seed = _validated_seed(seed)
+    vocabulary = teachers.shape[1]
+    votes = vote_draws(teachers, coordinated, samples, seed)
+    total = np.zeros(vocabulary)
+    total_sq = np.zeros(vocabulary)
+    for counts in _histogram_chunks(votes, vocabulary):
+        for row in counts:
+            probs = _validated_law(aggregate_probabilities(row), vocabulary, name="aggregate_probabilities(counts)")
+            total += probs
+            total_sq += probs * probs
+    law = total / samples
+    variance = np.maximum(total_sq / samples - law ** 2, 0.0) * (samples / (samples - 1) if samples > 1 else 0.0)
+    return law, np.sqrt(variance / samples)
