@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from audit import bounds, consistency, replay
+from audit import bounds, consistency, replay, voting
 from audit.ablation import check_ablation
 from audit.checks import CheckResult, Status, failed, skipped
 from audit.lint import Finding, lint
@@ -98,6 +98,9 @@ class AuditReport:
             parts.append("the charges were not recomputed (" + (self.verification["not_recomputed_because"] or "")
                          .removeprefix("the charges cannot be recomputed: ") + "); only the trace's integrity and "
                          "internal consistency were checked")
+        threshold = next((c for c in self.checks if c.name == "vote_threshold"), None)
+        if threshold is not None and threshold.status is Status.PASS:
+            parts.append("no DP guarantee (epsilon +inf); T-threshold privacy verified: " + threshold.detail)
         ablation = next((c for c in self.checks if c.name == "neighbour_ablation"), None)
         if ablation is None or ablation.status is Status.SKIPPED:  # the verdict then rests on no neighbour
             parts.append("no neighbour was tested")
@@ -125,7 +128,8 @@ EXIT_CODES = {"PASS": 0, "FAIL": 1, "UNVERIFIED": 3}
 EXIT_UNUSABLE = 2
 
 _RECORD_READERS = ("relation_coverage", "mixing_ball", "screening_cost", "data_dependent_eq3", "theorem_3_1",
-                   "utility_theorem_4_3", "neighbour_ablation", "canary_game")
+                   "utility_theorem_4_3", "neighbour_ablation", "canary_game", "shared_randomness", "vote_threshold",
+                   "voting_charges", "sampled_aggregator")
 
 
 def _guarded(name: str, check, loaded) -> CheckResult:
@@ -169,11 +173,23 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
             ("data_dependent_eq3", lambda: bounds.check_data_dependent_charge(loaded)),
             ("theorem_3_1", lambda: bounds.check_theorem_3_1(loaded)),
             ("utility_theorem_4_3", lambda: bounds.check_utility_bound(loaded))]
+    if loaded.mechanism_type == "voting":  # Hot PATE: votes, not mixtures (audit.voting)
+        plan = plan[:10] + [("shared_randomness", lambda: voting.check_shared_randomness(loaded)),
+                            ("vote_threshold", lambda: voting.check_vote_threshold(loaded)),
+                            ("voting_charges", lambda: voting.check_voting_charges(loaded))]
     checks = [_guarded(name, check, loaded) for name, check in plan]
-    ablation = _guarded("neighbour_ablation", lambda: check_ablation(loaded, teachers_sample, mc_samples, seed)[0], loaded)
-    checks.append(ablation)
-    if play_game:
-        checks.append(_guarded("canary_game", lambda: check_canary_game(loaded, game_trials, seed=seed)[0], loaded))
+    if loaded.mechanism_type == "voting":
+        ablation = _guarded("neighbour_ablation", lambda: voting.check_voting_ablation(loaded), loaded)
+        checks.append(ablation)
+        if play_game:
+            checks.append(_guarded("sampled_aggregator", lambda: voting.check_sampled_aggregator(loaded, seed=seed),
+                                   loaded))
+    else:
+        ablation = _guarded("neighbour_ablation", lambda: check_ablation(loaded, teachers_sample, mc_samples, seed)[0],
+                            loaded)
+        checks.append(ablation)
+        if play_game:
+            checks.append(_guarded("canary_game", lambda: check_canary_game(loaded, game_trials, seed=seed)[0], loaded))
     try:
         findings = lint(loaded, ablation.evidence) if loaded.consistent else []
     except (ValueError, KeyError, TypeError, IndexError) as error:

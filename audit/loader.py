@@ -29,6 +29,7 @@ BASE_FIELDS = frozenset({"step", "block", "position", "query_id", "context_token
                          "prob_true_token", "screen_statistic", "screen_passed", "answered_by", "lambdas",
                          "sampled_teachers", "observed_data_dependent", "data_independent", "payload_sha256",
                          "prev_hash", "record_hash"})
+VOTING_FIELDS = frozenset({"vote_seed", "vote_tokens", "vote_counts", "aggregator_noise"})
 
 
 @dataclass
@@ -153,13 +154,25 @@ class LoadedTrace:
         if self.manifest["data"]["stream"] != "teacher-forced":
             return "not-used"
         models = self.manifest["models"]
-        if not models or not all(isinstance(m, dict) and Path(str(m.get("source"))).exists() for m in models):
+        settings = self.manifest["config"].get("models")
+        icl = isinstance(settings, dict) and settings.get("teacher_kind") == "icl"  # teachers are prompts, not files
+        if not models or not all(isinstance(m, dict) and Path(str(m.get("source"))).exists()
+                                 for m in (models[:1] if icl else models)):
             return "absent"
         from decoding.ensemble import Ensemble
 
         try:
-            ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
-                                                self.manifest["config"]["models"]["teacher_kind"])
+            if icl:  # the prompts again: from the regenerated embedded corpus, or the examples file re-read
+                from decoding.corpus import generate_corpus
+                from decoding.icl import load_icl_ensemble
+
+                ensemble = load_icl_ensemble(
+                    models[0]["source"], str(self.manifest.get("tokenizer")), settings.get("teachers"),
+                    settings.get("icl_prompt_tokens"), examples_path=settings.get("icl_examples"),
+                    corpus=generate_corpus(teachers=settings["teachers"]) if settings.get("embedded") else None)
+            else:
+                ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
+                                                    self.manifest["config"]["models"]["teacher_kind"])
         except (OSError, ValueError):
             return "absent"
         self.found_model_hashes = [i.content_hash for i in ensemble.identities]
@@ -231,7 +244,8 @@ class LoadedTrace:
 
 
 def _expected_fields(manifest: dict) -> set[str]:
-    return set(BASE_FIELDS) | {f"rdp_{name}" for name in manifest["mechanism"]["components"]}
+    voting = VOTING_FIELDS if manifest["mechanism"]["type"] == "voting" else frozenset()
+    return set(BASE_FIELDS) | voting | {f"rdp_{name}" for name in manifest["mechanism"]["components"]}
 
 
 def _check_records(loaded: LoadedTrace, block: int, records: list[dict], first_step: int, block_size: int) -> None:
@@ -276,8 +290,11 @@ def _check_records(loaded: LoadedTrace, block: int, records: list[dict], first_s
         passed = record["screen_passed"]
         if not isinstance(passed, bool) or record["answered_by"] != ("mechanism" if passed else "public"):
             loaded.note(f"{where}: answered_by {record['answered_by']!r} does not follow screen_passed {passed!r}")
-        if "screen" not in manifest["mechanism"]["components"] and passed is not True:
+        voting = loaded.mechanism_type == "voting"
+        if "screen" not in manifest["mechanism"]["components"] and passed is not True and not voting:
             loaded.note(f"{where}: a run without screening records a failed screen")
+        if voting:
+            _check_votes(loaded, where, record, n, vocab)
         lambdas = record["lambdas"]
         if len(lambdas) != (n if mixes else 0):
             loaded.note(f"{where}: {len(lambdas)} mixing weights, expected {n if mixes else 0}")
@@ -293,6 +310,21 @@ def _check_records(loaded: LoadedTrace, block: int, records: list[dict], first_s
         for name in manifest["mechanism"]["components"]:
             if len(record[f"rdp_{name}"]) != k:
                 loaded.note(f"{where}: rdp_{name} has {len(record[f'rdp_{name}'])} values, the grid has {k} orders")
+
+
+def _check_votes(loaded: LoadedTrace, where: str, record: dict, teachers: int, vocab: int) -> None:
+    """A voting record's histogram: distinct increasing token ids in the vocabulary, positive
+    integer counts summing to the N teachers, a seed that is a non-negative integer."""
+    tokens, counts = record["vote_tokens"], record["vote_counts"]
+    if not (isinstance(tokens, list) and isinstance(counts, list) and len(tokens) == len(counts)):
+        loaded.note(f"{where}: vote_tokens and vote_counts must be lists of one length")
+    elif not all(isinstance(t, int) and 0 <= t < vocab for t in tokens) or tokens != sorted(set(tokens)):
+        loaded.note(f"{where}: vote_tokens must be distinct increasing token ids in [0, {vocab})")
+    elif not all(isinstance(c, int) and c >= 1 for c in counts) or sum(counts) != teachers:
+        loaded.note(f"{where}: vote_counts must be positive integers summing to the {teachers} teachers, got "
+                    f"{sum(c for c in counts if isinstance(c, int))}")
+    if not (isinstance(record["vote_seed"], int) and record["vote_seed"] >= 0):
+        loaded.note(f"{where}: vote_seed must be a non-negative integer, got {record['vote_seed']!r}")
 
 
 def load_trace(run_dir: str | Path) -> LoadedTrace:

@@ -216,6 +216,14 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
                 replayed = getattr(outcome, key)
                 if replayed is not None:
                     _compare_arrays(mismatches, worst, key, where, record[key], replayed[row], False)
+            if outcome.vote_counts is not None:
+                voted = np.flatnonzero(outcome.vote_counts[row])
+                if record["vote_tokens"] != voted.tolist() or \
+                        record["vote_counts"] != outcome.vote_counts[row, voted].tolist():
+                    mismatches.append(f"{where}: the vote histogram differs from the teachers' votes recomputed with "
+                                      "the public shared randomness")
+                if not _close(record["aggregator_noise"], outcome.aggregator_noise[row]):
+                    mismatches.append(f"{where}: the aggregator's noise differs from the step's generator")
             if int(tokens[row]) != record["output_token"]:
                 mismatches.append(f"{where}: output token {record['output_token']} recorded, {int(tokens[row])} replayed")
             if record["true_token"] >= 0 and not _close([record["prob_true_token"]], [output[row, record["true_token"]]]):

@@ -125,8 +125,14 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
     if not canaries:
         return skipped("canary_game", "the trace names no planted canary (only the embedded default plants them)"), None
     models = trace.manifest["models"]
-    ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
-                                        trace.manifest["config"]["models"]["teacher_kind"])
+    if trace.manifest["config"]["models"]["teacher_kind"] == "icl":  # the loader rebuilds in-context teachers
+        if not trace.models_available:
+            return skipped("canary_game", "the in-context teachers cannot be rebuilt: "
+                           + trace.model_unavailability()), None
+        ensemble = trace._ensemble
+    else:
+        ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
+                                            trace.manifest["config"]["models"]["teacher_kind"])
     for identity, loaded in zip(models, ensemble.identities):
         require(identity["content_hash"] == loaded.content_hash,
                 f"model {identity['source']} changed since the run (content hash differs)")

@@ -50,6 +50,8 @@ class ModelsConfig:
     teacher_kind: str = "full"
     tokenizer: str | None = None
     device: str = "cpu"  # where the models run ("cuda" on a GPU machine); mechanisms run on the CPU
+    icl_examples: str | None = None  # teacher_kind = "icl" with your own public model: JSON, N lists of examples
+    icl_prompt_tokens: int = 48  # teacher_kind = "icl": each teacher prompt's token budget (decoding.icl)
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,12 @@ class RunConfig:
     FAILs a total that does not (accounting.relation)."""
 
     def __post_init__(self) -> None:
-        # every decoding mechanism mixes or averages teachers: its bounds are for adding or removing one
-        require(neighbouring_relation(self.relation) is not NeighbouringRelation.REPLACE_ONE,
-                f"relation must be one of ['add_or_remove_one', 'remove_one', 'add_one'] for a decoding run, "
-                f"got {self.relation!r}")
+        # mixing mechanisms' bounds are for adding or removing a teacher; a vote histogram's bounds
+        # cover any one vote moved, so voting runs may also claim replace-one
+        voting = isinstance(self.mechanism, dict) and self.mechanism.get("type") == "voting"
+        require(voting or neighbouring_relation(self.relation) is not NeighbouringRelation.REPLACE_ONE,
+                f"relation must be one of ['add_or_remove_one', 'remove_one', 'add_one'] for a mixing mechanism "
+                f"(replace_one is for type = \"voting\"), got {self.relation!r}")
         require(isinstance(self.mechanism, dict) and self.mechanism.get("type") in MECHANISM_TYPES,
                 f"unknown mechanism type {self.mechanism.get('type') if isinstance(self.mechanism, dict) else None!r}; "
                 f"known: {', '.join(MECHANISM_TYPES)}")
@@ -95,8 +99,26 @@ class RunConfig:
         for delta in self.deltas:
             require_in_open("delta", delta, 0.0, 1.0)
         models = self.models
-        require(models.teacher_kind in ("full", "lora"), f"teacher_kind must be 'full' or 'lora', got {models.teacher_kind!r}")
-        if models.embedded:
+        _check_type("models.icl_prompt_tokens", models.icl_prompt_tokens, int)
+        require_int_at_least("models.icl_prompt_tokens", models.icl_prompt_tokens, 1)
+        require(models.teacher_kind in ("full", "lora", "icl"),
+                f"teacher_kind must be 'full', 'lora' or 'icl', got {models.teacher_kind!r}")
+        require(models.teacher_kind == "icl" or models.icl_examples is None,
+                f"models.icl_examples is for teacher_kind = 'icl', got teacher_kind = {models.teacher_kind!r}")
+        if models.teacher_kind == "icl":  # in-context teachers (Hot PATE): prompts to the public model, no weights
+            require_int_at_least("models.teachers", models.teachers, 1)
+            require(not models.teacher_paths, "models.teacher_paths must be empty with teacher_kind = 'icl' (the "
+                                              "teachers are prompts to the public model)")
+            if models.embedded:
+                require(models.public is None and models.icl_examples is None,
+                        "models.embedded = true cannot be combined with models.public / models.icl_examples "
+                        "(the embedded corpus's private records are the examples)")
+            else:
+                require(models.public is not None, "models.public is required when models.embedded = false")
+                require(models.icl_examples is not None,
+                        "models.icl_examples (a JSON file: a list of N lists of examples) is required with "
+                        "teacher_kind = 'icl' and models.embedded = false")
+        elif models.embedded:
             require_int_at_least("models.teachers", models.teachers, 1)
             require(models.public is None and not models.teacher_paths,
                     "models.embedded = true cannot be combined with models.public / models.teacher_paths")
@@ -124,13 +146,17 @@ class RunConfig:
     def fingerprint(self) -> str:
         """Hash of everything that determines the run's output (not `out`): resume must match it."""
         payload = {k: v for k, v in self.to_dict().items() if k != "out"}
+        # the in-context keys at their defaults are left out, so runs written before they existed keep their hash
+        defaults = {"icl_examples": None, "icl_prompt_tokens": 48}
+        if self.models.teacher_kind != "icl":
+            payload["models"] = {k: v for k, v in payload["models"].items() if defaults.get(k, ...) != v}
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
 _SCHEMA = {
     "run": {"out": str, "queries": int, "seed": int, "replay_payload": bool, "deltas": [float], "relation": str},
     "models": {"embedded": bool, "teachers": int, "public": str, "teacher_paths": [str], "teacher_kind": str,
-               "tokenizer": str, "device": str},
+               "tokenizer": str, "device": str, "icl_examples": str, "icl_prompt_tokens": int},
     "data": {"stream": str, "text": str, "block_size": int, "prompts": [str], "max_new_tokens": int},
 }
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}

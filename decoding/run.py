@@ -77,17 +77,27 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
     require(not out.exists() or out.is_dir(), f"run.out {out} exists and is not a directory")
     existing = next(parent for parent in (out, *out.parents) if parent.exists())
     require(os.access(existing, os.W_OK | os.X_OK), f"run.out {out}: {existing} is not writable")
-    if models.embedded:
-        from decoding.embedded import build_or_load
+    if models.teacher_kind == "icl":  # in-context teachers (Hot PATE): the public model prompted with private examples
+        from decoding.icl import embedded_icl_default, load_icl_ensemble
 
-        embedded = build_or_load(teachers=models.teachers, verbose=verbose)
-        public_path, teacher_paths = str(embedded.public_path), [str(p) for p in embedded.teacher_paths]
-        tokenizer_path, teacher_kind = str(embedded.tokenizer_path), embedded.recipe.teacher_kind
+        embedded = embedded_icl_default(models.teachers, verbose) if models.embedded else None
+        public_path = str(embedded.public_path) if embedded else models.public
+        tokenizer_path = str(embedded.tokenizer_path) if embedded else models.tokenizer or models.public
+        ensemble = load_icl_ensemble(public_path, tokenizer_path, models.teachers, models.icl_prompt_tokens,
+                                     corpus=embedded.corpus if embedded else None, examples_path=models.icl_examples,
+                                     device=models.device)
     else:
-        public_path, teacher_paths = models.public, list(models.teacher_paths)
-        tokenizer_path, teacher_kind = models.tokenizer or models.public, models.teacher_kind
-        embedded = None
-    ensemble = Ensemble.from_pretrained(public_path, teacher_paths, teacher_kind, models.device)
+        if models.embedded:
+            from decoding.embedded import build_or_load
+
+            embedded = build_or_load(teachers=models.teachers, verbose=verbose)
+            public_path, teacher_paths = str(embedded.public_path), [str(p) for p in embedded.teacher_paths]
+            tokenizer_path, teacher_kind = str(embedded.tokenizer_path), embedded.recipe.teacher_kind
+        else:
+            public_path, teacher_paths = models.public, list(models.teacher_paths)
+            tokenizer_path, teacher_kind = models.tokenizer or models.public, models.teacher_kind
+            embedded = None
+        ensemble = Ensemble.from_pretrained(public_path, teacher_paths, teacher_kind, models.device)
     require(ensemble.n_teachers == models.teachers,
             f"models.teachers = {models.teachers} does not match the {ensemble.n_teachers} teachers loaded")
     from transformers import AutoTokenizer
@@ -198,6 +208,11 @@ def _outcome_records(runner: Runner, block: int, first_step: int, outcome: Block
         }
         for name in runner.components:
             record[f"rdp_{name}"] = outcome.charged[name][row].tolist()
+        if outcome.vote_counts is not None:
+            voted = np.flatnonzero(outcome.vote_counts[row])
+            record.update(vote_seed=int(outcome.vote_seeds[row]), vote_tokens=voted.tolist(),
+                          vote_counts=outcome.vote_counts[row, voted].tolist(),
+                          aggregator_noise=[float(v) for v in outcome.aggregator_noise[row]])
         records.append(record)
     return records
 
@@ -211,7 +226,10 @@ def _concat_outcomes(outcomes: list[BlockOutcome]) -> BlockOutcome:
                         charged={k: np.concatenate([o.charged[k] for o in outcomes]) for k in outcomes[0].charged},
                         lambdas=cat("lambdas"), sampled=cat("sampled"), screen_statistic=cat("screen_statistic"),
                         screen_passed=cat("screen_passed"), observed_data_dependent=cat("observed_data_dependent"),
-                        data_independent=cat("data_independent"))
+                        data_independent=cat("data_independent"), vote_seeds=cat("vote_seeds"),
+                        vote_counts=cat("vote_counts"),
+                        aggregator_noise=None if outcomes[0].aggregator_noise is None
+                        else [noise for o in outcomes for noise in o.aggregator_noise])
 
 
 def _mechanism_step(runner: Runner, logits: torch.Tensor, randomness: StepGenerators, orders: np.ndarray):
@@ -288,9 +306,13 @@ class RunTotals:
         # by name: the ledger (its breakdown's row order) must not depend on how the manifest's keys are ordered
         self.components = dict(sorted(manifest["mechanism"]["components"].items()))
         self.relations = component_relations(manifest)
-        self.ledger = PrivacyLedger(manifest["orders"], NeighbouringRelation.ADD_OR_REMOVE_ONE)
+        self.voting = manifest["mechanism"]["type"] == "voting"
+        # a voting run's bounds may be for replace-one, which shares no pair with add-or-remove-one
+        self.ledger = PrivacyLedger(manifest["orders"], NeighbouringRelation(manifest["relation"]) if self.voting
+                                    else NeighbouringRelation.ADD_OR_REMOVE_ONE)
         self.log_prob_sum, self.scored, self.public = 0.0, 0, 0
         self.observed, self.observed_min = None, None  # (K,) sums over answered steps that record them
+        self.released, self.correct, self.below_threshold, self.min_released_votes = 0, 0, 0, None
 
     def add(self, records: list[dict]) -> None:
         """Charge one block's records (ValueError for a NaN or negative charge: nothing is added)."""
@@ -304,6 +326,8 @@ class RunTotals:
             self.log_prob_sum += float(np.sum(np.log(probs)))
         self.scored += len(records)
         self.public += int(sum(r["answered_by"] == "public" for r in records))
+        if self.voting:
+            self._add_votes(records)
         rows = [r for r in records if r["observed_data_dependent"]]
         if rows:
             answered = np.asarray([r["answered_by"] == "mechanism" for r in rows])[:, None]
@@ -313,6 +337,44 @@ class RunTotals:
                 block_observed, block_min = observed.sum(axis=0), np.minimum(observed, bound).sum(axis=0)
             self.observed = block_observed if self.observed is None else self.observed + block_observed
             self.observed_min = block_min if self.observed_min is None else self.observed_min + block_min
+
+    def _add_votes(self, records: list[dict]) -> None:
+        """Released steps, the votes each released token had, and the teacher-forced accuracy."""
+        threshold = self.manifest["mechanism"]["params"]["threshold"]
+        for record in records:
+            self.correct += record["output_token"] == record["true_token"]
+            if record["answered_by"] != "mechanism":
+                continue
+            votes = dict(zip(record["vote_tokens"], record["vote_counts"])).get(record["output_token"], 0)
+            self.released += 1
+            self.below_threshold += votes < threshold
+            self.min_released_votes = votes if self.min_released_votes is None else min(self.min_released_votes, votes)
+
+    def voting_summary(self) -> dict:
+        """What a voting run released and the guarantee it has: T-threshold privacy for TARGMAX and
+        TWS (Cohen et al. 2023; robustness, not DP: the ledger's epsilon is +inf), the RDP curve
+        charged for DPARGMAX and DPWS."""
+        params, steps = self.manifest["mechanism"]["params"], self.ledger.steps
+        threshold = params["threshold"]
+        threshold_private = params["aggregator"] in ("targmax", "tws")
+        if not threshold_private:
+            guarantee = (f"differential privacy: the charged RDP curve ({params['aggregator']}, "
+                         f"{params['accounting']} accounting) gives the epsilons above")
+        elif self.below_threshold:
+            guarantee = (f"no DP guarantee, and T-threshold privacy VIOLATED: {self.below_threshold} released tokens "
+                         f"had fewer than T = {threshold:g} votes")
+        else:
+            guarantee = (f"no DP guarantee; every released token had at least T = {threshold:g} votes "
+                         f"(T-threshold privacy, a robustness notion; Cohen et al. 2023)")
+        teacher_forced = self.manifest["data"]["stream"] == "teacher-forced"
+        return {"votes": params["votes"], "aggregator": params["aggregator"], "threshold": threshold,
+                "teachers": self.manifest["n_teachers"], "threshold_private": threshold_private,
+                "dp_guarantee": not threshold_private, "released_steps": self.released,
+                "failed_steps": steps - self.released, "yield": self.released / steps if steps else None,
+                "min_votes_of_released_tokens": self.min_released_votes,
+                "released_below_threshold": self.below_threshold,
+                "token_accuracy": self.correct / steps if teacher_forced and steps else None,
+                "guarantee": guarantee}
 
     def summary(self) -> dict:
         """ledger.json's content: composed curve, epsilon per delta and conversion, breakdown, utility."""
@@ -324,7 +386,9 @@ class RunTotals:
                         for d in deltas for m in ConversionMethod]
             breakdown = ledger.breakdown(deltas[0]).to_dict()
         teacher_forced = manifest["data"]["stream"] == "teacher-forced"
-        ppl = float(np.exp(-self.log_prob_sum / self.scored)) if teacher_forced and self.scored else None
+        # a voting step releases a point mass: its utility is the accuracy (in "voting"), not a perplexity
+        ppl = (float(np.exp(-self.log_prob_sum / self.scored)) if teacher_forced and self.scored and not self.voting
+               else None)
         summary = {
             "steps": ledger.steps, "data_dependent": ledger.total_curve().data_dependent,
             "direction": ledger.total_curve().direction.value,
@@ -334,6 +398,8 @@ class RunTotals:
             "perplexity": ppl, "answered_by_public": self.public,
             "warnings": sorted({str(w.message) for w in caught}),
         }
+        if self.voting:
+            summary["voting"] = self.voting_summary()
         if self.observed is not None:
             from accounting.curve import RdpCurve
 

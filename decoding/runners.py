@@ -22,6 +22,7 @@ from mechanisms.pmixed import subsampling_variant as variant_named
 from mechanisms.randomness import uniform
 from mechanisms.screening import NoisyScreening
 from mechanisms.step import adapmixed_step, pmixed_step
+from mechanisms.voting import VotingMechanism
 
 ACCOUNTING_CHOICES = ("released-output", "realised-path")
 """How a screened mechanism is charged (adapmixed_runner's docstring has the analysis)."""
@@ -40,6 +41,9 @@ class BlockOutcome:
     observed_data_dependent: np.ndarray | None = None  # (L, K) max_i D<->(p, p_-i), charged or not
     data_independent: np.ndarray | None = None          # (L, K) Theorem 3.1 where it applies
     add_one_bound: np.ndarray | None = None             # (L, K) bound for an added teacher, charged or not
+    vote_seeds: np.ndarray | None = None       # (L,) voting: each step's shared-randomness seed
+    vote_counts: np.ndarray | None = None      # (L, V) voting: the vote histogram
+    aggregator_noise: list | None = None       # L lists: the draws the aggregator consumed
 
 
 @dataclass(frozen=True)
@@ -198,11 +202,54 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     return Runner("adapmixed", params, components, process, relations)
 
 
+def voting_runner(teachers: int, votes: str, aggregator: str, threshold: float, gamma: float = 1.0,
+                  sigma: float | None = None, sigma_threshold: float | None = None, data_dependent: bool = False,
+                  accounting: str = "released-output",
+                  relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> Runner:
+    """Hot PATE voting (Cohen et al. 2023): `votes` coordinated (hot) or independent (cold),
+    aggregated by targmax, tws, dpargmax (Confident-GNMax) or dpws; on fail the public model
+    answers. The output distribution of a step is a point mass on the released token, or the public
+    distribution on fail. What each aggregator is charged is mechanisms.voting's docstring. Every
+    bound covers one vote moved, added or removed, so any claimed relation is covered."""
+    relation = neighbouring_relation(relation)
+    mechanism = VotingMechanism(votes, aggregator, teachers, threshold, gamma, sigma, sigma_threshold, data_dependent,
+                                accounting, relation)
+
+    def process(public, teacher_probs, generator, orders):
+        require(hasattr(generator, "vote_seeds"), "voting needs per-step generators (mechanisms.randomness.StepGenerators)")
+        seeds = generator.vote_seeds()
+        _, counts = mechanism.histograms(teacher_probs, seeds)
+        decisions = [mechanism.decide(row, g) for row, g in zip(counts, generator.generators)]
+        passed = np.asarray([token is not None for token, _, _ in decisions], dtype=bool)
+        output = public.clone()
+        for row, (token, _, _) in enumerate(decisions):
+            if token is not None:
+                output[row] = 0.0
+                output[row, token] = 1.0
+        return BlockOutcome(output=output, charged=mechanism.charges(counts, passed, orders),
+                            screen_statistic=np.asarray([statistic for _, statistic, _ in decisions]),
+                            screen_passed=passed, vote_seeds=np.asarray(seeds, dtype=np.int64), vote_counts=counts,
+                            aggregator_noise=[noise for _, _, noise in decisions])
+
+    params = dict(votes=mechanism.coordination.value, aggregator=mechanism.aggregator.value, teachers=teachers,
+                  threshold=threshold, gamma=gamma, sigma=sigma, sigma_threshold=sigma_threshold,
+                  data_dependent=data_dependent, accounting=accounting)
+    components = mechanism.components()
+    return Runner("voting", params, components, process, {name: relation for name in components})
+
+
+def voting_mechanism(params: dict, teachers: int, relation) -> VotingMechanism:
+    """The VotingMechanism of a voting run's recorded [mechanism] parameters."""
+    return VotingMechanism(params["votes"], params["aggregator"], teachers, params["threshold"], params["gamma"],
+                           params["sigma"], params["sigma_threshold"], params["data_dependent"], params["accounting"],
+                           neighbouring_relation(relation))
+
+
 _BUILDERS = {
     "public": lambda teachers: Runner("public", {}, {"public_only": False}, _public_only),
     "ensemble": lambda teachers: Runner("ensemble", {"teachers": teachers}, {"non_private_ensemble": False}, _ensemble),
 }
-_PARAMETERISED = {"pmixed": pmixed_runner, "adapmixed": adapmixed_runner}
+_PARAMETERISED = {"pmixed": pmixed_runner, "adapmixed": adapmixed_runner, "voting": voting_runner}
 MECHANISM_TYPES = tuple(sorted([*_BUILDERS, *_PARAMETERISED]))
 
 

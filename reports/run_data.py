@@ -34,6 +34,8 @@ class RunData:
             if not params.get("data_dependent", True):
                 return "PMixED with noisy screening"
             return "AdaPMixED"
+        if kind == "voting":
+            return voting_label(params)
         return {"public": "Public model", "ensemble": "Non-private ensemble",
                 "pmixed": "PMixED" + (f" (q={params['sample_rate']:g}, {params['subsampling_variant']})"
                                       if params.get("sample_rate") is not None else "")}[kind]
@@ -52,6 +54,17 @@ class RunData:
     @property
     def data_dependent(self) -> bool:
         return bool(self.ledger["data_dependent"])
+
+
+_AGGREGATOR_NAMES = {"targmax": "TARGMAX_T", "tws": "TWS_{T,gamma}", "dpargmax": "DPARGMAX (Confident-GNMax)",
+                     "dpws": "DPWS"}
+
+
+def voting_label(params: dict) -> str:
+    """"Hot PATE TARGMAX_T (T=32)" for coordinated votes, "Cold PATE ..." for independent ones."""
+    temperature = "Hot" if params["votes"] == "coordinated" else "Cold"
+    gamma = f", gamma={params['gamma']:g}" if params["aggregator"] in ("tws", "dpws") else ""
+    return f"{temperature} PATE {_AGGREGATOR_NAMES[params['aggregator']]} (T={params['threshold']:g}{gamma})"
 
 
 def load_run(run_dir: str | Path) -> RunData:

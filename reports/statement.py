@@ -14,6 +14,16 @@ _MECHANISMS = {
                "around the public model's, the projections are averaged and the token is sampled."),
     "adapmixed": ("AdaPMixED: a noisy screening test decides whether PMixED answers or the public model does; PMixED's "
                   "answers are charged their data-dependent privacy loss."),
+    "voting": ("Hot PATE voting (Cohen et al. 2023): every teacher casts one vote from its next-token distribution, "
+               "the histogram of votes goes to an aggregator, which releases a token or fails (then the public model "
+               "answers)."),
+}
+_AGGREGATORS = {
+    "targmax": "TARGMAX_T releases the plurality token if it has at least T votes",
+    "tws": "TWS_{T,gamma} samples among the tokens with at least T votes in proportion to their counts",
+    "dpargmax": ("DPARGMAX is Confident-GNMax (Papernot et al. 2018): a noisy check of the largest count against T, "
+                 "then the noisy argmax"),
+    "dpws": "DPWS adds Gaussian noise to every count, then samples TWS-style among the noisy counts at least T",
 }
 
 
@@ -48,6 +58,13 @@ def privacy_statement(run: RunData) -> list[str]:
                       if params.get("ball") == "all-orders" else
                       ". Its per-query bound is Theorem 3.1 as claimed by the paper; that theorem is not guaranteed "
                       "for every input (docs/soundness.md).")
+    elif kind == "voting":
+        votes = ("coordinated: one shared random vector per step, a function of the public seed and the step only"
+                 if params["votes"] == "coordinated" else "independent")
+        noise = "".join(f", {name}={params[name]:g}" for name in ("gamma", "sigma", "sigma_threshold")
+                        if params.get(name) is not None and (name != "gamma" or params["aggregator"] in ("tws", "dpws")))
+        mechanism += (f" Here: N={manifest['n_teachers']} teachers, votes {votes}; {_AGGREGATORS[params['aggregator']]}"
+                      f" (T={params['threshold']:g}{noise}).")
     if epsilon["order"] is None:
         outcome = ("epsilon = 0: the output does not depend on the teachers" if epsilon["epsilon"] == 0
                    else "epsilon = inf: no order gives a guarantee")
@@ -66,6 +83,12 @@ def privacy_statement(run: RunData) -> list[str]:
         f"({fmt(orders[0])}..{fmt(orders[-1])}), converted with the improved conversion (Balle et al. 2020, Theorem 21) "
         f"at delta={epsilon['delta']:g}: {outcome}.",
     ]
+    voting = ledger.get("voting")
+    if voting is not None:
+        released = (f"{voting['released_steps']} of {ledger['steps']} steps released a token "
+                    f"(yield {fmt(voting['yield'], 3)})" + ("" if voting["token_accuracy"] is None else
+                                                           f", token accuracy {fmt(voting['token_accuracy'], 3)}"))
+        paragraphs.append(f"Guarantee. {voting['guarantee'][0].upper()}{voting['guarantee'][1:]}. {released}.")
     if direction_label(run.ledger.get("direction")) != "both":
         paragraphs.append(
             "Direction. Part of this loss bounds only D(M(D) || M(D')) at the actual data D (Papernot et al. 2018, "
@@ -75,7 +98,7 @@ def privacy_statement(run: RunData) -> list[str]:
             "Data-dependent. This epsilon is computed from the private data itself. It is not a differential-privacy "
             "guarantee that may be released: publishing it, or stopping when it crosses a budget, leaks information "
             "(Papernot et al. 2018; Redberg et al. 2023). Treat it as an internal measurement.")
-    elif epsilon["epsilon"] == float("inf"):
+    elif epsilon["epsilon"] == float("inf") and voting is None:
         paragraphs.append("No guarantee. The mechanism claims no privacy at all (epsilon is infinite).")
     if run.stale_audit:
         paragraphs.append(f"Audit. The directory's audit.json is not shown: {run.stale_audit}.")
@@ -90,7 +113,8 @@ def privacy_statement(run: RunData) -> list[str]:
             e = ablation["evidence"]
             evidence = (f" The leave-one-teacher-out ablation found the worst neighbour to be {e['worst_neighbour']} "
                         f"with empirical epsilon {fmt(e['worst_empirical_epsilon'])} against the claimed "
-                        f"{fmt(e['claimed_epsilon'])} (ratio {fmt(e['ratio'], 3)}).")
+                        f"{fmt(e['claimed_epsilon'])}" + ("" if e["ratio"] is None else f" (ratio {fmt(e['ratio'], 3)})")
+                        + ".")
         game = next((c for c in audit["checks"] if c["name"] == "canary_game"), None)
         if game and game["status"] != "SKIPPED" and "epsilon_lower_bound" in game.get("evidence", {}):
             evidence += (f" A distinguishing game on a planted canary gave a lower bound of "

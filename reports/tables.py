@@ -61,6 +61,9 @@ def comparison_table(runs: list[RunData]) -> pd.DataFrame:
                      "relation": relation_label(run),
                      "perplexity": run.ledger["perplexity"], "answered_by_public": run.ledger["answered_by_public"],
                      "audit": audit_headline(run)})
+        if any("voting" in r.ledger for r in runs):  # voting releases point masses: yield and accuracy, not perplexity
+            voting = run.ledger.get("voting") or {}
+            rows[-1].update({"yield": voting.get("yield"), "token_accuracy": voting.get("token_accuracy")})
     # object dtype keeps a missing value (e.g. no order for epsilon = 0) None: a float column would
     # turn it into NaN, which the renderers refuse
     return pd.DataFrame(rows, dtype=object)

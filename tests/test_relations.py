@@ -84,7 +84,8 @@ def test_a_decoding_run_refuses_replace_one_and_nan_reaches_no_add_one_bound():
     from mechanisms.kernels import add_one_divergence_bounds
 
     with pytest.raises(ValueError, match=r"relation must be one of \['add_or_remove_one', 'remove_one', 'add_one'\] "
-                                         r"for a decoding run, got 'replace_one'"):
+                                         r"for a mixing mechanism \(replace_one is for type = \"voting\"\), "
+                                         r"got 'replace_one'"):
         config_from_dict({"run": {"out": "x", "relation": "replace_one"}, "mechanism": {"type": "public"}})
     law = torch.tensor([[0.5, float("nan"), 0.5]], dtype=torch.float64)
     public = torch.tensor([[0.2, 0.3, 0.5]], dtype=torch.float64)

@@ -1,0 +1,356 @@
+"""Audit checks of a voting (Hot PATE) run.
+
+Conditioned on the public shared randomness, a step's vote histogram is a deterministic function of
+the teachers' distributions (Cohen et al. 2023), so for every neighbouring ensemble the audit can
+rebuild the neighbouring histogram and the aggregator's exact output law on it:
+- remove teacher i: its vote leaves the histogram; add a teacher: one vote for a token of the
+  adversary's choosing (the worst one, every step); replace teacher i: its vote moves to the worst
+  token. Candidate tokens are the voted ones and the lowest-index unvoted one (every unvoted token
+  is alike to the aggregators, except TARGMAX's tie-break towards the lowest index).
+- TARGMAX and TWS have closed-form laws; DPARGMAX's answer law is GNMax's, a one-dimensional
+  integral (mechanisms.voting.gnmax_log_output_law, error stated); DPWS's law is a V-dimensional
+  integral, so its ablation measures the Gaussian noisy histogram it post-processes (an upper
+  bound on the released law's divergence) and the sampled audit estimates the released law.
+Per-step divergences (both directions) are composed per neighbour and converted like the claim.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from scipy.stats import beta as beta_distribution
+
+from accounting.conversion import epsilon_from_rdp
+from accounting.curve import RdpCurve
+from accounting.relation import NeighbouringRelation
+from audit.checks import CheckResult, failed, skipped, verdict
+from audit.loader import LoadedTrace
+from decoding.ensemble import Ensemble
+from decoding.runners import voting_mechanism
+from mechanisms.randomness import vote_seed
+from mechanisms.voting import Aggregator, VotingMechanism, renyi_divergence_of_log_laws
+
+ERROR_ALLOWANCE = 1e-9
+"""Relative allowance for the quadrature of DPARGMAX's law (its error estimate is ~1e-13)."""
+
+
+def _mechanism(trace: LoadedTrace) -> VotingMechanism:
+    return voting_mechanism(trace.params, trace.n_teachers, trace.manifest["relation"])
+
+
+def check_shared_randomness(trace: LoadedTrace) -> CheckResult:
+    """Every step's recorded vote seed is the public function of (run seed, step)
+    (mechanisms.randomness.vote_seed): shared randomness that depended on a teacher's output would
+    break the analysis, which treats it as public. The replay check then recomputes every histogram
+    from the teachers with these seeds."""
+    run_seed = trace.manifest["config"]["seed"]
+    wrong = [record["step"] for record in trace.iter_records() if record["vote_seed"] != vote_seed(run_seed, record["step"])]
+    return verdict("shared_randomness", not wrong,
+                   f"all {trace.steps} vote seeds are the public function of (run seed {run_seed}, step)",
+                   f"{len(wrong)} steps record a vote seed that is not the public function of (run seed, step), first "
+                   f"at step {wrong[0] if wrong else None}: the shared randomness may depend on private data",
+                   steps_with_foreign_seed=wrong[:50])
+
+
+def check_vote_threshold(trace: LoadedTrace) -> CheckResult:
+    """TARGMAX and TWS: every released token had at least T votes in its step's histogram (T-threshold
+    privacy, Cohen et al. 2023); the replay check verifies the histograms themselves."""
+    params = trace.params
+    if params["aggregator"] not in ("targmax", "tws"):
+        return skipped("vote_threshold", f"{params['aggregator']} is differentially private: its noise may release "
+                                         "a token below the threshold, and its guarantee is the charged curve")
+    threshold, below, released = params["threshold"], [], 0
+    for record in trace.iter_records():
+        if record["answered_by"] != "mechanism":
+            continue
+        released += 1
+        votes = dict(zip(record["vote_tokens"], record["vote_counts"])).get(record["output_token"], 0)
+        if votes < threshold:
+            below.append((record["step"], votes))
+    return verdict("vote_threshold", not below,
+                   f"all {released} released tokens had >= T = {threshold:g} votes (T-threshold privacy holds; "
+                   "no DP guarantee)",
+                   f"{len(below)} released tokens had fewer than T = {threshold:g} votes, first at step "
+                   f"{below[0][0] if below else None} ({below[0][1] if below else None} votes)",
+                   released=released, below_threshold=below[:50])
+
+
+def check_voting_charges(trace: LoadedTrace) -> CheckResult:
+    """Each step's charges against their formulas at its recorded histogram: +inf for TARGMAX/TWS,
+    alpha/(2 s1^2) for the screen, alpha/s2^2 for GNMax or Papernot et al. 2018 Theorem 6 at the
+    counts (both directions), alpha/sigma^2 for DPWS; under realised-path accounting the answer only
+    where the screen passed."""
+    mechanism, orders = _mechanism(trace), trace.orders
+    mismatched = []
+    for block, records in trace.iter_blocks():
+        counts = np.zeros((len(records), int(trace.manifest["vocab_size"])), dtype=np.int64)
+        for row, record in enumerate(records):
+            counts[row, record["vote_tokens"]] = record["vote_counts"]
+        passed_screen = np.asarray([record["screen_passed"] for record in records], dtype=bool)
+        expected = mechanism.charges(counts, passed_screen, orders)
+        for name, values in expected.items():
+            recorded = np.asarray([record[f"rdp_{name}"] for record in records], dtype=np.float64)
+            same = (recorded == values) | np.isclose(recorded, values, rtol=1e-9, atol=0.0)
+            for row in np.flatnonzero(~same.all(axis=1))[:5]:
+                mismatched.append(f"step {records[row]['step']}: {name} is not its formula at the recorded histogram")
+    return verdict("voting_charges", not mismatched,
+                   f"every step's charges equal their formulas at its recorded histogram ({', '.join(trace.components)})",
+                   f"{len(mismatched)} charges differ from their formulas, first: " + "; ".join(mismatched[:3]),
+                   mismatched=mismatched[:50])
+
+
+class _StepLaws:
+    """A step's output laws on its histogram and its neighbours, cached by histogram."""
+
+    def __init__(self, mechanism: VotingMechanism, counts: np.ndarray, orders: np.ndarray, realised_path: bool):
+        self.mechanism, self.counts, self.orders, self.realised_path = mechanism, counts, orders, realised_path
+        self.cache: dict[bytes, tuple] = {}
+        self.error = 0.0
+        self.actual = self.law(counts)
+
+    def law(self, counts: np.ndarray) -> tuple:
+        key = counts.tobytes()
+        if key not in self.cache:
+            mechanism = self.mechanism
+            if mechanism.aggregator is Aggregator.DPWS:
+                self.cache[key] = (counts,)
+            elif self.realised_path:  # the decision's law, then the answer's law given a pass
+                log_fail, log_pass = mechanism.log_screen_law(counts)
+                answer, error = mechanism.answer_law(counts)
+                self.error = max(self.error, error)
+                self.cache[key] = (np.array([log_fail, log_pass]), answer)
+            else:
+                log_fail, log_release, error = mechanism.log_output_law(counts)
+                self.error = max(self.error, error)
+                self.cache[key] = (np.concatenate([[log_fail], log_release]),)
+        return self.cache[key]
+
+    def divergence(self, neighbour: np.ndarray, passed_screen: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """(the measured per-step divergence at every order, max of both directions; for realised-path
+        claims also the released law's divergence, reported beside it)."""
+        other, mine = self.law(neighbour), self.actual
+        if self.mechanism.aggregator is Aggregator.DPWS:
+            squared = float(np.sum((self.counts - neighbour) ** 2))
+            return self.orders * squared / (2.0 * self.mechanism.sigma ** 2), None
+        both = lambda p, q: np.maximum(renyi_divergence_of_log_laws(p, q, self.orders),  # noqa: E731
+                                       renyi_divergence_of_log_laws(q, p, self.orders))
+        if not self.realised_path:
+            return both(mine[0], other[0]), None
+        decision, answer = both(mine[0], other[0]), both(mine[1], other[1])
+        released = both(*(np.concatenate([[law[0][0]], law[0][1] + law[1]]) for law in (mine, other)))
+        return decision + (answer if passed_screen else 0.0), released
+
+
+def _candidates(counts: np.ndarray) -> list[int]:
+    voted = np.flatnonzero(counts).tolist()
+    unvoted = np.flatnonzero(counts == 0)
+    return voted + ([int(unvoted[0])] if unvoted.size else [])
+
+
+def run_voting_ablation(trace: LoadedTrace, delta: float) -> dict:
+    """Per-neighbour composed divergences (K orders) for every relation tested, the leakiest
+    teacher, and the numerical error; needs the payload or the models."""
+    mechanism, orders = _mechanism(trace), np.asarray(trace.orders, dtype=np.float64)
+    realised_path = mechanism.aggregator is Aggregator.DPARGMAX and mechanism.accounting == "realised-path"
+    claimed = NeighbouringRelation(trace.manifest["relation"])
+    n = trace.n_teachers
+    removed = np.zeros((n, orders.size))
+    replaced = np.zeros((n, orders.size)) if "replace" in claimed.moves else None
+    added = np.zeros(orders.size)
+    released_total = np.zeros((n, orders.size)) if realised_path else None
+    error = 0.0
+    for _, records, logits in trace.iter_payload():
+        _, teachers = Ensemble.split_distributions(logits)
+        votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
+        for row, record in enumerate(records):
+            laws = _StepLaws(mechanism, counts[row], orders, realised_path)
+            passed_screen = bool(record["screen_passed"])
+            per_token, per_token_released = {}, {}
+            for token in np.unique(votes[row]):
+                neighbour = counts[row].copy()
+                neighbour[token] -= 1
+                per_token[token], per_token_released[token] = laws.divergence(neighbour, passed_screen)
+            removed += np.stack([per_token[token] for token in votes[row]])
+            if released_total is not None:
+                released_total += np.stack([per_token_released[token] for token in votes[row]])
+            worst_added = np.zeros(orders.size)
+            for token in _candidates(counts[row]):
+                neighbour = counts[row].copy()
+                neighbour[token] += 1
+                worst_added = np.maximum(worst_added, laws.divergence(neighbour, passed_screen)[0])
+            added += worst_added
+            if replaced is not None:
+                for token in np.unique(votes[row]):
+                    worst = np.zeros(orders.size)
+                    for target in _candidates(counts[row]):
+                        if target != token:
+                            neighbour = counts[row].copy()
+                            neighbour[token] -= 1
+                            neighbour[target] += 1
+                            worst = np.maximum(worst, laws.divergence(neighbour, passed_screen)[0])
+                    replaced[votes[row] == token] += worst
+            error = max(error, laws.error)
+    return {"removed": removed, "added": added, "replaced": replaced, "released_removed": released_total,
+            "error": error, "realised_path": realised_path}
+
+
+def _epsilon(values: np.ndarray, orders, delta: float) -> tuple[float, float | None]:
+    """(epsilon, its order; None when no order is optimal: all 0 or all +inf) of a composed curve."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = epsilon_from_rdp(RdpCurve(orders, np.asarray(values, dtype=np.float64),
+                                           NeighbouringRelation.ADD_OR_REMOVE_ONE), delta)
+    return float(result.epsilon), result.order
+
+
+def check_voting_ablation(trace: LoadedTrace) -> CheckResult:
+    """Neighbour ablation of a voting run: the exact per-step output laws on every neighbouring
+    histogram, composed per neighbour and converted at the run's delta, against the claimed epsilon."""
+    if not trace.has_payload:
+        return skipped("neighbour_ablation", "needs the per-step distributions (the exact-replay payload or the "
+                                             "run's models)")
+    delta = trace.manifest["config"]["deltas"][0]
+    claimed = next((e.get("epsilon") for e in trace.ledger.get("epsilon", []) if isinstance(e, dict)
+                    and e.get("method") == "improved" and e.get("delta") == delta), None)
+    if not isinstance(claimed, (int, float)) or isinstance(claimed, bool) or math.isnan(claimed):
+        return failed("neighbour_ablation", f"ledger.json states no improved epsilon at the run's delta = {delta:g} "
+                                            f"(found {claimed!r}): there is no claim to test")
+    result = run_voting_ablation(trace, delta)
+    orders = trace.orders
+    claimed_relation = NeighbouringRelation(trace.manifest["relation"])
+    tolerance = claimed * (1 + 1e-6 + 10 * ERROR_ALLOWANCE) + 1e-12
+
+    def entry(relation: NeighbouringRelation, label: str, values: np.ndarray) -> dict:
+        eps, order = _epsilon(values, orders, delta)
+        return {"relation": relation.label, "claimed": claimed_relation.covers(relation), "worst_neighbour": label,
+                "empirical_epsilon": eps, "order": order, "within_claim": bool(eps <= tolerance),
+                "ratio": eps / claimed if 0 < claimed < math.inf else None}  # None: no finite claim to compare
+
+    per_teacher = [_epsilon(values, orders, delta)[0] for values in result["removed"]]
+    leakiest = int(np.argmax(per_teacher))
+    relations = {NeighbouringRelation.REMOVE_ONE.value:
+                 entry(NeighbouringRelation.REMOVE_ONE, f"teacher {leakiest} removed", result["removed"][leakiest]),
+                 NeighbouringRelation.ADD_ONE.value:
+                 entry(NeighbouringRelation.ADD_ONE, "a teacher added, voting the worst token every step",
+                       result["added"])}
+    if result["replaced"] is not None:
+        replaced = [_epsilon(values, orders, delta)[0] for values in result["replaced"]]
+        worst = int(np.argmax(replaced))
+        relations[NeighbouringRelation.REPLACE_ONE.value] = entry(
+            NeighbouringRelation.REPLACE_ONE, f"teacher {worst} replaced (its vote moved to the worst token)",
+            result["replaced"][worst])
+    claimed_rows = [e for e in relations.values() if e["claimed"]]
+    exceeded = [e for e in claimed_rows if not e["within_claim"]]
+    worst = max(claimed_rows, key=lambda e: e["empirical_epsilon"])
+    measured = ("the noisy histogram's law (DPWS releases a post-processing of it, so this bounds the released law)"
+                if trace.params["aggregator"] == "dpws" else
+                "the screen decision's divergence plus, where it passed, the answer's given the decision (like the "
+                "realised-path claim)" if result["realised_path"] else
+                "the released output's law per step: fail (then the public model answers, alike on both sides) or "
+                "the released token")
+    evidence = {"claimed_epsilon": claimed, "delta": delta, "claimed_relation": claimed_relation.value,
+                "relations": relations, "worst_neighbour": worst["worst_neighbour"],
+                "worst_empirical_epsilon": worst["empirical_epsilon"], "ratio": worst["ratio"],
+                "leakiest_teacher": leakiest, "per_teacher_removed_epsilon": per_teacher,
+                "measured_quantity": measured, "measured_direction": "both: max(D(M(D) || M(D')), D(M(D') || M(D)))",
+                "numerical_error": result["error"], "teachers_removed": list(range(trace.n_teachers)),
+                "teacher_sampling": "all teachers", "accounting": trace.params.get("accounting")}
+    if result["released_removed"] is not None:
+        evidence["released_output_epsilon"] = max(_epsilon(v, orders, delta)[0] for v in result["released_removed"])
+    no_dp = math.isinf(claimed)
+    summary = (f"teacher {leakiest} leaks most when removed ({per_teacher[leakiest]:.4g}); "
+               + "; ".join(f"{e['relation']}{'' if e['claimed'] else ' (not claimed)'}: {e['empirical_epsilon']:.4g}"
+                           for e in relations.values()))
+    return verdict("neighbour_ablation", not exceeded,
+                   (f"no DP claim (epsilon +inf: threshold privacy only); measured {summary}" if no_dp else
+                    f"{claimed_relation.label} (claimed): every neighbour's empirical epsilon <= claimed {claimed:.4g}; "
+                    + summary),
+                   f"{claimed_relation.label} (claimed): " + "; ".join(
+                       f"{e['worst_neighbour']} reaches empirical epsilon {e['empirical_epsilon']:.4g} > claimed "
+                       f"{claimed:.4g}" for e in exceeded), **evidence)
+
+
+def _aggregator_outputs(mechanism: VotingMechanism, counts: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
+    """`draws` outputs of a DP aggregator on one histogram (-1 = fail), vectorised over draws."""
+    counts = counts.astype(np.float64)
+    if mechanism.aggregator is Aggregator.DPARGMAX:
+        passes = counts.max() + rng.normal(0.0, mechanism.sigma_threshold, draws) >= mechanism.threshold
+        tokens = np.argmax(counts + rng.normal(0.0, mechanism.sigma, (draws, counts.size)), axis=1)
+        return np.where(passes, tokens, -1)
+    noisy = np.maximum(counts + rng.normal(0.0, mechanism.sigma, (draws, counts.size)), 0.0)
+    passing = np.where(noisy >= mechanism.threshold, noisy, 0.0)
+    normaliser = np.maximum(mechanism.teachers / mechanism.gamma, passing.sum(axis=1, keepdims=True))
+    cumulative = np.cumsum(passing / normaliser, axis=1)
+    index = (cumulative < rng.random((draws, 1))).sum(axis=1)
+    return np.where(index < counts.size, index, -1)
+
+
+def _clopper_pearson(successes: int, trials: int, confidence: float) -> tuple[float, float]:
+    tail = (1.0 - confidence) / 2.0
+    low = 0.0 if successes == 0 else float(beta_distribution.ppf(tail, successes, trials - successes + 1))
+    high = 1.0 if successes == trials else float(beta_distribution.ppf(1 - tail, successes + 1, trials - successes))
+    return low, high
+
+
+def check_sampled_aggregator(trace: LoadedTrace, draws: int = 20000, seed: int = 0,
+                             confidence: float = 0.999) -> CheckResult:
+    """A sampled audit of a DP aggregator (DPARGMAX, DPWS): at the step and removed teacher whose
+    histograms differ most, run the aggregator `draws` times on both histograms, pick the output
+    whose frequency ratio is largest on the first half of the draws, and bound the ratio of its
+    probabilities from below with Clopper-Pearson intervals on the second half. A sound claim
+    satisfies p <= e^eps p' + delta for the step's own (eps, delta), so the lower bound must not
+    exceed the step's charged epsilon at the run's delta. Under realised-path accounting only steps
+    whose screen passed are sampled (a failed step's charge is the screen's alone)."""
+    mechanism = _mechanism(trace)
+    if not mechanism.aggregator.differentially_private:
+        return skipped("sampled_aggregator", f"{mechanism.aggregator.value} makes no DP claim to sample")
+    if not trace.has_payload:
+        return skipped("sampled_aggregator", "needs the per-step distributions (the exact-replay payload or the models)")
+    delta, orders = trace.manifest["config"]["deltas"][0], trace.orders
+    best = None
+    for _, records, logits in trace.iter_payload():
+        _, teachers = Ensemble.split_distributions(logits)
+        votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
+        for row, record in enumerate(records):
+            if mechanism.accounting == "realised-path" and not record["screen_passed"]:
+                continue
+            top = int(np.argmax(counts[row]))
+            runner_up = int(np.sort(counts[row])[-2])
+            # removing a vote from the plurality token of the narrowest margin moves the output most
+            score = -(int(counts[row, top]) - runner_up)
+            if best is None or score > best[0]:
+                charge = sum(np.asarray(record[f"rdp_{name}"], dtype=np.float64) for name in trace.components)
+                best = (score, record["step"], counts[row].copy(), top, charge)
+    if best is None:
+        return skipped("sampled_aggregator", "no step's screen passed: a realised-path run charged no answer to sample")
+    _, step, counts, top, charge = best
+    neighbour = counts.copy()
+    neighbour[top] -= 1
+    rng = np.random.default_rng(seed)
+    half = draws // 2
+    first = [_aggregator_outputs(mechanism, c, half, rng) for c in (counts, neighbour)]
+    second = [_aggregator_outputs(mechanism, c, half, rng) for c in (counts, neighbour)]
+    best_bound, event = -math.inf, None
+    for forward in (True, False):
+        a, b = (0, 1) if forward else (1, 0)
+        outcomes, frequency = np.unique(first[a], return_counts=True)
+        other = {o: c for o, c in zip(*np.unique(first[b], return_counts=True))}
+        ratios = [(f + 1) / (other.get(o, 0) + 1) for o, f in zip(outcomes, frequency)]
+        chosen = int(outcomes[int(np.argmax(ratios))])
+        low, _ = _clopper_pearson(int(np.sum(second[a] == chosen)), half, confidence)
+        _, high = _clopper_pearson(int(np.sum(second[b] == chosen)), half, confidence)
+        bound = math.log(max(low - delta, 1e-300) / high) if low > delta else 0.0
+        if bound > best_bound:
+            best_bound, event = bound, chosen
+    step_epsilon = _epsilon(np.asarray(charge), orders, delta)[0]
+    ok = best_bound <= step_epsilon * (1 + 1e-9)
+    label = "fail" if event == -1 else f"token {event}"
+    return verdict("sampled_aggregator", ok,
+                   f"step {step}, plurality vote removed: lower bound {best_bound:.4g} on the step's epsilon (event "
+                   f"{label}, {half} draws per side, Clopper-Pearson {confidence:.1%}) <= its charge {step_epsilon:.4g} "
+                   f"at delta {delta:g}",
+                   f"step {step}: the sampled lower bound {best_bound:.4g} exceeds the step's charged epsilon "
+                   f"{step_epsilon:.4g}: the charge under-states this aggregator",
+                   step=step, epsilon_lower_bound=best_bound, step_epsilon=step_epsilon, event=label, draws=draws,
+                   confidence=confidence)

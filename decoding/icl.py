@@ -1,0 +1,225 @@
+"""In-context-learning teachers (Hot PATE, Cohen et al. 2023): one public causal LM, prompted with
+each teacher's disjoint private examples, stands in for N fine-tuned teachers.
+
+Teacher i's next-token logits at a query position are the public model's on [prompt_i + query];
+the public row (index 0) is the same model on the query alone. Nothing is trained, and all N+1
+sequences go through the model in one batched forward, so ensembles of hundreds of teachers cost
+one forward over (N+1) x B short sequences instead of N models. The prompts are left-padded to the
+longest one, with an attention mask and explicit position ids: every row computes exactly what
+the model computes on its own unpadded sequence (tests compare the two), and the query positions
+line up at the end of every row.
+
+A teacher's identity in the manifest hashes the public model's content hash with its prompt token
+ids, so a trace binds the private examples each teacher was shown.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from accounting.errors import require
+from decoding.config import read_text_file
+from decoding.corpus import EmbeddedCorpus
+from decoding.ensemble import Ensemble, ModelIdentity, load_causal_lm, model_content_hash
+from decoding.recipe import encode_documents
+
+TOKENS_PER_FORWARD = 2 ** 12
+"""At most this many tokens (rows x padded length) per forward: bounds the activations and logits a
+chunk holds when B x (N+1) is large, and keeps them in cache (on 1 CPU thread, N = 256, L = 64:
+600 ms per call at 2**12 tokens, 1.1 s at 2**15)."""
+
+
+def _fitting_examples(examples: Sequence[str], tokenizer, budget: int) -> tuple[int, list[int]]:
+    """How many leading examples fit `budget` tokens whole, and the prompt's token ids: each
+    example followed by the end-of-text token (the documents' separator the models were trained
+    on, decoding.recipe.encode_documents). When not even the first fits, it is cut at the budget
+    (count 1), so a prompt is never empty."""
+    ids: list[int] = []
+    for count, example in enumerate(examples):
+        encoded = encode_documents(tokenizer, example).tolist()
+        if len(ids) + len(encoded) > budget:
+            return (count, ids) if count else (1, encoded[:budget])
+        ids.extend(encoded)
+    return len(examples), ids
+
+
+def prompt_text(examples: Sequence[str], tokenizer, prompt_tokens: int) -> str:
+    """The longest run of leading examples that fits the token budget whole (at least the first,
+    which prompt_token_ids cuts at the budget), each followed by a blank line."""
+    count, _ = _fitting_examples(examples, tokenizer, prompt_tokens)
+    return "".join(example + "\n\n" for example in examples[:count])
+
+
+def prompt_token_ids(tokenizer, prompt: str, prompt_tokens: int) -> list[int]:
+    """A prompt's token ids: its blank-line separated examples, whole while they fit the budget."""
+    return _fitting_examples(prompt.removesuffix("\n\n").split("\n\n"), tokenizer, prompt_tokens)[1]
+
+
+def partition_records(corpus: EmbeddedCorpus, teachers: int) -> list[list[str]]:
+    """Every private record of the corpus's shards in exactly one of `teachers` groups: record j of
+    shard s goes to group (j * S + s) mod teachers, round-robin over the records interleaved across
+    the S shards. With teachers == S (the embedded ICL default) group i is shard i, so a planted
+    canary's recorded teacher (its shard) is the teacher whose examples hold it."""
+    require(isinstance(teachers, int) and not isinstance(teachers, bool) and teachers >= 1,
+            f"models.teachers must be an integer >= 1, got {teachers!r}")
+    groups: list[list[str]] = [[] for _ in range(teachers)]
+    shards = len(corpus.shards)
+    for s, shard in enumerate(corpus.shards):
+        for j, record in enumerate(shard.split("\n\n")):
+            groups[(j * shards + s) % teachers].append(record)
+    empty = [i for i, group in enumerate(groups) if not group]
+    if empty:
+        raise ValueError(f"models.teachers = {teachers} exceeds what the corpus's private records can fill: "
+                         f"teacher {empty[0]} gets no example")
+    return groups
+
+
+def icl_teacher_prompts(corpus: EmbeddedCorpus, teachers: int, prompt_tokens: int, tokenizer) -> list[str]:
+    """Teacher i's prompt: its disjoint group of private records (partition_records), as many
+    whole records as fit `prompt_tokens`, each followed by a blank line."""
+    return [prompt_text(group, tokenizer, prompt_tokens) for group in partition_records(corpus, teachers)]
+
+
+def embedded_icl_default(teachers: int, verbose: bool = True):
+    """The embedded ICL default: the 8-teacher embedded default's cached public model and
+    tokenizer, with the corpus generated for `teachers` shards. generate_corpus draws the public
+    text before any private record, so that corpus's public part is the very text the model was
+    trained on, and its held-out text and canaries are the ones the audit regenerates for N."""
+    from decoding.corpus import generate_corpus
+    from decoding.embedded import build_or_load
+
+    base = build_or_load(teachers=8, verbose=verbose)
+    return dataclasses.replace(base, corpus=generate_corpus(seed=base.corpus.seed, teachers=teachers))
+
+
+def read_icl_examples(path: str | Path, teachers: int) -> list[list[str]]:
+    """models.icl_examples: a JSON list of `teachers` non-empty lists of strings, teacher i's
+    private examples."""
+    text = read_text_file(path, "models.icl_examples")
+    try:
+        examples = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"models.icl_examples {path} is not JSON ({error})") from None
+    require(isinstance(examples, list) and all(isinstance(group, list) and all(isinstance(e, str) for e in group)
+                                               for group in examples),
+            f"models.icl_examples {path} must hold a list of lists of strings (teacher i's examples), "
+            f"got {type(examples).__name__}")
+    require(len(examples) == teachers,
+            f"models.teachers = {teachers} does not match the {len(examples)} example lists in "
+            f"models.icl_examples {path}")
+    empty = [i for i, group in enumerate(examples) if not group or not all(group)]
+    if empty:
+        raise ValueError(f"models.icl_examples {path}: teacher {empty[0]}'s list is empty or holds an empty example")
+    return examples
+
+
+def load_icl_ensemble(public: str, tokenizer_path: str, teachers: int, prompt_tokens: int, *,
+                      corpus: EmbeddedCorpus | None = None, examples_path: str | None = None,
+                      device: str = "cpu") -> "InContextEnsemble":
+    """The ensemble a run's config describes: prompts from the embedded corpus (`corpus`) or from
+    the models.icl_examples JSON file; a run and its audit both build it here."""
+    from transformers import AutoTokenizer
+
+    require((corpus is None) != (examples_path is None), "an ICL ensemble needs either a corpus or models.icl_examples")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    if corpus is not None:
+        prompts = icl_teacher_prompts(corpus, teachers, prompt_tokens, tokenizer)
+        sources = [f"embedded-corpus(seed={corpus.seed}, shards={len(corpus.shards)}):examples-{i}"
+                   for i in range(teachers)]
+    else:
+        prompts = [prompt_text(group, tokenizer, prompt_tokens) for group in read_icl_examples(examples_path, teachers)]
+        sources = [str(examples_path)] * teachers
+    return InContextEnsemble.from_pretrained(public, prompts, tokenizer, prompt_tokens, device, sources)
+
+
+class InContextEnsemble:
+    """The public model (index 0) and N in-context teachers, with decoding.ensemble.Ensemble's
+    interface; n_positions is the context the longest prompt leaves for the query."""
+
+    split_distributions = staticmethod(Ensemble.split_distributions)
+
+    def __init__(self, public_model, prompts: Sequence[Sequence[int]], identities: Sequence[ModelIdentity],
+                 device: str = "cpu"):
+        require(len(prompts) >= 1, "an in-context ensemble needs at least one teacher prompt")
+        context = getattr(public_model.config, "n_positions", None) or public_model.config.max_position_embeddings
+        longest = max(len(prompt) for prompt in prompts)
+        require(min(len(prompt) for prompt in prompts) >= 1, "every in-context teacher needs a non-empty prompt")
+        require(longest < context, f"the longest teacher prompt has {longest} tokens, the model's context {context}: "
+                                   "no room is left for the query")
+        self.vocab_size = public_model.config.vocab_size
+        self.n_teachers = len(prompts)
+        self.n_positions = context - longest
+        self.identities = tuple(identities)
+        self.device = torch.device(device)
+        self._model = public_model.to(self.device).eval()
+        # row 0 (public) has no prompt; each row is left-padded to the longest prompt
+        self._prompt_ids = torch.zeros(self.n_teachers + 1, longest, dtype=torch.long)
+        self._prompt_mask = torch.zeros(self.n_teachers + 1, longest, dtype=torch.long)
+        for row, prompt in enumerate(prompts, start=1):
+            self._prompt_ids[row, longest - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.long)
+            self._prompt_mask[row, longest - len(prompt):] = 1
+
+    @classmethod
+    def from_pretrained(cls, public: str, teacher_prompts: Sequence[str], tokenizer, prompt_tokens: int,
+                        device: str = "cpu", sources: Sequence[str] | None = None) -> "InContextEnsemble":
+        """Teacher i is the public model prompted with teacher_prompts[i] (blank-line separated
+        examples), cut to its first `prompt_tokens` tokens keeping whole examples where they fit.
+        `tokenizer` is a transformers tokenizer or its path; `sources` names each prompt's origin in
+        the manifest."""
+        require(isinstance(teacher_prompts, (list, tuple)) and len(teacher_prompts) >= 1,
+                "an in-context ensemble needs at least one teacher prompt")
+        empty = [i for i, prompt in enumerate(teacher_prompts) if not isinstance(prompt, str) or not prompt.strip()]
+        if empty:
+            raise ValueError(f"teacher prompt {empty[0]} is empty: every in-context teacher needs at least one "
+                             "private example")
+        require(sources is None or len(sources) == len(teacher_prompts),
+                f"{len(sources or ())} prompt sources for {len(teacher_prompts)} teacher prompts")
+        if isinstance(tokenizer, (str, Path)):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+        public_model = load_causal_lm(public)
+        context = getattr(public_model.config, "n_positions", None) or public_model.config.max_position_embeddings
+        require(isinstance(prompt_tokens, int) and not isinstance(prompt_tokens, bool) and 1 <= prompt_tokens < context,
+                f"models.icl_prompt_tokens must be an integer in [1, {context - 1}], got {prompt_tokens!r}")
+        prompts = [prompt_token_ids(tokenizer, prompt, prompt_tokens) for prompt in teacher_prompts]
+        public_hash = model_content_hash(public_model)
+        identities = [ModelIdentity("public", str(public), public_hash)]
+        for i, prompt in enumerate(prompts):
+            digest = hashlib.sha256(public_hash.encode())
+            digest.update(np.asarray(prompt, dtype=np.int64).tobytes())
+            identities.append(ModelIdentity(f"teacher-{i}", sources[i] if sources else f"in-context prompt {i}",
+                                            digest.hexdigest()))
+        return cls(public_model, prompts, identities, device)
+
+    @torch.no_grad()
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """float32 logits (N+1, B, L, V) on the CPU at the query positions; index 0 is public."""
+        require(input_ids.ndim == 2, f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+        batch, length = input_ids.shape
+        require(1 <= length <= self.n_positions,
+                f"query length {length} must be in [1, {self.n_positions}] (the context the longest prompt leaves)")
+        rows, longest = self._prompt_ids.shape
+        input_ids = input_ids.cpu().long()
+        ids = torch.cat([self._prompt_ids[:, None].expand(rows, batch, longest),
+                         input_ids[None].expand(rows, batch, length)], dim=-1).reshape(rows * batch, -1)
+        mask = torch.cat([self._prompt_mask[:, None].expand(rows, batch, longest),
+                          torch.ones(rows, batch, length, dtype=torch.long)], dim=-1).reshape(rows * batch, -1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # each row's own positions, from 0 at its first real token
+        out = torch.empty(rows * batch, length, self.vocab_size, dtype=torch.float32)
+        chunk = max(1, TOKENS_PER_FORWARD // ids.shape[1])
+        for start in range(0, rows * batch, chunk):
+            part = slice(start, start + chunk)
+            out[part] = self._model(input_ids=ids[part].to(self.device), attention_mask=mask[part].to(self.device),
+                                    position_ids=positions[part].to(self.device), logits_to_keep=length,
+                                    use_cache=False).logits.float().cpu()
+        return out.reshape(rows, batch, length, self.vocab_size)
+
+    def distributions(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.split_distributions(self.logits(input_ids))
