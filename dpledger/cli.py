@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from dpledger import account_cli, audit_cli, decode_cli, demo_cli, report_cli, sweep_cli
+from dpledger import account_cli, audit_cli, decode_cli, demo_cli, hotpate_cli, report_cli, sweep_cli
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 4
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit_cli.add_parser(subparsers)
     report_cli.add_parser(subparsers)
     sweep_cli.add_parser(subparsers)
+    hotpate_cli.add_parser(subparsers)
     demo_cli.add_parser(subparsers)
     return parser
 

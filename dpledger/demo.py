@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from decoding.config import ModelsConfig, RunConfig
+from decoding.config import DataConfig, ModelsConfig, RunConfig
 from decoding.run import run_decode
 
 DEMO_TEACHERS = 8
@@ -68,18 +68,53 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
     print(f"\n== Table 2b: AdaPMixED privacy-loss breakdown at order {breakdown['order']:g}, "
           f"{breakdown['method']} conversion, delta={breakdown['delta']:g} ==")
     print(pd.DataFrame(breakdown["rows"]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    voting_rows = run_voting_demo(root, progress)
+    rows += voting_rows
     print("\ntraces:")
     for row in rows:
         print(f"  {row['method']:<38} {row['trace']}")
-    audit_and_report(root, [Path(row["trace"]) for row in rows], progress)
+    from reports.hotpate import hotpate_html, hotpate_markdown, run_hotpate, write_hotpate
+
+    print(f"\n== Hot vs cold PATE: N = {HOTPATE_TEACHERS} in-context teachers (dpledger hotpate, short) ==")
+    hotpate = run_hotpate(HOTPATE_TEACHERS, queries=32, samples=100, verbose=False)
+    write_hotpate(hotpate, root / "hotpate")
+    print(hotpate_markdown(hotpate))
+    audit_and_report(root, [Path(row["trace"]) for row in rows], progress, extra_html=hotpate_html(hotpate))
     return table, summaries, root
 
 
-AUDITED = ("pmixed", "adapmixed")
+HOTPATE_TEACHERS = 64
+VOTING_QUERIES = 128
+VOTING_DEMO = {"threshold": 32.0, "sigma": 8.0, "sigma_threshold": 8.0}
 
 
-def audit_and_report(root: Path, directories: list[Path], progress: bool) -> Path:
-    """Audit the PMixED and AdaPMixED traces, then write one HTML report of every run."""
+def run_voting_demo(root: Path, progress: bool) -> list[dict]:
+    """Hot and cold DPARGMAX (Confident-GNMax) decoding with 64 in-context teachers: the same
+    queries, the same noise; hot votes pass the threshold far more often."""
+    rows = []
+    print(f"\n== Hot PATE decoding: {VOTING_QUERIES} teacher-forced queries, N={HOTPATE_TEACHERS} in-context "
+          f"teachers, DPARGMAX T={VOTING_DEMO['threshold']:g}, s1=s2={VOTING_DEMO['sigma']:g} ==")
+    for votes in ("coordinated", "independent"):
+        label = f"{'Hot' if votes == 'coordinated' else 'Cold'} PATE DPARGMAX"
+        mechanism = {"type": "voting", "votes": votes, "aggregator": "dpargmax", **VOTING_DEMO}
+        config = RunConfig(out=str(root / slug(label)), mechanism=mechanism,
+                           models=ModelsConfig(teachers=HOTPATE_TEACHERS, teacher_kind="icl"),
+                           data=DataConfig(block_size=64), queries=VOTING_QUERIES, seed=0, replay_payload=True,
+                           deltas=(1e-5,))
+        result = run_decode(config, resume=True, progress=progress)
+        voting = result.summary["voting"]
+        print(f"  {label:<22} yield {voting['yield']:.3f}, token accuracy {voting['token_accuracy']:.3f}, "
+              f"epsilon {result.summary['epsilon'][0]['epsilon']:.3f}")
+        rows.append(summary_row(label, result.directory, result.summary))
+    return rows
+
+
+AUDITED = ("pmixed", "adapmixed", "hot-pate-dpargmax", "cold-pate-dpargmax")
+
+
+def audit_and_report(root: Path, directories: list[Path], progress: bool, extra_html: str = "") -> Path:
+    """Audit the PMixED, AdaPMixED and voting traces, then write one HTML report of every run
+    (with `extra_html`, e.g. the hot-vs-cold section, before its end)."""
     from audit import audit_run
     from reports import load_run, render
 
@@ -90,8 +125,8 @@ def audit_and_report(root: Path, directories: list[Path], progress: bool) -> Pat
         started = time.time()
         report = audit_run(directory, mc_samples=200, game_trials=600)
         ablation = report.check("neighbour_ablation").evidence
-        game = report.check("canary_game")
-        game_text = (f"canary game lower bound {game.evidence['epsilon_lower_bound']:.3f}"
+        game = next(c for c in report.checks if c.name in ("canary_game", "sampled_aggregator"))
+        game_text = (f"{game.name.replace('_', ' ')} lower bound {game.evidence['epsilon_lower_bound']:.3f}"
                      if game.evidence else game.detail)
         print(f"  {directory.name:<10} {report.verdict}: empirical/claimed = {ablation['ratio']:.3f} "
               f"(worst: {ablation['worst_neighbour']}); {game_text}; {time.time() - started:.0f} s")
@@ -99,7 +134,8 @@ def audit_and_report(root: Path, directories: list[Path], progress: bool) -> Pat
             if finding.applies and finding.severity in ("medium", "high"):
                 print(f"      pitfall #{finding.pitfall} [{finding.severity}] {finding.title}")
     out = root / "report.html"
-    out.write_text(render([load_run(d) for d in directories], "html"))
+    out.write_text(render([load_run(d) for d in directories], "html").replace("</body></html>",
+                                                                              extra_html + "</body></html>"))
     print(f"\nHTML report: {out}")
     return out
 

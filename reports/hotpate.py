@@ -1,0 +1,246 @@
+"""Hot vs cold PATE on the embedded default: the main result of Cohen et al. 2023 (Hot PATE), reproduced.
+
+N in-context teachers (decoding.icl) answer teacher-forced queries on held-out private dialogues.
+At each query both voting schemes run `samples` times: coordinated (one shared Exp(1) vector per
+round) and independent. Against the threshold T (as a fraction T/N) we measure
+- yield: the fraction of rounds in which some token has at least T votes (TARGMAX_T answers);
+- coverage: the mean teacher distribution's mass on the transferred support, the tokens that reach
+  T votes in at least one round (how much of the teachers' diversity can pass the threshold);
+- support size: the number of those tokens;
+(mechanisms.diversity). Privacy cost at a matched utility: for each scheme, the largest T at which
+the yield still reaches the target; the DP counterpart DPARGMAX (Confident-GNMax, Papernot et al.
+2018) is then calibrated with noise proportional to that threshold, s1 = s2 = T / 4 (so a token
+with T/2 votes passes the screen with probability Phi(-2) = 2.3% under either scheme), and charged
+with released-output accounting for `budget_queries` queries: epsilon at delta. A higher usable T
+buys proportionally more noise, and the RDP cost falls as 1 / T^2.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from accounting.conversion import epsilon_from_rdp
+from accounting.errors import require, require_in_open, require_int_at_least
+from accounting.orders import default_orders
+from mechanisms.diversity import DiversityCurve, mean_diversity_curve
+from mechanisms.pate import ConfidentGNMax
+
+NOISE_PER_THRESHOLD = 0.25
+"""The calibration rule of the matched-utility comparison: s1 = s2 = T * 0.25."""
+FRACTIONS = tuple(round(f, 4) for f in np.arange(0.05, 1.0001, 0.05))
+
+
+@dataclass(frozen=True)
+class HotPateResult:
+    teachers: int
+    queries: int
+    samples: int
+    seed: int
+    thresholds: tuple
+    hot: DiversityCurve
+    cold: DiversityCurve
+    target_yield: float
+    budget_queries: int
+    delta: float
+    matched: dict
+    seconds: float
+    source: dict = field(default_factory=dict)
+
+    @property
+    def hot_coverage_higher_from_quarter(self) -> bool:
+        """Hot coverage > cold coverage at every T >= N/4 (the paper's claim on this ensemble)."""
+        return all(h > c for t, h, c in zip(self.thresholds, self.hot.coverage, self.cold.coverage)
+                   if t >= self.teachers / 4)
+
+    def to_dict(self) -> dict:
+        return {"format": "dpledger-hotpate", "teachers": self.teachers, "queries": self.queries,
+                "samples": self.samples, "seed": self.seed, "thresholds": list(self.thresholds),
+                "threshold_fractions": [t / self.teachers for t in self.thresholds],
+                "hot": self.hot.to_dict(), "cold": self.cold.to_dict(),
+                "hot_coverage_higher_at_every_T_from_N_over_4": self.hot_coverage_higher_from_quarter,
+                "matched_utility": self.matched, "seconds": round(self.seconds, 1), "source": self.source}
+
+
+def matched_privacy_cost(curve: DiversityCurve, target_yield: float, budget_queries: int, delta: float) -> dict:
+    """The largest threshold whose yield reaches `target_yield`, and DPARGMAX's epsilon for
+    `budget_queries` queries at it, noise s1 = s2 = NOISE_PER_THRESHOLD * T (module docstring)."""
+    reached = [t for t, y in zip(curve.thresholds, curve.yield_) if y >= target_yield]
+    if not reached:
+        return {"threshold": None, "epsilon": None, "note": f"no threshold reaches yield {target_yield:g}"}
+    threshold = max(reached)
+    noise = NOISE_PER_THRESHOLD * threshold
+    mechanism = ConfidentGNMax(threshold, noise, noise)
+    with warnings.catch_warnings():  # the edge is recorded below
+        warnings.simplefilter("ignore")
+        conversion = epsilon_from_rdp(mechanism.rdp_curve(default_orders()).composed(budget_queries), delta)
+    return {"threshold": int(threshold), "threshold_fraction": threshold / curve.teachers,
+            "sigma_threshold": float(noise), "sigma": float(noise), "epsilon": float(conversion.epsilon),
+            "order": conversion.order, "at_grid_edge": conversion.at_grid_edge}
+
+
+def teacher_distributions(ensemble, token_ids: np.ndarray, queries: int, context: int = 16) -> np.ndarray:
+    """(queries, N, V) teacher next-token distributions at consecutive positions of `token_ids`,
+    each with at least `context` tokens before it, in windows the ensemble's context can hold."""
+    import torch
+
+    window = min(ensemble.n_positions, 64)
+    require(window > context, f"the ensemble's context ({ensemble.n_positions} tokens) is too short for queries")
+    rows, start = [], 0
+    while sum(r.shape[0] for r in rows) < queries:
+        require(start + window <= token_ids.size, f"the text has too few tokens for {queries} queries")
+        ids = torch.from_numpy(np.asarray(token_ids[start:start + window], dtype=np.int64)).unsqueeze(0)
+        _, teachers = ensemble.distributions(ids)       # (1, L, N, V)
+        rows.append(teachers[0, context:].numpy())
+        start += window
+    return np.concatenate(rows)[:queries]
+
+
+def hot_vs_cold(distributions: np.ndarray, samples: int = 200, seed: int = 0, target_yield: float = 0.5,
+                budget_queries: int = 1000, delta: float = 1e-5, source: dict | None = None,
+                started: float | None = None) -> HotPateResult:
+    """Both voting schemes on teacher distributions (Q, N, V), at T/N = 0.05, 0.10, ..., 1."""
+    samples = require_int_at_least("samples", samples, 2)
+    target_yield = require_in_open("target_yield", target_yield, 0.0, 1.0)
+    budget_queries = require_int_at_least("budget_queries", budget_queries, 1)
+    delta = require_in_open("delta", delta, 0.0, 1.0)
+    started = time.time() if started is None else started
+    queries, teachers = distributions.shape[:2]
+    thresholds = tuple(sorted({max(1, round(f * teachers)) for f in FRACTIONS}))
+    hot = mean_diversity_curve(distributions, thresholds, True, samples, seed)
+    cold = mean_diversity_curve(distributions, thresholds, False, samples, seed)
+    matched = {"target_yield": target_yield, "budget_queries": budget_queries, "delta": delta,
+               "calibration": f"DPARGMAX with s1 = s2 = {NOISE_PER_THRESHOLD:g} T, released-output accounting",
+               "hot": matched_privacy_cost(hot, target_yield, budget_queries, delta),
+               "cold": matched_privacy_cost(cold, target_yield, budget_queries, delta)}
+    hot_eps, cold_eps = matched["hot"]["epsilon"], matched["cold"]["epsilon"]
+    matched["cold_over_hot"] = cold_eps / hot_eps if hot_eps and cold_eps is not None else None
+    return HotPateResult(teachers, queries, samples, seed, thresholds, hot, cold, target_yield, budget_queries, delta,
+                         matched, time.time() - started, source or {})
+
+
+def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed: int = 0, prompt_tokens: int = 48,
+                target_yield: float = 0.5, budget_queries: int = 1000, delta: float = 1e-5,
+                verbose: bool = True) -> HotPateResult:
+    """Hot vs cold voting with `teachers` in-context teachers of the embedded default (module docstring)."""
+    from transformers import AutoTokenizer
+
+    from decoding.icl import embedded_icl_default, load_icl_ensemble
+    from decoding.recipe import encode_documents, set_single_thread
+
+    teachers = require_int_at_least("teachers", teachers, 2)
+    queries = require_int_at_least("queries", queries, 1)
+    require_int_at_least("samples", samples, 2)
+    require_in_open("target_yield", target_yield, 0.0, 1.0)
+    set_single_thread()
+    started = time.time()
+    embedded = embedded_icl_default(teachers, verbose=verbose)
+    ensemble = load_icl_ensemble(str(embedded.public_path), str(embedded.tokenizer_path), teachers, prompt_tokens,
+                                 corpus=embedded.corpus)
+    tokens = encode_documents(AutoTokenizer.from_pretrained(str(embedded.tokenizer_path)), embedded.corpus.private_heldout)
+    source = {"ensemble": "embedded default, in-context teachers (decoding.icl)", "prompt_tokens": prompt_tokens,
+              "text": "embedded private held-out dialogues", "public_model": str(embedded.public_path)}
+    return hot_vs_cold(teacher_distributions(ensemble, tokens, queries), samples, seed, target_yield, budget_queries,
+                       delta, source, started)
+
+
+def hotpate_figure(result: HotPateResult) -> bytes:
+    """Yield, coverage and transferred support size against T/N, hot and cold."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fractions = np.asarray(result.thresholds) / result.teachers
+    figure, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for curve, label, style in ((result.hot, "hot (coordinated)", "-o"), (result.cold, "cold (independent)", "--s")):
+        axes[0].errorbar(fractions, curve.yield_, yerr=np.asarray(curve.yield_stderr) * 1.96, fmt=style, ms=3,
+                         label=label, capsize=2)
+        axes[1].plot(fractions, curve.coverage, style, ms=3, label=label)
+        axes[2].plot(fractions, curve.support_size, style, ms=3, label=label)
+    for axis, title in zip(axes, ("yield (some token >= T votes)", "coverage (mass of transferred support)",
+                                  "transferred support size")):
+        axis.set_xlabel("T / N")
+        axis.set_title(title, fontsize=10)
+        axis.axvline(0.25, color="#999", lw=0.8, ls=":")
+        axis.grid(alpha=0.3)
+    axes[2].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    figure.suptitle(f"Hot vs cold PATE: N = {result.teachers} in-context teachers, {result.queries} queries, "
+                    f"{result.samples} voting rounds each", fontsize=11)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def hotpate_table(result: HotPateResult):
+    import pandas as pd
+
+    return pd.DataFrame({"T": result.thresholds,
+                         "T/N": [round(t / result.teachers, 3) for t in result.thresholds],
+                         "yield hot": result.hot.yield_, "yield cold": result.cold.yield_,
+                         "coverage hot": result.hot.coverage, "coverage cold": result.cold.coverage,
+                         "support hot": result.hot.support_size, "support cold": result.cold.support_size})
+
+
+def _matched_lines(result: HotPateResult) -> list[str]:
+    matched = result.matched
+    lines = [f"Privacy cost at matched utility (yield >= {matched['target_yield']:g}; {matched['calibration']}; "
+             f"{matched['budget_queries']} queries, delta = {matched['delta']:g}):"]
+    for name in ("hot", "cold"):
+        entry = matched[name]
+        lines.append(f"  {name}: " + (entry["note"] if entry["threshold"] is None else
+                                       f"T = {entry['threshold']} (T/N = {entry['threshold_fraction']:.2f}), "
+                                       f"epsilon = {entry['epsilon']:.4g}"))
+    if matched["cold_over_hot"] is not None:
+        lines.append(f"  cold costs {matched['cold_over_hot']:.3g}x the epsilon of hot for the same yield")
+    return lines
+
+
+def hotpate_markdown(result: HotPateResult) -> str:
+    from reports.render import markdown_table
+
+    verdict = "higher" if result.hot_coverage_higher_from_quarter else "NOT higher"
+    return "\n".join(["## Hot vs cold PATE (Cohen et al. 2023)", "",
+                      f"N = {result.teachers} in-context teachers, {result.queries} teacher-forced queries, "
+                      f"{result.samples} voting rounds per query and scheme ({result.seconds:.0f} s).", "",
+                      markdown_table(hotpate_table(result)), "",
+                      f"Hot coverage is {verdict} than cold at every T >= N/4.", "", *_matched_lines(result), ""])
+
+
+def hotpate_html(result: HotPateResult) -> str:
+    from reports.render import _html_table
+
+    encoded = base64.b64encode(hotpate_figure(result)).decode()
+    verdict = "higher" if result.hot_coverage_higher_from_quarter else "NOT higher"
+    return "\n".join([
+        "<h2 id='hot-pate'>Hot vs cold PATE (Cohen et al. 2023)</h2>",
+        f"<p>N = {result.teachers} in-context teachers on held-out private dialogues, {result.queries} queries, "
+        f"{result.samples} voting rounds per query and scheme. Hot coverage is <b>{verdict}</b> than cold at every "
+        "T &ge; N/4.</p>",
+        f"<figure><img alt='hot vs cold' src='data:image/png;base64,{encoded}'><figcaption>yield, coverage and "
+        "transferred support size against T/N</figcaption></figure>",
+        "<p>" + "<br>".join(html.escape(line) for line in _matched_lines(result)) + "</p>",
+        _html_table(hotpate_table(result).round(4), "hotpate")])
+
+
+def write_hotpate(result: HotPateResult, out: str | Path) -> dict[str, Path]:
+    """hotpate.json (strict), hotpate.png and hotpate.md under `out`."""
+    import json
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "hotpate.json", "png": out / "hotpate.png", "md": out / "hotpate.md"}
+    paths["json"].write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")
+    paths["png"].write_bytes(hotpate_figure(result))
+    paths["md"].write_text(hotpate_markdown(result))
+    return paths
+

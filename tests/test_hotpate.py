@@ -1,0 +1,90 @@
+"""Hot vs cold PATE (reports.hotpate): the experiment on in-context teachers of the micro models."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from mechanisms.diversity import mean_diversity_curve
+from mechanisms.pate import ConfidentGNMax
+from reports.hotpate import (NOISE_PER_THRESHOLD, hot_vs_cold, hotpate_html, hotpate_markdown, matched_privacy_cost,
+                             teacher_distributions, write_hotpate)
+from tests.micro import MICRO_CORPUS
+
+
+@pytest.fixture(scope="module")
+def micro_icl_distributions(micro_models):
+    from transformers import AutoTokenizer
+
+    from decoding.corpus import generate_corpus
+    from decoding.icl import load_icl_ensemble
+    from decoding.recipe import encode_documents
+
+    corpus = generate_corpus(seed=0, teachers=16, **MICRO_CORPUS)
+    ensemble = load_icl_ensemble(str(micro_models.public), str(micro_models.tokenizer), 16, 16, corpus=corpus)
+    tokens = encode_documents(AutoTokenizer.from_pretrained(str(micro_models.tokenizer)), corpus.private_heldout)
+    return teacher_distributions(ensemble, tokens, queries=12)
+
+
+def test_hot_vs_cold_on_in_context_teachers(micro_icl_distributions, tmp_path):
+    distributions = micro_icl_distributions
+    assert distributions.shape[:2] == (12, 16)
+    np.testing.assert_allclose(distributions.sum(axis=-1), 1.0, rtol=1e-9)
+    result = hot_vs_cold(distributions, samples=60, seed=3)
+    assert result.thresholds[0] == 1 and result.thresholds[-1] == 16
+    # paired with the diversity module's own curves (same seeds)
+    hot = mean_diversity_curve(distributions, result.thresholds, True, 60, 3)
+    assert hot.coverage == result.hot.coverage
+    for curve in (result.hot, result.cold):
+        assert all(a >= b - 1e-12 for a, b in zip(curve.yield_, curve.yield_[1:]))
+        assert all(a >= b - 1e-12 for a, b in zip(curve.coverage, curve.coverage[1:]))
+    assert result.hot_coverage_higher_from_quarter == all(
+        h > c for t, h, c in zip(result.thresholds, result.hot.coverage, result.cold.coverage) if t >= 4)
+    paths = write_hotpate(result, tmp_path / "out")
+    loaded = json.loads(paths["json"].read_text(), parse_constant=lambda name: pytest.fail(f"non-strict JSON {name}"))
+    assert loaded["teachers"] == 16 and loaded["hot"]["coordinated"] is True
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Hot vs cold PATE" in hotpate_markdown(result) and "<img" in hotpate_html(result)
+
+
+def test_matched_cost_is_confident_gnmax_at_the_largest_threshold_reaching_the_yield(micro_icl_distributions):
+    from accounting.conversion import epsilon_from_rdp
+    from accounting.orders import default_orders
+
+    curve = mean_diversity_curve(micro_icl_distributions, (2, 4, 8, 12, 16), False, 40, 0)
+    target = 0.5
+    reached = [t for t, y in zip(curve.thresholds, curve.yield_) if y >= target]
+    entry = matched_privacy_cost(curve, target, 500, 1e-6)
+    if not reached:
+        assert entry["threshold"] is None and entry["epsilon"] is None
+        return
+    threshold = max(reached)
+    assert entry["threshold"] == threshold and entry["sigma"] == NOISE_PER_THRESHOLD * threshold
+    expected = epsilon_from_rdp(ConfidentGNMax(threshold, entry["sigma"], entry["sigma"]).rdp_curve(default_orders())
+                                .composed(500), 1e-6).epsilon
+    assert math.isclose(entry["epsilon"], expected, rel_tol=1e-12)
+
+
+def test_a_higher_usable_threshold_costs_less():
+    """Identical teachers spread over 8 tokens: hot votes agree (yield 1 at T = N), cold ones spread
+    out, so at a matched yield hot runs at a larger T and pays a smaller epsilon."""
+    teachers = np.full((4, 32, 8), 1 / 8)
+    result = hot_vs_cold(teachers, samples=50)
+    assert result.matched["hot"]["threshold"] == 32
+    assert result.matched["cold"]["threshold"] < 16
+    assert result.matched["cold_over_hot"] > 4
+    assert result.hot_coverage_higher_from_quarter
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--teachers", "1"], "teachers must be an integer >= 2, got 1"),
+    (["--target-yield", "1.5"], "target_yield must be in (0, 1), got 1.5"),
+    (["--samples", "1"], "samples must be an integer >= 2, got 1"),
+])
+def test_hotpate_cli_refuses_bad_input_with_one_line(flags, message, tmp_path, capsys):
+    from dpledger.cli import main
+
+    assert main(["hotpate", "--out", str(tmp_path / "x"), *flags]) == 2
+    error = capsys.readouterr().err
+    assert message in error and error.count("\n") == 1
+    assert not (tmp_path / "x").exists()
