@@ -5,6 +5,7 @@ correct run's files the way a buggy accountant would have written them.
 """
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import warnings
@@ -22,7 +23,7 @@ from accounting.curve import RdpCurve
 from accounting.relation import NeighbouringRelation
 from decoding import trace
 from decoding.run import ledger_summary
-from decoding.runners import Runner, adapmixed_runner
+from decoding.runners import Runner, adapmixed_runner, voting_mechanism, voting_runner
 from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, renyi_divergence_orders, sums_without_each
 from mechanisms.screening import NoisyScreening
 
@@ -95,9 +96,58 @@ RUNNER_FAULTS = {
 }
 
 
+def _seed_from_teacher(params: dict) -> Callable:
+    """Shared voting randomness seeded from teacher 0's likeliest token (private data), while the
+    public seed is recorded: the analysis's "public randomness" assumption is broken."""
+    real = voting_runner(**params)
+
+    def process(public, teachers, generator, orders):
+        honest = generator.vote_seeds()
+        leaky = copy.copy(generator)
+        leaky.vote_seeds = lambda: [seed ^ int(teachers[row, 0].argmax()) for row, seed in enumerate(honest)]
+        outcome = real.process(public, teachers, leaky, orders)
+        outcome.vote_seeds = np.asarray(honest, dtype=np.int64)
+        return outcome
+    return process
+
+
+def _gnmax_sensitivity(params: dict) -> Callable:
+    def edit(outcome, public, teachers, orders):
+        outcome.charged["gnmax"] = outcome.charged["gnmax"] / 2.0  # L2 sensitivity 1 instead of sqrt(2)
+    return _misreporting(voting_runner(**params), edit)
+
+
+def _threshold_ignored(params: dict) -> Callable:
+    return voting_runner(**{**params, "threshold": 1}).process  # TARGMAX_1: the plurality, whatever its count
+
+
+def _screen_noise_halved(params: dict) -> Callable:
+    claimed = voting_mechanism(params, params["teachers"], NeighbouringRelation.ADD_OR_REMOVE_ONE)
+    real = voting_runner(**{**params, "sigma_threshold": params["sigma_threshold"] / 2})
+
+    def process(public, teachers, generator, orders):
+        outcome = real.process(public, teachers, generator, orders)
+        outcome.charged = claimed.charges(outcome.vote_counts, outcome.screen_passed, orders)
+        return outcome
+    return process
+
+
+VOTING_FAULTS = {
+    "shared_seed_from_teacher": (Fault("shared_seed_from_teacher", "coordinated votes seeded from a teacher's output "
+                                       "while the public seed is recorded", "replay", "runner"), _seed_from_teacher),
+    "gnmax_sensitivity": (Fault("gnmax_sensitivity", "DPARGMAX's answer charged with L2 sensitivity 1 instead of "
+                                "sqrt(2) (RDP / 2)", "voting_charges", "runner"), _gnmax_sensitivity),
+    "threshold_ignored": (Fault("threshold_ignored", "TARGMAX releases the plurality token even below T",
+                                "vote_threshold", "runner"), _threshold_ignored),
+    "screen_noise_halved": (Fault("screen_noise_halved", "DPARGMAX screens with s1/2 while s1 is claimed and charged",
+                                  "replay", "runner"), _screen_noise_halved),
+}
+"""Faults of voting runs (each planted on a runner of its aggregator: see tests/test_voting_runs.py)."""
+
+
 def faulty_runner(runner: Runner, fault: str) -> Runner:
     """The runner with a planted fault; it claims the same kind and parameters as `runner`."""
-    _, build = RUNNER_FAULTS[fault]
+    _, build = {**RUNNER_FAULTS, **VOTING_FAULTS}[fault]
     params = {**runner.params}
     return replace(runner, process=build(params))
 
@@ -157,7 +207,7 @@ TRACE_FAULTS = {
                             "trace"), _record_edited),
 }
 
-FAULTS = {name: fault for name, (fault, _) in {**RUNNER_FAULTS, **TRACE_FAULTS}.items()}
+FAULTS = {name: fault for name, (fault, _) in {**RUNNER_FAULTS, **VOTING_FAULTS, **TRACE_FAULTS}.items()}
 
 
 def plant_trace_fault(source: Path, target: Path, fault: str) -> Path:

@@ -213,3 +213,25 @@ def test_voting_mechanism_charges_and_worst_case():
     assert np.all(np.isinf(VotingMechanism("coordinated", "tws", 16, 8, gamma=2.0).rdp_values(orders)))
     dpws = VotingMechanism("independent", "dpws", 16, 8, sigma=3.0)
     np.testing.assert_allclose(dpws.rdp_values(orders), orders / 9)
+
+
+VOTING_FAULT_MECHANISMS = {"shared_seed_from_teacher": voting("targmax"), "gnmax_sensitivity": voting("dpargmax"),
+                           "threshold_ignored": voting("targmax", threshold=3, votes="independent"),
+                           "screen_noise_halved": voting("dpargmax", threshold=2.5)}
+
+
+@pytest.mark.parametrize("fault", sorted(VOTING_FAULT_MECHANISMS))
+def test_planted_voting_faults_are_caught_by_their_check(micro_models, tmp_path, fault):
+    from audit.checks import Status
+    from audit.selfcheck import FAULTS, VOTING_FAULTS, faulty_runner
+    from decoding.run import prepare
+
+    assert set(VOTING_FAULTS) == set(VOTING_FAULT_MECHANISMS)
+    config = config_from_dict(micro_config(micro_models, tmp_path / fault, VOTING_FAULT_MECHANISMS[fault], queries=48,
+                                           block_size=16))
+    prepared = prepare(config, verbose=False)
+    prepared.runner = faulty_runner(prepared.runner, fault)
+    run_dir = run_decode(config, progress=False, verbose=False, prepared=prepared).directory
+    report = audit_run(run_dir, play_game=False)
+    assert report.verdict == "FAIL"
+    assert report.check(FAULTS[fault].caught_by).status is Status.FAIL, report.check(FAULTS[fault].caught_by).detail
