@@ -8,7 +8,8 @@
     deltas = [1e-5]
     relation = "add_or_remove_one"  # the claimed neighbouring relation: add_or_remove_one | remove_one | add_one
 
-    [mechanism]                 # type = public | ensemble | pmixed | adapmixed, plus its parameters
+    [mechanism]                 # type = public | ensemble | pmixed | adapmixed | voting, plus its parameters
+                                # (voting: votes, aggregator, threshold, ...; docs/hotpate.md)
     type = "adapmixed"
     alpha = 18.0
     beta = 0.2
@@ -19,6 +20,7 @@
     teachers = 8
     # ... or your own checkpoints (local directories or hub names):
     # public = "path/or/name"; teacher_paths = ["t0", "t1"]; teacher_kind = "full" | "lora"; tokenizer = "..."
+    # ... or in-context teachers: teacher_kind = "icl" (embedded, or public + icl_examples = "examples.json")
     device = "cpu"              # or "cuda"
 
     [data]
@@ -38,7 +40,7 @@ from pathlib import Path
 
 from accounting.errors import require, require_in_open, require_int_at_least
 from accounting.relation import NeighbouringRelation, neighbouring_relation
-from decoding.runners import MECHANISM_TYPES
+from decoding.runners import MECHANISM_TYPES, unknown_type_message
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,7 @@ class RunConfig:
                 f"relation must be one of ['add_or_remove_one', 'remove_one', 'add_one'] for a mixing mechanism "
                 f"(replace_one is for type = \"voting\"), got {self.relation!r}")
         require(isinstance(self.mechanism, dict) and self.mechanism.get("type") in MECHANISM_TYPES,
-                f"unknown mechanism type {self.mechanism.get('type') if isinstance(self.mechanism, dict) else None!r}; "
-                f"known: {', '.join(MECHANISM_TYPES)}")
+                unknown_type_message(self.mechanism.get("type") if isinstance(self.mechanism, dict) else None))
         for name, value in (("run.queries", self.queries), ("run.seed", self.seed),
                             ("models.teachers", self.models.teachers), ("data.block_size", self.data.block_size),
                             ("data.max_new_tokens", self.data.max_new_tokens)):

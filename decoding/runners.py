@@ -253,6 +253,15 @@ _PARAMETERISED = {"pmixed": pmixed_runner, "adapmixed": adapmixed_runner, "votin
 MECHANISM_TYPES = tuple(sorted([*_BUILDERS, *_PARAMETERISED]))
 
 
+def unknown_type_message(kind) -> str:
+    """The one line for an unknown [mechanism] type; PATE aggregator names point to type = "voting"."""
+    hint = (f" (PATE aggregators are type = \"voting\" with aggregator = \"{kind}\")"
+            if kind in ("targmax", "tws", "dpargmax", "dpws") else
+            " (PATE aggregators are type = \"voting\" with aggregator = \"dpargmax\", Confident-GNMax)"
+            if kind in ("gnmax", "confident-gnmax", "confident_gnmax", "pate", "hotpate", "hot_pate") else "")
+    return f"unknown mechanism type {kind!r}; known: {', '.join(MECHANISM_TYPES)}{hint}"
+
+
 def _check_parameter(kind: str, name: str, value, annotation: str) -> None:
     """A [mechanism] value has its parameter's type, without coercion ("0.2" is not a number, 1 is
     not true); None is accepted where the parameter is optional."""
@@ -279,7 +288,7 @@ def build_runner(mechanism: dict, teachers: int,
     require(all(isinstance(key, str) for key in mechanism), f"[mechanism] keys must be strings, got {list(mechanism)!r}")
     params = {k: v for k, v in mechanism.items() if k != "type"}
     kind = mechanism["type"]
-    require(kind in MECHANISM_TYPES, f"unknown mechanism type {kind!r}; known: {', '.join(MECHANISM_TYPES)}")
+    require(kind in MECHANISM_TYPES, unknown_type_message(kind))
     if "teachers" in params:
         require(params.pop("teachers") == teachers,
                 f"mechanism.teachers = {mechanism['teachers']} does not match the {teachers} teacher models given")
