@@ -357,7 +357,11 @@ class RunTotals:
         params, steps = self.manifest["mechanism"]["params"], self.ledger.steps
         threshold = params["threshold"]
         threshold_private = params["aggregator"] in ("targmax", "tws")
-        if not threshold_private:
+        if params["accounting"] == "realised-path":
+            guarantee = ("realised-path accounting (Papernot et al. 2018's convention: a failed step is charged the "
+                         "screen only): the epsilons above are an ex-post statement about this run's loss, not an RDP "
+                         "guarantee of the released output (docs/soundness.md)")
+        elif not threshold_private:
             guarantee = (f"differential privacy: the charged RDP curve ({params['aggregator']}, "
                          f"{params['accounting']} accounting) gives the epsilons above")
         elif self.below_threshold:
@@ -369,7 +373,8 @@ class RunTotals:
         teacher_forced = self.manifest["data"]["stream"] == "teacher-forced"
         return {"votes": params["votes"], "aggregator": params["aggregator"], "threshold": threshold,
                 "teachers": self.manifest["n_teachers"], "threshold_private": threshold_private,
-                "dp_guarantee": not threshold_private, "released_steps": self.released,
+                "dp_guarantee": not threshold_private and params["accounting"] == "released-output",
+                "released_steps": self.released,
                 "failed_steps": steps - self.released, "yield": self.released / steps if steps else None,
                 "min_votes_of_released_tokens": self.min_released_votes,
                 "released_below_threshold": self.below_threshold,

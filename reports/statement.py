@@ -77,8 +77,10 @@ def privacy_statement(run: RunData) -> list[str]:
         f"loss covers {_RELATIONS.get(ledger.get('relation', manifest['relation']), ledger.get('relation'))}"
         + (" of this ensemble (a data-dependent loss is anchored at the actual ensemble)." if run.data_dependent else ".")
         + ("" if ledger.get("accounting") != "realised-path" else
-           " Screened steps are charged on the realised path (Flemings et al. 2024, Theorem 4.2 as stated): that total "
-           "does not bound the released output's law (docs/soundness.md)."),
+           " Screened steps are charged on the realised path (" + ("Papernot et al. 2018's convention for "
+           "Confident-GNMax: a failed step costs only the screen" if kind == "voting" else
+           "Flemings et al. 2024, Theorem 4.2 as stated") + "): that total does not bound the released output's law "
+           "(docs/soundness.md)."),
         f"Accounting. Renyi DP composed over {ledger['steps']} queries on a grid of {len(orders)} orders "
         f"({fmt(orders[0])}..{fmt(orders[-1])}), converted with the improved conversion (Balle et al. 2020, Theorem 21) "
         f"at delta={epsilon['delta']:g}: {outcome}.",

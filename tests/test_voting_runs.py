@@ -105,6 +105,23 @@ def test_dpargmax_charges_screen_every_step_and_the_answer_by_accounting(micro_m
             np.testing.assert_allclose(record["rdp_gnmax"], mechanism.answer_rdp(orders) if answered else 0.0)
 
 
+def test_realised_path_dpargmax_is_labelled_ex_post_and_audited_like_with_like(micro_models, tmp_path):
+    result = decode(micro_models, tmp_path / "path", voting("dpargmax", threshold=2.5, accounting="realised-path"))
+    voting_summary = result.summary["voting"]
+    assert voting_summary["dp_guarantee"] is False and "ex-post" in voting_summary["guarantee"]
+    report = audit_run(result.directory)
+    assert report.verdict == "PASS", [c.to_dict() for c in report.failed]
+    ablation = report.check("neighbour_ablation").evidence
+    assert "decision's divergence plus" in ablation["measured_quantity"]
+    # the released law's divergence is reported beside the like-with-like quantity
+    assert math.isfinite(ablation["released_output_epsilon"]) and ablation["released_output_epsilon"] > 0
+    from reports import load_run
+    from reports.statement import privacy_statement
+
+    text = " ".join(privacy_statement(load_run(result.directory)))
+    assert "Papernot et al. 2018's convention" in text and "Flemings" not in text
+
+
 def test_data_dependent_dpargmax_is_labelled_and_never_above_gnmax(micro_models, tmp_path):
     result = decode(micro_models, tmp_path / "dd", voting("dpargmax", data_dependent=True, sigma=0.5,
                                                           sigma_threshold=0.5))
