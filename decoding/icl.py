@@ -4,10 +4,10 @@ each teacher's disjoint private examples, stands in for N fine-tuned teachers.
 Teacher i's next-token logits at a query position are the public model's on [prompt_i + query];
 the public row (index 0) is the same model on the query alone. Nothing is trained, and all N+1
 sequences go through the model in one batched forward, so ensembles of hundreds of teachers cost
-one forward over (N+1) x B short sequences instead of N models. The prompts are left-padded to the
-longest one, with an attention mask and explicit position ids: every row computes exactly what
+one forward over N x B short sequences instead of N models. The prompts are left-padded to the
+prompt budget (public), with an attention mask and explicit position ids: every row computes what
 the model computes on its own unpadded sequence (tests compare the two), and the query positions
-line up at the end of every row.
+line up at the end of every row. The public row runs alone, so the fallback reads nothing private.
 
 A teacher's identity in the manifest hashes the public model's content hash with its prompt token
 ids, so a trace binds the private examples each teacher was shown.
@@ -140,30 +140,34 @@ def load_icl_ensemble(public: str, tokenizer_path: str, teachers: int, prompt_to
 
 class InContextEnsemble:
     """The public model (index 0) and N in-context teachers, with decoding.ensemble.Ensemble's
-    interface; n_positions is the context the longest prompt leaves for the query."""
+    interface; n_positions is the context the prompt budget leaves for the query."""
 
     split_distributions = staticmethod(Ensemble.split_distributions)
 
     def __init__(self, public_model, prompts: Sequence[Sequence[int]], identities: Sequence[ModelIdentity],
-                 device: str = "cpu"):
+                 device: str = "cpu", prompt_budget: int | None = None):
         require(len(prompts) >= 1, "an in-context ensemble needs at least one teacher prompt")
         context = getattr(public_model.config, "n_positions", None) or public_model.config.max_position_embeddings
         longest = max(len(prompt) for prompt in prompts)
+        # the padding and the query's room follow the public budget, never the private prompts' lengths
+        budget = longest if prompt_budget is None else prompt_budget
         require(min(len(prompt) for prompt in prompts) >= 1, "every in-context teacher needs a non-empty prompt")
-        require(longest < context, f"the longest teacher prompt has {longest} tokens, the model's context {context}: "
-                                   "no room is left for the query")
+        require(longest <= budget, f"a teacher prompt has {longest} tokens, more than the budget {budget}")
+        require(budget < context, f"the teacher prompts' budget is {budget} tokens, the model's context {context}: "
+                                  "no room is left for the query")
         self.vocab_size = public_model.config.vocab_size
         self.n_teachers = len(prompts)
-        self.n_positions = context - longest
+        self.n_positions = context - budget
         self.identities = tuple(identities)
         self.device = torch.device(device)
         self._model = public_model.to(self.device).eval()
-        # row 0 (public) has no prompt; each row is left-padded to the longest prompt
-        self._prompt_ids = torch.zeros(self.n_teachers + 1, longest, dtype=torch.long)
-        self._prompt_mask = torch.zeros(self.n_teachers + 1, longest, dtype=torch.long)
-        for row, prompt in enumerate(prompts, start=1):
-            self._prompt_ids[row, longest - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.long)
-            self._prompt_mask[row, longest - len(prompt):] = 1
+        # teacher rows, each left-padded to the budget; the public row runs alone, unpadded, so that
+        # nothing about the private prompts (not even their lengths) reaches the public fallback
+        self._prompt_ids = torch.zeros(self.n_teachers, budget, dtype=torch.long)
+        self._prompt_mask = torch.zeros(self.n_teachers, budget, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            self._prompt_ids[row, budget - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.long)
+            self._prompt_mask[row, budget - len(prompt):] = 1
 
     @classmethod
     def from_pretrained(cls, public: str, teacher_prompts: Sequence[str], tokenizer, prompt_tokens: int,
@@ -196,7 +200,7 @@ class InContextEnsemble:
             digest.update(np.asarray(prompt, dtype=np.int64).tobytes())
             identities.append(ModelIdentity(f"teacher-{i}", sources[i] if sources else f"in-context prompt {i}",
                                             digest.hexdigest()))
-        return cls(public_model, prompts, identities, device)
+        return cls(public_model, prompts, identities, device, prompt_tokens)
 
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -204,9 +208,10 @@ class InContextEnsemble:
         require(input_ids.ndim == 2, f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
         batch, length = input_ids.shape
         require(1 <= length <= self.n_positions,
-                f"query length {length} must be in [1, {self.n_positions}] (the context the longest prompt leaves)")
+                f"query length {length} must be in [1, {self.n_positions}] (the context the prompt budget leaves)")
         rows, longest = self._prompt_ids.shape
         input_ids = input_ids.cpu().long()
+        public = self._model(input_ids=input_ids.to(self.device), use_cache=False).logits.float().cpu()
         ids = torch.cat([self._prompt_ids[:, None].expand(rows, batch, longest),
                          input_ids[None].expand(rows, batch, length)], dim=-1).reshape(rows * batch, -1)
         mask = torch.cat([self._prompt_mask[:, None].expand(rows, batch, longest),
@@ -219,7 +224,7 @@ class InContextEnsemble:
             out[part] = self._model(input_ids=ids[part].to(self.device), attention_mask=mask[part].to(self.device),
                                     position_ids=positions[part].to(self.device), logits_to_keep=length,
                                     use_cache=False).logits.float().cpu()
-        return out.reshape(rows, batch, length, self.vocab_size)
+        return torch.cat([public[None], out.reshape(rows, batch, length, self.vocab_size)])
 
     def distributions(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.split_distributions(self.logits(input_ids))

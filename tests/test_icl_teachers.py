@@ -59,6 +59,18 @@ def test_batched_teacher_logits_equal_each_unpadded_sequence(micro_models, micro
         ensemble.logits(torch.zeros(1, 45, dtype=torch.long))
 
 
+def test_the_public_fallback_reads_nothing_private(micro_models, tokenizer):
+    """The public row and the query's room depend on the public budget only: ensembles that differ
+    in one teacher's prompt (and in its length) give bit-identical public logits and n_positions."""
+    short = InContextEnsemble.from_pretrained(str(micro_models.public), ["Hi\n\n", "Customer: Hi\n\n"], tokenizer, 20)
+    long = InContextEnsemble.from_pretrained(str(micro_models.public), ["Hi\n\n", "Agent: Sure.\n\nCustomer: Thanks "
+                                             "a lot, that is all for today.\n\n"], tokenizer, 20)
+    assert short.n_positions == long.n_positions == 64 - 20
+    query = torch.randint(0, 320, (1, 12), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(short.logits(query)[0], long.logits(query)[0])
+    assert not torch.equal(short.logits(query)[2], long.logits(query)[2])
+
+
 def test_private_records_partition_into_disjoint_teacher_groups(micro_corpus, tokenizer):
     records = [r for shard in micro_corpus.shards for r in shard.split("\n\n")]
     for teachers in (1, 3, 16, 64):
