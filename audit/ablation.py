@@ -1,4 +1,4 @@
-"""Neighbour-ensemble ablations (SPEC section 7): rebuild the mechanism's exact per-step output
+"""Neighbour-ensemble ablations: rebuild the mechanism's exact per-step output
 distribution on each neighbouring ensemble, compute the Renyi divergences in both directions over
 the order grid, compose over the run per direction, convert, and compare with the claimed epsilon.
 

@@ -1,5 +1,6 @@
-"""Pitfall lint: the configuration and trace checked against SPEC section 8, each pitfall reported
-as applies / does not apply with the reason and a severity."""
+"""Pitfall lint: the configuration and trace checked against known pitfalls of public
+implementations (docs/soundness.md), each reported as applies / does not apply with the reason and
+a severity."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,6 +14,11 @@ from mechanisms.pmixed import SubsamplingVariant
 BLIND_SCREEN_RATIO = 1e-2
 """lam / (N sigma) below this: the signal the screen sees moves its statistic far less than the
 noise does, so its decisions are (almost) independent of the private data (pitfall 7)."""
+
+
+GUESSABLE_SEED = 2 ** 40
+"""Run seeds below this are within an exhaustive search (pitfall 12); a secrets.randbits(63) seed
+falls below it with probability 2^-23."""
 
 
 @dataclass(frozen=True)
@@ -110,4 +116,14 @@ def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Find
     findings.append(Finding(11, "budgets reset per run and epsilon averaged", False, "info",
                             "one run, one ledger; compose runs on the same data by adding their curves, never by "
                             "averaging epsilons"))
+    seed = trace.manifest["config"]["seed"]
+    random = trace.mechanism_type not in ("public", "ensemble")
+    guessable = random and seed < GUESSABLE_SEED
+    findings.append(Finding(12, "guessable run seed", guessable, "medium" if guessable else "info",
+                            f"run seed {seed}: every step's noise, sample and vote draws are derived from it, so an "
+                            "adversary who guesses it recomputes the mechanism's randomness and the guarantee is void; "
+                            "for a release, set run.seed to a secret random integer (secrets.randbits(63)) and keep "
+                            "the trace confidential" if guessable else
+                            (f"run seed {seed} is not among the small seeds a search would try first; it and the trace "
+                             "that records it must stay confidential" if random else "the mechanism draws nothing")))
     return findings

@@ -252,3 +252,15 @@ def test_planted_voting_faults_are_caught_by_their_check(micro_models, tmp_path,
     report = audit_run(run_dir, play_game=False)
     assert report.verdict == "FAIL"
     assert report.check(FAULTS[fault].caught_by).status is Status.FAIL, report.check(FAULTS[fault].caught_by).detail
+
+
+def test_a_guessable_run_seed_is_a_pitfall_and_a_secret_one_is_not(micro_models, tmp_path):
+    """Every step's noise derives from the run seed: a small seed lets an adversary recompute it."""
+    from audit.lint import lint
+    from audit.loader import load_trace
+
+    small = decode(micro_models, tmp_path / "small", voting("dpargmax"), queries=16)
+    secret = decode(micro_models, tmp_path / "secret", voting("dpargmax"), queries=16, seed=2 ** 62 + 12345)
+    flagged = next(f for f in lint(load_trace(small.directory)) if f.pitfall == 12)
+    assert flagged.applies and flagged.severity == "medium" and "run seed 7" in flagged.reason
+    assert not next(f for f in lint(load_trace(secret.directory)) if f.pitfall == 12).applies
