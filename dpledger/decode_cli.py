@@ -34,10 +34,17 @@ def run(args: argparse.Namespace) -> int:
     first = summary["epsilon"][0]
     kind = "data-dependent loss" if summary["data_dependent"] else "epsilon"
     ppl = "-" if summary["perplexity"] is None else f"{summary['perplexity']:.3f}"
+    utility = f"perplexity {ppl}"
+    if "voting" in summary:  # a voting step releases a point mass: yield and accuracy, and what is guaranteed
+        voting = summary["voting"]
+        accuracy = "-" if voting["token_accuracy"] is None else f"{voting['token_accuracy']:.3f}"
+        utility = f"yield {voting['yield']:.3f}, token accuracy {accuracy}"
     if result.resumed_from_step:
         print(f"resumed after {result.resumed_from_step} committed steps")
     print(f"{result.directory}: {summary['steps']} queries, {kind} {first['epsilon']:.4g} at delta={first['delta']:g} "
-          f"(order {first['order']}), perplexity {ppl}, answered by public {summary['answered_by_public']}")
+          f"(order {first['order']}), {utility}, answered by public {summary['answered_by_public']}")
+    if "voting" in summary:
+        print(f"guarantee: {summary['voting']['guarantee']}")
     print(f"chain head {result.head} ({summary['steps']} steps): publish it; `dpledger audit {result.directory} "
           f"--expect-head {result.head}` then detects any rewrite or truncation of this run")
     return 0
