@@ -303,6 +303,11 @@ def build_runner(mechanism: dict, teachers: int,
     require(not unknown, f"unknown parameters for mechanism {kind!r}: {unknown}; accepted: {sorted(accepted)} "
                          "(the claimed neighbouring relation is [run] relation)")
     signature = inspect.signature(_PARAMETERISED[kind])
+    missing = [name for name, parameter in signature.parameters.items()
+               if parameter.default is inspect.Parameter.empty and name not in params and name not in ("teachers",
+                                                                                                        "relation")]
+    require(not missing, f"mechanism {kind!r} needs {', '.join(missing)} in the [mechanism] table "
+                         f"(missing: {', '.join(missing)})")
     for name, value in params.items():
         _check_parameter(kind, name, value, str(signature.parameters[name].annotation))
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from importlib.metadata import version
 
 from dpledger import account_cli, audit_cli, decode_cli, demo_cli, hotpate_cli, report_cli, sweep_cli
 
@@ -14,6 +15,7 @@ EXIT_INTERNAL = 4
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpledger", description="Privacy accounting and auditing of private LLM decoding")
+    parser.add_argument("--version", action="version", version=f"dpledger {version('dpledger')}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     account_cli.add_parser(subparsers)
     decode_cli.add_parser(subparsers)
@@ -33,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:  # includes UnicodeDecodeError; messages name the file, key or flag
         print(f"dpledger {args.command}: error: {' '.join(str(error).split())}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # the reader went away (`| head`): what it wanted was written; end quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except OSError as error:  # a path that cannot be read or written
         where = f"{error.filename}: " if getattr(error, "filename", None) else ""
         print(f"dpledger {args.command}: error: {where}{error.strerror or error}", file=sys.stderr)

@@ -264,3 +264,4 @@ def test_a_guessable_run_seed_is_a_pitfall_and_a_secret_one_is_not(micro_models,
     flagged = next(f for f in lint(load_trace(small.directory)) if f.pitfall == 12)
     assert flagged.applies and flagged.severity == "medium" and "run seed 7" in flagged.reason
     assert not next(f for f in lint(load_trace(secret.directory)) if f.pitfall == 12).applies
+

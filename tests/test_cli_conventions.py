@@ -1,0 +1,26 @@
+"""Command-line conventions: --version, a closed pipe, missing keys named at once."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_cli_version_closed_pipe_and_missing_mechanism_keys_at_once(tmp_path):
+    """--version; a reader that closes the pipe early ends the command cleanly (exit 0, no
+    traceback); every missing [mechanism] key is named at once."""
+    from decoding.runners import build_runner
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    version = subprocess.run([sys.executable, "-m", "dpledger", "--version"], env=env, capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.startswith("dpledger ")
+    piped = subprocess.run(f"{sys.executable} -m dpledger account gaussian --noise-multiplier 1 --queries 10 "
+                           f"--delta 1e-5 --json | head -c 1", shell=True, env=env, capture_output=True, text=True)
+    assert piped.stderr == "" and "Traceback" not in piped.stderr
+    with pytest.raises(ValueError, match=r"mechanism 'adapmixed' needs beta, lam, sigma, threshold, top_k"):
+        build_runner({"type": "adapmixed", "alpha": 18.0}, 3)
+    with pytest.raises(ValueError, match=r"mechanism 'voting' needs votes, aggregator, threshold"):
+        build_runner({"type": "voting"}, 3)
