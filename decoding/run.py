@@ -89,8 +89,11 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
     else:
         if models.embedded:
             from decoding.embedded import build_or_load
+            from decoding.recipe import TinyModelRecipe
 
-            embedded = build_or_load(teachers=models.teachers, verbose=verbose)
+            # the embedded recipe trains the teachers the config names (full copies or LoRA adapters)
+            embedded = build_or_load(teachers=models.teachers, recipe=TinyModelRecipe(teacher_kind=models.teacher_kind),
+                                     verbose=verbose)
             public_path, teacher_paths = str(embedded.public_path), [str(p) for p in embedded.teacher_paths]
             tokenizer_path, teacher_kind = str(embedded.tokenizer_path), embedded.recipe.teacher_kind
         else:

@@ -24,3 +24,24 @@ def test_cli_version_closed_pipe_and_missing_mechanism_keys_at_once(tmp_path):
         build_runner({"type": "adapmixed", "alpha": 18.0}, 3)
     with pytest.raises(ValueError, match=r"mechanism 'voting' needs votes, aggregator, threshold"):
         build_runner({"type": "voting"}, 3)
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_embedded_default_trains_the_teacher_kind_the_config_names(kind, monkeypatch, tmp_path):
+    """embedded = true with teacher_kind = "lora" used to train full teachers while the manifest said lora."""
+    import decoding.embedded
+    from decoding.config import config_from_dict
+    from decoding.run import prepare
+
+    asked = {}
+
+    def capture(teachers, recipe, verbose):
+        asked["recipe"] = recipe
+        raise RuntimeError("stop after the recipe is chosen")
+
+    monkeypatch.setattr(decoding.embedded, "build_or_load", capture)
+    config = config_from_dict({"run": {"out": str(tmp_path / "run")}, "mechanism": {"type": "public"},
+                               "models": {"embedded": True, "teachers": 2, "teacher_kind": kind}})
+    with pytest.raises(RuntimeError, match="stop after"):
+        prepare(config, verbose=False)
+    assert asked["recipe"].teacher_kind == kind
