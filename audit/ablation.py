@@ -3,7 +3,7 @@ distribution on each neighbouring ensemble, compute the Renyi divergences in bot
 the order grid, compose over the run per direction, convert, and compare with the claimed epsilon.
 
 Output distribution of one step, for an ensemble of mixed teachers pbar_i (i in the ensemble, size n):
-  PMixED:            p = mean_i pbar_i (seed Algorithm 2);
+  PMixED:            p = mean_i pbar_i (Flemings et al. 2024, Algorithm 2);
   Poisson rate q:    p = c_n mean_i pbar_i + (1 - c_n) p0, c_n = 1 - (1-q)^n: each teacher is in the
                      subsample with probability q and E[1{i in S} / |S|] = c_n / n; an empty subsample
                      answers with p0 (exact, no sampling needed);

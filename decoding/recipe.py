@@ -1,6 +1,6 @@
 """The tiny-model recipe: byte-level BPE tokenizer, a small GPT-2 public model, N teachers.
 
-Measured on 2 CPU cores (notes_feasibility_cpu.md sections 3-5): train the tokenizer on public
+Measured on 2 CPU cores (README, "Performance"): train the tokenizer on public
 text only (so it does not leak the private corpus), pre-train the public model on the public part,
 then fine-tune each teacher from the public weights on its own shard. Full fine-tuning learns the
 new domain much faster than LoRA at this size; LoRA teachers (peft) are supported too.

@@ -6,7 +6,7 @@ from mechanisms import Ball, NoisyScreening, PMixED, SubsamplingVariant, subsamp
 
 
 def run_accounting_demo() -> None:
-    print("== PMixED, alpha=6, beta=0.01, N=100, q=0.03, 9728 queries, delta=1e-5 (seed Table 2a: 4.399) ==")
+    print("== PMixED, alpha=6, beta=0.01, N=100, q=0.03, 9728 queries, delta=1e-5 (Flemings et al. 2024, Table 2a: 4.399) ==")
     pmixed = PMixED(alpha=6, beta=0.01, teachers=100)
     for variant in SubsamplingVariant:
         # the all-orders-ball variant accounts PMixED with the ball at every order (a different projection)
@@ -16,5 +16,5 @@ def run_accounting_demo() -> None:
         print(f"  {variant.value:<26} eps = {result.epsilon:7.4f}  (order {result.order:g})  {variant.soundness}")
 
     screening = NoisyScreening(teachers=100, lam=1e-4, sigma=1e-2)
-    print(f"\n== Noisy screening, 9728 queries, RDP at alpha=18 (seed Table 2b: 0.002) ==\n"
+    print(f"\n== Noisy screening, 9728 queries, RDP at alpha=18 (Flemings et al. 2024, Table 2b: 0.002) ==\n"
           f"  {screening.rdp_curve().composed(9728).value_at(18):.5f}")

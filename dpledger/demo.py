@@ -24,7 +24,7 @@ PAPER_PMIXED = dict(alpha=6.0, beta=0.01)
 
 
 def demo_methods() -> dict[str, dict]:
-    """Method label -> [mechanism] table (paper parameters, seed Tables 2 and 4)."""
+    """Method label -> [mechanism] table (paper parameters, Flemings et al. 2024, Tables 2 and 4)."""
     return {
         "Public model": {"type": "public"},
         "Non-private ensemble": {"type": "ensemble"},

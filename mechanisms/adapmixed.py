@@ -92,7 +92,7 @@ def data_dependent_pmixed_curve(pmixed: PMixED, teachers, public, lambdas=None,
 class AdaPMixED:
     """AdaPMixED's parameters: the PMixED projection and the noisy screening.
 
-    Paper defaults (seed Table 4): alpha=18, beta=0.2, N=100, sigma=1e-2, lam=1e-4, T=4.5, top-k=60.
+    Paper defaults (Flemings et al. 2024, Table 4): alpha=18, beta=0.2, N=100, sigma=1e-2, lam=1e-4, T=4.5, top-k=60.
     The decoding runner (decoding.runners.adapmixed_runner) also runs Table 2a's two ablations.
     """
 

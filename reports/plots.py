@@ -62,7 +62,7 @@ def comparison_series(run: RunData) -> tuple[str, np.ndarray] | None:
         bound = np.asarray([r["data_independent"] for r in run.records], dtype=np.float64)
         return "data-independent bound (Theorem 3.1, as claimed)", screen + np.where(answered, bound, 0.0)
     observed = np.asarray([r["observed_data_dependent"] for r in run.records], dtype=np.float64)
-    return "data-dependent loss (seed Eq. 3, observed)", screen + np.where(answered, observed, 0.0)
+    return "data-dependent loss (Flemings et al. 2024, Eq. 3, observed)", screen + np.where(answered, observed, 0.0)
 
 
 def plot_cumulative_epsilon(run: RunData) -> bytes | None:

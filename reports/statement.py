@@ -46,7 +46,7 @@ def privacy_statement(run: RunData) -> list[str]:
         if params.get("screening", True):
             parts.append(f"screening with lam={params['lam']:g}, sigma={params['sigma']:g}, T={params['threshold']:g}, "
                          f"top-{params['top_k']}")
-        parts.append("data-dependent loss (seed Eq. 3)" if params.get("data_dependent", True)
+        parts.append("data-dependent loss (Flemings et al. 2024, Eq. 3)" if params.get("data_dependent", True)
                      else "Theorem 3.1's data-independent bound")
         mechanism += f" Here: alpha={params['alpha']:g}, beta={params['beta']:g}, N={manifest['n_teachers']}; " + ", ".join(parts) + "."
     elif kind == "pmixed":

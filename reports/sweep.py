@@ -1,6 +1,6 @@
 """`dpledger sweep`: the AdaPMixED paper's Figure 2 ablations on the embedded default.
 
-One parameter varies at a time around the paper's defaults (seed Table 4): threshold T, top-k,
+One parameter varies at a time around the paper's defaults (Flemings et al. 2024, Table 4): threshold T, top-k,
 beta, the ensemble size N (the first N of the cached teachers: shards are disjoint, so a prefix is a
 smaller ensemble of the same recipe, nothing is retrained), (lambda, sigma), and alpha. Each point
 is a full decoding run with its trace; one privacy-loss vs perplexity plot per parameter.
