@@ -45,6 +45,31 @@ _REQUIRED = {
 for _kind in MECHANISMS:
     if _kind not in THRESHOLD_PRIVATE:
         _REQUIRED[_kind] = ("queries", "delta") + _REQUIRED[_kind]
+# flags a mechanism reads beyond its required ones; any other flag given is refused, never ignored
+_OPTIONAL = {
+    "gaussian": ("method",), "subsampled-gaussian": ("method",), "gnmax": ("method",),
+    "confident-gnmax": ("method",), "screening": ("method",),
+    "pmixed": ("method", "ball", "sample_rate", "seed"),
+    "dpargmax": ("method", "threshold", "accounting", "answered"), "dpws": ("method", "gamma"),
+    "targmax": ("queries", "delta"), "tws": ("queries", "delta", "gamma"),  # any Q: still no DP guarantee
+}
+_DEFAULTS = {"method": "improved", "ball": Ball.PROJECTION_ORDER.value, "gamma": 1.0, "accounting": "released-output",
+             "seed": 0}
+_FLAGS = ("queries", "delta", "method", "noise_multiplier", "sample_rate", "alpha", "ball", "beta", "teachers", "sigma",
+          "sigma_threshold", "lam", "threshold", "gamma", "accounting", "answered", "seed")
+
+
+def _refuse_flags_that_do_not_apply(args: argparse.Namespace) -> None:
+    """Every missing flag, then every flag the mechanism does not read, named at once (a flag that
+    does not apply would otherwise be ignored silently: gaussian --sample-rate 0.1 is not sampled)."""
+    kind = args.mechanism
+    missing = [flag for flag in _REQUIRED[kind] if getattr(args, flag) is None]
+    require(not missing, f"mechanism {kind} needs " + ", ".join(f"--{f.replace('_', '-')}" for f in missing))
+    accepted = set(_REQUIRED[kind]) | set(_OPTIONAL[kind])
+    given = [flag for flag in _FLAGS if flag not in accepted and getattr(args, flag) is not None
+             and getattr(args, flag) != _DEFAULTS.get(flag)]
+    require(not given, f"mechanism {kind} does not use " + ", ".join(f"--{f.replace('_', '-')}" for f in given)
+            + f"; it reads " + ", ".join(f"--{f.replace('_', '-')}" for f in sorted(accepted)))
 
 
 def add_parser(subparsers) -> None:
@@ -93,9 +118,7 @@ def _conversion_record(curve, delta, method, name=None, **extra) -> dict:
 
 def account(args: argparse.Namespace) -> dict:
     """Build the mechanism from the flags, compose it Q times and convert; returns the JSON object."""
-    for flag in _REQUIRED[args.mechanism]:
-        require(getattr(args, flag) is not None,
-                f"mechanism {args.mechanism} needs --{flag.replace('_', '-')}")
+    _refuse_flags_that_do_not_apply(args)
     if args.queries is not None:
         require(args.queries >= 1, f"--queries must be >= 1, got {args.queries}")
     kind = args.mechanism

@@ -175,7 +175,10 @@ def test_dpargmax_bad_answered_exits_2_with_one_line(capsys, extra, message):
     (["targmax"], "--threshold"),
     (["tws", "--gamma", "2"], "--threshold"),
     (["gnmax", "--sigma", "40", "--queries", "5", "--delta", "1e-5", "--accounting", "realised-path",
-      "--answered", "1"], "--accounting realised-path applies to dpargmax only"),
+      "--answered", "1"], "mechanism gnmax does not use --accounting, --answered"),
+    (["gaussian", "--noise-multiplier", "1", "--queries", "5", "--delta", "1e-5", "--sample-rate", "0.1"],
+     "mechanism gaussian does not use --sample-rate"),
+    (["pmixed", "--queries", "5"], "mechanism pmixed needs --delta, --alpha, --beta, --teachers"),
 ])
 def test_hot_pate_missing_flags_are_refused_by_name(capsys, argv, flag):
     assert main(["account", *argv]) == 2
