@@ -239,6 +239,17 @@ def read_manifest(run_dir: Path) -> dict:
     return manifest
 
 
+def run_directories(paths) -> list[Path]:
+    """Run directories named by `paths`: a run directory (it holds manifest.json) stands for itself;
+    another directory for every run directory below it, in sorted order; a path that is neither is
+    kept, so that reading it reports what is wrong with it."""
+    found = []
+    for path in map(Path, paths):
+        below = sorted(m.parent for m in path.rglob(MANIFEST)) if path.is_dir() and not (path / MANIFEST).exists() else []
+        found += below or [path]
+    return found
+
+
 def read_ledger(run_dir: Path) -> dict:
     """ledger.json; TraceError when the run is unfinished (no final record yet) or a file is damaged."""
     run_dir = Path(run_dir)

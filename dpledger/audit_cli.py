@@ -17,7 +17,7 @@ SEVERITY = (1, 2, 3, 0)  # worst first
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("audit", help="audit a run trace (exit 0 PASS, 1 FAIL, 2 unusable, 3 UNVERIFIED)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", nargs="+")
+    parser.add_argument("run_dir", nargs="+", help="run directories, or folders holding runs (each run below is audited)")
     parser.add_argument("--expect-head", help="the chain head published for the run (printed by dpledger decode); "
                         "a run whose final record has another head FAILs")
     parser.add_argument("--teachers-sample", type=int, help="ablate a seeded sample of this many teachers")
@@ -33,6 +33,9 @@ def run(args: argparse.Namespace) -> int:
     from accounting.errors import require
     from audit import audit_run, render_summary
     from audit.audit import EXIT_UNUSABLE
+    from decoding.trace import run_directories
+
+    args.run_dir = [str(d) for d in run_directories(args.run_dir)]
 
     require(args.expect_head is None or len(args.run_dir) == 1,
             f"--expect-head names one run's head, got {len(args.run_dir)} run directories")

@@ -7,15 +7,17 @@ from pathlib import Path
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("report", help="render a privacy report of one or more runs", description=__doc__)
-    parser.add_argument("run_dir", nargs="+")
+    parser.add_argument("run_dir", nargs="+", help="run directories, or folders holding runs (each run below is read)")
     parser.add_argument("--format", default="html", choices=["html", "md", "json", "latex", "csv"])
     parser.add_argument("--out", help="write here (default: print; HTML defaults to report.html in the first run)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from decoding.trace import run_directories
     from reports import load_run, render
 
+    args.run_dir = [str(d) for d in run_directories(args.run_dir)]
     try:
         runs = [load_run(d) for d in args.run_dir]
         text = render(runs, args.format)

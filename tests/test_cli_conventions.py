@@ -45,3 +45,23 @@ def test_embedded_default_trains_the_teacher_kind_the_config_names(kind, monkeyp
     with pytest.raises(RuntimeError, match="stop after"):
         prepare(config, verbose=False)
     assert asked["recipe"].teacher_kind == kind
+
+
+def test_audit_and_report_accept_a_folder_of_runs(micro_models, tmp_path, capsys):
+    from decoding.config import config_from_dict
+    from decoding.run import run_decode
+    from dpledger.cli import main
+    from tests.micro import micro_config
+
+    for name in ("b-voting", "a-public"):
+        mechanism = ({"type": "voting", "votes": "coordinated", "aggregator": "targmax", "threshold": 2}
+                     if name == "b-voting" else {"type": "public"})
+        run_decode(config_from_dict(micro_config(micro_models, tmp_path / "runs" / name, mechanism, queries=8,
+                                                 block_size=8)), progress=False, verbose=False)
+    assert main(["report", str(tmp_path / "runs"), "--format", "csv"]) == 0
+    rows = capsys.readouterr().out
+    assert "Public model" in rows and "Hot PATE TARGMAX_T" in rows
+    assert main(["audit", str(tmp_path / "runs"), "--no-game"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("a-public") < out.index("b-voting")
+    assert main(["report", str(tmp_path / "empty-folder"), "--format", "md"]) == 2
