@@ -1,4 +1,5 @@
-"""Run configuration (TOML), validated before anything is written.
+"""Run configuration (TOML), validated before anything is written. Every key: docs/config.md;
+runnable examples: examples/.
 
     [run]
     out = "runs/adapmixed"      # trace directory
