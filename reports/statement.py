@@ -12,8 +12,7 @@ _MECHANISMS = {
     "ensemble": "The average of the teachers answers directly. This is not private: no guarantee is claimed.",
     "pmixed": ("PMixED (Flemings et al. 2024): each teacher's next-token distribution is projected onto a Renyi ball "
                "around the public model's, the projections are averaged and the token is sampled."),
-    "adapmixed": ("AdaPMixED: a noisy screening test decides whether PMixED answers or the public model does; PMixED's "
-                  "answers are charged their data-dependent privacy loss."),
+    "adapmixed": "AdaPMixED (Flemings et al. 2024, Algorithm 1).",
     "voting": ("Hot PATE voting (Cohen et al. 2023): every teacher casts one vote from its next-token distribution, "
                "the histogram of votes goes to an aggregator, which releases a token or fails (then the public model "
                "answers)."),
@@ -42,13 +41,14 @@ def privacy_statement(run: RunData) -> list[str]:
     orders = manifest["orders"]
     mechanism = _MECHANISMS[kind]
     if kind == "adapmixed":
-        parts = []
-        if params.get("screening", True):
-            parts.append(f"screening with lam={params['lam']:g}, sigma={params['sigma']:g}, T={params['threshold']:g}, "
-                         f"top-{params['top_k']}")
-        parts.append("data-dependent loss (Flemings et al. 2024, Eq. 3)" if params.get("data_dependent", True)
-                     else "Theorem 3.1's data-independent bound")
-        mechanism += f" Here: alpha={params['alpha']:g}, beta={params['beta']:g}, N={manifest['n_teachers']}; " + ", ".join(parts) + "."
+        screened, dependent = params.get("screening", True), params.get("data_dependent", True)
+        answers = ("PMixED's answers are charged their data-dependent loss (Flemings et al. 2024, Eq. 3)" if dependent
+                   else "PMixED's answers are charged Theorem 3.1's data-independent bound")
+        mechanism += ((f" A noisy screening test (lam={params['lam']:g}, sigma={params['sigma']:g}, "
+                       f"T={params['threshold']:g}, top-{params['top_k']}) decides whether PMixED answers or the public "
+                       f"model does; {answers}." if screened else
+                       f" Without a screening step, PMixED answers every query; {answers}.")
+                      + f" Here: alpha={params['alpha']:g}, beta={params['beta']:g}, N={manifest['n_teachers']}.")
     elif kind == "pmixed":
         mechanism += f" Here: alpha={params['alpha']:g}, beta={params['beta']:g}, N={manifest['n_teachers']}"
         if params.get("sample_rate") is not None:

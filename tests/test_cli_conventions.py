@@ -65,3 +65,22 @@ def test_audit_and_report_accept_a_folder_of_runs(micro_models, tmp_path, capsys
     out = capsys.readouterr().out
     assert out.index("a-public") < out.index("b-voting")
     assert main(["report", str(tmp_path / "empty-folder"), "--format", "md"]) == 2
+
+
+@pytest.mark.parametrize("params, says, never", [
+    ({}, ["noisy screening test", "data-dependent loss"], ["Without a screening step", "Theorem 3.1"]),
+    ({"data_dependent": False}, ["noisy screening test", "Theorem 3.1's data-independent bound"], ["data-dependent loss"]),
+    ({"screening": False}, ["Without a screening step", "data-dependent loss"], ["noisy screening test"]),
+])
+def test_adapmixed_statements_describe_each_ablation(params, says, never):
+    """The ablations' statements no longer describe a screen or a charge they do not have."""
+    from reports.run_data import RunData
+    from reports.statement import privacy_statement
+
+    manifest = {"mechanism": {"type": "adapmixed", "params": {"alpha": 18.0, "beta": 0.2, "lam": 1e-4, "sigma": 1e-2,
+                                                             "threshold": 4.5, "top_k": 60, **params}},
+                "orders": [1.5, 2.0], "n_teachers": 8, "relation": "add_or_remove_one", "config": {"deltas": [1e-5]}}
+    ledger = {"epsilon": [{"method": "improved", "delta": 1e-5, "epsilon": 3.0, "order": 2.0}], "steps": 10,
+              "data_dependent": params.get("data_dependent", True), "relation": "add_or_remove_one"}
+    text = privacy_statement(RunData(Path("run"), manifest, ledger, None, []))[0]
+    assert all(s in text for s in says) and not any(s in text for s in never), text
