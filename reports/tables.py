@@ -61,12 +61,17 @@ def comparison_table(runs: list[RunData]) -> pd.DataFrame:
                      "relation": relation_label(run),
                      "perplexity": run.ledger["perplexity"], "answered_by_public": run.ledger["answered_by_public"],
                      "audit": audit_headline(run)})
+        for delta in run.manifest["config"]["deltas"][1:]:  # every requested delta, not only the first
+            entry = next((e for e in run.ledger["epsilon"] if e.get("method") == "improved" and e.get("delta") == delta),
+                         None)
+            rows[-1][f"epsilon at delta={delta:g}"] = None if entry is None else entry["epsilon"]
         if any("voting" in r.ledger for r in runs):  # voting releases point masses: yield and accuracy, not perplexity
             voting = run.ledger.get("voting") or {}
             rows[-1].update({"yield": voting.get("yield"), "token_accuracy": voting.get("token_accuracy")})
     # object dtype keeps a missing value (e.g. no order for epsilon = 0) None: a float column would
     # turn it into NaN, which the renderers refuse
-    return pd.DataFrame(rows, dtype=object)
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # a run without a column shows it missing
+    return pd.DataFrame([{key: row.get(key) for key in columns} for row in rows], dtype=object)
 
 
 def leakage_table(run: RunData) -> pd.DataFrame | None:

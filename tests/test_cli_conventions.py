@@ -84,3 +84,25 @@ def test_adapmixed_statements_describe_each_ablation(params, says, never):
               "data_dependent": params.get("data_dependent", True), "relation": "add_or_remove_one"}
     text = privacy_statement(RunData(Path("run"), manifest, ledger, None, []))[0]
     assert all(s in text for s in says) and not any(s in text for s in never), text
+
+
+def test_the_comparison_table_shows_every_requested_delta(micro_models, tmp_path):
+    from decoding.config import config_from_dict
+    from decoding.run import run_decode
+    from reports import load_run, render
+    from reports.tables import comparison_table
+    from tests.micro import micro_config
+
+    config = micro_config(micro_models, tmp_path / "run", {"type": "pmixed", "alpha": 6.0, "beta": 0.05}, queries=8,
+                          block_size=8, deltas=[1e-5, 1e-6, 1e-8])
+    result = run_decode(config_from_dict(config), progress=False, verbose=False)
+    run = load_run(result.directory)
+    table = comparison_table([run])
+    by_delta = {e["delta"]: e["epsilon"] for e in result.summary["epsilon"] if e["method"] == "improved"}
+    assert table.loc[0, "epsilon"] == by_delta[1e-5]
+    assert table.loc[0, "epsilon at delta=1e-06"] == by_delta[1e-6]
+    assert table.loc[0, "epsilon at delta=1e-08"] == by_delta[1e-8] > by_delta[1e-6]
+    other = run_decode(config_from_dict(micro_config(micro_models, tmp_path / "other", {"type": "public"}, queries=8,
+                                                     block_size=8)), progress=False, verbose=False)
+    for output_format in ("md", "html", "json", "latex"):  # a run without the column shows it missing, never NaN
+        assert "1e-08" in render([run, load_run(other.directory)], output_format)
