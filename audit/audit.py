@@ -91,9 +91,12 @@ class AuditReport:
         parts = [f"{self.verdict} for {claimed}" if claimed else self.verdict]
         if self.verdict == "PASS" and self.verification["charges_recomputed_from"] == "payload" \
                 and not self.verification["cross_checked_with_models"]:
-            parts.append("charges recomputed from the replay payload alone (the run's models were not there to check "
-                         "it against)" + ("" if self.verification["head_anchored"] else
-                                          "; without --expect-head a rewritten payload cannot be ruled out"))
+            models = next((c for c in self.checks if c.name == "models"), None)
+            why = (models.detail if models is not None and models.status is Status.SKIPPED
+                   else "the run's models were not there to check it against")
+            parts.append(f"charges recomputed from the replay payload alone ({why})"
+                         + ("" if self.verification["head_anchored"] else
+                            "; without --expect-head a rewritten payload cannot be ruled out"))
         if self.verdict == "UNVERIFIED":
             parts.append("the charges were not recomputed (" + (self.verification["not_recomputed_because"] or "")
                          .removeprefix("the charges cannot be recomputed: ") + "); only the trace's integrity and "

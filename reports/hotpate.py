@@ -7,11 +7,11 @@ round) and independent. Against the threshold T (as a fraction T/N) we measure
 - coverage: the mean teacher distribution's mass on the transferred support, the tokens that reach
   T votes in at least one round (how much of the teachers' diversity can pass the threshold);
 - support size: the number of those tokens;
-(mechanisms.diversity). Privacy cost at a matched utility: for each scheme, the largest T at which
-the yield still reaches the target; the DP counterpart DPARGMAX (Confident-GNMax, Papernot et al.
-2018) is then calibrated with noise proportional to that threshold, s1 = s2 = T / 4 (so a token
-with T/2 votes passes the screen with probability Phi(-2) = 2.3% under either scheme), and charged
-with released-output accounting for `budget_queries` queries: epsilon at delta. A higher usable T
+(mechanisms.diversity). Privacy cost at a matched utility: the DP counterpart DPARGMAX (Confident-GNMax, Papernot et al.
+2018) with noise proportional to the threshold, s1 = s2 = T / 4 (a token with T/2 votes passes the
+screen with probability Phi(-2) = 2.3% under either scheme); for each scheme, the largest T at which
+DPARGMAX's expected yield (its screen's pass rate on the drawn histograms) still reaches the target,
+charged with released-output accounting for `budget_queries` queries: epsilon at delta. A higher usable T
 buys proportionally more noise, and the RDP cost falls as 1 / T^2.
 """
 from __future__ import annotations
@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import norm
 
 from accounting.conversion import epsilon_from_rdp
 from accounting.errors import require, require_in_open, require_int_at_least
 from accounting.orders import default_orders
-from mechanisms.diversity import DiversityCurve, mean_diversity_curve
+from mechanisms.diversity import DiversityCurve, mean_diversity_curve, query_seed, vote_draws
 from mechanisms.pate import ConfidentGNMax
 
 NOISE_PER_THRESHOLD = 0.25
@@ -68,21 +69,39 @@ class HotPateResult:
                 "matched_utility": self.matched, "seconds": round(self.seconds, 1), "source": self.source}
 
 
-def matched_privacy_cost(curve: DiversityCurve, target_yield: float, budget_queries: int, delta: float) -> dict:
-    """The largest threshold whose yield reaches `target_yield`, and DPARGMAX's epsilon for
-    `budget_queries` queries at it, noise s1 = s2 = NOISE_PER_THRESHOLD * T (module docstring)."""
-    reached = [t for t, y in zip(curve.thresholds, curve.yield_) if y >= target_yield]
+def dpargmax_yields(distributions: np.ndarray, thresholds: tuple, coordinated: bool, samples: int,
+                    seed: int) -> tuple[float, ...]:
+    """DPARGMAX's expected yield at each threshold: the mean over queries and voting rounds of
+    Pr[max count + N(0, s1^2) >= T] = Phi((max count - T) / s1), s1 = NOISE_PER_THRESHOLD * T, on the
+    rounds `mean_diversity_curve` draws (same seeds)."""
+    levels = np.asarray(thresholds, dtype=np.float64)
+    total = np.zeros(levels.size)
+    for index, query in enumerate(distributions):
+        votes = vote_draws(query, coordinated, samples, query_seed(seed, index))
+        counts = np.zeros((votes.shape[0], query.shape[-1]), dtype=np.int64)
+        np.add.at(counts, (np.arange(votes.shape[0])[:, None], votes), 1)
+        maxima = counts.max(axis=1).astype(np.float64)
+        total += norm.cdf((maxima[:, None] - levels[None, :]) / (NOISE_PER_THRESHOLD * levels[None, :])).mean(axis=0)
+    return tuple(float(v) for v in total / len(distributions))
+
+
+def matched_privacy_cost(thresholds: tuple, yields: tuple, teachers: int, target_yield: float, budget_queries: int,
+                         delta: float) -> dict:
+    """The largest threshold at which DPARGMAX's expected yield (`dpargmax_yields`) reaches
+    `target_yield`, the yield reached there, and DPARGMAX's epsilon for `budget_queries` queries,
+    noise s1 = s2 = NOISE_PER_THRESHOLD * T (module docstring)."""
+    reached = [(t, y) for t, y in zip(thresholds, yields) if y >= target_yield]
     if not reached:
-        return {"threshold": None, "epsilon": None, "note": f"no threshold reaches yield {target_yield:g}"}
-    threshold = max(reached)
+        return {"threshold": None, "epsilon": None, "note": f"no threshold reaches DPARGMAX yield {target_yield:g}"}
+    threshold, reached_yield = max(reached)
     noise = NOISE_PER_THRESHOLD * threshold
     mechanism = ConfidentGNMax(threshold, noise, noise)
     with warnings.catch_warnings():  # the edge is recorded below
         warnings.simplefilter("ignore")
         conversion = epsilon_from_rdp(mechanism.rdp_curve(default_orders()).composed(budget_queries), delta)
-    return {"threshold": int(threshold), "threshold_fraction": threshold / curve.teachers,
-            "sigma_threshold": float(noise), "sigma": float(noise), "epsilon": float(conversion.epsilon),
-            "order": conversion.order, "at_grid_edge": conversion.at_grid_edge}
+    return {"threshold": int(threshold), "threshold_fraction": threshold / teachers, "dpargmax_yield": reached_yield,
+            "at_ceiling": threshold >= teachers, "sigma_threshold": float(noise), "sigma": float(noise),
+            "epsilon": float(conversion.epsilon), "order": conversion.order, "at_grid_edge": conversion.at_grid_edge}
 
 
 def teacher_distributions(ensemble, token_ids: np.ndarray, queries: int, context: int = 16) -> np.ndarray:
@@ -116,9 +135,12 @@ def hot_vs_cold(distributions: np.ndarray, samples: int = 200, seed: int = 0, ta
     hot = mean_diversity_curve(distributions, thresholds, True, samples, seed)
     cold = mean_diversity_curve(distributions, thresholds, False, samples, seed)
     matched = {"target_yield": target_yield, "budget_queries": budget_queries, "delta": delta,
-               "calibration": f"DPARGMAX with s1 = s2 = {NOISE_PER_THRESHOLD:g} T, released-output accounting",
-               "hot": matched_privacy_cost(hot, target_yield, budget_queries, delta),
-               "cold": matched_privacy_cost(cold, target_yield, budget_queries, delta)}
+               "calibration": f"DPARGMAX with s1 = s2 = {NOISE_PER_THRESHOLD:g} T, released-output accounting; the "
+                              "yield is DPARGMAX's expected pass rate of its noisy screen",
+               **{name: matched_privacy_cost(thresholds, dpargmax_yields(distributions, thresholds, name == "hot",
+                                                                         samples, seed),
+                                             teachers, target_yield, budget_queries, delta)
+                  for name in ("hot", "cold")}}
     hot_eps, cold_eps = matched["hot"]["epsilon"], matched["cold"]["epsilon"]
     matched["cold_over_hot"] = cold_eps / hot_eps if hot_eps and cold_eps is not None else None
     return HotPateResult(teachers, queries, samples, seed, thresholds, hot, cold, target_yield, budget_queries, delta,
@@ -193,15 +215,20 @@ def hotpate_table(result: HotPateResult):
 
 def _matched_lines(result: HotPateResult) -> list[str]:
     matched = result.matched
-    lines = [f"Privacy cost at matched utility (yield >= {matched['target_yield']:g}; {matched['calibration']}; "
-             f"{matched['budget_queries']} queries, delta = {matched['delta']:g}):"]
+    lines = [f"Privacy cost at a matched utility: the largest T at which DPARGMAX's expected yield is still >= "
+             f"{matched['target_yield']:g} ({matched['calibration']}; {matched['budget_queries']} queries, "
+             f"delta = {matched['delta']:g}):"]
     for name in ("hot", "cold"):
         entry = matched[name]
         lines.append(f"  {name}: " + (entry["note"] if entry["threshold"] is None else
-                                       f"T = {entry['threshold']} (T/N = {entry['threshold_fraction']:.2f}), "
-                                       f"epsilon = {entry['epsilon']:.4g}"))
+                                       f"T = {entry['threshold']} (T/N = {entry['threshold_fraction']:.2f}"
+                                       + (", the ceiling T = N: a larger T is impossible" if entry["at_ceiling"] else "")
+                                       + f"), DPARGMAX yield {entry['dpargmax_yield']:.3f}, epsilon = "
+                                       f"{entry['epsilon']:.4g}" + (" (at the edge of the order grid)"
+                                                                    if entry["at_grid_edge"] else "")))
     if matched["cold_over_hot"] is not None:
-        lines.append(f"  cold costs {matched['cold_over_hot']:.3g}x the epsilon of hot for the same yield")
+        lines.append(f"  cold costs {matched['cold_over_hot']:.3g}x the epsilon of hot, each at a yield of at least "
+                     f"{matched['target_yield']:g}")
     return lines
 
 

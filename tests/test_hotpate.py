@@ -7,8 +7,8 @@ import pytest
 
 from mechanisms.diversity import mean_diversity_curve
 from mechanisms.pate import ConfidentGNMax
-from reports.hotpate import (NOISE_PER_THRESHOLD, hot_vs_cold, hotpate_html, hotpate_markdown, matched_privacy_cost,
-                             teacher_distributions, write_hotpate)
+from reports.hotpate import (NOISE_PER_THRESHOLD, dpargmax_yields, hot_vs_cold, hotpate_html, hotpate_markdown,
+                             matched_privacy_cost, teacher_distributions, write_hotpate)
 from tests.micro import MICRO_CORPUS
 
 
@@ -48,18 +48,30 @@ def test_hot_vs_cold_on_in_context_teachers(micro_icl_distributions, tmp_path):
 
 
 def test_matched_cost_is_confident_gnmax_at_the_largest_threshold_reaching_the_yield(micro_icl_distributions):
+    """The threshold is the largest whose DPARGMAX yield (its noisy screen's pass rate, recomputed
+    here from the votes) reaches the target, and the cost is Confident-GNMax's at it."""
+    from scipy.stats import norm
+
     from accounting.conversion import epsilon_from_rdp
     from accounting.orders import default_orders
+    from mechanisms.diversity import query_seed, vote_draws
 
-    curve = mean_diversity_curve(micro_icl_distributions, (2, 4, 8, 12, 16), False, 40, 0)
-    target = 0.5
-    reached = [t for t, y in zip(curve.thresholds, curve.yield_) if y >= target]
-    entry = matched_privacy_cost(curve, target, 500, 1e-6)
+    thresholds, target = (2, 4, 8, 12, 16), 0.5
+    yields = dpargmax_yields(micro_icl_distributions, thresholds, False, 40, 0)
+    maxima = np.concatenate([np.bincount(row, minlength=query.shape[-1]).max(keepdims=True)
+                             for index, query in enumerate(micro_icl_distributions)
+                             for row in vote_draws(query, False, 40, query_seed(0, index))])
+    for threshold, value in zip(thresholds, yields):
+        expected = norm.cdf((maxima - threshold) / (NOISE_PER_THRESHOLD * threshold)).mean()
+        assert math.isclose(value, expected, rel_tol=1e-12)
+    entry = matched_privacy_cost(thresholds, yields, 16, target, 500, 1e-6)
+    reached = [t for t, y in zip(thresholds, yields) if y >= target]
     if not reached:
         assert entry["threshold"] is None and entry["epsilon"] is None
         return
     threshold = max(reached)
     assert entry["threshold"] == threshold and entry["sigma"] == NOISE_PER_THRESHOLD * threshold
+    assert entry["dpargmax_yield"] >= target and entry["at_ceiling"] == (threshold == 16)
     expected = epsilon_from_rdp(ConfidentGNMax(threshold, entry["sigma"], entry["sigma"]).rdp_curve(default_orders())
                                 .composed(500), 1e-6).epsilon
     assert math.isclose(entry["epsilon"], expected, rel_tol=1e-12)
@@ -70,9 +82,11 @@ def test_a_higher_usable_threshold_costs_less():
     out, so at a matched yield hot runs at a larger T and pays a smaller epsilon."""
     teachers = np.full((4, 32, 8), 1 / 8)
     result = hot_vs_cold(teachers, samples=50)
-    assert result.matched["hot"]["threshold"] == 32
-    assert result.matched["cold"]["threshold"] < 16
+    hot, cold = result.matched["hot"], result.matched["cold"]
+    assert hot["threshold"] == 32 and hot["at_ceiling"] and hot["dpargmax_yield"] >= 0.5
+    assert cold["threshold"] < 16 and cold["dpargmax_yield"] >= 0.5
     assert result.matched["cold_over_hot"] > 4
+    assert "each at a yield of at least 0.5" in hotpate_markdown(result)
     assert result.hot_coverage_higher_from_quarter
 
 
