@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from accounting.curve import RdpCurve, require_curve
-from accounting.errors import require, require_in_open, require_non_negative
+from accounting.errors import require, require_in_open, require_member, require_non_negative
 from accounting.relation import DivergenceDirection, NeighbouringRelation
 from accounting.rounding import ROUNDING_ULPS
 
@@ -108,12 +108,7 @@ def _warn_if_edge(at_edge: bool, order: float | None, curve: RdpCurve) -> None:
 
 def conversion_method(method: ConversionMethod | str) -> ConversionMethod:
     """The method named by `method`; ValueError listing the names for anything else."""
-    if isinstance(method, ConversionMethod):
-        return method
-    try:
-        return ConversionMethod(method)
-    except ValueError:
-        raise ValueError(f"method must be one of {[m.value for m in ConversionMethod]}, got {method!r}") from None
+    return require_member(ConversionMethod, "method", method)
 
 
 def epsilon_from_rdp(curve: RdpCurve, delta: float,

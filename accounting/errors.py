@@ -13,6 +13,16 @@ def require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def require_member(kind, name: str, value):
+    """The member of enum `kind` that `value` is or names; ValueError listing the names otherwise."""
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{name} must be one of {[member.value for member in kind]}, got {value!r}") from None
+
+
 def require_finite(name: str, value: Any) -> float:
     """Return value as float, or raise naming it when it is NaN, inf or not a number (a string
     such as "1e-5" is not a number here: it would hide a caller's parsing bug)."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 
+from accounting.errors import require_member
+
 
 class NeighbouringRelation(enum.Enum):
     """Which pairs of ensembles a bound covers: the moves that turn the actual ensemble D into a neighbour D'.
@@ -79,13 +81,7 @@ _MOVES = {
 def neighbouring_relation(value) -> NeighbouringRelation:
     """The relation named by `value` (an enum member or its value, e.g. "remove_one"); ValueError
     listing the names for anything else."""
-    if isinstance(value, NeighbouringRelation):
-        return value
-    try:
-        return NeighbouringRelation(value)
-    except ValueError:
-        raise ValueError(f"neighbouring relation must be one of {[r.value for r in NeighbouringRelation]}, "
-                         f"got {value!r}") from None
+    return require_member(NeighbouringRelation, "neighbouring relation", value)
 
 
 class DivergenceDirection(enum.Enum):

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from scipy.special import log_ndtr, logsumexp
 
-from accounting.errors import require, require_bool, require_int_at_least, require_positive
+from accounting.errors import require, require_bool, require_int_at_least, require_member, require_positive
 from accounting.relation import DivergenceDirection, NeighbouringRelation
 from mechanisms.base import Mechanism, require_relation, set_validated
 from mechanisms.hot_pate import DPWeightedSampler, ThresholdWeightedSampler, require_finite_at_least_one
@@ -57,15 +57,6 @@ class Aggregator(enum.Enum):
     @property
     def differentially_private(self) -> bool:
         return self in (Aggregator.DPARGMAX, Aggregator.DPWS)
-
-
-def _enum(kind, name: str, value):
-    if isinstance(value, kind):
-        return value
-    try:
-        return kind(value)
-    except ValueError:
-        raise ValueError(f"{name} must be one of {[k.value for k in kind]}, got {value!r}") from None
 
 
 def votes_from_seeds(teachers: torch.Tensor, seeds: Sequence[int], coordination: VoteCoordination) -> np.ndarray:
@@ -174,8 +165,8 @@ class VotingMechanism(Mechanism):
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
 
     def __post_init__(self) -> None:
-        coordination = _enum(VoteCoordination, "votes", self.coordination)
-        aggregator = _enum(Aggregator, "aggregator", self.aggregator)
+        coordination = require_member(VoteCoordination, "votes", self.coordination)
+        aggregator = require_member(Aggregator, "aggregator", self.aggregator)
         teachers = require_int_at_least("teachers", self.teachers, 1)
         threshold = require_positive("threshold", self.threshold)
         if aggregator in (Aggregator.TARGMAX, Aggregator.TWS):
