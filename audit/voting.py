@@ -257,9 +257,11 @@ def check_voting_ablation(trace: LoadedTrace) -> CheckResult:
     if result["released_removed"] is not None:
         evidence["released_output_epsilon"] = max(_epsilon(v, orders, delta)[0] for v in result["released_removed"])
     no_dp = math.isinf(claimed)
+    bound_only = (" (DPWS: measured on the Gaussian noisy histogram, the same formula as the charge; this checks the "
+                  "charge's arithmetic, not the released law)" if trace.params["aggregator"] == "dpws" else "")
     summary = (f"teacher {leakiest} leaks most when removed ({per_teacher[leakiest]:.4g}); "
                + "; ".join(f"{e['relation']}{'' if e['claimed'] else ' (not claimed)'}: {e['empirical_epsilon']:.4g}"
-                           for e in relations.values()))
+                           for e in relations.values()) + bound_only)
     return verdict("neighbour_ablation", not exceeded,
                    (f"no DP claim (epsilon +inf: threshold privacy only); measured {summary}" if no_dp else
                     f"{claimed_relation.label} (claimed): every neighbour's empirical epsilon <= claimed {claimed:.4g}; "

@@ -75,6 +75,11 @@ def test_matched_cost_is_confident_gnmax_at_the_largest_threshold_reaching_the_y
     expected = epsilon_from_rdp(ConfidentGNMax(threshold, entry["sigma"], entry["sigma"]).rdp_curve(default_orders())
                                 .composed(500), 1e-6).epsilon
     assert math.isclose(entry["epsilon"], expected, rel_tol=1e-12)
+    from tests.test_cli_account import gaussian_reference  # the same cost from dp-accounting
+
+    noise = entry["sigma"]
+    assert entry["epsilon"] == pytest.approx(gaussian_reference([(noise, 500), (noise / math.sqrt(2.0), 500)], 1e-6),
+                                             rel=1e-9)
 
 
 def test_a_higher_usable_threshold_costs_less():

@@ -103,6 +103,14 @@ def test_dpargmax_charges_screen_every_step_and_the_answer_by_accounting(micro_m
             np.testing.assert_allclose(record["rdp_confident_gnmax_screen"], mechanism.screen_rdp(orders))
             answered = record["screen_passed"] or accounting == "released-output"
             np.testing.assert_allclose(record["rdp_gnmax"], mechanism.answer_rdp(orders) if answered else 0.0)
+    # the released-output total against dp-accounting: Q screens (Gaussian, multiplier s1, sensitivity 1)
+    # and Q answers (multiplier s2 / sqrt(2), sensitivity sqrt(2))
+    from tests.test_cli_account import gaussian_reference
+
+    released = json.loads((tmp_path / "released-output" / trace.LEDGER).read_text())
+    epsilon = next(e["epsilon"] for e in released["epsilon"] if e["method"] == "improved" and e["delta"] == 1e-5)
+    reference = gaussian_reference([(1.0, released["steps"]), (1.0 / math.sqrt(2.0), released["steps"])], 1e-5)
+    assert epsilon == pytest.approx(reference, rel=1e-9)
 
 
 def test_realised_path_dpargmax_is_labelled_ex_post_and_audited_like_with_like(micro_models, tmp_path):
