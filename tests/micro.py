@@ -61,3 +61,33 @@ def write_toml(path: Path, config: dict) -> Path:
         lines.append("")
     path.write_text("\n".join(lines))
     return path
+
+
+def kill_and_resume(reference_cfg: dict, tmp_path: Path, chunk: int = 3):
+    """Decode `reference_cfg` in a subprocess into tmp_path/killed, SIGKILL it once chunk `chunk` is
+    committed, then resume it; returns (the resumed CompletedProcess, the killed run's directory, the
+    records committed before the resume)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from decoding import trace
+
+    repo = Path(__file__).resolve().parents[1]
+    killed = tmp_path / "killed"
+    config = write_toml(tmp_path / "killed.toml", {**reference_cfg, "run": {**reference_cfg["run"], "out": str(killed)}})
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "dpledger", "decode", str(config), "--no-progress"]
+    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not trace.chunk_path(killed, chunk).exists():
+        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        assert time.time() < deadline, f"the run never committed chunk {chunk}"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed / trace.LEDGER).exists(), "the run finished before it could be killed"
+    committed = len(trace.read_records(killed))
+    return subprocess.run(command + ["--resume"], env=env, cwd=tmp_path, capture_output=True, text=True), killed, committed

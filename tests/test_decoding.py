@@ -1,10 +1,6 @@
 """Decoding runs: model loading, batched forward, traces, resume after a kill, hash chain, bad configs."""
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +14,9 @@ from decoding.config import config_from_dict
 from decoding.ensemble import Ensemble, load_causal_lm
 from decoding.run import run_decode
 from mechanisms import NoisyScreening, PMixED, data_dependent_pmixed_curve
-from tests.micro import micro_config, write_toml
+from tests.micro import kill_and_resume, micro_config
 
 ADAPMIXED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.2, "lam": 0.05, "sigma": 0.01, "threshold": 0.3, "top_k": 20}
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_batched_forward_matches_transformers_per_model(micro_models):
@@ -125,22 +120,8 @@ def test_killed_run_resumes_to_the_same_ledger_as_an_uninterrupted_run(micro_mod
     reference_cfg = micro_config(micro_models, tmp_path / "reference", mechanism, queries=1500, block_size=10,
                                  replay_payload=False)
     reference = run_decode(config_from_dict(reference_cfg), progress=False, verbose=False)
-    killed_cfg = write_toml(tmp_path / "killed.toml", {**reference_cfg, "run": {**reference_cfg["run"],
-                                                                                 "out": str(tmp_path / "killed")}})
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "dpledger", "decode", str(killed_cfg), "--no-progress"]
-    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while not trace.chunk_path(tmp_path / "killed", 3).exists():
-        assert process.poll() is None, process.stderr.read().decode()[-2000:]
-        assert time.time() < deadline, "the run never committed its fourth chunk"
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (tmp_path / "killed" / trace.LEDGER).exists(), "the run finished before it could be killed"
-    committed = len(trace.read_records(tmp_path / "killed"))
+    resumed, killed, committed = kill_and_resume(reference_cfg, tmp_path)
     assert 0 < committed < 1500
-    resumed = subprocess.run(command + ["--resume"], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     killed_ledger = json.loads((tmp_path / "killed" / trace.LEDGER).read_text())
     assert killed_ledger["ledger"] == reference.summary["ledger"]

@@ -1,11 +1,6 @@
 """Hot PATE voting runs end to end: decode, trace, ledger, audit (incl. a planted fault), resume."""
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +15,8 @@ from mechanisms import ConfidentGNMax, GNMax
 from mechanisms.randomness import vote_seed
 from mechanisms.voting import (Aggregator, VoteCoordination, VotingMechanism, gnmax_log_output_law,
                                renyi_divergence_of_log_laws)
-from tests.micro import micro_config, write_toml
+from tests.micro import kill_and_resume, micro_config
 
-REPO = Path(__file__).resolve().parents[1]
 AGGREGATORS = {
     "targmax": {"threshold": 2},
     "tws": {"threshold": 2, "gamma": 1.5},
@@ -160,20 +154,8 @@ def test_killed_voting_run_resumes_to_the_identical_ledger(micro_models, tmp_pat
     reference_cfg = micro_config(micro_models, tmp_path / "reference", mechanism, queries=600, block_size=8,
                                  replay_payload=False)
     reference = run_decode(config_from_dict(reference_cfg), progress=False, verbose=False)
-    killed_cfg = write_toml(tmp_path / "killed.toml", {**reference_cfg, "run": {**reference_cfg["run"],
-                                                                                 "out": str(tmp_path / "killed")}})
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "dpledger", "decode", str(killed_cfg), "--no-progress"]
-    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while not trace.chunk_path(tmp_path / "killed", 3).exists():
-        assert process.poll() is None, process.stderr.read().decode()[-2000:]
-        assert time.time() < deadline, "the run never committed its fourth chunk"
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (tmp_path / "killed" / trace.LEDGER).exists(), "the run finished before it could be killed"
-    resumed = subprocess.run(command + ["--resume"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    resumed, killed, committed = kill_and_resume(reference_cfg, tmp_path)
+    assert 0 < committed < 600
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     killed_ledger = json.loads((tmp_path / "killed" / trace.LEDGER).read_text())
     for key in ("ledger", "epsilon", "voting", "breakdown"):
