@@ -1,7 +1,6 @@
 """Decoding runs: model loading, batched forward, traces, resume after a kill, hash chain, bad configs."""
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
