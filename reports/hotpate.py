@@ -160,6 +160,9 @@ def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed:
     queries = require_int_at_least("queries", queries, 1)
     require_int_at_least("samples", samples, 2)
     require_in_open("target_yield", target_yield, 0.0, 1.0)
+    require_int_at_least("budget_queries", budget_queries, 1)  # refused before the teachers run, not after
+    require_in_open("delta", delta, 0.0, 1.0)
+    require_int_at_least("seed", seed, 0)
     set_single_thread()
     started = time.time()
     embedded = embedded_icl_default(teachers, verbose=verbose)

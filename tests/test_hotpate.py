@@ -99,6 +99,8 @@ def test_a_higher_usable_threshold_costs_less():
     (["--teachers", "1"], "teachers must be an integer >= 2, got 1"),
     (["--target-yield", "1.5"], "target_yield must be in (0, 1), got 1.5"),
     (["--samples", "1"], "samples must be an integer >= 2, got 1"),
+    (["--delta", "2"], "delta must be in (0, 1), got 2"),
+    (["--budget-queries", "0"], "budget_queries must be an integer >= 1, got 0"),
 ])
 def test_hotpate_cli_refuses_bad_input_with_one_line(flags, message, tmp_path, capsys):
     from dpledger.cli import main
