@@ -2,7 +2,6 @@
 (epsilon, delta) conversion, and every step recomputed from the exact-replay payload."""
 from __future__ import annotations
 
-import json
 import math
 import warnings
 
@@ -15,7 +14,7 @@ from accounting.conversion import ConversionMethod, epsilon_from_rdp
 from audit.checks import CheckResult, failed, passed, skipped, verdict
 from audit.loader import LoadedTrace
 from decoding.run import replay_steps
-from decoding.trace import json_bytes, read_chunk
+from decoding.trace import json_bytes, loads_json, read_chunk
 
 RTOL = 1e-9
 """Relative tolerance for recomputed floats: the same float64 code on the same inputs agrees to
@@ -76,7 +75,7 @@ def check_ledger_recompute(trace: LoadedTrace) -> CheckResult:
     if trace.totals is None:
         return skipped("ledger_recompute", "the records do not fit the manifest (see records), so ledger.json "
                        "cannot be recomputed from them")
-    recomputed = json.loads(json_bytes(trace.totals.summary()))
+    recomputed = loads_json(json_bytes(trace.totals.summary()).decode())
     mismatched = _differences(recomputed, trace.ledger)
     return verdict("ledger_recompute", not mismatched,
                    f"every field of ledger.json equals its recomputation from the {trace.steps} per-step records "

@@ -6,7 +6,6 @@ correct run's files the way a buggy accountant would have written them.
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 import warnings
 from dataclasses import dataclass, replace
@@ -155,7 +154,7 @@ def faulty_runner(runner: Runner, fault: str) -> Runner:
 def _rewrite_ledger(run_dir: Path, edit: Callable[[dict, list[dict], dict], None]) -> None:
     manifest = trace.read_manifest(run_dir)
     records = trace.read_records(run_dir)
-    summary = json.loads((run_dir / trace.LEDGER).read_text())
+    summary = trace.read_ledger(run_dir)
     edit(summary, records, manifest)
     trace.atomic_write_json(run_dir / trace.LEDGER, summary)
 

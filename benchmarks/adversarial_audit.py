@@ -238,7 +238,9 @@ def short(result: dict) -> str:
 # ==================================================================================================
 
 def read_json(path: Path):
-    return json.loads(Path(path).read_text())
+    from decoding import trace
+
+    return trace.loads_json(Path(path).read_text())
 
 
 def write_json(path: Path, value) -> None:

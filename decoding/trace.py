@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from accounting.errors import require
+from accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
@@ -78,7 +79,9 @@ def atomic_write_json(path: Path, payload: dict) -> None:
 
 
 def json_bytes(payload: dict) -> bytes:
-    return (json.dumps(payload, indent=2, sort_keys=True, default=_json_default) + "\n").encode()
+    """Strict JSON bytes of `payload`, sorted keys; non-finite floats become null, listed under
+    NULLS with the reason (accounting.strict_json)."""
+    return (strict_json_text(payload, default=_json_default) + "\n").encode()
 
 
 def _json_default(value):
@@ -215,9 +218,11 @@ def read_json_file(path: Path, what: str) -> dict:
     except OSError as error:
         raise TraceError(f"{path}: cannot be read ({error.strerror or error})") from None
     try:
-        value = json.loads(text)
+        value = loads_json(text, str(path))
     except json.JSONDecodeError as error:
         raise TraceError(f"{path}: not valid JSON ({error})") from None
+    except ValueError as error:  # a `nulls` map that does not fit the file
+        raise TraceError(str(error)) from None
     if not isinstance(value, dict):
         raise TraceError(f"{path}: must hold a JSON object, got {type(value).__name__}")
     return value

@@ -8,7 +8,6 @@ FAIL, unusable, UNVERIFIED, PASS.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 SEVERITY = (1, 2, 3, 0)  # worst first
@@ -33,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from accounting.errors import require
     from audit import audit_run, render_summary
     from audit.audit import EXIT_UNUSABLE
-    from decoding.trace import run_directories
+    from decoding.trace import json_bytes, run_directories
 
     args.run_dir = [str(d) for d in run_directories(args.run_dir)]
 
@@ -52,6 +51,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"dpledger audit: error: {' '.join(str(error).split())}", file=sys.stderr)
             statuses.append(EXIT_UNUSABLE)
             continue
-        print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else render_summary(report))
+        print(json_bytes(report.to_dict()).decode().rstrip() if args.json else render_summary(report))
         statuses.append(report.exit_code)
     return min(statuses, key=SEVERITY.index)

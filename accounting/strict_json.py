@@ -1,0 +1,80 @@
+"""Strict JSON (RFC 8259) for every file and --json output dpledger writes.
+
+JSON has no Infinity or NaN, and dpledger's numbers use +inf for "no guarantee". A non-finite
+float is written as null, and its JSON Pointer (RFC 6901) is listed in the object's top-level
+`nulls` map with the reason ("+inf: no guarantee (an unbounded privacy loss)"), so any strict
+parser reads the file and `loads_json` restores the exact value.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from accounting.errors import require
+
+NULLS = "nulls"
+_NON_FINITE_REASONS = {"+inf": "+inf: no guarantee (an unbounded privacy loss)", "-inf": "-inf", "nan": "NaN: undefined"}
+
+
+def _pointer_token(key) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def _nulled(value, pointer: str, nulls: dict):
+    """value with every non-finite float replaced by None, each recorded in `nulls` by pointer."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {key: _nulled(item, f"{pointer}/{_pointer_token(key)}", nulls) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nulled(item, f"{pointer}/{index}", nulls) for index, item in enumerate(value)]
+    if isinstance(value, (float, np.floating)) and not np.isfinite(value):
+        nulls[pointer] = _NON_FINITE_REASONS["nan" if np.isnan(value) else "+inf" if value > 0 else "-inf"]
+        return None
+    return value
+
+
+def _unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def _restored(value: dict, nulls: dict, where: str) -> dict:
+    """`value` with the non-finite floats its NULLS map names put back (the inverse of strict_json_text)."""
+    values = {reason: number for reason, number in
+              zip(_NON_FINITE_REASONS.values(), (float("inf"), float("-inf"), float("nan")))}
+    for pointer, reason in nulls.items():
+        tokens = [_unescape(token) for token in str(pointer).split("/")[1:]]
+        require(bool(tokens) and reason in values, f"{where}: bad {NULLS} entry {pointer!r}: {reason!r}")
+        parent = value
+        try:
+            for token in tokens[:-1]:
+                parent = parent[int(token)] if isinstance(parent, list) else parent[token]
+            last = int(tokens[-1]) if isinstance(parent, list) else tokens[-1]
+            current = parent[last]
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise ValueError(f"{where}: {NULLS} names {pointer!r}, which is not in the file") from None
+        require(current is None, f"{where}: {NULLS} names {pointer!r}, which is not null")
+        parent[last] = values[reason]
+    return value
+
+
+def loads_json(text: str, where: str = "JSON text"):
+    """A value parsed from `text`, non-finite floats restored from its NULLS map (strict_json_text's
+    inverse). Files written before strict JSON (with Infinity literals) read the same."""
+    value = json.loads(text)
+    if isinstance(value, dict) and isinstance(value.get(NULLS), dict):
+        value = _restored(value, value.pop(NULLS), where)
+    return value
+
+
+def strict_json_text(payload: dict, default=None, sort_keys: bool = True, indent: int | None = 2) -> str:
+    """Strict JSON text of `payload`: non-finite floats become null, each listed under NULLS with
+    its reason; `default` serialises other types as in json.dumps."""
+    require(isinstance(payload, dict), f"a JSON payload must be a dict, got {type(payload).__name__}")
+    require(NULLS not in payload, f"a JSON payload may not use the reserved key {NULLS!r}")
+    nulls: dict[str, str] = {}
+    body = _nulled(payload, "", nulls)
+    if nulls:
+        body[NULLS] = nulls
+    return json.dumps(body, indent=indent, sort_keys=sort_keys, default=default, allow_nan=False)
