@@ -1,6 +1,6 @@
-"""Pitfall lint: the configuration and trace checked against known pitfalls of public
-implementations (docs/soundness.md), each reported as applies / does not apply with the reason and
-a severity."""
+"""Pitfall lint: the configuration and trace checked against the known pitfalls of public
+implementations, numbered as in docs/pitfalls.md, each reported as applies / does not apply with
+the reason and a severity."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,10 +10,8 @@ import numpy as np
 from audit.loader import LoadedTrace
 from decoding.run import component_relations
 from mechanisms.pmixed import SubsamplingVariant
+from mechanisms.screening import BLIND_SCREEN_RATIO
 
-BLIND_SCREEN_RATIO = 1e-2
-"""lam / (N sigma) below this: the signal the screen sees moves its statistic far less than the
-noise does, so its decisions are (almost) independent of the private data (pitfall 7)."""
 
 
 GUESSABLE_SEED = 2 ** 40

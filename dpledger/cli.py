@@ -8,6 +8,7 @@ import sys
 from importlib.metadata import version
 
 from dpledger import account_cli, audit_cli, decode_cli, demo_cli, hotpate_cli, report_cli, sweep_cli
+from dpledger import verify_cli
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 4
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_cli.add_parser(subparsers)
     hotpate_cli.add_parser(subparsers)
     demo_cli.add_parser(subparsers)
+    verify_cli.add_parser(subparsers)
     return parser
 
 

@@ -238,6 +238,15 @@ class SubsamplingVariant(enum.Enum):
     def soundness(self) -> str:
         return _VARIANT_SOUNDNESS[self]
 
+    @property
+    def proven(self) -> bool:
+        """True when the variant's bound is proven for the mechanism it accounts: only all-orders-ball
+        (Theorem 3.1 holds at every order with the all-orders ball; Zhu & Wang 2019, Theorem 9). The
+        others let the realised size choose the bound, charge a ball that is not enforced, need the
+        tight form's extra condition (Zhu & Wang 2019, Theorem 5), or rest on Theorem 3.1 at the
+        projection order, which is as claimed (Flemings et al. 2024, Theorem 3.1; docs/soundness.md)."""
+        return self is SubsamplingVariant.ALL_ORDERS_BALL
+
 
 _VARIANT_SOUNDNESS = {
     SubsamplingVariant.REALISED_SIZE: (

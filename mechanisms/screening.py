@@ -20,6 +20,12 @@ class ScreeningOutcome:
     passed: bool
 
 
+BLIND_SCREEN_RATIO = 1e-2
+"""lam / (N sigma) below this: the ensemble moves the screened statistic far less than the noise
+does, so the screen's decisions are (almost) independent of the private data; the trace lint and
+`dpledger verify` both flag it."""
+
+
 @dataclass(frozen=True)
 class NoisyScreening(Mechanism):
     """Gaussian screening of the lam-mixed ensemble mean on the public model's top-k tokens.

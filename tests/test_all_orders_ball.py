@@ -5,7 +5,7 @@ pbar_i = lambda_i p_i + (1 - lambda_i) p0 (enforced through the finite grid of
 mechanisms.pmixed.all_orders_ball_constraints), which is the hypothesis under which Theorem 3.1
 (Flemings et al. 2024) bounds the data-dependent loss max_i D<->_k(p, p_{-i}) (AdaPMixED, Eq. 3) at
 every order. The paper's projection (Ball.PROJECTION_ORDER) enforces the ball at one order only,
-and an input with extreme tails (the SPEC example below) shows its data-dependent loss far above
+and an input with extreme tails (the counterexample in docs/soundness.md) shows its data-dependent loss far above
 Theorem 3.1.
 
 Every divergence the verdicts rest on is recomputed here in mpmath at DPS digits from the
@@ -217,7 +217,7 @@ def _point_mass(rng, vocab: int, near: bool) -> np.ndarray:
 
 
 def _spec_like(rng, teachers: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """The SPEC example's shape: a public model with one head token and tails 10^-U(9, 14); N - 1
+    """The docs/soundness.md counterexample's shape: a public model with one head token and tails 10^-U(9, 14); N - 1
     teachers with the same head and even tinier tails (each 10^-U(2, 5) below the public's); one
     teacher spread over the vocabulary (Dirichlet(0.7)); teachers in random order. Removing the
     spread teacher leaves an ensemble with almost no mass on the tail tokens, where the paper's
@@ -244,7 +244,7 @@ def _ensemble(rng, teachers: int, vocab: int, kind: str, batch: tuple = (),
           noise of scale U(0.02, 3) (a fine-tuned model) or independent logits;
     "tails": "lm" with extreme tails (10^-15 .. 10^-300) on random entries of every law;
     "point": "lm" with some teachers (or the public model) exact or near point masses;
-    "spec": the SPEC example's shape (_spec_like);
+    "spec": the counterexample's shape (_spec_like);
     "dinf": "lm" teachers close to the public model, except on a few tokens where the public model
           has 10^-U(200, 300) and each teacher that times exp(+-U(0.8, 1.6) beta k_max): aimed at the
           D_inf constraint, which binds there before the grid's orders do."""
@@ -369,7 +369,7 @@ def test_all_orders_ball_holds_at_every_order_slow():
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. The SPEC counterexample
+# 2. The counterexample of docs/soundness.md
 # ---------------------------------------------------------------------------------------------
 
 def _spec_input():
@@ -392,7 +392,7 @@ def test_spec_counterexample_projection_order_exceeds_theorem_3_1_and_all_orders
         lambdas = projection.mixing_weights(teachers, public)
         package_loss = float(data_dependent_pmixed_values(teachers, public, lambdas, [alpha])[0])
         oracle_loss = _leave_one_out_loss(teachers, public, lambdas, [alpha])[0]
-        print(f"\nSPEC, projection-order ball: lambdas {lambdas.tolist()}, loss at order 2 {package_loss:.6g} "
+        print(f"\ncounterexample, projection-order ball: lambdas {lambdas.tolist()}, loss at order 2 {package_loss:.6g} "
               f"(mpmath {mpmath.nstr(oracle_loss, 8)}) vs Theorem 3.1 {mpmath.nstr(theorem_at_2, 6)}")
         assert 4.1 < package_loss < 4.25 and 4.1 < oracle_loss < 4.25
         assert oracle_loss > 100 * theorem_at_2
@@ -413,7 +413,7 @@ def test_spec_counterexample_projection_order_exceeds_theorem_3_1_and_all_orders
             assert _within(loss, theorem), (order, loss, theorem)
             assert float(theorem) == pytest.approx(float(claimed_value), rel=1e-9)
             assert package_value >= float(loss) * (1 - 1e-9) - 1e-13, (order, package_value, loss)
-        print(f"SPEC, all-orders ball: lambdas {lambdas.tolist()}, largest loss/Theorem 3.1 over "
+        print(f"counterexample, all-orders ball: lambdas {lambdas.tolist()}, largest loss/Theorem 3.1 over "
               f"{len(orders)} orders {max(float(l / oracle_theorem_3_1(float(k), beta, 2)) for k, l in zip(orders, oracle_losses)):.3g}")
 
 
@@ -524,7 +524,7 @@ def check_lm_like_ensembles_never_exceed_theorem_3_1_with_the_all_orders_ball(co
 
 def check_extreme_tail_family_exceeds_only_with_the_projection_order_ball(count: int, seed: int):
     counts, oracle, failures = _count_exceedances(count, seed, ("spec",), batch=10, oracle_every=2)
-    _report(f"SPEC-like extreme-tail ensembles ({count})", counts, oracle)
+    _report(f"counterexample-like extreme-tail ensembles ({count})", counts, oracle)
     assert not failures, "\n".join(failures[:5])
     assert counts[Ball.ALL_ORDERS]["pairs"] == 0 and oracle["exceedances"] == 0
     # the family is adversarial for the paper's projection: it does exceed Theorem 3.1, and the

@@ -1,5 +1,6 @@
 """Command-line conventions: --version, a closed pipe, missing keys named at once."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,28 @@ def test_the_comparison_table_shows_every_requested_delta(micro_models, tmp_path
                                                      block_size=8)), progress=False, verbose=False)
     for output_format in ("md", "html", "json", "latex"):  # a run without the column shows it missing, never NaN
         assert "1e-08" in render([run, load_run(other.directory)], output_format)
+
+
+SHIPPED_TEXT = [*REPO.glob("*.md"), *(REPO / "docs").glob("*.md"), *(REPO / "examples").rglob("*.toml"),
+                *(p for package in ("accounting", "mechanisms", "decoding", "audit", "reports", "dpledger")
+                  for p in (REPO / package).glob("*.py"))]
+
+
+@pytest.mark.parametrize("pattern", [r"\bSPEC\b", r"SPEC\.md", r"\bseeds?/", r"\bseed (Eq|Theorem|section)",
+                                     r"notes_feasibility", r"\.\./shared"])
+def test_shipped_text_cites_no_file_that_does_not_ship(pattern):
+    hits = [f"{path}:{number}" for path in SHIPPED_TEXT
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            if re.search(pattern, line)]
+    assert not hits, f"{pattern!r} in {hits[:10]}"
+
+
+def test_every_pitfall_number_cited_is_a_section_of_docs_pitfalls_and_matches_the_lint():
+    from audit import lint
+
+    sections = dict(re.findall(r"^## (\d+)\. (.+)$", (REPO / "docs" / "pitfalls.md").read_text(), re.M))
+    titles = dict(re.findall(r"Finding\((\d+), \"([^\"]+)\"", Path(lint.__file__).read_text()))
+    assert sections == titles, "docs/pitfalls.md and audit/lint.py must number and name the same pitfalls"
+    for path in SHIPPED_TEXT:
+        for number in re.findall(r"[Pp]itfalls? (\d+)", path.read_text(encoding="utf-8")):
+            assert number in sections, f"{path} cites pitfall {number}, which docs/pitfalls.md does not have"

@@ -89,7 +89,7 @@ def test_table_2a_pmixed_realised_size_and_sound_variants():
     sound = epsilon_from_rdp(subsampled_pmixed_curve(pmixed, 0.03, "worst-case-size-general", 9728), 1e-5)
     tight_worst = epsilon_from_rdp(subsampled_pmixed_curve(pmixed, 0.03, "worst-case-size", 9728), 1e-5)
     assert sound.epsilon > tight_worst.epsilon > max(realised)
-    # At the projection order alone the sound variants give SPEC's ~6.0 and ~8.7.
+    # At the projection order alone the sound variants give ~6.0 and ~8.7.
     at_six = lambda v: (subsampled_pmixed_curve(pmixed, 0.03, v, 9728).value_at(6)
                         + math.log(5 / 6) - (math.log(1e-5) + math.log(6)) / 5)
     assert at_six("worst-case-size") == pytest.approx(6.0, abs=0.05)

@@ -1,0 +1,764 @@
+"""Verify a published privacy claim without a trace (`dpledger verify CLAIM.toml`).
+
+A claim names a mechanism, its parameters, the number of queries Q, delta, the claimed epsilon and
+the accounting choices its authors said they made (conversion, subsampling variant, Renyi ball,
+data-independent or data-dependent basis). `verify_claim` recomputes the epsilon under every
+accounting variant that applies to the mechanism, lints the declared choices against the known
+pitfalls (docs/soundness.md), and answers three questions:
+
+1. reproduced? which variant gives the claimed epsilon at the claim's printed precision;
+2. sound? the variant that reproduces it is a proven accounting and the claimed epsilon is at least
+   the sound epsilon;
+3. the sound epsilon: the smallest epsilon among the variants whose bound is proven, and which.
+
+A data-dependent epsilon (Papernot et al. 2018, Section 3) depends on the private data and cannot
+be recomputed from parameters: such a claim is "not checkable without a trace" (`dpledger audit`
+checks a run's trace); its data-independent parts are still recomputed.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import tomllib
+import warnings
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+
+from accounting.conversion import ConversionMethod, GridEdgeWarning, conversion_terms, epsilon_from_rdp
+from accounting.curve import RdpCurve
+from accounting.errors import (require, require_finite, require_in_closed, require_in_open, require_int_at_least,
+                               require_non_negative, require_order, require_positive)
+from accounting.orders import default_orders
+from accounting.relation import NeighbouringRelation
+from mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
+                        PoissonSubsampledGaussian, SubsamplingVariant, Targmax, ThresholdWeightedSampler,
+                        realised_subsample_sizes)
+from mechanisms.pmixed import SubsampledPMixED
+from mechanisms.screening import BLIND_SCREEN_RATIO
+
+KINDS = ("gaussian", "subsampled-gaussian", "pmixed", "adapmixed", "screening", "gnmax", "confident-gnmax",
+         "dpargmax", "dpws", "targmax", "tws")
+THRESHOLD_ONLY = ("targmax", "tws")
+DATA_DEPENDENT_KINDS = ("pmixed", "adapmixed", "gnmax", "confident-gnmax", "dpargmax")
+SAMPLINGS = ("poisson", "with-replacement")
+BASES = ("data-independent", "data-dependent")
+PATHS = ("released-output", "realised-path")
+
+REALISED_SEEDS = 200
+"""Realised-size variants draw each query's sample size m_t ~ Binomial(N, q): their epsilon is a
+random quantity. It is simulated with seeds 0..REALISED_SEEDS-1 (mechanisms.realised_subsample_sizes);
+a claim is reproduced by such a variant when it lies within the simulated range."""
+
+
+_MECHANISM_KEYS = {
+    # kind: (required keys, optional keys) of [mechanism], besides "kind"
+    "gaussian": (("noise_multiplier",), ()),
+    "subsampled-gaussian": (("noise_multiplier", "sample_rate"), ()),
+    "pmixed": (("alpha", "beta", "teachers"), ("sample_rate", "sampling")),
+    "adapmixed": (("alpha", "beta", "teachers", "lam", "sigma"), ("threshold", "top_k", "sample_rate", "sampling")),
+    "screening": (("teachers", "lam", "sigma"), ("alpha", "threshold", "top_k")),
+    "gnmax": (("sigma",), ()),
+    "confident-gnmax": (("sigma", "sigma_threshold"), ("threshold", "answered")),
+    "dpargmax": (("sigma", "sigma_threshold"), ("threshold", "answered")),
+    "dpws": (("sigma", "threshold"), ("gamma", "voters")),
+    "targmax": (("threshold",), ()),
+    "tws": (("threshold",), ("gamma",)),
+}
+_CLAIM_KEYS = (("epsilon", "delta", "queries"), ("source", "relation", "tolerance"))
+_ACCOUNTING_KEYS = ("conversion", "subsampling_variant", "ball", "basis", "path")
+
+
+def _relation_named(key: str, value) -> NeighbouringRelation:
+    names = [r.label for r in NeighbouringRelation]
+    require(isinstance(value, str), f"{key} must be one of {names}, got {value!r}")
+    try:
+        return NeighbouringRelation(value.replace("-", "_"))
+    except ValueError:
+        raise ValueError(f"{key} must be one of {names}, got {value!r}") from None
+
+
+def _choice(key: str, value, choices) -> str:
+    require(isinstance(value, str) and value in choices, f"{key} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def _member(key: str, kind, value):
+    names = [m.value for m in kind]
+    require(isinstance(value, str) and value in names, f"{key} must be one of {names}, got {value!r}")
+    return kind(value)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A published (epsilon, delta) claim and the accounting its authors declared; validated on
+    construction (ValueError naming the TOML key, the value and the rule). None: not stated."""
+
+    kind: str
+    epsilon: float
+    delta: float
+    queries: int
+    source: str = ""
+    relation: NeighbouringRelation | None = None
+    tolerance: float | None = None
+    alpha: float | None = None
+    beta: float | None = None
+    teachers: int | None = None
+    sample_rate: float | None = None
+    sampling: str = "poisson"
+    noise_multiplier: float | None = None
+    sigma: float | None = None
+    sigma_threshold: float | None = None
+    lam: float | None = None
+    threshold: float | None = None
+    top_k: int | None = None
+    gamma: float | None = None
+    voters: int | None = None
+    answered: int | None = None
+    conversion: ConversionMethod | None = None
+    subsampling_variant: SubsamplingVariant | None = None
+    ball: Ball | None = None
+    basis: str = "data-independent"
+    path: str = "released-output"
+
+    def __post_init__(self) -> None:
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        require(self.kind in KINDS, f"mechanism.kind must be one of {list(KINDS)}, got {self.kind!r}")
+        put("epsilon", require_non_negative("claim.epsilon", self.epsilon))
+        put("delta", require_in_open("claim.delta", self.delta, 0.0, 1.0))
+        put("queries", require_int_at_least("claim.queries", self.queries, 1))
+        require(isinstance(self.source, str), f"claim.source must be a string, got {self.source!r}")
+        if self.tolerance is not None:
+            put("tolerance", require_positive("claim.tolerance", self.tolerance))
+        required, optional = _MECHANISM_KEYS[self.kind]
+        for name in ("alpha", "beta", "teachers", "sample_rate", "noise_multiplier", "sigma", "sigma_threshold",
+                     "lam", "threshold", "top_k", "gamma", "voters", "answered"):
+            value = getattr(self, name)
+            if name in required:
+                require(value is not None, f"mechanism.{name} is required for mechanism {self.kind}")
+            elif value is not None:
+                require(name in optional, f"mechanism.{name} does not apply to mechanism {self.kind}; it reads "
+                                          + ", ".join(f"mechanism.{k}" for k in required + optional))
+        checks = {
+            "alpha": lambda v: require_order("mechanism.alpha", v),
+            "beta": lambda v: require_non_negative("mechanism.beta", v),
+            "teachers": lambda v: require_int_at_least("mechanism.teachers", v, 1),
+            "sample_rate": lambda v: require_in_closed("mechanism.sample_rate", v, 0.0, 1.0),
+            "noise_multiplier": lambda v: require_positive("mechanism.noise_multiplier", v),
+            "sigma": lambda v: require_positive("mechanism.sigma", v),
+            "sigma_threshold": lambda v: require_positive("mechanism.sigma_threshold", v),
+            "lam": lambda v: require_in_closed("mechanism.lam", v, 0.0, 1.0),
+            "threshold": lambda v: require_non_negative("mechanism.threshold", v),
+            "top_k": lambda v: require_int_at_least("mechanism.top_k", v, 1),
+            "gamma": lambda v: require_finite("mechanism.gamma", v),
+            "voters": lambda v: require_int_at_least("mechanism.voters", v, 1),
+            "answered": lambda v: require_int_at_least("mechanism.answered", v, 0),
+        }
+        for name, check in checks.items():
+            if getattr(self, name) is not None:
+                put(name, check(getattr(self, name)))
+        if self.gamma is not None:
+            require(self.gamma >= 1.0, f"mechanism.gamma must be >= 1, got {self.gamma:g}")
+        if self.kind in ("targmax", "tws", "dpws"):
+            require(self.threshold >= 1 or self.kind == "dpws",
+                    f"mechanism.threshold must be >= 1 for {self.kind}, got {self.threshold:g}")
+            require(self.threshold > 0, f"mechanism.threshold must be > 0, got {self.threshold:g}")
+        if self.kind in ("targmax", "tws"):
+            require(float(self.threshold).is_integer(),
+                    f"mechanism.threshold must be an integer vote count for {self.kind}, got {self.threshold:g}")
+        put("sampling", _choice("mechanism.sampling", self.sampling, SAMPLINGS))
+        require(self.sampling == "poisson" or self.sample_rate is not None,
+                "mechanism.sampling applies only with mechanism.sample_rate")
+        if self.conversion is not None:
+            put("conversion", _member("accounting.conversion", ConversionMethod, self.conversion)
+                if not isinstance(self.conversion, ConversionMethod) else self.conversion)
+        if self.ball is not None:
+            require(self.kind in ("pmixed", "adapmixed"),
+                    f"accounting.ball applies to mechanisms pmixed and adapmixed only, not {self.kind}")
+            put("ball", self.ball if isinstance(self.ball, Ball) else _member("accounting.ball", Ball, self.ball))
+        if self.subsampling_variant is not None:
+            require(self.kind == "pmixed" and self.sample_rate is not None,
+                    "accounting.subsampling_variant applies to mechanism pmixed with mechanism.sample_rate only")
+            variant = (self.subsampling_variant if isinstance(self.subsampling_variant, SubsamplingVariant)
+                       else _member("accounting.subsampling_variant", SubsamplingVariant, self.subsampling_variant))
+            put("subsampling_variant", variant)
+            if self.ball is not None:
+                needed = Ball.ALL_ORDERS if variant is SubsamplingVariant.ALL_ORDERS_BALL else Ball.PROJECTION_ORDER
+                require(self.ball is needed, f"accounting.subsampling_variant = {variant.value!r} accounts PMixED "
+                                             f"with ball = {needed.value!r}, got accounting.ball = {self.ball.value!r}")
+        put("basis", _choice("accounting.basis", self.basis, BASES))
+        if self.basis == "data-dependent":
+            require(self.kind in DATA_DEPENDENT_KINDS,
+                    f"accounting.basis = 'data-dependent' applies to {list(DATA_DEPENDENT_KINDS)}, not {self.kind}")
+        if self.kind == "adapmixed" and self.sample_rate is not None:
+            require(self.basis == "data-dependent",
+                    "mechanism.sample_rate with mechanism adapmixed is read only to lint a data-dependent claim "
+                    "(amplification of the screened, data-dependent mechanism is not accounted)")
+        put("path", _choice("accounting.path", self.path, PATHS))
+        if self.path == "realised-path":
+            require(self.kind in ("confident-gnmax", "dpargmax"),
+                    f"accounting.path = 'realised-path' applies to confident-gnmax and dpargmax, not {self.kind}")
+            require(self.answered is not None, "accounting.path = 'realised-path' needs mechanism.answered")
+        if self.answered is not None:
+            require(self.path == "realised-path", "mechanism.answered applies only with accounting.path = 'realised-path'")
+            require(self.answered <= self.queries,
+                    f"mechanism.answered must be <= claim.queries ({self.queries}), got {self.answered}")
+        if self.relation is not None and not isinstance(self.relation, NeighbouringRelation):
+            put("relation", _relation_named("claim.relation", self.relation))
+
+    @property
+    def unit(self) -> float:
+        """One unit in the last printed digit of the claimed epsilon (4.399 -> 0.001), read from its
+        shortest repr; trailing zeros of the TOML literal are lost (4.390 reads as 4.39): set
+        claim.tolerance to be stricter."""
+        return float(Decimal(1).scaleb(Decimal(repr(float(self.epsilon))).normalize().as_tuple().exponent))
+
+    def reproduces(self, low: float, high: float | None = None) -> bool:
+        """True when some value in [low, high] prints as the claim: with claim.tolerance t, within
+        +-t; otherwise rounded to nearest (value in [eps - unit/2, eps + unit/2]) or rounded up (value
+        in (eps - unit, eps]) at the claim's printed precision."""
+        high = low if high is None else high
+        if not math.isfinite(low):
+            return False
+        slack = 1e-12 * max(1.0, abs(self.epsilon))
+        if self.tolerance is not None:
+            below, above = self.tolerance, self.tolerance
+        else:
+            below, above = self.unit, self.unit / 2.0
+        return bool(low <= self.epsilon + above + slack and high > self.epsilon - below - slack)
+
+
+def _refuse(unknown: list, message_if_any) -> None:
+    """ValueError(message_if_any()) when `unknown` is non-empty (a callable: the message names
+    unknown[0], which exists only then)."""
+    if unknown:
+        raise ValueError(message_if_any())
+
+
+def _table(data: dict, name: str) -> dict:
+    value = data.get(name, {})
+    require(isinstance(value, dict), f"[{name}] must be a table, got {type(value).__name__}")
+    return value
+
+
+def claim_from_mapping(data: dict) -> Claim:
+    """A Claim from parsed TOML: tables [claim], [mechanism] (with `kind`), optional [accounting];
+    ValueError naming an unknown or missing key."""
+    require(isinstance(data, dict), "a claim must be a TOML table")
+    unknown_tables = sorted(set(data) - {"claim", "mechanism", "accounting"})
+    _refuse(unknown_tables, lambda: f"unknown table or key {unknown_tables[0]!r}; a claim has [claim], [mechanism], "
+                                "[accounting]")
+    claim, mechanism, accounting = (_table(data, name) for name in ("claim", "mechanism", "accounting"))
+    for key in _CLAIM_KEYS[0]:
+        require(key in claim, f"claim.{key} is required")
+    unknown = sorted(set(claim) - set(_CLAIM_KEYS[0] + _CLAIM_KEYS[1]))
+    _refuse(unknown, lambda: f"unknown key claim.{unknown[0]}; [claim] reads " + ", ".join(_CLAIM_KEYS[0] + _CLAIM_KEYS[1]))
+    require("kind" in mechanism, "mechanism.kind is required")
+    kind = mechanism["kind"]
+    require(isinstance(kind, str) and kind in KINDS, f"mechanism.kind must be one of {list(KINDS)}, got {kind!r}")
+    required, optional = _MECHANISM_KEYS[kind]
+    unknown = sorted(set(mechanism) - {"kind"} - set(required) - set(optional))
+    _refuse(unknown, lambda: f"unknown key mechanism.{unknown[0]} for mechanism {kind}; it reads "
+                         + ", ".join(f"mechanism.{k}" for k in ("kind",) + required + optional))
+    unknown = sorted(set(accounting) - set(_ACCOUNTING_KEYS))
+    _refuse(unknown, lambda: f"unknown key accounting.{unknown[0]}; [accounting] reads " + ", ".join(_ACCOUNTING_KEYS))
+    for table, values in (("claim", claim), ("mechanism", mechanism), ("accounting", accounting)):
+        for key, value in values.items():
+            require(not isinstance(value, (dict, list)), f"{table}.{key} must be a single value, got {value!r}")
+            if key in ("teachers", "top_k", "voters", "answered", "queries"):
+                require(isinstance(value, int) and not isinstance(value, bool),
+                        f"{table}.{key} must be an integer, got {value!r}")
+            elif key not in ("kind", "source", "relation", "sampling") and table != "accounting":
+                require(isinstance(value, (int, float)) and not isinstance(value, bool),
+                        f"{table}.{key} must be a number, got {value!r}")
+    fields = {key: value for key, value in mechanism.items() if key != "kind"}
+    return Claim(kind=kind, **claim, **fields, **accounting)
+
+
+def load_claim(path: str | Path) -> Claim:
+    """Parse and validate a claim TOML file; ValueError naming the file and the key otherwise."""
+    path = Path(path)
+    with open(path, "rb") as handle:
+        try:
+            data = tomllib.load(handle)
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path}: not valid TOML: {error}") from None
+    try:
+        return claim_from_mapping(data)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """One accounting variant of the claim's mechanism.
+
+    epsilon: at the claim's delta (+inf: no guarantee; None: not computable without a trace); for a
+    realised-size variant the median over the simulated seeds, with `epsilon_range` = (min, max).
+    sound: True when the bound is proven for the mechanism as declared. level: "proven",
+    "conditional" (sound given an unproven hypothesis, named in `soundness`), "unsound", or
+    "not-a-guarantee" (data-dependent / ex post). component: a part of the mechanism's cost only,
+    never compared with the claim."""
+
+    name: str
+    conversion: str
+    epsilon: float | None
+    order: float | None
+    sound: bool
+    level: str
+    soundness: str
+    declared: bool
+    reproduces: bool = False
+    epsilon_range: tuple[float, float] | None = None
+    at_grid_edge: bool = False
+    component: bool = False
+
+    def to_dict(self) -> dict:
+        record = dict(vars(self))
+        record["epsilon_range"] = list(self.epsilon_range) if self.epsilon_range else None
+        return record
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A pitfall the claim's declared accounting exhibits: a stable id, a severity (high, medium,
+    low, info) and one sentence with its citation."""
+
+    id: str
+    severity: str
+    message: str
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
+class ClaimVerdict:
+    """What `verify_claim` found. verdict is one of: reproduced-sound, reproduced-unsound,
+    not-reproduced-sound, not-reproduced-unsound, not-checkable-data-dependent, no-dp-guarantee.
+    reproduced / sound are None where they cannot be decided (data-dependent claims).
+    sound_epsilon is +inf where no variant's bound is proven."""
+
+    claim: Claim
+    variants: tuple[VariantResult, ...]
+    reproduced: bool | None
+    reproduced_by: str | None
+    sound: bool | None
+    sound_epsilon: float
+    sound_variant: str | None
+    verdict: str
+    statement: str
+    findings: tuple[Finding, ...] = field(default_factory=tuple)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when reproduced and sound, 1 otherwise (not sound, not reproduced, or not checkable)."""
+        return 0 if self.verdict == "reproduced-sound" else 1
+
+    def to_dict(self) -> dict:
+        claim = self.claim
+        return {
+            "verdict": self.verdict, "statement": self.statement, "reproduced": self.reproduced,
+            "reproduced_by": self.reproduced_by, "sound": self.sound, "sound_epsilon": self.sound_epsilon,
+            "sound_variant": self.sound_variant,
+            "claim": {"source": claim.source, "mechanism": claim.kind, "epsilon": claim.epsilon, "delta": claim.delta,
+                      "queries": claim.queries, "relation": self.relation.label,
+                      "tolerance": (claim.tolerance if claim.tolerance is not None else
+                                    {"rounded_to_nearest": claim.unit / 2.0, "rounded_up": claim.unit})},
+            "variants": [v.to_dict() for v in self.variants],
+            "findings": [f.to_dict() for f in self.findings],
+            "notes": list(self.notes),
+        }
+
+    @property
+    def relation(self) -> NeighbouringRelation:
+        return self.claim.relation or _natural_relation(self.claim.kind)
+
+
+def _natural_relation(kind: str) -> NeighbouringRelation:
+    if kind in ("gnmax", "confident-gnmax", "dpargmax", "dpws", "targmax", "tws"):
+        return NeighbouringRelation.REPLACE_ONE
+    return NeighbouringRelation.ADD_OR_REMOVE_ONE
+
+
+_ADD_REMOVE = {NeighbouringRelation.ADD_OR_REMOVE_ONE, NeighbouringRelation.REMOVE_ONE, NeighbouringRelation.ADD_ONE}
+
+
+def _covered_relations(claim: Claim) -> set[NeighbouringRelation]:
+    """The relations the mechanism's data-independent bound covers.
+
+    gaussian: the noise multiplier is relative to the L2 sensitivity under the claim's own relation
+    (Mironov 2017, Corollary 3). Poisson amplification (Mironov, Talwar & Zhang 2019; Zhu & Wang
+    2019) and PMixED (Flemings et al. 2024, Theorem 3.1): add/remove one. Screening (Flemings et al.
+    2024, Theorem 4.1): L2 sensitivity lam sqrt(2)/N for replacing as for adding/removing a teacher.
+    GNMax / Confident-GNMax (Papernot et al. 2018, Proposition 8): alpha/sigma^2 is the replace-one
+    charge (L2 sensitivity sqrt 2); adding or removing a teacher moves one vote (L2 sensitivity 1),
+    which it covers. DPWS: replace-one; add/remove only with a public voter count (its normaliser).
+    """
+    kind = claim.kind
+    if kind == "gaussian":
+        return set(NeighbouringRelation)
+    if kind in ("subsampled-gaussian", "pmixed", "adapmixed"):
+        return set(_ADD_REMOVE)
+    if kind in ("screening", "gnmax", "confident-gnmax", "dpargmax"):
+        return set(NeighbouringRelation)
+    if kind == "dpws":
+        return {NeighbouringRelation.REPLACE_ONE} | (_ADD_REMOVE if claim.voters is not None else set())
+    return set()
+
+
+@dataclass(frozen=True)
+class _Account:
+    """One accounting of the whole mechanism: its composed curve (or simulated curves), before conversion."""
+
+    name: str
+    level: str
+    soundness: str
+    declared: bool
+    curve: RdpCurve | None = None
+    realised: tuple[tuple[float, ...], np.ndarray] | None = None  # (orders, values per seed)
+    component: bool = False
+
+
+def _convert(curve: RdpCurve, delta: float, method: ConversionMethod):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GridEdgeWarning)
+        return epsilon_from_rdp(curve, delta, method)
+
+
+@functools.lru_cache(maxsize=8)
+def _realised_size_counts(teachers: int, rate: float, queries: int) -> np.ndarray:
+    """counts[seed, m]: how many of the `queries` queries drew sample size m with that seed (read-only)."""
+    counts = np.stack([np.bincount(realised_subsample_sizes(teachers, rate, queries, seed), minlength=teachers + 1)
+                       for seed in range(REALISED_SEEDS)])
+    counts.flags.writeable = False
+    return counts
+
+
+@functools.lru_cache(maxsize=1024)
+def _per_query_values(pmixed: PMixED, rate: float, variant: SubsamplingVariant, size: int,
+                      orders: tuple[float, ...]) -> np.ndarray:
+    """One subsampled PMixED query's RDP at realised size `size` (Flemings et al. 2024, Theorem A.4
+    with Theorem 3.1; mechanisms.pmixed.SubsampledPMixED), memoised: a claim verified twice, or two
+    claims sharing parameters, compute each size's amplification sum once."""
+    return SubsampledPMixED(pmixed, rate, variant, size).rdp_curve(orders).values
+
+
+def _realised_size_values(pmixed: PMixED, rate: float, variant: SubsamplingVariant, queries: int,
+                          orders: tuple[float, ...]) -> np.ndarray:
+    """Composed curves of `queries` subsampled PMixED queries for seeds 0..REALISED_SEEDS-1: per seed,
+    sum over queries of the per-query bound at the realised size m_t (Flemings et al. 2024, Theorem
+    A.4 with Theorem 3.1; RDP composes additively, Mironov 2017, Proposition 1). Identical to
+    mechanisms.subsampled_pmixed_curve(pmixed, rate, variant, queries, seed) for each seed; each
+    size's curve is computed once for all seeds."""
+    counts = _realised_size_counts(pmixed.teachers, rate, queries)
+    values = np.zeros((REALISED_SEEDS, len(orders)))
+    for size in np.flatnonzero(counts.sum(axis=0)):
+        per_query = _per_query_values(pmixed, rate, variant, int(size), orders)
+        times = counts[:, size][:, None].astype(np.float64)
+        with np.errstate(invalid="ignore"):  # 0 * inf for seeds that never drew this size: 0
+            values += np.where(times > 0, times * per_query, 0.0)
+    return values
+
+
+def _pmixed_accounts(claim: Claim, orders) -> list[_Account]:
+    """PMixED's data-independent accountings: every subsampling variant when sample_rate < 1,
+    Theorem 3.1 at the projection-order and at the all-orders ball otherwise."""
+    balls = {ball: PMixED(claim.alpha, claim.beta, claim.teachers, ball=ball) for ball in Ball}
+    declared_ball = claim.ball
+    accounts = []
+    if claim.sample_rate is not None and claim.sample_rate < 1.0:
+        for variant in SubsamplingVariant:
+            ball = Ball.ALL_ORDERS if variant is SubsamplingVariant.ALL_ORDERS_BALL else Ball.PROJECTION_ORDER
+            level = "proven" if variant.proven else ("unsound" if variant.uses_realised_sizes else "conditional")
+            text = variant.soundness  # its "pitfall N" are the sections of docs/pitfalls.md
+            declared = ((claim.subsampling_variant in (None, variant))
+                        and declared_ball in (None, ball))
+            if variant.uses_realised_sizes:
+                values = _realised_size_values(balls[ball], claim.sample_rate, variant, claim.queries, orders)
+                accounts.append(_Account(variant.value, level, text, declared, realised=(orders, values)))
+            else:
+                from mechanisms import subsampled_pmixed_curve
+                curve = subsampled_pmixed_curve(balls[ball], claim.sample_rate, variant, claim.queries, 0, orders)
+                accounts.append(_Account(variant.value, level, text, declared, curve=curve))
+        return accounts
+    for ball, mechanism in balls.items():
+        text = ("Theorem 3.1 (Flemings et al. 2024) at every order, proven with the ball at every order "
+                "(Theorem A.5's hypothesis; docs/soundness.md)" if mechanism.proven else
+                "Theorem 3.1 (Flemings et al. 2024) at the projection order, as claimed: its proof needs the ball "
+                "at every order (Theorem A.5), which the one-order projection does not enforce")
+        accounts.append(_Account(f"{ball.value}-ball", "proven" if mechanism.proven else "conditional", text,
+                                 declared_ball in (None, ball), curve=mechanism.rdp_curve(orders).composed(claim.queries)))
+    return accounts
+
+
+def _accounts(claim: Claim) -> list[_Account]:
+    """Every data-independent accounting of the claim's mechanism over Q queries."""
+    kind, queries = claim.kind, claim.queries
+    if kind in ("pmixed",):
+        return _pmixed_accounts(claim, default_orders(claim.alpha))
+    if kind == "adapmixed":
+        orders = default_orders(claim.alpha)
+        screen = NoisyScreening(claim.teachers, claim.lam, claim.sigma, alpha=claim.alpha)
+        screening = screen.rdp_curve(orders).composed(queries)
+        accounts = [_Account("screening-part", "proven",
+                             "noisy screening alone, (lam/(N sigma))^2 a per query (Flemings et al. 2024, Theorem "
+                             "4.1): one part of AdaPMixED's cost, not a bound on the whole mechanism", False,
+                             curve=screening, component=True)]
+        for ball in Ball:
+            pmixed = PMixED(claim.alpha, claim.beta, claim.teachers, ball=ball)
+            text = ("screening on every query plus Theorem 3.1 on every query (adaptive composition, Mironov 2017, "
+                    "Proposition 1), " + ("proven: the ball at every order" if pmixed.proven else
+                                          "Theorem 3.1 as claimed at the projection order"))
+            accounts.append(_Account(f"screening+{ball.value}-ball", "proven" if pmixed.proven else "conditional",
+                                     text, claim.ball in (None, ball),
+                                     curve=screening + pmixed.rdp_curve(orders).composed(queries)))
+        return accounts
+    orders = default_orders()
+    if kind == "gaussian":
+        return [_Account("gaussian", "proven", "a / (2 sigma^2) per query (Mironov 2017, Corollary 3)", True,
+                         curve=GaussianMechanism(claim.noise_multiplier).rdp_curve(orders).composed(queries))]
+    if kind == "subsampled-gaussian":
+        mechanism = PoissonSubsampledGaussian(claim.noise_multiplier, claim.sample_rate)
+        return [_Account("poisson-subsampled-gaussian", "proven",
+                         "tight Poisson-subsampled Gaussian RDP (Mironov, Talwar & Zhang 2019; Zhu & Wang 2019, "
+                         "Theorem 5, whose condition the Gaussian meets)", True,
+                         curve=mechanism.rdp_curve(orders).composed(queries))]
+    if kind == "screening":
+        mechanism = NoisyScreening(claim.teachers, claim.lam, claim.sigma)
+        return [_Account("screening", "proven", "(lam/(N sigma))^2 a per query (Flemings et al. 2024, Theorem 4.1)",
+                         True, curve=mechanism.rdp_curve(orders).composed(queries))]
+    if kind == "gnmax":
+        return [_Account("gnmax", "proven", "a / sigma^2 per query (Papernot et al. 2018, Proposition 8)", True,
+                         curve=GNMax(claim.sigma).rdp_curve(orders).composed(queries))]
+    if kind in ("confident-gnmax", "dpargmax"):
+        mechanism = ConfidentGNMax(claim.threshold or 0.0, claim.sigma_threshold, claim.sigma)
+        grid = np.asarray(orders)
+        screen = RdpCurve(orders, mechanism.screen_rdp(grid), mechanism.relation)
+        answer = RdpCurve(orders, mechanism.answer_rdp(grid), mechanism.relation)
+        accounts = [_Account("released-output", "proven",
+                             "threshold check a/(2 s1^2) plus GNMax a/s2^2 on every query: a bound on the released "
+                             "(decision, token) pair (Papernot et al. 2018, Algorithm 1; Mironov 2017, Proposition 1)",
+                             claim.path == "released-output", curve=screen.composed(queries) + answer.composed(queries))]
+        if claim.answered is not None:
+            accounts.append(_Account("realised-path", "not-a-guarantee",
+                                     f"GNMax charged on the {claim.answered} answered queries only: the count depends "
+                                     "on the private data, an ex-post statement about one run, not an RDP guarantee "
+                                     "(Feldman & Zrnic 2021; docs/soundness.md)", claim.path == "realised-path",
+                                     curve=screen.composed(queries) + answer.composed(claim.answered)))
+        return accounts
+    if kind == "dpws":
+        mechanism = DPWeightedSampler(claim.sigma, claim.threshold, claim.gamma or 1.0)
+        return [_Account("gaussian-counts", "proven",
+                         "N(0, sigma^2) on every count, a / sigma^2 per query (Mironov 2017, Corollary 3); TWS on "
+                         "the noisy counts is post-processing (Mironov 2017, Proposition 9)", True,
+                         curve=mechanism.rdp_curve(orders).composed(queries))]
+    raise AssertionError(f"no accounting for {kind}")  # threshold-only kinds never get here
+
+
+def _results(claim: Claim, accounts: list[_Account], demote: str | None) -> list[VariantResult]:
+    """Each account converted with each conversion (Balle et al. 2020, Theorem 21; Mironov 2017,
+    Proposition 3); realised-size accounts report the median seed and the simulated range."""
+    rows = []
+    for account in accounts:
+        for method in ConversionMethod:
+            declared = account.declared and claim.conversion in (None, method) and claim.basis == "data-independent"
+            sound = account.level == "proven" and demote is None
+            soundness = account.soundness if demote is None or account.level != "proven" else \
+                f"{account.soundness}; not for this claim: {demote}"
+            if account.realised is not None:
+                orders, values = account.realised
+                terms = conversion_terms(np.asarray(orders), claim.delta, method)
+                ranked = np.argsort(np.min(values + terms, axis=1), kind="stable")
+                picks = [ranked[0], ranked[len(ranked) // 2], ranked[-1]]
+                low, mid, high = (_convert(RdpCurve(orders, values[i]), claim.delta, method) for i in picks)
+                rows.append(VariantResult(account.name, method.value, mid.epsilon, mid.order, sound, account.level,
+                                          soundness + f" (median of {REALISED_SEEDS} simulated seeds)", declared,
+                                          claim.reproduces(low.epsilon, high.epsilon) and not account.component,
+                                          (float(low.epsilon), float(high.epsilon)), mid.at_grid_edge,
+                                          account.component))
+                continue
+            result = _convert(account.curve, claim.delta, method)
+            rows.append(VariantResult(account.name, method.value, result.epsilon, result.order, sound, account.level,
+                                      soundness, declared,
+                                      claim.reproduces(result.epsilon) and not account.component, None,
+                                      result.at_grid_edge, account.component))
+    return rows
+
+
+def lint_claim(claim: Claim) -> list[Finding]:
+    """The pitfalls the claim's declared accounting exhibits (docs/soundness.md), each with a stable id."""
+    findings = []
+    add = lambda id_, severity, message: findings.append(Finding(id_, severity, message))  # noqa: E731
+    relation = claim.relation or _natural_relation(claim.kind)
+    variant = claim.subsampling_variant
+    if claim.kind in THRESHOLD_ONLY:
+        add("no-dp-guarantee", "high", f"{claim.kind} only releases tokens with at least T votes: T-threshold privacy "
+                                       "is a robustness notion, not differential privacy (Cohen et al. 2023), so no "
+                                       "epsilon holds for it.")
+    if claim.sample_rate is not None and claim.sampling == "with-replacement":
+        add("with-replacement-sampling", "high", "teachers sampled with replacement are not a Poisson subsample, "
+                                                 "so Poisson amplification (Zhu & Wang 2019, Theorem 9; Flemings et "
+                                                 "al. 2024, Theorem A.4) does not apply.")
+    if variant is not None and variant.uses_realised_sizes:
+        add("realised-size", "high", f"subsampling variant {variant.value} plugs in the realised sample size of each "
+                                     "query, a random quantity that then chooses the bound; Poisson amplification "
+                                     "(Zhu & Wang 2019, Theorem 9) charges the base mechanism's bound over every "
+                                     "possible subsample.")
+    if variant is not None and not variant.general:
+        add("tight-amplification", "medium", f"subsampling variant {variant.value} uses the tight amplification "
+                                             "bound (Zhu & Wang 2019, Theorem 5), which needs a condition PMixED is "
+                                             "not shown to meet; the general bound (ibid., Theorem 9) multiplies the "
+                                             "k >= 3 terms by 3.")
+    if variant is SubsamplingVariant.PER_ORDER_RADIUS:
+        add("per-order-radius", "high", "per-order-radius charges order k as if the ball there had radius beta*k, "
+                                        "while the projection enforces order alpha only (Flemings et al. 2024, "
+                                        "Algorithm 2), so the lower orders' bounds are not guaranteed.")
+    pmixed_like = claim.kind in ("pmixed", "adapmixed")
+    ball = claim.ball or (Ball.ALL_ORDERS if variant is SubsamplingVariant.ALL_ORDERS_BALL else
+                          Ball.PROJECTION_ORDER if pmixed_like else None)
+    if pmixed_like and ball is Ball.PROJECTION_ORDER:
+        add("projection-order-ball", "medium", "Theorem 3.1 (Flemings et al. 2024) is as claimed for the one-order "
+                                               "projection: its proof applies Theorem A.5 (Steinke 2022, Lemma 33.7), "
+                                               "whose hypothesis is the ball at every order, and inputs with extreme "
+                                               "tails exceed it; the all-orders ball makes it proven (docs/soundness.md)"
+                                               + ("" if claim.ball else " (ball not stated: the paper's assumed)") + ".")
+    if claim.basis == "data-dependent":
+        add("data-dependent-epsilon", "high", "a data-dependent epsilon depends on the private data: it is not a DP "
+                                              "guarantee and releasing it leaks (Papernot et al. 2018, Section 3); "
+                                              "checking it against a budget leaks too (Redberg et al. 2023).")
+        if claim.sample_rate is not None:
+            add("amplification-with-data-dependent", "high", "privacy amplification by subsampling is known for "
+                                                             "data-independent bounds only and cannot be combined "
+                                                             "with data-dependent accounting (Zhu et al. 2020).")
+        if pmixed_like and "add" in relation.moves:
+            add("remove-one-data-dependent", "high", f"the data-dependent PMixED loss (Flemings et al. 2024, Eq. 3) "
+                                                     "maximises over the ensembles with one teacher removed; the "
+                                                     f"claim is {relation.label}, and an added teacher can cost more "
+                                                     "(docs/soundness.md, the add-one bound).")
+    if claim.path == "realised-path":
+        add("realised-path", "high", f"charging GNMax only on the {claim.answered} answered queries lets the private "
+                                     "data choose what is charged: an ex-post statement about one run (Feldman & "
+                                     "Zrnic 2021), not a bound on the released output (Papernot et al. 2018, Algorithm "
+                                     "1; docs/soundness.md).")
+    if claim.conversion is ConversionMethod.CLASSIC:
+        add("classic-conversion", "info", "the classic conversion (Mironov 2017, Proposition 3) is sound but looser "
+                                          "than the improved one (Balle et al. 2020, Theorem 21).")
+    covered = _covered_relations(claim)
+    if claim.kind not in THRESHOLD_ONLY and relation not in covered:
+        add("relation-mismatch", "high", f"the claim is for {relation.label} neighbours, but the mechanism's bound "
+                                         f"covers {', '.join(sorted(r.label for r in covered))} only (Flemings et al. "
+                                         "2024, Theorem 3.1; Papernot et al. 2018, Proposition 8; docs/soundness.md).")
+    if claim.kind in ("adapmixed", "screening") and claim.lam / (claim.teachers * claim.sigma) < BLIND_SCREEN_RATIO:
+        ratio = claim.lam / (claim.teachers * claim.sigma)
+        add("blind-screening", "low", f"lam/(N sigma) = {ratio:.3g}: the ensemble moves the screened mean far less "
+                                      "than the noise does, so the screen's decisions barely depend on the teachers "
+                                      "(Flemings et al. 2024, Theorem 4.1 charges it nonetheless).")
+    return findings
+
+
+def _demotion(claim: Claim, relation: NeighbouringRelation) -> str | None:
+    """Why no proven variant's bound covers this claim's mechanism as declared, or None."""
+    if claim.sample_rate is not None and claim.sample_rate < 1.0 and claim.sampling == "with-replacement":
+        return "teachers were sampled with replacement, not Poisson-subsampled"
+    covered = _covered_relations(claim)
+    if relation not in covered:
+        return f"the claim is for {relation.label}, the bound covers {', '.join(sorted(r.label for r in covered))}"
+    return None
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return "inf" if math.isinf(value) else f"{value:.4f}"
+
+
+def verify_claim(claim: Claim) -> ClaimVerdict:
+    """Recompute the claim under every accounting variant that applies, lint it, and decide.
+
+    Every variant is the mechanism's RDP curve (its theorem named in the row's `soundness`),
+    composed Q times (Mironov 2017, Proposition 1) and converted at the claim's delta with both the
+    improved (Balle et al. 2020, Theorem 21) and the classic (Mironov 2017, Proposition 3)
+    conversion, minimised over the order grid (dp-accounting's plus the mechanism's order).
+    """
+    if not isinstance(claim, Claim):
+        raise ValueError(f"claim must be a Claim (audit.claims.load_claim), got {type(claim).__name__}")
+    relation = claim.relation or _natural_relation(claim.kind)
+    findings = tuple(lint_claim(claim))
+    if claim.kind in THRESHOLD_ONLY:
+        mechanism = (Targmax(int(claim.threshold)) if claim.kind == "targmax"
+                     else ThresholdWeightedSampler(int(claim.threshold), claim.gamma or 1.0))
+        require(not np.any(np.isfinite(mechanism.rdp_curve().values)), f"{claim.kind} has a finite RDP curve")
+        statement = (f"NO DP GUARANTEE: {claim.kind} is T-threshold private only (Cohen et al. 2023); the claimed "
+                     f"epsilon {claim.epsilon:g} is not supported by any accounting. Use dpargmax or dpws for a DP "
+                     "guarantee.")
+        return ClaimVerdict(claim, (), False, None, False, math.inf, None, "no-dp-guarantee", statement, findings)
+    demote = _demotion(claim, relation)
+    rows = tuple(_results(claim, _accounts(claim), demote))
+    proven = [row for row in rows if row.sound and not row.component and row.epsilon is not None]
+    best = min(proven, key=lambda row: row.epsilon) if proven else None
+    sound_epsilon = float(best.epsilon) if best else math.inf
+    sound_variant = f"{best.name}/{best.conversion}" if best else None
+    notes = []
+    if best is not None and claim.kind in ("pmixed", "adapmixed") and claim.ball is not Ball.ALL_ORDERS \
+            and "all-orders" in best.name:
+        conditional = [row for row in rows if row.level == "conditional" and row.epsilon is not None]
+        extra = ""
+        if conditional:
+            lowest = min(conditional, key=lambda row: row.epsilon)
+            extra = (f"; the smallest value resting on Theorem 3.1 as claimed for the one-order ball is "
+                     f"{_fmt(lowest.epsilon)} ({lowest.name}/{lowest.conversion})")
+        notes.append(f"the sound epsilon is proven for PMixED with the ball enforced at every order (ball = "
+                     f"all-orders); for the paper's one-order ball no bound is proven{extra}")
+    if best is not None and best.at_grid_edge:
+        notes.append(f"the sound epsilon's optimal order {best.order:g} is at the edge of the order grid: a richer "
+                     "grid might give a smaller sound epsilon (it stays a valid bound)")
+    if claim.basis == "data-dependent":
+        notes.append("the data-dependent epsilon is computed from the run's distributions: recompute and check it "
+                     "with `dpledger audit` on the run's trace")
+        statement = (f"NOT CHECKABLE WITHOUT A TRACE: data-dependent. The claimed epsilon {claim.epsilon:g} depends "
+                     f"on the private data (Papernot et al. 2018) and cannot be recomputed from parameters; run "
+                     f"`dpledger audit` on the run's trace. The data-independent guarantee for these parameters is "
+                     f"{_fmt(sound_epsilon)}" + (f" ({sound_variant})." if sound_variant else "."))
+        method = claim.conversion or ConversionMethod.IMPROVED
+        rows += (VariantResult("data-dependent", method.value, None, None, False, "not-a-guarantee",
+                               "the claim's own accounting: a loss computed from the run's distributions (Flemings "
+                               "et al. 2024, Eq. 3 and Theorem 4.2 for PMixED/AdaPMixED; Papernot et al. 2018, "
+                               "Theorem 6 for GNMax), not computable from parameters and not a DP guarantee", True),)
+        return ClaimVerdict(claim, rows, None, None, None, sound_epsilon, sound_variant,
+                            "not-checkable-data-dependent", statement, findings, tuple(notes))
+    reproducing = [row for row in rows if row.reproduces]
+    # the declared accounting first, then a proven one, then any
+    reproducing.sort(key=lambda row: (not row.declared, not row.sound))
+    chosen = reproducing[0] if reproducing else None
+    reproduced = chosen is not None
+    reproduced_by = f"{chosen.name}/{chosen.conversion}" if chosen else None
+    holds = bool(claim.epsilon >= sound_epsilon)
+    derivation_ok = chosen is None or chosen.sound
+    sound = holds and derivation_ok
+    verdict = f"{'reproduced' if reproduced else 'not-reproduced'}-{'sound' if sound else 'unsound'}"
+    parts = [f"REPRODUCED by {reproduced_by}" + ("" if chosen.declared else " (not the declared accounting)")
+             if reproduced else "NOT REPRODUCED by any variant at the claim's printed precision"]
+    if not math.isfinite(sound_epsilon):
+        parts.append("UNSOUND: no variant's bound is proven for this mechanism as declared"
+                     + (f" ({demote})" if demote else ""))
+    elif not holds:
+        parts.append(f"UNSOUND: under-states by {sound_epsilon - claim.epsilon:.4f}"
+                     f" (claimed {claim.epsilon:g} < sound epsilon {_fmt(sound_epsilon)}, {sound_variant})")
+    elif not derivation_ok:
+        parts.append(f"NOT SOUND: the accounting that reproduces it ({reproduced_by}) is {chosen.level}, though the "
+                     f"claimed value is >= the sound epsilon {_fmt(sound_epsilon)} ({sound_variant})")
+    else:
+        parts.append(f"SOUND: claimed {claim.epsilon:g} >= sound epsilon {_fmt(sound_epsilon)} ({sound_variant})")
+    if reproduced and not chosen.declared:
+        notes.append(f"the declared accounting does not reproduce the claim; {reproduced_by} does")
+    return ClaimVerdict(claim, rows, reproduced, reproduced_by, sound, sound_epsilon, sound_variant, verdict,
+                        "; ".join(parts), findings, tuple(notes))
+
+
+def verify_file(path: str | Path) -> ClaimVerdict:
+    """load_claim then verify_claim."""
+    return verify_claim(load_claim(path))

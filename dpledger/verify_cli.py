@@ -1,0 +1,91 @@
+"""`dpledger verify CLAIM.toml`: check a published privacy claim without a trace.
+
+Recomputes the claimed epsilon under every accounting variant that applies to the mechanism, lints
+the declared accounting against known pitfalls, and answers: reproduced? sound? and the sound
+epsilon (the smallest among the variants whose bound is proven). Exit status 0: reproduced and
+sound; 1: not sound, not reproduced, or not checkable without a trace (the output says which);
+2: bad input. The claim TOML schema is in docs/verify.md."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("verify", help="check a published (epsilon, delta) claim without a trace",
+                                   description=__doc__)
+    parser.add_argument("claim", help="claim TOML file (docs/verify.md; examples in examples/claims/)")
+    parser.add_argument("--json", action="store_true", help="print one strict JSON object")
+    parser.set_defaults(handler=run)
+
+
+def strict_json(record: dict) -> str:
+    """One strict JSON object (json.dumps(allow_nan=False)): +inf is written as null and each such
+    field is named in `null_reason`."""
+    nulled = []
+
+    def clean(value, path):
+        if isinstance(value, dict):
+            return {key: clean(item, f"{path}.{key}" if path else key) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+            return value
+        if hasattr(value, "item"):  # numpy scalars
+            value = value.item()
+        if isinstance(value, float) and math.isinf(value):
+            nulled.append(path)
+            return None
+        return value
+
+    cleaned = clean(record, "")
+    if nulled:
+        cleaned["null_reason"] = (f"{', '.join(nulled)}: +inf (no guarantee: no order of the grid gives a finite "
+                                  "bound, or no variant is proven), written as null")
+    return json.dumps(cleaned, indent=2, allow_nan=False)
+
+
+def _format(value) -> str:
+    if value is None:
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.4f}"
+
+
+def render(verdict) -> str:
+    """A short table of the variants, the lint findings and the three answers."""
+    claim = verdict.claim
+    lines = [f"claim: {claim.source or claim.kind}",
+             f"  {claim.kind}, {claim.queries} queries, delta = {claim.delta:g}, claimed epsilon = {claim.epsilon:g}, "
+             f"relation {verdict.relation.label}"]
+    if verdict.variants:
+        lines.append(f"  {'variant':<34} {'conv.':<9} {'epsilon':>10} {'order':>6}  {'soundness':<15} repro.")
+        for row in verdict.variants:
+            spread = (f"  [{_format(row.epsilon_range[0])}, {_format(row.epsilon_range[1])}]"
+                      if row.epsilon_range else "")
+            mark = "*" if row.declared else " "
+            lines.append(f" {mark}{row.name:<34} {row.conversion:<9} {_format(row.epsilon):>10} "
+                         f"{'-' if row.order is None else format(row.order, 'g'):>6}  "
+                         f"{row.level + (' (part)' if row.component else ''):<15} {'yes' if row.reproduces else '-'}"
+                         f"{spread}")
+        lines.append("  (* = the accounting the claim declares; [min, max] over simulated sample-size seeds)")
+    for finding in verdict.findings:
+        lines.append(f"  lint [{finding.severity}] {finding.id}: {finding.message}")
+    for note in verdict.notes:
+        lines.append(f"  note: {note}")
+    reproduced = {True: f"yes, by {verdict.reproduced_by}", False: "no",
+                  None: "cannot be decided without a trace"}[verdict.reproduced]
+    sound = {True: "yes", False: "no", None: "cannot be decided without a trace"}[verdict.sound]
+    lines += [f"reproduced: {reproduced}", f"sound: {sound}",
+              f"sound epsilon: {_format(verdict.sound_epsilon)}"
+              + (f" ({verdict.sound_variant})" if verdict.sound_variant else " (no variant is proven)"),
+              f"verdict: {verdict.verdict}: {verdict.statement}"]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from audit.claims import verify_file
+
+    verdict = verify_file(args.claim)
+    print(strict_json(verdict.to_dict()) if args.json else render(verdict))
+    return verdict.exit_code
