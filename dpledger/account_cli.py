@@ -6,7 +6,6 @@ T-threshold private (a robustness notion) and are reported as giving no DP guara
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import warnings
 
@@ -15,6 +14,7 @@ import numpy as np
 from accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
 from accounting.curve import RdpCurve
 from accounting.errors import require
+from accounting.strict_json import strict_json_text
 from accounting.orders import default_orders
 from mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
                         PoissonSubsampledGaussian, SubsamplingVariant, Targmax, ThresholdWeightedSampler,
@@ -22,13 +22,71 @@ from mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechani
 
 MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax",
               "dpargmax", "dpws", "targmax", "tws")
-# Hot PATE's aggregators; their --json output is strict JSON (+inf written as null, with a note)
-HOT_PATE = ("dpargmax", "dpws", "targmax", "tws")
 # T-threshold private only (Cohen et al. 2023): no DP guarantee, no epsilon
 THRESHOLD_PRIVATE = ("targmax", "tws")
 ACCOUNTING = ("released-output", "realised-path")
 
-# which flags each mechanism needs; the CLI refuses a missing one by name
+_SUMMARY = {
+    "gaussian": "Gaussian mechanism (Mironov 2017, Proposition 7)",
+    "subsampled-gaussian": "Poisson-subsampled Gaussian (Mironov, Talwar & Zhang 2019)",
+    "pmixed": "PMixED, optionally with Poisson subsampling of teachers (Flemings et al. 2024, Theorem 3.1, "
+              "Theorem A.4)",
+    "screening": "AdaPMixED's noisy screening step alone (Flemings et al. 2024, Theorem 4.2's eps_screen)",
+    "gnmax": "GNMax, Gaussian noisy argmax of vote counts (Papernot et al. 2018, Proposition 8)",
+    "confident-gnmax": "Confident-GNMax, screen then GNMax, both charged every query (Papernot et al. 2018, "
+                       "Algorithm 1)",
+    "dpargmax": "Hot PATE's DP argmax = Confident-GNMax (Cohen et al. 2023; Papernot et al. 2018)",
+    "dpws": "Hot PATE's DP weighted sampler: Gaussian-noised counts, then TWS (Cohen et al. 2023)",
+    "targmax": "Hot PATE's TARGMAX_T: T-threshold private only, no DP guarantee (Cohen et al. 2023)",
+    "tws": "Hot PATE's TWS_{T,gamma}: T-threshold private only, no DP guarantee (Cohen et al. 2023)",
+}
+
+# every flag a mechanism may read: argparse keyword arguments (help names units and defaults)
+_FLAG_SPECS = {
+    "queries": dict(type=int, metavar="Q", help="number of queries Q, composed adaptively (Mironov 2017, "
+                                                "Proposition 1); an integer >= 1"),
+    "delta": dict(type=float, metavar="DELTA", help="target delta of the (epsilon, delta) guarantee, in (0, 1)"),
+    "noise_multiplier": dict(type=float, metavar="Z", help="Gaussian noise standard deviation divided by the L2 "
+                                                           "sensitivity (unitless, > 0)"),
+    "sample_rate": dict(type=float, metavar="Q_RATE", help="Poisson sampling probability q, in (0, 1]"),
+    "alpha": dict(type=float, metavar="A", help="PMixED projection order a (> 1; Flemings et al. 2024 use 6)"),
+    "beta": dict(type=float, metavar="BETA", help="Renyi-ball radius per unit of order: each mixed teacher keeps "
+                                                  "D_a(mixed || public) <= beta * a, in nats (> 0)"),
+    "teachers": dict(type=int, metavar="N", help="ensemble size N (number of teachers, >= 1)"),
+    "sigma": dict(type=float, metavar="SIGMA"),  # help per mechanism: its unit differs
+    "sigma_threshold": dict(type=float, metavar="S1", help="Confident-GNMax screen noise s1: standard deviation of "
+                                                           "the Gaussian added to the top vote count, in votes"),
+    "lam": dict(type=float, metavar="LAMBDA", help="screening mixing weight lambda, in (0, 1]"),
+    "threshold": dict(type=float, metavar="T"),  # help per mechanism
+    "gamma": dict(type=float, default=1.0, metavar="GAMMA", help="TWS's gamma >= 1 (default: 1)"),
+    "ball": dict(choices=[b.value for b in Ball], default=Ball.PROJECTION_ORDER.value,
+                 help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
+                      "(Theorem 3.1 proven at every order; docs/soundness.md) (default: projection-order)"),
+    "seed": dict(type=int, default=0, help="seed of the simulated subsample sizes of the realised-size variants "
+                                           "(default: 0)"),
+    "accounting": dict(choices=ACCOUNTING, default="released-output",
+                       help="released-output (default) charges screen + GNMax on every query, a bound on the "
+                            "released (decision, token) pair; realised-path charges GNMax only on the --answered "
+                            "queries (Papernot et al. 2018's convention; ex post, not a guarantee)"),
+    "answered": dict(type=int, metavar="K", help="with --accounting realised-path: the number K of answered "
+                                                 "queries, in [0, Q]"),
+}
+_SIGMA_HELP = {
+    "screening": "standard deviation of the Gaussian added to each probability of the mixed distribution "
+                 "(probability units, > 0)",
+    "gnmax": "standard deviation of the Gaussian added to each vote count, in votes (> 0)",
+    "confident-gnmax": "GNMax noise s2: standard deviation of the Gaussian added to each vote count, in votes",
+    "dpargmax": "GNMax noise s2: standard deviation of the Gaussian added to each vote count, in votes",
+    "dpws": "standard deviation of the Gaussian added to each vote count before TWS, in votes (> 0)",
+}
+_THRESHOLD_HELP = {
+    "dpargmax": "screen threshold T on the noisy top count, in votes (recorded; the RDP does not depend on it)",
+    "dpws": "TWS threshold T: only tokens with a noisy count >= T can be released, in votes",
+    "targmax": "TARGMAX threshold T: the top token is released only with >= T votes (an integer >= 1)",
+    "tws": "TWS threshold T: only tokens with >= T votes can be released, in votes",
+}
+
+# which flags each mechanism needs; a missing one is refused by name, all at once
 _REQUIRED = {
     "gaussian": ("noise_multiplier",),
     "subsampled-gaussian": ("noise_multiplier", "sample_rate"),
@@ -45,63 +103,89 @@ _REQUIRED = {
 for _kind in MECHANISMS:
     if _kind not in THRESHOLD_PRIVATE:
         _REQUIRED[_kind] = ("queries", "delta") + _REQUIRED[_kind]
-# flags a mechanism reads beyond its required ones; any other flag given is refused, never ignored
+# flags a mechanism reads beyond its required ones; its subcommand has no other flag
 _OPTIONAL = {
-    "gaussian": ("method",), "subsampled-gaussian": ("method",), "gnmax": ("method",),
-    "confident-gnmax": ("method",), "screening": ("method",),
-    "pmixed": ("method", "ball", "sample_rate", "seed"),
-    "dpargmax": ("method", "threshold", "accounting", "answered"), "dpws": ("method", "gamma"),
+    "gaussian": (), "subsampled-gaussian": (), "gnmax": (), "confident-gnmax": (), "screening": (),
+    "pmixed": ("ball", "sample_rate", "seed"),
+    "dpargmax": ("threshold", "accounting", "answered"), "dpws": ("gamma",),
     "targmax": ("queries", "delta"), "tws": ("queries", "delta", "gamma"),  # any Q: still no DP guarantee
 }
-_DEFAULTS = {"method": "improved", "ball": Ball.PROJECTION_ORDER.value, "gamma": 1.0, "accounting": "released-output",
-             "seed": 0}
-_FLAGS = ("queries", "delta", "method", "noise_multiplier", "sample_rate", "alpha", "ball", "beta", "teachers", "sigma",
-          "sigma_threshold", "lam", "threshold", "gamma", "accounting", "answered", "seed")
+# the RDP-to-(epsilon, delta) conversion and the order grid apply to every DP mechanism
+CONVERSION_FLAGS = ("method", "orders")
 
 
-def _refuse_flags_that_do_not_apply(args: argparse.Namespace) -> None:
-    """Every missing flag, then every flag the mechanism does not read, named at once (a flag that
-    does not apply would otherwise be ignored silently: gaussian --sample-rate 0.1 is not sampled)."""
-    kind = args.mechanism
-    missing = [flag for flag in _REQUIRED[kind] if getattr(args, flag) is None]
-    require(not missing, f"mechanism {kind} needs " + ", ".join(f"--{f.replace('_', '-')}" for f in missing))
-    accepted = set(_REQUIRED[kind]) | set(_OPTIONAL[kind])
-    given = [flag for flag in _FLAGS if flag not in accepted and getattr(args, flag) is not None
-             and getattr(args, flag) != _DEFAULTS.get(flag)]
-    require(not given, f"mechanism {kind} does not use " + ", ".join(f"--{f.replace('_', '-')}" for f in given)
-            + f"; it reads " + ", ".join(f"--{f.replace('_', '-')}" for f in sorted(accepted)))
+def _option(flag: str) -> str:
+    return "--" + flag.replace("_", "-")
+
+
+def accepted_flags(mechanism: str) -> tuple[str, ...]:
+    """The flags `dpledger account MECHANISM` reads, as typed on the command line."""
+    flags = _REQUIRED[mechanism] + _OPTIONAL[mechanism]
+    if mechanism not in THRESHOLD_PRIVATE:
+        flags += CONVERSION_FLAGS
+    return tuple(_option(flag) for flag in flags) + ("--json",)
+
+
+def _refuse_missing_flags(args: argparse.Namespace) -> None:
+    """Every missing flag named at once, by its flag name."""
+    missing = [flag for flag in _REQUIRED[args.mechanism] if getattr(args, flag, None) is None]
+    require(not missing, f"mechanism {args.mechanism} needs " + ", ".join(_option(f) for f in missing))
+
+
+def parse_orders(text: str) -> tuple[float, ...]:
+    """--orders "2,4.5,2048": extra Renyi orders (> 1) added to the default grid."""
+    try:
+        values = [float(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers > 1, got {text!r}") from None
+    if not values or not all(math.isfinite(v) and v > 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every order must be a finite number > 1, got {text!r}")
+    return tuple(values)
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("account", help="epsilon of Q queries of a data-independent mechanism",
                                    description=__doc__)
-    parser.add_argument("mechanism", choices=MECHANISMS)
-    parser.add_argument("--queries", type=int, help="number of queries Q (composition); needed by every DP mechanism")
-    parser.add_argument("--delta", type=float, help="needed by every DP mechanism")
-    parser.add_argument("--method", choices=[m.value for m in ConversionMethod], default="improved")
-    parser.add_argument("--noise-multiplier", type=float)
-    parser.add_argument("--sample-rate", type=float, help="Poisson sampling probability q")
-    parser.add_argument("--alpha", type=float, help="PMixED projection order")
-    parser.add_argument("--ball", choices=[b.value for b in Ball], default=Ball.PROJECTION_ORDER.value,
-                        help="PMixED's Renyi ball: the paper's (projection order only; Theorem 3.1 as claimed) or "
-                             "all-orders (Theorem 3.1 proven at every order)")
-    parser.add_argument("--beta", type=float)
-    parser.add_argument("--teachers", type=int, help="ensemble size N")
-    parser.add_argument("--sigma", type=float)
-    parser.add_argument("--sigma-threshold", type=float, help="Confident-GNMax threshold noise s1")
-    parser.add_argument("--lam", type=float, help="screening mixing weight lambda")
-    parser.add_argument("--threshold", type=float,
-                        help="vote threshold T: dpargmax's screen threshold (recorded; the RDP does not depend on "
-                             "it), dpws/tws's TWS threshold, targmax's T")
-    parser.add_argument("--gamma", type=float, default=1.0, help="TWS's gamma >= 1 (dpws, tws; default 1)")
-    parser.add_argument("--accounting", choices=ACCOUNTING, default="released-output",
-                        help="dpargmax: released-output (default) charges screen + GNMax on every query, a bound "
-                             "on the released (decision, token) pair; realised-path charges GNMax only on the "
-                             "--answered queries (Papernot et al. 2018's convention; ex post, not a guarantee)")
-    parser.add_argument("--answered", type=int, help="dpargmax --accounting realised-path: answered queries K")
-    parser.add_argument("--seed", type=int, default=0, help="seed for variants that simulate sample sizes")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(handler=run)
+    mechanisms = parser.add_subparsers(dest="mechanism", required=True, metavar="MECHANISM",
+                                       title="mechanisms (dpledger account MECHANISM --help lists its flags)")
+    for mechanism in MECHANISMS:
+        sub = mechanisms.add_parser(mechanism, help=_SUMMARY[mechanism], description=_SUMMARY[mechanism] + ".")
+        required = sub.add_argument_group("required")
+        optional = sub.add_argument_group("optional")
+        for flag in _REQUIRED[mechanism] + _OPTIONAL[mechanism]:
+            spec = dict(_FLAG_SPECS[flag])
+            if flag == "sigma":
+                spec["help"] = _SIGMA_HELP[mechanism]
+            elif flag == "threshold":
+                spec["help"] = _THRESHOLD_HELP[mechanism]
+            elif flag in ("queries", "delta") and mechanism in THRESHOLD_PRIVATE:
+                spec["help"] = "recorded only: no number of queries gives a DP guarantee"
+            if flag == "sample_rate" and mechanism == "pmixed":
+                spec["help"] = ("Poisson subsampling of teachers with probability q in (0, 1]; every accounting "
+                                "variant is shown (Flemings et al. 2024, Theorem A.4)")
+            (required if flag in _REQUIRED[mechanism] else optional).add_argument(_option(flag), **spec)
+        if mechanism not in THRESHOLD_PRIVATE:
+            optional.add_argument("--method", choices=[m.value for m in ConversionMethod], default="improved",
+                                  help="RDP to (epsilon, delta): improved (Balle et al. 2020, Theorem 21) or classic "
+                                       "(Mironov 2017, Proposition 3) (default: improved)")
+            optional.add_argument("--orders", type=parse_orders, metavar="A,B,...",
+                                  help="extra Renyi orders (> 1) added to the default grid (1.1..10.9 by 0.1, "
+                                       "11..63, 128, 256, 512, 1024), e.g. when the optimum is at its edge")
+        optional.add_argument("--json", action="store_true", help="print one strict JSON object")
+        sub.set_defaults(handler=run, accepted_flags=accepted_flags(mechanism))
+
+
+def _with_every_flag(args: argparse.Namespace) -> argparse.Namespace:
+    """args with the flags this mechanism's subcommand does not have set to their unset value."""
+    values = {flag: spec.get("default") for flag, spec in _FLAG_SPECS.items()}
+    values.update(method=ConversionMethod.IMPROVED.value, orders=None, json=False)
+    values.update(vars(args))
+    return argparse.Namespace(**values)
+
+
+def _grid(args: argparse.Namespace, *run_at: float) -> tuple[float, ...]:
+    """The default grid, the orders the mechanism runs at and the user's --orders."""
+    return default_orders(*run_at, *(getattr(args, "orders", None) or ()))
 
 
 def _conversion_record(curve, delta, method, name=None, **extra) -> dict:
@@ -112,13 +196,16 @@ def _conversion_record(curve, delta, method, name=None, **extra) -> dict:
               "at_grid_edge": result.at_grid_edge, **extra}
     if name is not None:
         record = {"name": name, **record}
-    record["warnings"] = [str(w.message) for w in caught]
+    # the CLI's way to extend the grid is --orders
+    record["warnings"] = [f"{w.message} (--orders A,B,...)" if issubclass(w.category, GridEdgeWarning)
+                          else str(w.message) for w in caught]
     return record
 
 
 def account(args: argparse.Namespace) -> dict:
     """Build the mechanism from the flags, compose it Q times and convert; returns the JSON object."""
-    _refuse_flags_that_do_not_apply(args)
+    _refuse_missing_flags(args)
+    args = _with_every_flag(args)
     if args.queries is not None:
         require(args.queries >= 1, f"--queries must be >= 1, got {args.queries}")
     kind = args.mechanism
@@ -145,7 +232,7 @@ def account(args: argparse.Namespace) -> dict:
     else:
         mechanism = PMixED(args.alpha, args.beta, args.teachers, ball=args.ball)
     # the mechanism validated its own parameters; now its order joins the grid
-    orders = default_orders(*([args.alpha] if kind == "pmixed" else []))
+    orders = _grid(args, *([args.alpha] if kind == "pmixed" else []))
     if kind == "pmixed" and args.sample_rate is not None:
         # every variant is shown: the paper's ball for the first five, the all-orders ball for the last
         balls = {ball: PMixED(args.alpha, args.beta, args.teachers, ball=ball) for ball in Ball}
@@ -189,7 +276,7 @@ def _dpargmax(args: argparse.Namespace) -> dict:
         require(args.answered is not None, "mechanism dpargmax with --accounting realised-path needs --answered")
         require(0 <= args.answered <= queries, f"--answered must be in [0, --queries = {queries}], got {args.answered}")
     charged_answers = args.answered if realised else queries
-    orders = default_orders()
+    orders = _grid(args)
     grid = np.asarray(orders, dtype=np.float64)
     screen = RdpCurve(orders, mechanism.screen_rdp(grid), mechanism.relation)
     answer = RdpCurve(orders, mechanism.answer_rdp(grid), mechanism.relation)
@@ -238,32 +325,6 @@ def _threshold_private(args: argparse.Namespace) -> dict:
             "note": "for a DP guarantee use dpargmax (Confident-GNMax) or dpws (Gaussian-noised counts, then TWS)"}
 
 
-def _strict_json(record: dict) -> str:
-    """One strict JSON object: +inf (no guarantee) is written as null, with a note saying so."""
-    nulled = []
-
-    def clean(value, path):
-        if isinstance(value, dict):
-            return {key: clean(item, f"{path}.{key}" if path else key) for key, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [clean(item, f"{path}[{i}]") for i, item in enumerate(value)]
-        if isinstance(value, (float, np.floating)):
-            if math.isinf(value) and value > 0:
-                nulled.append(path)
-                return None
-            return float(value)
-        if isinstance(value, np.integer):
-            return int(value)
-        if isinstance(value, np.bool_):
-            return bool(value)
-        return value
-
-    cleaned = clean(record, "")
-    if nulled:
-        cleaned["null_note"] = f"{', '.join(nulled)}: +inf (no guarantee at any order of the grid), written as null"
-    return json.dumps(cleaned, indent=2, allow_nan=False)
-
-
 def _format(value) -> str:
     if value is None:
         return "-"
@@ -273,7 +334,7 @@ def _format(value) -> str:
 def run(args: argparse.Namespace) -> int:
     record = account(args)
     if args.json:
-        print(_strict_json(record) if record["mechanism"] in HOT_PATE else json.dumps(record, indent=2, default=str))
+        print(strict_json_text(record, sort_keys=False))
         return 0
     if record["mechanism"] in THRESHOLD_PRIVATE:
         print(f"{record['mechanism']}: {record['statement']}")

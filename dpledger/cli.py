@@ -14,8 +14,16 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 4
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (the usage block is in --help), exit status 2.
+    Subcommand parsers inherit the class (argparse's add_subparsers uses type(self))."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dpledger", description="Privacy accounting and auditing of private LLM decoding")
+    parser = OneLineErrorParser(prog="dpledger", description="Privacy accounting and auditing of private LLM decoding")
     parser.add_argument("--version", action="version", version=f"dpledger {version('dpledger')}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     account_cli.add_parser(subparsers)
@@ -31,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        print(unknown_arguments_message(args, unknown), file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return args.handler(args)
     except ValueError as error:  # includes UnicodeDecodeError; messages name the file, key or flag
@@ -54,6 +65,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpledger {args.command}: internal error (a bug in dpledger; please report it with "
               f"DPLEDGER_DEBUG=1 output): {type(error).__name__}: {error}", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def unknown_arguments_message(args: argparse.Namespace, unknown: list[str]) -> str:
+    """One line naming the arguments the command does not take and, where the command has a fixed
+    set of flags (each `account` mechanism), the flags it does read."""
+    command = " ".join(part for part in (args.command, getattr(args, "mechanism", None)) if part)
+    flags = [item.split("=")[0] for item in unknown if item.startswith("-")]
+    if flags and getattr(args, "accepted_flags", None):
+        message = (f"mechanism {args.mechanism} does not use {', '.join(flags)}; it reads "
+                   f"{', '.join(args.accepted_flags)}")
+    else:
+        message = f"unrecognized arguments: {' '.join(unknown)}"
+    return f"dpledger {command}: error: {message} (see dpledger {command} --help)"
 
 
 if __name__ == "__main__":

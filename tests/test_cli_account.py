@@ -232,8 +232,112 @@ def test_hot_pate_json_is_strict_and_maps_inf_to_null(capsys):
     text = capsys.readouterr().out
     record = strict_loads(text)
     assert "Infinity" not in text and "NaN" not in text
-    assert record["epsilon"] is None and record["dp_guarantee"] is False and "null" in record["null_note"]
+    assert record["epsilon"] is None and record["dp_guarantee"] is False
+    assert record["nulls"]["/epsilon"].startswith("+inf: no guarantee")
     for argv in (DPARGMAX, [*DPARGMAX, "--accounting", "realised-path", "--answered", "5"],
                  ["targmax", "--threshold", "3"], ["tws", "--threshold", "3"]):
         assert main(["account", *argv, "--json"]) == 0
         assert isinstance(strict_loads(capsys.readouterr().out), dict)
+
+
+# ---- one subcommand per mechanism ----
+
+from dpledger.account_cli import MECHANISMS, accepted_flags  # noqa: E402
+from dpledger.cli import build_parser  # noqa: E402
+
+
+def subcommand_parser(mechanism):
+    """The parser of `dpledger account MECHANISM`."""
+    import argparse
+
+    def subcommands(parser):
+        return next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction)).choices
+    return subcommands(subcommands(build_parser())["account"])[mechanism]
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_each_subcommand_lists_only_its_own_flags_each_with_help(mechanism):
+    parser = subcommand_parser(mechanism)
+    options = {action.option_strings[-1]: action for action in parser._actions if action.option_strings}
+    options.pop("--help")
+    assert set(options) == set(accepted_flags(mechanism))
+    for flag, action in options.items():
+        assert action.help and len(action.help) > 10, f"{mechanism} {flag} has no help"
+        if action.default not in (None, False):
+            assert "default" in action.help, f"{mechanism} {flag}: the default {action.default} is not in its help"
+
+
+@pytest.mark.parametrize("argv, flags", [
+    (["gaussian", "--noise-multiplier", "1", "--queries", "5", "--delta", "1e-5", "--sample-rate", "0.1",
+      "--teachers", "4"], "--sample-rate, --teachers"),
+    (["targmax", "--threshold", "3", "--method", "classic"], "--method"),
+    (["pmixed", "--alpha", "6", "--beta", "0.1", "--teachers", "4", "--queries", "5", "--delta", "1e-5",
+      "--sigma=3"], "--sigma"),
+])
+def test_a_flag_the_mechanism_does_not_read_is_refused_on_one_line_with_what_it_reads(capsys, argv, flags):
+    assert main(["account", *argv]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 1
+    assert f"mechanism {argv[0]} does not use {flags}; it reads " in lines[0]
+    assert ", ".join(accepted_flags(argv[0])) in lines[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["gaussian", "--noise-multiplier", "many", "--queries", "5", "--delta", "1e-5"],
+     "argument --noise-multiplier: invalid float value: 'many'"),
+    (["gaussian", "--noise-multiplier", "1", "--queries", "5.5", "--delta", "1e-5"],
+     "argument --queries: invalid int value: '5.5'"),
+    (["gaussian", "--noise-multiplier", "1", "--queries", "5", "--delta", "1e-5", "--orders", "2,0.5"],
+     "argument --orders: every order must be a finite number > 1, got '2,0.5'"),
+    (["laplace"], "argument MECHANISM: invalid choice: 'laplace'"),
+])
+def test_argument_type_errors_are_one_line_with_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["account", *argv])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and message in lines[0] and "--help" in lines[0]
+
+
+def test_orders_extend_the_grid_past_its_edge(capsys):
+    argv = ["gaussian", "--noise-multiplier", "1000", "--queries", "1", "--delta", "1e-5"]
+    at_edge = run_strict_json(capsys, *argv)
+    assert at_edge["order"] == 1024 and at_edge["at_grid_edge"] and "--orders" in at_edge["warnings"][0]
+    extended = run_strict_json(capsys, *argv, "--orders", "2048,4096,8192,16384,32768")
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    reference = RdpAccountant(orders=[2048, 4096, 8192, 16384, 32768])
+    reference.compose(dp_accounting.GaussianDpEvent(1000.0))
+    assert extended["epsilon"] < at_edge["epsilon"] and not extended["at_grid_edge"]
+    assert extended["epsilon"] == pytest.approx(reference.get_epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("argv", [
+    ["subsampled-gaussian", "--noise-multiplier", "1e-200", "--sample-rate", "0.5"],
+    ["gnmax", "--sigma", "1e-200"],
+    ["screening", "--teachers", "2", "--lam", "1", "--sigma", "1e-200"],
+    ["gaussian", "--noise-multiplier", "1e-200"],
+])
+def test_every_mechanism_json_is_strict_with_a_reason_for_each_null(capsys, argv):
+    with np.errstate(all="ignore"):
+        record = run_strict_json(capsys, *argv, "--queries", "3", "--delta", "1e-5")
+    assert record["epsilon"] is None and record["nulls"]["/epsilon"].startswith("+inf: no guarantee")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["audit", "run", "--trials", "many"], "dpledger audit: error: argument --trials: invalid int value: 'many'"),
+    (["report", "run", "--format", "pdf"], "dpledger report: error: argument --format: invalid choice: 'pdf'"),
+    (["decode"], "dpledger decode: error: the following arguments are required"),
+    (["audit", "run", "--frobnicate"], "dpledger audit: error: unrecognized arguments: --frobnicate"),
+    (["unknown-command"], "dpledger: error: argument command: invalid choice: 'unknown-command'"),
+])
+def test_usage_errors_of_every_command_are_one_line_with_exit_2(capsys, argv, message):
+    try:
+        status = main(argv)
+    except SystemExit as exit_info:
+        status = exit_info.code
+    assert status == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), lines
