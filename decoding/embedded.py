@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decoding.corpus import EmbeddedCorpus, generate_corpus
-from decoding.recipe import (TinyModelRecipe, encode_documents, fine_tune_teacher, new_gpt2, perplexity,
-                             set_single_thread, train_causal_lm, train_tokenizer)
+from decoding.recipe import (TinyModelRecipe, encode_documents, new_gpt2, perplexity, set_single_thread,
+                             train_causal_lm, train_tokenizer)
+from decoding.teachers import train_teachers
 
 CACHE_FORMAT = 1
 
@@ -53,7 +54,11 @@ def cache_key(corpus: EmbeddedCorpus, recipe: TinyModelRecipe) -> str:
 
     payload = json.dumps({"format": CACHE_FORMAT, "corpus": corpus.content_hash(), "recipe": recipe.to_dict(),
                           "torch": torch.__version__, "transformers": transformers.__version__,
-                          "tokenizers": tokenizers.__version__}, sort_keys=True)
+                          "tokenizers": tokenizers.__version__,
+                          # LoRA teachers are seeded per teacher before the adapter is initialised (so each
+                          # can be retrained alone); entries built before that differ in their bits
+                          **({"lora_init": "per-teacher seed"} if recipe.teacher_kind == "lora" else {})},
+                         sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -98,11 +103,11 @@ def _train(corpus: EmbeddedCorpus, recipe: TinyModelRecipe, directory: Path, ver
             "public_train_seconds": round(public_time, 1)}
     say(f"[embedded] public model: held-out ppl {info['public_heldout_ppl']:.1f}, "
         f"on private text {info['public_on_private_ppl']:.1f} ({public_time:.0f} s)")
-    teacher_ppl = []
-    for index, shard in enumerate(corpus.shards):
-        teacher = fine_tune_teacher(public, recipe, encode_documents(tokenizer, shard), index)
-        teacher_ppl.append(perplexity(teacher, private_heldout, recipe.n_positions))
-        teacher.save_pretrained(directory / "teachers" / f"teacher-{index:03d}")
+    # the same library path as `dpledger teachers`: one teacher per shard (documents split on blank lines)
+    manifest = train_teachers([shard.split("\n\n") for shard in corpus.shards], public, tokenizer,
+                              recipe.teacher_training(), directory / "teachers", public_name="public",
+                              tokenizer_name="tokenizer", heldout_ids=private_heldout, progress=verbose)
+    teacher_ppl = [result["heldout_ppl"] for result in manifest["results"]]
     info.update(teacher_private_ppl=teacher_ppl, teacher_kind=recipe.teacher_kind,
                 teachers_train_seconds=round(time.time() - started - public_time, 1))
     say(f"[embedded] {len(corpus.shards)} teachers: private held-out ppl "

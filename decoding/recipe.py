@@ -52,6 +52,71 @@ class TinyModelRecipe:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def teacher_training(self) -> "TeacherTraining":
+        """The recipe's teacher hyper-parameters as the explicit ones `fine_tune_teacher` takes."""
+        return TeacherTraining(kind=self.teacher_kind, steps=self.teacher_steps, batch=self.teacher_batch,
+                               lr=self.teacher_lr, seq_len=self.n_positions, warmup=5, lora_rank=self.lora_rank,
+                               lora_alpha=2.0 * self.lora_rank, target_modules=GPT2_LORA_TARGETS, seed=self.seed)
+
+
+GPT2_LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
+# Linear-based architectures, first match wins: LLaMA/Mistral/Qwen/OPT/Phi/GPT-J ("q_proj", ...),
+# GPT-NeoX/Falcon/BLOOM ("query_key_value", "dense"), MPT ("Wqkv", "out_proj"), T5-style ("q", "k", "v", "o").
+LINEAR_LORA_TARGETS = (("q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "dense"),
+                       ("query_key_value", "dense"), ("Wqkv", "out_proj"), ("c_attn", "c_proj"),
+                       ("q", "k", "v", "o"))
+
+
+@dataclass(frozen=True)
+class TeacherTraining:
+    """Explicit hyper-parameters of one teacher fine-tune (the embedded recipe's are
+    `TinyModelRecipe.teacher_training()`). Teacher i's random state is seeded with seed + 1000 + i.
+
+    steps: optimizer steps; batch: sequences per step; seq_len: tokens per sequence; lr: peak AdamW
+    learning rate after `warmup` linear warm-up steps, then cosine decay to 10%; LoRA (Hu et al.
+    2021): rank r, scaling alpha (the update is alpha / r * B A), dropout, and the target module
+    names (None: detected from the architecture, see `lora_target_modules`).
+    """
+
+    kind: str = "lora"
+    steps: int = 200
+    batch: int = 8
+    lr: float = 1e-3
+    seq_len: int = 128
+    warmup: int = 10
+    weight_decay: float = 0.1
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.0
+    target_modules: tuple[str, ...] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.kind in ("full", "lora"), f"teacher kind must be 'full' or 'lora', got {self.kind!r}")
+        require_int_at_least("steps", self.steps, 0)
+        require_int_at_least("batch", self.batch, 1)
+        require_int_at_least("seq_len", self.seq_len, 2)
+        require_int_at_least("warmup", self.warmup, 0)
+        require_int_at_least("lora_rank", self.lora_rank, 1)
+        require(isinstance(self.seed, int) and not isinstance(self.seed, bool),
+                f"seed must be an integer, got {self.seed!r}")
+        for name in ("lr", "lora_alpha"):
+            value = getattr(self, name)
+            require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
+                    f"{name} must be a finite number > 0, got {value!r}")
+        require(isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < math.inf,
+                f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+        require(isinstance(self.lora_dropout, (int, float)) and 0 <= self.lora_dropout < 1,
+                f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
+        require(self.target_modules is None or (len(self.target_modules) >= 1 and all(
+            isinstance(m, str) and m for m in self.target_modules)),
+                f"target_modules must be None or a non-empty list of module names, got {self.target_modules!r}")
+
+    def to_dict(self) -> dict:
+        values = asdict(self)
+        values["target_modules"] = None if self.target_modules is None else list(self.target_modules)
+        return values
+
 
 def train_tokenizer(text: str, vocab_size: int, directory: str):
     """Byte-level BPE trained on `text`, saved as a transformers fast tokenizer in `directory`."""
@@ -92,8 +157,10 @@ def new_gpt2(recipe: TinyModelRecipe, eos_id: int, vocab_size: int):
 
 
 def train_causal_lm(model, token_ids: np.ndarray, steps: int, batch: int, seq_len: int, lr: float, warmup: int,
-                    seed: int, description: str, label_smoothing: float = 0.0) -> float:
-    """AdamW on random windows of `token_ids` with linear warm-up and cosine decay to 10%.
+                    seed: int, description: str, label_smoothing: float = 0.0, weight_decay: float = 0.1,
+                    progress: bool = True) -> float:
+    """AdamW on random windows of `token_ids` with linear warm-up and cosine decay to 10%, on the
+    model's device; gradients clipped to norm 1.
 
     label_smoothing > 0 keeps every token's probability away from 0, as in a model pre-trained on
     broad data; a public model trained on a narrow corpus is otherwise so sure of itself that
@@ -106,7 +173,8 @@ def train_causal_lm(model, token_ids: np.ndarray, steps: int, batch: int, seq_le
     require(token_ids.size > seq_len, f"{description}: need more than {seq_len} tokens, got {token_ids.size}")
     generator = np.random.default_rng(seed)
     data = torch.from_numpy(token_ids)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.1)
+    device = next(model.parameters()).device
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
 
     def schedule(step: int) -> float:
         if step < warmup:
@@ -117,9 +185,9 @@ def train_causal_lm(model, token_ids: np.ndarray, steps: int, batch: int, seq_le
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     model.train()
     losses = []
-    for _ in tqdm(range(steps), desc=description, leave=False, disable=None):
+    for _ in tqdm(range(steps), desc=description, leave=False, disable=None if progress else True, unit="step"):
         starts = generator.integers(0, token_ids.size - seq_len, size=batch)
-        windows = torch.stack([data[s:s + seq_len] for s in starts])
+        windows = torch.stack([data[s:s + seq_len] for s in starts]).to(device)
         logits = model(input_ids=windows).logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1),
                                                  label_smoothing=label_smoothing)
@@ -140,25 +208,74 @@ def perplexity(model, token_ids: np.ndarray, seq_len: int, max_blocks: int = 16)
     require(blocks > 0, "held-out text is shorter than one block")
     with torch.no_grad():
         inputs = torch.stack([data[i * seq_len:(i + 1) * seq_len] for i in range(blocks)])
+        inputs = inputs.to(next(model.parameters()).device)
         loss = model(input_ids=inputs, labels=inputs.clone()).loss
     return float(torch.exp(loss))
 
 
-def fine_tune_teacher(public_model, recipe: TinyModelRecipe, shard_ids: np.ndarray, index: int):
-    """A teacher from the public weights: a full fine-tune, or a LoRA adapter (peft)."""
+def lora_target_modules(model) -> tuple[tuple[str, ...], bool]:
+    """LoRA target module names for `model` and peft's fan_in_fan_out: GPT-2-style Conv1D layers
+    (c_attn, c_proj, c_fc; weights stored transposed, so fan_in_fan_out=True) or the attention and
+    projection nn.Linear layers of other architectures (q_proj, k_proj, v_proj, o_proj, ...)."""
+    from transformers.pytorch_utils import Conv1D
+
+    leaves: dict[str, set[str]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (Conv1D, torch.nn.Linear)) and not name.endswith("lm_head"):
+            leaves.setdefault(name.rsplit(".", 1)[-1], set()).add(type(module).__name__)
+    conv = tuple(name for name in GPT2_LORA_TARGETS if leaves.get(name) == {"Conv1D"})
+    if conv:
+        return conv, True
+    for group in LINEAR_LORA_TARGETS:
+        found = tuple(name for name in group if leaves.get(name) == {"Linear"})
+        if group[0] in found:
+            return found, False
+    raise ValueError(f"cannot detect LoRA target modules for model type {getattr(model.config, 'model_type', '?')!r} "
+                     f"(its layers: {', '.join(sorted(leaves)[:12]) or 'none'}): name them (--target-modules)")
+
+
+def lora_config(model, training: TeacherTraining):
+    """peft's LoraConfig for `training` on `model` (targets detected unless named)."""
+    from peft import LoraConfig
+    from transformers.pytorch_utils import Conv1D
+
+    if training.target_modules is None:
+        targets, fan_in_fan_out = lora_target_modules(model)
+    else:
+        targets = training.target_modules
+        kinds = {type(module) for name, module in model.named_modules() if name.rsplit(".", 1)[-1] in targets}
+        require(kinds, f"target modules {', '.join(targets)} match no layer of the model (--target-modules)")
+        fan_in_fan_out = Conv1D in kinds
+        require(not (fan_in_fan_out and len(kinds) > 1),
+                f"target modules {', '.join(targets)} mix GPT-2 Conv1D and other layers: target one kind "
+                "(--target-modules)")
+    return LoraConfig(r=training.lora_rank, lora_alpha=training.lora_alpha, target_modules=list(targets),
+                      fan_in_fan_out=fan_in_fan_out, lora_dropout=training.lora_dropout)
+
+
+def fine_tune_teacher(public_model, training: "TeacherTraining | TinyModelRecipe", shard_ids: np.ndarray, index: int,
+                      progress: bool = True, return_loss: bool = False):
+    """Teacher `index` from the public weights: a full fine-tune, or a LoRA adapter (peft), trained on
+    `shard_ids` with the explicit hyper-parameters `training`. Depends only on its arguments: the
+    random state is seeded with training.seed + 1000 + index before the adapter is initialised and
+    before training, so each teacher can be (re)trained alone. Returns the model (and the mean
+    training loss of the last 10 steps with return_loss)."""
     import copy
 
+    if isinstance(training, TinyModelRecipe):
+        training = training.teacher_training()
+    seed = training.seed + 1000 + index
     teacher = copy.deepcopy(public_model)
-    if recipe.teacher_kind == "lora":
-        from peft import LoraConfig, get_peft_model
+    if training.kind == "lora":
+        from peft import get_peft_model
 
-        teacher = get_peft_model(teacher, LoraConfig(r=recipe.lora_rank, lora_alpha=2 * recipe.lora_rank,
-                                                     target_modules=["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True,
-                                                     lora_dropout=0.0))
-    torch.manual_seed(recipe.seed + 1000 + index)
-    train_causal_lm(teacher, shard_ids, recipe.teacher_steps, recipe.teacher_batch, recipe.n_positions,
-                    recipe.teacher_lr, warmup=5, seed=recipe.seed + 1000 + index, description=f"teacher {index}")
-    return teacher
+        torch.manual_seed(seed)
+        teacher = get_peft_model(teacher, lora_config(teacher, training))
+    torch.manual_seed(seed)
+    loss = train_causal_lm(teacher, shard_ids, training.steps, training.batch, training.seq_len, training.lr,
+                           warmup=training.warmup, seed=seed, description=f"teacher {index}",
+                           weight_decay=training.weight_decay, progress=progress)
+    return (teacher, loss) if return_loss else teacher
 
 
 def set_single_thread() -> None:

@@ -9,6 +9,7 @@ from importlib.metadata import version
 
 from dpledger import account_cli, audit_cli, decode_cli, demo_cli, hotpate_cli, report_cli, sweep_cli
 from dpledger import verify_cli
+from dpledger import teachers_cli
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 4
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     hotpate_cli.add_parser(subparsers)
     demo_cli.add_parser(subparsers)
     verify_cli.add_parser(subparsers)
+    teachers_cli.add_parser(subparsers)
     return parser
 
 
