@@ -279,7 +279,7 @@ def fine_tune_teacher(public_model, training: "TeacherTraining | TinyModelRecipe
 
 
 def set_single_thread() -> None:
-    """One torch thread: robust and deterministic on 2 shared cores (notes section 7); quiet saves."""
+    """One torch thread: robust and deterministic on 2 shared cores; quiet saves."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

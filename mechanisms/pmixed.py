@@ -50,7 +50,7 @@ def theorem_3_1_epsilon(alpha, beta: float, teachers) -> np.ndarray:
 
 
 def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers: int) -> float:
-    """Largest beta giving (alpha, epsilon_budget)-RDP over `queries` queries (seed Lemma C.1).
+    """Largest beta giving (alpha, epsilon_budget)-RDP over `queries` queries (Flemings et al. 2024, Lemma C.1).
 
     beta = log(N exp((a-1) eps_G / Q) + 1 - N) / (4 (a-1) a) for N > 1; eps_G / (Q a) for N = 1.
     """

@@ -70,7 +70,7 @@ class NoisyScreening(Mechanism):
 
         Per query: K = top-k of p0 (public, so free); mean = lam * mean_i p_i[K] + (1-lam) p0[K];
         add N(0, sigma^2) to each entry, clip at 0 and renormalise (post-processing); the statistic
-        is D_alpha(noisy || p0[K] renormalised) (the seed's Algorithm 1 writes the symmetric form;
+        is D_alpha(noisy || p0[K] renormalised) (Flemings et al. 2024, Algorithm 1 writes the symmetric form;
         either is post-processing of the noisy vector). An all-zero noisy vector gives +inf.
         """
         import torch
