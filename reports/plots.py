@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 import warnings
 
 import matplotlib
@@ -17,9 +18,25 @@ from accounting.relation import NeighbouringRelation  # noqa: E402
 from reports.run_data import RunData  # noqa: E402
 
 
+TITLE_WIDTH = 58
+"""Characters per title line: a longer title wraps (never clipped at the figure's edge)."""
+
+
+def _figure(width: float, height: float):
+    """A figure with constrained layout: titles, labels and legends are kept inside it."""
+    return plt.subplots(figsize=(width, height), layout="constrained")
+
+
+def wrapped(title: str, width: int = TITLE_WIDTH) -> str:
+    return "\n".join(textwrap.wrap(title, width, break_on_hyphens=False)) or title
+
+
+def _title(axis, title: str) -> None:
+    axis.set_title(wrapped(title), fontsize=11)
+
+
 def _png(figure) -> bytes:
     buffer = io.BytesIO()
-    figure.tight_layout()
     figure.savefig(buffer, format="png", dpi=110)
     plt.close(figure)
     return buffer.getvalue()
@@ -69,7 +86,7 @@ def plot_cumulative_epsilon(run: RunData) -> bytes | None:
     """Cumulative epsilon of the charged curve and of the other bound; None when epsilon is 0 or inf."""
     if run.ledger["breakdown"]["order"] is None:
         return None
-    figure, axis = plt.subplots(figsize=(6.4, 3.6))
+    figure, axis = _figure(6.4, 3.6)
     answered = np.cumsum([r["answered_by"] == "mechanism" for r in run.records])
     steps, charged = cumulative_epsilon_series(run, _charged(run))
     label = "charged: data-dependent loss" if run.data_dependent else "charged"
@@ -81,7 +98,7 @@ def plot_cumulative_epsilon(run: RunData) -> bytes | None:
     axis.set_xlabel("queries answered by the mechanism")
     axis.set_ylabel(f"epsilon at delta={run.delta:g}")
     axis.set_yscale("log")
-    axis.set_title(f"{run.label}: cumulative privacy loss")
+    _title(axis, f"{run.label}: cumulative privacy loss")
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
     return _png(figure)
@@ -93,12 +110,15 @@ def plot_step_loss_distribution(run: RunData) -> bytes | None:
     if order is None:
         return None
     values = _charged(run)[:, run.manifest["orders"].index(order)]
-    figure, axis = plt.subplots(figsize=(6.4, 3.2))
+    figure, axis = _figure(6.4, 3.2)
     finite = values[np.isfinite(values)]
-    axis.hist(finite, bins=40, color="tab:blue", alpha=0.8)
+    same = finite.size > 0 and np.ptp(finite) == 0  # a data-independent charge: one bar, its value in the title
+    axis.hist(finite, bins=1 if same else 40, range=(finite[0] * 0.95, finite[0] * 1.05) if same and finite[0] > 0
+              else None, color="tab:blue", alpha=0.8)
     axis.set_xlabel(f"per-step charged RDP at order {order:g}")
     axis.set_ylabel("steps")
-    axis.set_title(f"{run.label}: per-step loss ({len(values) - len(finite)} steps with no guarantee)")
+    _title(axis, f"{run.label}: per-step loss ({len(values) - len(finite)} steps with no guarantee"
+                 + (f"; every step {finite[0]:.4g})" if same else ")"))
     return _png(figure)
 
 
@@ -108,11 +128,11 @@ def plot_mixing_weights(run: RunData) -> bytes | None:
     lambdas = np.concatenate([np.asarray(r["lambdas"], dtype=np.float64) for r in run.records])
     if lambdas.size == 0:
         return None
-    figure, axis = plt.subplots(figsize=(6.4, 3.2))
+    figure, axis = _figure(6.4, 3.2)
     axis.hist(lambdas, bins=50, range=(0, 1), color="tab:green", alpha=0.8)
     axis.set_xlabel("mixing weight lambda")
     axis.set_ylabel("teacher-steps")
-    axis.set_title(f"{run.label}: mixing weights (mean {lambdas.mean():.3f})")
+    _title(axis, f"{run.label}: mixing weights (mean {lambdas.mean():.3f})")
     return _png(figure)
 
 
@@ -122,18 +142,26 @@ def plot_screening_pass_rate(run: RunData, window: int = 64) -> bytes | None:
     passed = np.asarray([r["screen_passed"] for r in run.records], dtype=np.float64)
     window = max(1, min(window, len(passed)))
     rolling = np.convolve(passed, np.ones(window) / window, mode="valid")
-    figure, axis = plt.subplots(figsize=(6.4, 3.2))
+    figure, axis = _figure(6.4, 3.2)
     axis.plot(np.arange(window, len(passed) + 1), rolling, color="tab:purple")
     axis.set_ylim(-0.02, 1.02)
     axis.set_xlabel("query")
     axis.set_ylabel(f"pass rate (window {window})")
-    axis.set_title(f"{run.label}: screening pass rate (overall {passed.mean():.3f})")
+    _title(axis, f"{run.label}: screening pass rate (overall {passed.mean():.3f})")
     return _png(figure)
 
 
+def infinite_orders_label(orders: np.ndarray, infinite: np.ndarray) -> str:
+    """The legend entry for the orders where the composed curve is +inf."""
+    if infinite.any() and infinite[np.argmax(infinite):].all():  # every order from the first +inf one up
+        return f"+inf: no guarantee at orders >= {orders[infinite][0]:g}"
+    return f"+inf: no guarantee at {int(infinite.sum())} orders (marked)"
+
+
 def plot_rdp_curve(run: RunData) -> bytes | None:
-    """The composed curve from ledger.json; None when it is 0 or +inf everywhere (nothing to draw)."""
-    orders = np.asarray(run.manifest["orders"])
+    """The composed curve from ledger.json, with the orders where it is +inf shaded and marked at the
+    top of the plot; None when it is 0 or +inf everywhere (nothing finite to draw)."""
+    orders = np.asarray(run.manifest["orders"], dtype=np.float64)
     components = run.ledger["ledger"]["components"]
     total = np.sum([[np.inf if v == "inf" else v for v in c["values"]] for c in components.values()], axis=0)
     require(not np.isnan(total).any(),
@@ -141,17 +169,35 @@ def plot_rdp_curve(run: RunData) -> bytes | None:
     finite = np.isfinite(total) & (total > 0)
     if not finite.any():
         return None
-    figure, axis = plt.subplots(figsize=(6.4, 3.6))
+    infinite = np.isinf(total)
+    figure, axis = _figure(6.4, 3.8)
     axis.plot(orders[finite], total[finite], marker=".", color="tab:blue", label="composed RDP")
     order = run.ledger["breakdown"]["order"]
     if order is not None:
         axis.axvline(order, color="tab:red", linestyle=":", label=f"optimal order {order:g}")
     axis.set_xscale("log")
-    axis.set_yscale("log")
+    shown = total[finite]
+    if shown.max() > 10 * shown.min():  # a log axis over less than a decade prints unreadable ticks
+        axis.set_yscale("log")
+    if infinite.any():
+        # a band over each run of consecutive +inf orders, and a marker per order at the top edge
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], infinite.astype(int), [0]])))
+        for first, stop in zip(edges[::2], edges[1::2]):
+            low = orders[first - 1] if first > 0 else orders[first]
+            axis.axvspan(np.sqrt(low * orders[first]) if first > 0 else orders[first], orders[stop - 1],
+                         color="tab:red", alpha=0.12, linewidth=0)
+            middle = np.sqrt(orders[first] * orders[stop - 1])
+            axis.text(middle, 0.5, "+inf", transform=axis.get_xaxis_transform(), color="tab:red", ha="center",
+                      va="center", fontsize=10, fontweight="bold")
+        # markers on the top spine, outside the data area: no finite value is drawn at those orders
+        axis.plot(orders[infinite], np.full(int(infinite.sum()), 1.0), transform=axis.get_xaxis_transform(),
+                  linestyle="none", marker="^", markersize=4, color="tab:red", clip_on=False,
+                  label=infinite_orders_label(orders, infinite))
+        axis.set_xlim(orders[0] / 1.1, orders[-1] * 1.1)
     axis.set_xlabel("Renyi order")
     axis.set_ylabel("RDP epsilon")
-    axis.set_title(f"{run.label}: RDP curve")
-    axis.legend(fontsize=8)
+    _title(axis, f"{run.label}: RDP curve")
+    axis.legend(fontsize=8, loc="lower right" if infinite.any() else "best")
     axis.grid(alpha=0.3, which="both")
     return _png(figure)
 
@@ -162,7 +208,7 @@ def plot_leakage(run: RunData) -> bytes | None:
     table = leakage_table(run)
     if table is None:
         return None
-    figure, axis = plt.subplots(figsize=(7.5, 0.35 * len(table) + 1.4))
+    figure, axis = _figure(7.5, 0.35 * len(table) + 1.6)
     colours = ["tab:blue" if claimed else "tab:gray" for claimed in table["claimed"]]
     axis.barh(table["neighbour"], table["empirical_epsilon"], color=colours)
     claimed = next(c for c in run.audit["checks"] if c["name"] == "neighbour_ablation")["evidence"]["claimed_epsilon"]
@@ -171,7 +217,7 @@ def plot_leakage(run: RunData) -> bytes | None:
         axis.legend(fontsize=8)
     axis.set_xscale("symlog")
     axis.set_xlabel("empirical epsilon (grey: not covered by the claim)")
-    axis.set_title(f"{run.label}: leakage per neighbour (audit)")
+    _title(axis, f"{run.label}: leakage per neighbour (audit)")
     axis.tick_params(axis="y", labelsize=7)
     return _png(figure)
 

@@ -1,5 +1,13 @@
 """Render a report of one or more runs: HTML (one self-contained file, images inline), Markdown,
-JSON, LaTeX or CSV."""
+JSON, LaTeX or CSV.
+
+A missing value has one spelling per format, and a reason wherever a table has one
+(`frame.attrs["reasons"]`): HTML and Markdown "n/a" with a numbered note below the table (an
+infinite epsilon prints "inf" with its note), LaTeX "--" (infinity "$\\infty$") with the notes in
+the caption, CSV an empty cell (infinity "inf") with the reasons in a `notes` column, JSON null
+beside a `<field>_missing` reason (strict JSON: no NaN, no Infinity; +inf is null too, its JSON Pointer
+listed in the top-level `nulls` map as in every JSON file dpledger writes).
+"""
 from __future__ import annotations
 
 import base64
@@ -12,52 +20,117 @@ import numpy as np
 import pandas as pd
 
 from accounting.errors import require
+from accounting.strict_json import strict_json_text
 from reports.plots import run_figures
-from reports.run_data import RunData, fmt
+from reports.run_data import Generation, RunData, fmt, generations, printable, truncated
 from reports.statement import privacy_statement
-from reports.tables import (audit_headline, breakdown_table, checks_table, comparison_table, direction_label,
-                           leakage_table)
+from reports.tables import audit_headline, breakdown_table, checks_table, comparison_table, direction_label
 
 FORMATS = ("html", "md", "json", "latex", "csv")
+MISSING = {"html": "n/a", "md": "n/a", "latex": "--", "csv": ""}
+"""How each tabular format spells a missing value (JSON writes null and a reason)."""
+INFINITY = {"html": "inf", "md": "inf", "latex": r"$\infty$", "csv": "inf"}
+SHOWN_CHARACTERS = 1500
+"""The longest prompt or continuation an HTML or Markdown report prints in full."""
+SHOWN_BLOCKS = 24
+"""The most continuations an HTML or Markdown report prints (the JSON report has them all)."""
 
 
-def _cell(value, column: str) -> str:
-    if isinstance(value, bool):
+def _cell(value, column: str, output_format: str = "md") -> str:
+    if isinstance(value, (bool, np.bool_)):
         return "yes" if value else "no"
-    if isinstance(value, float) or value is None:
-        return fmt(value, 5, f"table column {column!r}")
+    if value is None:
+        return MISSING[output_format]
+    if isinstance(value, (float, np.floating)):
+        if math.isinf(value) and value > 0:
+            return INFINITY[output_format]
+        return fmt(float(value), 5, f"table column {column!r}")
     return str(value)
 
 
+class _Notes:
+    """Numbered reasons for the cells of one table (the same reason gets the same number)."""
+
+    def __init__(self, frame: pd.DataFrame):
+        self.reasons = frame.attrs.get("reasons") or [{} for _ in range(len(frame))]
+        self.numbers: dict[str, int] = {}
+
+    def marker(self, row: int, column: str) -> int | None:
+        reason = self.reasons[row].get(column) if row < len(self.reasons) else None
+        if not reason:
+            return None
+        return self.numbers.setdefault(reason, len(self.numbers) + 1)
+
+    def listed(self) -> list[tuple[int, str]]:
+        return [(number, reason) for reason, number in self.numbers.items()]
+
+
+def _cells(frame: pd.DataFrame, output_format: str):
+    """Rows of (text, note number or None), a note only beside a missing or infinite value."""
+    notes = _Notes(frame)
+    rows = []
+    for index, row in enumerate(frame.itertuples(index=False)):
+        cells = []
+        for column, value in zip(frame.columns, row):
+            special = value is None or (isinstance(value, (float, np.floating)) and math.isinf(value))
+            cells.append((_cell(value, column, output_format), notes.marker(index, column) if special else None))
+        rows.append(cells)
+    return rows, notes
+
+
 def markdown_table(frame: pd.DataFrame) -> str:
+    rows, notes = _cells(frame, "md")
     header = "| " + " | ".join(frame.columns) + " |"
     rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
-    rows = ["| " + " | ".join(_cell(v, c).replace("|", "\\|") for c, v in zip(frame.columns, row)) + " |"
-            for row in frame.itertuples(index=False)]
-    return "\n".join([header, rule, *rows])
+    body = ["| " + " | ".join((text + ("" if note is None else f" [{note}]")).replace("|", "\\|").replace("\n", " ")
+                              for text, note in row) + " |" for row in rows]
+    listed = [f"[{number}] {reason}" for number, reason in notes.listed()]
+    return "\n".join([header, rule, *body] + (["", *("- " + line for line in listed)] if listed else []))
+
+
+def _latex_escape(text: str) -> str:
+    for char, repl in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("%", r"\%"), ("&", r"\&"), ("#", r"\#"),
+                       ("$", r"\$"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"),
+                       ("^", r"\textasciicircum{}")):
+        text = text.replace(char, repl)
+    return (text.replace(r"\textbackslash\{\}", r"\textbackslash{}").replace(r"\textasciitilde\{\}", r"\textasciitilde{}")
+            .replace(r"\textasciicircum\{\}", r"\textasciicircum{}"))
 
 
 def latex_table(frame: pd.DataFrame, caption: str) -> str:
-    def escape(text: str) -> str:
-        for char, repl in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("%", r"\%"), ("&", r"\&"), ("#", r"\#"),
-                           ("$", r"\$"), ("{", r"\{"), ("}", r"\}")):
-            text = text.replace(char, repl)
-        return text.replace(r"\textbackslash\{\}", r"\textbackslash{}")
+    rows, notes = _cells(frame, "latex")
+
+    def cell(text: str, note: int | None) -> str:
+        shown = text if text == INFINITY["latex"] else _latex_escape(text)
+        return shown + ("" if note is None else f"$^{{{note}}}$")
 
     columns = "l" * len(frame.columns)
     lines = [r"\begin{table}[h]", r"\centering", rf"\begin{{tabular}}{{{columns}}}", r"\hline",
-             " & ".join(escape(str(c)) for c in frame.columns) + r" \\", r"\hline"]
-    lines += [" & ".join(escape(_cell(v, c)) for c, v in zip(frame.columns, row)) + r" \\"
-              for row in frame.itertuples(index=False)]
-    lines += [r"\hline", r"\end{tabular}", rf"\caption{{{escape(caption)}}}", r"\end{table}"]
+             " & ".join(_latex_escape(str(c)) for c in frame.columns) + r" \\", r"\hline"]
+    lines += [" & ".join(cell(text, note) for text, note in row) + r" \\" for row in rows]
+    listed = "".join(f" {number}: {_latex_escape(reason)}." for number, reason in notes.listed())
+    lines += [r"\hline", r"\end{tabular}",
+              rf"\caption{{{_latex_escape(caption)}" + (f" -- : not applicable. Notes:{listed}" if listed else "")
+              + "}", r"\end{table}"]
     return "\n".join(lines)
 
 
 def _html_table(frame: pd.DataFrame, css: str) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v, c))}</td>" for c, v in zip(frame.columns, row))
-                   + "</tr>" for row in frame.itertuples(index=False))
-    return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    rows, notes = _cells(frame, "html")
+    # a header may break after "_" but not inside "epsilon@1e-05"; a short cell never breaks (a number, "n/a")
+    head = "".join("<th>" + "<wbr>".join(f"<span class='short'>{html.escape(part)}</span>"
+                                         for part in str(c).replace("@", "\0@").split("\0")) + "</th>"
+                   if "@" in str(c) else "<th>" + html.escape(str(c)).replace("_", "_<wbr>") + "</th>"
+                   for c in frame.columns)
+    body = "".join("<tr>" + "".join(
+        ("<td class='short'>" if len(text) <= 12 else "<td>") + html.escape(text)
+        + ("" if note is None else f"<sup class='fn'>[{note}]</sup>") + "</td>"
+        for text, note in row) + "</tr>" for row in rows)
+    listed = notes.listed()
+    footer = ("<ol class='table-notes'>" + "".join(f"<li value='{number}'>{html.escape(reason)}</li>"
+                                                   for number, reason in listed) + "</ol>") if listed else ""
+    return (f'<div class="table-wrap"><table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+            f"</table></div>{footer}")
 
 
 def _breakdown_caption(run: RunData) -> str:
@@ -65,57 +138,223 @@ def _breakdown_caption(run: RunData) -> str:
     kind = " (data-dependent)" if b["data_dependent"] else ""
     covers = ("both divergence directions" if direction_label(b.get("direction")) == "both"
               else "only D(M(D) || M(D')) at the actual data D, not the reverse direction")
-    return (f"Privacy-loss breakdown of {run.label}{kind} at order {fmt(b['order'])}, {b['method']} conversion, "
+    order = ("no order (epsilon is 0 or +inf at every order)" if b["order"] is None else f"order {fmt(b['order'])}")
+    return (f"Privacy-loss breakdown of {run.label}{kind} at {order}, {b['method']} conversion, "
             f"delta={b['delta']:g}; rows sum to the total; the total covers {covers}.")
 
 
-def _no_nan(value, where: str):
-    """value with +-inf as the strings "inf" / "-inf" (ledger.json's convention: strict JSON has no
-    infinity); ValueError naming `where` for a NaN, which no output format can show as a number."""
+# -- JSON ------------------------------------------------------------------------------------------
+
+def _is_inf(value) -> bool:
+    if isinstance(value, str):
+        return value in ("inf", "-inf", "Infinity", "-Infinity")
+    return isinstance(value, (float, np.floating)) and math.isinf(value)
+
+
+def _as_float(value) -> float:
+    return float(value) if not isinstance(value, str) else (-math.inf if value.startswith("-") else math.inf)
+
+
+def _checked(value, where: str, inf_reason: str):
+    """`value` ready for strict JSON: a NaN raises ValueError naming `where`; an infinity (a float,
+    or an "inf" string) stays a float, given a sibling "<key>_missing" reason; a list holding
+    infinities gets one reason for its entries. `strict_json` then writes each infinity as null."""
     if isinstance(value, dict):
-        return {key: _no_nan(item, f"{where}.{key}") for key, item in value.items()}
+        out = {}
+        for key, item in value.items():
+            if _is_inf(item):
+                out[key] = _as_float(item)
+                sign = "-inf" if out[key] < 0 else "+inf"
+                out.setdefault(f"{key}_missing", f"{sign}: {inf_reason}")
+            elif isinstance(item, (list, tuple)) and any(_is_inf(v) for v in item):
+                out[key] = _checked(item, f"{where}.{key}", inf_reason)
+                out.setdefault(f"{key}_missing", f"null entries are +inf: {inf_reason}")
+            else:
+                out[key] = _checked(item, f"{where}.{key}", inf_reason)
+        return out
     if isinstance(value, (list, tuple)):
-        return [_no_nan(item, f"{where}[{index}]") for index, item in enumerate(value)]
+        return [_as_float(item) if _is_inf(item) else _checked(item, f"{where}[{index}]", inf_reason)
+                for index, item in enumerate(value)]
     if isinstance(value, (float, np.floating)):
         require(not math.isnan(value), f"{where} must be a number, inf or null, got NaN")
-        return float(value) if math.isfinite(value) else str(float(value))
+        return float(value)
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
     return value
+
+
+def _nulled(value):
+    if isinstance(value, dict):
+        return {key: _nulled(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_nulled(item) for item in value]
+    return None if isinstance(value, float) and math.isinf(value) else value
+
+
+def strict_json(value, where: str = "report", inf_reason: str = "no finite bound") -> str:
+    """Strict JSON text of `value` (json.dumps with allow_nan=False): a NaN raises ValueError naming
+    `where`; every missing or infinite value is null beside a "<key>_missing" reason, and, for an
+    object, each infinity's JSON Pointer is listed in the top-level `nulls` map as every JSON file
+    of dpledger does (accounting.strict_json: `loads_json` restores the exact value)."""
+    checked = _checked(value, where, inf_reason)
+    if isinstance(checked, dict):
+        return strict_json_text(checked, default=str, sort_keys=False)
+    return json.dumps(_nulled(checked), indent=2, allow_nan=False, default=str)
+
+
+def _records(frame: pd.DataFrame, where: str) -> list[dict]:
+    """A table's rows as JSON objects: a missing or infinite value has a "<key>_missing" reason."""
+    reasons = frame.attrs.get("reasons") or [{} for _ in range(len(frame))]
+    records = []
+    for index, (record, why) in enumerate(zip(frame.to_dict(orient="records"), reasons)):
+        out = {}
+        for key, value in record.items():
+            if isinstance(value, (float, np.floating)) and math.isnan(value):
+                raise ValueError(f"{where}[{index}].{key} must be a number, inf or null, got NaN")
+            out[key] = _as_float(value) if _is_inf(value) else value
+            if value is None or _is_inf(value):
+                out[f"{key}_missing"] = why.get(key) or ("+inf: no finite bound" if value is not None else
+                                                         "not recorded for this run")
+        records.append(out)
+    return records
+
+
+def _generation_json(run: RunData) -> dict:
+    made, note = generations(run)
+    if not made:
+        return {}
+    entries = []
+    for g in made:
+        entry = {"prompt_index": g.prompt_index, "prompt": g.prompt, "block": g.block, "first_step": g.first_step,
+                 "tokens": list(g.tokens), "text": g.text, "answered_by_public": g.answered_by_public}
+        if g.text is None:
+            entry["text_missing"] = note
+        entries.append(entry)
+    return {"generations": entries, "generations_note": note}
 
 
 def render_json(runs: list[RunData]) -> str:
     payload = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "comparison": comparison_table(runs).to_dict(orient="records"),
+               "missing_values": "null, with the reason in the field named <field>_missing",
+               "comparison": _records(comparison_table(runs), "report.comparison"),
                "runs": [{"directory": str(r.directory), "label": r.label,
-                         "breakdown": breakdown_table(r).to_dict(orient="records"),
-                         "statement": privacy_statement(r), "audit": r.audit} for r in runs]}
-    return json.dumps(_no_nan(payload, "report"), indent=2, allow_nan=False, default=str)
+                         "breakdown": _records(breakdown_table(r), f"report.runs[{i}].breakdown"),
+                         "statement": privacy_statement(r),
+                         "audit": _checked(r.audit, f"report.runs[{i}].audit", "infinite in audit.json"),
+                         **_generation_json(r)}
+                        for i, r in enumerate(runs)]}
+    return strict_json(payload, "report", "no finite bound")
+
+
+# -- CSV -------------------------------------------------------------------------------------------
+
+def _csv_value(value, where: str):
+    """A CSV cell: "" for missing, "inf" for +inf, yes/no never (CSV keeps True/False)."""
+    if value is None:
+        return ""
+    if isinstance(value, (float, np.floating)):
+        require(not math.isnan(value), f"{where} must be a number, inf or missing, got NaN")
+        return "inf" if math.isinf(value) and value > 0 else float(value)
+    return value
 
 
 def render_csv(runs: list[RunData]) -> str:
+    """One row per breakdown row of every run, then one per run of the comparison table (with every
+    epsilon@delta column); missing cells are empty and the `notes` column says why."""
     rows = []
     for run in runs:
-        for _, row in breakdown_table(run).iterrows():
-            rows.append({"run": str(run.directory), "method": run.label, "table": "breakdown", "row": row["component"],
-                         "epsilon": row["epsilon"], "data_dependent": row["data_dependent"],
-                         "direction": row["direction"]})
+        frame = breakdown_table(run)
+        for (_, row), why in zip(frame.iterrows(), frame.attrs["reasons"]):
+            rows.append({"run": str(run.directory), "method": run.label, "table": "breakdown",
+                         "row": row["component"], "epsilon": row["epsilon"], "delta": run.ledger["breakdown"]["delta"],
+                         "data_dependent": row["data_dependent"], "direction": row["direction"],
+                         "notes": "; ".join(f"{k}: {v}" for k, v in why.items())})
     comparison = comparison_table(runs)
-    for _, row in comparison.iterrows():
-        rows.append({"run": "", "method": row["method"], "table": "comparison", "row": "total",
-                     "epsilon": row["epsilon"], "data_dependent": row["data_dependent"],
-                     "perplexity": row["perplexity"], "answered_by_public": row["answered_by_public"],
-                     "audit": row["audit"]})
-    return pd.DataFrame(_no_nan(rows, "csv")).to_csv(index=False)
+    for run, (_, row), why in zip(runs, comparison.iterrows(), comparison.attrs["reasons"]):
+        epsilon = run.epsilon()
+        rows.append({"run": str(run.directory), "method": row["method"], "table": "comparison", "row": "total",
+                     "epsilon": epsilon["epsilon"], "delta": epsilon["delta"],
+                     **{k: v for k, v in row.items() if k != "method"},
+                     "notes": "; ".join(f"{k}: {v}" for k, v in why.items())})
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    columns.remove("notes")
+    columns.append("notes")
+    cleaned = [{c: _csv_value(row.get(c), f"csv row {i} column {c!r}") for c in columns} for i, row in enumerate(rows)]
+    return pd.DataFrame(cleaned, columns=columns, dtype=object).to_csv(index=False)
+
+
+# -- Markdown and LaTeX ----------------------------------------------------------------------------
+
+def _fence(text: str) -> str:
+    """A Markdown fence longer than any run of backticks in `text`."""
+    longest, run = 0, 0
+    for char in text:
+        run = run + 1 if char == "`" else 0
+        longest = max(longest, run)
+    return "`" * max(3, longest + 1)
+
+
+def _shown(text: str) -> tuple[str, str]:
+    """(the text a page prints, the sentence on what was left out, "" when nothing was)."""
+    shown, hidden = truncated(printable(text), SHOWN_CHARACTERS)
+    return shown, (f"[{hidden} more characters not shown; the JSON report (--format json) has the full text]"
+                   if hidden else "")
+
+
+def _generation_groups(made: list[Generation]) -> list[tuple[int, str, list[Generation]]]:
+    groups: dict[int, list[Generation]] = {}
+    for g in made[:SHOWN_BLOCKS]:
+        groups.setdefault(g.prompt_index, []).append(g)
+    return [(index, items[0].prompt, items) for index, items in sorted(groups.items())]
+
+
+def _continuation_caption(g: Generation) -> str:
+    public = f", {g.answered_by_public} answered by the public model" if g.answered_by_public else ""
+    return (f"block {g.block}, steps {g.first_step}-{g.first_step + len(g.tokens) - 1}: {len(g.tokens)} generated "
+            f"tokens{public}")
+
+
+def _generation_intro(run: RunData, made: list[Generation]) -> str:
+    prompts = run.manifest["config"]["data"]["prompts"]
+    left = len(made) - min(len(made), SHOWN_BLOCKS)
+    return (f"Free generation: {len(made)} continuation(s) of {len(prompts)} prompt(s), each up to "
+            f"{run.manifest['config']['data']['max_new_tokens']} tokens; block b continues prompt b mod "
+            f"{len(prompts)}. Every generated token is one query of the mechanism; the text below is what it "
+            f"released." + (f" The first {SHOWN_BLOCKS} continuations are shown; {left} more are in the JSON report."
+                            if left else ""))
+
+
+def _markdown_generations(run: RunData) -> list[str]:
+    made, note = generations(run)
+    if not made:
+        return []
+    parts = ["### Prompts and generated text", "", _generation_intro(run, made), "", note, ""]
+    for index, prompt, items in _generation_groups(made):
+        shown, more = _shown(prompt)
+        fence = _fence(shown)
+        parts += [f"#### Prompt {index + 1}", "", fence + "text", shown, fence, *([more] if more else []), ""]
+        for g in items:
+            body = printable(g.text) if g.text is not None else " ".join(map(str, g.tokens))
+            shown, more = _shown(body)
+            fence = _fence(shown)
+            parts += [f"Continuation ({_continuation_caption(g)}):", "", fence + "text", shown, fence,
+                      *([more] if more else []), ""]
+    return parts
 
 
 def render_markdown(runs: list[RunData]) -> str:
     parts = ["# dpledger privacy report", "", "## Method comparison (Table 1 / Table 2a shape)", "",
              markdown_table(comparison_table(runs)), "",
-             "epsilon: improved RDP->DP conversion at the run's delta; data-dependent values are measurements, "
-             "not releasable guarantees.", ""]
+             "epsilon@delta: improved RDP->DP conversion (Balle et al. 2020, Theorem 21) at that delta; order@delta: "
+             "the optimal Renyi order there; data-dependent values are measurements, not releasable guarantees; "
+             "n/a: not applicable, for the numbered reason.", ""]
     for run in runs:
         parts += [f"## {run.label}", "", f"Trace: `{run.directory}`", "", "### Breakdown (Table 2b shape)", "",
                   markdown_table(breakdown_table(run)), "", _breakdown_caption(run), "", "### Privacy statement", ""]
         parts += [p + "\n" for p in privacy_statement(run)]
+        parts += _markdown_generations(run)
         checks = checks_table(run)
         parts += ["### Audit", "", f"Verdict: {audit_headline(run)}", "",
                   markdown_table(checks) if checks is not None else "Not audited.", ""]
@@ -123,26 +362,65 @@ def render_markdown(runs: list[RunData]) -> str:
 
 
 def render_latex(runs: list[RunData]) -> str:
-    parts = [latex_table(comparison_table(runs).drop(columns=["delta"]), "Method comparison (Table 2a shape).")]
+    parts = [latex_table(comparison_table(runs), "Method comparison (Table 2a shape); epsilon@delta: improved "
+                                                 "conversion at that delta.")]
     parts += [latex_table(breakdown_table(run), _breakdown_caption(run)) for run in runs]
     return "\n\n".join(parts) + "\n"
 
 
-_STYLE = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:0.8em 0}td,th{border:1px solid #bbb;padding:4px 8px;font-size:0.9em;text-align:left}
-th{background:#eef}.verdict-PASS{color:#176b1b;font-weight:bold}.verdict-FAIL{color:#b00;font-weight:bold}
+# -- HTML ------------------------------------------------------------------------------------------
+
+_STYLE = """body{font-family:system-ui,sans-serif;max-width:1240px;margin:2em auto;padding:0 1em;color:#222;line-height:1.4}
+.table-wrap{overflow-x:auto}table{border-collapse:collapse;margin:0.8em 0}
+td,th{border:1px solid #bbb;padding:4px 6px;font-size:0.85em;text-align:left;vertical-align:top}
+.short{white-space:nowrap}table.comparison td:first-child{min-width:10em;white-space:normal}
+table.comparison td:last-child{min-width:15em}th{background:#eef}sup.fn{color:#555;font-size:0.75em}
+ol.table-notes{color:#555;font-size:0.85em;margin-top:0}
+.verdict-PASS{color:#176b1b;font-weight:bold}.verdict-FAIL{color:#b00;font-weight:bold}
 .verdict-UNVERIFIED{color:#b36b00;font-weight:bold}
-.note{color:#555;font-size:0.9em}figure{margin:1em 0}img{max-width:100%;border:1px solid #ddd}"""
+.note{color:#555;font-size:0.9em}figure{margin:0}img{max-width:100%;border:1px solid #ddd}
+.figures{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:1em;align-items:start}
+figcaption{color:#555;font-size:0.85em}
+nav ul{columns:2;font-size:0.9em}
+pre.prompt,pre.continuation{white-space:pre-wrap;word-break:break-word;padding:6px 10px;margin:0.3em 0 0.8em;
+font-size:0.88em;border-radius:3px}pre.prompt{background:#eef;border-left:4px solid #88a}
+pre.continuation{background:#f6f6f0;border-left:4px solid #bb9}.generation h4{margin:0.8em 0 0.2em}"""
+
+
+def _html_generations(run: RunData) -> list[str]:
+    made, note = generations(run)
+    if not made:
+        return []
+    parts = ["<h3>Prompts and generated text</h3>", f"<p class='note'>{html.escape(_generation_intro(run, made))} "
+             f"{html.escape(note)}</p>"]
+    for index, prompt, items in _generation_groups(made):
+        shown, more = _shown(prompt)
+        parts += ["<div class='generation'>", f"<h4>Prompt {index + 1}</h4>",
+                  f"<pre class='prompt'>{html.escape(shown)}</pre>"]
+        parts += [f"<p class='note'>{html.escape(more)}</p>"] if more else []
+        for g in items:
+            body = printable(g.text) if g.text is not None else " ".join(map(str, g.tokens))
+            shown, more = _shown(body)
+            parts += [f"<p class='note'>Continuation ({html.escape(_continuation_caption(g))}):</p>",
+                      f"<pre class='continuation'>{html.escape(shown)}</pre>"]
+            parts += [f"<p class='note'>{html.escape(more)}</p>"] if more else []
+        parts.append("</div>")
+    return parts
 
 
 def render_html(runs: list[RunData]) -> str:
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>dpledger privacy report</title>"
              f"<style>{_STYLE}</style></head><body>", "<h1>dpledger privacy report</h1>",
              f"<p class='note'>Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "
-             f"{len(runs)} run(s). Every number is read from the runs' ledger.json and audit.json.</p>",
-             "<h2>Method comparison</h2>", _html_table(comparison_table(runs), "comparison"),
-             "<p class='note'>epsilon: improved RDP-to-DP conversion at the run's delta. Data-dependent values are "
-             "measurements on the private data, not releasable guarantees.</p>"]
+             f"{len(runs)} run(s). Every number is read from the runs' ledger.json and audit.json.</p>"]
+    if len(runs) > 1:
+        parts.append("<nav><ul>" + "".join(f"<li><a href='#run-{i}'>{html.escape(r.label)}</a> "
+                                            f"<span class='note'>{html.escape(r.directory.name)}</span></li>"
+                                            for i, r in enumerate(runs)) + "</ul></nav>")
+    parts += ["<h2>Method comparison</h2>", _html_table(comparison_table(runs), "comparison"),
+              "<p class='note'>epsilon@delta: improved RDP-to-DP conversion (Balle et al. 2020, Theorem 21) at that "
+              "delta; order@delta: the optimal Renyi order there. Data-dependent values are measurements on the "
+              "private data, not releasable guarantees. n/a: not applicable, for the numbered reason.</p>"]
     for index, run in enumerate(runs):
         verdict = run.audit["verdict"] if run.audit else None
         headline = audit_headline(run)
@@ -157,13 +435,15 @@ def render_html(runs: list[RunData]) -> str:
                   "<h3>Privacy-loss breakdown</h3>", _html_table(breakdown_table(run), "breakdown"),
                   f"<p class='note'>{html.escape(_breakdown_caption(run))}</p>", "<h3>Privacy statement</h3>"]
         parts += [f"<p>{html.escape(p)}</p>" for p in privacy_statement(run)]
+        parts += _html_generations(run)
         checks = checks_table(run)
         if checks is not None:
             parts += ["<h3>Audit checks</h3>", _html_table(checks, "checks")]
-        for name, png in run_figures(run).items():
-            encoded = base64.b64encode(png).decode()
-            parts.append(f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{encoded}'>"
-                         f"<figcaption>{html.escape(name)}</figcaption></figure>")
+        figures = run_figures(run)
+        if figures:
+            parts.append("<h3>Figures</h3><div class='figures'>" + "".join(
+                f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+                f"<figcaption>{html.escape(name)}</figcaption></figure>" for name, png in figures.items()) + "</div>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -173,3 +453,6 @@ def render(runs: list[RunData], output_format: str) -> str:
     require(len(runs) > 0, "a report needs at least one run directory")
     return {"html": render_html, "md": render_markdown, "json": render_json, "latex": render_latex,
             "csv": render_csv}[output_format](runs)
+
+
+__all__ = ["FORMATS", "MISSING", "render", "strict_json"]

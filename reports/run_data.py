@@ -25,6 +25,12 @@ class RunData:
 
     @property
     def label(self) -> str:
+        """The method's name, as in the paper's tables; ", free generation" for a run of stream "generate"."""
+        generated = self.manifest.get("data", {}).get("stream", "teacher-forced") != "teacher-forced"
+        return self._method_label + (", free generation" if generated else "")
+
+    @property
+    def _method_label(self) -> str:
         mechanism = self.manifest["mechanism"]
         params = mechanism["params"]
         kind = mechanism["type"]
@@ -93,3 +99,76 @@ def fmt(value, digits: int = 4, name: str = "a report value") -> str:
     if isinstance(value, float) and math.isnan(value):
         raise ValueError(f"{name} must be a number, inf or missing, got NaN")
     return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One block of a free-generation run: the prompt it continued and the tokens it released."""
+    block: int
+    first_step: int
+    prompt_index: int
+    prompt: str
+    tokens: tuple[int, ...]
+    text: str | None
+    """The tokens decoded with the run's tokenizer; None when that tokenizer cannot be loaded."""
+    answered_by_public: int
+
+
+def generations(run: RunData) -> tuple[list[Generation], str | None]:
+    """The prompts and generated continuations of a free-generation run (`[data] stream =
+    "generate"`), block by block, and a note on how the text was recovered (or why it was not);
+    ([], None) for a teacher-forced run, whose contexts are private held-out text and are not shown.
+
+    Block b continues prompt b mod (number of prompts) (decoding.run.run_block); the prompts are
+    manifest.json's config.data.prompts, the tokens each record's output_token. The manifest names
+    the tokenizer by path only (no content hash), so the text is decoded with whatever is at that
+    path now; without a loadable tokenizer the token ids are given instead."""
+    if run.manifest["data"].get("stream", "teacher-forced") == "teacher-forced":
+        return [], None
+    prompts = run.manifest["config"]["data"]["prompts"]
+    blocks: dict[int, list[dict]] = {}
+    for record in sorted(run.records, key=lambda r: r["step"]):
+        blocks.setdefault(record["block"], []).append(record)
+    tokenizer, note = _tokenizer(run.manifest.get("tokenizer"))
+    made = []
+    for block, records in sorted(blocks.items()):
+        tokens = tuple(int(r["output_token"]) for r in records)
+        made.append(Generation(block, records[0]["step"], block % len(prompts), prompts[block % len(prompts)], tokens,
+                               None if tokenizer is None else tokenizer.decode(list(tokens)),
+                               sum(r["answered_by"] == "public" for r in records)))
+    return made, note
+
+
+_TOKENIZERS: dict[str, object] = {}
+
+
+def _tokenizer(path: str | None):
+    """(tokenizer, note): the tokenizer at `path` (a local directory, or a name already in the
+    Hugging Face cache: a report never downloads), or (None, why not)."""
+    if not path:
+        return None, "manifest.json names no tokenizer: token ids are shown instead of text"
+    if path not in _TOKENIZERS:
+        try:
+            from transformers import AutoTokenizer
+
+            _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as error:  # noqa: BLE001 - any failure to load means: show token ids
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            return None, (f"the run's tokenizer {path!r} (manifest.json's path, relative to the directory decode "
+                          f"ran in) cannot be loaded here ({first[:200]}): token ids are shown instead of text")
+    return _TOKENIZERS[path], (f"Text decoded with the tokenizer at {path} (manifest.json records its path, not its "
+                               "content hash: the text is right if that tokenizer is unchanged).")
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0, 9), *range(11, 32), 127)}
+
+
+def printable(text: str) -> str:
+    """`text` with control characters other than newline and tab written as \\xNN,
+    so a report shows them instead of dropping or interpreting them."""
+    return text.translate(_CONTROL)
+
+
+def truncated(text: str, limit: int) -> tuple[str, int]:
+    """(the first `limit` characters of `text`, the number of characters left out)."""
+    return (text, 0) if len(text) <= limit else (text[:limit], len(text) - limit)

@@ -10,10 +10,11 @@ from reports.tables import direction_label
 _MECHANISMS = {
     "public": "The public model answers alone; the teachers are never read, so nothing private is used.",
     "ensemble": "The average of the teachers answers directly. This is not private: no guarantee is claimed.",
-    "pmixed": ("PMixED (Flemings et al. 2024): each teacher's next-token distribution is projected onto a Renyi ball "
-               "around the public model's, the projections are averaged and the token is sampled."),
+    "pmixed": ("PMixED (Flemings et al. 2024, Algorithm 2): each teacher's next-token distribution is mixed with the "
+               "public model's until it lies in a Renyi ball around it (radius beta*alpha at order alpha), the mixtures "
+               "are averaged and the token is sampled from the average."),
     "adapmixed": "AdaPMixED (Flemings et al. 2024, Algorithm 1).",
-    "voting": ("Hot PATE voting (Cohen et al. 2023): every teacher casts one vote from its next-token distribution, "
+    "voting": ("PATE voting (Cohen et al. 2023): every teacher casts one vote from its next-token distribution, "
                "the histogram of votes goes to an aggregator, which releases a token or fails (then the public model "
                "answers)."),
 }
@@ -24,10 +25,99 @@ _AGGREGATORS = {
                  "then the noisy argmax"),
     "dpws": "DPWS adds Gaussian noise to every count, then samples TWS-style among the noisy counts at least T",
 }
+_THEOREM_3_1 = {
+    "all-orders": "Theorem 3.1 (Flemings et al. 2024), proven at every order: this run's ball holds at every order",
+    "projection-order": ("Theorem 3.1 (Flemings et al. 2024) as the paper claims it; with the paper's one-order ball "
+                         "that theorem is not guaranteed for every input (docs/soundness.md)"),
+}
+
+
+def _theorem_3_1(params: dict) -> str:
+    return _THEOREM_3_1["all-orders" if params.get("ball") == "all-orders" else "projection-order"]
+
+
+def _data_dependent_loss(relation: str) -> str:
+    """What the data-dependent charge of a run claiming `relation` is (mechanisms.step.data_dependent_step_curve)."""
+    if relation == "remove_one":
+        return "the data-dependent loss of removing a teacher (Flemings et al. 2024, Eq. 3)"
+    if relation == "add_one":
+        return "the data-dependent loss of adding a teacher (the add-one bound of docs/soundness.md)"
+    return ("the data-dependent loss, the larger of removing a teacher's (Flemings et al. 2024, Eq. 3) and adding "
+            "one's (the add-one bound of docs/soundness.md)")
+
+
+def _adapmixed(params: dict, manifest: dict) -> str:
+    """What an AdaPMixED run (or one of its Table 2a ablations) answers with and is charged, step by step
+    (mechanisms.step.adapmixed_step)."""
+    screened, dependent = params.get("screening", True), params.get("data_dependent", True)
+    realised = params.get("accounting") == "realised-path"
+    answer = _data_dependent_loss(manifest["relation"])
+    screen = (f"A noisy screening test (lam={params['lam']:g}, sigma={params['sigma']:g}, T={params['threshold']:g}, "
+              f"top-{params['top_k']}) decides whether PMixED answers or the public model does. The screen is charged "
+              "its RDP (Flemings et al. 2024, Theorem 4.1) at every step")
+    if screened and dependent:
+        text = (f" {screen}; PMixED's answer is charged {answer}, "
+                + ("only at the steps where the screen passed (Flemings et al. 2024, Theorem 4.2 as stated)." if realised
+                   else "at every step, the screen passed or not: a step releases the decision and the token, and "
+                        "its loss is at most the screen's plus the answer's whichever branch was taken "
+                        "(Mironov 2017, Proposition 1; docs/soundness.md)."))
+    elif screened:
+        text = (f" {screen}; PMixED's answer is charged Theorem 3.1's data-independent bound at every step, the "
+                f"screen passed or not (this ablation charges it whatever the accounting). That bound is "
+                f"{_theorem_3_1(params)}.")
+    else:
+        text = f" Without a screening step, PMixED answers every query and every step is charged {answer}."
+    return text + f" Here: alpha={params['alpha']:g}, beta={params['beta']:g}, N={manifest['n_teachers']}."
+
+
+def _pmixed(params: dict, manifest: dict) -> str:
+    text = f" Here: alpha={params['alpha']:g}, beta={params['beta']:g}, N={manifest['n_teachers']}"
+    if params.get("sample_rate") is None:
+        return text + f". Every step is charged {_theorem_3_1(params)}."
+    from mechanisms.pmixed import SubsamplingVariant
+
+    variant = SubsamplingVariant(params["subsampling_variant"])
+    return (text + f", each teacher Poisson-subsampled at every step with rate q={params['sample_rate']:g}. Every step "
+            f"is charged the subsampled bound of variant '{variant.value}' (Flemings et al. 2024, Theorem A.4; "
+            f"Zhu & Wang 2019), which amplifies Theorem 3.1: {variant.soundness}"
+            + ("" if variant.proven else " (docs/soundness.md)") + ".")
+
+
+def _voting(params: dict, manifest: dict) -> str:
+    votes = ("coordinated (Hot PATE): one shared random vector per step, a function of the public seed and the step "
+             "only" if params["votes"] == "coordinated" else "independent (cold PATE)")
+    noise = "".join(f", {name}={params[name]:g}" for name in ("gamma", "sigma", "sigma_threshold")
+                    if params.get(name) is not None and (name != "gamma" or params["aggregator"] in ("tws", "dpws")))
+    text = (f" Here: N={manifest['n_teachers']} teachers, votes {votes}; {_AGGREGATORS[params['aggregator']]}"
+            f" (T={params['threshold']:g}{noise}).")
+    aggregator, realised = params["aggregator"], params.get("accounting") == "realised-path"
+    if aggregator in ("targmax", "tws"):
+        return text + " Every step is charged +inf: the aggregator is not differentially private (docs/hotpate.md)."
+    if aggregator == "dpws":
+        return text + (" Every step is charged a / sigma^2 at order a: the Gaussian mechanism on the histogram, whose "
+                       "L2 sensitivity is at most sqrt(2); sampling from the noisy counts is post-processing "
+                       "(docs/hotpate.md).")
+    answer = ("the noisy argmax's data-dependent RDP at the step's histogram (Papernot et al. 2018, Theorem 6)"
+              if params.get("data_dependent") else "the noisy argmax's a / sigma^2 (Papernot et al. 2018, Proposition 8)")
+    return text + (f" Every step is charged the screen's a / (2 sigma_threshold^2) plus {answer}, "
+                   + ("only where the screen passed (Papernot et al. 2018's convention)." if realised else
+                      "the screen passed or not: a step releases the decision and the token (Mironov 2017, "
+                      "Proposition 1; docs/hotpate.md)."))
 
 
 _RELATIONS = {"add_or_remove_one": "adding or removing one teacher", "remove_one": "removing one teacher",
               "add_one": "adding one teacher", "replace_one": "replacing one teacher"}
+
+
+def _realised_path_applies(kind: str, params: dict) -> bool:
+    """Whether realised-path accounting changes what is charged: only where a screen decides whether
+    a charged answer is made (AdaPMixED with both its screen and its data-dependent charge; DPARGMAX).
+    The ablations and the other aggregators charge every step alike whatever the accounting."""
+    if params.get("accounting") != "realised-path":
+        return False
+    if kind == "adapmixed":
+        return params.get("screening", True) and params.get("data_dependent", True)
+    return kind == "voting" and params.get("aggregator") == "dpargmax"
 
 
 def privacy_statement(run: RunData) -> list[str]:
@@ -39,32 +129,8 @@ def privacy_statement(run: RunData) -> list[str]:
     require(not math.isnan(epsilon["epsilon"]),
             f"{run.directory}/ledger.json: epsilon at delta={epsilon['delta']:g} must be a number or inf, got NaN")
     orders = manifest["orders"]
-    mechanism = _MECHANISMS[kind]
-    if kind == "adapmixed":
-        screened, dependent = params.get("screening", True), params.get("data_dependent", True)
-        answers = ("PMixED's answers are charged their data-dependent loss (Flemings et al. 2024, Eq. 3)" if dependent
-                   else "PMixED's answers are charged Theorem 3.1's data-independent bound")
-        mechanism += ((f" A noisy screening test (lam={params['lam']:g}, sigma={params['sigma']:g}, "
-                       f"T={params['threshold']:g}, top-{params['top_k']}) decides whether PMixED answers or the public "
-                       f"model does; {answers}." if screened else
-                       f" Without a screening step, PMixED answers every query; {answers}.")
-                      + f" Here: alpha={params['alpha']:g}, beta={params['beta']:g}, N={manifest['n_teachers']}.")
-    elif kind == "pmixed":
-        mechanism += f" Here: alpha={params['alpha']:g}, beta={params['beta']:g}, N={manifest['n_teachers']}"
-        if params.get("sample_rate") is not None:
-            mechanism += (f", teachers Poisson-subsampled with rate q={params['sample_rate']:g}, amplification variant "
-                          f"'{params['subsampling_variant']}'")
-        mechanism += (". Its per-query bound is Theorem 3.1, proven at every order: the ball holds at every order."
-                      if params.get("ball") == "all-orders" else
-                      ". Its per-query bound is Theorem 3.1 as claimed by the paper; that theorem is not guaranteed "
-                      "for every input (docs/soundness.md).")
-    elif kind == "voting":
-        votes = ("coordinated: one shared random vector per step, a function of the public seed and the step only"
-                 if params["votes"] == "coordinated" else "independent")
-        noise = "".join(f", {name}={params[name]:g}" for name in ("gamma", "sigma", "sigma_threshold")
-                        if params.get(name) is not None and (name != "gamma" or params["aggregator"] in ("tws", "dpws")))
-        mechanism += (f" Here: N={manifest['n_teachers']} teachers, votes {votes}; {_AGGREGATORS[params['aggregator']]}"
-                      f" (T={params['threshold']:g}{noise}).")
+    mechanism = _MECHANISMS[kind] + {"adapmixed": _adapmixed, "pmixed": _pmixed, "voting": _voting}.get(
+        kind, lambda params, manifest: "")(params, manifest)
     if epsilon["order"] is None:
         outcome = ("epsilon = 0: the output does not depend on the teachers" if epsilon["epsilon"] == 0
                    else "epsilon = inf: no order gives a guarantee")
@@ -76,7 +142,7 @@ def privacy_statement(run: RunData) -> list[str]:
         f"Neighbouring relation claimed: {_RELATIONS.get(manifest['relation'], manifest['relation'])}; the charged "
         f"loss covers {_RELATIONS.get(ledger.get('relation', manifest['relation']), ledger.get('relation'))}"
         + (" of this ensemble (a data-dependent loss is anchored at the actual ensemble)." if run.data_dependent else ".")
-        + ("" if ledger.get("accounting") != "realised-path" else
+        + ("" if not _realised_path_applies(kind, params) else
            " Screened steps are charged on the realised path (" + ("Papernot et al. 2018's convention for "
            "Confident-GNMax: a failed step costs only the screen" if kind == "voting" else
            "Flemings et al. 2024, Theorem 4.2 as stated") + "): that total does not bound the released output's law "

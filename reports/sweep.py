@@ -8,7 +8,6 @@ is a full decoding run with its trace; one privacy-loss vs perplexity plot per p
 from __future__ import annotations
 
 import io
-import json
 import warnings
 from pathlib import Path
 
@@ -69,24 +68,66 @@ def run_sweep(out: str | Path, queries: int = 256, teachers: int = 8, parameters
     table.to_csv(out / "sweep.csv", index=False)
     for parameter, group in table.groupby("parameter", sort=False):
         (out / f"sweep_{parameter}.png").write_bytes(sweep_plot(parameter, group))
-    (out / "sweep.json").write_text(json.dumps(rows, indent=2))
+    from reports.render import strict_json
+
+    (out / "sweep.json").write_text(strict_json(rows, "sweep.json", "no guarantee at any order") + "\n")
     return table
 
 
+def point_values(point: str) -> dict[str, float]:
+    """{"lam": 0.001, "sigma": 0.01} from a point label "lam=0.001, sigma=0.01" (`_point_label`)."""
+    return {key: float(value) for key, value in (part.split("=", 1) for part in point.split(", "))}
+
+
+def sweep_series(group: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The lines of one parameter's plot: (legend label, rows sorted by the varied parameter).
+
+    One parameter: one line through every point, in the parameter's order. Several (lam and
+    sigma): the first one varies along a line and each value of the others gets its own line, so a
+    line never joins points that differ in two parameters."""
+    values = pd.DataFrame([point_values(p) for p in group["point"]], index=group.index)
+    keys = list(values.columns)
+    frame = pd.concat([group, values.add_prefix("value_")], axis=1)
+    varied, rest = keys[0], keys[1:]
+    if not rest:
+        return [("", frame.sort_values(f"value_{varied}", kind="stable"))]
+    lines = []
+    for fixed, rows in frame.groupby([f"value_{k}" for k in rest], sort=True):
+        fixed = fixed if isinstance(fixed, tuple) else (fixed,)
+        label = ", ".join(f"{k}={v:g}" for k, v in zip(rest, fixed))
+        lines.append((label, rows.sort_values(f"value_{varied}", kind="stable")))
+    return lines
+
+
 def sweep_plot(parameter: str, group: pd.DataFrame) -> bytes:
-    figure, axis = plt.subplots(figsize=(5.5, 3.8))
-    axis.plot(group["perplexity"], group["epsilon"], marker="o")
-    for _, row in group.iterrows():
-        axis.annotate(row["point"], (row["perplexity"], row["epsilon"]), fontsize=7, xytext=(4, 4),
-                      textcoords="offset points")
+    """Privacy loss against perplexity, one marker per point joined in the order of the varied
+    parameter; the points are told apart by the legend (marker colour and shape), never by text
+    written beside them, which overlaps when points lie close."""
+    figure, axis = plt.subplots(figsize=(7.2, 4.0), layout="constrained")
+    markers = "osD^v<>pPX*h"
+    cmap = plt.get_cmap("viridis")
+    series = sweep_series(group)
+    varied = next(iter(point_values(group["point"].iloc[0])))
+    count = sum(len(rows) for _, rows in series)
+    index = 0
+    for line, (label, rows) in enumerate(series):
+        if len(rows) > 1:
+            axis.plot(rows["perplexity"], rows["epsilon"], color="0.6", linewidth=1, zorder=1,
+                      linestyle=("-", "--", ":", "-.")[line % 4],
+                      label=f"joined by increasing {varied}" + (f" ({label})" if label else ""))
+        for _, row in rows.iterrows():
+            axis.scatter([row["perplexity"]], [row["epsilon"]], s=42, zorder=2, marker=markers[index % len(markers)],
+                         color=cmap(index / max(1, count - 1) * 0.9), edgecolors="black", linewidths=0.5,
+                         label=row["point"])
+            index += 1
     axis.set_xlabel("perplexity")
-    axis.set_ylabel("data-dependent privacy loss (epsilon, delta=1e-5)")
-    axis.set_title(f"AdaPMixED: varying {parameter}")
+    axis.set_ylabel("data-dependent privacy loss\n(epsilon, delta=1e-5)")
+    axis.set_title(f"AdaPMixED: varying {parameter.replace('_', ' and ')}", fontsize=11)
     axis.grid(alpha=0.3)
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        figure.tight_layout()
-    figure.savefig(buffer, format="png", dpi=110)
+        figure.savefig(buffer, format="png", dpi=110)
     plt.close(figure)
     return buffer.getvalue()

@@ -10,7 +10,8 @@ from reports.run_data import RunData
 
 
 def breakdown_table(run: RunData) -> pd.DataFrame:
-    """Table 2b: each component's RDP at the chosen order, the conversion term, the total.
+    """Table 2b: each component's RDP at the chosen order, the conversion term, the total
+    (`frame.attrs["reasons"]`: why a row is +inf).
 
     Raises ValueError if the rows do not sum to the total (the report must never show that)."""
     breakdown = run.ledger["breakdown"]
@@ -22,6 +23,8 @@ def breakdown_table(run: RunData) -> pd.DataFrame:
     parts = sum(r["epsilon"] for r in rows[:-1])
     require(total == float("inf") or abs(parts - total) <= 1e-9 * max(1.0, abs(total)),
             f"breakdown rows of {run.directory} sum to {parts!r}, not the total {total!r}")
+    frame.attrs["reasons"] = [{"epsilon": no_guarantee_reason(run)} if r["epsilon"] == float("inf") else {}
+                              for r in rows]
     return frame
 
 
@@ -47,31 +50,107 @@ def audit_headline(run: RunData) -> str:
     return run.audit.get("headline", run.audit["verdict"])
 
 
+def epsilon_column(delta: float) -> str:
+    """The comparison table's column of the improved epsilon at `delta`: "epsilon@1e-05"."""
+    return f"epsilon@{delta:g}"
+
+
+def order_column(delta: float) -> str:
+    return f"order@{delta:g}"
+
+
+def no_guarantee_reason(run: RunData) -> str:
+    """Why the run's epsilon is +inf, in a few words."""
+    kind = run.manifest["mechanism"]["type"]
+    if kind == "ensemble":
+        return "no guarantee: the non-private ensemble reads the teachers directly"
+    voting = run.ledger.get("voting") or {}
+    if voting.get("threshold_private"):
+        name = {"targmax": "TARGMAX_T", "tws": "TWS_{T,gamma}"}.get(voting.get("aggregator"), "the aggregator")
+        return f"no DP guarantee: {name} gives T-threshold privacy only, a robustness notion (Cohen et al. 2023)"
+    return "no guarantee: the composed RDP curve is +inf at every order"
+
+
+def missing_order_reason(run: RunData, epsilon: float) -> str:
+    if epsilon == 0:
+        return "epsilon = 0 at every order: the output does not depend on the teachers"
+    return no_guarantee_reason(run) + " (no order gives a finite bound)"
+
+
+def perplexity_reason(run: RunData, value) -> str | None:
+    """Why the perplexity is missing or +inf; None when it is a finite number."""
+    if value is None:
+        if run.manifest["mechanism"]["type"] == "voting":
+            return "voting runs release a point mass per step: no perplexity (see token_accuracy)"
+        if run.manifest["data"]["stream"] != "teacher-forced":
+            return "free generation has no true next tokens: no perplexity"
+        return "ledger.json records no perplexity"
+    if value == float("inf"):
+        return "+inf: a true token had probability 0 under a released distribution"
+    return None
+
+
 def comparison_table(runs: list[RunData]) -> pd.DataFrame:
-    """Table 2a / Table 1: method, queries, epsilon at delta (improved), order, perplexity,
-    queries answered by the public model, whether epsilon is data-dependent, the neighbouring relation
-    the charged total covers, and the audit's headline (its verdict for the claimed relation and
-    every other relation it tested)."""
-    rows = []
+    """Table 2a / Table 1: method, queries, the improved epsilon at every requested delta (one column
+    each, "epsilon@1e-05"), the optimal order at each run's first delta, whether epsilon is
+    data-dependent, the divergence direction, the neighbouring relation the charged total covers,
+    perplexity, queries answered by the public model, the audit's headline (its verdict for the
+    claimed relation and every other relation it tested); for voting runs also yield and token
+    accuracy.
+
+    Every missing value is None (never NaN) and every missing or +inf value has a reason:
+    `frame.attrs["reasons"]` holds one {column: reason} per row."""
+    deltas = list(dict.fromkeys(d for run in runs for d in run.manifest["config"]["deltas"]))
+    voting_columns = any("voting" in r.ledger for r in runs)
+    rows, reasons = [], []
     for run in runs:
+        row, why = {"method": run.label, "queries": run.ledger["steps"]}, {}
+        requested = run.manifest["config"]["deltas"]
+        for delta in deltas:  # every requested delta, not only the first
+            column = epsilon_column(delta)
+            entry = next((e for e in run.ledger["epsilon"] if isinstance(e, dict) and e.get("method") == "improved"
+                          and e.get("delta") == delta), None)
+            row[column] = None if entry is None else entry["epsilon"]
+            if entry is None:
+                why[column] = ("this run did not request this delta (its deltas: "
+                               + ", ".join(f"{d:g}" for d in requested) + ")" if delta not in requested
+                               else "ledger.json has no improved epsilon at this delta")
+            elif entry["epsilon"] == float("inf"):
+                why[column] = no_guarantee_reason(run)
         epsilon = run.epsilon()
-        rows.append({"method": run.label, "queries": run.ledger["steps"], "epsilon": epsilon["epsilon"],
-                     "delta": epsilon["delta"], "order": epsilon["order"], "data_dependent": run.data_dependent,
-                     "direction": direction_label(run.ledger.get("direction")),
-                     "relation": relation_label(run),
-                     "perplexity": run.ledger["perplexity"], "answered_by_public": run.ledger["answered_by_public"],
-                     "audit": audit_headline(run)})
-        for delta in run.manifest["config"]["deltas"][1:]:  # every requested delta, not only the first
-            entry = next((e for e in run.ledger["epsilon"] if e.get("method") == "improved" and e.get("delta") == delta),
-                         None)
-            rows[-1][f"epsilon at delta={delta:g}"] = None if entry is None else entry["epsilon"]
-        if any("voting" in r.ledger for r in runs):  # voting releases point masses: yield and accuracy, not perplexity
-            voting = run.ledger.get("voting") or {}
-            rows[-1].update({"yield": voting.get("yield"), "token_accuracy": voting.get("token_accuracy")})
+        for delta in deltas:
+            if delta == run.delta:
+                row[order_column(delta)] = epsilon["order"]
+                if epsilon["order"] is None:
+                    why[order_column(delta)] = missing_order_reason(run, epsilon["epsilon"])
+        row.update({"data_dependent": run.data_dependent, "direction": direction_label(run.ledger.get("direction")),
+                    "relation": relation_label(run), "perplexity": run.ledger["perplexity"],
+                    "answered_by_public": run.ledger["answered_by_public"], "audit": audit_headline(run)})
+        reason = perplexity_reason(run, row["perplexity"])
+        if reason:
+            why["perplexity"] = reason
+        if voting_columns:  # voting releases point masses: yield and accuracy, not perplexity
+            voting = run.ledger.get("voting")
+            row.update({"yield": None if voting is None else voting.get("yield"),
+                        "token_accuracy": None if voting is None else voting.get("token_accuracy")})
+            if voting is None:
+                why["yield"] = why["token_accuracy"] = "not a voting run"
+            elif voting.get("token_accuracy") is None:
+                why["token_accuracy"] = "free generation has no true next tokens: no accuracy"
+        rows.append(row)
+        reasons.append(why)
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # a run without a column shows it missing
+    columns = [c for c in columns if c != "audit"] + ["audit"]  # the one long text, last
+    for row, why in zip(rows, reasons):
+        for column in columns:
+            if column not in row and column not in why:
+                why[column] = (f"not applicable: {column} is the order at another run's first delta"
+                               if column.startswith("order@") else "not recorded for this run")
     # object dtype keeps a missing value (e.g. no order for epsilon = 0) None: a float column would
     # turn it into NaN, which the renderers refuse
-    columns = list(dict.fromkeys(key for row in rows for key in row))  # a run without a column shows it missing
-    return pd.DataFrame([{key: row.get(key) for key in columns} for row in rows], dtype=object)
+    frame = pd.DataFrame([{key: row.get(key) for key in columns} for row in rows], dtype=object, columns=columns)
+    frame.attrs["reasons"] = reasons
+    return frame
 
 
 def leakage_table(run: RunData) -> pd.DataFrame | None:

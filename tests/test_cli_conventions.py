@@ -100,9 +100,9 @@ def test_the_comparison_table_shows_every_requested_delta(micro_models, tmp_path
     run = load_run(result.directory)
     table = comparison_table([run])
     by_delta = {e["delta"]: e["epsilon"] for e in result.summary["epsilon"] if e["method"] == "improved"}
-    assert table.loc[0, "epsilon"] == by_delta[1e-5]
-    assert table.loc[0, "epsilon at delta=1e-06"] == by_delta[1e-6]
-    assert table.loc[0, "epsilon at delta=1e-08"] == by_delta[1e-8] > by_delta[1e-6]
+    assert table.loc[0, "epsilon@1e-05"] == by_delta[1e-5]
+    assert table.loc[0, "epsilon@1e-06"] == by_delta[1e-6]
+    assert table.loc[0, "epsilon@1e-08"] == by_delta[1e-8] > by_delta[1e-6]
     other = run_decode(config_from_dict(micro_config(micro_models, tmp_path / "other", {"type": "public"}, queries=8,
                                                      block_size=8)), progress=False, verbose=False)
     for output_format in ("md", "html", "json", "latex"):  # a run without the column shows it missing, never NaN

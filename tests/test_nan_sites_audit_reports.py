@@ -189,13 +189,14 @@ def test_site12_reports_refuse_nan_and_write_strict_json(runs):
         render([run], "json")
     with pytest.raises(ValueError, match=r"table column 'perplexity' must be a number, inf or missing, got NaN"):
         render([run], "md")
-    # +inf becomes "inf", a missing order stays null, and the output parses as strict JSON
+    # +inf and a missing order become null beside a reason, and the output parses as strict JSON
     run.ledger["perplexity"] = math.inf
     free = load_run(runs["pmixed"])
     free.ledger["epsilon"] = [{**e, "epsilon": 0.0, "order": None} for e in free.ledger["epsilon"]]
     strict = json.loads(render([run, free], "json"),
                         parse_constant=lambda token: pytest.fail(f"non-standard JSON token {token}"))
-    assert strict["comparison"][0]["perplexity"] == "inf" and strict["comparison"][1]["order"] is None
+    assert strict["comparison"][0]["perplexity"] is None and "probability 0" in strict["comparison"][0]["perplexity_missing"]
+    assert strict["comparison"][1]["order@1e-05"] is None and strict["comparison"][1]["order@1e-05_missing"]
     # a NaN epsilon is not "inf: no order gives a guarantee"
     free.ledger["epsilon"] = [{**e, "epsilon": NAN} for e in free.ledger["epsilon"]]
     with pytest.raises(ValueError, match=r"ledger.json: epsilon at delta=1e-05 must be a number or inf, got NaN"):

@@ -43,7 +43,7 @@ def test_tables_show_the_ledger_values_not_a_recomputation(runs, tmp_path):
     for entry in ledger["epsilon"]:
         entry["epsilon"] = 12345.678
     (copy / "ledger.json").write_text(json.dumps(ledger))
-    assert comparison_table([load_run(copy)])["epsilon"].iloc[0] == 12345.678
+    assert comparison_table([load_run(copy)])["epsilon@1e-05"].iloc[0] == 12345.678
     assert "12346" in render([load_run(copy)], "md")
 
 
