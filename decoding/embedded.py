@@ -69,6 +69,7 @@ def build_or_load(teachers: int = 8, recipe: TinyModelRecipe = TinyModelRecipe()
     key = cache_key(corpus, recipe)
     final = cache_root() / f"embedded-{key[:16]}"
     if (final / "info.json").exists():
+        _tokenizer_beside_public(final)
         return EmbeddedDefault(final, corpus, recipe, json.loads((final / "info.json").read_text()))
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.parent / f".staging-{key[:16]}-{os.getpid()}"
@@ -80,7 +81,19 @@ def build_or_load(teachers: int = 8, recipe: TinyModelRecipe = TinyModelRecipe()
         os.rename(staging, final)
     except OSError:  # another process finished the same entry first
         shutil.rmtree(staging, ignore_errors=True)
+    _tokenizer_beside_public(final)
     return EmbeddedDefault(final, corpus, recipe, json.loads((final / "info.json").read_text()))
+
+
+def _tokenizer_beside_public(entry: Path) -> None:
+    """A copy of the tokenizer in public/, so `public/` alone is a complete model directory (for
+    `dpledger teachers --public` and `[models] public` without a tokenizer key). Weights and their
+    hashes are untouched; entries written before this are completed on first use."""
+    public = entry / "public"
+    for source in sorted((entry / "tokenizer").iterdir()):
+        if not (public / source.name).exists():
+            shutil.copy2(source, public / f".{source.name}.tmp-{os.getpid()}")
+            os.replace(public / f".{source.name}.tmp-{os.getpid()}", public / source.name)
 
 
 def _train(corpus: EmbeddedCorpus, recipe: TinyModelRecipe, directory: Path, verbose: bool) -> dict:

@@ -22,6 +22,10 @@ def _looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or Path(name).exists() or "\\" in name
 
 
+HUB_HINT = ("no local directory has that name, so it was looked up on the model hub; offline, pass a local "
+            "directory (set HF_HUB_OFFLINE=1 to fail at once instead of retrying)")
+
+
 def load_causal_lm(name_or_path: str):
     """AutoModelForCausalLM.from_pretrained with a clear error for missing local paths."""
     from transformers import AutoModelForCausalLM
@@ -35,7 +39,36 @@ def load_causal_lm(name_or_path: str):
     try:
         return AutoModelForCausalLM.from_pretrained(str(path) if path.exists() else str(name_or_path)).eval()
     except OSError as error:
-        raise ValueError(f"cannot load model {name_or_path!r}: {error}") from None
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        hint = "" if path.exists() else f"; {HUB_HINT}"
+        raise ValueError(f"cannot load model {name_or_path!r}: {first}{hint}") from None
+
+
+def load_tokenizer(name_or_path: str, what: str = "tokenizer"):
+    """AutoTokenizer.from_pretrained with a one-line error naming `what` (the flag or key)."""
+    from transformers import AutoTokenizer
+
+    path = Path(str(name_or_path)).expanduser()
+    if _looks_local(str(name_or_path)) and not path.exists():
+        raise ValueError(f"{what} {name_or_path}: not a directory")
+    try:
+        return AutoTokenizer.from_pretrained(str(path) if path.exists() else str(name_or_path))
+    except (OSError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        hint = "" if path.exists() else f"; {HUB_HINT}"
+        raise ValueError(f"{what} {name_or_path}: cannot load a tokenizer ({first}){hint}") from None
+
+
+def require_matching_tokenizer(tokenizer, vocab_size: int, what: str) -> None:
+    """The tokenizer is the model's: at most its vocabulary, and not a near-empty stand-in (a model
+    directory without tokenizer files can load as a tokenizer of a handful of tokens that encodes
+    text to almost nothing, and teachers trained on that learn nothing)."""
+    size = len(tokenizer)
+    require(size <= vocab_size, f"{what}: {size} tokens, more than the model's vocabulary of {vocab_size}: the model "
+                                "and the tokenizer must match")
+    require(size >= vocab_size // 2,
+            f"{what}: {size} tokens but the model's vocabulary is {vocab_size}: not this model's tokenizer (a model "
+            "directory without tokenizer files loads as a near-empty one); pass the tokenizer's directory")
 
 
 def load_lora_teacher(public_model, adapter_path: str):

@@ -30,7 +30,7 @@ from accounting.orders import default_orders
 from accounting.relation import NeighbouringRelation
 from decoding import trace
 from decoding.config import RunConfig, read_text_file
-from decoding.ensemble import Ensemble
+from decoding.ensemble import Ensemble, load_tokenizer, require_matching_tokenizer
 from decoding.runners import BlockOutcome, Runner, build_runner
 from mechanisms.randomness import StepGenerators
 
@@ -103,11 +103,9 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
         ensemble = Ensemble.from_pretrained(public_path, teacher_paths, teacher_kind, models.device)
     require(ensemble.n_teachers == models.teachers,
             f"models.teachers = {models.teachers} does not match the {ensemble.n_teachers} teachers loaded")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    require(len(tokenizer) <= ensemble.vocab_size,
-            f"tokenizer has {len(tokenizer)} tokens but the models' vocabulary is {ensemble.vocab_size}")
+    tokenizer = load_tokenizer(tokenizer_path, "models.tokenizer" if models.tokenizer else
+                               "models.public (also the tokenizer unless models.tokenizer is set)")
+    require_matching_tokenizer(tokenizer, ensemble.vocab_size, f"tokenizer {tokenizer_path}")
     orders = np.asarray(default_orders(*([runner.params["alpha"]] if "alpha" in runner.params else [])))
     data = config.data
     token_ids, prompts = None, []

@@ -249,7 +249,7 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
     heldout_ids: token ids for each teacher's held-out perplexity (else only the training loss).
     Returns the manifest (also written to OUT/teachers.json).
     """
-    from decoding.ensemble import load_causal_lm
+    from decoding.ensemble import load_causal_lm, load_tokenizer, require_matching_tokenizer
 
     say = log or (lambda message: None)
     started = time.time()
@@ -258,7 +258,7 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
     require(n >= 1, "at least one shard is needed")
     require(all(len(shard) >= 1 for shard in shards), "every shard needs at least one document")
     if isinstance(tokenizer, (str, Path)):
-        tokenizer = load_tokenizer(str(tokenizer))
+        tokenizer = load_tokenizer(str(tokenizer), "--tokenizer")
     if isinstance(public_model, (str, Path)):
         public_model = load_causal_lm(str(public_model))
     if device is not None:
@@ -268,8 +268,7 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
     require(positions is None or training.seq_len <= positions,
             f"--seq-len {training.seq_len}: must be at most the public model's context length {positions}")
     vocab = public_model.config.vocab_size
-    require(len(tokenizer) <= vocab, f"--tokenizer {tokenizer_name}: {len(tokenizer)} tokens, more than the public "
-                                     f"model's vocabulary of {vocab}: public model and tokenizer must match")
+    require_matching_tokenizer(tokenizer, vocab, f"tokenizer {tokenizer_name}")
 
     if training.kind == "lora":
         from decoding.recipe import lora_config
@@ -369,18 +368,6 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
                              "resumed": sum(r["resumed"] for r in results)})
     atomic_write_json(manifest_path, manifest)
     return manifest
-
-
-def load_tokenizer(name_or_path: str):
-    """AutoTokenizer.from_pretrained with a one-line error."""
-    from transformers import AutoTokenizer
-
-    path = Path(name_or_path).expanduser()
-    try:
-        return AutoTokenizer.from_pretrained(str(path) if path.exists() else name_or_path)
-    except (OSError, ValueError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"--tokenizer {name_or_path}: cannot load a tokenizer ({first})") from None
 
 
 def models_block(out: str | Path, manifest: dict, public: str, tokenizer: str, device: str = "cpu") -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import secrets
 import sys
 from pathlib import Path
 
@@ -44,7 +45,8 @@ def add_parser(subparsers) -> None:
                            "default 0)")
     model = parser.add_argument_group("models")
     model.add_argument("--public", required=True, metavar="PATH_OR_NAME",
-                       help="public base model: a local directory or a hub name (from_pretrained)")
+                       help="public base model: a local directory, a hub name (from_pretrained), or `embedded` for "
+                            "the embedded default's public GPT-2 and tokenizer (built offline, cached)")
     model.add_argument("--tokenizer", metavar="PATH_OR_NAME", help="tokenizer (default: --public)")
     model.add_argument("--kind", choices=("lora", "full"), default="lora",
                        help="lora: peft adapters on the public base (default); full: full fine-tuned copies")
@@ -111,12 +113,17 @@ def _model_reference(name: str) -> str:
     return str(path.resolve()) if path.exists() else name
 
 
+EMBEDDED = "embedded"
+
+
 def decode_toml(models_block: str, heldout: str | None, seq_len: int, positions: int | None) -> str:
-    text = f'"{Path(heldout).resolve()}"' if heldout else '"heldout.txt"   # REPLACE: held-out private text (UTF-8)'
+    text = (f'"{Path(heldout).resolve()}"' if heldout else
+            '"heldout.txt"   # REPLACE: held-out private text (UTF-8); relative paths are from where you run decode')
     block = min(128, seq_len if positions is None else positions)
     return ("# Decode with the teachers written by `dpledger teachers` (manifest: teachers.json).\n"
             "# Run: dpledger decode decode.toml; every key is in docs/config.md.\n"
-            "[run]\nout = \"runs/own-teachers\"\nqueries = 256\n\n"
+            "[run]\nout = \"runs/own-teachers\"\nqueries = 256\n"
+            f"seed = {secrets.randbits(63)}   # secret: every draw derives from it (docs/pitfalls.md, pitfall 12)\n\n"
             "[mechanism]\ntype = \"pmixed\"   # PMixED (Flemings et al. 2024); see examples/ for the others\n"
             "alpha = 6.0\nbeta = 0.01\n\n"
             f"{models_block}\n"
@@ -135,7 +142,7 @@ def _quiet_libraries() -> None:
 
 def run(args: argparse.Namespace) -> int:
     from decoding import teachers as lib
-    from decoding.ensemble import load_causal_lm
+    from decoding.ensemble import load_causal_lm, load_tokenizer, require_matching_tokenizer
     from decoding.recipe import set_single_thread
 
     training = training_from_args(args)
@@ -160,12 +167,21 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--heldout {args.heldout}: not UTF-8 text") from None
     set_single_thread()
     _quiet_libraries()
+    if args.public == EMBEDDED:  # no hub: the embedded default's public model (trained offline once, then cached)
+        from decoding.embedded import build_or_load
+
+        embedded = build_or_load(verbose=not args.no_progress)
+        args.public = str(embedded.public_path)
+        args.tokenizer = args.tokenizer or str(embedded.tokenizer_path)
+        print(f"public model: the embedded default's, {args.public} (tokenizer {args.tokenizer})")
     tokenizer_name = args.tokenizer or args.public
-    tokenizer = lib.load_tokenizer(tokenizer_name)
+    tokenizer_flag = "--tokenizer" if args.tokenizer else "--public (also the tokenizer unless --tokenizer is given)"
+    tokenizer = load_tokenizer(tokenizer_name, tokenizer_flag)
     try:
         public = load_causal_lm(args.public)
     except ValueError as error:
         raise ValueError(f"--public {args.public}: {error}") from None
+    require_matching_tokenizer(tokenizer, public.config.vocab_size, f"{tokenizer_flag} {tokenizer_name}")
     heldout_ids = None
     if heldout_text is not None:
         heldout_ids = lib.encode_shard(tokenizer, lib.split_documents(heldout_text))

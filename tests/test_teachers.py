@@ -269,3 +269,46 @@ def test_bad_input_is_one_line_and_exit_2(extra, source, message, micro_models, 
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and err.startswith("dpledger teachers: error: ") and message in err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_a_model_directory_without_tokenizer_files_is_refused_not_trained_on(micro_models, private, tmp_path, capsys):
+    # a public directory holding only weights loads as a near-empty tokenizer that encodes text to almost
+    # nothing: the teachers would learn nothing and every later step would look fine
+    import shutil
+
+    root, _ = private
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(micro_models.public / name, bare / name)
+    argv = ["teachers", str(root / "private.txt"), "--public", str(bare), "--teachers", "3", "--out",
+            str(tmp_path / "out"), *FAST]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--public (also the tokenizer unless --tokenizer is given)" in err and not (tmp_path / "out").exists()
+
+
+def test_the_embedded_public_model_directory_is_complete_with_its_tokenizer(micro_models):
+    from transformers import AutoTokenizer
+
+    assert len(AutoTokenizer.from_pretrained(str(micro_models.public))) == len(
+        AutoTokenizer.from_pretrained(str(micro_models.tokenizer)))
+
+
+def test_public_embedded_uses_the_embedded_default_without_a_hub(micro_models, private, tmp_path, capsys,
+                                                                 monkeypatch):
+    import decoding.embedded as embedded
+    from tests.micro import MICRO_CORPUS, MICRO_RECIPE
+
+    built = embedded.build_or_load(teachers=len(micro_models.teachers), recipe=MICRO_RECIPE, verbose=False,
+                                   **MICRO_CORPUS)
+    monkeypatch.setattr(embedded, "build_or_load", lambda **kwargs: built)
+    root, _ = private
+    code, out, err = run_cli(["teachers", str(root / "private.txt"), "--public", "embedded", "--teachers", "3",
+                              "--out", str(tmp_path / "out"), *FAST], capsys)
+    assert code == 0, err
+    assert f"public model: the embedded default's, {built.public_path}" in out
+    manifest = json.loads((tmp_path / "out" / "teachers.json").read_text())
+    assert manifest["public"] == str(built.public_path.resolve())
+    assert manifest["tokenizer"] == str(built.tokenizer_path.resolve())
+    assert "seed = " in (tmp_path / "out" / "decode.toml").read_text()
