@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dpledger-installed
-# One thread: on 2 shared cores the default 2-thread OpenMP runs 4x slower (notes section 7).
+# One thread: on 2 shared cores the default 2-thread OpenMP runs 4x slower (measured; README, Performance).
 export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false

@@ -177,8 +177,10 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
         ratio = float(np.maximum(ratio, float(np.max(observed / np.maximum(bound, 1e-300)))))
     nan_causes = [f"{field} is NaN at steps {steps[:5]}" for field, steps in nan_steps.items() if steps]
     return verdict("theorem_3_1", not charged_there and not nan_causes,
-                   f"{exceeding} of {trace.steps} steps have a data-dependent loss above Theorem 3.1's "
-                   f"value (max ratio {ratio:.3g}); none of them was charged Theorem 3.1",
+                   (f"no step's data-dependent loss exceeds Theorem 3.1's value (largest ratio {ratio:.3g}), so no "
+                    "Theorem 3.1 charge is below the step's measured loss" if not exceeding else
+                    f"{exceeding} of {trace.steps} steps have a data-dependent loss above Theorem 3.1's value "
+                    f"(largest ratio {ratio:.3g}); the run charged none of those steps Theorem 3.1"),
                    "; ".join(nan_causes) if nan_causes else
                    f"{len(charged_there)} steps were charged Theorem 3.1 although their data-dependent loss exceeds it "
                    f"(first: {charged_there[:5]}); Theorem 3.1 is not guaranteed",

@@ -54,7 +54,7 @@ a claim is reproduced by such a variant when it lies within the simulated range.
 
 
 _MECHANISM_KEYS = {
-    # kind: (required keys, optional keys) of [mechanism], besides "kind"
+    # kind: (required keys, optional keys) of [mechanism], besides "type"
     "gaussian": (("noise_multiplier",), ()),
     "subsampled-gaussian": (("noise_multiplier", "sample_rate"), ()),
     "pmixed": (("alpha", "beta", "teachers"), ("sample_rate", "sampling")),
@@ -125,7 +125,7 @@ class Claim:
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
-        require(self.kind in KINDS, f"mechanism.kind must be one of {list(KINDS)}, got {self.kind!r}")
+        require(self.kind in KINDS, f"mechanism.type must be one of {list(KINDS)}, got {self.kind!r}")
         put("epsilon", require_non_negative("claim.epsilon", self.epsilon))
         put("delta", require_in_open("claim.delta", self.delta, 0.0, 1.0))
         put("queries", require_int_at_least("claim.queries", self.queries, 1))
@@ -244,7 +244,7 @@ def _table(data: dict, name: str) -> dict:
 
 
 def claim_from_mapping(data: dict) -> Claim:
-    """A Claim from parsed TOML: tables [claim], [mechanism] (with `kind`), optional [accounting];
+    """A Claim from parsed TOML: tables [claim], [mechanism] (with `type`), optional [accounting];
     ValueError naming an unknown or missing key."""
     require(isinstance(data, dict), "a claim must be a TOML table")
     unknown_tables = sorted(set(data) - {"claim", "mechanism", "accounting"})
@@ -255,13 +255,16 @@ def claim_from_mapping(data: dict) -> Claim:
         require(key in claim, f"claim.{key} is required")
     unknown = sorted(set(claim) - set(_CLAIM_KEYS[0] + _CLAIM_KEYS[1]))
     _refuse(unknown, lambda: f"unknown key claim.{unknown[0]}; [claim] reads " + ", ".join(_CLAIM_KEYS[0] + _CLAIM_KEYS[1]))
-    require("kind" in mechanism, "mechanism.kind is required")
-    kind = mechanism["kind"]
-    require(isinstance(kind, str) and kind in KINDS, f"mechanism.kind must be one of {list(KINDS)}, got {kind!r}")
+    # `type`, as in a decode config's [mechanism]
+    require("kind" not in mechanism, "unknown key mechanism.kind: the mechanism is named by mechanism.type, as in a "
+                                     "decode config")
+    require("type" in mechanism, "mechanism.type is required")
+    kind = mechanism["type"]
+    require(isinstance(kind, str) and kind in KINDS, f"mechanism.type must be one of {list(KINDS)}, got {kind!r}")
     required, optional = _MECHANISM_KEYS[kind]
-    unknown = sorted(set(mechanism) - {"kind"} - set(required) - set(optional))
+    unknown = sorted(set(mechanism) - {"type"} - set(required) - set(optional))
     _refuse(unknown, lambda: f"unknown key mechanism.{unknown[0]} for mechanism {kind}; it reads "
-                         + ", ".join(f"mechanism.{k}" for k in ("kind",) + required + optional))
+                         + ", ".join(f"mechanism.{k}" for k in ("type",) + required + optional))
     unknown = sorted(set(accounting) - set(_ACCOUNTING_KEYS))
     _refuse(unknown, lambda: f"unknown key accounting.{unknown[0]}; [accounting] reads " + ", ".join(_ACCOUNTING_KEYS))
     for table, values in (("claim", claim), ("mechanism", mechanism), ("accounting", accounting)):
@@ -270,10 +273,10 @@ def claim_from_mapping(data: dict) -> Claim:
             if key in ("teachers", "top_k", "voters", "answered", "queries"):
                 require(isinstance(value, int) and not isinstance(value, bool),
                         f"{table}.{key} must be an integer, got {value!r}")
-            elif key not in ("kind", "source", "relation", "sampling") and table != "accounting":
+            elif key not in ("type", "source", "relation", "sampling") and table != "accounting":
                 require(isinstance(value, (int, float)) and not isinstance(value, bool),
                         f"{table}.{key} must be a number, got {value!r}")
-    fields = {key: value for key, value in mechanism.items() if key != "kind"}
+    fields = {key: value for key, value in mechanism.items() if key != "type"}
     return Claim(kind=kind, **claim, **fields, **accounting)
 
 

@@ -118,7 +118,8 @@ def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Find
     random = trace.mechanism_type not in ("public", "ensemble")
     guessable = random and seed < GUESSABLE_SEED
     findings.append(Finding(12, "guessable run seed", guessable, "medium" if guessable else "info",
-                            f"run seed {seed}: every step's noise, sample and vote draws are derived from it, so an "
+                            f"run seed {seed} is below 2^40, a range an exhaustive search covers: every step's "
+                            "noise, sample and vote draws are derived from it, so an "
                             "adversary who guesses it recomputes the mechanism's randomness and the guarantee is void; "
                             "for a release, set run.seed to a secret random integer (secrets.randbits(63)) and keep "
                             "the trace confidential" if guessable else

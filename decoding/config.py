@@ -212,6 +212,8 @@ def config_from_dict(data: dict, out_override: str | None = None) -> RunConfig:
         _check_type("--out", out_override, str)
         run["out"] = out_override
     require("out" in run, "[run] needs `out` (the trace directory), or pass --out")
+    if isinstance(run.get("relation"), str):  # reports spell relations with hyphens; both name the same one
+        run["relation"] = run["relation"].replace("-", "_")
     require(len(run.get("deltas", (1e-5,))) >= 1, "run.deltas must list at least one delta, got []")
     require("mechanism" in data, "the config needs a [mechanism] table with a `type`")
     mechanism = data["mechanism"]

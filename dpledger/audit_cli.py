@@ -19,11 +19,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("run_dir", nargs="+", help="run directories, or folders holding runs (each run below is audited)")
     parser.add_argument("--expect-head", help="the chain head published for the run (printed by dpledger decode); "
                         "a run whose final record has another head FAILs")
-    parser.add_argument("--teachers-sample", type=int, help="ablate a seeded sample of this many teachers")
-    parser.add_argument("--mc-samples", type=int, default=400, help="Monte Carlo draws per step for screening")
-    parser.add_argument("--trials", type=int, default=2000, help="distinguishing-game trials per world")
+    parser.add_argument("--teachers-sample", type=int, help="ablate a seeded sample of this many teachers (default: every teacher)")
+    parser.add_argument("--mc-samples", type=int, default=400, help="Monte Carlo draws per step for screening (default: 400)")
+    parser.add_argument("--trials", type=int, default=2000, help="distinguishing-game trials per world (default: 2000)")
     parser.add_argument("--no-game", action="store_true", help="skip the sampled canary game (needs the models)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the audit's own sampling (default: 0)")
     parser.add_argument("--json", action="store_true", help="print audit.json instead of the summary")
     parser.set_defaults(handler=run)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from importlib.metadata import version
 
 from dpledger import account_cli, audit_cli, decode_cli, demo_cli, hotpate_cli, report_cli, sweep_cli
@@ -39,7 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_libraries() -> None:
+    """transformers/peft deprecation chatter would bury the progress bars, the summaries and the
+    one-line errors (set before they are imported; a user's own TRANSFORMERS_VERBOSITY wins)."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\.")
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_libraries()
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:

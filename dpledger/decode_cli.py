@@ -9,7 +9,7 @@ from pathlib import Path
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("decode", help="run a mechanism over a query stream and write the trace",
                                    description=__doc__)
-    parser.add_argument("config", help="TOML run configuration (see decoding/config.py)")
+    parser.add_argument("config", help="TOML run configuration: every key is in docs/config.md, examples in examples/")
     parser.add_argument("--out", help="trace directory (overrides [run] out)")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run in the same directory")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -33,16 +33,21 @@ def run(args: argparse.Namespace) -> int:
     summary = result.summary
     first = summary["epsilon"][0]
     kind = "data-dependent loss" if summary["data_dependent"] else "epsilon"
-    ppl = "-" if summary["perplexity"] is None else f"{summary['perplexity']:.3f}"
-    utility = f"perplexity {ppl}"
+    utility = ("perplexity n/a (free generation has no reference text)" if summary["perplexity"] is None
+               else f"perplexity of the mechanism's output on data.text {summary['perplexity']:.3f}")
     if "voting" in summary:  # a voting step releases a point mass: yield and accuracy, and what is guaranteed
         voting = summary["voting"]
-        accuracy = "-" if voting["token_accuracy"] is None else f"{voting['token_accuracy']:.3f}"
+        accuracy = "n/a" if voting["token_accuracy"] is None else f"{voting['token_accuracy']:.3f}"
         utility = f"yield {voting['yield']:.3f}, token accuracy {accuracy}"
     if result.resumed_from_step:
         print(f"resumed after {result.resumed_from_step} committed steps")
-    print(f"{result.directory}: {summary['steps']} queries, {kind} {first['epsilon']:.4g} at delta={first['delta']:g} "
-          f"(order {first['order']}), {utility}, answered by public {summary['answered_by_public']}")
+    if first["epsilon"] == float("inf"):
+        loss = f"{kind} +inf (no guarantee at any order)"
+    else:
+        order = "" if first["order"] is None else f", Renyi order {first['order']:g}"
+        loss = f"{kind} {first['epsilon']:.4g} at delta={first['delta']:g}{order}"
+    print(f"{result.directory}: {summary['steps']} queries, {loss}; fell back to the public model on "
+          f"{summary['answered_by_public']} of {summary['steps']} queries; {utility}")
     if "voting" in summary:
         print(f"guarantee: {summary['voting']['guarantee']}")
     print(f"chain head {result.head} ({summary['steps']} steps): publish it; `dpledger audit {result.directory} "

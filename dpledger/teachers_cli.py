@@ -130,16 +130,6 @@ def decode_toml(models_block: str, heldout: str | None, seq_len: int, positions:
             f"[data]\nstream = \"teacher-forced\"\ntext = {text}\nblock_size = {block}\n")
 
 
-def _quiet_libraries() -> None:
-    """transformers/peft deprecation chatter would bury the progress bars and the one-line errors."""
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\.")
-
-
 def run(args: argparse.Namespace) -> int:
     from decoding import teachers as lib
     from decoding.ensemble import load_causal_lm, load_tokenizer, require_matching_tokenizer
@@ -166,7 +156,6 @@ def run(args: argparse.Namespace) -> int:
         except UnicodeDecodeError:
             raise ValueError(f"--heldout {args.heldout}: not UTF-8 text") from None
     set_single_thread()
-    _quiet_libraries()
     if args.public == EMBEDDED:  # no hub: the embedded default's public model (trained offline once, then cached)
         from decoding.embedded import build_or_load
 

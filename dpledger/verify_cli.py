@@ -68,7 +68,10 @@ def render(verdict) -> str:
                          f"{'-' if row.order is None else format(row.order, 'g'):>6}  "
                          f"{row.level + (' (part)' if row.component else ''):<15} {'yes' if row.reproduces else '-'}"
                          f"{spread}")
-        lines.append("  (* = the accounting the claim declares; [min, max] over simulated sample-size seeds)")
+        lines.append("  (* = the accounting the claim declares; [min, max] over simulated sample-size seeds; repro. yes = "
+                     "the claimed value is this value at the claim's printed precision, or lies in [min, max])")
+        lines.append("  (soundness: proven = a proof covers this accounting (the paper's or docs/soundness.md); conditional = rests on a "
+                     "condition not shown for this mechanism; unsound = does not bound the loss; docs/verify.md)")
     for finding in verdict.findings:
         lines.append(f"  lint [{finding.severity}] {finding.id}: {finding.message}")
     for note in verdict.notes:

@@ -129,7 +129,7 @@ def test_cli_exit_codes_and_strict_json(path, capsys):
 
 
 BASE = {"claim": {"epsilon": 1.0, "delta": 1e-5, "queries": 10},
-        "mechanism": {"kind": "gaussian", "noise_multiplier": 5.0}}
+        "mechanism": {"type": "gaussian", "noise_multiplier": 5.0}}
 
 
 def write(tmp_path, text):
@@ -139,21 +139,21 @@ def write(tmp_path, text):
 
 
 @pytest.mark.parametrize("text, key", [
-    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\nqueries = 10\n[mechanism]\nkind = "gaussian"\nnoise_multiplier = 5.0\n'
+    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\nqueries = 10\n[mechanism]\ntype = "gaussian"\nnoise_multiplier = 5.0\n'
      'noise = 1\n', "mechanism.noise"),
-    ('[claim]\nepsilon = 1.0\ndelta = 2.0\nqueries = 10\n[mechanism]\nkind = "gaussian"\nnoise_multiplier = 5.0\n',
+    ('[claim]\nepsilon = 1.0\ndelta = 2.0\nqueries = 10\n[mechanism]\ntype = "gaussian"\nnoise_multiplier = 5.0\n',
      "claim.delta"),
-    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\n[mechanism]\nkind = "gaussian"\nnoise_multiplier = 5.0\n', "claim.queries"),
-    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\nqueries = 10\n[mechanism]\nkind = "pmixed"\nalpha = 6\nbeta = 0.01\n',
+    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\n[mechanism]\ntype = "gaussian"\nnoise_multiplier = 5.0\n', "claim.queries"),
+    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\nqueries = 10\n[mechanism]\ntype = "pmixed"\nalpha = 6\nbeta = 0.01\n',
      "mechanism.teachers"),
-    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\nqueries = 10\n[mechanism]\nkind = "pmixed"\nalpha = 0.5\nbeta = 0.01\n'
+    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\nqueries = 10\n[mechanism]\ntype = "pmixed"\nalpha = 0.5\nbeta = 0.01\n'
      'teachers = 4\n', "mechanism.alpha"),
-    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\nqueries = 10\n[mechanism]\nkind = "gaussian"\nnoise_multiplier = 5.0\n'
+    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\nqueries = 10\n[mechanism]\ntype = "gaussian"\nnoise_multiplier = 5.0\n'
      '[accounting]\nconversion = "fancy"\n', "accounting.conversion"),
-    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\nqueries = 10\n[mechanism]\nkind = "gaussian"\nnoise_multiplier = 5.0\n'
+    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\nqueries = 10\n[mechanism]\ntype = "gaussian"\nnoise_multiplier = 5.0\n'
      '[accounting]\nbasis = "data-dependent"\n', "accounting.basis"),
-    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\nqueries = 10\n[mechanism]\nkind = "laplace"\n', "mechanism.kind"),
-    ('[claim]\nepsilon = "1.0"\ndelta = 1e-5\nqueries = 10\n[mechanism]\nkind = "gaussian"\nnoise_multiplier = 5.0\n',
+    ('[claim]\nepsilon = 1.0\ndelta = 1e-5\nqueries = 10\n[mechanism]\ntype = "laplace"\n', "mechanism.type"),
+    ('[claim]\nepsilon = "1.0"\ndelta = 1e-5\nqueries = 10\n[mechanism]\ntype = "gaussian"\nnoise_multiplier = 5.0\n',
      "claim.epsilon"),
     ('[claim\n', "not valid TOML"),
 ])
@@ -173,7 +173,7 @@ def test_missing_file_exits_2(tmp_path, capsys):
 def test_classic_conversion_and_relation_lint():
     claim = claim_from_mapping({"claim": {"epsilon": 100.0, "delta": 1e-5, "queries": 100,
                                           "relation": "replace-one"},
-                                "mechanism": {"kind": "pmixed", "alpha": 6, "beta": 0.01, "teachers": 10},
+                                "mechanism": {"type": "pmixed", "alpha": 6, "beta": 0.01, "teachers": 10},
                                 "accounting": {"conversion": "classic", "ball": "all-orders"}})
     verdict = verify_claim(claim)
     ids = {f.id for f in verdict.findings}
@@ -183,7 +183,7 @@ def test_classic_conversion_and_relation_lint():
 
 def test_with_replacement_sampling_has_no_proven_variant():
     claim = claim_from_mapping({"claim": {"epsilon": 10.0, "delta": 1e-5, "queries": 100},
-                                "mechanism": {"kind": "pmixed", "alpha": 6, "beta": 0.01, "teachers": 20,
+                                "mechanism": {"type": "pmixed", "alpha": 6, "beta": 0.01, "teachers": 20,
                                               "sample_rate": 0.1, "sampling": "with-replacement"}})
     verdict = verify_claim(claim)
     assert "with-replacement-sampling" in {f.id for f in verdict.findings}
@@ -192,7 +192,7 @@ def test_with_replacement_sampling_has_no_proven_variant():
 
 def test_realised_path_dpargmax_is_reproduced_but_not_sound():
     base = {"claim": {"delta": 1e-6, "queries": 1000},
-            "mechanism": {"kind": "dpargmax", "sigma": 40.0, "sigma_threshold": 100.0, "answered": 200},
+            "mechanism": {"type": "dpargmax", "sigma": 40.0, "sigma_threshold": 100.0, "answered": 200},
             "accounting": {"path": "realised-path"}}
     probe = verify_claim(claim_from_mapping({**base, "claim": {**base["claim"], "epsilon": 1.0}}))
     realised = next(r for r in probe.variants if r.name == "realised-path" and r.conversion == "improved")
@@ -204,8 +204,8 @@ def test_realised_path_dpargmax_is_reproduced_but_not_sound():
 
 
 def gaussian_claim(epsilon, noise, rate, queries, delta):
-    mechanism = ({"kind": "gaussian", "noise_multiplier": noise} if rate is None else
-                 {"kind": "subsampled-gaussian", "noise_multiplier": noise, "sample_rate": rate})
+    mechanism = ({"type": "gaussian", "noise_multiplier": noise} if rate is None else
+                 {"type": "subsampled-gaussian", "noise_multiplier": noise, "sample_rate": rate})
     return claim_from_mapping({"claim": {"epsilon": epsilon, "delta": delta, "queries": queries},
                                "mechanism": mechanism})
 
