@@ -140,10 +140,10 @@ def plot_screening_pass_rate(run: RunData, window: int = 64) -> bytes | None:
     if "screen" not in run.manifest["mechanism"]["components"]:
         return None
     passed = np.asarray([r["screen_passed"] for r in run.records], dtype=np.float64)
-    window = max(1, min(window, len(passed)))
+    window = max(1, min(window, len(passed) // 4))  # at least four windows, so a short run still shows a trend
     rolling = np.convolve(passed, np.ones(window) / window, mode="valid")
     figure, axis = _figure(6.4, 3.2)
-    axis.plot(np.arange(window, len(passed) + 1), rolling, color="tab:purple")
+    axis.plot(np.arange(window, len(passed) + 1), rolling, color="tab:purple", marker="." if rolling.size < 64 else None)
     axis.set_ylim(-0.02, 1.02)
     axis.set_xlabel("query")
     axis.set_ylabel(f"pass rate (window {window})")

@@ -344,12 +344,15 @@ def _markdown_generations(run: RunData) -> list[str]:
     return parts
 
 
+AUDIT_VERDICT_MEANING = ("audit PASS: the charges, the ledger and the bounds were verified against the trace (replay, "
+                         "checks, neighbour ablations); it says the epsilon is right, not that it is small.")
+
 def render_markdown(runs: list[RunData]) -> str:
     parts = ["# dpledger privacy report", "", "## Method comparison (Table 1 / Table 2a shape)", "",
              markdown_table(comparison_table(runs)), "",
              "epsilon@delta: improved RDP->DP conversion (Balle et al. 2020, Theorem 21) at that delta; order@delta: "
              "the optimal Renyi order there; data-dependent values are measurements, not releasable guarantees; "
-             "n/a: not applicable, for the numbered reason.", ""]
+             "n/a: not applicable, for the numbered reason. " + AUDIT_VERDICT_MEANING, ""]
     for run in runs:
         parts += [f"## {run.label}", "", f"Trace: `{run.directory}`", "", "### Breakdown (Table 2b shape)", "",
                   markdown_table(breakdown_table(run)), "", _breakdown_caption(run), "", "### Privacy statement", ""]
@@ -420,7 +423,8 @@ def render_html(runs: list[RunData]) -> str:
     parts += ["<h2>Method comparison</h2>", _html_table(comparison_table(runs), "comparison"),
               "<p class='note'>epsilon@delta: improved RDP-to-DP conversion (Balle et al. 2020, Theorem 21) at that "
               "delta; order@delta: the optimal Renyi order there. Data-dependent values are measurements on the "
-              "private data, not releasable guarantees. n/a: not applicable, for the numbered reason.</p>"]
+              "private data, not releasable guarantees. n/a: not applicable, for the numbered reason. "
+              f"{html.escape(AUDIT_VERDICT_MEANING)}</p>"]
     for index, run in enumerate(runs):
         verdict = run.audit["verdict"] if run.audit else None
         headline = audit_headline(run)

@@ -356,3 +356,10 @@ def test_sweep_points_are_joined_in_parameter_order_and_labelled_by_a_legend():
     assert all(point in labels for point in group["point"])
     joined = [line for line in axis.lines if len(line.get_xdata()) > 1]
     assert [list(line.get_xdata()) for line in joined] == [[40.0, 30.6, 30.5]]
+
+
+def test_the_report_says_what_an_audit_pass_means(kinds):
+    # a green PASS beside a large epsilon reads as "private"; the page says it means "verified"
+    runs = [load_run(kinds["pmixed"])]
+    for output_format in ("html", "md"):
+        assert "it says the epsilon is right, not that it is small" in render(runs, output_format)
