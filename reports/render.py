@@ -344,8 +344,9 @@ def _markdown_generations(run: RunData) -> list[str]:
     return parts
 
 
-AUDIT_VERDICT_MEANING = ("audit PASS: the charges, the ledger and the bounds were verified against the trace (replay, "
-                         "checks, neighbour ablations); it says the epsilon is right, not that it is small.")
+AUDIT_VERDICT_MEANING = ("The audit verdict says whether the charges, the ledger and the bounds were verified "
+                         "against the trace (replay, checks, neighbour ablations): a verified epsilon is right, not "
+                         "necessarily small.")
 
 def render_markdown(runs: list[RunData]) -> str:
     parts = ["# dpledger privacy report", "", "## Method comparison (Table 1 / Table 2a shape)", "",

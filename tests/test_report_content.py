@@ -362,4 +362,4 @@ def test_the_report_says_what_an_audit_pass_means(kinds):
     # a green PASS beside a large epsilon reads as "private"; the page says it means "verified"
     runs = [load_run(kinds["pmixed"])]
     for output_format in ("html", "md"):
-        assert "it says the epsilon is right, not that it is small" in render(runs, output_format)
+        assert "a verified epsilon is right, not necessarily small" in render(runs, output_format)
