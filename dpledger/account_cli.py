@@ -13,18 +13,24 @@ import numpy as np
 
 from accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
 from accounting.curve import RdpCurve
-from accounting.errors import require
-from accounting.strict_json import strict_json_text
+from accounting.errors import require, require_in_open
+from accounting.relation import NeighbouringRelation
+from accounting.strict_json import loads_json, strict_json_text
 from accounting.orders import default_orders
+from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, ACCOUNTING, SIGMA_HELP, THRESHOLD_HELP, add_conversion_flags,
+                                      add_mechanism_parser, add_mechanism_subcommands)
+from dpledger.mechanism_flags import option as _option
 from mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
                         PoissonSubsampledGaussian, SubsamplingVariant, Targmax, ThresholdWeightedSampler,
                         subsampled_pmixed_curve)
+from mechanisms.dp_events import (dp_accounting_relation, dp_event_to_json, mechanism_from_dp_event,
+                                  read_dp_event_json)
+from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, RdpPldComparison, pld_epsilon
 
 MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax",
               "dpargmax", "dpws", "targmax", "tws")
 # T-threshold private only (Cohen et al. 2023): no DP guarantee, no epsilon
 THRESHOLD_PRIVATE = ("targmax", "tws")
-ACCOUNTING = ("released-output", "realised-path")
 
 _SUMMARY = {
     "gaussian": "Gaussian mechanism (Mironov 2017, Proposition 7)",
@@ -41,50 +47,11 @@ _SUMMARY = {
     "tws": "Hot PATE's TWS_{T,gamma}: T-threshold private only, no DP guarantee (Cohen et al. 2023)",
 }
 
-# every flag a mechanism may read: argparse keyword arguments (help names units and defaults)
-_FLAG_SPECS = {
-    "queries": dict(type=int, metavar="Q", help="number of queries Q, composed adaptively (Mironov 2017, "
-                                                "Proposition 1); an integer >= 1"),
-    "delta": dict(type=float, metavar="DELTA", help="target delta of the (epsilon, delta) guarantee, in (0, 1)"),
-    "noise_multiplier": dict(type=float, metavar="Z", help="Gaussian noise standard deviation divided by the L2 "
-                                                           "sensitivity (unitless, > 0)"),
-    "sample_rate": dict(type=float, metavar="Q_RATE", help="Poisson sampling probability q, in (0, 1]"),
-    "alpha": dict(type=float, metavar="A", help="PMixED projection order a (> 1; Flemings et al. 2024 use 6)"),
-    "beta": dict(type=float, metavar="BETA", help="Renyi-ball radius per unit of order: each mixed teacher keeps "
-                                                  "D_a(mixed || public) <= beta * a, in nats (> 0)"),
-    "teachers": dict(type=int, metavar="N", help="ensemble size N (number of teachers, >= 1)"),
-    "sigma": dict(type=float, metavar="SIGMA"),  # help per mechanism: its unit differs
-    "sigma_threshold": dict(type=float, metavar="S1", help="Confident-GNMax screen noise s1: standard deviation of "
-                                                           "the Gaussian added to the top vote count, in votes"),
-    "lam": dict(type=float, metavar="LAMBDA", help="screening mixing weight lambda, in (0, 1]"),
-    "threshold": dict(type=float, metavar="T"),  # help per mechanism
-    "gamma": dict(type=float, default=1.0, metavar="GAMMA", help="TWS's gamma >= 1 (default: 1)"),
-    "ball": dict(choices=[b.value for b in Ball], default=Ball.PROJECTION_ORDER.value,
-                 help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
-                      "(Theorem 3.1 proven at every order; docs/soundness.md) (default: projection-order)"),
-    "seed": dict(type=int, default=0, help="seed of the simulated subsample sizes of the realised-size variants "
-                                           "(default: 0)"),
-    "accounting": dict(choices=ACCOUNTING, default="released-output",
-                       help="released-output (default) charges screen + GNMax on every query, a bound on the "
-                            "released (decision, token) pair; realised-path charges GNMax only on the --answered "
-                            "queries (Papernot et al. 2018's convention; ex post, not a guarantee)"),
-    "answered": dict(type=int, metavar="K", help="with --accounting realised-path: the number K of answered "
-                                                 "queries, in [0, Q]"),
-}
-_SIGMA_HELP = {
-    "screening": "standard deviation of the Gaussian added to each probability of the mixed distribution "
-                 "(probability units, > 0)",
-    "gnmax": "standard deviation of the Gaussian added to each vote count, in votes (> 0)",
-    "confident-gnmax": "GNMax noise s2: standard deviation of the Gaussian added to each vote count, in votes",
-    "dpargmax": "GNMax noise s2: standard deviation of the Gaussian added to each vote count, in votes",
-    "dpws": "standard deviation of the Gaussian added to each vote count before TWS, in votes (> 0)",
-}
-_THRESHOLD_HELP = {
-    "dpargmax": "screen threshold T on the noisy top count, in votes (recorded; the RDP does not depend on it)",
-    "dpws": "TWS threshold T: only tokens with a noisy count >= T can be released, in votes",
-    "targmax": "TARGMAX threshold T: the top token is released only with >= T votes (an integer >= 1)",
-    "tws": "TWS threshold T: only tokens with >= T votes can be released, in votes",
-}
+# every flag a mechanism may read, and the per-mechanism help of --sigma and --threshold: shared with
+# `dpledger calibrate` (dpledger/mechanism_flags.py)
+_FLAG_SPECS = ACCOUNT_FLAG_SPECS
+_SIGMA_HELP = SIGMA_HELP
+_THRESHOLD_HELP = THRESHOLD_HELP
 
 # which flags each mechanism needs; a missing one is refused by name, all at once
 _REQUIRED = {
@@ -112,17 +79,24 @@ _OPTIONAL = {
 }
 # the RDP-to-(epsilon, delta) conversion and the order grid apply to every DP mechanism
 CONVERSION_FLAGS = ("method", "orders")
-
-
-def _option(flag: str) -> str:
-    return "--" + flag.replace("_", "-")
+# mechanisms with a dp_accounting DpEvent: their PLD epsilon is shown beside the RDP one, and
+# --dp-event-out writes the composed event (mechanisms.dp_events)
+EVENT_MECHANISMS = ("gaussian", "subsampled-gaussian", "screening", "gnmax", "confident-gnmax", "dpargmax", "dpws")
+# `dpledger account from-event FILE`: account a DpEvent file (dp-accounting interop)
+FROM_EVENT = "from-event"
+_DP_EVENT_OUT_HELP = ("write the Q-fold composed dp_accounting DpEvent to this file as strict JSON (unit-sensitivity "
+                      "event, relation and the dp_accounting relation to account it with; docs/calibration.md)")
 
 
 def accepted_flags(mechanism: str) -> tuple[str, ...]:
     """The flags `dpledger account MECHANISM` reads, as typed on the command line."""
+    if mechanism == FROM_EVENT:
+        return ("--delta", "--relation") + tuple(_option(flag) for flag in CONVERSION_FLAGS) + ("--json",)
     flags = _REQUIRED[mechanism] + _OPTIONAL[mechanism]
     if mechanism not in THRESHOLD_PRIVATE:
         flags += CONVERSION_FLAGS
+    if mechanism in EVENT_MECHANISMS:
+        flags += ("dp_event_out",)
     return tuple(_option(flag) for flag in flags) + ("--json",)
 
 
@@ -132,26 +106,11 @@ def _refuse_missing_flags(args: argparse.Namespace) -> None:
     require(not missing, f"mechanism {args.mechanism} needs " + ", ".join(_option(f) for f in missing))
 
 
-def parse_orders(text: str) -> tuple[float, ...]:
-    """--orders "2,4.5,2048": extra Renyi orders (> 1) added to the default grid."""
-    try:
-        values = [float(item) for item in text.split(",") if item.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated numbers > 1, got {text!r}") from None
-    if not values or not all(math.isfinite(v) and v > 1 for v in values):
-        raise argparse.ArgumentTypeError(f"every order must be a finite number > 1, got {text!r}")
-    return tuple(values)
-
-
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("account", help="epsilon of Q queries of a data-independent mechanism",
-                                   description=__doc__)
-    mechanisms = parser.add_subparsers(dest="mechanism", required=True, metavar="MECHANISM",
-                                       title="mechanisms (dpledger account MECHANISM --help lists its flags)")
+    mechanisms = add_mechanism_subcommands(subparsers, "account", "epsilon of Q queries of a data-independent mechanism",
+                                           __doc__)
     for mechanism in MECHANISMS:
-        sub = mechanisms.add_parser(mechanism, help=_SUMMARY[mechanism], description=_SUMMARY[mechanism] + ".")
-        required = sub.add_argument_group("required")
-        optional = sub.add_argument_group("optional")
+        sub, required, optional = add_mechanism_parser(mechanisms, mechanism, _SUMMARY[mechanism])
         for flag in _REQUIRED[mechanism] + _OPTIONAL[mechanism]:
             spec = dict(_FLAG_SPECS[flag])
             if flag == "sigma":
@@ -165,20 +124,36 @@ def add_parser(subparsers) -> None:
                                 "variant is shown (Flemings et al. 2024, Theorem A.4)")
             (required if flag in _REQUIRED[mechanism] else optional).add_argument(_option(flag), **spec)
         if mechanism not in THRESHOLD_PRIVATE:
-            optional.add_argument("--method", choices=[m.value for m in ConversionMethod], default="improved",
-                                  help="RDP to (epsilon, delta): improved (Balle et al. 2020, Theorem 21) or classic "
-                                       "(Mironov 2017, Proposition 3) (default: improved)")
-            optional.add_argument("--orders", type=parse_orders, metavar="A,B,...",
-                                  help="extra Renyi orders (> 1) added to the default grid (1.1..10.9 by 0.1, "
-                                       "11..63, 128, 256, 512, 1024), e.g. when the optimum is at its edge")
+            add_conversion_flags(optional)
+        if mechanism in EVENT_MECHANISMS:
+            optional.add_argument("--dp-event-out", metavar="FILE", help=_DP_EVENT_OUT_HELP)
         optional.add_argument("--json", action="store_true", help="print one strict JSON object")
         sub.set_defaults(handler=run, accepted_flags=accepted_flags(mechanism))
+    _add_from_event_parser(mechanisms)
+
+
+def _add_from_event_parser(mechanisms) -> None:
+    summary = ("account a dp_accounting DpEvent file (from --dp-event-out or dp_accounting's own events): dpledger's "
+               "RDP epsilon and dp-accounting's PLD epsilon")
+    sub = mechanisms.add_parser(FROM_EVENT, help=summary, description=summary + ".")
+    sub.add_argument("file", metavar="FILE", help="strict JSON DpEvent: a --dp-event-out file or a bare event "
+                                                  "(dpledger.mechanisms.dp_event_to_json)")
+    required = sub.add_argument_group("required")
+    optional = sub.add_argument_group("optional")
+    required.add_argument("--delta", type=float, required=True, metavar="DELTA", help=_FLAG_SPECS["delta"]["help"])
+    optional.add_argument("--relation", choices=[r.value for r in NeighbouringRelation], default=None,
+                          help="dpledger relation of a bare event, whose noise multipliers are per unit L2 "
+                               "sensitivity of one neighbouring move (default: the file's, add_or_remove_one for a "
+                               "bare event)")
+    add_conversion_flags(optional)
+    optional.add_argument("--json", action="store_true", help="print one strict JSON object")
+    sub.set_defaults(handler=run_from_event, accepted_flags=accepted_flags(FROM_EVENT))
 
 
 def _with_every_flag(args: argparse.Namespace) -> argparse.Namespace:
     """args with the flags this mechanism's subcommand does not have set to their unset value."""
     values = {flag: spec.get("default") for flag, spec in _FLAG_SPECS.items()}
-    values.update(method=ConversionMethod.IMPROVED.value, orders=None, json=False)
+    values.update(method=ConversionMethod.IMPROVED.value, orders=None, json=False, dp_event_out=None)
     values.update(vars(args))
     return argparse.Namespace(**values)
 
@@ -202,8 +177,55 @@ def _conversion_record(curve, delta, method, name=None, **extra) -> dict:
     return record
 
 
+def _mechanism(args: argparse.Namespace):
+    """The mechanism the flags name (each validates its own parameters)."""
+    kind = args.mechanism
+    if kind == "gaussian":
+        return GaussianMechanism(args.noise_multiplier)
+    if kind == "subsampled-gaussian":
+        return PoissonSubsampledGaussian(args.noise_multiplier, args.sample_rate)
+    if kind == "screening":
+        return NoisyScreening(teachers=args.teachers, lam=args.lam, sigma=args.sigma)
+    if kind == "gnmax":
+        return GNMax(args.sigma)
+    if kind in ("confident-gnmax", "dpargmax"):
+        threshold = 0.0 if args.threshold is None else args.threshold
+        return ConfidentGNMax(threshold=threshold, sigma_threshold=args.sigma_threshold, sigma=args.sigma)
+    if kind == "dpws":
+        return DPWeightedSampler(sigma=args.sigma, threshold=args.threshold, gamma=args.gamma)
+    return PMixED(args.alpha, args.beta, args.teachers, ball=args.ball)
+
+
 def account(args: argparse.Namespace) -> dict:
-    """Build the mechanism from the flags, compose it Q times and convert; returns the JSON object."""
+    """Build the mechanism from the flags, compose it Q times and convert; returns the JSON object,
+    with dp-accounting's PLD epsilon beside the RDP one where the mechanism has a DpEvent."""
+    record = _account_rdp(args)
+    if record["mechanism"] in THRESHOLD_PRIVATE:
+        return record
+    args = _with_every_flag(args)
+    if args.mechanism in EVENT_MECHANISMS and args.accounting == "released-output":
+        from dp_accounting import SelfComposedDpEvent
+
+        mechanism = _mechanism(args)
+        event = SelfComposedDpEvent(mechanism.dp_event(), args.queries)
+        pld = pld_epsilon(event, args.delta, mechanism.relation)
+        comparison = RdpPldComparison(record["epsilon"], record["order"], pld, args.delta, args.queries,
+                                      PLD_VALUE_DISCRETIZATION_INTERVAL)
+        record.update(pld_epsilon=pld, tighter=comparison.tighter,
+                      pld={"value_discretization_interval": PLD_VALUE_DISCRETIZATION_INTERVAL,
+                           "estimate": "pessimistic: an upper bound (Koskela et al. 2020; Doroshenko et al. 2022)",
+                           "dp_accounting_neighboring_relation": dp_accounting_relation(mechanism.relation, event).name})
+    else:
+        reason = ("PMixED has no DpEvent: no PLD in dp-accounting; RDP only" if args.mechanism == "pmixed" else
+                  "realised-path charges GNMax on the answered queries only, a count that depends on the data: "
+                  "no DpEvent; RDP only")
+        require(getattr(args, "dp_event_out", None) is None, f"--dp-event-out: {reason}")
+        record.update(pld_epsilon=None, tighter="rdp", pld_unavailable=reason)
+    return record
+
+
+def _account_rdp(args: argparse.Namespace) -> dict:
+    """The RDP accounting of the flags' mechanism (the JSON object without the PLD fields)."""
     _refuse_missing_flags(args)
     args = _with_every_flag(args)
     if args.queries is not None:
@@ -217,20 +239,7 @@ def account(args: argparse.Namespace) -> dict:
         return _threshold_private(args)
     if kind == "dpargmax":
         return _dpargmax(args)
-    if kind == "gaussian":
-        mechanism = GaussianMechanism(args.noise_multiplier)
-    elif kind == "subsampled-gaussian":
-        mechanism = PoissonSubsampledGaussian(args.noise_multiplier, args.sample_rate)
-    elif kind == "screening":
-        mechanism = NoisyScreening(teachers=args.teachers, lam=args.lam, sigma=args.sigma)
-    elif kind == "gnmax":
-        mechanism = GNMax(args.sigma)
-    elif kind == "confident-gnmax":
-        mechanism = ConfidentGNMax(threshold=0.0, sigma_threshold=args.sigma_threshold, sigma=args.sigma)
-    elif kind == "dpws":
-        mechanism = DPWeightedSampler(sigma=args.sigma, threshold=args.threshold, gamma=args.gamma)
-    else:
-        mechanism = PMixED(args.alpha, args.beta, args.teachers, ball=args.ball)
+    mechanism = _mechanism(args)
     # the mechanism validated its own parameters; now its order joins the grid
     orders = _grid(args, *([args.alpha] if kind == "pmixed" else []))
     if kind == "pmixed" and args.sample_rate is not None:
@@ -331,8 +340,22 @@ def _format(value) -> str:
     return "inf" if isinstance(value, float) and math.isinf(value) else f"{value:.6g}"
 
 
+def _write_dp_event(record: dict, args: argparse.Namespace) -> None:
+    """The Q-fold composed event as a dpledger.dp_event file (mechanisms.dp_events.dp_event_to_json)."""
+    from dp_accounting import SelfComposedDpEvent
+
+    mechanism = _mechanism(_with_every_flag(args))
+    text = dp_event_to_json(SelfComposedDpEvent(mechanism.dp_event(), args.queries), mechanism.relation)
+    path = args.dp_event_out
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text + "\n")
+    record["dp_event_out"] = path
+
+
 def run(args: argparse.Namespace) -> int:
     record = account(args)
+    if getattr(args, "dp_event_out", None) is not None:
+        _write_dp_event(record, args)
     if args.json:
         print(strict_json_text(record, sort_keys=False))
         return 0
@@ -351,8 +374,57 @@ def run(args: argparse.Namespace) -> int:
     for variant in record.get("variants", []):
         print(f"  {variant['name']:<26} epsilon = {_format(variant['epsilon']):>10}  order {_format(variant['order']):>4}"
               f"  -- {variant['soundness']}")
+    if record.get("pld_epsilon") is not None:
+        print(f"  PLD (dp-accounting, pessimistic, interval {PLD_VALUE_DISCRETIZATION_INTERVAL:g}): epsilon = "
+              f"{_format(record['pld_epsilon'])}; tighter: {record['tighter']}")
+    elif record.get("pld_unavailable"):
+        print(f"  PLD: none ({record['pld_unavailable']})")
+    if record.get("dp_event_out"):
+        print(f"  DpEvent written to {record['dp_event_out']}")
     for message in record.get("warnings", []):
         print(f"  warning: {message}")
     if "note" in record:
         print(f"  note: {record['note']}")
+    return 0
+
+
+def account_event(args: argparse.Namespace) -> dict:
+    """`account from-event`: dpledger's RDP epsilon of the event's mechanism (mechanism_from_dp_event)
+    and dp-accounting's PLD epsilon of the event, at --delta; returns the JSON object."""
+    with open(args.file, encoding="utf-8") as handle:
+        text = handle.read()
+    ledger = loads_json(text, args.file) if text.lstrip().startswith("{") else None
+    if isinstance(ledger, dict) and isinstance(ledger.get("pld"), dict):  # a run's ledger.json: its exported event
+        require(ledger["pld"].get("available"), f"{args.file}: the run has no DpEvent ({ledger['pld'].get('reason')})")
+        text = strict_json_text(ledger["pld"]["dp_event_file"])
+    event, relation = read_dp_event_json(text, args.file)
+    if getattr(args, "relation", None) is not None:
+        require(relation is None or relation.value == args.relation,
+                f"--relation {args.relation} contradicts the file's relation {relation}")
+        relation = NeighbouringRelation(args.relation)
+    relation = relation or NeighbouringRelation.ADD_OR_REMOVE_ONE
+    delta = require_in_open("--delta", args.delta, 0.0, 1.0)
+    mechanism = mechanism_from_dp_event(event, relation)
+    record = _conversion_record(mechanism.rdp_curve(_grid(args)), delta, getattr(args, "method", "improved"))
+    pld = pld_epsilon(event, delta, relation)
+    comparison = RdpPldComparison(record["epsilon"], record["order"], pld, delta, 1, PLD_VALUE_DISCRETIZATION_INTERVAL)
+    record.update(mechanism=FROM_EVENT, file=args.file, event=type(event).__name__, relation=relation.value,
+                  pld_epsilon=pld, tighter=comparison.tighter,
+                  pld={"value_discretization_interval": PLD_VALUE_DISCRETIZATION_INTERVAL,
+                       "estimate": "pessimistic: an upper bound (Koskela et al. 2020; Doroshenko et al. 2022)",
+                       "dp_accounting_neighboring_relation": dp_accounting_relation(relation, event).name})
+    return record
+
+
+def run_from_event(args: argparse.Namespace) -> int:
+    record = account_event(args)
+    if args.json:
+        print(strict_json_text(record, sort_keys=False))
+        return 0
+    print(f"{record['file']} ({record['event']}, {record['relation']}): epsilon = {_format(record['epsilon'])} at "
+          f"delta = {record['delta']:g} (RDP, order {_format(record['order'])}, {record['method']} conversion)")
+    print(f"  PLD (dp-accounting, pessimistic, interval {PLD_VALUE_DISCRETIZATION_INTERVAL:g}): epsilon = "
+          f"{_format(record['pld_epsilon'])}; tighter: {record['tighter']}")
+    for message in record.get("warnings", []):
+        print(f"  warning: {message}")
     return 0

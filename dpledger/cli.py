@@ -10,6 +10,7 @@ from importlib.metadata import version
 
 from dpledger import account_cli, audit_cli, decode_cli, demo_cli, hotpate_cli, report_cli, sweep_cli
 from dpledger import verify_cli
+from dpledger import calibrate_cli
 from dpledger import teachers_cli
 
 EXIT_BAD_INPUT = 2
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cli.add_parser(subparsers)
     verify_cli.add_parser(subparsers)
     teachers_cli.add_parser(subparsers)
+    calibrate_cli.add_parser(subparsers)
     return parser
 
 

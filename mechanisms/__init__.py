@@ -12,6 +12,12 @@ from mechanisms.pmixed import (ALL_ORDERS_BALL_GRID, Ball, PMixED, SubsampledPMi
                                realised_subsample_sizes, subsampled_pmixed_curve, theorem_3_1_epsilon)
 from mechanisms.screening import NoisyScreening, ScreeningOutcome
 from mechanisms.subsampling import PoissonSubsampledMechanism, amplified_rdp, poisson_subsample
+from mechanisms.dp_events import (dp_accounting_relation, dp_event_from_dict, dp_event_from_json, dp_event_to_dict,
+                                  dp_event_to_json, mechanism_from_dp_event, read_dp_event_json)
+from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, RdpPldComparison, compare_rdp_pld, pld_epsilon
+from mechanisms.calibration import (CALIBRATION_TOLERANCE, Calibration, calibrate_confident_gnmax, calibrate_dpws,
+                                    calibrate_gaussian, calibrate_gnmax, calibrate_noise, calibrate_pmixed,
+                                    calibrate_screening, calibrate_subsampled_gaussian)
 
 __all__ = [
     "ALL_ORDERS_BALL_GRID", "AdaPMixED", "Ball", "ComposedMechanism", "ConfidentGNMax", "CustomCurveMechanism", "DPWeightedSampler", "GNMax",
@@ -22,4 +28,9 @@ __all__ = [
     "compose", "data_dependent_gnmax_rdp", "data_dependent_pmixed_curve", "data_dependent_pmixed_values",
     "log_q_gnmax", "poisson_subsample", "realised_subsample_sizes", "renyi_divergence", "self_compose",
     "subsampled_pmixed_curve", "theorem_3_1_epsilon", "vote_histogram",
+    "dp_accounting_relation", "dp_event_from_dict", "dp_event_from_json", "dp_event_to_dict", "dp_event_to_json",
+    "mechanism_from_dp_event", "read_dp_event_json", "PLD_VALUE_DISCRETIZATION_INTERVAL", "RdpPldComparison",
+    "compare_rdp_pld", "pld_epsilon", "CALIBRATION_TOLERANCE", "Calibration", "calibrate_confident_gnmax",
+    "calibrate_dpws", "calibrate_gaussian", "calibrate_gnmax", "calibrate_noise", "calibrate_pmixed",
+    "calibrate_screening", "calibrate_subsampled_gaussian",
 ]

@@ -89,6 +89,36 @@ class Mechanism(abc.ABC):
         values = np.asarray(self.rdp_values(np.asarray(orders, dtype=np.float64)), dtype=np.float64)
         return RdpCurve(orders, values, self.relation, self.data_dependent)
 
+    def dp_event(self) -> "Any | None":
+        """This mechanism as a dp_accounting DpEvent whose RDP is exactly this mechanism's curve, or
+        None when dp-accounting has no event for it (autodp's design: a mechanism knows its event).
+
+        Every event dpledger builds is normalised to unit L2 sensitivity of one neighbouring move
+        under `self.relation` (noise multiplier = noise standard deviation / that sensitivity), so
+        it is accounted with dp_accounting's ADD_OR_REMOVE_ONE reading of a GaussianDpEvent (the
+        pair N(0, z^2), N(1, z^2)); see mechanisms.dp_events.dp_accounting_relation.
+        """
+        return None
+
+    @property
+    def pld_unavailable_reason(self) -> str | None:
+        """Why this mechanism has no PLD statement (None when it has one): no DpEvent in
+        dp-accounting (PMixED, data-dependent losses: RDP only), or a relation dp-accounting cannot
+        represent (one-sided remove-one / add-one)."""
+        if self.data_dependent:
+            return (f"{type(self).__name__} charges a data-dependent loss (Papernot et al. 2018, Definition 5): "
+                    "no PLD in dp-accounting; RDP only")
+        event = self.dp_event()
+        if event is None:
+            return f"{type(self).__name__} has no DpEvent: no PLD in dp-accounting; RDP only"
+        from mechanisms.dp_events import dp_accounting_relation
+
+        try:
+            dp_accounting_relation(self.relation, event)
+        except ValueError as error:
+            return str(error)
+        return None
+
 
 @dataclass(frozen=True)
 class ComposedMechanism(Mechanism):
@@ -117,6 +147,14 @@ class ComposedMechanism(Mechanism):
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         return np.sum([part.rdp_values(orders) for part in self.parts], axis=0)
 
+    def dp_event(self):
+        """ComposedDpEvent of the parts' events (Mironov 2017, Proposition 1: RDP adds up under
+        adaptive composition); None unless every part has one."""
+        import dp_accounting
+
+        events = [part.dp_event() for part in self.parts]
+        return None if any(event is None for event in events) else dp_accounting.ComposedDpEvent(events)
+
 
 @dataclass(frozen=True)
 class SelfComposedMechanism(Mechanism):
@@ -141,6 +179,16 @@ class SelfComposedMechanism(Mechanism):
         if self.times == 0:
             return np.zeros_like(orders)
         return self.mechanism.rdp_values(orders) * self.times
+
+    def dp_event(self):
+        """SelfComposedDpEvent(event, times) (Mironov 2017, Proposition 1: times * epsilon(order));
+        NoOpDpEvent for times = 0 (nothing released); None when the mechanism has no event."""
+        import dp_accounting
+
+        event = self.mechanism.dp_event()
+        if event is None:
+            return None
+        return dp_accounting.NoOpDpEvent() if self.times == 0 else dp_accounting.SelfComposedDpEvent(event, self.times)
 
 
 def compose(*mechanisms: Mechanism) -> ComposedMechanism:

@@ -31,6 +31,13 @@ class GaussianMechanism(Mechanism):
         # float64 division: a tiny noise multiplier gives +inf ("no guarantee"), never OverflowError
         return positive_floor(orders / (2.0 * np.float64(self.noise_multiplier) ** 2))
 
+    def dp_event(self):
+        """GaussianDpEvent(noise_multiplier): the noise is noise_multiplier * l2_sensitivity, so the
+        unit-sensitivity event has RDP alpha / (2 noise_multiplier^2) (Mironov 2017, Corollary 3)."""
+        import dp_accounting
+
+        return dp_accounting.GaussianDpEvent(self.noise_multiplier)
+
 
 FRACTIONAL_SERIES_MARGIN = 1e-6
 """Relative margin added to dp-accounting's fractional-order series, a float64 computation."""
@@ -87,3 +94,13 @@ class PoissonSubsampledGaussian(Mechanism):
         raised = np.maximum(series, 0.0) * (1.0 + FRACTIONAL_SERIES_MARGIN)
         values[fractional] = np.minimum(np.minimum(raised, at_ceiling[fractional]), gaussian.rdp_values(orders[fractional]))
         return values
+
+    def dp_event(self):
+        """PoissonSampledDpEvent(q, GaussianDpEvent(sigma)) (Mironov, Talwar & Zhang 2019). Its RDP in
+        dp_accounting's RdpAccountant equals this class's at integer orders; at fractional orders this
+        class charges at most the series * (1 + FRACTIONAL_SERIES_MARGIN), and less where the series
+        exceeds the next integer order's value (see the class docstring)."""
+        import dp_accounting
+
+        return dp_accounting.PoissonSampledDpEvent(self.sampling_probability,
+                                                   dp_accounting.GaussianDpEvent(self.noise_multiplier))

@@ -146,6 +146,15 @@ class DPWeightedSampler(Mechanism):
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         return positive_floor(orders / np.float64(self.sigma) ** 2)
 
+    def dp_event(self):
+        """GaussianDpEvent(sigma / sqrt 2): RDP a / sigma^2, the charge above (Mironov 2017, Corollary 3
+        at L2 sensitivity sqrt 2), under either relation this class accepts."""
+        import math
+
+        import dp_accounting
+
+        return dp_accounting.GaussianDpEvent(self.sigma / math.sqrt(2.0))
+
     def probabilities_given_noise(self, counts, noise) -> np.ndarray:
         """Output probabilities of each token given the Gaussian draws `noise` (the rest is fail)."""
         counts = validated_counts(counts)

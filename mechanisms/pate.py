@@ -145,6 +145,14 @@ class GNMax(Mechanism):
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         return positive_floor(orders / np.float64(self.sigma) ** 2)
 
+    def dp_event(self):
+        """GaussianDpEvent(sigma / sqrt 2): the histogram's replace-one L2 sensitivity is sqrt 2, so
+        the unit-sensitivity event has RDP a / (2 (sigma / sqrt 2)^2) = a / sigma^2 (Papernot et al.
+        2018, Proposition 8); the argmax is post-processing."""
+        import dp_accounting
+
+        return dp_accounting.GaussianDpEvent(self.sigma / math.sqrt(2.0))
+
     def data_dependent_rdp(self, counts, orders: np.ndarray,
                            direction: DivergenceDirection = DivergenceDirection.BOTH) -> np.ndarray:
         """Data-dependent RDP at the histogram `counts` (Papernot et al. 2018, Theorem 6 with Proposition 7).
@@ -201,6 +209,15 @@ class ConfidentGNMax(Mechanism):
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         return self.screen_rdp(orders) + self.answer_rdp(orders)
+
+    def dp_event(self):
+        """ComposedDpEvent([GaussianDpEvent(s1), GaussianDpEvent(s2 / sqrt 2)]): the screen adds
+        N(0, s1^2) to the max count (sensitivity 1: a / (2 s1^2)) and the answer is GNMax (a / s2^2),
+        composed (Papernot et al. 2018, Algorithm 1 and Proposition 8; Mironov 2017, Proposition 1)."""
+        import dp_accounting
+
+        return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(self.sigma_threshold),
+                                              GNMax(self.sigma).dp_event()])
 
     def data_dependent_rdp(self, counts, orders: np.ndarray, answered: bool,
                            direction: DivergenceDirection = DivergenceDirection.BOTH) -> np.ndarray:

@@ -1,6 +1,7 @@
 """AdaPMixED's noisy screening (Flemings et al. 2024, Section 4.1, Algorithm 1, Theorem 4.1)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +63,21 @@ class NoisyScreening(Mechanism):
         # float64: sigma = 1e-300 gives +inf ("no guarantee"), never OverflowError
         values = (np.float64(self.lam) / (self.teachers * np.float64(self.sigma))) ** 2 * orders
         return positive_floor(values) if self.lam > 0 else values  # lam = 0 reads no teacher: exactly 0
+
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma / l2_sensitivity = N sigma / (lam sqrt 2): the Gaussian mechanism with this noise
+        multiplier has RDP a / (2 z^2) = (lam / (N sigma))^2 a, Theorem 4.1's eps_screen (Flemings et
+        al. 2024; Mironov 2017, Corollary 3). +inf for lam = 0 (the screen reads no teacher)."""
+        return math.inf if self.lam == 0 else float(self.teachers * np.float64(self.sigma) / (self.lam * math.sqrt(2.0)))
+
+    def dp_event(self):
+        """GaussianDpEvent(N sigma / (lam sqrt 2)) (see noise_multiplier); NoOpDpEvent for lam = 0."""
+        import dp_accounting
+
+        if self.lam == 0:
+            return dp_accounting.NoOpDpEvent()
+        return dp_accounting.GaussianDpEvent(self.noise_multiplier)
 
     def statistics(self, teachers, public, generator):
         """Screening statistics of L queries at once (Flemings et al. 2024, Algorithm 1): teachers

@@ -222,6 +222,25 @@ class VotingMechanism(Mechanism):
             return {"dpws_gaussian": False}
         return {"confident_gnmax_screen": False, self.answer_component: self.data_dependent_answer}
 
+    def dp_event(self):
+        """The dp-accounting event of one step as charged: Confident-GNMax's or DPWS's Gaussians
+        (released-output accounting; mechanisms.base.Mechanism.dp_event). None for TARGMAX/TWS (no
+        DP guarantee), for realised-path accounting (the charge depends on the screen's outcome) and
+        for Theorem 6's data-dependent answer."""
+        if self.threshold_private or self.accounting != "released-output" or self.data_dependent_answer:
+            return None
+        return (self.dpws if self.aggregator is Aggregator.DPWS else self.confident_gnmax).dp_event()
+
+    @property
+    def pld_unavailable_reason(self) -> str | None:
+        if self.threshold_private:
+            return f"{self.aggregator.value} gives no DP guarantee (T-threshold privacy only): no PLD"
+        if self.accounting != "released-output":
+            return "realised-path accounting charges the answer only where the screen passed: an ex-post total, no PLD"
+        if self.data_dependent_answer:
+            return "the answer is charged Papernot et al. 2018's data-dependent Theorem 6: no PLD in dp-accounting"
+        return super().pld_unavailable_reason
+
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         if self.threshold_private:
             return np.full_like(orders, np.inf, dtype=np.float64)

@@ -341,3 +341,75 @@ def test_usage_errors_of_every_command_are_one_line_with_exit_2(capsys, argv, me
     assert status == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), lines
+
+
+# ---- PLD beside RDP, DpEvent files (dp-accounting interop) ----
+
+def test_pld_epsilon_beside_rdp_the_issues_check_number(capsys):
+    record = run_strict_json(capsys, "gaussian", "--noise-multiplier", "10", "--queries", "100", "--delta", "1e-5")
+    assert record["epsilon"] == pytest.approx(4.7285, abs=5e-4)
+    assert record["pld_epsilon"] == pytest.approx(4.3772, abs=5e-4) and record["tighter"] == "pld"
+    assert record["pld"]["value_discretization_interval"] == 1e-4
+
+
+def test_pmixed_and_realised_path_say_why_there_is_no_pld(capsys):
+    record = run_strict_json(capsys, "pmixed", "--alpha", "6", "--beta", "0.01", "--teachers", "4", "--queries", "5",
+                             "--delta", "1e-5")
+    assert record["pld_epsilon"] is None and record["tighter"] == "rdp" and "RDP only" in record["pld_unavailable"]
+    record = run_strict_json(capsys, "dpargmax", "--sigma", "3", "--sigma-threshold", "3", "--queries", "5",
+                             "--delta", "1e-5", "--accounting", "realised-path", "--answered", "2")
+    assert record["pld_epsilon"] is None and "RDP only" in record["pld_unavailable"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["gaussian", "--noise-multiplier", "3"],
+    ["subsampled-gaussian", "--noise-multiplier", "1.1", "--sample-rate", "0.05"],
+    ["screening", "--teachers", "8", "--lam", "0.3", "--sigma", "0.05"],
+    ["gnmax", "--sigma", "6"],
+    ["dpargmax", "--sigma", "6", "--sigma-threshold", "4"],
+    ["dpws", "--sigma", "6", "--threshold", "2"],
+])
+def test_dp_event_out_then_from_event_gives_the_same_epsilons(capsys, tmp_path, argv):
+    path = tmp_path / "event.json"
+    record = run_strict_json(capsys, *argv, "--queries", "20", "--delta", "1e-6", "--dp-event-out", str(path))
+    assert record["dp_event_out"] == str(path)
+    assert main(["account", "from-event", str(path), "--delta", "1e-6", "--json"]) == 0
+    again = strict_loads(capsys.readouterr().out)
+    assert again["epsilon"] == pytest.approx(record["epsilon"], rel=1e-12)
+    assert again["pld_epsilon"] == pytest.approx(record["pld_epsilon"], rel=1e-9)
+    assert again["relation"] == record["relation"] and again["tighter"] == record["tighter"]
+
+
+def test_from_event_reads_a_bare_dp_accounting_event(capsys, tmp_path):
+    import dp_accounting
+
+    from mechanisms import dp_event_to_json
+
+    path = tmp_path / "bare.json"
+    path.write_text(dp_event_to_json(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(10.0), 100)))
+    assert main(["account", "from-event", str(path), "--delta", "1e-5"]) == 0
+    out = capsys.readouterr().out
+    assert "epsilon = 4.72851" in out and "epsilon = 4.37718; tighter: pld" in out
+
+
+@pytest.mark.parametrize("payload, message", [
+    ('{"class_name": "LaplaceDpEvent", "noise_multiplier": 1.0}', "no dpledger mechanism for LaplaceDpEvent"),
+    ('{"class_name": "os.system"}', "must name a DpEvent class"),
+    ("not json", "not JSON"),
+])
+def test_from_event_refuses_what_it_cannot_account_on_one_line(capsys, tmp_path, payload, message):
+    path = tmp_path / "event.json"
+    path.write_text(payload)
+    assert main(["account", "from-event", str(path), "--delta", "1e-5"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_from_event_lists_only_its_own_flags_each_with_help():
+    from dpledger.account_cli import FROM_EVENT
+
+    parser = subcommand_parser(FROM_EVENT)
+    options = {action.option_strings[-1]: action for action in parser._actions if action.option_strings}
+    options.pop("--help")
+    assert set(options) == set(accepted_flags(FROM_EVENT))
+    assert all(action.help and len(action.help) > 10 for action in options.values())

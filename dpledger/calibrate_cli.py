@@ -1,0 +1,128 @@
+"""`dpledger calibrate`: the parameter an (epsilon, delta) budget over Q queries allows.
+
+PMixED: the largest beta; the Gaussian-noise mechanisms: the smallest noise. Each answer is
+accounted forward and accounts to at most --epsilon and within 1% of it (docs/calibration.md)."""
+from __future__ import annotations
+
+import argparse
+import math
+
+from accounting.conversion import ConversionMethod
+from accounting.errors import require
+from accounting.strict_json import strict_json_text
+from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, CALIBRATE_FLAG_SPECS, SIGMA_HELP, add_conversion_flags,
+                                      add_mechanism_parser, add_mechanism_subcommands, option)
+from mechanisms import calibration
+
+MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax", "dpargmax", "dpws")
+
+_SUMMARY = {
+    "gaussian": "smallest Gaussian noise multiplier (Mironov 2017, Proposition 7)",
+    "subsampled-gaussian": "smallest noise multiplier of the Poisson-subsampled Gaussian, DP-SGD's "
+                           "(Mironov, Talwar & Zhang 2019)",
+    "pmixed": "largest PMixED beta (Flemings et al. 2024, Theorem 3.1 / Lemma C.1; Theorem A.4 with --sample-rate)",
+    "screening": "smallest sigma of AdaPMixED's noisy screening (Flemings et al. 2024, Theorem 4.1)",
+    "gnmax": "smallest GNMax sigma (Papernot et al. 2018, Proposition 8)",
+    "confident-gnmax": "smallest Confident-GNMax sigma s2 with s1 = R * s2 (Papernot et al. 2018, Algorithm 1)",
+    "dpargmax": "smallest sigma s2 of Hot PATE's DP argmax = Confident-GNMax, s1 = R * s2 (Cohen et al. 2023)",
+    "dpws": "smallest sigma of Hot PATE's DP weighted sampler (Gaussian-noised counts, then TWS)",
+}
+_TARGET = ("epsilon", "delta", "queries")
+_REQUIRED = {
+    "gaussian": (), "subsampled-gaussian": ("sample_rate",), "pmixed": ("alpha", "teachers"),
+    "screening": ("teachers", "lam"), "gnmax": (), "confident-gnmax": (), "dpargmax": (), "dpws": (),
+}
+_OPTIONAL = {
+    "gaussian": ("accountant",), "subsampled-gaussian": ("accountant",),
+    "pmixed": ("ball", "sample_rate", "variant", "seed"), "screening": ("accountant",), "gnmax": ("accountant",),
+    "confident-gnmax": ("ratio", "accountant"), "dpargmax": ("ratio", "threshold", "accountant"),
+    "dpws": ("threshold", "gamma", "accountant"),
+}
+_PARAMETER = {"pmixed": "beta", "gaussian": "noise_multiplier", "subsampled-gaussian": "noise_multiplier"}
+
+
+def _spec(flag: str, mechanism: str) -> dict:
+    spec = dict(CALIBRATE_FLAG_SPECS.get(flag) or ACCOUNT_FLAG_SPECS[flag])
+    if flag == "queries":
+        spec["help"] = "number of queries Q the budget covers, composed adaptively (Mironov 2017, Proposition 1); >= 1"
+    if flag == "sample_rate":
+        spec["help"] = ("Poisson sampling probability q in (0, 1]" + (" of teachers (Flemings et al. 2024, Theorem A.4)"
+                                                                     if mechanism == "pmixed" else ""))
+    if flag == "lam":
+        spec["help"] = "screening mixing weight lambda, in (0, 1] (fixed)"
+    return spec
+
+
+def accepted_flags(mechanism: str) -> tuple[str, ...]:
+    flags = _TARGET + _REQUIRED[mechanism] + _OPTIONAL[mechanism] + ("method", "orders")
+    return tuple(option(flag) for flag in flags) + ("--json",)
+
+
+def add_parser(subparsers) -> None:
+    mechanisms = add_mechanism_subcommands(subparsers, "calibrate",
+                                           "the parameter an (epsilon, delta) budget over Q queries allows", __doc__)
+    for mechanism in MECHANISMS:
+        sub, required, optional = add_mechanism_parser(mechanisms, mechanism, _SUMMARY[mechanism])
+        for flag in _TARGET + _REQUIRED[mechanism]:
+            required.add_argument(option(flag), required=True, **_spec(flag, mechanism))
+        for flag in _OPTIONAL[mechanism]:
+            optional.add_argument(option(flag), **_spec(flag, mechanism))
+        add_conversion_flags(optional)
+        optional.add_argument("--json", action="store_true", help="print one strict JSON object")
+        sub.set_defaults(handler=run, accepted_flags=accepted_flags(mechanism))
+
+
+def calibrate(args: argparse.Namespace) -> calibration.Calibration:
+    """The Calibration the flags ask for."""
+    kind = args.mechanism
+    target = (args.epsilon, args.delta, args.queries)
+    options = dict(method=ConversionMethod(args.method))
+    if kind == "pmixed":
+        return calibration.calibrate_pmixed(*target, args.alpha, args.teachers, ball=args.ball,
+                                            sampling_probability=args.sample_rate, variant=args.variant,
+                                            seed=args.seed, orders=args.orders, **options)
+    from accounting.orders import default_orders
+
+    options.update(accountant=args.accountant, orders=default_orders(*(args.orders or ())), compare_pld=True)
+    if kind == "gaussian":
+        return calibration.calibrate_gaussian(*target, **options)
+    if kind == "subsampled-gaussian":
+        return calibration.calibrate_subsampled_gaussian(*target, args.sample_rate, **options)
+    if kind == "screening":
+        return calibration.calibrate_screening(*target, args.teachers, args.lam, **options)
+    if kind == "gnmax":
+        return calibration.calibrate_gnmax(*target, **options)
+    if kind in ("confident-gnmax", "dpargmax"):
+        threshold = 0.0 if getattr(args, "threshold", None) is None else args.threshold
+        return calibration.calibrate_confident_gnmax(*target, ratio=args.ratio, threshold=threshold,
+                                                     mechanism_name=kind, **options)
+    threshold = 1.0 if args.threshold is None else args.threshold
+    return calibration.calibrate_dpws(*target, threshold=threshold, gamma=args.gamma, **options)
+
+
+def _format(value) -> str:
+    if value is None:
+        return "-"
+    return "inf" if isinstance(value, float) and math.isinf(value) else f"{value:.6g}"
+
+
+def run(args: argparse.Namespace) -> int:
+    require(args.queries >= 1, f"--queries must be >= 1, got {args.queries}")
+    result = calibrate(args)
+    record = result.to_record()
+    if args.json:
+        print(strict_json_text(record, sort_keys=False))
+        return 0
+    print(f"{result.mechanism_name}: {result.parameter} = {result.value:.8g} for epsilon <= {result.target_epsilon:g} "
+          f"at delta = {result.delta:g} over {result.queries} queries")
+    print(f"  accounts forward to epsilon = {result.forward_epsilon:.8g} ({result.accountant}); slack "
+          f"{result.slack:.3g} ({result.relative_slack:.2e} of the target)")
+    print(f"  RDP: epsilon = {_format(result.rdp_epsilon)} (order {_format(result.rdp_order)}); PLD: "
+          + (f"epsilon = {_format(result.pld_epsilon)}" if result.pld_epsilon is not None else "none (RDP only)"))
+    if "sigma_threshold" in result.fixed:
+        print(f"  screen noise s1 = {result.fixed['sigma_threshold']:.8g} (ratio {result.fixed['ratio']:g})")
+    for note in result.notes:
+        print(f"  note: {note}")
+    for message in result.warnings:
+        print(f"  warning: {message} (--orders A,B,...)")
+    return 0

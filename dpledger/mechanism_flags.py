@@ -1,0 +1,121 @@
+"""Command-line flags shared by `dpledger account` and `dpledger calibrate`: one table of argparse
+keyword arguments per flag (help names units and defaults), and the RDP conversion flags."""
+from __future__ import annotations
+
+import argparse
+import math
+
+from accounting.conversion import ConversionMethod
+from mechanisms import Ball, SubsamplingVariant
+
+ACCOUNTING = ("released-output", "realised-path")
+
+# every flag a mechanism may read: argparse keyword arguments (help names units and defaults)
+ACCOUNT_FLAG_SPECS = {
+    "queries": dict(type=int, metavar="Q", help="number of queries Q, composed adaptively (Mironov 2017, "
+                                                "Proposition 1); an integer >= 1"),
+    "delta": dict(type=float, metavar="DELTA", help="target delta of the (epsilon, delta) guarantee, in (0, 1)"),
+    "noise_multiplier": dict(type=float, metavar="Z", help="Gaussian noise standard deviation divided by the L2 "
+                                                           "sensitivity (unitless, > 0)"),
+    "sample_rate": dict(type=float, metavar="Q_RATE", help="Poisson sampling probability q, in (0, 1]"),
+    "alpha": dict(type=float, metavar="A", help="PMixED projection order a (> 1; Flemings et al. 2024 use 6)"),
+    "beta": dict(type=float, metavar="BETA", help="Renyi-ball radius per unit of order: each mixed teacher keeps "
+                                                  "D_a(mixed || public) <= beta * a, in nats (> 0)"),
+    "teachers": dict(type=int, metavar="N", help="ensemble size N (number of teachers, >= 1)"),
+    "sigma": dict(type=float, metavar="SIGMA"),  # help per mechanism: its unit differs
+    "sigma_threshold": dict(type=float, metavar="S1", help="Confident-GNMax screen noise s1: standard deviation of "
+                                                           "the Gaussian added to the top vote count, in votes"),
+    "lam": dict(type=float, metavar="LAMBDA", help="screening mixing weight lambda, in (0, 1]"),
+    "threshold": dict(type=float, metavar="T"),  # help per mechanism
+    "gamma": dict(type=float, default=1.0, metavar="GAMMA", help="TWS's gamma >= 1 (default: 1)"),
+    "ball": dict(choices=[b.value for b in Ball], default=Ball.PROJECTION_ORDER.value,
+                 help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
+                      "(Theorem 3.1 proven at every order; docs/soundness.md) (default: projection-order)"),
+    "seed": dict(type=int, default=0, help="seed of the simulated subsample sizes of the realised-size variants "
+                                           "(default: 0)"),
+    "accounting": dict(choices=ACCOUNTING, default="released-output",
+                       help="released-output (default) charges screen + GNMax on every query, a bound on the "
+                            "released (decision, token) pair; realised-path charges GNMax only on the --answered "
+                            "queries (Papernot et al. 2018's convention; ex post, not a guarantee)"),
+    "answered": dict(type=int, metavar="K", help="with --accounting realised-path: the number K of answered "
+                                                 "queries, in [0, Q]"),
+}
+SIGMA_HELP = {
+    "screening": "standard deviation of the Gaussian added to each probability of the mixed distribution "
+                 "(probability units, > 0)",
+    "gnmax": "standard deviation of the Gaussian added to each vote count, in votes (> 0)",
+    "confident-gnmax": "GNMax noise s2: standard deviation of the Gaussian added to each vote count, in votes",
+    "dpargmax": "GNMax noise s2: standard deviation of the Gaussian added to each vote count, in votes",
+    "dpws": "standard deviation of the Gaussian added to each vote count before TWS, in votes (> 0)",
+}
+THRESHOLD_HELP = {
+    "dpargmax": "screen threshold T on the noisy top count, in votes (recorded; the RDP does not depend on it)",
+    "dpws": "TWS threshold T: only tokens with a noisy count >= T can be released, in votes",
+    "targmax": "TARGMAX threshold T: the top token is released only with >= T votes (an integer >= 1)",
+    "tws": "TWS threshold T: only tokens with >= T votes can be released, in votes",
+}
+
+
+# the flags `dpledger calibrate` adds: the target, and the fixed parameters only calibration has
+CALIBRATE_FLAG_SPECS = {
+    "epsilon": dict(type=float, metavar="EPSILON", help="target epsilon of the (epsilon, delta) guarantee over all "
+                                                        "Q queries (> 0); the answer accounts to at most it and "
+                                                        "within 1%% of it"),
+    "ratio": dict(type=float, default=1.0, metavar="R", help="screen noise over answer noise, s1 = R * s2 (> 0; "
+                                                              "default: 1, i.e. s1 = s2)"),
+    "accountant": dict(choices=("rdp", "pld"), default="rdp",
+                       help="rdp (default: dpledger's ledgers are RDP) or pld (dp-accounting's PLD, pessimistic "
+                            "estimate: a PLD-calibrated noise is only as good as the PLD accounting that will report "
+                            "it)"),
+    "variant": dict(choices=[v.value for v in SubsamplingVariant], default=None,
+                    help="with --sample-rate: how the subsampled bound is formed (default: all-orders-ball, the "
+                         "proven one, which implies --ball all-orders; worst-case-size-general with --ball "
+                         "projection-order)"),
+    "ball": dict(choices=[b.value for b in Ball], default=None,
+                 help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
+                      "(proven at every order; docs/soundness.md) (default: projection-order, all-orders with "
+                      "--sample-rate)"),
+    "threshold": dict(type=float, metavar="T", default=None,
+                      help="screen / TWS threshold T in votes, recorded (the RDP does not depend on it; default: "
+                           "0 for the screen, 1 for TWS)"),
+}
+
+
+def option(flag: str) -> str:
+    """--flag-name of the table key flag_name."""
+    return "--" + flag.replace("_", "-")
+
+
+def parse_orders(text: str) -> tuple[float, ...]:
+    """--orders "2,4.5,2048": extra Renyi orders (> 1) added to the default grid."""
+    try:
+        values = [float(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers > 1, got {text!r}") from None
+    if not values or not all(math.isfinite(v) and v > 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every order must be a finite number > 1, got {text!r}")
+    return tuple(values)
+
+
+def add_conversion_flags(group) -> None:
+    """--method and --orders: the RDP -> (epsilon, delta) conversion and the order grid."""
+    group.add_argument("--method", choices=[m.value for m in ConversionMethod], default="improved",
+                       help="RDP to (epsilon, delta): improved (Balle et al. 2020, Theorem 21) or classic "
+                            "(Mironov 2017, Proposition 3) (default: improved)")
+    group.add_argument("--orders", type=parse_orders, metavar="A,B,...",
+                       help="extra Renyi orders (> 1) added to the default grid (1.1..10.9 by 0.1, "
+                            "11..63, 128, 256, 512, 1024), e.g. when the optimum is at its edge")
+
+
+def add_mechanism_subcommands(subparsers, command: str, help: str, description: str):
+    """`dpledger COMMAND MECHANISM`: the command's parser and its one-subcommand-per-mechanism action."""
+    parser = subparsers.add_parser(command, help=help, description=description)
+    return parser.add_subparsers(dest="mechanism", required=True, metavar="MECHANISM",
+                                 title=f"mechanisms (dpledger {command} MECHANISM --help lists its flags)")
+
+
+def add_mechanism_parser(mechanisms, mechanism: str, summary: str):
+    """One mechanism's subcommand: (parser, its "required" group, its "optional" group)."""
+    sub = mechanisms.add_parser(mechanism, help=summary, description=summary + ".")
+    return sub, sub.add_argument_group("required"), sub.add_argument_group("optional")
+

@@ -1,0 +1,150 @@
+"""PLD accounting beside RDP: the epsilon of a DpEvent from dp-accounting's privacy loss distributions.
+
+The PLD accountant (Koskela et al. 2020; Doroshenko et al. 2022, "Connect the Dots") discretises
+the privacy loss on a grid of width PLD_VALUE_DISCRETIZATION_INTERVAL and composes by FFT. dpledger
+always uses its pessimistic estimate (dp-accounting's default): the discretised distribution
+dominates the true one, so the epsilon it gives is an upper bound on the mechanism's epsilon at
+that delta, like the RDP conversion. Neither is uniformly tighter: PLD is usually tighter for
+many compositions of Gaussians (sigma 10, 100 queries, delta 1e-5: PLD 4.38, RDP 4.73), and RDP's
+grid gives no better than its edge. dpledger's ledgers are RDP; PLD is reported beside them.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
+from accounting.errors import require, require_in_open, require_int_at_least
+from accounting.orders import DEFAULT_ORDERS
+from accounting.relation import NeighbouringRelation, neighbouring_relation
+from mechanisms.base import Mechanism, require_mechanism
+from mechanisms.dp_events import (dp_accounting_relation, effective_gaussian_noise_multiplier, require_dp_event)
+
+PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
+"""Width of the privacy-loss grid (dp-accounting's default): the pessimistic PLD epsilon is within
+about this much per composed component of the exact one, above it."""
+
+
+def simplified_event(event):
+    """An event with the same privacy loss distribution, Gaussian parts merged: every composition of
+    unit-sensitivity Gaussians is one Gaussian with 1 / z^2 = sum 1 / z_i^2 (Dong, Roth & Su 2022,
+    Corollary 3.3; effective_gaussian_noise_multiplier), so the PLD accountant discretises one
+    Gaussian instead of composing discretised ones (faster, and no discretisation error added per
+    part). Other events are kept."""
+    import dp_accounting
+
+    z = effective_gaussian_noise_multiplier(event)
+    if z is not None:
+        return dp_accounting.NoOpDpEvent() if math.isinf(z) else dp_accounting.GaussianDpEvent(z)
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        parts = [simplified_event(e) for e in event.events]
+        gaussians = [p for p in parts if effective_gaussian_noise_multiplier(p) is not None]
+        rest = [p for p in parts if effective_gaussian_noise_multiplier(p) is None]
+        merged = simplified_event(dp_accounting.ComposedDpEvent(gaussians)) if gaussians else None
+        kept = rest + ([merged] if merged is not None and not isinstance(merged, dp_accounting.NoOpDpEvent) else [])
+        return kept[0] if len(kept) == 1 else dp_accounting.ComposedDpEvent(kept)
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        return dp_accounting.SelfComposedDpEvent(simplified_event(event.event), event.count)
+    return event
+
+
+def pld_epsilon(event, delta: float, relation=NeighbouringRelation.ADD_OR_REMOVE_ONE,
+                value_discretization_interval: float = PLD_VALUE_DISCRETIZATION_INTERVAL) -> float:
+    """Epsilon of `event` at `delta` from dp-accounting's PLDAccountant (pessimistic estimate, an upper
+    bound; Koskela et al. 2020; Doroshenko et al. 2022), the event read at unit sensitivity under
+    dpledger's `relation` (mechanisms.dp_events.dp_accounting_relation). +inf where dp-accounting
+    cannot build the distribution (a noise multiplier so small that the loss overflows): no statement.
+    ValueError for a relation or event dp-accounting cannot account."""
+    from dp_accounting.pld import PLDAccountant
+
+    require_dp_event("event", event)
+    delta = require_in_open("delta", delta, 0.0, 1.0)
+    require(value_discretization_interval > 0, f"value_discretization_interval must be > 0, got "
+                                               f"{value_discretization_interval!r}")
+    accountant = PLDAccountant(dp_accounting_relation(relation, event), value_discretization_interval)
+    event = simplified_event(event)
+    require(accountant.supports(event), f"dp-accounting's PLDAccountant does not support {type(event).__name__} "
+                                        f"under {neighbouring_relation(relation).label}")
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            epsilon = float(accountant.compose(event).get_epsilon(delta))
+    except (OverflowError, FloatingPointError, ZeroDivisionError, MemoryError):
+        return math.inf
+    require(not math.isnan(epsilon), "dp-accounting's PLD gave a NaN epsilon")
+    return max(epsilon, 0.0)
+
+
+def rdp_epsilon_of_event(event, delta: float, relation=NeighbouringRelation.ADD_OR_REMOVE_ONE,
+                         orders: Sequence[float] = DEFAULT_ORDERS, method=ConversionMethod.IMPROVED) -> float:
+    """Epsilon of `event` through dpledger's own RDP curve of the event's mechanism
+    (mechanisms.dp_events.mechanism_from_dp_event) and conversion (Balle et al. 2020, Theorem 21)."""
+    from mechanisms.dp_events import mechanism_from_dp_event
+
+    curve = mechanism_from_dp_event(event, relation).rdp_curve(orders)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GridEdgeWarning)
+        return epsilon_from_rdp(curve, delta, method).epsilon
+
+
+@dataclass(frozen=True)
+class RdpPldComparison:
+    """RDP and PLD epsilons of one composed mechanism at one delta, and which is tighter.
+
+    `pld_epsilon` is None (and `pld_unavailable_reason` says why) when there is no PLD: no event in
+    dp-accounting (PMixED, data-dependent losses) or a relation it cannot represent. `tighter` is
+    "rdp", "pld" or "equal" (within 1e-12 relative); "rdp" when there is no PLD. Both are upper
+    bounds, so the smaller is the statement to make.
+    """
+
+    rdp_epsilon: float
+    rdp_order: float | None
+    pld_epsilon: float | None
+    delta: float
+    queries: int
+    value_discretization_interval: float
+    pld_unavailable_reason: str | None = None
+
+    @property
+    def tighter(self) -> str:
+        if self.pld_epsilon is None:
+            return "rdp"
+        scale = max(abs(self.rdp_epsilon), abs(self.pld_epsilon), 1e-300)
+        if self.rdp_epsilon == self.pld_epsilon or (math.isfinite(scale) and
+                                                    abs(self.rdp_epsilon - self.pld_epsilon) <= 1e-12 * scale):
+            return "equal"
+        return "pld" if self.pld_epsilon < self.rdp_epsilon else "rdp"
+
+    @property
+    def epsilon(self) -> float:
+        """The smaller of the two (both are upper bounds)."""
+        return self.rdp_epsilon if self.pld_epsilon is None else min(self.rdp_epsilon, self.pld_epsilon)
+
+
+def composed_event(mechanism: Mechanism, queries: int):
+    """SelfComposedDpEvent(mechanism.dp_event(), queries); None when the mechanism has no event."""
+    import dp_accounting
+
+    event = require_mechanism("mechanism", mechanism).dp_event()
+    queries = require_int_at_least("queries", queries, 1)
+    return None if event is None else dp_accounting.SelfComposedDpEvent(event, queries)
+
+
+def compare_rdp_pld(mechanism: Mechanism, queries: int, delta: float, orders: Sequence[float] = DEFAULT_ORDERS,
+                    method=ConversionMethod.IMPROVED,
+                    value_discretization_interval: float = PLD_VALUE_DISCRETIZATION_INTERVAL) -> RdpPldComparison:
+    """`queries` adaptive compositions of `mechanism` (Mironov 2017, Proposition 1), converted at
+    `delta` by dpledger's RDP accounting and, where the mechanism has an event, by dp-accounting's PLD."""
+    queries = require_int_at_least("queries", queries, 1)
+    delta = require_in_open("delta", delta, 0.0, 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GridEdgeWarning)
+        rdp = epsilon_from_rdp(mechanism.rdp_curve(orders).composed(queries), delta, method)
+    reason = mechanism.pld_unavailable_reason
+    pld = None if reason is not None else pld_epsilon(composed_event(mechanism, queries), delta, mechanism.relation,
+                                                      value_discretization_interval)
+    return RdpPldComparison(rdp.epsilon, rdp.order, pld, delta, queries, value_discretization_interval, reason)

@@ -1,0 +1,180 @@
+"""Calibration (mechanisms/calibration.py, `dpledger calibrate`): every answer accounts forward to
+at most the target epsilon and within 1% of it, re-checked here with dpledger's own accounting."""
+import json
+import math
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from accounting.conversion import GridEdgeWarning, epsilon_from_rdp
+from accounting.orders import DEFAULT_ORDERS, default_orders
+from dpledger.cli import main
+from mechanisms import (CALIBRATION_TOLERANCE, calibrate_confident_gnmax, calibrate_dpws, calibrate_gaussian,
+                        calibrate_gnmax, calibrate_pmixed, calibrate_screening, calibrate_subsampled_gaussian,
+                        compare_rdp_pld, subsampled_pmixed_curve)
+
+targets = dict(epsilon=st.floats(0.2, 30.0), delta=st.floats(1e-10, 1e-2), queries=st.integers(1, 100_000))
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def rdp_epsilon(mechanism, queries, delta, orders=DEFAULT_ORDERS):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GridEdgeWarning)
+        return epsilon_from_rdp(mechanism.rdp_curve(orders).composed(queries), delta).epsilon
+
+
+def assert_at_most_and_within(result, forward):
+    assert forward <= result.target_epsilon
+    assert forward >= (1.0 - CALIBRATION_TOLERANCE) * result.target_epsilon
+    assert result.forward_epsilon == pytest.approx(forward, rel=1e-12)
+    assert result.slack >= 0
+
+
+def reachable(call):
+    """The calibration, or None when it says the target is out of reach (checked separately)."""
+    try:
+        return call()
+    except ValueError as error:
+        assert "out of reach" in str(error)
+        return None
+
+
+@FAST
+@given(**targets, kind=st.sampled_from(["gaussian", "gnmax", "dpws", "confident", "screening"]),
+       ratio=st.floats(0.25, 4.0), teachers=st.integers(1, 2048), lam=st.floats(1e-3, 1.0))
+def test_noise_calibration_accounts_to_at_most_the_target_and_within_one_percent(epsilon, delta, queries, kind, ratio,
+                                                                                teachers, lam):
+    call = {"gaussian": lambda: calibrate_gaussian(epsilon, delta, queries),
+            "gnmax": lambda: calibrate_gnmax(epsilon, delta, queries),
+            "dpws": lambda: calibrate_dpws(epsilon, delta, queries, threshold=3.0),
+            "confident": lambda: calibrate_confident_gnmax(epsilon, delta, queries, ratio=ratio),
+            "screening": lambda: calibrate_screening(epsilon, delta, queries, teachers, lam)}[kind]
+    result = reachable(call)
+    assume(result is not None)
+    assert_at_most_and_within(result, rdp_epsilon(result.mechanism, queries, delta))
+    if kind == "confident":
+        assert result.mechanism.sigma_threshold == pytest.approx(ratio * result.mechanism.sigma, rel=1e-12)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(epsilon=st.floats(0.5, 20.0), delta=st.floats(1e-9, 1e-3), queries=st.integers(1, 20_000),
+       q=st.floats(1e-3, 1.0))
+def test_subsampled_gaussian_calibration(epsilon, delta, queries, q):
+    result = reachable(lambda: calibrate_subsampled_gaussian(epsilon, delta, queries, q))
+    assume(result is not None)
+    assert_at_most_and_within(result, rdp_epsilon(result.mechanism, queries, delta))
+
+
+@FAST
+@given(**targets, alpha=st.floats(1.5, 40.0), teachers=st.integers(1, 512), ball=st.sampled_from(["projection-order",
+                                                                                                   "all-orders"]))
+def test_pmixed_beta_is_the_largest_within_the_target(epsilon, delta, queries, alpha, teachers, ball):
+    result = reachable(lambda: calibrate_pmixed(epsilon, delta, queries, alpha, teachers, ball=ball))
+    assume(result is not None)
+    assert_at_most_and_within(result, rdp_epsilon(result.mechanism, queries, delta, default_orders(alpha)))
+    assert result.parameter == "beta" and result.mechanism.ball.value == ball
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(epsilon=st.floats(1.0, 20.0), queries=st.integers(1, 5000), q=st.floats(0.01, 1.0), teachers=st.integers(2, 64))
+def test_subsampled_pmixed_defaults_to_the_proven_variant(epsilon, queries, q, teachers):
+    result = reachable(lambda: calibrate_pmixed(epsilon, 1e-5, queries, 6.0, teachers, sampling_probability=q))
+    assume(result is not None)
+    assert result.fixed["variant"] == "all-orders-ball" and result.fixed["ball"] == "all-orders" and not result.notes
+    curve = subsampled_pmixed_curve(result.mechanism, q, "all-orders-ball", queries, 0, default_orders(6.0))
+    assert_at_most_and_within(result, epsilon_from_rdp(curve, 1e-5).epsilon)
+
+
+def test_pmixed_without_subsampling_starts_from_lemma_c1_and_the_conversion_lowers_beta():
+    from mechanisms import beta_from_budget
+
+    result = calibrate_pmixed(8.0, 1e-5, 1000, 6.0, 16)
+    assert result.value < beta_from_budget(8.0, 1000, 6.0, 16)  # the (epsilon, delta) conversion adds a term
+    assert "as claimed" in result.notes[0]
+
+
+def test_pld_calibration_is_checked_with_pld_and_its_rdp_statement_is_larger():
+    result = calibrate_gnmax(2.0, 1e-5, 100, accountant="pld")
+    pld = compare_rdp_pld(result.mechanism, 100, 1e-5).pld_epsilon
+    assert_at_most_and_within(result, pld)
+    assert result.rdp_epsilon > 2.0 and "only as good as the PLD accounting" in result.notes[0]
+    assert calibrate_gnmax(2.0, 1e-5, 100).value > result.value
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: calibrate_gaussian(0.0, 1e-5, 10), "epsilon must be > 0, got 0"),
+    (lambda: calibrate_gaussian(-1.0, 1e-5, 10), "epsilon must be > 0, got -1"),
+    (lambda: calibrate_gaussian(math.nan, 1e-5, 10), "epsilon"),
+    (lambda: calibrate_gaussian(1.0, 0.0, 10), r"delta must be in \(0, 1\), got 0"),
+    (lambda: calibrate_gaussian(1.0, 1.5, 10), r"delta must be in \(0, 1\), got 1.5"),
+    (lambda: calibrate_gnmax(1.0, 1e-5, 0), "queries"),
+    (lambda: calibrate_gnmax(0.001, 1e-5, 10), "epsilon = 0.001 is out of reach"),
+    (lambda: calibrate_pmixed(1.0, 1e-5, 10, 6.0, 16), "epsilon = 1 is out of reach for PMixED: even beta -> 0"),
+    (lambda: calibrate_pmixed(8.0, 1e-5, 10, 6.0, 16, accountant="pld"), "RDP only"),
+    (lambda: calibrate_gaussian(1.0, 1e-5, 10, accountant="moments"), "accountant must be one of"),
+    (lambda: calibrate_subsampled_gaussian(1.0, 1e-5, 10, 0.0), r"sampling_probability must be in \(0, 1\]"),
+    (lambda: calibrate_screening(1.0, 1e-5, 10, 16, 0.0), "lam must be > 0"),
+])
+def test_bad_targets_name_the_constraint_and_the_value(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_calibrate_cli_json_and_text(capsys):
+    assert main(["calibrate", "gaussian", "--epsilon", "8", "--delta", "1e-5", "--queries", "10000", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["parameter"] == "noise_multiplier" and record["accountant"] == "rdp"
+    assert 0 <= record["slack"] <= 0.01 * 8 and record["forward_epsilon"] <= 8
+    assert record["pld_epsilon"] < record["rdp_epsilon"]
+    assert main(["calibrate", "pmixed", "--epsilon", "8", "--delta", "1e-5", "--queries", "1000", "--alpha", "6",
+                 "--teachers", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "beta = " in out and "accounts forward to epsilon" in out and "slack" in out
+    assert main(["calibrate", "dpargmax", "--epsilon", "2", "--delta", "1e-5", "--queries", "100", "--ratio", "2"]) == 0
+    assert "screen noise s1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["gnmax", "--epsilon", "0", "--delta", "1e-5", "--queries", "5"], "epsilon must be > 0, got 0"),
+    (["pmixed", "--epsilon", "1", "--delta", "1e-5", "--queries", "10", "--alpha", "6", "--teachers", "16"],
+     "out of reach for PMixED"),
+])
+def test_calibrate_cli_refuses_bad_targets_on_one_line(capsys, argv, message):
+    assert main(["calibrate", *argv]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_calibrate_cli_refuses_a_flag_its_mechanism_does_not_read(capsys):
+    assert main(["calibrate", "gnmax", "--epsilon", "1", "--delta", "1e-5", "--queries", "5", "--alpha", "6"]) == 2
+    assert "does not use --alpha" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**targets, kind=st.sampled_from(["gaussian", "subsampled", "pmixed", "pmixed-subsampled"]),
+       q=st.floats(1e-3, 1.0), teachers=st.integers(1, 256))
+def test_calibration_sweep(epsilon, delta, queries, kind, q, teachers):
+    call = {"gaussian": lambda: calibrate_gaussian(epsilon, delta, queries),
+            "subsampled": lambda: calibrate_subsampled_gaussian(epsilon, delta, queries, q),
+            "pmixed": lambda: calibrate_pmixed(epsilon, delta, queries, 6.0, teachers),
+            "pmixed-subsampled": lambda: calibrate_pmixed(epsilon, delta, queries, 6.0, teachers,
+                                                          sampling_probability=q)}[kind]
+    result = reachable(call)
+    assume(result is not None)
+    assert result.target_epsilon * (1 - CALIBRATION_TOLERANCE) <= result.forward_epsilon <= result.target_epsilon
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gaussian", "subsampled-gaussian", "screening", "confident-gnmax"])
+def test_pld_calibration_sweep(kind):
+    for epsilon in (0.5, 2.0, 8.0):
+        call = {"gaussian": lambda: calibrate_gaussian(epsilon, 1e-5, 1000, accountant="pld"),
+                "subsampled-gaussian": lambda: calibrate_subsampled_gaussian(epsilon, 1e-5, 1000, 0.01,
+                                                                             accountant="pld"),
+                "screening": lambda: calibrate_screening(epsilon, 1e-5, 1000, 16, 0.3, accountant="pld"),
+                "confident-gnmax": lambda: calibrate_confident_gnmax(epsilon, 1e-5, 1000, accountant="pld")}[kind]
+        result = call()
+        assert_at_most_and_within(result, compare_rdp_pld(result.mechanism, 1000, 1e-5).pld_epsilon)
