@@ -8,9 +8,12 @@ with `allow_data_dependent=True`, which the ledger records.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
-from accounting.conversion import ConversionMethod, conversion_method, epsilon_from_rdp
+import numpy as np
+
+from accounting.conversion import ConversionMethod, conversion_method, conversion_terms, epsilon_from_rdp
 from accounting.curve import RdpCurve, require_curve
 from accounting.errors import require, require_bool, require_in_open, require_positive
 from accounting.orders import DEFAULT_ORDERS
@@ -51,3 +54,75 @@ class RdpBudget:
         require(self.can_afford(curve),
                 f"step does not fit the budget: epsilon would be {self.epsilon_after(curve):.6g} > {self.epsilon:g}")
         self.spent = self.spent + curve
+
+
+FILTER_MARGIN = 1e-9
+"""Relative margin kept below the RDP budget, so that the ledger's own float summation of the same
+charges (in another order) can never convert to more than the target epsilon."""
+
+
+class RenyiFilter:
+    """A Renyi privacy filter at one order, chosen before the run (Feldman & Zrnic 2021, Theorem
+    3.1): with per-step RDP charges c_t(a*) chosen adaptively from the outputs so far, a composition
+    stopped before sum_t c_t(a*) exceeds the budget B(a*) is (a*, B(a*))-RDP, hence (epsilon,
+    delta)-DP with B(a*) = epsilon - conversion_term(a*, delta) (Balle et al. 2020, Theorem 21).
+    The order is fixed in advance: a filter over several orders at once is only known to be valid
+    when the charges are fixed in advance too (the RDP filters proven valid are of one order; Haney
+    et al. 2023).
+
+    A step is answered privately only when `fits(charge)`; then `spend(charge)`. Refused steps are
+    answered by the public model and cost nothing. The state is the running sum, so a run restored
+    from its records (summing their charges in step order) continues bit for bit.
+    """
+
+    def __init__(self, epsilon: float, delta: float, order: float, spent: float = 0.0):
+        self.epsilon = require_positive("budget epsilon", epsilon)
+        self.delta = require_in_open("budget delta", delta, 0.0, 1.0)
+        require(math.isfinite(order) and order > 1, f"budget order must be finite and > 1, got {order!r}")
+        self.order = float(order)
+        term = float(conversion_terms(np.asarray([self.order]), self.delta, ConversionMethod.IMPROVED)[0])
+        self.rdp_budget = (self.epsilon - term) * (1.0 - FILTER_MARGIN)
+        require(self.rdp_budget > 0, f"budget epsilon = {self.epsilon:g} at delta = {self.delta:g} leaves no RDP "
+                                     f"budget at order {self.order:g} (the conversion alone costs {term:.4g})")
+        self.spent = float(spent)
+
+    @classmethod
+    def plan(cls, epsilon: float, delta: float, step_bound: np.ndarray, orders, order: float | None = None
+             ) -> "RenyiFilter":
+        """The filter for a mechanism whose steps each cost at most `step_bound` (one value per order,
+        data-independent): at `order` if given, else at the order of `orders` that affords the most
+        such steps (ties: the lowest such order). Depends on the configuration only, never on data."""
+        orders = np.asarray(orders, dtype=np.float64)
+        step_bound = np.asarray(step_bound, dtype=np.float64)
+        require(step_bound.shape == orders.shape, f"step_bound has shape {step_bound.shape}, orders {orders.shape}")
+        if order is None:
+            budgets = epsilon - conversion_terms(orders, require_in_open("budget delta", delta, 0.0, 1.0),
+                                                 ConversionMethod.IMPROVED)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                affordable = np.where(budgets <= 0, -1.0,
+                                      np.where(step_bound > 0, np.floor(budgets * (1 - FILTER_MARGIN) / step_bound),
+                                               np.inf))
+            affordable = np.where(np.isnan(affordable), -1.0, affordable)  # inf / inf: no step affordable
+            require(np.any(budgets > 0), f"budget epsilon = {epsilon:g} at delta = {delta:g} leaves no RDP budget at "
+                                         "any order of the grid")
+            order = float(orders[int(np.argmax(affordable))])
+        return cls(epsilon, delta, order)
+
+    def fits(self, charge: float) -> bool:
+        """Whether a step charging `charge` at the filter's order keeps the budget (NaN never fits)."""
+        return bool(self.spent + charge <= self.rdp_budget)
+
+    def spend(self, charge: float) -> None:
+        if not self.fits(charge):  # not require(): its message would be formatted on every step
+            raise ValueError(f"a charge of {charge:.6g} at order {self.order:g} does not fit the remaining budget "
+                             f"{self.rdp_budget - self.spent:.6g}")
+        self.spent += float(charge)
+
+    def epsilon_spent(self) -> float:
+        """The (epsilon, delta) the spent charges convert to at the filter's order (<= epsilon)."""
+        term = float(conversion_terms(np.asarray([self.order]), self.delta, ConversionMethod.IMPROVED)[0])
+        return max(0.0, self.spent + term) if self.spent > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"epsilon": self.epsilon, "delta": self.delta, "order": self.order, "rdp_budget": self.rdp_budget,
+                "spent": self.spent}

@@ -232,6 +232,11 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
     for _, records, logits in trace.iter_payload():
         divergences, halfwidth, realised = block_divergences(trace, records, logits, removed, orders_t, mc_samples,
                                                              generator, confidence)
+        refused = [row for row, record in enumerate(records) if record.get("budget_refused")]
+        if refused:  # the privacy filter answered these publicly: the same public law under every neighbour
+            divergences[:, refused] = 0.0
+            if realised is not None:
+                realised[:, refused] = 0.0
         nan = torch.nonzero(divergences.isnan())
         if len(nan):  # a NaN is an undefined divergence, not "infinite leakage": name where it appears
             direction, row, neighbour, order = nan[0].tolist()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from audit import bounds, consistency, replay, voting
 from audit.ablation import check_ablation
+from audit.budget import check_budget_filter
 from audit.checks import CheckResult, Status, failed, skipped
 from audit.lint import Finding, lint
 from audit.loader import load_trace
@@ -182,6 +183,8 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
         plan = plan[:10] + [("shared_randomness", lambda: voting.check_shared_randomness(loaded)),
                             ("vote_threshold", lambda: voting.check_vote_threshold(loaded)),
                             ("voting_charges", lambda: voting.check_voting_charges(loaded))]
+    if loaded.manifest.get("budget") is not None:
+        plan.append(("budget_filter", lambda: check_budget_filter(loaded)))
     checks = [_guarded(name, check, loaded) for name, check in plan]
     if loaded.mechanism_type == "voting":
         ablation = _guarded("neighbour_ablation", lambda: voting.check_voting_ablation(loaded), loaded)

@@ -79,6 +79,9 @@ def check_screening_cost(trace: LoadedTrace) -> CheckResult:
     low, high, ok, count = np.inf, -np.inf, True, 0
     with np.errstate(invalid="ignore", divide="ignore"):
         for _, records in trace.iter_blocks():
+            records = [r for r in records if not r.get("budget_refused")]  # the filter charged nothing there
+            if not records:
+                continue
             charged = np.asarray([r["rdp_screen"] for r in records], dtype=np.float64)
             ratio = charged / expected
             low, high = float(np.fmin(low, np.min(ratio))), float(np.fmax(high, np.max(ratio)))
@@ -135,7 +138,7 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
             lambda: add_one_divergence_bounds(output, public, trace.n_teachers, orders, trace.params["alpha"],
                                               trace.params["alpha"] * trace.params["beta"], beta_all).numpy())
         charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
-        answered = np.asarray([every_step or r["screen_passed"] for r in records])
+        answered = np.asarray([(every_step or r["screen_passed"]) and not r.get("budget_refused") for r in records])
         gap = np.where(answered[:, None], (expected - charged) / np.maximum(expected, 1e-300), 0.0)
         worst = float(np.maximum(worst, np.max(gap)))  # not max(): it would skip a NaN
         for row in np.nonzero(np.any(~(gap <= 1e-9), axis=1))[0]:  # `not <=`: a NaN gap fails too

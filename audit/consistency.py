@@ -14,7 +14,7 @@ from accounting.orders import default_orders
 from audit.checks import CheckResult, failed, passed, skipped, verdict
 from audit.loader import LoadedTrace
 from decoding import trace
-from decoding.config import DataConfig, ModelsConfig, RunConfig
+from decoding.config import BudgetConfig, DataConfig, ModelsConfig, RunConfig
 from decoding.run import component_relations
 from decoding.runners import build_runner
 
@@ -54,7 +54,9 @@ def _config_of(manifest: dict) -> RunConfig:
     models = {k: tuple(v) if isinstance(v, list) else v for k, v in models.items()}
     data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
     config["deltas"] = tuple(config.get("deltas", ()))
-    return RunConfig(models=ModelsConfig(**models), data=DataConfig(**data), **config)
+    budget = config.pop("budget", None)
+    return RunConfig(models=ModelsConfig(**models), data=DataConfig(**data),
+                     budget=None if budget is None else BudgetConfig(**budget), **config)
 
 
 def check_manifest(loaded: LoadedTrace) -> CheckResult:

@@ -86,9 +86,14 @@ def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Find
     findings.append(Finding(5, "data-dependent loss for remove-one only", bool(remove_only),
                             ("high" if unclaimed and not unclaimed["within_claim"] else "medium") if remove_only
                             else "info", reason5))
-    findings.append(Finding(6, "data-dependent epsilon printed raw", data_dependent, "medium" if data_dependent else "info",
-                            "ledger.json and every report flag this epsilon as data-dependent (not a released DP "
-                            "guarantee; releasing it leaks, Papernot et al. 2018)" if data_dependent else
+    filtered = bool((trace.manifest.get("budget") or {}).get("data_dependent"))
+    findings.append(Finding(6, "data-dependent epsilon printed raw", data_dependent or filtered,
+                            "high" if filtered else "medium" if data_dependent else "info",
+                            ("the run's privacy filter was driven by data-dependent losses: where it stopped depends on "
+                             "the private data, which leaks (Redberg et al. 2023); ledger.json, the manifest and the "
+                             "report say so" if filtered else
+                             "ledger.json and every report flag this epsilon as data-dependent (not a released DP "
+                             "guarantee; releasing it leaks, Papernot et al. 2018)") if data_dependent or filtered else
                             "the epsilon is data-independent"))
     if "screen" in trace.components:
         ratio = params["lam"] / (trace.n_teachers * params["sigma"])

@@ -30,6 +30,7 @@ BASE_FIELDS = frozenset({"step", "block", "position", "query_id", "context_token
                          "sampled_teachers", "observed_data_dependent", "data_independent", "payload_sha256",
                          "prev_hash", "record_hash"})
 VOTING_FIELDS = frozenset({"vote_seed", "vote_tokens", "vote_counts", "aggregator_noise"})
+BUDGET_FIELDS = frozenset({"budget_refused", "budget_charge"})  # runs with a privacy filter (decoding.budget)
 
 
 @dataclass
@@ -209,6 +210,16 @@ class LoadedTrace:
     def runner(self) -> Runner:
         return build_runner({"type": self.mechanism_type, **self.params}, self.n_teachers, self.manifest["relation"])
 
+    def budget_gate(self):
+        """The run's privacy filter rebuilt from its config (decoding.budget), state zero; None
+        without a [budget]."""
+        budget = self.manifest["config"].get("budget")
+        if budget is None:
+            return None
+        from decoding.budget import BudgetGate
+
+        return BudgetGate.plan(budget, self.runner().step_bound(self.orders), self.orders)
+
     def window_rows(self) -> int:
         # a few float64 copies of a step's (N+1) x V distributions and of the kernels' (orders x V) work
         per_step = (self.n_teachers + 1 + len(self.manifest["orders"])) * int(self.manifest["vocab_size"]) * 8 * 4
@@ -245,7 +256,8 @@ class LoadedTrace:
 
 def _expected_fields(manifest: dict) -> set[str]:
     voting = VOTING_FIELDS if manifest["mechanism"]["type"] == "voting" else frozenset()
-    return set(BASE_FIELDS) | voting | {f"rdp_{name}" for name in manifest["mechanism"]["components"]}
+    budget = BUDGET_FIELDS if manifest.get("budget") is not None else frozenset()
+    return set(BASE_FIELDS) | voting | budget | {f"rdp_{name}" for name in manifest["mechanism"]["components"]}
 
 
 def _check_records(loaded: LoadedTrace, block: int, records: list[dict], first_step: int, block_size: int) -> None:
@@ -291,7 +303,14 @@ def _check_records(loaded: LoadedTrace, block: int, records: list[dict], first_s
         if not isinstance(passed, bool) or record["answered_by"] != ("mechanism" if passed else "public"):
             loaded.note(f"{where}: answered_by {record['answered_by']!r} does not follow screen_passed {passed!r}")
         voting = loaded.mechanism_type == "voting"
-        if "screen" not in manifest["mechanism"]["components"] and passed is not True and not voting:
+        refused = record.get("budget_refused") is True  # the filter answered publicly (decoding.budget)
+        if "budget_refused" in record and not (isinstance(record["budget_refused"], bool)
+                                               and isinstance(record["budget_charge"], float)
+                                               and record["budget_charge"] >= 0 and (not refused or not passed)):
+            loaded.note(f"{where}: budget_refused {record['budget_refused']!r} / budget_charge "
+                        f"{record['budget_charge']!r} are not a refusal flag and a charge >= 0 (a refused step is "
+                        "answered publicly)")
+        if "screen" not in manifest["mechanism"]["components"] and passed is not True and not voting and not refused:
             loaded.note(f"{where}: a run without screening records a failed screen")
         if voting:
             _check_votes(loaded, where, record, n, vocab)

@@ -177,9 +177,14 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
     worst = {"lambdas": 0.0, "logits_vs_models": 0.0}
     mismatches = []
     current_block = None
+    gate, recorded_spent = trace.budget_gate(), 0.0
     for block, records, logits in trace.iter_payload():
         first = records[0]["step"]
-        outcome, tokens = replay_steps(runner, logits, seed, first, trace.orders, sequential)
+        if gate is not None:  # the filter's state before this window: the recorded charges so far, in step order
+            gate.filter.spent = recorded_spent
+            for record in records:
+                recorded_spent += record["budget_charge"]
+        outcome, tokens = replay_steps(runner, logits, seed, first, trace.orders, sequential, gate)
         output = outcome.output.numpy()
         if cross_check:
             if block != current_block:
@@ -223,6 +228,11 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
                                       "the public shared randomness")
                 if not _close(record["aggregator_noise"], outcome.aggregator_noise[row]):
                     mismatches.append(f"{where}: the aggregator's noise differs from the step's generator")
+            if gate is not None and (record["budget_refused"] != bool(outcome.budget_refused[row])
+                                     or not _close([record["budget_charge"]], [outcome.budget_charge[row]])):
+                mismatches.append(f"{where}: the privacy filter's decision (refused {record['budget_refused']}, "
+                                  f"charge {record['budget_charge']:.6g}) differs from the replayed one (refused "
+                                  f"{bool(outcome.budget_refused[row])}, charge {outcome.budget_charge[row]:.6g})")
             if int(tokens[row]) != record["output_token"]:
                 mismatches.append(f"{where}: output token {record['output_token']} recorded, {int(tokens[row])} replayed")
             if record["true_token"] >= 0 and not _close([record["prob_true_token"]], [output[row, record["true_token"]]]):

@@ -85,8 +85,10 @@ def check_voting_charges(trace: LoadedTrace) -> CheckResult:
             counts[row, record["vote_tokens"]] = record["vote_counts"]
         passed_screen = np.asarray([record["screen_passed"] for record in records], dtype=bool)
         expected = mechanism.charges(counts, passed_screen, orders)
+        refused = np.asarray([bool(record.get("budget_refused")) for record in records])
         for name, values in expected.items():
             recorded = np.asarray([record[f"rdp_{name}"] for record in records], dtype=np.float64)
+            values = np.where(refused[:, None], 0.0, values)  # the privacy filter answered those publicly, free
             same = (recorded == values) | np.isclose(recorded, values, rtol=1e-9, atol=0.0)
             for row in np.flatnonzero(~same.all(axis=1))[:5]:
                 mismatched.append(f"step {records[row]['step']}: {name} is not its formula at the recorded histogram")
@@ -160,6 +162,8 @@ def run_voting_ablation(trace: LoadedTrace, delta: float) -> dict:
         _, teachers = Ensemble.split_distributions(logits)
         votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
         for row, record in enumerate(records):
+            if record.get("budget_refused"):  # answered publicly by the privacy filter: the same law under every neighbour
+                continue
             laws = _StepLaws(mechanism, counts[row], orders, realised_path)
             passed_screen = bool(record["screen_passed"])
             per_token, per_token_released = {}, {}
@@ -313,7 +317,7 @@ def check_sampled_aggregator(trace: LoadedTrace, draws: int = 20000, seed: int =
         _, teachers = Ensemble.split_distributions(logits)
         votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
         for row, record in enumerate(records):
-            if mechanism.accounting == "realised-path" and not record["screen_passed"]:
+            if (mechanism.accounting == "realised-path" and not record["screen_passed"]) or record.get("budget_refused"):
                 continue
             top = int(np.argmax(counts[row]))
             runner_up = int(np.sort(counts[row])[-2])

@@ -24,6 +24,10 @@ runnable examples: examples/.
     # ... or in-context teachers: teacher_kind = "icl" (embedded, or public + icl_examples = "examples.json")
     device = "cpu"              # or "cuda"
 
+    [budget]                    # optional: a privacy filter (docs/config.md)
+    epsilon = 8.0
+    delta = 1e-5
+
     [data]
     stream = "teacher-forced"   # or "generate"
     text = "heldout.txt"        # teacher-forced text (default: the embedded private held-out part)
@@ -67,6 +71,18 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class BudgetConfig:
+    """A privacy filter for the run (accounting.budget.RenyiFilter): before each private answer,
+    the step's charge at one order must fit the RDP budget of (epsilon, delta); a step that does not
+    fit is answered by the public model at no cost."""
+
+    epsilon: float
+    delta: float = 1e-5
+    order: float | None = None  # the filter's order; default: the order that affords the most steps
+    data_dependent: bool = False  # charge the filter the data-dependent losses (leaks; Redberg et al. 2023)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     out: str
     mechanism: dict
@@ -79,6 +95,7 @@ class RunConfig:
     relation: str = "add_or_remove_one"
     """The neighbouring relation the run claims; the mechanism charges what covers it and the audit
     FAILs a total that does not (accounting.relation)."""
+    budget: BudgetConfig | None = None
 
     def __post_init__(self) -> None:
         # mixing mechanisms' bounds are for adding or removing a teacher; a vote histogram's bounds
@@ -141,9 +158,20 @@ class RunConfig:
             require(data.text is not None, "data.text (a text file) is required with your own models")
         require(data.text is None or isinstance(data.text, str), f"data.text must be a string, got {data.text!r}")
         require(_device_ok(models.device), f"models.device must be 'cpu', 'cuda' or 'cuda:N', got {models.device!r}")
+        if self.budget is not None:
+            budget = self.budget
+            require(budget.epsilon > 0 and budget.epsilon != float("inf"),
+                    f"budget.epsilon must be a finite number > 0, got {budget.epsilon!r}")
+            require_in_open("budget.delta", budget.delta, 0.0, 1.0)
+            require(budget.order is None or 1 < budget.order < float("inf"),
+                    f"budget.order must be a finite number > 1, got {budget.order!r}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The config as plain data; `budget` only when set (runs without one keep their manifests)."""
+        values = asdict(self)
+        if values["budget"] is None:
+            del values["budget"]
+        return values
 
     def fingerprint(self) -> str:
         """Hash of everything that determines the run's output (not `out`): resume must match it."""
@@ -160,6 +188,7 @@ _SCHEMA = {
     "models": {"embedded": bool, "teachers": int, "public": str, "teacher_paths": [str], "teacher_kind": str,
                "tokenizer": str, "device": str, "icl_examples": str, "icl_prompt_tokens": int},
     "data": {"stream": str, "text": str, "block_size": int, "prompts": [str], "max_new_tokens": int},
+    "budget": {"epsilon": float, "delta": float, "order": float, "data_dependent": bool},
 }
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}
 _LIST_NAMES = {str: "strings", int: "integers", bool: "true/false values", float: "numbers"}
@@ -205,8 +234,8 @@ def config_from_dict(data: dict, out_override: str | None = None) -> RunConfig:
     """A RunConfig from parsed TOML; ValueError naming the table, key, value and rule."""
     require(isinstance(data, dict), f"a config must be a table of tables, got {data!r}")
     require(all(isinstance(key, str) for key in data), f"config table names must be strings, got {list(data)!r}")
-    unknown = sorted(set(data) - {"run", "mechanism", "models", "data"})
-    require(not unknown, f"unknown tables in config: {unknown}; known: run, mechanism, models, data")
+    unknown = sorted(set(data) - {"run", "mechanism", "models", "data", "budget"})
+    require(not unknown, f"unknown tables in config: {unknown}; known: run, mechanism, models, data, budget")
     run = _table(data, "run")
     if out_override is not None:
         _check_type("--out", out_override, str)
@@ -223,8 +252,13 @@ def config_from_dict(data: dict, out_override: str | None = None) -> RunConfig:
     for key, value in mechanism.items():  # TOML scalars: a nested value or a numpy scalar has no place here
         require(type(value) in (bool, int, float, str),
                 f"mechanism.{key} must be a number, a string or true/false, got {value!r}")
+    budget = None
+    if "budget" in data:
+        table = _table(data, "budget")
+        require("epsilon" in table, "[budget] needs `epsilon` (and `delta`, default 1e-5)")
+        budget = BudgetConfig(**table)
     return RunConfig(mechanism=dict(mechanism), models=_table(data, "models", ModelsConfig),
-                     data=_table(data, "data", DataConfig), **run)
+                     data=_table(data, "data", DataConfig), budget=budget, **run)
 
 
 def read_text_file(path: str | Path, what: str) -> str:

@@ -15,7 +15,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from accounting.ledger import PrivacyLedger
 from accounting.orders import default_orders
 from accounting.relation import NeighbouringRelation
 from decoding import trace
+from decoding.budget import DATA_DEPENDENT_LABEL, BudgetGate
 from decoding.config import RunConfig, read_text_file
 from decoding.ensemble import Ensemble, load_tokenizer, require_matching_tokenizer
 from decoding.runners import BlockOutcome, Runner, build_runner
@@ -49,6 +50,7 @@ class PreparedRun:
     data_identity: dict
     tokenizer_path: str
     canaries: list[dict]
+    budget: BudgetGate | None = None
 
     @property
     def n_blocks(self) -> int:
@@ -128,17 +130,21 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
                      "tokens": int(token_ids.size) if token_ids is not None else None}
     canaries = ([{"teacher": c.shard, "text": c.text, "secret": c.secret} for c in embedded.corpus.canaries]
                 if embedded is not None else [])
+    gate = None
+    if config.budget is not None:
+        gate = BudgetGate.plan(asdict(config.budget), runner.step_bound(orders), orders)
     return PreparedRun(config, ensemble, tokenizer, runner, orders, token_ids, prompts, data_identity,
-                       str(tokenizer_path), canaries)
+                       str(tokenizer_path), canaries, gate)
 
 
 def build_manifest(config: RunConfig, runner: Runner, orders: np.ndarray, models: list[dict], vocab_size: int,
-                   data_identity: dict, tokenizer_path: str, canaries: list[dict]) -> dict:
+                   data_identity: dict, tokenizer_path: str, canaries: list[dict],
+                   budget: BudgetGate | None = None) -> dict:
     """manifest.json's content: what ran (the chain's genesis hash binds all of it)."""
     import transformers
 
     size = config.data.block_size if config.data.stream == "teacher-forced" else config.data.max_new_tokens
-    return {
+    return {**({"budget": budget.manifest_entry()} if budget is not None else {}),
         "format": "dpledger-trace", "schema_version": trace.SCHEMA_VERSION, "package_version": PACKAGE_VERSION,
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": config.to_dict(), "config_fingerprint": config.fingerprint(),
@@ -157,7 +163,7 @@ def build_manifest(config: RunConfig, runner: Runner, orders: np.ndarray, models
 def _manifest(prepared: PreparedRun) -> dict:
     return build_manifest(prepared.config, prepared.runner, prepared.orders,
                           [vars(identity) for identity in prepared.ensemble.identities], prepared.ensemble.vocab_size,
-                          prepared.data_identity, prepared.tokenizer_path, prepared.canaries)
+                          prepared.data_identity, prepared.tokenizer_path, prepared.canaries, prepared.budget)
 
 
 def _open_run_dir(prepared: PreparedRun, resume: bool) -> trace.RunLock:
@@ -209,6 +215,9 @@ def _outcome_records(runner: Runner, block: int, first_step: int, outcome: Block
         }
         for name in runner.components:
             record[f"rdp_{name}"] = outcome.charged[name][row].tolist()
+        if outcome.budget_refused is not None:
+            record.update(budget_refused=bool(outcome.budget_refused[row]),
+                          budget_charge=float(outcome.budget_charge[row]))
         if outcome.vote_counts is not None:
             voted = np.flatnonzero(outcome.vote_counts[row])
             record.update(vote_seed=int(outcome.vote_seeds[row]), vote_tokens=voted.tolist(),
@@ -228,30 +237,38 @@ def _concat_outcomes(outcomes: list[BlockOutcome]) -> BlockOutcome:
                         lambdas=cat("lambdas"), sampled=cat("sampled"), screen_statistic=cat("screen_statistic"),
                         screen_passed=cat("screen_passed"), observed_data_dependent=cat("observed_data_dependent"),
                         data_independent=cat("data_independent"), vote_seeds=cat("vote_seeds"),
-                        vote_counts=cat("vote_counts"),
+                        vote_counts=cat("vote_counts"), budget_refused=cat("budget_refused"),
+                        budget_charge=cat("budget_charge"),
                         aggregator_noise=None if outcomes[0].aggregator_noise is None
                         else [noise for o in outcomes for noise in o.aggregator_noise])
 
 
-def _mechanism_step(runner: Runner, logits: torch.Tensor, randomness: StepGenerators, orders: np.ndarray):
+def _mechanism_step(runner: Runner, logits: torch.Tensor, randomness: StepGenerators, orders: np.ndarray,
+                    budget: BudgetGate | None = None):
     """One call of the mechanism on (N+1, L, V) logits, then one sampled token per row; row i draws
-    from randomness' generator i in this order (replay depends on it)."""
+    from randomness' generator i in this order (replay depends on it). With a budget, the filter
+    then decides the rows in order (decoding.budget)."""
     public, teachers = Ensemble.split_distributions(logits)
     outcome = runner.process(public, teachers, randomness, orders)
-    return outcome, randomness.multinomial(outcome.output).numpy()
+    tokens = randomness.multinomial(outcome.output).numpy()
+    if budget is not None:
+        tokens = budget.apply(outcome, tokens, public, randomness.run_seed, randomness.first_step)
+    return outcome, tokens
 
 
 def replay_steps(runner: Runner, logits: torch.Tensor, seed: int, first_step: int, orders: np.ndarray,
-                 sequential: bool) -> tuple[BlockOutcome, np.ndarray]:
+                 sequential: bool, budget: BudgetGate | None = None) -> tuple[BlockOutcome, np.ndarray]:
     """Recompute consecutive steps from their recorded logits (N+1, L, V): the outcome and the
-    sampled tokens. Any window of a block replays exactly (per-step randomness).
+    sampled tokens. Any window of a block replays exactly (per-step randomness); with a budget, the
+    gate must hold the filter's state before `first_step`.
 
     sequential=True replays a free-generation block step by step, as it ran.
     """
     length = logits.shape[1]
     if not sequential:
-        return _mechanism_step(runner, logits, StepGenerators.for_steps(seed, first_step, length), orders)
-    steps = [_mechanism_step(runner, logits[:, i:i + 1], StepGenerators.for_steps(seed, first_step + i, 1), orders)
+        return _mechanism_step(runner, logits, StepGenerators.for_steps(seed, first_step, length), orders, budget)
+    steps = [_mechanism_step(runner, logits[:, i:i + 1], StepGenerators.for_steps(seed, first_step + i, 1), orders,
+                             budget)
              for i in range(length)]
     return _concat_outcomes([o for o, _ in steps]), np.concatenate([t for _, t in steps])
 
@@ -265,7 +282,7 @@ def run_block(prepared: PreparedRun, block: int):
         window = torch.from_numpy(prepared.token_ids[first_step:first_step + length + 1])
         logits = prepared.ensemble.logits(window[:length].unsqueeze(0))[:, 0]
         outcome, tokens = _mechanism_step(prepared.runner, logits, StepGenerators.for_steps(seed, first_step, length),
-                                          orders)
+                                          orders, prepared.budget)
         return outcome, tokens, window[1:].numpy(), window[:length].numpy(), logits
     context = list(prepared.prompts[block % len(prepared.prompts)])
     outcomes, tokens, step_logits, contexts = [], [], [], []
@@ -273,7 +290,7 @@ def run_block(prepared: PreparedRun, block: int):
         ids = torch.tensor(context[-prepared.ensemble.n_positions:]).unsqueeze(0)
         current = prepared.ensemble.logits(ids)[:, 0, -1:]
         outcome, token = _mechanism_step(prepared.runner, current, StepGenerators.for_steps(seed, first_step + i, 1),
-                                         orders)
+                                         orders, prepared.budget)
         outcomes.append(outcome)
         tokens.append(int(token[0]))
         step_logits.append(current[:, 0])
@@ -314,6 +331,8 @@ class RunTotals:
         self.log_prob_sum, self.scored, self.public = 0.0, 0, 0
         self.observed, self.observed_min = None, None  # (K,) sums over answered steps that record them
         self.released, self.correct, self.below_threshold, self.min_released_votes = 0, 0, 0, None
+        self.budget = manifest.get("budget")
+        self.budget_spent, self.budget_refused, self.first_refused_step = 0.0, 0, None
 
     def add(self, records: list[dict]) -> None:
         """Charge one block's records (ValueError for a NaN or negative charge: nothing is added)."""
@@ -329,6 +348,13 @@ class RunTotals:
         self.public += int(sum(r["answered_by"] == "public" for r in records))
         if self.voting:
             self._add_votes(records)
+        if self.budget is not None:
+            for record in records:  # in step order, as the filter spent them (bit-identical sums)
+                self.budget_spent += record["budget_charge"]
+                if record["budget_refused"]:
+                    self.budget_refused += 1
+                    if self.first_refused_step is None:
+                        self.first_refused_step = record["step"]
         rows = [r for r in records if r["observed_data_dependent"]]
         if rows:
             answered = np.asarray([r["answered_by"] == "mechanism" for r in rows])[:, None]
@@ -382,6 +408,72 @@ class RunTotals:
                 "token_accuracy": self.correct / steps if teacher_forced and steps else None,
                 "guarantee": guarantee}
 
+    def pld_summary(self, epsilons: list[dict]) -> dict:
+        """PLD epsilons beside the RDP ones, where every charged component has a dp-accounting event:
+        the run's steps as one composed DpEvent (exported, so the ledger can be checked in
+        dp-accounting), accounted by its PLDAccountant (mechanisms.pld). Otherwise why not."""
+        from accounting.strict_json import loads_json
+        from mechanisms.dp_events import dp_event_to_json, mechanism_from_dp_event
+        from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, pld_epsilon
+
+        kind, params = self.manifest["mechanism"]["type"], self.manifest["mechanism"]["params"]
+        reasons = {"public": "the public model alone charges nothing: there is no privacy loss to account",
+                   "ensemble": "the non-private ensemble has no privacy guarantee",
+                   "pmixed": "PMixED has no privacy loss distribution in dp-accounting: RDP only (Theorem 3.1)",
+                   "adapmixed": "AdaPMixED's PMixED part has no privacy loss distribution in dp-accounting (only its "
+                                "screen, a Gaussian, has one), and a composition is only as PLD-accountable as all "
+                                "its parts: RDP only"}
+        if kind != "voting":
+            return {"available": False, "reason": reasons[kind]}
+        from decoding.runners import voting_mechanism
+
+        mechanism = voting_mechanism(params, self.manifest["n_teachers"], self.manifest["relation"])
+        step_event = mechanism.dp_event()
+        if step_event is None:
+            return {"available": False, "reason": mechanism.pld_unavailable_reason}
+        import dp_accounting
+
+        charged = self.ledger.steps - self.budget_refused  # a step the filter refused charged nothing
+        if charged == 0:
+            return {"available": False, "reason": "no step was charged"}
+        event = dp_accounting.SelfComposedDpEvent(step_event, charged)
+        # the exported event must be exactly the ledger's curve, or it is not the ledger's event
+        values = mechanism_from_dp_event(event, mechanism.relation).rdp_curve(self.ledger.orders).values
+        total = self.ledger.total_curve().values
+        if not np.allclose(values, total, rtol=1e-9, atol=0.0):
+            return {"available": False, "reason": "the charges in the ledger are not the mechanism's own (the audit's "
+                                                  "voting_charges check names the steps): no event reproduces them"}
+        rows = []
+        for entry in (e for e in epsilons if e["method"] == ConversionMethod.IMPROVED.value):
+            pld, rdp = pld_epsilon(event, entry["delta"], mechanism.relation), entry["epsilon"]
+            rows.append({"delta": entry["delta"], "pld_epsilon": pld, "rdp_epsilon": rdp,
+                         "tighter": "pld" if pld < rdp else "rdp" if rdp < pld else "equal"})
+        return {"available": True, "epsilon": rows,
+                "dp_event_file": loads_json(dp_event_to_json(event, mechanism.relation)),
+                "relation": mechanism.relation.value, "charged_steps": charged,
+                "value_discretization_interval": PLD_VALUE_DISCRETIZATION_INTERVAL,
+                "note": "dp-accounting's PLDAccountant (pessimistic estimate, an upper bound; Doroshenko et al. "
+                        "2022) on the run's composed event; `dpledger account from-event RUN/ledger.json` reads "
+                        "the event back"}
+
+    def budget_summary(self) -> dict:
+        """The privacy filter's plan and what it did: spent, the steps it refused, and what holds."""
+        from accounting.budget import RenyiFilter
+
+        plan = self.budget
+        spent = RenyiFilter(plan["epsilon"], plan["delta"], plan["order"], self.budget_spent)
+        if plan["data_dependent"]:
+            guarantee = DATA_DEPENDENT_LABEL
+        elif math.isfinite(plan["step_bound_at_order"]):
+            guarantee = (f"(epsilon, delta) = ({plan['epsilon']:g}, {plan['delta']:g}) by the filter at order "
+                         f"{plan['order']:g}: every answered step was charged the mechanism's data-independent bound "
+                         f"{plan['step_bound_at_order']:.6g} there (Feldman & Zrnic 2021, Theorem 3.1)")
+        else:
+            guarantee = "the mechanism has no data-independent bound at any order: the filter answered every step publicly"
+        return {**plan, "spent": self.budget_spent, "epsilon_spent_at_order": spent.epsilon_spent(),
+                "private_answers": self.ledger.steps - self.budget_refused, "refused_steps": self.budget_refused,
+                "first_refused_step": self.first_refused_step, "guarantee": guarantee}
+
     def summary(self) -> dict:
         """ledger.json's content: composed curve, epsilon per delta and conversion, breakdown, utility."""
         ledger, manifest = self.ledger, self.manifest
@@ -406,6 +498,9 @@ class RunTotals:
         }
         if self.voting:
             summary["voting"] = self.voting_summary()
+        if self.budget is not None:
+            summary["budget"] = self.budget_summary()
+        summary["pld"] = self.pld_summary(epsilons)
         if self.observed is not None:
             from accounting.curve import RdpCurve
 
@@ -496,7 +591,9 @@ def _decode_locked(prepared: PreparedRun, out: Path, progress: bool) -> RunResul
         return RunResult(out, trace.read_ledger(out), config.queries, trace.read_final(out)["head"])
     running = RunTotals(manifest)
     reader = trace.ChainReader(out, manifest)
+    committed_charges = []
     for block, records in reader:
+        committed_charges += [record.get("budget_charge", 0.0) for record in records]
         if config.replay_payload:
             path = trace.replay_path(out, block)
             if not path.exists() or trace.file_sha256(path) != records[0].get("payload_sha256"):
@@ -504,6 +601,8 @@ def _decode_locked(prepared: PreparedRun, out: Path, progress: bool) -> RunResul
                                        "the run's exact-replay payload is incomplete, so it cannot be resumed "
                                        "(start it again in a new directory)")
         running.add(records)
+    if prepared.budget is not None:  # the filter continues from the committed steps' charges, bit for bit
+        prepared.budget.restore(committed_charges)
     done_blocks, step, prev_hash = len(trace.committed_chunk_indices(out)), reader.steps, reader.head
     resumed_from = step
     first_delta = config.deltas[0]

@@ -44,6 +44,8 @@ class BlockOutcome:
     vote_seeds: np.ndarray | None = None       # (L,) voting: each step's shared-randomness seed
     vote_counts: np.ndarray | None = None      # (L, V) voting: the vote histogram
     aggregator_noise: list | None = None       # L lists: the draws the aggregator consumed
+    budget_refused: np.ndarray | None = None   # (L,) bool: the run's privacy filter answered publicly
+    budget_charge: np.ndarray | None = None    # (L,) what each step spent of the filter's budget
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class Runner:
     process: Callable[[torch.Tensor, torch.Tensor, torch.Generator, np.ndarray], BlockOutcome] = field(repr=False)
     relations: dict[str, NeighbouringRelation] = field(default_factory=dict)
     """name -> the neighbouring relation its charges hold for (add-or-remove-one when absent)."""
+    step_bound: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+    """orders -> a data-independent upper bound on everything one step charges (+inf where there is
+    none): what a privacy filter charges a step by default (accounting.budget.RenyiFilter)."""
 
     def relation_of(self, name: str) -> NeighbouringRelation:
         return self.relations.get(name, NeighbouringRelation.ADD_OR_REMOVE_ONE)
@@ -102,7 +107,8 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
             return BlockOutcome(output=output, charged={name: bound}, lambdas=lambdas.numpy(),
                                 observed_data_dependent=observed, data_independent=bound)
 
-        return Runner("pmixed", dict(alpha=alpha, beta=beta, teachers=teachers, **ball_params), {name: False}, process)
+        return Runner("pmixed", dict(alpha=alpha, beta=beta, teachers=teachers, **ball_params), {name: False}, process,
+                      step_bound=pmixed.rdp_values)
 
     if subsampling_variant is None:
         subsampling_variant = (SubsamplingVariant.ALL_ORDERS_BALL if ball is Ball.ALL_ORDERS
@@ -124,8 +130,14 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
         return BlockOutcome(output=output, charged={name: charged}, lambdas=lambdas.numpy(), sampled=mask.numpy(),
                             observed_data_dependent=observed, data_independent=bound)
 
+    def step_bound(orders):
+        """The variant's charge, at its largest over the subsample sizes it may be charged at."""
+        sizes = range(teachers + 1) if variant.uses_realised_sizes else (None,)
+        return np.max([SubsampledPMixED(pmixed, sample_rate, variant, m).rdp_values(orders) for m in sizes], axis=0)
+
     return Runner("pmixed", dict(alpha=alpha, beta=beta, teachers=teachers, sample_rate=sample_rate,
-                                 subsampling_variant=variant.value, **ball_params), {name: False}, process)
+                                 subsampling_variant=variant.value, **ball_params), {name: False}, process,
+                  step_bound=step_bound)
 
 
 def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma: float, threshold: float,
@@ -199,7 +211,13 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
                   screening=screening, data_dependent=data_dependent, accounting=accounting)
     if ball is not Ball.PROJECTION_ORDER:
         params["ball"] = ball.value
-    return Runner("adapmixed", params, components, process, relations)
+
+    def step_bound(orders):
+        """The screen's charge plus Theorem 3.1 for the answer (Flemings et al. 2024, Theorem 4.2 with
+        the data-independent PMixED bound): at least what any step is charged, were it data-independent."""
+        return (screen.rdp_values(orders) if screening else 0.0) + pmixed.rdp_values(orders)
+
+    return Runner("adapmixed", params, components, process, relations, step_bound)
 
 
 def voting_runner(teachers: int, votes: str, aggregator: str, threshold: float, gamma: float = 1.0,
@@ -235,7 +253,8 @@ def voting_runner(teachers: int, votes: str, aggregator: str, threshold: float, 
                   threshold=threshold, gamma=gamma, sigma=sigma, sigma_threshold=sigma_threshold,
                   data_dependent=data_dependent, accounting=accounting)
     components = mechanism.components()
-    return Runner("voting", params, components, process, {name: relation for name in components})
+    return Runner("voting", params, components, process, {name: relation for name in components},
+                  mechanism.rdp_values)
 
 
 def voting_mechanism(params: dict, teachers: int, relation) -> VotingMechanism:
@@ -246,8 +265,10 @@ def voting_mechanism(params: dict, teachers: int, relation) -> VotingMechanism:
 
 
 _BUILDERS = {
-    "public": lambda teachers: Runner("public", {}, {"public_only": False}, _public_only),
-    "ensemble": lambda teachers: Runner("ensemble", {"teachers": teachers}, {"non_private_ensemble": False}, _ensemble),
+    "public": lambda teachers: Runner("public", {}, {"public_only": False}, _public_only,
+                                      step_bound=lambda orders: np.zeros_like(orders, dtype=np.float64)),
+    "ensemble": lambda teachers: Runner("ensemble", {"teachers": teachers}, {"non_private_ensemble": False}, _ensemble,
+                                        step_bound=lambda orders: np.full_like(orders, np.inf, dtype=np.float64)),
 }
 _PARAMETERISED = {"pmixed": pmixed_runner, "adapmixed": adapmixed_runner, "voting": voting_runner}
 MECHANISM_TYPES = tuple(sorted([*_BUILDERS, *_PARAMETERISED]))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from decoding.config import DataConfig, ModelsConfig, RunConfig
+from decoding.config import BudgetConfig, DataConfig, ModelsConfig, RunConfig
 from decoding.run import run_decode
 
 DEMO_TEACHERS = 8
@@ -32,7 +32,12 @@ def demo_methods() -> dict[str, dict]:
         "PMixED with noisy screening": {"type": "adapmixed", **PAPER_ADAPMIXED, **PAPER_PMIXED, "data_dependent": False},
         "AdaPMixED with only data-dependence": {"type": "adapmixed", **PAPER_ADAPMIXED, "screening": False},
         "AdaPMixED": {"type": "adapmixed", **PAPER_ADAPMIXED},
+        BUDGET_LABEL: {"type": "pmixed", **PAPER_PMIXED},
     }
+
+
+BUDGET_LABEL = "PMixED with a budget"
+DEMO_BUDGET = BudgetConfig(epsilon=8.0, delta=1e-5)  # a Renyi filter: the public model answers once it is spent
 
 
 def slug(label: str) -> str:
@@ -53,7 +58,8 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
     rows, summaries = [], {}
     for label, mechanism in demo_methods().items():
         config = RunConfig(out=str(root / slug(label)), mechanism=mechanism, models=ModelsConfig(teachers=teachers),
-                           queries=queries, seed=0, replay_payload=True, deltas=(1e-5,))
+                           queries=queries, seed=0, replay_payload=True, deltas=(1e-5,),
+                           budget=DEMO_BUDGET if label == BUDGET_LABEL else None)
         result = run_decode(config, resume=True, progress=progress)
         summaries[label] = result.summary
         rows.append(summary_row(label, result.directory, result.summary))
@@ -68,6 +74,11 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
     print(f"\n== Table 2b: AdaPMixED privacy-loss breakdown at order {breakdown['order']:g}, "
           f"{breakdown['method']} conversion, delta={breakdown['delta']:g} ==")
     print(pd.DataFrame(breakdown["rows"]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    budget = summaries[BUDGET_LABEL]["budget"]
+    print(f"\n== {BUDGET_LABEL}: epsilon {budget['epsilon']:g} at delta {budget['delta']:g}, a Renyi filter at order "
+          f"{budget['order']:g} ==\n  {budget['private_answers']} queries answered privately, then "
+          f"{budget['refused_steps']} by the public model at no cost; "
+          f"epsilon spent {summaries[BUDGET_LABEL]['epsilon'][0]['epsilon']:.3f}")
     voting_rows = run_voting_demo(root, progress)
     rows += voting_rows
     print("\ntraces:")
@@ -109,7 +120,7 @@ def run_voting_demo(root: Path, progress: bool) -> list[dict]:
     return rows
 
 
-AUDITED = ("pmixed", "adapmixed", "hot-pate-dpargmax", "cold-pate-dpargmax")
+AUDITED = ("pmixed", "adapmixed", "pmixed-with-a-budget", "hot-pate-dpargmax", "cold-pate-dpargmax")
 
 
 def audit_and_report(root: Path, directories: list[Path], progress: bool, extra_html: str = "") -> Path:

@@ -87,7 +87,10 @@ def plot_cumulative_epsilon(run: RunData) -> bytes | None:
     if run.ledger["breakdown"]["order"] is None:
         return None
     figure, axis = _figure(6.4, 3.6)
-    answered = np.cumsum([r["answered_by"] == "mechanism" for r in run.records])
+    budget = run.ledger.get("budget")
+    # with a budget every query is on the axis, so the curve flattens where the filter stops answering
+    answered = (np.arange(1, len(run.records) + 1) if budget is not None
+                else np.cumsum([r["answered_by"] == "mechanism" for r in run.records]))
     steps, charged = cumulative_epsilon_series(run, _charged(run))
     label = "charged: data-dependent loss" if run.data_dependent else "charged"
     axis.plot(answered[steps - 1], charged, label=label, color="tab:blue")
@@ -95,10 +98,18 @@ def plot_cumulative_epsilon(run: RunData) -> bytes | None:
     if other is not None:
         steps2, values = cumulative_epsilon_series(run, other[1])
         axis.plot(answered[steps2 - 1], values, label=other[0], color="tab:orange", linestyle="--")
-    axis.set_xlabel("queries answered by the mechanism")
+    title = f"{run.label}: cumulative privacy loss"
+    if budget is not None:
+        axis.axhline(budget["epsilon"], color="tab:red", linestyle=":",
+                     label=f"budget epsilon {budget['epsilon']:g} (filter at order {budget['order']:g})")
+        if budget["first_refused_step"] is not None:
+            axis.axvline(budget["first_refused_step"] + 1, color="grey", linestyle="--", linewidth=0.8,
+                         label=f"budget reached: the public model answers from query {budget['first_refused_step'] + 1}")
+        title += f" ({budget['refused_steps']} of {len(run.records)} queries answered publicly by the budget)"
+    axis.set_xlabel("query" if budget is not None else "queries answered by the mechanism")
     axis.set_ylabel(f"epsilon at delta={run.delta:g}")
     axis.set_yscale("log")
-    _title(axis, f"{run.label}: cumulative privacy loss")
+    _title(axis, title)
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
     return _png(figure)

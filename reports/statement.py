@@ -157,6 +157,26 @@ def privacy_statement(run: RunData) -> list[str]:
                     f"(yield {fmt(voting['yield'], 3)})" + ("" if voting["token_accuracy"] is None else
                                                            f", token accuracy {fmt(voting['token_accuracy'], 3)}"))
         paragraphs.append(f"Guarantee. {voting['guarantee'][0].upper()}{voting['guarantee'][1:]}. {released}.")
+    pld = ledger.get("pld")
+    if pld is not None and pld["available"]:
+        row = pld["epsilon"][0]
+        paragraphs.append(
+            f"PLD. dp-accounting's privacy-loss-distribution accountant (Doroshenko et al. 2022; pessimistic, an "
+            f"upper bound) on the run's composed event (in ledger.json) gives epsilon = {fmt(row['pld_epsilon'])} at "
+            f"delta = {row['delta']:g}, against RDP's {fmt(row['rdp_epsilon'])}: "
+            + ("PLD is tighter, and both hold." if row["tighter"] == "pld" else "RDP is tighter, and both hold."
+               if row["tighter"] == "rdp" else "they agree."))
+    elif pld is not None and kind not in ("public", "ensemble"):
+        paragraphs.append(f"PLD. Not available: {pld['reason']}.")
+    budget = ledger.get("budget")
+    if budget is not None:
+        stop = ("it never stopped the mechanism" if budget["first_refused_step"] is None else
+                f"from query {budget['first_refused_step'] + 1} on, the next answer would not have fitted, and "
+                f"{budget['refused_steps']} of {ledger['steps']} queries were answered by the public model at no cost")
+        paragraphs.append(
+            f"Budget. A Renyi privacy filter at order {fmt(budget['order'])} (Feldman & Zrnic 2021, Theorem 3.1) held "
+            f"the run to epsilon = {fmt(budget['epsilon'])} at delta = {budget['delta']:g}: {stop}. "
+            f"{budget['guarantee'][0].upper()}{budget['guarantee'][1:]}.")
     if direction_label(run.ledger.get("direction")) != "both":
         paragraphs.append(
             "Direction. Part of this loss bounds only D(M(D) || M(D')) at the actual data D (Papernot et al. 2018, "

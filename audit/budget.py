@@ -1,0 +1,64 @@
+"""The privacy filter of a run with a [budget] (decoding.budget): its plan and every decision."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from audit.checks import CheckResult, skipped, verdict
+from audit.loader import LoadedTrace
+
+
+def check_budget_filter(trace: LoadedTrace) -> CheckResult:
+    """The filter's plan is the one its config gives (order, RDP budget, step bound), and along
+    the records in step order (Feldman & Zrnic 2021, Theorem 3.1): an answered step's filter charge
+    is the step bound (or, with data_dependent, its charges' total at the order), covers what the
+    step was actually charged there, and keeps the running sum within the budget; a refused step is
+    answered by the public model, charged nothing, and (data-independent filter) would not have
+    fitted. Whether the mechanism's output was replaced is the replay's to check."""
+    gate = trace.budget_gate()
+    if gate is None:
+        return skipped("budget_filter", "the run has no [budget]")
+    recorded = trace.manifest.get("budget") or {}
+    planned = gate.manifest_entry()
+    problems = [f"manifest budget.{key} is {recorded.get(key)!r}, its config gives {value!r}"
+                for key, value in planned.items() if recorded.get(key) != value]
+    k, bound, budget = gate.order_index, gate.step_bound, gate.filter.rdp_budget
+    spent, answered, refused, first_refused = 0.0, 0, 0, None
+    for record in trace.iter_records():
+        where = f"step {record['step']}"
+        charges = np.asarray([record[f"rdp_{name}"][k] for name in trace.components], dtype=np.float64)
+        actual = float(charges.sum())
+        if record["budget_refused"]:
+            refused += 1
+            first_refused = record["step"] if first_refused is None else first_refused
+            if record["answered_by"] != "public" or record["budget_charge"] != 0.0 or np.any(
+                    [np.any(np.asarray(record[f"rdp_{name}"]) != 0) for name in trace.components]):
+                problems.append(f"{where}: refused by the filter but not answered publicly at no charge")
+            if not gate.data_dependent and spent + bound <= budget:
+                problems.append(f"{where}: refused although the step bound {bound:.6g} still fitted "
+                                f"({spent:.6g} of {budget:.6g} spent)")
+            continue
+        answered += 1
+        expected = actual if gate.data_dependent else bound
+        if not math.isclose(record["budget_charge"], expected, rel_tol=1e-12, abs_tol=0.0):
+            problems.append(f"{where}: filter charge {record['budget_charge']:.6g}, expected {expected:.6g}")
+        if not actual <= record["budget_charge"] * (1 + 1e-12):
+            problems.append(f"{where}: charged {actual:.6g} at order {gate.filter.order:g}, more than the filter's "
+                            f"{record['budget_charge']:.6g}")
+        spent += record["budget_charge"]
+        if not spent <= budget:
+            problems.append(f"{where}: the filter's running sum {spent:.6g} exceeds its budget {budget:.6g}")
+        if len(problems) > 50:
+            break
+    mode = ("data-dependent charges (leaks: Redberg et al. 2023)" if gate.data_dependent
+            else f"the data-independent step bound {bound:.6g}")
+    return verdict("budget_filter", not problems,
+                   f"filter at order {gate.filter.order:g} with RDP budget {budget:.6g} (epsilon "
+                   f"{gate.filter.epsilon:g}, delta {gate.filter.delta:g}), charged {mode}: {answered} steps answered "
+                   f"privately, spending {spent:.6g}; {refused} answered publicly"
+                   + (f" from step {first_refused}" if first_refused is not None else "")
+                   + "; every decision follows the rule",
+                   f"{len(problems)} filter problems, first: " + "; ".join(problems[:5]),
+                   problems=problems[:50], answered=answered, refused=refused, spent=spent, rdp_budget=budget,
+                   order=gate.filter.order)

@@ -1,0 +1,119 @@
+"""The privacy filter of a decode run: `[budget] epsilon, delta` in the run config.
+
+Before each private answer the step's charge at the filter's order must fit what is left of the
+RDP budget (accounting.budget.RenyiFilter; Feldman & Zrnic 2021, Theorem 3.1). A step that does not
+fit is answered by the public model and charged nothing: its token is drawn from the public
+distribution with a generator of its own, seeded from (run seed, step) and never touched by the
+mechanism, so what it releases does not depend on the private data (the mechanism's generator has
+drawn a data-dependent number of values by then, e.g. GNMax's noise only after a passed screen).
+
+What a step is charged in the filter:
+  - by default the mechanism's data-independent bound on one step (Runner.step_bound) at the
+    filter's order: the stopping step then depends on the configuration only;
+  - with `data_dependent = true`, the step's actual charge at that order, data-dependent losses
+    included. Checking a data-dependent loss against a budget leaks private information (Redberg
+    et al. 2023); the manifest, the ledger and the report label such a run.
+
+The filter's state is the running sum of the charges of the answered steps, in step order; the
+trace records each step's `budget_charge`, so a resumed run and the audit's replay restore it
+exactly by summing the committed records in the same order.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from accounting.budget import RenyiFilter
+from accounting.errors import require
+
+DATA_DEPENDENT_LABEL = ("the filter was driven by data-dependent losses: checking them against the budget leaks "
+                        "private information (Redberg et al. 2023), so the stopping point is not covered by the "
+                        "(epsilon, delta) target")
+
+
+def fallback_seed(run_seed: int, step: int) -> int:
+    """The seed of the public answer of a step the filter refused: (run seed, step) only."""
+    digest = hashlib.sha256(f"dpledger-budget-fallback:{run_seed}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@dataclass
+class BudgetGate:
+    """A run's filter and how its steps are charged; `apply` decides a block's steps in order."""
+
+    filter: RenyiFilter
+    order_index: int
+    step_bound: float  # the data-independent bound of one step at the filter's order
+    data_dependent: bool
+
+    @classmethod
+    def plan(cls, budget: dict, step_bound: np.ndarray, orders: np.ndarray) -> "BudgetGate":
+        """The gate for `budget` (the config's [budget] table as a dict) and a mechanism whose steps
+        each cost at most `step_bound` (one value per order of `orders`)."""
+        orders = np.asarray(orders, dtype=np.float64)
+        order = budget.get("order")
+        if order is not None:
+            require(bool(np.any(np.isclose(orders, order, rtol=0, atol=1e-9))),
+                    f"budget.order = {order:g} is not on the run's order grid")
+            order = float(orders[int(np.argmin(np.abs(orders - order)))])
+        renyi = RenyiFilter.plan(budget["epsilon"], budget["delta"], step_bound, orders, order)
+        index = int(np.flatnonzero(orders == renyi.order)[0])
+        return cls(renyi, index, float(np.asarray(step_bound, dtype=np.float64)[index]),
+                   bool(budget.get("data_dependent", False)))
+
+    def manifest_entry(self) -> dict:
+        """What the manifest records: the plan, fixed before any step."""
+        return {**{k: v for k, v in self.filter.to_dict().items() if k != "spent"},
+                "step_bound_at_order": self.step_bound, "data_dependent": self.data_dependent,
+                "affordable_steps": (None if self.data_dependent or not np.isfinite(self.step_bound)
+                                     or self.step_bound <= 0 else int(np.floor(self.filter.rdp_budget / self.step_bound))),
+                "rule": "a step is answered privately only if the charges of the answered steps so far plus its own, "
+                        "at the filter's order, stay within rdp_budget (Feldman & Zrnic 2021, Theorem 3.1)",
+                **({"label": DATA_DEPENDENT_LABEL} if self.data_dependent else {})}
+
+    def restore(self, charges) -> None:
+        """Continue from committed records: their `budget_charge`, summed in step order."""
+        self.filter.spent = 0.0
+        for charge in charges:
+            self.filter.spend(float(charge))
+
+    def charges(self, charged: dict[str, np.ndarray]) -> np.ndarray:
+        """Each step's charge in the filter: the step bound, or (data-dependent) its actual total."""
+        rows = next(iter(charged.values())).shape[0]
+        if not self.data_dependent:
+            return np.full(rows, self.step_bound)
+        return np.sum([values[:, self.order_index] for values in charged.values()], axis=0)
+
+    def apply(self, outcome, tokens: np.ndarray, public: torch.Tensor, run_seed: int, first_step: int) -> np.ndarray:
+        """Decide the block's steps in order; refused steps get the public distribution, zero
+        charges, a public token from their fallback generator. Sets outcome.budget_refused and
+        outcome.budget_charge; returns the tokens."""
+        charges = self.charges(outcome.charged)
+        refused = np.zeros(charges.shape[0], dtype=bool)
+        spent = np.zeros(charges.shape[0])
+        for row, charge in enumerate(charges):
+            if self.filter.fits(float(charge)):
+                self.filter.spend(float(charge))
+                spent[row] = charge
+            else:
+                refused[row] = True
+        # every step gets a decision (not only blocks with a refusal: free generation concatenates steps)
+        passed = (np.ones(charges.shape[0], dtype=bool) if outcome.screen_passed is None
+                  else np.asarray(outcome.screen_passed, dtype=bool).copy())
+        if refused.any():
+            tokens = tokens.copy()
+            rows = np.flatnonzero(refused)
+            outcome.output = outcome.output.clone()
+            outcome.output[rows] = public[rows]
+            for name in outcome.charged:
+                outcome.charged[name] = outcome.charged[name].copy()
+                outcome.charged[name][rows] = 0.0
+            passed[rows] = False
+            for row in rows:
+                generator = torch.Generator().manual_seed(fallback_seed(run_seed, first_step + int(row)))
+                tokens[row] = int(torch.multinomial(public[row], 1, generator=generator)[0])
+        outcome.screen_passed, outcome.budget_refused, outcome.budget_charge = passed, refused, spent
+        return tokens

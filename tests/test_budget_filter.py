@@ -1,0 +1,234 @@
+"""The privacy filter in decoding: `[budget] epsilon, delta` (decoding.budget, accounting.budget)."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from accounting.budget import FILTER_MARGIN, RenyiFilter
+from accounting.conversion import ConversionMethod, conversion_terms, epsilon_from_rdp
+from accounting.curve import RdpCurve
+from accounting.orders import default_orders
+from accounting.relation import NeighbouringRelation
+from audit import audit_run
+from decoding import trace
+from decoding.config import config_from_dict
+from decoding.run import run_decode
+from mechanisms import PMixED
+from tests.micro import kill_and_resume, micro_config
+
+PMIXED = {"type": "pmixed", "alpha": 6.0, "beta": 0.002}
+AUDIT = dict(mc_samples=20, game_trials=50, play_game=False)
+
+
+def decode(micro_models, out: Path, mechanism: dict, budget: dict, queries: int = 48, block_size: int = 16, **data):
+    config = micro_config(micro_models, out, mechanism, queries=queries, block_size=block_size)
+    config["budget"] = budget
+    config["data"].update(data)
+    if data.get("stream") == "generate":
+        config["data"].pop("text")
+    return run_decode(config_from_dict(config), progress=False, verbose=False)
+
+
+# -- the filter itself ------------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(epsilon=st.floats(0.05, 50), delta=st.sampled_from([1e-3, 1e-5, 1e-8]), alpha=st.sampled_from([2.0, 6.0, 18.0]),
+       beta=st.floats(1e-4, 0.05), teachers=st.integers(2, 200))
+def test_a_planned_filter_stops_where_the_next_step_would_exceed_and_never_above_epsilon(epsilon, delta, alpha, beta,
+                                                                                        teachers):
+    orders = np.asarray(default_orders(alpha))
+    bound = PMixED(alpha, beta, teachers).rdp_values(orders)
+    try:
+        renyi = RenyiFilter.plan(epsilon, delta, bound, orders)
+    except ValueError:  # the conversion alone exceeds epsilon at every order
+        assert np.all(epsilon - conversion_terms(orders, delta, ConversionMethod.IMPROVED) <= 0)
+        return
+    k = int(np.flatnonzero(orders == renyi.order)[0])
+    # the order affords the most steps of any order on the grid
+    budgets = (epsilon - conversion_terms(orders, delta, ConversionMethod.IMPROVED)) * (1 - FILTER_MARGIN)
+    with np.errstate(divide="ignore"):
+        best = np.max(np.where(budgets > 0, np.floor(budgets / bound), -1))
+    assume(best <= 20_000)  # the loop below is one filter step per answered query
+    answered = 0
+    while renyi.fits(bound[k]):
+        renyi.spend(bound[k])
+        answered += 1
+    assert not renyi.fits(bound[k])  # the next step would exceed
+    assert abs(answered - best) <= 1  # floor(budget / bound) up to the rounding of a running sum
+    # what was answered, composed and converted like a ledger, is within the target
+    curve = RdpCurve(orders, bound * answered if answered else np.zeros_like(bound), NeighbouringRelation.ADD_OR_REMOVE_ONE)
+    assert epsilon_from_rdp(curve, delta).epsilon <= epsilon
+
+
+def test_a_budget_that_the_conversion_alone_exceeds_is_refused():
+    orders = np.asarray(default_orders())
+    with pytest.raises(ValueError, match="leaves no RDP budget at any order"):
+        RenyiFilter.plan(1e-3, 1e-10, np.full(orders.shape, 0.1), orders)
+
+
+# -- decode, resume, audit --------------------------------------------------------------------------
+
+def test_decode_answers_privately_until_the_budget_then_publicly_at_no_cost(micro_models, tmp_path):
+    result = decode(micro_models, tmp_path / "run", PMIXED, {"epsilon": 2.0, "delta": 1e-5})
+    manifest, records = trace.read_manifest(result.directory), trace.read_records(result.directory)
+    plan = manifest["budget"]
+    refused = [r["budget_refused"] for r in records]
+    answered = plan["affordable_steps"]
+    assert 0 < answered < len(records) and refused == [False] * answered + [True] * (len(records) - answered)
+    for record in records[answered:]:
+        assert record["answered_by"] == "public" and record["budget_charge"] == 0.0
+        assert all(v == 0 for v in record["rdp_pmixed_theorem_3_1"])
+    spent = sum(r["budget_charge"] for r in records)
+    assert spent <= plan["rdp_budget"] < spent + plan["step_bound_at_order"]  # the next step would have exceeded
+    summary = result.summary
+    assert summary["budget"]["private_answers"] == answered and summary["budget"]["refused_steps"] == 48 - answered
+    assert summary["epsilon"][0]["epsilon"] <= 2.0 and summary["budget"]["epsilon_spent_at_order"] <= 2.0
+    assert summary["answered_by_public"] == 48 - answered
+    report = audit_run(result.directory, **AUDIT)
+    assert report.verdict == "PASS", report.to_dict()
+    assert any(c.name == "budget_filter" and c.status.value == "PASS" for c in report.checks)
+
+
+def test_a_killed_budget_run_resumes_to_the_same_stopping_point(micro_models, tmp_path):
+    config = micro_config(micro_models, tmp_path / "reference", PMIXED, queries=48, block_size=8)
+    config["budget"] = {"epsilon": 2.0, "delta": 1e-5}
+    reference = run_decode(config_from_dict(config), progress=False, verbose=False)
+    resumed, killed, committed = kill_and_resume(config, tmp_path, chunk=1)
+    assert resumed.returncode == 0, resumed.stderr
+    assert 0 < committed < 48
+    def content(run_dir):  # the chain hashes differ (each manifest has its own start time); nothing else may
+        return json.dumps([{k: v for k, v in r.items() if k not in ("prev_hash", "record_hash")}
+                           for r in trace.read_records(run_dir)], sort_keys=True)
+
+    assert content(killed) == content(reference.directory)
+    assert trace.read_ledger(killed)["budget"] == reference.summary["budget"]
+    assert any(r["budget_refused"] for r in trace.read_records(killed))
+
+
+def test_a_broken_filter_that_answers_past_the_budget_fails_the_audit(micro_models, tmp_path, monkeypatch):
+    monkeypatch.setattr(RenyiFilter, "fits", lambda self, charge: True)
+    result = decode(micro_models, tmp_path / "run", PMIXED, {"epsilon": 2.0, "delta": 1e-5})
+    monkeypatch.undo()
+    assert not any(r["budget_refused"] for r in trace.read_records(result.directory))
+    report = audit_run(result.directory, **AUDIT)
+    failed = {c.name for c in report.checks if c.status.value == "FAIL"}
+    assert report.verdict == "FAIL" and {"budget_filter", "replay"} <= failed
+
+
+def test_data_dependent_charges_drive_the_filter_only_on_request_and_are_labelled(micro_models, tmp_path):
+    mechanism = {"type": "adapmixed", "alpha": 6.0, "beta": 0.05, "lam": 0.5, "sigma": 0.05, "threshold": 1e9,
+                 "top_k": 16, "screening": False}
+    result = decode(micro_models, tmp_path / "run", mechanism, {"epsilon": 1.0, "delta": 1e-5, "data_dependent": True})
+    budget = result.summary["budget"]
+    assert budget["data_dependent"] and "leaks private information (Redberg et al. 2023)" in budget["guarantee"]
+    manifest = trace.read_manifest(result.directory)
+    assert manifest["budget"]["data_dependent"] is True and "leaks" in manifest["budget"]["label"]
+    records = trace.read_records(result.directory)
+    answered = [r for r in records if not r["budget_refused"]]
+    k = trace.read_manifest(result.directory)["orders"].index(budget["order"])
+    for record in answered:
+        assert record["budget_charge"] == pytest.approx(record["rdp_pmixed_data_dependent"][k], rel=1e-12)
+    report = audit_run(result.directory, **AUDIT)
+    assert report.verdict == "PASS"
+    finding = next(f for f in report.findings if f.pitfall == 6)
+    assert finding.applies and finding.severity == "high" and "Redberg et al. 2023" in finding.reason
+
+
+def test_voting_and_free_generation_runs_keep_their_audits_under_a_budget(micro_models, tmp_path):
+    dpargmax = {"type": "voting", "votes": "coordinated", "aggregator": "dpargmax", "threshold": 2.0, "sigma": 2.0,
+                "sigma_threshold": 2.0}
+    voting = decode(micro_models, tmp_path / "voting", dpargmax, {"epsilon": 6.0, "delta": 1e-5}, queries=32)
+    assert 0 < voting.summary["budget"]["refused_steps"] < 32
+    assert audit_run(voting.directory, **AUDIT).verdict == "PASS"
+    from reports import load_run, render
+    from reports.plots import plot_cumulative_epsilon
+
+    text = render([load_run(voting.directory)], "md")
+    refused = voting.summary["budget"]["refused_steps"]
+    assert "Budget. A Renyi privacy filter at order" in text and f"{refused} of 32 queries were answered by the " \
+        "public model at no cost" in text
+    assert "PLD. dp-accounting's privacy-loss-distribution accountant" in text
+    assert plot_cumulative_epsilon(load_run(voting.directory)) is not None
+    generated = decode(micro_models, tmp_path / "generate", PMIXED, {"epsilon": 2.0, "delta": 1e-5}, queries=24,
+                       block_size=8, stream="generate", prompts=["Customer: Hi", "Agent: Hello"], max_new_tokens=8)
+    assert 0 < generated.summary["budget"]["refused_steps"] < 24
+    assert audit_run(generated.directory, **AUDIT).verdict == "PASS"
+
+
+def test_the_non_private_ensemble_under_a_budget_answers_everything_publicly(micro_models, tmp_path):
+    result = decode(micro_models, tmp_path / "run", {"type": "ensemble"}, {"epsilon": 5.0}, queries=16)
+    assert result.summary["budget"]["refused_steps"] == 16 and result.summary["epsilon"][0]["epsilon"] == 0.0
+
+
+@pytest.mark.parametrize("budget, message", [
+    ({"delta": 1e-5}, "[budget] needs `epsilon`"),
+    ({"epsilon": -1.0}, "budget.epsilon must be a finite number > 0, got -1.0"),
+    ({"epsilon": 1.0, "delta": 2.0}, "budget.delta must be in (0, 1), got 2"),
+    ({"epsilon": 1.0, "order": 1.0}, "budget.order must be a finite number > 1, got 1.0"),
+    ({"epsilon": 1.0, "colour": "red"}, "unknown keys in [budget]: ['colour']"),
+    ({"epsilon": "8"}, "budget.epsilon must be a number, got '8'"),
+])
+def test_bad_budgets_are_one_line_errors(micro_models, tmp_path, budget, message):
+    config = micro_config(micro_models, tmp_path / "run", PMIXED, queries=8)
+    config["budget"] = budget
+    with pytest.raises(ValueError) as error:
+        config_from_dict(config)
+    assert message in str(error.value)
+
+
+# -- PLD beside RDP for runs, and the ledger's DpEvent ------------------------------------------------
+
+def test_a_dpargmax_run_reports_pld_beside_rdp_and_exports_an_event_that_reimports_to_its_curve(micro_models, tmp_path,
+                                                                                               capsys):
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    from dpledger.cli import main
+    from mechanisms.dp_events import mechanism_from_dp_event, read_dp_event_json
+    from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, simplified_event
+    from accounting.strict_json import strict_json_text
+
+    mechanism = {"type": "voting", "votes": "coordinated", "aggregator": "dpargmax", "threshold": 2.0, "sigma": 4.0,
+                 "sigma_threshold": 4.0}
+    config = micro_config(micro_models, tmp_path / "run", mechanism, queries=24, block_size=8, deltas=[1e-5, 1e-6])
+    result = run_decode(config_from_dict(config), progress=False, verbose=False)
+    pld = trace.read_ledger(result.directory)["pld"]
+    assert pld["available"] and [row["delta"] for row in pld["epsilon"]] == [1e-5, 1e-6]
+    event, relation = read_dp_event_json(strict_json_text(pld["dp_event_file"]))
+    # re-imported, the event is exactly the ledger's composed curve
+    curve = mechanism_from_dp_event(event, relation).rdp_curve(result.summary["ledger"]["orders"])
+    components = result.summary["ledger"]["components"].values()
+    total = np.sum([np.asarray(c["values"], dtype=np.float64) for c in components], axis=0)
+    np.testing.assert_allclose(curve.values, total, rtol=1e-12)
+    # its PLD epsilon is dp-accounting's PLDAccountant on the event with its Gaussians merged into the one
+    # Gaussian they compose to exactly (mechanisms.pld.simplified_event), and within 1e-6 of (never above)
+    # the accountant on the raw composition, which adds a discretisation error per part
+    exact, raw = (PLDAccountant(value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL) for _ in range(2))
+    exact.compose(simplified_event(event))
+    raw.compose(event)
+    for row in pld["epsilon"]:
+        assert row["pld_epsilon"] == pytest.approx(exact.get_epsilon(row["delta"]), rel=1e-12)
+        assert row["pld_epsilon"] <= raw.get_epsilon(row["delta"]) * (1 + 1e-12)
+        assert row["pld_epsilon"] == pytest.approx(raw.get_epsilon(row["delta"]), rel=1e-6)
+        assert row["tighter"] == ("pld" if row["pld_epsilon"] < row["rdp_epsilon"] else "rdp")
+    rdp = {e["delta"]: e["epsilon"] for e in result.summary["epsilon"] if e["method"] == "improved"}
+    assert all(row["rdp_epsilon"] == rdp[row["delta"]] for row in pld["epsilon"])
+    # the CLI reads the run's ledger.json as an event file
+    assert main(["account", "from-event", str(result.directory / "ledger.json"), "--delta", "1e-5", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["pld_epsilon"] == pytest.approx(pld["epsilon"][0]["pld_epsilon"], rel=1e-12)
+    assert record["epsilon"] == pytest.approx(rdp[1e-5], rel=1e-9)
+    assert isinstance(event, dp_accounting.SelfComposedDpEvent) and event.count == 24
+
+
+@pytest.mark.parametrize("mechanism, reason", [
+    (PMIXED, "PMixED has no privacy loss distribution in dp-accounting"),
+    ({"type": "voting", "votes": "coordinated", "aggregator": "targmax", "threshold": 2}, "no DP guarantee"),
+])
+def test_runs_without_a_pld_say_why(micro_models, tmp_path, mechanism, reason):
+    config = micro_config(micro_models, tmp_path / "run", mechanism, queries=8, block_size=8)
+    summary = run_decode(config_from_dict(config), progress=False, verbose=False).summary
+    assert summary["pld"]["available"] is False and reason in summary["pld"]["reason"]
