@@ -57,7 +57,7 @@ def check_budget_filter(trace: LoadedTrace) -> CheckResult:
                    f"filter at order {gate.filter.order:g} with RDP budget {budget:.6g} (epsilon "
                    f"{gate.filter.epsilon:g}, delta {gate.filter.delta:g}), charged {mode}: {answered} steps answered "
                    f"privately, spending {spent:.6g}; {refused} answered publicly"
-                   + (f" from step {first_refused}" if first_refused is not None else "")
+                   + (f" from query {first_refused + 1} (step {first_refused})" if first_refused is not None else "")
                    + "; every decision follows the rule",
                    f"{len(problems)} filter problems, first: " + "; ".join(problems[:5]),
                    problems=problems[:50], answered=answered, refused=refused, spent=spent, rdp_budget=budget,
