@@ -39,7 +39,7 @@ from accounting.errors import require
 from accounting.orders import canonical_orders
 from accounting.relation import NeighbouringRelation
 from audit.checks import CheckResult, failed, skipped, verdict
-from audit.loader import LoadedTrace
+from audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
 from decoding.ensemble import Ensemble
 from mechanisms.kernels import renyi_divergence_orders, sums_without_each
 from mechanisms.pmixed import Ball, PMixED
@@ -233,7 +233,7 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
         divergences, halfwidth, realised = block_divergences(trace, records, logits, removed, orders_t, mc_samples,
                                                              generator, confidence)
         refused = [row for row, record in enumerate(records) if record.get("budget_refused")]
-        if refused:  # the privacy filter answered these publicly: the same public law under every neighbour
+        if refused:  # the data-independent filter answered these publicly: the same public law under every neighbour
             divergences[:, refused] = 0.0
             if realised is not None:
                 realised[:, refused] = 0.0
@@ -285,6 +285,8 @@ def check_ablation(trace: LoadedTrace, teachers_sample: int | None = None, mc_sa
     if not trace.has_payload:
         return skipped("neighbour_ablation", "needs the per-step distributions (the exact-replay payload or the "
                        "run's models)"), None
+    if trace.data_dependent_filter:
+        return skipped("neighbour_ablation", DATA_DEPENDENT_FILTER), None
     if trace.totals is None:
         return skipped("neighbour_ablation", "the records do not fit the manifest (see records)"), None
     delta = trace.manifest["config"]["deltas"][0]

@@ -27,7 +27,12 @@ def check_budget_filter(trace: LoadedTrace) -> CheckResult:
     spent, answered, refused, first_refused = 0.0, 0, 0, None
     for record in trace.iter_records():
         where = f"step {record['step']}"
-        charges = np.asarray([record[f"rdp_{name}"][k] for name in trace.components], dtype=np.float64)
+        # what the filter's bound must cover: the charges, a data-dependent one by its step's data-independent
+        # bound where the record has one (Theorem 3.1; the data-dependent measurement may exceed it) -- unless the
+        # data-dependent charges drive the filter
+        charges = np.asarray([record["data_independent"][k] if dependent and record["data_independent"]
+                              and not gate.data_dependent else record[f"rdp_{name}"][k]
+                              for name, dependent in trace.components.items()], dtype=np.float64)
         actual = float(charges.sum())
         if record["budget_refused"]:
             refused += 1

@@ -31,6 +31,11 @@ BASE_FIELDS = frozenset({"step", "block", "position", "query_id", "context_token
                          "prev_hash", "record_hash"})
 VOTING_FIELDS = frozenset({"vote_seed", "vote_tokens", "vote_counts", "aggregator_noise"})
 BUDGET_FIELDS = frozenset({"budget_refused", "budget_charge"})  # runs with a privacy filter (decoding.budget)
+DATA_DEPENDENT_FILTER = ("the run's privacy filter was driven by data-dependent losses, so whether a step was answered "
+                         "privately depends on the data: a neighbour's run may answer where this one refused, and "
+                         "no per-step comparison of this run's laws measures that (Redberg et al. 2023); the run "
+                         "claims no guarantee to test")
+
 
 
 @dataclass
@@ -209,6 +214,11 @@ class LoadedTrace:
 
     def runner(self) -> Runner:
         return build_runner({"type": self.mechanism_type, **self.params}, self.n_teachers, self.manifest["relation"])
+
+    @property
+    def data_dependent_filter(self) -> bool:
+        """The run's privacy filter was driven by data-dependent losses (decoding.budget)."""
+        return bool((self.manifest.get("budget") or {}).get("data_dependent"))
 
     def budget_gate(self):
         """The run's privacy filter rebuilt from its config (decoding.budget), state zero; None

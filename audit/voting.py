@@ -25,7 +25,7 @@ from accounting.conversion import epsilon_from_rdp
 from accounting.curve import RdpCurve
 from accounting.relation import NeighbouringRelation
 from audit.checks import CheckResult, failed, skipped, verdict
-from audit.loader import LoadedTrace
+from audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
 from decoding.ensemble import Ensemble
 from decoding.runners import voting_mechanism
 from mechanisms.randomness import vote_seed
@@ -210,6 +210,8 @@ def check_voting_ablation(trace: LoadedTrace) -> CheckResult:
     if not trace.has_payload:
         return skipped("neighbour_ablation", "needs the per-step distributions (the exact-replay payload or the "
                                              "run's models)")
+    if trace.data_dependent_filter:
+        return skipped("neighbour_ablation", DATA_DEPENDENT_FILTER)
     delta = trace.manifest["config"]["deltas"][0]
     claimed = next((e.get("epsilon") for e in trace.ledger.get("epsilon", []) if isinstance(e, dict)
                     and e.get("method") == "improved" and e.get("delta") == delta), None)

@@ -312,6 +312,22 @@ def component_relations(manifest: dict) -> dict[str, NeighbouringRelation]:
             for name, dependent in components.items()}
 
 
+def step_bound_caveat(kind: str, params: dict) -> str:
+    """What a filter's data-independent step bound rests on, where it is not proven outright."""
+    if kind not in ("pmixed", "adapmixed"):
+        return ""
+    from mechanisms.pmixed import SubsamplingVariant
+
+    variant = params.get("subsampling_variant")
+    if variant is not None and not SubsamplingVariant(variant).proven:
+        return (f", which rests on the subsampling variant {variant}, not a proven bound (docs/soundness.md, "
+                "docs/pitfalls.md)")
+    if params.get("ball", "projection-order") != "all-orders":
+        return (", which rests on Theorem 3.1 as claimed for the paper's one-order ball (not guaranteed for inputs "
+                "with extreme tails; ball = \"all-orders\" is proven: docs/soundness.md)")
+    return ""
+
+
 class RunTotals:
     """Everything ledger.json holds, accumulated block by block from per-step records (decode and
     audit feed the same blocks in the same order, so both get the same floats; memory is one block).
@@ -467,7 +483,11 @@ class RunTotals:
         elif math.isfinite(plan["step_bound_at_order"]):
             guarantee = (f"(epsilon, delta) = ({plan['epsilon']:g}, {plan['delta']:g}) by the filter at order "
                          f"{plan['order']:g}: every answered step was charged the mechanism's data-independent bound "
-                         f"{plan['step_bound_at_order']:.6g} there (Feldman & Zrnic 2021, Theorem 3.1)")
+                         f"{plan['step_bound_at_order']:.6g} there (Feldman & Zrnic 2021, Theorem 3.1)"
+                         + step_bound_caveat(self.manifest["mechanism"]["type"], self.manifest["mechanism"]["params"]))
+            if any(self.components.values()):
+                guarantee += ("; the ledger's data-dependent loss is a separate measurement on the private data and "
+                              "may exceed the budget (its add-one bound is loose): it is not the guarantee")
         else:
             guarantee = "the mechanism has no data-independent bound at any order: the filter answered every step publicly"
         return {**plan, "spent": self.budget_spent, "epsilon_spent_at_order": spent.epsilon_spent(),

@@ -106,6 +106,18 @@ def _format(value) -> str:
     return "inf" if isinstance(value, float) and math.isinf(value) else f"{value:.6g}"
 
 
+def _printed(result) -> str:
+    """The value at 8 significant digits, rounded towards privacy (a noise up, beta down), so that the
+    printed number, copied into a config, still accounts to at most the target; --json has it exact."""
+    text = f"{result.value:.8g}"
+    shown = float(text)
+    towards_privacy = result.parameter == "beta"  # beta: smaller is more private; noise: larger is
+    if (shown > result.value) if towards_privacy else (shown < result.value):
+        step = 10.0 ** (math.floor(math.log10(abs(result.value))) - 7)
+        text = f"{(shown - step) if towards_privacy else (shown + step):.8g}"
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
     require(args.queries >= 1, f"--queries must be >= 1, got {args.queries}")
     result = calibrate(args)
@@ -113,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(strict_json_text(record, sort_keys=False))
         return 0
-    print(f"{result.mechanism_name}: {result.parameter} = {result.value:.8g} for epsilon <= {result.target_epsilon:g} "
+    print(f"{result.mechanism_name}: {result.parameter} = {_printed(result)} for epsilon <= {result.target_epsilon:g} "
           f"at delta = {result.delta:g} over {result.queries} queries")
     print(f"  accounts forward to epsilon = {result.forward_epsilon:.8g} ({result.accountant}); slack "
           f"{result.slack:.3g} ({result.relative_slack:.2e} of the target)")

@@ -133,6 +133,8 @@ def test_data_dependent_charges_drive_the_filter_only_on_request_and_are_labelle
         assert record["budget_charge"] == pytest.approx(record["rdp_pmixed_data_dependent"][k], rel=1e-12)
     report = audit_run(result.directory, **AUDIT)
     assert report.verdict == "PASS"
+    ablation = next(c for c in report.checks if c.name == "neighbour_ablation")
+    assert ablation.status.value == "SKIPPED" and "driven by data-dependent losses" in ablation.detail
     finding = next(f for f in report.findings if f.pitfall == 6)
     assert finding.applies and finding.severity == "high" and "Redberg et al. 2023" in finding.reason
 
@@ -232,3 +234,25 @@ def test_runs_without_a_pld_say_why(micro_models, tmp_path, mechanism, reason):
     config = micro_config(micro_models, tmp_path / "run", mechanism, queries=8, block_size=8)
     summary = run_decode(config_from_dict(config), progress=False, verbose=False).summary
     assert summary["pld"]["available"] is False and reason in summary["pld"]["reason"]
+
+
+@pytest.mark.parametrize("ball", ["projection-order", "all-orders"])
+def test_adapmixed_under_a_data_independent_budget_states_what_the_guarantee_rests_on(micro_models, tmp_path, ball):
+    # the filter charges screen + Theorem 3.1; the ledger's data-dependent loss (with the loose add-one bound)
+    # is a separate measurement that may exceed the budget, and the guarantee text says both
+    mechanism = {"type": "adapmixed", "alpha": 6.0, "beta": 0.002, "lam": 0.5, "sigma": 4.0, "threshold": 0.3,
+                 "top_k": 16, "ball": ball}
+    result = decode(micro_models, tmp_path / ball, mechanism, {"epsilon": 4.0, "delta": 1e-5}, queries=32)
+    guarantee = result.summary["budget"]["guarantee"]
+    assert "may exceed the budget" in guarantee and "it is not the guarantee" in guarantee
+    assert ("Theorem 3.1 as claimed" in guarantee) == (ball == "projection-order")
+    report = audit_run(result.directory, **AUDIT)
+    assert report.verdict == "PASS", [c.to_dict() for c in report.failed]
+
+
+def test_a_subsampled_pmixed_budget_names_an_unproven_variant():
+    from decoding.run import step_bound_caveat
+
+    assert "realised-size, not a proven bound" in step_bound_caveat(
+        "pmixed", {"subsampling_variant": "realised-size", "sample_rate": 0.1})
+    assert step_bound_caveat("pmixed", {"subsampling_variant": "all-orders-ball", "ball": "all-orders"}) == ""

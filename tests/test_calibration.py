@@ -178,3 +178,15 @@ def test_pld_calibration_sweep(kind):
                 "confident-gnmax": lambda: calibrate_confident_gnmax(epsilon, 1e-5, 1000, accountant="pld")}[kind]
         result = call()
         assert_at_most_and_within(result, compare_rdp_pld(result.mechanism, 1000, 1e-5).pld_epsilon)
+
+
+@pytest.mark.parametrize("epsilon, queries", [(12.0, 10), (2.0, 1), (8.0, 10000), (0.5, 3)])
+def test_the_printed_noise_still_accounts_to_at_most_the_target(capsys, epsilon, queries):
+    # the text output rounds to 8 digits towards privacy (noise up), so a value copied from it never overspends
+    from accounting.conversion import epsilon_from_rdp
+    from dpledger.cli import main
+    from mechanisms import GaussianMechanism
+
+    assert main(["calibrate", "gaussian", "--epsilon", str(epsilon), "--delta", "1e-5", "--queries", str(queries)]) == 0
+    printed = float(capsys.readouterr().out.split("noise_multiplier = ")[1].split()[0])
+    assert epsilon_from_rdp(GaussianMechanism(printed).rdp_curve().composed(queries), 1e-5).epsilon <= epsilon
