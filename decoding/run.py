@@ -430,7 +430,7 @@ class RunTotals:
         dp-accounting), accounted by its PLDAccountant (mechanisms.pld). Otherwise why not."""
         from accounting.strict_json import loads_json
         from mechanisms.dp_events import dp_event_to_json, mechanism_from_dp_event
-        from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, pld_epsilon
+        from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, pld_epsilon, pld_out_of_range
 
         kind, params = self.manifest["mechanism"]["type"], self.manifest["mechanism"]["params"]
         reasons = {"public": "the public model alone charges nothing: there is no privacy loss to account",
@@ -459,13 +459,16 @@ class RunTotals:
         if not np.allclose(values, total, rtol=1e-9, atol=0.0):
             return {"available": False, "reason": "the charges in the ledger are not the mechanism's own (the audit's "
                                                   "voting_charges check names the steps): no event reproduces them"}
+        event_file = loads_json(dp_event_to_json(event, mechanism.relation))
+        too_little_noise = pld_out_of_range(event)
+        if too_little_noise is not None:  # the event is still exported, for dp-accounting's own use
+            return {"available": False, "reason": too_little_noise, "dp_event_file": event_file}
         rows = []
         for entry in (e for e in epsilons if e["method"] == ConversionMethod.IMPROVED.value):
             pld, rdp = pld_epsilon(event, entry["delta"], mechanism.relation), entry["epsilon"]
             rows.append({"delta": entry["delta"], "pld_epsilon": pld, "rdp_epsilon": rdp,
                          "tighter": "pld" if pld < rdp else "rdp" if rdp < pld else "equal"})
-        return {"available": True, "epsilon": rows,
-                "dp_event_file": loads_json(dp_event_to_json(event, mechanism.relation)),
+        return {"available": True, "epsilon": rows, "dp_event_file": event_file,
                 "relation": mechanism.relation.value, "charged_steps": charged,
                 "value_discretization_interval": PLD_VALUE_DISCRETIZATION_INTERVAL,
                 "note": "dp-accounting's PLDAccountant (pessimistic estimate, an upper bound; Doroshenko et al. "

@@ -25,7 +25,7 @@ from mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechani
                         subsampled_pmixed_curve)
 from mechanisms.dp_events import (dp_accounting_relation, dp_event_to_json, mechanism_from_dp_event,
                                   read_dp_event_json)
-from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, RdpPldComparison, pld_epsilon
+from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, RdpPldComparison, pld_epsilon, pld_out_of_range
 
 MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax",
               "dpargmax", "dpws", "targmax", "tws")
@@ -208,6 +208,10 @@ def account(args: argparse.Namespace) -> dict:
 
         mechanism = _mechanism(args)
         event = SelfComposedDpEvent(mechanism.dp_event(), args.queries)
+        too_little_noise = pld_out_of_range(event)
+        if too_little_noise is not None:  # --dp-event-out still writes the event; only its PLD is not computed
+            record.update(pld_epsilon=None, tighter="rdp", pld_unavailable=too_little_noise)
+            return record
         pld = pld_epsilon(event, args.delta, mechanism.relation)
         comparison = RdpPldComparison(record["epsilon"], record["order"], pld, args.delta, args.queries,
                                       PLD_VALUE_DISCRETIZATION_INTERVAL)
@@ -395,7 +399,7 @@ def account_event(args: argparse.Namespace) -> dict:
         text = handle.read()
     ledger = loads_json(text, args.file) if text.lstrip().startswith("{") else None
     if isinstance(ledger, dict) and isinstance(ledger.get("pld"), dict):  # a run's ledger.json: its exported event
-        require(ledger["pld"].get("available"), f"{args.file}: the run has no DpEvent ({ledger['pld'].get('reason')})")
+        require("dp_event_file" in ledger["pld"], f"{args.file}: the run has no DpEvent ({ledger['pld'].get('reason')})")
         text = strict_json_text(ledger["pld"]["dp_event_file"])
     event, relation = read_dp_event_json(text, args.file)
     if getattr(args, "relation", None) is not None:
@@ -406,6 +410,11 @@ def account_event(args: argparse.Namespace) -> dict:
     delta = require_in_open("--delta", args.delta, 0.0, 1.0)
     mechanism = mechanism_from_dp_event(event, relation)
     record = _conversion_record(mechanism.rdp_curve(_grid(args)), delta, getattr(args, "method", "improved"))
+    too_little_noise = pld_out_of_range(event)
+    if too_little_noise is not None:
+        record.update(mechanism=FROM_EVENT, file=args.file, event=type(event).__name__, relation=relation.value,
+                      pld_epsilon=None, tighter="rdp", pld_unavailable=too_little_noise)
+        return record
     pld = pld_epsilon(event, delta, relation)
     comparison = RdpPldComparison(record["epsilon"], record["order"], pld, delta, 1, PLD_VALUE_DISCRETIZATION_INTERVAL)
     record.update(mechanism=FROM_EVENT, file=args.file, event=type(event).__name__, relation=relation.value,

@@ -39,7 +39,8 @@ from mechanisms.dp_events import dp_accounting_relation, effective_gaussian_nois
 from mechanisms.gaussian import GaussianMechanism, PoissonSubsampledGaussian
 from mechanisms.hot_pate import DPWeightedSampler
 from mechanisms.pate import ConfidentGNMax, GNMax
-from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, composed_event, pld_epsilon, simplified_event
+from mechanisms.pld import (PLD_NOISE_LIMIT, PLD_VALUE_DISCRETIZATION_INTERVAL, composed_event, pld_epsilon,
+                           simplified_event)
 from mechanisms.pmixed import (Ball, PMixED, SubsamplingVariant, ball_named, beta_from_budget, subsampled_pmixed_curve,
                                subsampling_variant)
 from mechanisms.screening import NoisyScreening
@@ -190,10 +191,9 @@ def _gaussian_guess(epsilon: float, delta: float, queries: int) -> float:
 
 
 PLD_EPSILON_LIMIT = 100.0
-PLD_NOISE_LIMIT = 0.25
-"""Beyond these the PLD's loss grid is too large to compute in reasonable time (measured: epsilon 500
-over one query ran past 250 s; a composed noise multiplier of 0.15 took 114 s); calibration with the
-PLD accountant refuses them and points to the RDP accountant."""
+"""Beyond this epsilon (or below mechanisms.pld.PLD_NOISE_LIMIT) the PLD's loss grid is too large to
+compute in reasonable time (measured: epsilon 500 over one query ran past 250 s); calibration with
+the PLD accountant refuses such targets and points to the RDP accountant."""
 
 
 def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta: float, queries: int, *,

@@ -256,3 +256,20 @@ def test_a_subsampled_pmixed_budget_names_an_unproven_variant():
     assert "realised-size, not a proven bound" in step_bound_caveat(
         "pmixed", {"subsampling_variant": "realised-size", "sample_rate": 0.1})
     assert step_bound_caveat("pmixed", {"subsampling_variant": "all-orders-ball", "ball": "all-orders"}) == ""
+
+
+def test_a_run_whose_composed_noise_is_too_small_for_the_pld_grid_exports_its_event_without_a_pld(micro_models,
+                                                                                                  tmp_path, capsys):
+    # GNMax sigma 1 over 200 steps composes to a noise multiplier ~0.05: dp-accounting would take minutes
+    from dpledger.cli import main
+
+    mechanism = {"type": "voting", "votes": "coordinated", "aggregator": "dpargmax", "threshold": 2.0, "sigma": 1.0,
+                 "sigma_threshold": 1.0}
+    config = micro_config(micro_models, tmp_path / "run", mechanism, queries=200, block_size=50, replay_payload=False)
+    result = run_decode(config_from_dict(config), progress=False, verbose=False)
+    pld = result.summary["pld"]
+    assert pld["available"] is False and "RDP only" in pld["reason"] and "dp_event_file" in pld
+    assert main(["account", "from-event", str(result.directory / "ledger.json"), "--delta", "1e-5", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["pld_epsilon"] is None and "below 0.25" in record["pld_unavailable"]
+    assert record["epsilon"] == pytest.approx(result.summary["epsilon"][0]["epsilon"], rel=1e-9)

@@ -364,7 +364,7 @@ def test_pmixed_and_realised_path_say_why_there_is_no_pld(capsys):
 @pytest.mark.parametrize("argv", [
     ["gaussian", "--noise-multiplier", "3"],
     ["subsampled-gaussian", "--noise-multiplier", "1.1", "--sample-rate", "0.05"],
-    ["screening", "--teachers", "8", "--lam", "0.3", "--sigma", "0.05"],
+    ["screening", "--teachers", "8", "--lam", "0.3", "--sigma", "0.5"],
     ["gnmax", "--sigma", "6"],
     ["dpargmax", "--sigma", "6", "--sigma-threshold", "4"],
     ["dpws", "--sigma", "6", "--threshold", "2"],
