@@ -50,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
           f"{summary['answered_by_public']} of {summary['steps']} queries; {utility}")
     if "voting" in summary:
         print(f"guarantee: {summary['voting']['guarantee']}")
+    if "budget" in summary:
+        budget = summary["budget"]
+        print(f"budget: epsilon {budget['epsilon']:g} at delta {budget['delta']:g}, a Renyi filter at order "
+              f"{budget['order']:g}: {budget['private_answers']} queries answered privately, "
+              f"{budget['refused_steps']} by the public model after the budget was reached")
     print(f"chain head {result.head} ({summary['steps']} steps): publish it; `dpledger audit {result.directory} "
           f"--expect-head {result.head}` then detects any rewrite or truncation of this run")
     return 0

@@ -273,3 +273,16 @@ def test_a_run_whose_composed_noise_is_too_small_for_the_pld_grid_exports_its_ev
     record = json.loads(capsys.readouterr().out)
     assert record["pld_epsilon"] is None and "below 0.25" in record["pld_unavailable"]
     assert record["epsilon"] == pytest.approx(result.summary["epsilon"][0]["epsilon"], rel=1e-9)
+
+
+def test_decode_prints_what_the_budget_did(micro_models, tmp_path, capsys):
+    from dpledger.cli import main
+    from tests.micro import write_toml
+
+    config = micro_config(micro_models, tmp_path / "run", PMIXED, queries=32, block_size=16)
+    config["budget"] = {"epsilon": 2.0, "delta": 1e-5}
+    assert main(["decode", str(write_toml(tmp_path / "run.toml", config)), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    answered = trace.read_manifest(tmp_path / "run")["budget"]["affordable_steps"]
+    assert (f"budget: epsilon 2 at delta 1e-05, a Renyi filter at order" in out
+            and f"{answered} queries answered privately, {32 - answered} by the public model" in out)
