@@ -95,6 +95,8 @@ class RenyiFilter:
         orders = np.asarray(orders, dtype=np.float64)
         step_bound = np.asarray(step_bound, dtype=np.float64)
         require(step_bound.shape == orders.shape, f"step_bound has shape {step_bound.shape}, orders {orders.shape}")
+        require(not np.any(np.isnan(step_bound)) and not np.any(step_bound < 0),
+                f"step_bound must be >= 0 at every order (+inf for no guarantee), got {step_bound[:8].tolist()}...")
         if order is None:
             budgets = epsilon - conversion_terms(orders, require_in_open("budget delta", delta, 0.0, 1.0),
                                                  ConversionMethod.IMPROVED)
@@ -102,7 +104,6 @@ class RenyiFilter:
                 affordable = np.where(budgets <= 0, -1.0,
                                       np.where(step_bound > 0, np.floor(budgets * (1 - FILTER_MARGIN) / step_bound),
                                                np.inf))
-            affordable = np.where(np.isnan(affordable), -1.0, affordable)  # inf / inf: no step affordable
             require(np.any(budgets > 0), f"budget epsilon = {epsilon:g} at delta = {delta:g} leaves no RDP budget at "
                                          "any order of the grid")
             order = float(orders[int(np.argmax(affordable))])

@@ -63,7 +63,9 @@ def check_budget_filter(trace: LoadedTrace) -> CheckResult:
                    f"{gate.filter.epsilon:g}, delta {gate.filter.delta:g}), charged {mode}: {answered} steps answered "
                    f"privately, spending {spent:.6g}; {refused} answered publicly"
                    + (f" from query {first_refused + 1} (step {first_refused})" if first_refused is not None else "")
-                   + "; every decision follows the rule",
+                   + ("; every answered step's charge and the running sum follow the rule (the charges refused steps "
+                      "would have had are not recorded: the replay re-derives those decisions)" if gate.data_dependent
+                      else "; every decision follows the rule"),
                    f"{len(problems)} filter problems, first: " + "; ".join(problems[:5]),
                    problems=problems[:50], answered=answered, refused=refused, spent=spent, rdp_budget=budget,
                    order=gate.filter.order)

@@ -286,3 +286,41 @@ def test_decode_prints_what_the_budget_did(micro_models, tmp_path, capsys):
     answered = trace.read_manifest(tmp_path / "run")["budget"]["affordable_steps"]
     assert (f"budget: epsilon 2 at delta 1e-05, a Renyi filter at order" in out
             and f"{answered} queries answered privately, {32 - answered} by the public model" in out)
+
+
+@settings(max_examples=60, deadline=None)
+@given(noise=st.floats(0.5, 50), epsilon=st.floats(0.5, 20), delta=st.sampled_from([1e-5, 1e-7]))
+def test_the_filters_stopping_count_agrees_with_dp_accounting(noise, epsilon, delta):
+    # an independent reference: dp-accounting's RdpAccountant at the filter's one order, composing the
+    # Gaussian as many times as the filter answered, stays within epsilon; one more step would exceed it
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    from mechanisms import GaussianMechanism
+
+    orders = np.asarray(default_orders())
+    bound = GaussianMechanism(noise).rdp_values(orders)
+    try:
+        renyi = RenyiFilter.plan(epsilon, delta, bound, orders)
+    except ValueError:
+        return
+    k = int(np.flatnonzero(orders == renyi.order)[0])
+    answered = int(np.floor(renyi.rdp_budget / bound[k]))
+    assume(answered <= 20_000)
+
+    def reference(count):
+        accountant = RdpAccountant(orders=[renyi.order])
+        accountant.compose(dp_accounting.GaussianDpEvent(noise), count)
+        return accountant.get_epsilon(delta)
+
+    if answered:
+        assert reference(answered) <= epsilon * (1 + 1e-12)
+    assert reference(answered + 1) > epsilon * (1 - 1e-6)
+
+
+def test_a_nan_step_bound_is_refused_not_skipped():
+    orders = np.asarray(default_orders())
+    bound = np.full(orders.shape, 0.1)
+    bound[3] = np.nan
+    with pytest.raises(ValueError, match="step_bound must be >= 0 at every order"):
+        RenyiFilter.plan(1.0, 1e-5, bound, orders)
