@@ -30,7 +30,13 @@ def _set_threads() -> None:
     prefer_wide_vectors()   # before numba is first imported (a no-op after)
     from numba import set_num_threads
 
+    torch_threads = torch.get_num_threads()
     set_num_threads(kernel_threads())
+    # numba's OpenMP layer starts with one thread per core and torch shares its pool: without this, the
+    # first fused kernel silently changes torch's thread count, and with it how torch splits a reduction
+    # (the last bits of a sum), so a result would depend on whether a kernel had run before it
+    if torch.get_num_threads() != torch_threads:
+        torch.set_num_threads(torch_threads)
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:
