@@ -25,6 +25,7 @@ differently, so a per-step choice is one fixed adversarial teacher).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from dataclasses import dataclass
@@ -213,6 +214,36 @@ def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas:
     return torch.stack([forward, backward]), halfwidth, realised
 
 
+def monte_carlo_seed(seed: int, first_step: int) -> int:
+    """The seed of the screening Monte Carlo of the payload window starting at `first_step`: a window's
+    draws depend on (audit seed, step) only, not on which windows were computed before it or where."""
+    digest = hashlib.sha256(f"dpledger-audit-screen-mc:{seed}:{first_step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _ablation_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, removed: list[int],
+                     grid: tuple[float, ...], mc_samples: int, confidence: float, seed: int, labels: list[str]) -> dict:
+    """One window's divergences summed over its steps, per direction and neighbour (ValueError, naming
+    the step, where one is NaN)."""
+    orders_t = torch.tensor(grid, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(monte_carlo_seed(seed, records[0]["step"]))
+    divergences, halfwidth, realised = block_divergences(trace, records, logits, removed, orders_t, mc_samples,
+                                                         generator, confidence)
+    refused = [row for row, record in enumerate(records) if record.get("budget_refused")]
+    if refused:  # the data-independent filter answered these publicly: the same public law under every neighbour
+        divergences[:, refused] = 0.0
+        if realised is not None:
+            realised[:, refused] = 0.0
+    nan = torch.nonzero(divergences.isnan())
+    if len(nan):  # a NaN is an undefined divergence, not "infinite leakage": name where it appears
+        direction, row, neighbour, order = nan[0].tolist()
+        divergence = ("D(M(D) || M(D'))", "D(M(D') || M(D))")[direction]
+        raise ValueError(f"neighbour ablation: {divergence} is NaN at step {records[row]['step']}, neighbour "
+                         f"'{labels[neighbour]}', order {grid[order]:g} ({len(nan)} NaN entries in this block)")
+    return {"forward": divergences[0].sum(dim=0).numpy(), "backward": divergences[1].sum(dim=0).numpy(),
+            "realised": None if realised is None else realised.sum(dim=1).numpy(), "halfwidth": halfwidth}
+
+
 def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None = None, mc_samples: int = 400,
                  confidence: float = 0.95, orders=DEFAULT_AUDIT_ORDERS, seed: int = 0) -> AblationResult:
     """Compose every neighbour's per-step divergences over the run (per direction), then convert."""
@@ -222,34 +253,19 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
         removed = sorted(np.random.default_rng(seed).choice(n, size=teachers_sample, replace=False).tolist())
     extra = [trace.params["alpha"]] if "alpha" in trace.params else []
     grid = canonical_orders([*orders, *extra])
-    orders_t = torch.tensor(grid, dtype=torch.float64)
-    generator = torch.Generator().manual_seed(seed)
     forward = np.zeros((len(removed) + 3, len(grid)))
     backward = np.zeros_like(forward)
     realised_totals = None
     halfwidths = []
     labels = [f"remove teacher {i}" for i in removed] + list(ADVERSARY_LABELS)
-    for _, records, logits in trace.iter_payload():
-        divergences, halfwidth, realised = block_divergences(trace, records, logits, removed, orders_t, mc_samples,
-                                                             generator, confidence)
-        refused = [row for row, record in enumerate(records) if record.get("budget_refused")]
-        if refused:  # the data-independent filter answered these publicly: the same public law under every neighbour
-            divergences[:, refused] = 0.0
-            if realised is not None:
-                realised[:, refused] = 0.0
-        nan = torch.nonzero(divergences.isnan())
-        if len(nan):  # a NaN is an undefined divergence, not "infinite leakage": name where it appears
-            direction, row, neighbour, order = nan[0].tolist()
-            divergence = ("D(M(D) || M(D'))", "D(M(D') || M(D))")[direction]
-            raise ValueError(f"neighbour ablation: {divergence} is NaN at step {records[row]['step']}, neighbour "
-                             f"'{labels[neighbour]}', order {grid[order]:g} ({len(nan)} NaN entries in this block)")
-        forward += divergences[0].sum(dim=0).numpy()
-        backward += divergences[1].sum(dim=0).numpy()
-        if realised is not None:
-            block = realised.sum(dim=1).numpy()                                               # (2, E, K)
-            realised_totals = block if realised_totals is None else realised_totals + block
-        if halfwidth is not None:
-            halfwidths.append(halfwidth)
+    for _, window in trace.map_windows(_ablation_window, removed, grid, mc_samples, confidence, seed, labels,
+                                       desc="neighbour ablation"):
+        forward += window["forward"]
+        backward += window["backward"]
+        if window["realised"] is not None:
+            realised_totals = window["realised"] if realised_totals is None else realised_totals + window["realised"]
+        if window["halfwidth"] is not None:
+            halfwidths.append(window["halfwidth"])
     epsilons, best_orders, realised_epsilons = [], [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -31,6 +31,24 @@ def _ball(trace: LoadedTrace) -> Ball:
     return Ball(trace.params.get("ball", Ball.PROJECTION_ORDER.value))
 
 
+def _mixing_ball_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, grid, radii,
+                        max_radius: float | None) -> dict:
+    """The window's largest divergence as a fraction of its radius, and the mixed teachers outside."""
+    public, teachers = Ensemble.split_distributions(logits)
+    mixed = mixed_teachers(teachers, public, _recorded_lambdas(records))
+    log_mixed, log_public = torch.log(mixed), torch.log(public).unsqueeze(-2)
+    limits = np.asarray(radii)
+    # each constraint as a fraction of its radius: <= 1 inside
+    ratio = (symmetric_renyi_orders(log_mixed, log_public, torch.tensor(grid, dtype=torch.float64)).numpy()
+             / np.maximum(limits, 1e-300)).max(axis=-1)
+    if max_radius is not None:
+        ratio = np.maximum(ratio, max_divergence_symmetric(log_mixed, log_public).numpy() / max(max_radius, 1e-300))
+    # `not <=` so that a NaN divergence counts as outside the ball
+    outside = [f"step {records[row]['step']} teacher {teacher}: D<-> at {ratio[row, teacher]:.6g} of its radius"
+               for row, teacher in zip(*np.nonzero(~(ratio <= 1 + BALL_TOLERANCE + 1e-12)))]
+    return {"worst": float(ratio.max()), "outside": outside}
+
+
 def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
     """Every mixed teacher lambda p_i + (1-lambda) p0 lies in its Renyi ball, using the recorded
     lambdas and the replayed distributions: radius beta*alpha at order alpha (Flemings et al. 2024,
@@ -45,22 +63,10 @@ def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
         grid, radii, max_radius = all_orders_ball_constraints(beta)
     else:
         grid, radii, max_radius = (alpha,), (alpha * beta,), None
-    orders = torch.tensor(grid, dtype=torch.float64)
-    limits = np.asarray(radii)
     worst, outside = 0.0, []
-    for _, records, logits in trace.iter_payload():
-        public, teachers = Ensemble.split_distributions(logits)
-        mixed = mixed_teachers(teachers, public, _recorded_lambdas(records))
-        log_mixed, log_public = torch.log(mixed), torch.log(public).unsqueeze(-2)
-        # each constraint as a fraction of its radius: <= 1 inside
-        ratio = (symmetric_renyi_orders(log_mixed, log_public, orders).numpy() / np.maximum(limits, 1e-300)).max(axis=-1)
-        if max_radius is not None:
-            ratio = np.maximum(ratio, max_divergence_symmetric(log_mixed, log_public).numpy() / max(max_radius, 1e-300))
-        worst = float(np.maximum(worst, float(ratio.max())))  # not max(): it would skip a NaN
-        # `not <=` so that a NaN divergence counts as outside the ball
-        for row, teacher in zip(*np.nonzero(~(ratio <= 1 + BALL_TOLERANCE + 1e-12))):
-            outside.append(f"step {records[row]['step']} teacher {teacher}: D<-> at {ratio[row, teacher]:.6g} of "
-                           "its radius")
+    for _, window in trace.map_windows(_mixing_ball_window, grid, radii, max_radius, desc="mixing ball"):
+        worst = float(np.maximum(worst, window["worst"]))  # not max(): it would skip a NaN
+        outside += window["outside"]
     where = (f"D<->_{alpha:g} <= {alpha * beta:g}" if max_radius is None else
              f"D<->_k <= beta k at every order ({len(grid)} grid constraints and D<->_inf)")
     return verdict("mixing_ball", not outside,
@@ -113,6 +119,32 @@ def check_relation_coverage(trace: LoadedTrace) -> CheckResult:
                    component_relations={name: relation.value for name, relation in relations.items()})
 
 
+def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor,
+                           relation: NeighbouringRelation, every_step: bool) -> dict:
+    """The window's largest relative shortfall of the charge below the loss covering `relation`, and
+    the steps charged less (or holding a NaN)."""
+    public, teachers = Ensemble.split_distributions(logits)
+    beta_all = trace.params["beta"] if _ball(trace) is Ball.ALL_ORDERS else None
+    # every teacher at every order, in the decode loop's own arithmetic (no sub-grid, no chords)
+    exact, _, output = leave_one_out_curve(teachers, public, _recorded_lambdas(records), trace.orders,
+                                           relative_tolerance=None)
+    expected = loss_covering(
+        relation, lambda: exact,
+        lambda: add_one_divergence_bounds(output, public, trace.n_teachers, torch.from_numpy(trace.orders),
+                                          trace.params["alpha"], trace.params["alpha"] * trace.params["beta"],
+                                          beta_all).numpy())
+    charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
+    answered = np.asarray([(every_step or r["screen_passed"]) and not r.get("budget_refused") for r in records])
+    gap = np.where(answered[:, None], (expected - charged) / np.maximum(expected, 1e-300), 0.0)
+    under = []
+    for row in np.nonzero(np.any(~(gap <= 1e-9), axis=1))[0]:  # `not <=`: a NaN gap fails too
+        nan = [field for field, values in (("rdp_pmixed_data_dependent", charged[row]), ("Eq. 3", expected[row]))
+               if np.isnan(values).any()]
+        under.append(f"step {records[row]['step']}: " + (f"{' and '.join(nan)} NaN" if nan else
+                     f"charged {charged[row].max():.6g} < Eq. 3 {expected[row].max():.6g}"))
+    return {"worst": float(np.max(gap)), "under": under}
+
+
 def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
     """The charged data-dependent loss is at least what covers its relation, recomputed from the
     replayed distributions in both directions: Flemings et al. 2024 (AdaPMixED), Eq. 3,
@@ -123,29 +155,12 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
         return skipped("data_dependent_eq3", "the run charges no data-dependent loss")
     if not trace.has_payload:
         return skipped("data_dependent_eq3", "needs the exact-replay payload")
-    orders = torch.from_numpy(trace.orders)
     relation = component_relations(trace.manifest)["pmixed_data_dependent"]
     every_step = trace.params.get("accounting", "realised-path") == "released-output"
-    beta_all = trace.params["beta"] if _ball(trace) is Ball.ALL_ORDERS else None
     worst, under = 0.0, []
-    for _, records, logits in trace.iter_payload():
-        public, teachers = Ensemble.split_distributions(logits)
-        # every teacher at every order, in the decode loop's own arithmetic (no sub-grid, no chords)
-        exact, _, output = leave_one_out_curve(teachers, public, _recorded_lambdas(records), trace.orders,
-                                               relative_tolerance=None)
-        expected = loss_covering(
-            relation, lambda: exact,
-            lambda: add_one_divergence_bounds(output, public, trace.n_teachers, orders, trace.params["alpha"],
-                                              trace.params["alpha"] * trace.params["beta"], beta_all).numpy())
-        charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
-        answered = np.asarray([(every_step or r["screen_passed"]) and not r.get("budget_refused") for r in records])
-        gap = np.where(answered[:, None], (expected - charged) / np.maximum(expected, 1e-300), 0.0)
-        worst = float(np.maximum(worst, np.max(gap)))  # not max(): it would skip a NaN
-        for row in np.nonzero(np.any(~(gap <= 1e-9), axis=1))[0]:  # `not <=`: a NaN gap fails too
-            nan = [field for field, values in (("rdp_pmixed_data_dependent", charged[row]), ("Eq. 3", expected[row]))
-                   if np.isnan(values).any()]
-            under.append(f"step {records[row]['step']}: " + (f"{' and '.join(nan)} NaN" if nan else
-                         f"charged {charged[row].max():.6g} < Eq. 3 {expected[row].max():.6g}"))
+    for _, window in trace.map_windows(_data_dependent_window, relation, every_step, desc="data-dependent loss"):
+        worst = float(np.maximum(worst, window["worst"]))  # not max(): it would skip a NaN
+        under += window["under"]
     steps = "every step" if every_step else "every answered step"
     what = {"remove": "Eq. 3", "add": "the add-one bound"}
     covers = " and ".join(what[m] for m in ("remove", "add") if m in relation.moves)
@@ -190,6 +205,24 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
                    exceeding_steps=exceeding, charged_exceeding_steps=len(charged_there), max_ratio=ratio)
 
 
+def _utility_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor) -> dict:
+    """The window's per-step NLL of the mixture and of the all-lambda=1 ensemble, Theorem 4.3's
+    largest term, and the steps where either holds a NaN."""
+    public, teachers = Ensemble.split_distributions(logits)
+    lambdas = _recorded_lambdas(records)
+    target = torch.tensor([r["true_token"] for r in records])
+    rows = torch.arange(len(records))
+    p_true = teachers[rows, :, target]  # (L, N): each teacher's probability of the true token
+    p0_true = public[rows, target]
+    mixed_true = lambdas * p_true + (1 - lambdas) * p0_true[:, None]
+    # The term vanishes at lambda = 1 even where p_j(x_t) underflows to 0 (0 * -inf is NaN, not 0).
+    term = torch.where(lambdas == 1, 0.0, (1 - lambdas) * torch.log(p_true / p0_true[:, None]))
+    nan_rows = term.isnan().any(dim=1) | mixed_true.isnan().any(dim=1)
+    return {"nll_mixed": -torch.log(mixed_true.mean(dim=1)), "nll_ensemble": -torch.log(p_true.mean(dim=1)),
+            "nan_steps": [records[row]["step"] for row in torch.nonzero(nan_rows)[:, 0].tolist()],
+            "right": float(term.max())}
+
+
 def check_utility_bound(trace: LoadedTrace) -> CheckResult:
     """Flemings et al. 2024, Theorem 4.3: NLL(lambda) - NLL(all lambda = 1) <= max_t max_j (1 - lambda_jt)
     log(p_j(x_t) / p0(x_t)), on the recorded teacher-forced steps with the recorded lambdas; a NaN in
@@ -199,21 +232,11 @@ def check_utility_bound(trace: LoadedTrace) -> CheckResult:
     if trace.manifest["data"]["stream"] != "teacher-forced" or not trace.has_payload:
         return skipped("utility_theorem_4_3", "needs teacher-forced steps and the exact-replay payload")
     nll_mixed, nll_ensemble, right, nan_steps = [], [], -np.inf, []
-    for _, records, logits in trace.iter_payload():
-        public, teachers = Ensemble.split_distributions(logits)
-        lambdas = _recorded_lambdas(records)
-        target = torch.tensor([r["true_token"] for r in records])
-        rows = torch.arange(len(records))
-        p_true = teachers[rows, :, target]  # (L, N): each teacher's probability of the true token
-        p0_true = public[rows, target]
-        mixed_true = lambdas * p_true + (1 - lambdas) * p0_true[:, None]
-        nll_mixed.append(-torch.log(mixed_true.mean(dim=1)))
-        nll_ensemble.append(-torch.log(p_true.mean(dim=1)))
-        # The term vanishes at lambda = 1 even where p_j(x_t) underflows to 0 (0 * -inf is NaN, not 0).
-        term = torch.where(lambdas == 1, 0.0, (1 - lambdas) * torch.log(p_true / p0_true[:, None]))
-        nan_rows = term.isnan().any(dim=1) | mixed_true.isnan().any(dim=1)
-        nan_steps += [records[row]["step"] for row in torch.nonzero(nan_rows)[:, 0].tolist()]
-        right = float(np.maximum(right, float(term.max())))  # not max(): it would skip a NaN
+    for _, window in trace.map_windows(_utility_window, desc="utility bound"):
+        nll_mixed.append(window["nll_mixed"])
+        nll_ensemble.append(window["nll_ensemble"])
+        nan_steps += window["nan_steps"]
+        right = float(np.maximum(right, window["right"]))  # not max(): it would skip a NaN
     gap = float(torch.cat(nll_mixed).mean() - torch.cat(nll_ensemble).mean())
     return verdict("utility_theorem_4_3", not nan_steps and gap <= right + 1e-9,
                    f"NLL gap to the all-lambda=1 ensemble {gap:.4g} <= Theorem 4.3's bound {right:.4g}",

@@ -5,12 +5,18 @@ at a time, so the audit's memory does not grow with the run's length.
 `load_trace` makes one pass over the chunks: it checks the hash chain from the manifest's
 genesis, recomputes everything ledger.json holds (decoding.run.RunTotals) and checks each record's
 structure against the manifest (trace_consistency reports what it found).
+
+The checks that read the per-step distributions do so through `LoadedTrace.map_windows`: a
+function of one window (its records and logits) returns a small partial result, and the check
+combines the partials in block and window order. Without an executor the windows are computed in
+this process; with one (audit.distributed) on Dask workers. Either way the check combines the same
+partials in the same order, so its result does not depend on where they were computed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -44,6 +50,17 @@ class BlockInfo:
     first_step: int
     length: int
     payload_sha256: str
+    chunk_sha256: str = ""  # of the chunk file when the trace was loaded (a worker re-reads the same bytes)
+
+
+@dataclass(frozen=True)
+class WindowTask:
+    """Rows start..stop of one block: whole payload windows, so that a task's windows are the very
+    windows `iter_payload` yields."""
+
+    block: int
+    start: int
+    stop: int
 
 
 @dataclass
@@ -67,6 +84,12 @@ class LoadedTrace:
     _payload_states: dict[int, str] | None = None
     _model_state: str | None = None
     found_model_hashes: list[str] | None = None
+    _window_rows: int | None = None
+    executor: object = None
+    """Computes `map_windows` elsewhere (audit.distributed.DaskWindowExecutor); None: in this process."""
+    memo: dict = field(default_factory=dict)
+    """Per-process memo of what the window functions rebuild (the runner, the re-encoded text, a block's
+    model logits): built once per process, not once per window."""
 
     @property
     def orders(self) -> np.ndarray:
@@ -231,9 +254,12 @@ class LoadedTrace:
         return BudgetGate.plan(budget, self.runner().step_bound(self.orders), self.orders)
 
     def window_rows(self) -> int:
-        # a few float64 copies of a step's (N+1) x V distributions and of the kernels' (orders x V) work
-        per_step = (self.n_teachers + 1 + len(self.manifest["orders"])) * int(self.manifest["vocab_size"]) * 8 * 4
-        return max(1, PAYLOAD_WINDOW_BYTES // max(per_step, 1))
+        """Steps per payload window: decided once, by the process that loaded the trace (workers get it)."""
+        if self._window_rows is None:
+            # a few float64 copies of a step's (N+1) x V distributions and of the kernels' (orders x V) work
+            per_step = (self.n_teachers + 1 + len(self.manifest["orders"])) * int(self.manifest["vocab_size"]) * 8 * 4
+            self._window_rows = max(1, PAYLOAD_WINDOW_BYTES // max(per_step, 1))
+        return self._window_rows
 
     def _model_logits(self, records: list[dict]) -> torch.Tensor:
         contexts = torch.tensor([[r["context_token"] for r in records]])
@@ -243,20 +269,73 @@ class LoadedTrace:
         """(block, records of a window of consecutive steps, their logits (N+1, W, V)), block by
         block and within a block window by window (at most `window` steps, default window_rows())."""
         window = window or self.window_rows()
-        expected_shape = (self.n_teachers + 1, None, int(self.manifest["vocab_size"]))
         for block, records in self.iter_blocks():
-            if self.logits_source == "models":  # a forward pass needs the block's whole context
-                logits = self._model_logits(records)
-                window_of = lambda start, stop: logits[:, start:stop]  # noqa: E731
-            else:
-                payload = trace.ReplayPayload(self.directory, block)
-                if payload.shape != (expected_shape[0], len(records), expected_shape[2]):
-                    raise TraceError(f"{payload.path}: logits have shape {payload.shape}, expected "
-                                     f"{(expected_shape[0], len(records), expected_shape[2])}")
-                window_of = lambda start, stop: torch.from_numpy(payload.rows(start, stop))  # noqa: E731
-            for start in range(0, len(records), window):
-                stop = min(start + window, len(records))
-                yield block, records[start:stop], window_of(start, stop)
+            yield from self._block_windows(block, records, window, 0, len(records))
+
+    def _block_windows(self, block: int, records: list[dict], window: int, first: int,
+                       last: int) -> Iterator[tuple[int, list[dict], torch.Tensor]]:
+        """The windows of rows first..last of one block (`first` on a window boundary)."""
+        if self.logits_source == "models":  # a forward pass needs the block's whole context
+            logits = self._model_logits(records)
+            window_of = lambda start, stop: logits[:, start:stop]  # noqa: E731
+        else:
+            payload = trace.ReplayPayload(self.directory, block)
+            expected = (self.n_teachers + 1, len(records), int(self.manifest["vocab_size"]))
+            if payload.shape != expected:
+                raise TraceError(f"{payload.path}: logits have shape {payload.shape}, expected {expected}")
+            window_of = lambda start, stop: torch.from_numpy(payload.rows(start, stop))  # noqa: E731
+        for start in range(first, last, window):
+            stop = min(start + window, last)
+            yield block, records[start:stop], window_of(start, stop)
+
+    def window_tasks(self, windows_per_task: int) -> list[WindowTask]:
+        """The payload's windows grouped into tasks of at most `windows_per_task` consecutive windows
+        of one block, in block and row order."""
+        window = self.window_rows()
+        tasks = []
+        for info in self.blocks_info:
+            starts = list(range(0, info.length, window))
+            for first in range(0, len(starts), windows_per_task):
+                last = min(first + windows_per_task, len(starts))
+                tasks.append(WindowTask(info.index, starts[first], min(starts[last - 1] + window, info.length)))
+        return tasks
+
+    def task_windows(self, task: WindowTask) -> Iterator[tuple[list[dict], torch.Tensor]]:
+        """(records, logits) of each window of `task`. The block's chunk is read again here (on a worker,
+        from the shared run directory): its hash chain must still be the one read when the trace was
+        loaded, or TraceError."""
+        info = next(i for i in self.blocks_info if i.index == task.block)
+        records = trace.read_chunk(self.directory, task.block, expected_sha256=info.chunk_sha256)
+        window = self.window_rows()
+        for block, window_records, logits in self._block_windows(task.block, records, window, task.start, task.stop):
+            yield window_records, logits
+
+    def map_windows(self, compute: Callable, *args, desc: str = "") -> Iterator[tuple[int, object]]:
+        """(block, compute(self, records, logits, *args)) for every payload window, in block and window
+        order; on the executor's workers when there is one. `compute` must be a module-level function
+        whose result depends on its arguments only (per-window seeds, no state carried between
+        windows), so that where it runs cannot change the result."""
+        if self.executor is not None:
+            yield from self.executor.map_windows(self, compute, args, desc)
+            return
+        for block, records, logits in self.iter_payload():
+            yield block, compute(self, records, logits, *args)
+
+    def for_workers(self) -> "LoadedTrace":
+        """A copy to send to workers: what the window functions read, without the recomputed totals,
+        the loaded models (a worker loads its own, once) or the executor."""
+        from dataclasses import replace
+
+        return replace(self, totals=None, _ensemble=None, executor=None, memo={}, problems=[],
+                       _window_rows=self.window_rows())
+
+    def prepare_worker(self) -> None:
+        """On a worker, once: load the run's models where the driver found them (their content
+        hashes are checked again here); TraceError when this worker cannot."""
+        if self._model_state == "available" and self._ensemble is None:
+            self._model_state = None
+            if self.model_state != "available":
+                raise TraceError(f"a worker cannot load the run's models: {self.model_unavailability()}")
 
     def payload_logits(self, block: int) -> torch.Tensor:
         """One block's whole logits (N+1, L, V)."""
@@ -393,7 +472,8 @@ def load_trace(run_dir: str | Path) -> LoadedTrace:
             loaded.note(f"{trace.chunk_path(run_dir, block).name}: holds no records")
             continue
         first_step = reader.steps - len(records)
-        loaded.blocks_info.append(BlockInfo(block, first_step, len(records), str(records[0].get("payload_sha256"))))
+        loaded.blocks_info.append(BlockInfo(block, first_step, len(records), str(records[0].get("payload_sha256")),
+                                            trace.file_sha256(trace.chunk_path(run_dir, block))))
         before = loaded.problem_count
         try:
             _check_records(loaded, block, records, first_step, block_size)

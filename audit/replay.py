@@ -14,7 +14,7 @@ from accounting.conversion import ConversionMethod, epsilon_from_rdp
 from audit.checks import CheckResult, failed, passed, skipped, verdict
 from audit.loader import LoadedTrace
 from decoding.run import replay_steps
-from decoding.trace import json_bytes, loads_json, read_chunk
+from decoding.trace import TraceError, json_bytes, loads_json, read_chunk
 
 RTOL = 1e-9
 """Relative tolerance for recomputed floats: the same float64 code on the same inputs agrees to
@@ -156,6 +156,98 @@ def _data_tokens(trace: LoadedTrace) -> np.ndarray | None:
     return encode_documents(AutoTokenizer.from_pretrained(tokenizer), text)
 
 
+def _budget_spent_before_windows(trace: LoadedTrace) -> dict[int, float]:
+    """The privacy filter's state before each payload window (keyed by the window's first step): the
+    recorded charges of every earlier step, summed in step order as the run summed them."""
+    window, spent, before = trace.window_rows(), 0.0, {}
+    for _, records in trace.iter_blocks():
+        for start in range(0, len(records), window):
+            before[records[start]["step"]] = spent
+            for record in records[start:start + window]:
+                spent += record["budget_charge"]
+    return before
+
+
+def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, cross_check: bool,
+                   check_tokens: bool, spent_before: dict[int, float] | None) -> dict:
+    """One window replayed: its mismatches (in step order) and the largest deviations seen."""
+    memo = trace.memo
+    if "runner" not in memo:
+        memo["runner"] = trace.runner()
+    tokens_stream = None
+    if check_tokens:
+        if "tokens_stream" not in memo:
+            memo["tokens_stream"] = _data_tokens(trace)
+        tokens_stream = memo["tokens_stream"]
+        if tokens_stream is None:  # a worker that cannot see the run's text must not skip what the driver checks
+            raise TraceError(f"the run's text {trace.manifest['config']['data'].get('text')} cannot be re-encoded "
+                             "here (every audit process must see the run's files at the same paths)")
+    block, first = records[0]["block"], records[0]["step"]
+    gate = None
+    if spent_before is not None:  # the filter's state before this window: the recorded charges so far
+        gate = trace.budget_gate()
+        gate.filter.spent = spent_before[first]
+    outcome, tokens = replay_steps(memo["runner"], logits, trace.manifest["config"]["seed"], first, trace.orders,
+                                   trace.manifest["data"]["stream"] == "generate", gate)
+    output = outcome.output.numpy()
+    worst = {"lambdas": 0.0, "logits_vs_models": 0.0}
+    mismatches = []
+    if cross_check:
+        if memo.get("model_logits_block") != block:  # a block's forward pass serves all its windows
+            memo["model_logits"] = trace._model_logits(read_chunk(trace.directory, block))
+            memo["model_logits_block"] = block
+        rows = [r["position"] for r in records]
+        gap = float(torch.max(torch.abs(memo["model_logits"][:, rows].double() - logits.double())))
+        worst["logits_vs_models"] = gap
+        if not gap <= LOGIT_ATOL:
+            mismatches.append(f"block {block}: payload logits differ from the models' by {gap:.3g}")
+    if tokens_stream is not None:
+        contexts = np.asarray([r["context_token"] for r in records])
+        truths = np.asarray([r["true_token"] for r in records])
+        if first + len(records) >= tokens_stream.size or \
+                not np.array_equal(contexts, tokens_stream[first:first + len(records)]) or \
+                not np.array_equal(truths, tokens_stream[first + 1:first + 1 + len(records)]):
+            mismatches.append(f"block {block}: the recorded tokens are not the run's text at steps {first}..")
+    for row, record in enumerate(records):
+        where = f"step {record['step']}"
+        if outcome.lambdas is not None:
+            _compare_arrays(mismatches, worst, "lambdas", where, record["lambdas"], outcome.lambdas[row], True)
+        if outcome.screen_statistic is not None:
+            recorded, replayed = record["screen_statistic"], outcome.screen_statistic[row]
+            if not _close([recorded], [replayed]) or record["screen_passed"] != bool(outcome.screen_passed[row]):
+                mismatches.append(f"{where}: screening statistic {recorded:.6g} recorded, {replayed:.6g} replayed"
+                                  f"{_nan_note(recorded, replayed)}")
+        if outcome.sampled is not None and record["sampled_teachers"] != np.flatnonzero(outcome.sampled[row]).tolist():
+            mismatches.append(f"{where}: sampled teachers differ from the replayed Poisson subsample")
+        for name in trace.components:
+            if not _close(record[f"rdp_{name}"], outcome.charged[name][row]):
+                mismatches.append(f"{where}: charged {name} differs from the mechanism's"
+                                  f"{_nan_note(record[f'rdp_{name}'], outcome.charged[name][row])}")
+        for key in ("observed_data_dependent", "data_independent"):
+            replayed = getattr(outcome, key)
+            if replayed is not None:
+                _compare_arrays(mismatches, worst, key, where, record[key], replayed[row], False)
+        if outcome.vote_counts is not None:
+            voted = np.flatnonzero(outcome.vote_counts[row])
+            if record["vote_tokens"] != voted.tolist() or \
+                    record["vote_counts"] != outcome.vote_counts[row, voted].tolist():
+                mismatches.append(f"{where}: the vote histogram differs from the teachers' votes recomputed with "
+                                  "the public shared randomness")
+            if not _close(record["aggregator_noise"], outcome.aggregator_noise[row]):
+                mismatches.append(f"{where}: the aggregator's noise differs from the step's generator")
+        if gate is not None and (record["budget_refused"] != bool(outcome.budget_refused[row])
+                                 or not _close([record["budget_charge"]], [outcome.budget_charge[row]])):
+            mismatches.append(f"{where}: the privacy filter's decision (refused {record['budget_refused']}, "
+                              f"charge {record['budget_charge']:.6g}) differs from the replayed one (refused "
+                              f"{bool(outcome.budget_refused[row])}, charge {outcome.budget_charge[row]:.6g})")
+        if int(tokens[row]) != record["output_token"]:
+            mismatches.append(f"{where}: output token {record['output_token']} recorded, {int(tokens[row])} replayed")
+        if record["true_token"] >= 0 and not _close([record["prob_true_token"]], [output[row, record["true_token"]]]):
+            mismatches.append(f"{where}: probability of the true token differs"
+                              f"{_nan_note(record['prob_true_token'], output[row, record['true_token']])}")
+    return {"mismatches": mismatches[:51], "count": len(mismatches), "worst": worst}
+
+
 def check_replay(trace: LoadedTrace) -> CheckResult:
     """Every step recomputed from its logits with the manifest's mechanism and per-step seeds:
     mixing weights, screening statistic and decision, Poisson subsample, charged curves, observed
@@ -169,87 +261,28 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
         return skipped("replay", "the charges cannot be recomputed: " + "; ".join(reasons), reasons=reasons)
     if trace.totals is None:
         return skipped("replay", "the records do not fit the manifest (see records), so they cannot be replayed")
-    runner = trace.runner()
-    sequential = trace.manifest["data"]["stream"] == "generate"
-    seed = trace.manifest["config"]["seed"]
     cross_check = trace.logits_source == "payload" and trace.models_available
-    tokens_stream = _data_tokens(trace) if trace.models_available or trace.logits_source == "models" else None
+    if trace.models_available or trace.logits_source == "models":
+        trace.memo["tokens_stream"] = _data_tokens(trace)
+    check_tokens = trace.memo.get("tokens_stream") is not None
+    spent_before = _budget_spent_before_windows(trace) if trace.manifest.get("budget") is not None else None
     worst = {"lambdas": 0.0, "logits_vs_models": 0.0}
-    mismatches = []
-    current_block = None
-    gate, recorded_spent = trace.budget_gate(), 0.0
-    for block, records, logits in trace.iter_payload():
-        first = records[0]["step"]
-        if gate is not None:  # the filter's state before this window: the recorded charges so far, in step order
-            gate.filter.spent = recorded_spent
-            for record in records:
-                recorded_spent += record["budget_charge"]
-        outcome, tokens = replay_steps(runner, logits, seed, first, trace.orders, sequential, gate)
-        output = outcome.output.numpy()
-        if cross_check:
-            if block != current_block:
-                current_block, block_model = block, trace._model_logits(read_chunk(trace.directory, block))
-            rows = [r["position"] for r in records]
-            gap = float(torch.max(torch.abs(block_model[:, rows].double() - logits.double())))
-            worst["logits_vs_models"] = float(np.maximum(worst["logits_vs_models"], gap))
-            if not gap <= LOGIT_ATOL:
-                mismatches.append(f"block {block}: payload logits differ from the models' by {gap:.3g}")
-        if tokens_stream is not None:
-            contexts = np.asarray([r["context_token"] for r in records])
-            truths = np.asarray([r["true_token"] for r in records])
-            if first + len(records) >= tokens_stream.size or \
-                    not np.array_equal(contexts, tokens_stream[first:first + len(records)]) or \
-                    not np.array_equal(truths, tokens_stream[first + 1:first + 1 + len(records)]):
-                mismatches.append(f"block {block}: the recorded tokens are not the run's text at steps {first}..")
-        for row, record in enumerate(records):
-            where = f"step {record['step']}"
-            if outcome.lambdas is not None:
-                _compare_arrays(mismatches, worst, "lambdas", where, record["lambdas"], outcome.lambdas[row], True)
-            if outcome.screen_statistic is not None:
-                recorded, replayed = record["screen_statistic"], outcome.screen_statistic[row]
-                if not _close([recorded], [replayed]) or record["screen_passed"] != bool(outcome.screen_passed[row]):
-                    mismatches.append(f"{where}: screening statistic {recorded:.6g} recorded, {replayed:.6g} replayed"
-                                      f"{_nan_note(recorded, replayed)}")
-            if outcome.sampled is not None and record["sampled_teachers"] != np.flatnonzero(outcome.sampled[row]).tolist():
-                mismatches.append(f"{where}: sampled teachers differ from the replayed Poisson subsample")
-            for name in trace.components:
-                if not _close(record[f"rdp_{name}"], outcome.charged[name][row]):
-                    mismatches.append(f"{where}: charged {name} differs from the mechanism's"
-                                      f"{_nan_note(record[f'rdp_{name}'], outcome.charged[name][row])}")
-            for key in ("observed_data_dependent", "data_independent"):
-                replayed = getattr(outcome, key)
-                if replayed is not None:
-                    _compare_arrays(mismatches, worst, key, where, record[key], replayed[row], False)
-            if outcome.vote_counts is not None:
-                voted = np.flatnonzero(outcome.vote_counts[row])
-                if record["vote_tokens"] != voted.tolist() or \
-                        record["vote_counts"] != outcome.vote_counts[row, voted].tolist():
-                    mismatches.append(f"{where}: the vote histogram differs from the teachers' votes recomputed with "
-                                      "the public shared randomness")
-                if not _close(record["aggregator_noise"], outcome.aggregator_noise[row]):
-                    mismatches.append(f"{where}: the aggregator's noise differs from the step's generator")
-            if gate is not None and (record["budget_refused"] != bool(outcome.budget_refused[row])
-                                     or not _close([record["budget_charge"]], [outcome.budget_charge[row]])):
-                mismatches.append(f"{where}: the privacy filter's decision (refused {record['budget_refused']}, "
-                                  f"charge {record['budget_charge']:.6g}) differs from the replayed one (refused "
-                                  f"{bool(outcome.budget_refused[row])}, charge {outcome.budget_charge[row]:.6g})")
-            if int(tokens[row]) != record["output_token"]:
-                mismatches.append(f"{where}: output token {record['output_token']} recorded, {int(tokens[row])} replayed")
-            if record["true_token"] >= 0 and not _close([record["prob_true_token"]], [output[row, record["true_token"]]]):
-                mismatches.append(f"{where}: probability of the true token differs"
-                                  f"{_nan_note(record['prob_true_token'], output[row, record['true_token']])}")
-        if len(mismatches) > 50:
+    mismatches, count = [], 0
+    for _, window in trace.map_windows(_replay_window, cross_check, check_tokens, spent_before, desc="replay"):
+        mismatches += window["mismatches"]
+        count += window["count"]
+        for key, value in window["worst"].items():  # np.maximum, not max(): a NaN gap must reach the evidence
+            worst[key] = float(np.maximum(worst.get(key, 0.0), value))
+        if count > 50:
             break
     source = {"payload": "the exact-replay payload", "models": "the run's models, re-run"}[trace.logits_source]
     if cross_check:
         source += f", whose logits equal the run's models' (max gap {worst['logits_vs_models']:.2g})"
-    if tokens_stream is not None:
+    if check_tokens:
         source += "; tokens re-encoded from the run's text"
     return verdict("replay", not mismatches,
                    f"all {trace.steps} steps replay exactly from {source} (max |lambda gap| {worst['lambdas']:.2g}, "
                    f"tolerance {LAMBDA_ATOL:g}; floats rtol {RTOL:g})",
-                   f"{len(mismatches)} replay mismatches, first: " + "; ".join(mismatches[:5]),
+                   f"{count} replay mismatches, first: " + "; ".join(mismatches[:5]),
                    mismatches=mismatches[:50], max_deviation=worst, source=trace.logits_source,
-                   cross_checked_with_models=cross_check, tokens_checked=tokens_stream is not None)
-
-
+                   cross_checked_with_models=cross_check, tokens_checked=check_tokens)

@@ -146,53 +146,69 @@ def _candidates(counts: np.ndarray) -> list[int]:
     return voted + ([int(unvoted[0])] if unvoted.size else [])
 
 
-def run_voting_ablation(trace: LoadedTrace, delta: float) -> dict:
-    """Per-neighbour composed divergences (K orders) for every relation tested, the leakiest
-    teacher, and the numerical error; needs the payload or the models."""
+def _voting_ablation_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, realised_path: bool,
+                            replace: bool) -> dict:
+    """One window's per-neighbour divergences summed over its steps, and its largest numerical error."""
     mechanism, orders = _mechanism(trace), np.asarray(trace.orders, dtype=np.float64)
-    realised_path = mechanism.aggregator is Aggregator.DPARGMAX and mechanism.accounting == "realised-path"
-    claimed = NeighbouringRelation(trace.manifest["relation"])
     n = trace.n_teachers
     removed = np.zeros((n, orders.size))
-    replaced = np.zeros((n, orders.size)) if "replace" in claimed.moves else None
+    replaced = np.zeros((n, orders.size)) if replace else None
     added = np.zeros(orders.size)
     released_total = np.zeros((n, orders.size)) if realised_path else None
     error = 0.0
-    for _, records, logits in trace.iter_payload():
-        _, teachers = Ensemble.split_distributions(logits)
-        votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
-        for row, record in enumerate(records):
-            if record.get("budget_refused"):  # answered publicly by the privacy filter: the same law under every neighbour
-                continue
-            laws = _StepLaws(mechanism, counts[row], orders, realised_path)
-            passed_screen = bool(record["screen_passed"])
-            per_token, per_token_released = {}, {}
+    _, teachers = Ensemble.split_distributions(logits)
+    votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
+    for row, record in enumerate(records):
+        if record.get("budget_refused"):  # answered publicly by the privacy filter: the same law under every neighbour
+            continue
+        laws = _StepLaws(mechanism, counts[row], orders, realised_path)
+        passed_screen = bool(record["screen_passed"])
+        per_token, per_token_released = {}, {}
+        for token in np.unique(votes[row]):
+            neighbour = counts[row].copy()
+            neighbour[token] -= 1
+            per_token[token], per_token_released[token] = laws.divergence(neighbour, passed_screen)
+        removed += np.stack([per_token[token] for token in votes[row]])
+        if released_total is not None:
+            released_total += np.stack([per_token_released[token] for token in votes[row]])
+        worst_added = np.zeros(orders.size)
+        for token in _candidates(counts[row]):
+            neighbour = counts[row].copy()
+            neighbour[token] += 1
+            worst_added = np.maximum(worst_added, laws.divergence(neighbour, passed_screen)[0])
+        added += worst_added
+        if replaced is not None:
             for token in np.unique(votes[row]):
-                neighbour = counts[row].copy()
-                neighbour[token] -= 1
-                per_token[token], per_token_released[token] = laws.divergence(neighbour, passed_screen)
-            removed += np.stack([per_token[token] for token in votes[row]])
-            if released_total is not None:
-                released_total += np.stack([per_token_released[token] for token in votes[row]])
-            worst_added = np.zeros(orders.size)
-            for token in _candidates(counts[row]):
-                neighbour = counts[row].copy()
-                neighbour[token] += 1
-                worst_added = np.maximum(worst_added, laws.divergence(neighbour, passed_screen)[0])
-            added += worst_added
-            if replaced is not None:
-                for token in np.unique(votes[row]):
-                    worst = np.zeros(orders.size)
-                    for target in _candidates(counts[row]):
-                        if target != token:
-                            neighbour = counts[row].copy()
-                            neighbour[token] -= 1
-                            neighbour[target] += 1
-                            worst = np.maximum(worst, laws.divergence(neighbour, passed_screen)[0])
-                    replaced[votes[row] == token] += worst
-            error = max(error, laws.error)
+                worst = np.zeros(orders.size)
+                for target in _candidates(counts[row]):
+                    if target != token:
+                        neighbour = counts[row].copy()
+                        neighbour[token] -= 1
+                        neighbour[target] += 1
+                        worst = np.maximum(worst, laws.divergence(neighbour, passed_screen)[0])
+                replaced[votes[row] == token] += worst
+        error = max(error, laws.error)
     return {"removed": removed, "added": added, "replaced": replaced, "released_removed": released_total,
-            "error": error, "realised_path": realised_path}
+            "error": error}
+
+
+def run_voting_ablation(trace: LoadedTrace, delta: float) -> dict:
+    """Per-neighbour composed divergences (K orders) for every relation tested, the leakiest
+    teacher, and the numerical error; needs the payload or the models. Each window's sums are added
+    in window order."""
+    mechanism = _mechanism(trace)
+    realised_path = mechanism.aggregator is Aggregator.DPARGMAX and mechanism.accounting == "realised-path"
+    replace = "replace" in NeighbouringRelation(trace.manifest["relation"]).moves
+    totals = None
+    for _, window in trace.map_windows(_voting_ablation_window, realised_path, replace, desc="neighbour ablation"):
+        if totals is None:
+            totals = window
+            continue
+        for key in ("removed", "added", "replaced", "released_removed"):
+            if totals[key] is not None:
+                totals[key] = totals[key] + window[key]
+        totals["error"] = max(totals["error"], window["error"])
+    return {**totals, "realised_path": realised_path}
 
 
 def _epsilon(values: np.ndarray, orders, delta: float) -> tuple[float, float | None]:
@@ -299,6 +315,26 @@ def _clopper_pearson(successes: int, trials: int, confidence: float) -> tuple[fl
     return low, high
 
 
+def _narrowest_margin_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor) -> tuple | None:
+    """The window's step whose plurality margin is narrowest (the first of equals), as (score, step,
+    histogram, plurality token, charged curve); None when no step in it was charged an answer."""
+    mechanism = _mechanism(trace)
+    best = None
+    _, teachers = Ensemble.split_distributions(logits)
+    votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
+    for row, record in enumerate(records):
+        if (mechanism.accounting == "realised-path" and not record["screen_passed"]) or record.get("budget_refused"):
+            continue
+        top = int(np.argmax(counts[row]))
+        runner_up = int(np.sort(counts[row])[-2])
+        # removing a vote from the plurality token of the narrowest margin moves the output most
+        score = -(int(counts[row, top]) - runner_up)
+        if best is None or score > best[0]:
+            charge = sum(np.asarray(record[f"rdp_{name}"], dtype=np.float64) for name in trace.components)
+            best = (score, record["step"], counts[row].copy(), top, charge)
+    return best
+
+
 def check_sampled_aggregator(trace: LoadedTrace, draws: int = 20000, seed: int = 0,
                              confidence: float = 0.999) -> CheckResult:
     """A sampled audit of a DP aggregator (DPARGMAX, DPWS): at the step and removed teacher whose
@@ -315,19 +351,9 @@ def check_sampled_aggregator(trace: LoadedTrace, draws: int = 20000, seed: int =
         return skipped("sampled_aggregator", "needs the per-step distributions (the exact-replay payload or the models)")
     delta, orders = trace.manifest["config"]["deltas"][0], trace.orders
     best = None
-    for _, records, logits in trace.iter_payload():
-        _, teachers = Ensemble.split_distributions(logits)
-        votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
-        for row, record in enumerate(records):
-            if (mechanism.accounting == "realised-path" and not record["screen_passed"]) or record.get("budget_refused"):
-                continue
-            top = int(np.argmax(counts[row]))
-            runner_up = int(np.sort(counts[row])[-2])
-            # removing a vote from the plurality token of the narrowest margin moves the output most
-            score = -(int(counts[row, top]) - runner_up)
-            if best is None or score > best[0]:
-                charge = sum(np.asarray(record[f"rdp_{name}"], dtype=np.float64) for name in trace.components)
-                best = (score, record["step"], counts[row].copy(), top, charge)
+    for _, window in trace.map_windows(_narrowest_margin_window, desc="sampled aggregator"):
+        if window is not None and (best is None or window[0] > best[0]):  # the first of equal scores, as in one pass
+            best = window
     if best is None:
         return skipped("sampled_aggregator", "no step's screen passed: a realised-path run charged no answer to sample")
     _, step, counts, top, charge = best

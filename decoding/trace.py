@@ -284,10 +284,19 @@ def committed_chunk_indices(run_dir: Path) -> list[int]:
     return indices
 
 
-def read_chunk(run_dir: Path, index: int) -> list[dict]:
+def read_chunk(run_dir: Path, index: int, expected_sha256: str | None = None) -> list[dict]:
+    """A chunk's records; with `expected_sha256`, TraceError unless the file still has those bytes
+    (a worker re-reading a chunk the driver has checked)."""
     path = chunk_path(Path(run_dir), index)
+    if expected_sha256 is not None:
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise TraceError(f"{path}: cannot be read again ({error.strerror or error})") from None
+        if hashlib.sha256(data).hexdigest() != expected_sha256:
+            raise TraceError(f"{path}: changed since the audit read it (its sha256 differs)")
     try:
-        return pq.read_table(path).to_pylist()
+        return pq.read_table(pa.BufferReader(data) if expected_sha256 is not None else path).to_pylist()
     except Exception as error:  # pyarrow raises several types for damaged files
         raise TraceError(f"{path}: unreadable Parquet chunk ({type(error).__name__}: {_one_line(error)})") from None
 
