@@ -152,10 +152,13 @@ def _guarded(name: str, check, loaded) -> CheckResult:
 
 def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_samples: int = 400,
               game_trials: int = 2000, play_game: bool = True, seed: int = 0, write: bool = True,
-              expect_head: str | None = None) -> AuditReport:
+              expect_head: str | None = None, executor=None) -> AuditReport:
     """Audit a finished run directory; writes audit.json there (unless write=False), bound to the
     hashes of the manifest, ledger.json and the chain head it audited. TraceError (a ValueError)
-    for a directory that is not a finished dpledger run."""
+    for a directory that is not a finished dpledger run.
+
+    `executor` (audit.distributed.DaskWindowExecutor) computes the checks' per-window work on Dask
+    workers; the report is the same as without it (audit.loader explains why)."""
     started = time.time()
     if expect_head is not None and not (isinstance(expect_head, str) and len(expect_head) == 64
                                         and all(c in "0123456789abcdef" for c in expect_head)):
@@ -164,6 +167,7 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
         raise trace_files.TraceError(f"{run_dir} is being written by a dpledger process; audit it when the run has "
                                      "finished")
     loaded = load_trace(run_dir)
+    loaded.executor = executor
     plan = [("hash_chain", lambda: replay.check_hash_chain(loaded)),
             ("final_record", lambda: consistency.check_final_record(loaded, expect_head)),
             ("manifest", lambda: consistency.check_manifest(loaded)),

@@ -25,15 +25,33 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--no-game", action="store_true", help="skip the sampled canary game (needs the models)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the audit's own sampling (default: 0)")
     parser.add_argument("--json", action="store_true", help="print audit.json instead of the summary")
+    add_cluster_flags(parser, "replay and ablate the trace's blocks on")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     parser.set_defaults(handler=run)
 
 
+def add_cluster_flags(parser, purpose: str) -> None:
+    """--workers / --scheduler: where distributed work runs (decoding.cluster; needs dpledger[dask])."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--workers", type=int, metavar="N",
+                       help=f"{purpose} N local Dask worker processes (needs the extra: pip install 'dpledger[dask]')")
+    group.add_argument("--scheduler", metavar="ADDRESS",
+                       help=f"{purpose} the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://host:8786); "
+                            "its workers must see the run's files at the same paths")
+
+
 def run(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
     from accounting.errors import require
     from audit import audit_run, render_summary
+    from decoding.cluster import ClusterError, ClusterSpec, dask_client, require_dask
     from audit.audit import EXIT_UNUSABLE
     from decoding.trace import json_bytes, run_directories
 
+    cluster = ClusterSpec.from_flags(args.workers, args.scheduler)  # bad flags before any work
+    if cluster is not None:
+        require_dask("--workers / --scheduler")
     args.run_dir = [str(d) for d in run_directories(args.run_dir)]
 
     require(args.expect_head is None or len(args.run_dir) == 1,
@@ -42,15 +60,24 @@ def run(args: argparse.Namespace) -> int:
             f"--teachers-sample must be >= 1, got {args.teachers_sample}")
     require(args.mc_samples >= 1, f"--mc-samples must be >= 1, got {args.mc_samples}")
     require(args.trials >= 1, f"--trials must be >= 1, got {args.trials}")
-    statuses = []
-    for run_dir in args.run_dir:
-        try:
-            report = audit_run(run_dir, args.teachers_sample, args.mc_samples, args.trials, not args.no_game, args.seed,
-                               expect_head=args.expect_head)
-        except (ValueError, OSError) as error:
-            print(f"dpledger audit: error: {' '.join(str(error).split())}", file=sys.stderr)
-            statuses.append(EXIT_UNUSABLE)
-            continue
-        print(json_bytes(report.to_dict()).decode().rstrip() if args.json else render_summary(report))
-        statuses.append(report.exit_code)
+    with ExitStack() as stack:
+        executor = None
+        if cluster is not None:
+            from audit.distributed import DaskWindowExecutor
+
+            client = stack.enter_context(dask_client(cluster, progress=not args.no_progress))
+            executor = DaskWindowExecutor(client, progress=not args.no_progress)
+        statuses = []
+        for run_dir in args.run_dir:
+            try:
+                report = audit_run(run_dir, args.teachers_sample, args.mc_samples, args.trials, not args.no_game,
+                                   args.seed, expect_head=args.expect_head, executor=executor)
+            except ClusterError:
+                raise  # the cluster, not this run: stop (the CLI prints one line, exit 2)
+            except (ValueError, OSError) as error:
+                print(f"dpledger audit: error: {' '.join(str(error).split())}", file=sys.stderr)
+                statuses.append(EXIT_UNUSABLE)
+                continue
+            print(json_bytes(report.to_dict()).decode().rstrip() if args.json else render_summary(report))
+            statuses.append(report.exit_code)
     return min(statuses, key=SEVERITY.index)

@@ -1,0 +1,85 @@
+"""The audit on Dask workers: `dpledger audit RUN --workers N | --scheduler ADDRESS`.
+
+The checks that read the per-step distributions (replay, the bound checks, the neighbour ablation,
+the sampled aggregator) ask `LoadedTrace.map_windows` for one partial result per payload window
+and combine them in block and window order. This executor computes those windows on workers: the
+trace is cut into tasks of whole windows of one block; each worker loads what it needs once (the
+run's models, when the driver found them; the runner; the re-encoded text) and reads its blocks'
+chunks and payload from the run directory, checking each chunk still has the bytes the driver
+loaded. Window functions depend on their arguments only (per-window seeds), so the partials, and
+the check results built from them, are the ones a single-process audit computes: audit.json is
+identical apart from its timestamp and duration. A task whose worker dies is recomputed elsewhere
+by Dask.
+"""
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Callable, Iterator
+
+from tqdm.auto import tqdm
+
+from audit.loader import LoadedTrace, WindowTask
+from decoding.cluster import result_of, worker_count
+
+TASKS_PER_WORKER = 4
+"""Windows are grouped so that each worker gets about this many tasks per check: enough to balance
+uneven blocks, few enough that scheduling costs nothing next to a window's work."""
+
+_WORKER_TRACES: dict[str, LoadedTrace] = {}
+
+
+def _trace_key(trace: LoadedTrace) -> str:
+    return f"{trace.directory}|{trace.manifest_sha256}|{trace.ledger_sha256}|{trace.final.get('head')}"
+
+
+def _compute_task(spec: LoadedTrace, key: str, compute: Callable, args: tuple, task: WindowTask,
+                  torch_threads: int) -> list:
+    """On a worker: the partials of the task's windows. The trace (and what its window functions
+    memoise: models, runner, text) is kept per worker process for the audit's later tasks."""
+    import torch
+
+    torch.set_num_threads(torch_threads)  # the driver's: how torch splits a reduction must not differ
+    trace = _WORKER_TRACES.get(key)
+    if trace is None:
+        spec.prepare_worker()
+        _WORKER_TRACES.clear()  # one audit at a time per worker: keep one run's models, not every run's
+        _WORKER_TRACES[key] = trace = spec
+    return [compute(trace, records, logits, *args) for records, logits in trace.task_windows(task)]
+
+
+class DaskWindowExecutor:
+    """Computes `map_windows` on a Dask client's workers, yielding the partials in order."""
+
+    def __init__(self, client, progress: bool = True, tasks_per_worker: int = TASKS_PER_WORKER):
+        self.client, self.progress, self.tasks_per_worker = client, progress, tasks_per_worker
+
+    def tasks_for(self, trace: LoadedTrace) -> list[WindowTask]:
+        window = trace.window_rows()
+        windows = sum(math.ceil(info.length / window) for info in trace.blocks_info)
+        if trace.logits_source == "models":  # a block's forward pass serves all its windows: one task per block
+            per_task = max(math.ceil(info.length / window) for info in trace.blocks_info)
+        else:
+            per_task = max(1, math.ceil(windows / (self.tasks_per_worker * worker_count(self.client))))
+        return trace.window_tasks(per_task)
+
+    def map_windows(self, trace: LoadedTrace, compute: Callable, args: tuple, desc: str) -> Iterator[tuple[int, object]]:
+        import torch
+
+        spec, key = trace.for_workers(), _trace_key(trace)
+        tasks = self.tasks_for(trace)
+        run, threads = uuid.uuid4().hex[:8], torch.get_num_threads()
+        futures = [self.client.submit(_compute_task, spec, key, compute, args, task, threads, pure=False,
+                                      key=f"dpledger-audit-{desc.replace(' ', '-')}-{run}-{index}")
+                   for index, task in enumerate(tasks)]
+        bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not self.progress, dynamic_ncols=True, leave=False)
+        try:
+            for task, future in zip(tasks, futures):
+                partials = result_of(future, f"the audit's {desc} of block {task.block}")
+                bar.update(1)
+                future.release()
+                for partial in partials:
+                    yield task.block, partial
+        finally:
+            bar.close()
+            self.client.cancel([f for f in futures if not f.done()])

@@ -1,0 +1,110 @@
+"""Dask clusters for dpledger's distributed work: the optional extra `pip install 'dpledger[dask]'`.
+
+`--workers N` starts a `distributed.LocalCluster` of N worker processes on this machine, one thread
+each; `--scheduler ADDRESS` connects to a running Dask cluster. Dask, not a process pool of our own:
+it reschedules the tasks of a worker that dies, shows every worker on its dashboard, and the same
+command runs on a laptop or a cluster. Workers read the run directory and the models at the paths
+the driver sees, so on a cluster they must be on a shared filesystem.
+
+Work sent to workers is computed with one torch thread per process (OMP_NUM_THREADS=1 on a local
+cluster): results are then bit-identical to a single-process run with one thread (`make` sets
+OMP_NUM_THREADS=1), since floating-point reductions may be split differently with more threads.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from accounting.errors import require
+
+DASK_MISSING = "needs Dask, an optional extra: pip install 'dpledger[dask]'"
+
+
+class ClusterError(OSError):
+    """The cluster failed (unreachable scheduler, workers dying on a task again and again): not a
+    property of the run or its trace, so never an audit verdict."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Where distributed work runs: `workers` local processes, or the Dask scheduler at `scheduler`."""
+
+    workers: int | None = None
+    scheduler: str | None = None
+
+    def __post_init__(self):
+        require((self.workers is None) != (self.scheduler is None),
+                "give either --workers N (a local cluster) or --scheduler ADDRESS (a running Dask cluster), not both")
+        if self.workers is not None:
+            require(isinstance(self.workers, int) and not isinstance(self.workers, bool) and self.workers >= 1,
+                    f"--workers must be an integer >= 1, got {self.workers!r}")
+        else:
+            require(isinstance(self.scheduler, str) and self.scheduler.strip() != "",
+                    f"--scheduler must be a Dask scheduler address such as tcp://host:8786, got {self.scheduler!r}")
+
+    @classmethod
+    def from_flags(cls, workers: int | None, scheduler: str | None) -> "ClusterSpec | None":
+        """None when neither flag was given (work in this process)."""
+        return None if workers is None and scheduler is None else cls(workers, scheduler)
+
+    def describe(self) -> str:
+        return f"{self.workers} local worker processes" if self.workers is not None else f"the Dask cluster at {self.scheduler}"
+
+
+def require_dask(what: str) -> None:
+    """ValueError naming the extra when Dask is not installed."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise ValueError(f"{what} {DASK_MISSING}") from None
+
+
+@contextmanager
+def dask_client(spec: ClusterSpec, progress: bool = True) -> Iterator[object]:
+    """A `distributed.Client` for `spec`, closed (with its local cluster) on exit; the dashboard's
+    link is printed to stderr when `progress`."""
+    require_dask("--workers / --scheduler")
+    import distributed
+
+    cluster = None
+    try:
+        if spec.scheduler is not None:
+            client = distributed.Client(spec.scheduler, timeout="20s", set_as_default=False)
+        else:
+            cluster = distributed.LocalCluster(n_workers=spec.workers, threads_per_worker=1, processes=True,
+                                               dashboard_address=":0", silence_logs=logging.ERROR,
+                                               env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                                                    "TOKENIZERS_PARALLELISM": "false"})
+            client = distributed.Client(cluster, set_as_default=False)
+    except (OSError, TimeoutError) as error:
+        if cluster is not None:
+            cluster.close()
+        where = spec.scheduler or "a local cluster"
+        raise ClusterError(f"cannot start or reach {where}: {' '.join(str(error).split())}") from None
+    try:
+        if progress:
+            print(f"dask: {spec.describe()}; dashboard {client.dashboard_link}", file=sys.stderr)
+        yield client
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def worker_count(client) -> int:
+    return max(1, len(client.scheduler_info().get("workers", {})))
+
+
+def result_of(future, what: str):
+    """The future's result; a task that kept killing its workers is a ClusterError (a task whose
+    worker died once is simply computed again elsewhere, by Dask)."""
+    import distributed
+
+    try:
+        return future.result()
+    except distributed.KilledWorker as error:
+        raise ClusterError(f"{what}: the workers running it died repeatedly ({error}); nothing was committed for it") \
+            from None
