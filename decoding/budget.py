@@ -80,6 +80,19 @@ class BudgetGate:
         for charge in charges:
             self.filter.spend(float(charge))
 
+    def restore_data_independent(self, steps: int) -> None:
+        """The state after the run's first `steps` steps when every step is charged the data-independent
+        bound (the default): a worker decoding a later block knows it without the earlier records. The
+        answered steps' charges are summed in step order, as the run spent them; with a constant charge,
+        the first step that does not fit is followed by none that does."""
+        require(not self.data_dependent, "a data-dependent filter's state depends on the earlier steps' private "
+                                         "charges: it can only be restored from their records")
+        self.filter.spent = 0.0
+        for _ in range(steps):
+            if not self.filter.fits(self.step_bound):
+                break
+            self.filter.spend(self.step_bound)
+
     def charges(self, charged: dict[str, np.ndarray]) -> np.ndarray:
         """Each step's charge in the filter: the step bound, or (data-dependent) its actual total."""
         rows = next(iter(charged.values())).shape[0]

@@ -30,6 +30,7 @@ from accounting.orders import default_orders
 from accounting.relation import NeighbouringRelation
 from decoding import trace
 from decoding.budget import DATA_DEPENDENT_LABEL, BudgetGate
+from decoding.cluster import ClusterError
 from decoding.config import RunConfig, read_text_file
 from decoding.ensemble import Ensemble, load_tokenizer, require_matching_tokenizer
 from decoding.runners import BlockOutcome, Runner, build_runner
@@ -298,6 +299,15 @@ def run_block(prepared: PreparedRun, block: int):
         context.append(int(token[0]))
     return (_concat_outcomes(outcomes), np.asarray(tokens), np.full(length, -1), np.asarray(contexts),
             torch.stack(step_logits, dim=1))
+
+
+def block_records(prepared: PreparedRun, block: int) -> list[dict]:
+    """One block decoded: its replay payload written (when the run keeps one) and its records, not
+    yet chained. The prepared run's privacy filter must hold its state before the block."""
+    outcome, tokens, true_tokens, contexts, logits = run_block(prepared, block)
+    payload = trace.write_replay(prepared.config.out, block, logits.numpy()) if prepared.config.replay_payload else ""
+    return _outcome_records(prepared.runner, block, block * prepared.block_size, outcome, tokens, true_tokens,
+                            contexts, payload)
 
 
 def component_relations(manifest: dict) -> dict[str, NeighbouringRelation]:
@@ -584,12 +594,15 @@ class RunWriteError(ValueError):
 
 
 def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, verbose: bool = True,
-               prepared: PreparedRun | None = None) -> RunResult:
+               prepared: PreparedRun | None = None, client=None) -> RunResult:
     """Run (or resume) a decoding job and return its directory, ledger summary and chain head.
 
     Every check runs before anything is written; the run directory's lock is held throughout, so a
     second writer (another decode or resume of the same directory) fails with one line and changes
-    nothing. A write failure (OSError) leaves the committed blocks for --resume."""
+    nothing. A write failure (OSError) leaves the committed blocks for --resume.
+
+    With a Dask `client`, a teacher-forced run's blocks are decoded on its workers and committed here
+    in block order (decoding.distributed): the trace is the one this process would write."""
     prepared = prepared or prepare(config, verbose=verbose)
     out = Path(config.out)
     try:
@@ -597,7 +610,9 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
     except OSError as error:
         raise RunWriteError(f"cannot create the run directory {out}: {error.strerror or error}") from None
     try:
-        return _decode_locked(prepared, out, progress)
+        return _decode_locked(prepared, out, progress, client)
+    except ClusterError:
+        raise
     except OSError as error:
         where = f" ({error.filename})" if getattr(error, "filename", None) else ""
         committed = len(trace.committed_chunk_indices(out)) if out.is_dir() else 0
@@ -607,7 +622,13 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
         lock.release()
 
 
-def _decode_locked(prepared: PreparedRun, out: Path, progress: bool) -> RunResult:
+def _local_blocks(prepared: PreparedRun, first_block: int):
+    """(block, records) decoded in this process, in order."""
+    for block in range(first_block, prepared.n_blocks):
+        yield block, block_records(prepared, block)
+
+
+def _decode_locked(prepared: PreparedRun, out: Path, progress: bool, client=None) -> RunResult:
     config = prepared.config
     manifest = trace.read_manifest(out)
     if (out / trace.FINAL).exists():
@@ -632,19 +653,21 @@ def _decode_locked(prepared: PreparedRun, out: Path, progress: bool) -> RunResul
     bar = tqdm(total=config.queries, initial=step, unit="q", desc=f"{prepared.runner.kind}", disable=not progress,
                dynamic_ncols=True)
     started = time.time()
+    if client is not None:
+        from decoding.distributed import distributed_blocks
+
+        blocks = distributed_blocks(prepared, client, done_blocks, progress)
+    else:
+        blocks = _local_blocks(prepared, done_blocks)
     try:
-        for block in range(done_blocks, prepared.n_blocks):
-            outcome, tokens, true_tokens, contexts, logits = run_block(prepared, block)
-            payload = trace.write_replay(out, block, logits.numpy()) if config.replay_payload else ""
-            block_records = _outcome_records(prepared.runner, block, step, outcome, tokens, true_tokens, contexts,
-                                             payload)
-            prev_hash = trace.chain_records(block_records, prev_hash)
+        for block, records in blocks:
+            prev_hash = trace.chain_records(records, prev_hash)
             # charged (and so validated: no NaN, no negative value) before the commit point, so a bad
             # charge never reaches the trace
-            running.add(block_records)
-            trace.write_chunk(out, block, block_records)  # the commit point
-            step += len(block_records)
-            bar.update(len(block_records))
+            running.add(records)
+            trace.write_chunk(out, block, records)  # the commit point
+            step += len(records)
+            bar.update(len(records))
             with np.errstate(all="ignore"):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -652,6 +675,9 @@ def _decode_locked(prepared: PreparedRun, out: Path, progress: bool) -> RunResul
             bar.set_postfix(eps=f"{eps:.3g}", qps=f"{(step - resumed_from) / max(time.time() - started, 1e-9):.0f}")
     finally:
         bar.close()
+        blocks.close()  # stops a distributed producer's outstanding tasks
+    if client is not None:
+        trace.remove_temporary_files(out)  # a worker killed while writing a payload leaves its temporary file
     summary, final = finish_run(out, manifest, running, prepared.n_blocks, prev_hash)
     return RunResult(out, summary, resumed_from, final["head"])
 

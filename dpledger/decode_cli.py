@@ -1,29 +1,54 @@
-"""`dpledger decode CONFIG.toml [--out DIR] [--resume]`: run a private decoding job, write its trace."""
+"""`dpledger decode CONFIG.toml [--out DIR] [--resume] [--workers N | --scheduler ADDRESS]`: run a
+private decoding job, write its trace.
+
+With --workers or --scheduler, a teacher-forced run's blocks are decoded on Dask workers and
+committed here in block order: the trace is the one a single process writes (docs/distributed.md).
+Free generation and a data-dependent privacy filter are sequential and run in this process."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
+from dpledger.audit_cli import add_cluster_flags
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("decode", help="run a mechanism over a query stream and write the trace",
-                                   description=__doc__)
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="TOML run configuration: every key is in docs/config.md, examples in examples/")
     parser.add_argument("--out", help="trace directory (overrides [run] out)")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run in the same directory")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_cluster_flags(parser, "decode a teacher-forced run's blocks on")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
+    from decoding.cluster import ClusterSpec, dask_client, require_dask
     from decoding.config import load_config
-    from decoding.run import run_decode
+    from decoding.distributed import sequential_reason
+    from decoding.run import prepare, run_decode
     from decoding import trace
 
     config = load_config(args.config, args.out)
+    cluster = ClusterSpec.from_flags(args.workers, args.scheduler)
+    if cluster is not None:
+        require_dask("--workers / --scheduler")
+        reason = sequential_reason(config)
+        if reason is not None:
+            print(f"dpledger decode: {reason}: decoding in this process (--workers and --scheduler split "
+                  "teacher-forced runs only)", file=sys.stderr)
+            cluster = None
     try:
-        result = run_decode(config, resume=args.resume, progress=not args.no_progress)
+        with ExitStack() as stack:
+            # the models are loaded and checked here first: workers then find the embedded default built
+            prepared = prepare(config)
+            client = stack.enter_context(dask_client(cluster, not args.no_progress)) if cluster is not None else None
+            result = run_decode(config, resume=args.resume, progress=not args.no_progress, prepared=prepared,
+                                client=client)
     except KeyboardInterrupt:
         started = (Path(config.out) / trace.MANIFEST).exists()
         committed = len(trace.committed_chunk_indices(config.out)) if started else 0
