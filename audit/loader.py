@@ -153,10 +153,15 @@ class LoadedTrace:
         if self._payload_states is None:
             states = {}
             if self.manifest.get("replay_payload"):
+                paths = {info.index: trace.replay_path(self.directory, info.index) for info in self.blocks_info}
+                present = [index for index, path in paths.items() if path.exists()]
+                # at paper scale the payload is 20 MB a step: an executor hashes it on its workers
+                digests = (self.executor.file_digests([paths[i] for i in present]) if self.executor is not None
+                           else [trace.file_sha256(paths[i]) for i in present])
+                found = dict(zip(present, digests))
                 for info in self.blocks_info:
-                    path = trace.replay_path(self.directory, info.index)
-                    states[info.index] = ("missing" if not path.exists() else
-                                          "intact" if trace.file_sha256(path) == info.payload_sha256 else "changed")
+                    states[info.index] = ("missing" if info.index not in found else
+                                          "intact" if found[info.index] == info.payload_sha256 else "changed")
             self._payload_states = states
         return self._payload_states
 
@@ -327,7 +332,7 @@ class LoadedTrace:
         from dataclasses import replace
 
         return replace(self, totals=None, _ensemble=None, executor=None, memo={}, problems=[],
-                       _window_rows=self.window_rows())
+                       _window_rows=self.window_rows(), _logits_source=self.logits_source)
 
     def prepare_worker(self) -> None:
         """On a worker, once: load the run's models where the driver found them (their content
