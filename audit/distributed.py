@@ -92,7 +92,7 @@ class DaskWindowExecutor:
         futures = [self.client.submit(_compute_task, spec, key, compute, args, task, threads, pure=False,
                                       key=f"dpledger-audit-{desc.replace(' ', '-')}-{run}-{index}")
                    for index, task in enumerate(tasks)]
-        bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not self.progress, dynamic_ncols=True, leave=False)
+        bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not self.progress, dynamic_ncols=True)
         started = time.perf_counter()
         try:
             for task, future in zip(tasks, futures):

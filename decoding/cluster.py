@@ -62,6 +62,39 @@ def require_dask(what: str) -> None:
         raise ValueError(f"{what} {DASK_MISSING}") from None
 
 
+def _check_address(address: str) -> None:
+    """ValueError for an address Dask cannot parse, before a Client is built (a Client built on one
+    waits out its timeout and then fails again in its finaliser)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(address)
+        if scheme in ("tcp", "tls"):
+            host, port = parse_host_port(location)
+            require(bool(host) and port, "no host")
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"--scheduler must be a Dask scheduler address such as tcp://host:8786, got {address!r} "
+                         f"({error})") from None
+
+
+def _ignore_interrupt_plugin():
+    """A worker plugin for local clusters: Ctrl-C reaches the driver, which stops the run and closes
+    the cluster; the workers, in the same terminal's process group, would each print a traceback."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class IgnoreInterrupt(WorkerPlugin):
+        name = "dpledger-ignore-interrupt"
+
+        def setup(self, worker) -> None:
+            import signal
+            import threading
+
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    return IgnoreInterrupt()
+
+
 @contextmanager
 def dask_client(spec: ClusterSpec, progress: bool = True) -> Iterator[object]:
     """A `distributed.Client` for `spec`, closed (with its local cluster) on exit; the dashboard's
@@ -70,20 +103,26 @@ def dask_client(spec: ClusterSpec, progress: bool = True) -> Iterator[object]:
     import distributed
 
     cluster = None
+    if spec.scheduler is not None:
+        _check_address(spec.scheduler)
     try:
         if spec.scheduler is not None:
-            client = distributed.Client(spec.scheduler, timeout="20s", set_as_default=False)
+            client = distributed.Client(spec.scheduler, timeout="10s", set_as_default=False)
         else:
+            # CRITICAL: a worker's routine shutdown messages (a heartbeat cut by close) are not the user's
+            # concern, and a task's error reaches the driver as the task's exception anyway
             cluster = distributed.LocalCluster(n_workers=spec.workers, threads_per_worker=1, processes=True,
-                                               dashboard_address=":0", silence_logs=logging.ERROR,
+                                               dashboard_address=":0", silence_logs=logging.CRITICAL,
                                                env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                                                     "TOKENIZERS_PARALLELISM": "false"})
             client = distributed.Client(cluster, set_as_default=False)
+            client.register_plugin(_ignore_interrupt_plugin())
     except (OSError, TimeoutError) as error:
         if cluster is not None:
             cluster.close()
-        where = spec.scheduler or "a local cluster"
-        raise ClusterError(f"cannot start or reach {where}: {' '.join(str(error).split())}") from None
+        where = (f"cannot reach the Dask scheduler at {spec.scheduler}" if spec.scheduler is not None
+                 else f"cannot start a local Dask cluster of {spec.workers} workers")
+        raise ClusterError(f"{where}: {' '.join(str(error).split())}") from None
     try:
         if progress:
             print(f"dask: {spec.describe()}; dashboard {client.dashboard_link}", file=sys.stderr)

@@ -63,8 +63,8 @@ def decode_block_task(config: RunConfig, model_hashes: list[str], block: int, to
 
     from decoding.run import block_records
 
+    prepared = _worker_run(config, model_hashes)  # prepare() sets its own thread count: override it after
     torch.set_num_threads(torch_threads)  # the driver's: how torch splits a reduction must not differ
-    prepared = _worker_run(config, model_hashes)
     if prepared.budget is not None:
         prepared.budget.restore_data_independent(block * prepared.block_size)
     return block_records(prepared, block)

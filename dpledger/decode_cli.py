@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"dpledger decode: {reason}: decoding in this process (--workers and --scheduler split "
                   "teacher-forced runs only)", file=sys.stderr)
             cluster = None
+        elif args.resume and (Path(config.out) / trace.FINAL).exists():
+            cluster = None  # a finished run: nothing to decode, no cluster to start
+    result = None
     try:
         with ExitStack() as stack:
             # the models are loaded and checked here first: workers then find the embedded default built
@@ -50,11 +53,12 @@ def run(args: argparse.Namespace) -> int:
             result = run_decode(config, resume=args.resume, progress=not args.no_progress, prepared=prepared,
                                 client=client)
     except KeyboardInterrupt:
-        started = (Path(config.out) / trace.MANIFEST).exists()
-        committed = len(trace.committed_chunk_indices(config.out)) if started else 0
-        print(f"\ninterrupted: {committed} blocks are committed in {config.out}; continue with --resume",
-              file=sys.stderr)
-        return 130
+        if result is None:  # an interrupt while the cluster closed after the run finished changes nothing
+            started = (Path(config.out) / trace.MANIFEST).exists()
+            committed = len(trace.committed_chunk_indices(config.out)) if started else 0
+            print(f"\ninterrupted: {committed} block{'' if committed == 1 else 's'} committed in {config.out}; "
+                  "continue with --resume", file=sys.stderr)
+            return 130
     summary = result.summary
     first = summary["epsilon"][0]
     kind = "data-dependent loss" if summary["data_dependent"] else "epsilon"
