@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 from tqdm.auto import tqdm
 
 from audit.loader import LoadedTrace, WindowTask
-from decoding.cluster import result_of, worker_count
+from decoding.cluster import require_single_threaded_workers, result_of, worker_count
 from decoding.trace import file_sha256
 
 TASKS_PER_WORKER = 4
@@ -32,14 +32,11 @@ uneven blocks, few enough that scheduling costs nothing next to a window's work.
 _WORKER_TRACES: dict[str, LoadedTrace] = {}
 
 
-def _trace_key(trace: LoadedTrace) -> str:
-    return f"{trace.directory}|{trace.manifest_sha256}|{trace.ledger_sha256}|{trace.final.get('head')}"
-
-
 def _compute_task(spec: LoadedTrace, key: str, compute: Callable, args: tuple, task: WindowTask,
                   torch_threads: int) -> list:
     """On a worker: the partials of the task's windows. The trace (and what its window functions
-    memoise: models, runner, text) is kept per worker process for the audit's later tasks."""
+    memoise: models, runner, text) is kept per worker process for this audit's later tasks, under the
+    audit's id: a later audit starts afresh from the state its driver sends."""
     import torch
 
     torch.set_num_threads(torch_threads)  # the driver's: how torch splits a reduction must not differ
@@ -66,7 +63,7 @@ class DaskWindowExecutor:
     def file_digests(self, paths: list[Path]) -> list[str]:
         """sha256 of each file, computed on the workers (in order)."""
         started = time.perf_counter()
-        futures = self.client.map(file_sha256, [Path(p) for p in paths], pure=False,
+        futures = self.client.map(file_sha256, [Path(p).resolve() for p in paths], pure=False,
                                   key=[f"dpledger-audit-sha256-{uuid.uuid4().hex[:8]}-{i}" for i in range(len(paths))])
         try:
             return [result_of(future, f"hashing {path}") for future, path in zip(futures, paths)]
@@ -86,7 +83,8 @@ class DaskWindowExecutor:
     def map_windows(self, trace: LoadedTrace, compute: Callable, args: tuple, desc: str) -> Iterator[tuple[int, object]]:
         import torch
 
-        spec, key = trace.for_workers(), _trace_key(trace)
+        require_single_threaded_workers(self.client)
+        spec, key = trace.for_workers(), trace.audit_id
         tasks = self.tasks_for(trace)
         run, threads = uuid.uuid4().hex[:8], torch.get_num_threads()
         futures = [self.client.submit(_compute_task, spec, key, compute, args, task, threads, pure=False,

@@ -14,6 +14,7 @@ partials in the same order, so its result does not depend on where they were com
 """
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -85,6 +86,9 @@ class LoadedTrace:
     _model_state: str | None = None
     found_model_hashes: list[str] | None = None
     _window_rows: int | None = None
+    audit_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """Names this load of the trace: a worker keeps what it loaded for it (models, memo) under this id,
+    so a later audit of the same directory never reuses state decided for an earlier one."""
     executor: object = None
     """Computes `map_windows` elsewhere (audit.distributed.DaskWindowExecutor); None: in this process."""
     memo: dict = field(default_factory=dict)
@@ -331,16 +335,20 @@ class LoadedTrace:
         the loaded models (a worker loads its own, once) or the executor."""
         from dataclasses import replace
 
-        return replace(self, totals=None, _ensemble=None, executor=None, memo={}, problems=[],
-                       _window_rows=self.window_rows(), _logits_source=self.logits_source)
+        return replace(self, directory=self.directory.resolve(), totals=None, _ensemble=None, executor=None, memo={},
+                       problems=[], _window_rows=self.window_rows(), _logits_source=self.logits_source)
 
     def prepare_worker(self) -> None:
         """On a worker, once: load the run's models where the driver found them (their content
-        hashes are checked again here); TraceError when this worker cannot."""
+        hashes are checked again here); ClusterError when this worker cannot (its environment, not
+        the trace: never a verdict)."""
+        from decoding.cluster import ClusterError
+
         if self._model_state == "available" and self._ensemble is None:
             self._model_state = None
             if self.model_state != "available":
-                raise TraceError(f"a worker cannot load the run's models: {self.model_unavailability()}")
+                raise ClusterError(f"a worker cannot load the run's models: {self.model_unavailability()} (every "
+                                   "worker must see the driver's files at the same paths)")
 
     def payload_logits(self, block: int) -> torch.Tensor:
         """One block's whole logits (N+1, L, V)."""

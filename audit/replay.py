@@ -14,7 +14,7 @@ from accounting.conversion import ConversionMethod, epsilon_from_rdp
 from audit.checks import CheckResult, failed, passed, skipped, verdict
 from audit.loader import LoadedTrace
 from decoding.run import replay_steps
-from decoding.trace import TraceError, json_bytes, loads_json, read_chunk
+from decoding.trace import json_bytes, loads_json, read_chunk
 
 RTOL = 1e-9
 """Relative tolerance for recomputed floats: the same float64 code on the same inputs agrees to
@@ -180,8 +180,10 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
             memo["tokens_stream"] = _data_tokens(trace)
         tokens_stream = memo["tokens_stream"]
         if tokens_stream is None:  # a worker that cannot see the run's text must not skip what the driver checks
-            raise TraceError(f"the run's text {trace.manifest['config']['data'].get('text')} cannot be re-encoded "
-                             "here (every audit process must see the run's files at the same paths)")
+            from decoding.cluster import ClusterError
+
+            raise ClusterError(f"a worker cannot re-encode the run's text {trace.manifest['config']['data'].get('text')}"
+                               " (every worker must see the driver's files at the same paths)")
     block, first = records[0]["block"], records[0]["step"]
     gate = None
     if spent_before is not None:  # the filter's state before this window: the recorded charges so far

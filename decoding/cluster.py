@@ -21,11 +21,13 @@ from typing import Iterator
 from accounting.errors import require
 
 DASK_MISSING = "needs Dask, an optional extra: pip install 'dpledger[dask]'"
+WORKER_WAIT_SECONDS = 60
 
 
 class ClusterError(OSError):
-    """The cluster failed (unreachable scheduler, workers dying on a task again and again): not a
-    property of the run or its trace, so never an audit verdict."""
+    """The cluster failed (unreachable scheduler, no workers, workers dying on a task again and again,
+    a worker that cannot see the run's files): not a property of the run or its trace, so never an
+    audit verdict (the command stops with one line, exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -63,18 +65,31 @@ def require_dask(what: str) -> None:
 
 
 def _check_address(address: str) -> None:
-    """ValueError for an address Dask cannot parse, before a Client is built (a Client built on one
-    waits out its timeout and then fails again in its finaliser)."""
+    """ValueError for an address that is not tcp://host:port (or host:port), before a Client is built
+    (a Client built on a malformed one waits out its timeout, then fails again in its finaliser)."""
     from distributed.comm.addressing import parse_address, parse_host_port
 
     try:
         scheme, location = parse_address(address)
-        if scheme in ("tcp", "tls"):
-            host, port = parse_host_port(location)
-            require(bool(host) and port, "no host")
+        host, port = parse_host_port(location) if scheme == "tcp" else (None, None)
     except (ValueError, TypeError) as error:
         raise ValueError(f"--scheduler must be a Dask scheduler address such as tcp://host:8786, got {address!r} "
                          f"({error})") from None
+    require(scheme == "tcp" and bool(host) and bool(port),
+            f"--scheduler must be a Dask scheduler address such as tcp://host:8786 (tcp, with a host and a port), "
+            f"got {address!r}")
+
+
+def require_single_threaded_workers(client) -> None:
+    """ClusterError unless every worker runs one task at a time: a worker's models, its prepared run
+    and its privacy-filter state are per process (`dask worker ADDRESS --nthreads 1`)."""
+    workers = client.scheduler_info().get("workers", {})
+    threaded = {address: info.get("nthreads") for address, info in workers.items() if info.get("nthreads") != 1}
+    if threaded:
+        address, threads = next(iter(threaded.items()))
+        raise ClusterError(f"{len(threaded)} Dask workers run several tasks at once (e.g. {address}: {threads} threads); "
+                           "dpledger needs one thread per worker process: start them with "
+                           "`dask worker ADDRESS --nthreads 1 --nworkers N`")
 
 
 def _ignore_interrupt_plugin():
@@ -108,6 +123,13 @@ def dask_client(spec: ClusterSpec, progress: bool = True) -> Iterator[object]:
     try:
         if spec.scheduler is not None:
             client = distributed.Client(spec.scheduler, timeout="10s", set_as_default=False)
+            try:
+                client.wait_for_workers(1, timeout=WORKER_WAIT_SECONDS)
+            except (TimeoutError, OSError):
+                client.close()
+                raise ClusterError(f"the Dask scheduler at {spec.scheduler} has no workers (waited "
+                                   f"{WORKER_WAIT_SECONDS} s): start some with `dask worker {spec.scheduler} "
+                                   "--nthreads 1`") from None
         else:
             # CRITICAL: a worker's routine shutdown messages (a heartbeat cut by close) are not the user's
             # concern, and a task's error reaches the driver as the task's exception anyway
@@ -124,6 +146,7 @@ def dask_client(spec: ClusterSpec, progress: bool = True) -> Iterator[object]:
                  else f"cannot start a local Dask cluster of {spec.workers} workers")
         raise ClusterError(f"{where}: {' '.join(str(error).split())}") from None
     try:
+        require_single_threaded_workers(client)
         if progress:
             print(f"dask: {spec.describe()}; dashboard {client.dashboard_link}", file=sys.stderr)
         yield client
@@ -138,12 +161,20 @@ def worker_count(client) -> int:
 
 
 def result_of(future, what: str):
-    """The future's result; a task that kept killing its workers is a ClusterError (a task whose
-    worker died once is simply computed again elsewhere, by Dask)."""
+    """The future's result. A task whose worker died once is simply computed again elsewhere, by Dask;
+    a task that kept killing its workers, a cancelled one (the scheduler lost) or a lost connection
+    is a ClusterError."""
+    import asyncio
+    import concurrent.futures
+
     import distributed
+    from distributed.comm.core import CommClosedError
 
     try:
         return future.result()
     except distributed.KilledWorker as error:
         raise ClusterError(f"{what}: the workers running it died repeatedly ({error}); nothing was committed for it") \
             from None
+    except (asyncio.CancelledError, concurrent.futures.CancelledError, CommClosedError, TimeoutError) as error:
+        raise ClusterError(f"{what}: the Dask cluster stopped answering ({type(error).__name__}: "
+                           f"{' '.join(str(error).split())}); nothing was committed for it") from None

@@ -17,11 +17,14 @@ the step index alone (BudgetGate.restore_data_independent).
 """
 from __future__ import annotations
 
+import uuid
 from collections import deque
+from dataclasses import replace
+from pathlib import Path
 from typing import Iterator
 
 from decoding import trace
-from decoding.cluster import result_of, worker_count
+from decoding.cluster import ClusterError, require_single_threaded_workers, result_of, worker_count
 from decoding.config import RunConfig
 
 IN_FLIGHT_PER_WORKER = 2
@@ -40,30 +43,47 @@ def sequential_reason(config: RunConfig) -> str | None:
     return None
 
 
-def _worker_run(config: RunConfig, model_hashes: list[str]):
-    """This worker's prepared run (models loaded once per worker process and run)."""
+def config_for_workers(config: RunConfig) -> RunConfig:
+    """The config with its local paths made absolute: a worker may run in another directory."""
+    def absolute(path: str | None) -> str | None:
+        return str(Path(path).resolve()) if path is not None and Path(path).exists() else path
+
+    models = replace(config.models, public=absolute(config.models.public), tokenizer=absolute(config.models.tokenizer),
+                     teacher_paths=tuple(absolute(p) for p in config.models.teacher_paths),
+                     icl_examples=absolute(config.models.icl_examples))
+    return replace(config, out=str(Path(config.out).resolve()), models=models,
+                   data=replace(config.data, text=absolute(config.data.text)))
+
+
+def _worker_run(config: RunConfig, model_hashes: list[str], data_sha256: str):
+    """This worker's prepared run: models loaded once per worker process and run. The key holds what
+    the driver loaded (model hashes, the data's sha256), so changed files are never served stale."""
     from decoding.run import prepare
 
-    key = f"{config.out}|{config.fingerprint()}"
+    key = f"{config.out}|{config.fingerprint()}|{','.join(model_hashes)}|{data_sha256}"
     prepared = _WORKER_RUNS.get(key)
     if prepared is None:
+        _WORKER_RUNS.clear()  # one run at a time per worker
         prepared = prepare(config, verbose=False)
         found = [identity.content_hash for identity in prepared.ensemble.identities]
         if found != model_hashes:
-            raise trace.TraceError("a worker loaded models with other content hashes than the run's manifest records "
-                                   "(every worker must see the same model files at the same paths)")
-        _WORKER_RUNS.clear()  # one run at a time per worker
+            raise ClusterError("a worker loaded models with other content hashes than the driver (every worker must "
+                               "see the same model files at the same paths)")
+        if prepared.data_identity["sha256"] != data_sha256:
+            raise ClusterError("a worker read other data than the driver (every worker must see the same data.text "
+                               "at the same path)")
         _WORKER_RUNS[key] = prepared
     return prepared
 
 
-def decode_block_task(config: RunConfig, model_hashes: list[str], block: int, torch_threads: int) -> list[dict]:
+def decode_block_task(config: RunConfig, model_hashes: list[str], data_sha256: str, block: int,
+                      torch_threads: int) -> list[dict]:
     """On a worker: one block decoded, its payload written, its records (not yet chained) returned."""
     import torch
 
     from decoding.run import block_records
 
-    prepared = _worker_run(config, model_hashes)  # prepare() sets its own thread count: override it after
+    prepared = _worker_run(config, model_hashes, data_sha256)  # prepare() sets its own thread count: override it after
     torch.set_num_threads(torch_threads)  # the driver's: how torch splits a reduction must not differ
     if prepared.budget is not None:
         prepared.budget.restore_data_independent(block * prepared.block_size)
@@ -75,17 +95,19 @@ def distributed_blocks(prepared, client, first_block: int, progress: bool) -> It
     result's payload file is checked against the sha256 its records carry before it is yielded."""
     import torch
 
-    config = prepared.config
+    require_single_threaded_workers(client)
+    config, worker_config = prepared.config, config_for_workers(prepared.config)
     hashes = [identity.content_hash for identity in prepared.ensemble.identities]
+    data_sha256 = prepared.data_identity["sha256"]
     in_flight = IN_FLIGHT_PER_WORKER * worker_count(client)
-    threads = torch.get_num_threads()
+    threads, run = torch.get_num_threads(), uuid.uuid4().hex[:8]
     pending: deque = deque()
     next_block = first_block
     try:
         while pending or next_block < prepared.n_blocks:
             while next_block < prepared.n_blocks and len(pending) < in_flight:
-                future = client.submit(decode_block_task, config, hashes, next_block, threads, pure=False,
-                                       key=f"dpledger-decode-{config.fingerprint()[:12]}-block-{next_block}")
+                future = client.submit(decode_block_task, worker_config, hashes, data_sha256, next_block, threads,
+                                       pure=False, key=f"dpledger-decode-{run}-block-{next_block}")
                 pending.append((next_block, future))
                 next_block += 1
             block, future = pending.popleft()

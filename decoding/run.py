@@ -603,6 +603,13 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
 
     With a Dask `client`, a teacher-forced run's blocks are decoded on its workers and committed here
     in block order (decoding.distributed): the trace is the one this process would write."""
+    if client is not None:
+        from decoding.distributed import sequential_reason
+
+        reason = sequential_reason(config)
+        if reason is not None:
+            warnings.warn(f"{reason}: decoding in this process, not on the Dask workers")
+            client = None
     prepared = prepared or prepare(config, verbose=verbose)
     out = Path(config.out)
     try:

@@ -137,6 +137,32 @@ def test_distributed_resume_continues_a_single_process_run(micro_models, tmp_pat
     assert_same_run(reference, out)
 
 
+def test_a_later_audit_on_the_same_cluster_uses_no_state_of_an_earlier_one(micro_models, tmp_path, client):
+    run = run_decode(config_from_dict(config_for(micro_models, tmp_path / "run", "pmixed", queries=48)),
+                     progress=False, verbose=False).directory
+    executor = DaskWindowExecutor(client, progress=False)
+    assert audit_run(run, write=False, executor=executor, **AUDIT).verdict == "PASS"
+    trace.replay_path(run, 1).unlink()  # now the logits come from the models, not the payload
+    local = audit_run(run, write=False, **AUDIT)
+    assert local.check("replay").evidence["source"] == "models"
+    assert without_time(audit_run(run, write=False, executor=executor, **AUDIT)) == without_time(local)
+
+
+def test_workers_running_several_tasks_at_once_are_refused(micro_models, tmp_path):
+    from distributed import Client, LocalCluster
+
+    from decoding.cluster import ClusterError, require_single_threaded_workers
+
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as threaded:
+        with pytest.raises(ClusterError, match="1 Dask workers run several tasks at once .* --nthreads 1"):
+            require_single_threaded_workers(threaded)
+        config = config_from_dict(config_for(micro_models, tmp_path / "run", "pmixed", queries=32))
+        with pytest.raises(ClusterError, match="several tasks at once"):
+            run_decode(config, progress=False, verbose=False, client=threaded)
+        assert not trace.chunk_path(tmp_path / "run", 0).exists()
+
+
 def test_cli_workers_flags(micro_models, tmp_path):
     from dpledger.cli import main
 
