@@ -46,8 +46,8 @@ def _compute_task(spec: LoadedTrace, key: str, compute: Callable, args: tuple, t
         _WORKER_TRACES.clear()  # one audit at a time per worker: keep one run's models, not every run's
         _WORKER_TRACES[key] = trace = spec
     partials = [compute(trace, records, logits, *args) for records, logits in trace.task_windows(task)]
-    for key in ("model_logits", "model_logits_block"):  # a block's forward pass: not kept past its task
-        trace.memo.pop(key, None)
+    for name in ("model_logits", "model_logits_block"):  # a block's forward pass: not kept past its task
+        trace.memo.pop(name, None)
     return partials
 
 

@@ -44,7 +44,6 @@ DATA_DEPENDENT_FILTER = ("the run's privacy filter was driven by data-dependent 
                          "claims no guarantee to test")
 
 
-
 @dataclass
 class BlockInfo:
     index: int
@@ -300,23 +299,18 @@ class LoadedTrace:
     def window_tasks(self, windows_per_task: int) -> list[WindowTask]:
         """The payload's windows grouped into tasks of at most `windows_per_task` consecutive windows
         of one block, in block and row order."""
-        window = self.window_rows()
-        tasks = []
-        for info in self.blocks_info:
-            starts = list(range(0, info.length, window))
-            for first in range(0, len(starts), windows_per_task):
-                last = min(first + windows_per_task, len(starts))
-                tasks.append(WindowTask(info.index, starts[first], min(starts[last - 1] + window, info.length)))
-        return tasks
+        span = self.window_rows() * windows_per_task
+        return [WindowTask(info.index, start, min(start + span, info.length))
+                for info in self.blocks_info for start in range(0, info.length, span)]
 
     def task_windows(self, task: WindowTask) -> Iterator[tuple[list[dict], torch.Tensor]]:
         """(records, logits) of each window of `task`. The block's chunk is read again here (on a worker,
-        from the shared run directory): its hash chain must still be the one read when the trace was
-        loaded, or TraceError."""
+        from the shared run directory): its bytes must still be the ones read when the trace was loaded
+        (sha256), or TraceError."""
         info = next(i for i in self.blocks_info if i.index == task.block)
         records = trace.read_chunk(self.directory, task.block, expected_sha256=info.chunk_sha256)
-        window = self.window_rows()
-        for block, window_records, logits in self._block_windows(task.block, records, window, task.start, task.stop):
+        for _, window_records, logits in self._block_windows(task.block, records, self.window_rows(), task.start,
+                                                             task.stop):
             yield window_records, logits
 
     def map_windows(self, compute: Callable, *args, desc: str = "") -> Iterator[tuple[int, object]]:

@@ -187,7 +187,9 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     block, first = records[0]["block"], records[0]["step"]
     gate = None
     if spent_before is not None:  # the filter's state before this window: the recorded charges so far
-        gate = trace.budget_gate()
+        if "gate" not in memo:
+            memo["gate"] = trace.budget_gate()
+        gate = memo["gate"]
         gate.filter.spent = spent_before[first]
     outcome, tokens = replay_steps(memo["runner"], logits, trace.manifest["config"]["seed"], first, trace.orders,
                                    trace.manifest["data"]["stream"] == "generate", gate)

@@ -80,18 +80,37 @@ class BudgetGate:
         for charge in charges:
             self.filter.spend(float(charge))
 
-    def restore_data_independent(self, steps: int) -> None:
-        """The state after the run's first `steps` steps when every step is charged the data-independent
-        bound (the default): a worker decoding a later block knows it without the earlier records. The
-        answered steps' charges are summed in step order, as the run spent them; with a constant charge,
-        the first step that does not fit is followed by none that does."""
+    def advance_data_independent(self, steps: int) -> np.ndarray:
+        """Decide the next `steps` steps when every step is charged the data-independent bound (the
+        default), spending as the run does; returns which were refused. With a constant charge, the
+        first step that does not fit is followed by none that does."""
         require(not self.data_dependent, "a data-dependent filter's state depends on the earlier steps' private "
                                          "charges: it can only be restored from their records")
-        self.filter.spent = 0.0
-        for _ in range(steps):
+        refused = np.zeros(steps, dtype=bool)
+        for row in range(steps):
             if not self.filter.fits(self.step_bound):
+                refused[row:] = True
                 break
             self.filter.spend(self.step_bound)
+        return refused
+
+    def restore_data_independent(self, steps: int) -> None:
+        """The state after the run's first `steps` steps (data-independent charges): a worker decoding a
+        later block knows it without the earlier records."""
+        self.filter.spent = 0.0
+        self.advance_data_independent(steps)
+
+    def require_decisions(self, records: list[dict]) -> None:
+        """Advance the filter over a block decoded elsewhere and require that its records made the same
+        decisions and charges (ValueError naming the first step that differs): the process that commits
+        a run never commits an answer its own filter would have refused."""
+        refused = self.advance_data_independent(len(records))
+        for record, expected in zip(records, refused):
+            charge = 0.0 if expected else self.step_bound
+            if record["budget_refused"] != bool(expected) or record["budget_charge"] != charge:
+                raise ValueError(f"step {record['step']}: the privacy filter's decision from a worker (refused "
+                                 f"{record['budget_refused']}, charge {record['budget_charge']!r}) differs from the "
+                                 f"committing process's (refused {bool(expected)}, charge {charge!r})")
 
     def charges(self, charged: dict[str, np.ndarray]) -> np.ndarray:
         """Each step's charge in the filter: the step bound, or (data-dependent) its actual total."""

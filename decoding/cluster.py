@@ -123,13 +123,6 @@ def dask_client(spec: ClusterSpec, progress: bool = True) -> Iterator[object]:
     try:
         if spec.scheduler is not None:
             client = distributed.Client(spec.scheduler, timeout="10s", set_as_default=False)
-            try:
-                client.wait_for_workers(1, timeout=WORKER_WAIT_SECONDS)
-            except (TimeoutError, OSError):
-                client.close()
-                raise ClusterError(f"the Dask scheduler at {spec.scheduler} has no workers (waited "
-                                   f"{WORKER_WAIT_SECONDS} s): start some with `dask worker {spec.scheduler} "
-                                   "--nthreads 1`") from None
         else:
             # CRITICAL: a worker's routine shutdown messages (a heartbeat cut by close) are not the user's
             # concern, and a task's error reaches the driver as the task's exception anyway
@@ -146,6 +139,13 @@ def dask_client(spec: ClusterSpec, progress: bool = True) -> Iterator[object]:
                  else f"cannot start a local Dask cluster of {spec.workers} workers")
         raise ClusterError(f"{where}: {' '.join(str(error).split())}") from None
     try:
+        if spec.scheduler is not None:
+            try:
+                client.wait_for_workers(1, timeout=WORKER_WAIT_SECONDS)
+            except (TimeoutError, OSError):
+                raise ClusterError(f"the Dask scheduler at {spec.scheduler} has no workers (waited "
+                                   f"{WORKER_WAIT_SECONDS} s): start some with `dask worker {spec.scheduler} "
+                                   "--nthreads 1`") from None
         require_single_threaded_workers(client)
         if progress:
             print(f"dask: {spec.describe()}; dashboard {client.dashboard_link}", file=sys.stderr)

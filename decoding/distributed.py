@@ -113,6 +113,8 @@ def distributed_blocks(prepared, client, first_block: int, progress: bool) -> It
             block, future = pending.popleft()
             records = result_of(future, f"decoding block {block}")
             future.release()
+            if prepared.budget is not None:  # the driver's filter, restored from the committed steps, decides too
+                prepared.budget.require_decisions(records)
             if config.replay_payload:
                 path = trace.replay_path(config.out, block)
                 if not path.is_file() or trace.file_sha256(path) != records[0]["payload_sha256"]:

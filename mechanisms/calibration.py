@@ -248,11 +248,13 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
         # the PLD is discretised on a grid of privacy losses: a tiny composed noise spans so many points that
         # dp-accounting runs for minutes; refuse what the RDP answer already shows to be out of the grid's range
         composed_z = effective_gaussian_noise_multiplier(composed_event(factory(start), queries))
-        require(epsilon <= PLD_EPSILON_LIMIT and (composed_z is None or composed_z >= PLD_NOISE_LIMIT),
+        require(epsilon <= PLD_EPSILON_LIMIT, f"epsilon = {epsilon:g} is above the PLD accountant's limit "
+                f"{PLD_EPSILON_LIMIT:g} (its loss grid, interval {value_discretization_interval:g}, would be too large); "
+                "use the RDP accountant")
+        require(composed_z is None or composed_z >= PLD_NOISE_LIMIT,
                 f"epsilon = {epsilon:g} at delta = {delta:g} needs a composed noise multiplier of about "
-                f"{composed_z if composed_z is not None else float('nan'):.3g}: too little noise for the PLD "
-                f"accountant's grid (interval {value_discretization_interval:g}; limits epsilon <= "
-                f"{PLD_EPSILON_LIMIT:g}, noise >= {PLD_NOISE_LIMIT:g}); use the RDP accountant")
+                f"{composed_z:.3g}: too little noise for the PLD accountant's grid (interval "
+                f"{value_discretization_interval:g}; limit noise >= {PLD_NOISE_LIMIT:g}); use the RDP accountant")
         # the parameter at which the composed noise reaches the grid's limit (the noise scales with the parameter)
         lowest = start * PLD_NOISE_LIMIT / composed_z if composed_z is not None else 1e-300
         require(composed_z is None or pld_forward(lowest) > epsilon,

@@ -324,3 +324,23 @@ def test_a_nan_step_bound_is_refused_not_skipped():
     bound[3] = np.nan
     with pytest.raises(ValueError, match="step_bound must be >= 0 at every order"):
         RenyiFilter.plan(1.0, 1e-5, bound, orders)
+
+
+def test_a_worker_s_filter_decisions_are_checked_by_the_committing_process():
+    """decoding.distributed: the driver advances its own filter over each block a worker decoded and
+    refuses records whose decisions or charges differ."""
+    from decoding.budget import BudgetGate
+
+    orders = np.asarray(default_orders(6.0))
+    gate = BudgetGate.plan({"epsilon": 2.0, "delta": 1e-5}, PMixED(6.0, 0.002, 3).rdp_values(orders), orders)
+    affordable = gate.manifest_entry()["affordable_steps"]
+    honest = [{"step": t, "budget_refused": t >= affordable, "budget_charge": 0.0 if t >= affordable else gate.step_bound}
+              for t in range(affordable + 5)]
+    gate.require_decisions(honest)  # the same decisions: accepted
+    for forged in ({"budget_refused": False, "budget_charge": gate.step_bound},  # an answer past the budget
+                   {"budget_refused": True, "budget_charge": 0.0}):          # a refusal within it
+        step = affordable if not forged["budget_refused"] else 0
+        records = [dict(r, **forged) if r["step"] == step else r for r in honest]
+        gate.restore_data_independent(0)
+        with pytest.raises(ValueError, match=f"step {step}: the privacy filter's decision from a worker"):
+            gate.require_decisions(records)

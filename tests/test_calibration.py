@@ -190,3 +190,14 @@ def test_the_printed_noise_still_accounts_to_at_most_the_target(capsys, epsilon,
     assert main(["calibrate", "gaussian", "--epsilon", str(epsilon), "--delta", "1e-5", "--queries", str(queries)]) == 0
     printed = float(capsys.readouterr().out.split("noise_multiplier = ")[1].split()[0])
     assert epsilon_from_rdp(GaussianMechanism(printed).rdp_curve().composed(queries), 1e-5).epsilon <= epsilon
+
+
+@pytest.mark.parametrize("epsilon, message", [(500.0, "epsilon = 500 is above the PLD accountant's limit 100"),
+                                              (60.0, "needs a composed noise multiplier of about")])
+def test_pld_calibration_refuses_targets_beyond_its_grid_in_one_line(epsilon, message):
+    from mechanisms.calibration import calibrate_noise
+    from mechanisms.gaussian import GaussianMechanism
+
+    with pytest.raises(ValueError, match=message):
+        calibrate_noise(lambda sigma: GaussianMechanism(sigma), epsilon, 1e-5, 1, mechanism_name="gaussian",
+                        parameter="noise", accountant="pld")

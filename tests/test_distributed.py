@@ -26,7 +26,7 @@ from decoding.cluster import ClusterSpec, dask_client  # noqa: E402
 DEMO_MECHANISMS = {
     "pmixed": ({"type": "pmixed", **PAPER_PMIXED}, None),
     "adapmixed": ({"type": "adapmixed", **PAPER_ADAPMIXED}, None),
-    "pmixed-with-a-budget": ({"type": "pmixed", **PAPER_PMIXED}, {"epsilon": 2.0, "delta": DEMO_BUDGET.delta}),
+    "pmixed-with-a-budget": ({"type": "pmixed", **PAPER_PMIXED}, {"epsilon": 6.0, "delta": DEMO_BUDGET.delta}),
     "hot-pate-dpargmax": ({"type": "voting", "votes": "coordinated", "aggregator": "dpargmax", "threshold": 2.0,
                            "sigma": 1.0, "sigma_threshold": 1.0}, None),
 }
@@ -80,6 +80,9 @@ def test_distributed_audit_and_decode_equal_one_process(micro_models, tmp_path, 
     spread = run_decode(config_from_dict(config_for(micro_models, tmp_path / "spread", name)), progress=False,
                         verbose=False, client=client).directory
     assert_same_run(single, spread)
+    if DEMO_MECHANISMS[name][1] is not None:  # the workers' restored filters answered and refused across blocks
+        budget = trace.read_ledger(spread)["budget"]
+        assert 16 < budget["first_refused_step"] < 48 and budget["refused_steps"] > 0, budget  # inside block 2
     # windows of 5 steps in blocks of 16: tasks that start and end inside blocks, and a filter state per window
     monkeypatch.setattr("audit.loader.LoadedTrace.window_rows", lambda self: 5)
     local = audit_run(single, write=False, **AUDIT)
