@@ -18,6 +18,8 @@ from accounting.curve import RdpCurve, require_curve
 from accounting.errors import require, require_bool, require_in_open, require_positive
 from accounting.orders import DEFAULT_ORDERS
 from accounting.relation import NeighbouringRelation
+from accounting.rounding import ROUNDING_ULPS
+from accounting.summation import ExactSum
 
 
 class RdpBudget:
@@ -57,8 +59,9 @@ class RdpBudget:
 
 
 FILTER_MARGIN = 1e-9
-"""Relative margin kept below the RDP budget, so that the ledger's own float summation of the same
-charges (in another order) can never convert to more than the target epsilon."""
+"""Relative margin kept below the RDP budget: it covers the rounding of the budget's own conversion
+term and of the ledger's epsilon (rounded up by a few ulps), so that a filter spent to its budget
+never converts to more than the target epsilon."""
 
 
 class RenyiFilter:
@@ -71,11 +74,13 @@ class RenyiFilter:
     et al. 2023).
 
     A step is answered privately only when `fits(charge)`; then `spend(charge)`. Refused steps are
-    answered by the public model and cost nothing. The state is the running sum, so a run restored
-    from its records (summing their charges in step order) continues bit for bit.
+    answered by the public model and cost nothing. The state is the exact (rational) sum of the
+    charges spent (accounting.summation.ExactSum): a float sum would lose charges smaller than half
+    an ulp of the total and let the filter answer after the exact sum passed its budget. A run
+    restored from its records (`restore`) continues exactly.
     """
 
-    def __init__(self, epsilon: float, delta: float, order: float, spent: float = 0.0):
+    def __init__(self, epsilon: float, delta: float, order: float, spent=()):
         self.epsilon = require_positive("budget epsilon", epsilon)
         self.delta = require_in_open("budget delta", delta, 0.0, 1.0)
         require(math.isfinite(order) and order > 1, f"budget order must be finite and > 1, got {order!r}")
@@ -84,7 +89,8 @@ class RenyiFilter:
         self.rdp_budget = (self.epsilon - term) * (1.0 - FILTER_MARGIN)
         require(self.rdp_budget > 0, f"budget epsilon = {self.epsilon:g} at delta = {self.delta:g} leaves no RDP "
                                      f"budget at order {self.order:g} (the conversion alone costs {term:.4g})")
-        self.spent = float(spent)
+        self._spent = ExactSum()
+        self.restore(spent)
 
     @classmethod
     def plan(cls, epsilon: float, delta: float, step_bound: np.ndarray, orders, order: float | None = None
@@ -109,20 +115,71 @@ class RenyiFilter:
             order = float(orders[int(np.argmax(affordable))])
         return cls(epsilon, delta, order)
 
+    @property
+    def spent(self) -> float:
+        """The charges spent so far, rounded up (their exact sum is kept)."""
+        return self._spent.upper()
+
+    @property
+    def state(self) -> ExactSum:
+        """A copy of the exact running sum (what `set_state` takes back)."""
+        return self._spent.copy()
+
+    def set_state(self, state: ExactSum) -> None:
+        require(isinstance(state, ExactSum), f"a filter state must be an ExactSum, got {type(state).__name__}")
+        self._spent = state.copy()
+
+    def restore(self, charges) -> None:
+        """Start again from nothing and spend `charges` in order (each must fit)."""
+        self._spent = ExactSum()
+        for charge in charges:
+            self.spend(charge)
+
     def fits(self, charge: float) -> bool:
-        """Whether a step charging `charge` at the filter's order keeps the budget (NaN never fits)."""
-        return bool(self.spent + charge <= self.rdp_budget)
+        """Whether a step charging `charge` at the filter's order keeps the exact running sum within the
+        budget (NaN never fits; +inf fits nothing)."""
+        charge = float(charge)
+        if not charge >= 0:  # NaN or negative: never a charge the filter accepts
+            return False
+        return self._spent.at_most(self.rdp_budget, plus=charge)
 
     def spend(self, charge: float) -> None:
-        if not self.fits(charge):  # not require(): its message would be formatted on every step
+        """Spend `charge`; ValueError (and nothing spent) when it does not fit."""
+        if not self.spend_if_fits(charge):  # not require(): its message would be formatted on every step
             raise ValueError(f"a charge of {charge:.6g} at order {self.order:g} does not fit the remaining budget "
                              f"{self.rdp_budget - self.spent:.6g}")
-        self.spent += float(charge)
+
+    def spend_if_fits(self, charge: float) -> bool:
+        """Spend `charge` if it fits (as `fits` decides); whether it was spent."""
+        return charge >= 0 and self._spent.add_if_at_most(charge, self.rdp_budget)
+
+    def affordable_repeats(self, charge: float) -> int | float:
+        """How many more steps each charging `charge` fit, exactly (+inf for a zero charge): the largest
+        k with spent + k * charge <= rdp_budget in exact arithmetic."""
+        charge = float(charge)
+        require(charge >= 0, f"a charge must be >= 0, got {charge!r}")
+        if not self._spent.at_most(self.rdp_budget):
+            return 0
+        if charge == 0.0:
+            return math.inf
+        if charge == math.inf:
+            return 0
+        room = ExactSum([self.rdp_budget]).exact() - self._spent.exact()
+        return int(room // ExactSum([charge]).exact())
+
+    def spend_repeated(self, charge: float, times: int) -> None:
+        """Spend `charge` `times` times (each must fit: ValueError otherwise, nothing spent)."""
+        require(times <= self.affordable_repeats(charge), f"{times} charges of {charge:.6g} do not fit the remaining "
+                                                          f"budget {self.rdp_budget - self.spent:.6g}")
+        self._spent.add_repeated(float(charge), int(times))
 
     def epsilon_spent(self) -> float:
         """The (epsilon, delta) the spent charges convert to at the filter's order (<= epsilon)."""
+        if not self.spent > 0:
+            return 0.0
         term = float(conversion_terms(np.asarray([self.order]), self.delta, ConversionMethod.IMPROVED)[0])
-        return max(0.0, self.spent + term) if self.spent > 0 else 0.0
+        # rounded up like accounting.conversion.epsilon_from_rdp: by a bound on the error of spent + term
+        return max(0.0, self.spent + term + ROUNDING_ULPS * (self.spent + abs(term) + 1.0))
 
     def to_dict(self) -> dict:
         return {"epsilon": self.epsilon, "delta": self.delta, "order": self.order, "rdp_budget": self.rdp_budget,

@@ -3,7 +3,8 @@
 A curve is a vector of RDP values over a sorted order grid, each value kept with its own order.
 +inf is legal and means "no guarantee at this order". Composition adds curves order by order
 (Mironov 2017, Proposition 1); the result is data-dependent when any part is, and covers only the
-divergence directions and the neighbouring pairs that every part covers.
+divergence directions and the neighbouring pairs that every part covers. Every composed value is
+rounded upwards, never below the exact sum (accounting.summation).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 from accounting.errors import require, require_bool, require_int_at_least
 from accounting.orders import DEFAULT_ORDERS, canonical_orders, paired_orders
 from accounting.relation import DivergenceDirection, NeighbouringRelation
+from accounting.summation import up_add, up_multiply, upper_sum
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,14 +89,14 @@ class RdpCurve:
         """Adaptive composition: RDP adds order by order (Mironov 2017, Proposition 1). The sum holds
         for the neighbours both curves cover (NeighbouringRelation.composed_with)."""
         self._check_compatible(other)
-        return RdpCurve(self.orders, self.values + other.values, self.relation.composed_with(other.relation),
+        return RdpCurve(self.orders, up_add(self.values, other.values), self.relation.composed_with(other.relation),
                         self.data_dependent or other.data_dependent, self.direction.composed_with(other.direction))
 
     def composed(self, times: int) -> "RdpCurve":
-        """k-fold composition of this curve with itself: k * epsilon(order)."""
+        """k-fold composition of this curve with itself: k * epsilon(order), rounded upwards."""
         times = require_int_at_least("times", times, 0)
         with np.errstate(invalid="ignore"):
-            values = np.where(np.isinf(self.values) & (times == 0), 0.0, self.values * times)
+            values = np.where(np.isinf(self.values) & (times == 0), 0.0, up_multiply(self.values, times))
         return RdpCurve(self.orders, values, self.relation, self.data_dependent, self.direction)
 
     def __repr__(self) -> str:
@@ -173,8 +175,6 @@ def compose_curves(curves: Iterable[RdpCurve]) -> RdpCurve:
     relation, direction = first.relation, first.direction
     for curve in {(c.relation, c.direction) for c in curves[1:]}:   # folding distinct pairs is enough
         relation, direction = relation.composed_with(curve[0]), direction.composed_with(curve[1])
-    # one sum over the stacked values (Mironov 2017, Proposition 1), in chunks to bound memory
-    total = np.zeros(len(first.orders))
-    for start in range(0, len(curves), 4096):
-        total += np.sum([c.values for c in curves[start:start + 4096]], axis=0)
+    # one sum over the stacked values (Mironov 2017, Proposition 1), rounded upwards
+    total = upper_sum(np.stack([c.values for c in curves]))
     return RdpCurve(first.orders, total, relation, any(c.data_dependent for c in curves), direction)

@@ -18,6 +18,7 @@ from accounting.curve import RdpCurve
 from accounting.errors import require, require_bool, require_int_at_least
 from accounting.orders import DEFAULT_ORDERS, paired_orders
 from accounting.relation import DivergenceDirection, NeighbouringRelation
+from accounting.summation import UpperSum
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class Breakdown:
 class PrivacyLedger:
     """Running composition of named RDP components over steps.
 
+    Each component's running total is an accounting.summation.UpperSum: never below the exact sum
+    of its charges (a float sum rounds to nearest and can lose small charges after large ones).
+
     Each component keeps the neighbouring relation its charges hold for; `relation` is the one
     assumed for `charge_many` entries that name none. The total holds for the neighbours every
     component covers (NeighbouringRelation.composed_with): one remove-one component makes the
@@ -78,24 +82,26 @@ class PrivacyLedger:
         self.orders, self._permutation = paired_orders(orders)
         require(isinstance(relation, NeighbouringRelation), f"relation must be a NeighbouringRelation, got {relation!r}")
         self.relation = relation
-        self._totals: dict[str, np.ndarray] = {}
+        self._totals: dict[str, UpperSum] = {}
         self._data_dependent: dict[str, bool] = {}
         self._direction: dict[str, DivergenceDirection] = {}
         self._relation: dict[str, NeighbouringRelation] = {}
         self.steps = 0
 
-    def _add(self, name: str, values: np.ndarray, data_dependent: bool,
+    def _add(self, name: str, rows: np.ndarray, data_dependent: bool,
              direction: DivergenceDirection = DivergenceDirection.BOTH,
              relation: NeighbouringRelation | None = None) -> None:
+        """Add `rows` (one row of values per order, or (steps, orders)) to component `name`."""
         relation = self.relation if relation is None else relation
         if name in self._totals:
-            self._totals[name] = self._totals[name] + values
+            self._totals[name].add_rows(rows)
             self._data_dependent[name] = self._data_dependent[name] or data_dependent
             self._direction[name] = self._direction[name].composed_with(direction)
             # the same name charged under another relation holds for the common neighbours only
             relation = self._relation[name].composed_with(relation)
         else:
-            self._totals[name] = np.array(values, dtype=np.float64)
+            self._totals[name] = UpperSum(len(self.orders))
+            self._totals[name].add_rows(rows)
             self._data_dependent[name] = data_dependent
             self._direction[name] = direction
         self._relation[name] = relation
@@ -153,13 +159,13 @@ class PrivacyLedger:
         relations = {name: self.relation if len(entry) == 2 else entry[2] for name, entry in components.items()}
         self.total_relation_with(*relations.values())
         for name, entry in components.items():
-            self._add(name, np.asarray(entry[0], dtype=np.float64)[:, self._permutation].sum(axis=0), bool(entry[1]),
+            self._add(name, np.asarray(entry[0], dtype=np.float64)[:, self._permutation], bool(entry[1]),
                       relation=relations[name])
         self.steps += steps
 
     def component_curve(self, name: str) -> RdpCurve:
         require(name in self._totals, f"no component named {name!r}; have {list(self._totals)}")
-        return RdpCurve(self.orders, self._totals[name], self._relation[name], self._data_dependent[name],
+        return RdpCurve(self.orders, self._totals[name].upper(), self._relation[name], self._data_dependent[name],
                         self._direction[name])
 
     def total_curve(self) -> RdpCurve:

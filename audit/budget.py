@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 
+from accounting.summation import ExactSum
 from audit.checks import CheckResult, skipped, verdict
 from audit.loader import LoadedTrace
 
@@ -24,7 +25,7 @@ def check_budget_filter(trace: LoadedTrace) -> CheckResult:
     problems = [f"manifest budget.{key} is {recorded.get(key)!r}, its config gives {value!r}"
                 for key, value in planned.items() if recorded.get(key) != value]
     k, bound, budget = gate.order_index, gate.step_bound, gate.filter.rdp_budget
-    spent, answered, refused, first_refused = 0.0, 0, 0, None
+    spent, answered, refused, first_refused = ExactSum(), 0, 0, None  # exact, as the filter keeps it
     for record in trace.iter_records():
         where = f"step {record['step']}"
         # what the filter's bound must cover: the charges, a data-dependent one by its step's data-independent
@@ -40,9 +41,9 @@ def check_budget_filter(trace: LoadedTrace) -> CheckResult:
             if record["answered_by"] != "public" or record["budget_charge"] != 0.0 or np.any(
                     [np.any(np.asarray(record[f"rdp_{name}"]) != 0) for name in trace.components]):
                 problems.append(f"{where}: refused by the filter but not answered publicly at no charge")
-            if not gate.data_dependent and spent + bound <= budget:
+            if not gate.data_dependent and spent.at_most(budget, plus=bound):
                 problems.append(f"{where}: refused although the step bound {bound:.6g} still fitted "
-                                f"({spent:.6g} of {budget:.6g} spent)")
+                                f"({spent.upper():.6g} of {budget:.6g} spent)")
             continue
         answered += 1
         expected = actual if gate.data_dependent else bound
@@ -51,9 +52,10 @@ def check_budget_filter(trace: LoadedTrace) -> CheckResult:
         if not actual <= record["budget_charge"] * (1 + 1e-12):
             problems.append(f"{where}: charged {actual:.6g} at order {gate.filter.order:g}, more than the filter's "
                             f"{record['budget_charge']:.6g}")
-        spent += record["budget_charge"]
-        if not spent <= budget:
-            problems.append(f"{where}: the filter's running sum {spent:.6g} exceeds its budget {budget:.6g}")
+        spent.add(record["budget_charge"])
+        if not spent.at_most(budget):
+            problems.append(f"{where}: the filter's exact running sum (at least {spent.upper():.17g}) exceeds its "
+                            f"budget {budget:.17g}")
         if len(problems) > 50:
             break
     mode = ("data-dependent charges (leaks: Redberg et al. 2023)" if gate.data_dependent
@@ -61,11 +63,11 @@ def check_budget_filter(trace: LoadedTrace) -> CheckResult:
     return verdict("budget_filter", not problems,
                    f"filter at order {gate.filter.order:g} with RDP budget {budget:.6g} (epsilon "
                    f"{gate.filter.epsilon:g}, delta {gate.filter.delta:g}), charged {mode}: {answered} steps answered "
-                   f"privately, spending {spent:.6g}; {refused} answered publicly"
+                   f"privately, spending {spent.upper():.6g} (exact sum, rounded up); {refused} answered publicly"
                    + (f" from query {first_refused + 1} (step {first_refused})" if first_refused is not None else "")
                    + ("; every answered step's charge and the running sum follow the rule (the charges refused steps "
                       "would have had are not recorded: the replay re-derives those decisions)" if gate.data_dependent
                       else "; every decision follows the rule"),
                    f"{len(problems)} filter problems, first: " + "; ".join(problems[:5]),
-                   problems=problems[:50], answered=answered, refused=refused, spent=spent, rdp_budget=budget,
+                   problems=problems[:50], answered=answered, refused=refused, spent=spent.upper(), rdp_budget=budget,
                    order=gate.filter.order)

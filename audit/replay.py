@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from accounting.conversion import ConversionMethod, epsilon_from_rdp
+from accounting.summation import ExactSum
 from audit.checks import CheckResult, failed, passed, skipped, verdict
 from audit.loader import LoadedTrace
 from decoding.run import replay_steps
@@ -156,20 +157,20 @@ def _data_tokens(trace: LoadedTrace) -> np.ndarray | None:
     return encode_documents(AutoTokenizer.from_pretrained(tokenizer), text)
 
 
-def _budget_spent_before_windows(trace: LoadedTrace) -> dict[int, float]:
+def _budget_spent_before_windows(trace: LoadedTrace) -> dict[int, ExactSum]:
     """The privacy filter's state before each payload window (keyed by the window's first step): the
-    recorded charges of every earlier step, summed in step order as the run summed them."""
-    window, spent, before = trace.window_rows(), 0.0, {}
+    exact sum of the recorded charges of every earlier step, as the run kept it."""
+    window, spent, before = trace.window_rows(), ExactSum(), {}
     for _, records in trace.iter_blocks():
         for start in range(0, len(records), window):
-            before[records[start]["step"]] = spent
+            before[records[start]["step"]] = spent.copy()
             for record in records[start:start + window]:
-                spent += record["budget_charge"]
+                spent.add(record["budget_charge"])
     return before
 
 
 def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, cross_check: bool,
-                   check_tokens: bool, spent_before: dict[int, float] | None) -> dict:
+                   check_tokens: bool, spent_before: dict[int, ExactSum] | None) -> dict:
     """One window replayed: its mismatches (in step order) and the largest deviations seen."""
     memo = trace.memo
     if "runner" not in memo:
@@ -190,7 +191,7 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
         if "gate" not in memo:
             memo["gate"] = trace.budget_gate()
         gate = memo["gate"]
-        gate.filter.spent = spent_before[first]
+        gate.filter.set_state(spent_before[first])
     outcome, tokens = replay_steps(memo["runner"], logits, trace.manifest["config"]["seed"], first, trace.orders,
                                    trace.manifest["data"]["stream"] == "generate", gate)
     output = outcome.output.numpy()

@@ -75,10 +75,8 @@ class BudgetGate:
                 **({"label": DATA_DEPENDENT_LABEL} if self.data_dependent else {})}
 
     def restore(self, charges) -> None:
-        """Continue from committed records: their `budget_charge`, summed in step order."""
-        self.filter.spent = 0.0
-        for charge in charges:
-            self.filter.spend(float(charge))
+        """Continue from committed records: their `budget_charge`, summed exactly."""
+        self.filter.restore(charges)
 
     def advance_data_independent(self, steps: int) -> np.ndarray:
         """Decide the next `steps` steps when every step is charged the data-independent bound (the
@@ -86,18 +84,16 @@ class BudgetGate:
         first step that does not fit is followed by none that does."""
         require(not self.data_dependent, "a data-dependent filter's state depends on the earlier steps' private "
                                          "charges: it can only be restored from their records")
+        answered = min(steps, self.filter.affordable_repeats(self.step_bound))
+        self.filter.spend_repeated(self.step_bound, answered)
         refused = np.zeros(steps, dtype=bool)
-        for row in range(steps):
-            if not self.filter.fits(self.step_bound):
-                refused[row:] = True
-                break
-            self.filter.spend(self.step_bound)
+        refused[answered:] = True
         return refused
 
     def restore_data_independent(self, steps: int) -> None:
         """The state after the run's first `steps` steps (data-independent charges): a worker decoding a
         later block knows it without the earlier records."""
-        self.filter.spent = 0.0
+        self.filter.restore(())
         self.advance_data_independent(steps)
 
     def require_decisions(self, records: list[dict]) -> None:
@@ -127,8 +123,7 @@ class BudgetGate:
         refused = np.zeros(charges.shape[0], dtype=bool)
         spent = np.zeros(charges.shape[0])
         for row, charge in enumerate(charges):
-            if self.filter.fits(float(charge)):
-                self.filter.spend(float(charge))
+            if self.filter.spend_if_fits(float(charge)):
                 spent[row] = charge
             else:
                 refused[row] = True

@@ -28,6 +28,7 @@ from accounting.errors import require
 from accounting.ledger import PrivacyLedger
 from accounting.orders import default_orders
 from accounting.relation import NeighbouringRelation
+from accounting.summation import ExactSum, UpperSum
 from decoding import trace
 from decoding.budget import DATA_DEPENDENT_LABEL, BudgetGate
 from decoding.cluster import ClusterError
@@ -355,10 +356,10 @@ class RunTotals:
         self.ledger = PrivacyLedger(manifest["orders"], NeighbouringRelation(manifest["relation"]) if self.voting
                                     else NeighbouringRelation.ADD_OR_REMOVE_ONE)
         self.log_prob_sum, self.scored, self.public = 0.0, 0, 0
-        self.observed, self.observed_min = None, None  # (K,) sums over answered steps that record them
+        self.observed, self.observed_min = None, None  # UpperSum over answered steps that record them
         self.released, self.correct, self.below_threshold, self.min_released_votes = 0, 0, 0, None
         self.budget = manifest.get("budget")
-        self.budget_spent, self.budget_refused, self.first_refused_step = 0.0, 0, None
+        self.budget_spent, self.budget_refused, self.first_refused_step = ExactSum(), 0, None
 
     def add(self, records: list[dict]) -> None:
         """Charge one block's records (ValueError for a NaN or negative charge: nothing is added)."""
@@ -375,8 +376,8 @@ class RunTotals:
         if self.voting:
             self._add_votes(records)
         if self.budget is not None:
-            for record in records:  # in step order, as the filter spent them (bit-identical sums)
-                self.budget_spent += record["budget_charge"]
+            for record in records:  # summed exactly, as the filter spent them
+                self.budget_spent.add(record["budget_charge"])
                 if record["budget_refused"]:
                     self.budget_refused += 1
                     if self.first_refused_step is None:
@@ -386,10 +387,11 @@ class RunTotals:
             answered = np.asarray([r["answered_by"] == "mechanism" for r in rows])[:, None]
             observed = np.where(answered, np.asarray([r["observed_data_dependent"] for r in rows], dtype=np.float64), 0.0)
             bound = np.where(answered, np.asarray([r["data_independent"] for r in rows], dtype=np.float64), 0.0)
+            if self.observed is None:
+                self.observed, self.observed_min = UpperSum(observed.shape[1]), UpperSum(observed.shape[1])
+            self.observed.add_rows(observed)
             with np.errstate(invalid="ignore"):
-                block_observed, block_min = observed.sum(axis=0), np.minimum(observed, bound).sum(axis=0)
-            self.observed = block_observed if self.observed is None else self.observed + block_observed
-            self.observed_min = block_min if self.observed_min is None else self.observed_min + block_min
+                self.observed_min.add_rows(np.minimum(observed, bound))
 
     def _add_votes(self, records: list[dict]) -> None:
         """Released steps, the votes each released token had, and the teacher-forced accuracy."""
@@ -490,7 +492,8 @@ class RunTotals:
         from accounting.budget import RenyiFilter
 
         plan = self.budget
-        spent = RenyiFilter(plan["epsilon"], plan["delta"], plan["order"], self.budget_spent)
+        spent = RenyiFilter(plan["epsilon"], plan["delta"], plan["order"])
+        spent.set_state(self.budget_spent)
         if plan["data_dependent"]:
             guarantee = DATA_DEPENDENT_LABEL
         elif math.isfinite(plan["step_bound_at_order"]):
@@ -503,7 +506,7 @@ class RunTotals:
                               "may exceed the budget (its add-one bound is loose): it is not the guarantee")
         else:
             guarantee = "the mechanism has no data-independent bound at any order: the filter answered every step publicly"
-        return {**plan, "spent": self.budget_spent, "epsilon_spent_at_order": spent.epsilon_spent(),
+        return {**plan, "spent": self.budget_spent.upper(), "epsilon_spent_at_order": spent.epsilon_spent(),
                 "private_answers": self.ledger.steps - self.budget_refused, "refused_steps": self.budget_refused,
                 "first_refused_step": self.first_refused_step, "guarantee": guarantee}
 
@@ -546,7 +549,7 @@ class RunTotals:
                         ("min_data_dependent_theorem_3_1_total", self.observed_min,
                          "min(data-dependent, Theorem 3.1) per step: NOT a valid charge, Theorem 3.1 is not guaranteed "
                          "(docs/soundness.md); recorded for comparison only")):
-                    curve = RdpCurve(manifest["orders"], total, relation, True)
+                    curve = RdpCurve(manifest["orders"], total.upper(), relation, True)
                     summary[key] = {**curve.to_dict(), **_conversion_dict(epsilon_from_rdp(curve, deltas[0])),
                                     "note": note}
         return summary

@@ -14,6 +14,7 @@ from accounting.curve import RdpCurve
 from accounting.errors import require, require_int_at_least
 from accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from accounting.relation import NeighbouringRelation
+from accounting.summation import up_multiply, upper_sum
 
 
 def _checked_rdp_values(rdp_values):
@@ -145,7 +146,8 @@ class ComposedMechanism(Mechanism):
         return any(part.data_dependent for part in self.parts)
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        return np.sum([part.rdp_values(orders) for part in self.parts], axis=0)
+        """The parts' values summed order by order, rounded upwards (accounting.summation)."""
+        return upper_sum(np.stack([part.rdp_values(orders) for part in self.parts]))
 
     def dp_event(self):
         """ComposedDpEvent of the parts' events (Mironov 2017, Proposition 1: RDP adds up under
@@ -158,7 +160,7 @@ class ComposedMechanism(Mechanism):
 
 @dataclass(frozen=True)
 class SelfComposedMechanism(Mechanism):
-    """`times`-fold composition of one mechanism: times * epsilon(order)."""
+    """`times`-fold composition of one mechanism: times * epsilon(order), rounded upwards."""
 
     mechanism: Mechanism
     times: int
@@ -178,7 +180,7 @@ class SelfComposedMechanism(Mechanism):
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         if self.times == 0:
             return np.zeros_like(orders)
-        return self.mechanism.rdp_values(orders) * self.times
+        return up_multiply(self.mechanism.rdp_values(orders), self.times)
 
     def dp_event(self):
         """SelfComposedDpEvent(event, times) (Mironov 2017, Proposition 1: times * epsilon(order));
