@@ -49,25 +49,56 @@ def theorem_3_1_epsilon(alpha, beta: float, teachers) -> np.ndarray:
     return np.where(n > 1, many, np.where(n == 1, beta * alpha, 0.0))
 
 
-def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers: int) -> float:
+def covering_ensemble_sizes(teachers: int, relation: NeighbouringRelation) -> tuple[int, ...]:
+    """The ensemble sizes m whose Theorem 3.1 value (removing one of m teachers) a PMixED of N teachers
+    must cover under `relation`: removing one of its N teachers is m = N (the empty ensemble answers
+    with the public model, so m = 1 is the single teacher's ball), adding one to its N is m = N + 1.
+    Replacing a teacher is two moves and has no bound here (ValueError)."""
+    teachers = require_int_at_least("teachers", teachers, 1)
+    relation = require_relation(relation)
+    require(relation is not NeighbouringRelation.REPLACE_ONE,
+            "PMixED's bound (Flemings et al. 2024, Theorem 3.1) covers adding or removing one teacher; replacing "
+            "one is two moves with no proven bound here: use the add-or-remove-one relation")
+    return tuple(size for move, size in (("remove", teachers), ("add", teachers + 1)) if move in relation.moves)
+
+
+def pmixed_epsilon(alpha, beta: float, teachers: int,
+                   relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> np.ndarray:
+    """PMixED's per-query RDP for an ensemble of N teachers under `relation`: the largest Theorem 3.1
+    value over the neighbouring pairs the relation holds (`covering_ensemble_sizes`). For N >= 2 it is
+    Theorem 3.1 at N (its value decreases in N, so adding a teacher costs less); for N = 1 under
+    add-or-remove it is Theorem 3.1 at N = 2 (an added second teacher), not the single teacher's
+    ball beta * alpha (Flemings et al. 2024, Theorem 3.1 / C.1, whose N = 1 case covers removal only)."""
+    sizes = np.asarray(covering_ensemble_sizes(teachers, relation), dtype=np.float64)
+    alpha = np.asarray(alpha, dtype=np.float64)
+    return theorem_3_1_epsilon(alpha[..., None], beta, sizes).max(axis=-1)
+
+
+def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers: int,
+                     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> float:
     """Largest beta giving (alpha, epsilon_budget)-RDP over `queries` queries (Flemings et al. 2024, Lemma C.1).
 
-    beta = log(N exp((a-1) eps_G / Q) + 1 - N) / (4 (a-1) a) for N > 1; eps_G / (Q a) for N = 1.
+    beta = log(M exp((a-1) eps_G / Q) + 1 - M) / (4 (a-1) a) for M > 1; eps_G / (Q a) for M = 1, where
+    M is the ensemble size whose Theorem 3.1 value `pmixed_epsilon` charges (N, or 2 for a single
+    teacher under a relation that adds one: Lemma C.1 inverts Theorem 3.1 at that size).
     """
     epsilon_budget = require_positive("epsilon_budget", epsilon_budget)
     queries = require_int_at_least("queries", queries, 1)
     alpha = require_order("alpha", alpha)
-    teachers = require_int_at_least("teachers", teachers, 1)
+    # the covering size with the largest Theorem 3.1 value: the smallest one above 1 (the value decreases
+    # in the size and at size 2 already exceeds the single teacher's beta * alpha), else 1
+    several = [size for size in covering_ensemble_sizes(teachers, relation) if size > 1]
+    size = min(several) if several else 1
     per_query = epsilon_budget / queries
-    if teachers == 1:
+    if size == 1:
         beta = per_query / alpha
     else:
         x = (alpha - 1.0) * per_query
-        # log(N e^x + 1 - N) = log1p(N expm1(x)): no cancellation for small x (log N + x +
-        # log1p((1 - N) e^{-x} / N) was 8.9e-7 too large at x = 1e-10, N = 1000); for large x, where
+        # log(M e^x + 1 - M) = log1p(M expm1(x)): no cancellation for small x (log M + x +
+        # log1p((1 - M) e^{-x} / M) was 8.9e-7 too large at x = 1e-10, M = 1000); for large x, where
         # expm1 overflows, that second form is itself accurate.
-        inner = (math.log1p(teachers * math.expm1(x)) if x < 700.0
-                 else math.log(teachers) + x + math.log1p((1.0 - teachers) * math.exp(-x) / teachers))
+        inner = (math.log1p(size * math.expm1(x)) if x < 700.0
+                 else math.log(size) + x + math.log1p((1.0 - size) * math.exp(-x) / size))
         beta = inner / (4.0 * (alpha - 1.0) * alpha)
     require(math.isfinite(beta), f"beta overflows for epsilon_budget={epsilon_budget:g}, queries={queries}, "
                                  f"alpha={alpha:g}: choose a smaller budget per query or order")
@@ -132,6 +163,8 @@ class PMixED(Mechanism):
     alpha, where the projection enforces nothing.
     ball="all-orders": radius beta * k at every order k (Ball.ALL_ORDERS); the curve is Theorem 3.1
     at every order, proven. `alpha` is then only the order Lemma C.1 budgets at.
+    Either way the value covers every neighbour of `relation` (`pmixed_epsilon`): with one teacher
+    under add-or-remove that is an added second teacher. Replace-one is refused (no bound).
     """
 
     alpha: float
@@ -144,6 +177,7 @@ class PMixED(Mechanism):
         set_validated(self, alpha=require_order("alpha", self.alpha), beta=require_non_negative("beta", self.beta),
                       teachers=require_int_at_least("teachers", self.teachers, 1),
                       relation=require_relation(self.relation), ball=ball_named(self.ball))
+        covering_ensemble_sizes(self.teachers, self.relation)  # refuses a relation PMixED has no bound for
 
     @property
     def radius(self) -> float:
@@ -152,7 +186,8 @@ class PMixED(Mechanism):
 
     @property
     def per_query_epsilon(self) -> float:
-        return float(theorem_3_1_epsilon(self.alpha, self.beta, self.teachers))
+        """The per-query RDP at the projection order under the mechanism's relation (`pmixed_epsilon`)."""
+        return float(pmixed_epsilon(self.alpha, self.beta, self.teachers, self.relation))
 
     @property
     def proven(self) -> bool:
@@ -165,7 +200,7 @@ class PMixED(Mechanism):
             return np.zeros_like(orders)
         if self.ball is Ball.ALL_ORDERS:
             # Theorem 3.1 / C.1 at each order k: its proof applies Theorem A.5 with the ball at every order
-            return theorem_3_1_epsilon(orders, self.beta, self.teachers)
+            return pmixed_epsilon(orders, self.beta, self.teachers, self.relation)
         return np.where(orders <= self.alpha + 1e-12, self.per_query_epsilon, np.inf)
 
     def mixing_weights(self, teachers, public):
@@ -279,9 +314,12 @@ class SubsampledPMixED(Mechanism):
       realised-size(-general): eps(k) := Theorem 3.1 at the projection order a with m = realised_size,
         for k <= a (+inf above a, where no bound holds);
       per-order-radius: eps(k) := Theorem 3.1 at order k with m = realised_size (unsound, pitfall 4);
-      worst-case-size(-general): eps(k) := max over m in 1..N of Theorem 3.1 at order a, for k <= a;
-      all-orders-ball: eps(k) := max over m in 1..N of Theorem 3.1 at order k, every k (needs a PMixED
-        with ball="all-orders", for which that is proven).
+      worst-case-size(-general): eps(k) := max over m in 1..M of Theorem 3.1 at order a, for k <= a;
+      all-orders-ball: eps(k) := max over m in 1..M of Theorem 3.1 at order k, every k (needs a PMixED
+        with ball="all-orders", for which that is proven);
+      M = N, or N + 1 when the relation adds a teacher (a subsample of the neighbouring ensemble may
+      hold all N + 1 teachers: at N = 1 that is the pair of sizes 1 and 2, not the single ball).
+    The relation is the PMixED's.
     `realised_size` is required by the realised variants and ignored by the worst-case ones.
     q = 1 is no subsampling (every teacher is always sampled): the curve is PMixED's own for every
     variant, and a realised size must then be N; q = 0 samples nobody (the public model answers):
@@ -315,14 +353,24 @@ class SubsampledPMixED(Mechanism):
                         f"{self.sampling_probability:g}, got {self.realised_size}")
 
     @property
+    def relation(self) -> NeighbouringRelation:  # type: ignore[override]
+        return self.pmixed.relation
+
+    @property
+    def subsample_sizes(self) -> np.ndarray:
+        """1..M: the sizes of the subsampled ensembles a neighbouring pair can differ at (one teacher
+        removed from a subsample of this ensemble, or of the ensemble with one teacher added)."""
+        return np.arange(1, max(covering_ensemble_sizes(self.pmixed.teachers, self.relation)) + 1)
+
+    @property
     def worst_case_size(self) -> int:
-        sizes = np.arange(1, self.pmixed.teachers + 1)
+        sizes = self.subsample_sizes
         return int(sizes[np.argmax(theorem_3_1_epsilon(self.pmixed.alpha, self.pmixed.beta, sizes))])
 
     def base_epsilon(self, ks: np.ndarray) -> np.ndarray:
         alpha, beta = self.pmixed.alpha, self.pmixed.beta
         if self.variant is SubsamplingVariant.ALL_ORDERS_BALL:
-            sizes = np.arange(1, self.pmixed.teachers + 1, dtype=np.float64)
+            sizes = self.subsample_sizes.astype(np.float64)
             ks = np.asarray(ks, dtype=np.float64)
             return theorem_3_1_epsilon(ks[..., None], beta, sizes).max(axis=-1)
         if self.variant is SubsamplingVariant.PER_ORDER_RADIUS:

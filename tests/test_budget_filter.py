@@ -109,7 +109,11 @@ def test_a_killed_budget_run_resumes_to_the_same_stopping_point(micro_models, tm
 
 
 def test_a_broken_filter_that_answers_past_the_budget_fails_the_audit(micro_models, tmp_path, monkeypatch):
-    monkeypatch.setattr(RenyiFilter, "fits", lambda self, charge: True)
+    def spend_always(self, charge):  # a broken filter: spends whatever the budget says
+        self._spent.add(charge)
+        return True
+
+    monkeypatch.setattr(RenyiFilter, "spend_if_fits", spend_always)
     result = decode(micro_models, tmp_path / "run", PMIXED, {"epsilon": 2.0, "delta": 1e-5})
     monkeypatch.undo()
     assert not any(r["budget_refused"] for r in trace.read_records(result.directory))

@@ -387,13 +387,16 @@ test_theorem_3_1_epsilon, test_theorem_3_1_epsilon_slow = fast_and_slow(
     teachers=st.one_of(st.just(0), teachers_st))(_theorem_3_1_epsilon)
 
 
-def _beta_from_budget(epsilon_budget, queries, alpha, teachers):
+def _beta_from_budget(epsilon_budget, queries, alpha, teachers, relation):
     # Lemma C.1: a beta ABOVE the exact one under-states the privacy loss (Theorem 3.1 then exceeds
     # eps_G / Q), so here the package must not exceed the oracle by more than rel 1e-10; it may be
-    # smaller by rel 1e-6 (a smaller beta is safe, only less useful).
-    got = mechanisms.beta_from_budget(epsilon_budget, queries, alpha, teachers)
-    ref = O.beta_from_budget(epsilon_budget, queries, alpha, teachers)
-    what = f"beta_from_budget({epsilon_budget!r}, {queries!r}, {alpha!r}, {teachers!r})"
+    # smaller by rel 1e-6 (a smaller beta is safe, only less useful). Remove-one is the paper's
+    # closed form; the other relations are checked against the oracle's bisection over the
+    # neighbours they hold (one teacher under add: Theorem 3.1 at two).
+    got = mechanisms.beta_from_budget(epsilon_budget, queries, alpha, teachers, relation)
+    ref = (O.beta_from_budget(epsilon_budget, queries, alpha, teachers) if relation is NeighbouringRelation.REMOVE_ONE
+           else O.beta_from_budget(epsilon_budget, queries, alpha, teachers, tuple(relation.moves)))
+    what = f"beta_from_budget({epsilon_budget!r}, {queries!r}, {alpha!r}, {teachers!r}, {relation.label})"
     assert float(got) <= ref * (1 + mpmath.mpf(1e-10)), (
         f"UNDER-STATES {what}: beta {got!r} > exact {mpmath.nstr(ref, 20)} (Theorem 3.1 at this beta exceeds the "
         f"per-query budget by rel {mpmath.nstr(got / ref - 1, 3)})")
@@ -404,11 +407,14 @@ def _beta_from_budget(epsilon_budget, queries, alpha, teachers):
 # log N + x + log1p((1 - N) e^{-x} / N), which cancels when x = (alpha - 1) eps_G / Q is small:
 # beta_from_budget(0.01, 10**6, 1.01, 1000) = 2.4752495982475913e-06 against the exact
 # 2.4752474011138695e-06 (rel +8.9e-7), so Theorem 3.1 at that beta exceeds eps_G / Q by rel 8.9e-7.
-_beta_from_budget = example(epsilon_budget=0.01, queries=10 ** 6, alpha=1.01, teachers=1000)(_beta_from_budget)
+_beta_from_budget = example(epsilon_budget=0.01, queries=10 ** 6, alpha=1.01, teachers=1000,
+                            relation=NeighbouringRelation.REMOVE_ONE)(_beta_from_budget)
 test_beta_from_budget, test_beta_from_budget_slow = fast_and_slow(
     200, 3000, epsilon_budget=log_uniform(1e-2, 100.0),
     queries=st.one_of(st.sampled_from([1, 100, 1024, 9728, 100_000]), st.integers(1, 10 ** 6)),
-    alpha=orders_st, teachers=teachers_st)(_beta_from_budget)
+    alpha=orders_st, teachers=st.one_of(st.just(1), teachers_st),
+    relation=st.sampled_from([NeighbouringRelation.REMOVE_ONE, NeighbouringRelation.ADD_ONE,
+                              NeighbouringRelation.ADD_OR_REMOVE_ONE]))(_beta_from_budget)
 
 
 def _noisy_screening(teachers, lam, sigma, orders):
@@ -545,24 +551,26 @@ test_data_dependent_pmixed_curve, test_data_dependent_pmixed_curve_slow = fast_a
 # ------------------------------------------------------------------ subsampled PMixED
 
 def _oracle_subsampled_pmixed(alpha, beta, teachers, q, variant, size, order):
-    """The curve SubsampledPMixED documents: q = 1 is PMixED itself (Theorem 3.1 with all N up to
-    alpha, +inf above; 0 everywhere when beta = 0, a ball of radius 0 forces every lambda to 0 and
-    the output is the public model), q = 0 costs 0; otherwise the amplification (tight, or general
-    for the *-general variants) of the variant's base eps(k), capped by eps(order):
+    """The curve SubsampledPMixED documents (add-or-remove-one): q = 1 is PMixED itself (its
+    per-query bound over adding and removing a teacher up to alpha, +inf above; 0 everywhere when
+    beta = 0, a ball of radius 0 forces every lambda to 0 and the output is the public model), q = 0
+    costs 0; otherwise the amplification (tight, or general for the *-general variants) of the
+    variant's base eps(k), capped by eps(order):
       per-order-radius: Theorem 3.1 at order k with the realised size;
       realised-size(-general): Theorem 3.1 at alpha with the realised size, k <= alpha, +inf above;
-      worst-case-size(-general): max over m = 1..N of Theorem 3.1 at alpha, k <= alpha, +inf above;
+      worst-case-size(-general): max over m = 1..N+1 (a subsample of the ensemble with a teacher
+        added has up to N+1) of Theorem 3.1 at alpha, k <= alpha, +inf above;
       all-orders-ball (PMixED with the ball at every order): max over m of Theorem 3.1 at order k, every k."""
     all_orders = variant is SubsamplingVariant.ALL_ORDERS_BALL
     if q == 1.0:
         if beta == 0.0:
             return mpmath.mpf(0)
         if all_orders:
-            return O.theorem_3_1_epsilon(order, beta, teachers)
-        return O.theorem_3_1_epsilon(alpha, beta, teachers) if order <= alpha else mpmath.inf
+            return O.pmixed_epsilon(order, beta, teachers)
+        return O.pmixed_epsilon(alpha, beta, teachers) if order <= alpha else mpmath.inf
     if all_orders:
         def base(k):
-            return max(O.theorem_3_1_epsilon(k, beta, m) for m in range(1, teachers + 1))
+            return max(O.theorem_3_1_epsilon(k, beta, m) for m in range(1, teachers + 2))
     elif variant is SubsamplingVariant.PER_ORDER_RADIUS:
         def base(k):
             return O.theorem_3_1_epsilon(k, beta, size)
@@ -570,7 +578,7 @@ def _oracle_subsampled_pmixed(alpha, beta, teachers, q, variant, size, order):
         if variant.uses_realised_sizes:
             value = O.theorem_3_1_epsilon(alpha, beta, size)
         else:
-            value = max(O.theorem_3_1_epsilon(alpha, beta, m) for m in range(1, teachers + 1))
+            value = max(O.theorem_3_1_epsilon(alpha, beta, m) for m in range(1, teachers + 2))
 
         def base(k):
             return value if k <= alpha else mpmath.inf

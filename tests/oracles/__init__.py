@@ -14,7 +14,8 @@ from tests.oracles.gnmax import (data_dependent_gnmax_rdp, data_dependent_gnmax_
                                  gnmax_data_independent_rdp, log_q_gnmax, log_q_gnmax_neighbours, theorem_6_rdp,
                                  two_class_neighbour_divergences, two_class_output_law)
 from tests.oracles.pmixed import (ball_divergence, beta_from_budget, data_dependent_loss, leave_one_out_losses,
-                                  mixing_weight, mixing_weight_bracket, noisy_screening_rdp, theorem_3_1_epsilon)
+                                  mixing_weight, mixing_weight_bracket, noisy_screening_rdp, pmixed_epsilon,
+                                  theorem_3_1_epsilon)
 from tests.oracles.renyi import renyi_divergence, symmetric_renyi_divergence
 from tests.oracles.subsampling import amplified_rdp, amplified_rdp_integer, subsampled_rdp
 
@@ -24,7 +25,7 @@ __all__ = [
     "delta_from_rdp", "delta_improved", "delta_tv", "epsilon_classic", "epsilon_improved", "gaussian_rdp",
     "gaussian_tail", "gnmax_data_independent_rdp", "improved_delta_at", "improved_epsilon_at",
     "leave_one_out_losses", "log_q_gnmax", "log_q_gnmax_neighbours", "mixing_weight", "mixing_weight_bracket",
-    "noisy_screening_rdp", "renyi_divergence", "subsampled_gaussian_rdp", "subsampled_rdp",
+    "noisy_screening_rdp", "pmixed_epsilon", "renyi_divergence", "subsampled_gaussian_rdp", "subsampled_rdp",
     "symmetric_renyi_divergence", "theorem_3_1_epsilon", "theorem_6_rdp", "tv_delta_at",
     "two_class_neighbour_divergences", "two_class_output_law",
 ]

@@ -36,16 +36,39 @@ def theorem_3_1_epsilon(alpha, beta, teachers):
 
 
 @precise
-def beta_from_budget(epsilon_budget, queries, alpha, teachers):
-    """Largest beta with Theorem 3.1's eps <= eps_G / Q (Flemings et al. 2024, Lemma C.1):
+def pmixed_epsilon(alpha, beta, teachers, moves=("add", "remove")):
+    """Per-query RDP of PMixED with N teachers over the neighbours `moves` allows: removing one of
+    its N teachers is Theorem 3.1 for an ensemble of N (at N = 1 the removal leaves the public model,
+    the single teacher's ball), adding one to its N is Theorem 3.1 for an ensemble of N + 1 with one
+    removed; the charge is the larger of those the relation holds."""
+    n = _teacher_count(teachers)
+    sizes = ([n] if "remove" in moves else []) + ([n + 1] if "add" in moves else [])
+    if not sizes:
+        raise ValueError("moves must include add or remove")
+    return max(theorem_3_1_epsilon(alpha, beta, size) for size in sizes)
+
+
+@precise
+def beta_from_budget(epsilon_budget, queries, alpha, teachers, moves=None):
+    """Largest beta with PMixED's per-query RDP <= eps_G / Q (Flemings et al. 2024, Lemma C.1):
         beta = log(N exp((alpha-1) eps_G / Q) + 1 - N) / (4 (alpha-1) alpha), N > 1;
         eps_G / (Q alpha), N = 1.
+    With `moves` (e.g. ("add", "remove")), the largest beta whose `pmixed_epsilon` over those moves
+    is at most eps_G / Q, found by bisection on beta (the value increases with beta) to 50 digits.
     """
     eps, a, n = mp(epsilon_budget), order(alpha), _teacher_count(teachers)
     q = int(queries)
     if not eps > 0 or q < 1 or n < 1:
         raise ValueError("need epsilon_budget > 0, queries >= 1, teachers >= 1")
     per_query = eps / q
+    if moves is not None:
+        low, high = mpmath.mpf(0), per_query / a  # at beta = eps/(Q a) the single ball alone spends it all
+        while pmixed_epsilon(a, high, n, moves) <= per_query:
+            high *= 2
+        for _ in range(200):
+            middle = (low + high) / 2
+            low, high = (middle, high) if pmixed_epsilon(a, middle, n, moves) <= per_query else (low, middle)
+        return low
     if n == 1:
         return per_query / a
     return mpmath.log(n * mpmath.exp((a - 1) * per_query) + 1 - n) / (4 * (a - 1) * a)
