@@ -26,17 +26,18 @@ from mechanisms.screening import NoisyScreening
 def data_dependent_pmixed_values(teachers, public, lambdas, orders: Sequence[float]) -> np.ndarray:
     """max_i D<->_a(p, p_{-i}) at each order (Flemings et al. 2024, Eq. 3), vectorised over all N
     leave-one-out ensembles and the batch: teachers (..., N, V), public (..., V), lambdas (..., N)
-    -> (..., K), K the number of distinct orders, in sorted order."""
+    -> (..., K), K the number of distinct orders, in sorted order. Exact at every order, from the
+    same kernel the decode loop charges with (mechanisms.kernels.leave_one_out_curve), which mixes
+    the teachers itself so that probabilities below the normal float range stay accurate."""
     import torch
 
-    from mechanisms.kernels import leave_one_out_divergences, mixed_teachers
+    from mechanisms.kernels import leave_one_out_curve
 
     teachers_np, public_np = validated_ensemble(teachers, public, None)
     lambdas_np = validated_lambdas(lambdas, teachers_np)
-    mixed = mixed_teachers(torch.from_numpy(teachers_np), torch.from_numpy(public_np), torch.from_numpy(lambdas_np))
-    orders_t = torch.tensor(canonical_orders(orders), dtype=torch.float64)
-    per_teacher = leave_one_out_divergences(mixed, orders_t)
-    return per_teacher.max(dim=-2).values.numpy()
+    values, _, _ = leave_one_out_curve(torch.from_numpy(teachers_np), torch.from_numpy(public_np),
+                                       torch.from_numpy(lambdas_np), canonical_orders(orders), relative_tolerance=None)
+    return values
 
 
 def add_one_bound_values(pmixed: PMixED, teachers, public, lambdas, orders: Sequence[float]) -> np.ndarray:

@@ -263,7 +263,7 @@ def leave_one_out_log_ratios(teachers, public, lambdas, output, log_output, rati
             log_ratios[i, :] = 0.0
             spans[i, 0], spans[i, 1] = 0.0, 0.0
         else:
-            spans[i, 0], spans[i, 1] = _ratio_row(ratios[i], log_ratios[i], output, n - 1.0)
+            spans[i, 0], spans[i, 1] = _ratio_row(ratios[i], log_ratios[i], output, log_output, n - 1.0)
 
 
 @njit(**_FLAGS)
@@ -288,13 +288,21 @@ def _same_mixture(teacher, lam, other, other_lam, public):
     return True
 
 
+RATIO_RANGE = (2.0 ** -1000, 2.0 ** 1000)
+"""Ratios rho = p_-i / p inside this range are normal floats, accurate to an ulp; outside it a
+ratio has lost digits (subnormal) or overflowed, and its log is taken as log p_-i - log p."""
+
+
 @njit(**_FLAGS)
-def _ratio_row(sums, log_ratios, output, others):
+def _ratio_row(sums, log_ratios, output, log_output, others):
     """sums (the other teachers' total) -> rho = (sums / others) / p in place, its logs; (min, max) log."""
+    low_ratio, high_ratio = RATIO_RANGE
     for j in range(sums.size):
-        ratio = (sums[j] / others) / output[j] if output[j] > 0.0 else 1.0
+        share = sums[j] / others
+        ratio = share / output[j] if output[j] > 0.0 else 1.0
         sums[j] = ratio
-        log_ratios[j] = vlog(ratio)
+        inside = low_ratio <= ratio <= high_ratio or ratio == 0.0 or output[j] == 0.0
+        log_ratios[j] = vlog(ratio) if inside else vlog(share) - log_output[j]
     low, high = 0.0, 0.0
     for j in range(sums.size):   # a separate pass: with the stores above the loop does not vectorise
         low = vmin(low, log_ratios[j])
@@ -361,8 +369,8 @@ def _largest_exponents(a, log_output, log_ratios):
 
 
 @njit(parallel=True, **_FLAGS)
-def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, rows, orders, wanted, slack_ulps,
-                              moments, slopes):
+def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, rows, orders, wanted, shifted_only,
+                              slack_ulps, moments, slopes):
     """For each teacher in `rows` and order a: max over the two directions of
     g = log sum_j p_j^a q_j^(1-a) and log sum_j q_j^a p_j^(1-a) (q = p_-i), i.e. (a - 1) D<->_a(p, p_-i),
     rounded up, and the derivative in a of the larger one (a subgradient of the convex max).
@@ -373,7 +381,9 @@ def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, row
     +inf where q_j = 0 < p_j (teacher i holds all of token j's mass); exactly 0 for q = p. Rounded up
     by slack_ulps * ((a + 1) (max_j |log p_j| + N + 2) + log2 V + 2 + |g|): each exponent is off by
     ~(a + 1) ulps of its terms, the N-term sums behind rho by N ulps. Only the (row, order) pairs
-    marked in `wanted` (rows x orders) are computed; the others are left as they are."""
+    marked in `wanted` (rows x orders) are computed; the others are left as they are. With
+    `shifted_only` every order takes the log-sum-exp path, which reads log p only (for inputs whose
+    p itself is not accurate as a float: mechanisms.kernels._LeaveOneOut)."""
     n, size = log_ratios.shape
     count = orders.size
     magnitude = _largest_magnitude(log_output) + n + 2.0
@@ -394,7 +404,7 @@ def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, row
         tops = np.zeros((count, 2))
         for k in range(count):
             a = orders[k]
-            fast[k] = a * (high - low) + abs(high) + math.log(size) < _FAST_RANGE
+            fast[k] = not shifted_only and a * (high - low) + abs(high) + math.log(size) < _FAST_RANGE
             if not fast[k] and wanted[r, k]:
                 tops[k, 0], tops[k, 1] = _largest_exponents(a, log_output, log_ratios[i])
         sums = np.zeros((count, 4))

@@ -304,18 +304,35 @@ def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: t
     return leave_one_out_divergences_torch(mixed, orders, mask, public)
 
 
+_SCALE_BELOW = 2.0 ** -900
+"""An ensemble with a positive probability below this is mixed and summed at 2^_SCALE_BITS times
+its size: below the normal range (2.2e-308) a float keeps only a few significant bits, and a
+ratio of two such numbers can be off by far more than the kernels' rounding allowance (Eq. 3 came
+out 3e-6 relative below the exact value with subnormal entries at order 1.1)."""
+_SCALE_BITS = 600
+_LN2_HIGH = 6.93147180369123816490e-01  # ln 2 split as in fdlibm: S * _LN2_HIGH is exact for |S| < 2^11
+_LN2_LOW = 1.90821492927058770002e-10
+
+
 class _LeaveOneOut:
     """One step's rows p_-i / p and their logs (mechanisms.fused.leave_one_out_log_ratios) from the
     teachers, the public model and the lambdas, ready for exact log-moments at any order for any
-    subset of teachers."""
+    subset of teachers. Every ratio is scale-free, so an ensemble with probabilities below
+    _SCALE_BELOW is mixed and summed scaled by 2^_SCALE_BITS (exact: a power of two), where each
+    operation errs by a relative ulp, and log p is taken from the scaled sums. A ratio outside the
+    normal range (mechanisms.fused.RATIO_RANGE) gets its log from log p_-i - log p. In either case
+    the log-moments read logs only (`shifted_only`), never the unscaled p or such a ratio."""
 
     def __init__(self, teachers: np.ndarray, public: np.ndarray, lambdas: np.ndarray,
                  reuse: "_LeaveOneOut | None" = None):
-        from mechanisms.fused import leave_one_out_log_ratios
+        from mechanisms.fused import RATIO_RANGE, leave_one_out_log_ratios
 
         teachers = np.ascontiguousarray(teachers, dtype=np.float64)
         public = np.ascontiguousarray(public, dtype=np.float64)
         lambdas = np.ascontiguousarray(lambdas, dtype=np.float64)
+        self.scaled = bool(_has_tiny_positive(teachers) or _has_tiny_positive(public))
+        if self.scaled:
+            teachers, public = np.ldexp(teachers, _SCALE_BITS), np.ldexp(public, _SCALE_BITS)
         if reuse is not None and reuse.ratios.shape == teachers.shape:   # a block's steps share the buffers
             self.output, self.log_output, self.ratios = reuse.output, reuse.log_output, reuse.ratios
             self.log_ratios, self.spans = reuse.log_ratios, reuse.spans
@@ -327,6 +344,11 @@ class _LeaveOneOut:
             self.spans = np.empty((teachers.shape[0], 2))
         leave_one_out_log_ratios(teachers, public, lambdas, self.output, self.log_output, self.ratios,
                                  self.log_ratios, self.spans)
+        low, high = RATIO_RANGE
+        self.shifted_only = self.scaled or bool(np.any((self.ratios > 0.0) & ((self.ratios < low) | (self.ratios > high))))
+        if self.scaled:   # back to the true scale: log p exactly shifted, p itself only for the output law
+            self.log_output = (self.log_output - _SCALE_BITS * _LN2_HIGH) - _SCALE_BITS * _LN2_LOW
+            self.output = np.ldexp(self.output, -_SCALE_BITS)
         finite = self.log_output[np.isfinite(self.log_output)]
         # the kernel's largest rounding scale: max_j |log p_j| + N + 2 + the widest log-rho span
         # (mechanisms.fused.leave_one_out_log_moments)
@@ -355,8 +377,12 @@ class _LeaveOneOut:
         slopes = np.full((rows.size, orders.size), np.nan)
         _set_threads()
         leave_one_out_log_moments(self.output, self.log_output, self.ratios, self.log_ratios, self.spans, rows, orders,
-                                  wanted, _SLACK_ULPS, values, slopes)
+                                  wanted, self.shifted_only, _SLACK_ULPS, values, slopes)
         return values, slopes
+
+
+def _has_tiny_positive(values: np.ndarray) -> bool:
+    return bool(np.any((values > 0.0) & (values < _SCALE_BELOW)))
 
 
 def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor, orders,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
@@ -105,9 +106,32 @@ def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers
     # rounded down by a bound on its floating-point error (relative, and absolute for subnormal
     # values), so that beta never exceeds the budget
     beta = beta * (1.0 - 2.0 * ROUNDING_ULPS) - 16.0 * SMALLEST_POSITIVE
+    # where float64 has few digits left (tiny budgets), a proof instead of a margin: step down until an
+    # exact rational upper bound on Theorem 3.1 fits the exact per-query budget
+    exact_budget = Fraction(epsilon_budget) / queries
+    while beta > 0 and not _tiny_beta_fits(beta, alpha, size, exact_budget):
+        beta = math.nextafter(beta, 0.0)
     require(beta > 0, f"beta underflows for epsilon_budget={epsilon_budget:g}, queries={queries}: the budget per "
                       f"query is below what float64 can resolve")
     return beta
+
+
+_EXACT_CHECK_BELOW = 2.0 ** -50
+"""Exponents c = 4 beta alpha (alpha - 1) below this get beta_from_budget's exact check: there the
+bound c (1 + c) / M on M (alpha - 1) times Theorem 3.1 is within an ulp of it."""
+
+
+def _tiny_beta_fits(beta: float, alpha: float, size: int, budget: Fraction) -> bool:
+    """Theorem 3.1 at `beta` is at most `budget` (exact rationals) when c = 4 beta alpha (alpha - 1)
+    is tiny; True (the relative margin suffices) otherwise. For 0 <= c <= 1,
+    log(1 + (e^c - 1) / M) <= (e^c - 1) / M <= (c + c^2) / M; for M = 1 the bound is beta * alpha."""
+    b, a = Fraction(beta), Fraction(alpha)
+    c = 4 * b * a * (a - 1)
+    if c >= _EXACT_CHECK_BELOW:
+        return True
+    if size == 1:
+        return b * a <= budget
+    return (c + c * c) / (size * (a - 1)) <= budget
 
 
 class Ball(enum.Enum):

@@ -417,6 +417,29 @@ test_beta_from_budget, test_beta_from_budget_slow = fast_and_slow(
                               NeighbouringRelation.ADD_OR_REMOVE_ONE]))(_beta_from_budget)
 
 
+def _beta_from_budget_tiny(epsilon_budget, queries, alpha, teachers, relation):
+    # budgets whose per-query share is subnormal or nearly so: float64 keeps few digits there, so the
+    # beta must be proven (exact rational check), never above the exact one; it may be far below
+    # (a subnormal beta has few digits) but not 0 unless it underflows
+    try:
+        got = mechanisms.beta_from_budget(epsilon_budget, queries, alpha, teachers, relation)
+    except ValueError as refused:
+        assert "underflows" in str(refused)
+        return
+    charged = O.pmixed_epsilon(alpha, got, teachers, tuple(relation.moves))
+    budget = mpmath.mpf(epsilon_budget) / queries
+    assert charged <= budget, (f"UNDER-STATES beta_from_budget({epsilon_budget!r}, {queries}, {alpha!r}, {teachers}, "
+                               f"{relation.label}): Theorem 3.1 at beta {got!r} is {mpmath.nstr(charged, 20)} > "
+                               f"{mpmath.nstr(budget, 20)}")
+
+
+test_beta_from_budget_tiny, test_beta_from_budget_tiny_slow = fast_and_slow(
+    200, 3000, epsilon_budget=log_uniform(1e-323, 1e-280), queries=st.integers(1, 10 ** 6),
+    alpha=st.one_of(orders_st, st.sampled_from([1.1, 2.0, 1024.0])), teachers=st.one_of(st.just(1), teachers_st),
+    relation=st.sampled_from([NeighbouringRelation.REMOVE_ONE, NeighbouringRelation.ADD_ONE,
+                              NeighbouringRelation.ADD_OR_REMOVE_ONE]))(_beta_from_budget_tiny)
+
+
 def _noisy_screening(teachers, lam, sigma, orders):
     # closed form (lam / (N sigma))^2 * alpha: rel 1e-13
     screening = mechanisms.NoisyScreening(teachers=teachers, lam=lam, sigma=sigma)

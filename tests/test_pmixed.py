@@ -7,6 +7,7 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant as dpa
 
 from accounting import DEFAULT_ORDERS, epsilon_from_rdp
+from accounting.relation import NeighbouringRelation
 from mechanisms import (GaussianMechanism, PMixED, SubsampledPMixED, SubsamplingVariant, amplified_rdp,
                         beta_from_budget, data_dependent_pmixed_curve, poisson_subsample, renyi_divergence,
                         subsampled_pmixed_curve, theorem_3_1_epsilon)
@@ -33,8 +34,12 @@ def test_pmixed_curve_holds_at_and_below_projection_order_only():
 
 @pytest.mark.parametrize("eps_g, queries, alpha, n", [(8.0, 9728, 6, 100), (1.0, 100, 18, 10), (3.0, 10, 4, 1)])
 def test_lemma_c1_beta_inverts_theorem_3_1(eps_g, queries, alpha, n):
-    beta = beta_from_budget(eps_g, queries, alpha, n)
+    # the paper's Lemma C.1 inverts Theorem 3.1 at N (removing a teacher) ...
+    beta = beta_from_budget(eps_g, queries, alpha, n, NeighbouringRelation.REMOVE_ONE)
     assert float(theorem_3_1_epsilon(alpha, beta, n)) * queries == pytest.approx(eps_g, rel=1e-10)
+    # ... and under add-or-remove the mechanism's own charge, which for one teacher is an added second
+    beta = beta_from_budget(eps_g, queries, alpha, n)
+    assert PMixED(alpha, beta, n).per_query_epsilon * queries == pytest.approx(eps_g, rel=1e-10)
 
 
 def test_mixing_weights_satisfy_the_ball_and_are_nearly_maximal(rng):
