@@ -123,11 +123,11 @@ def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Find
     random = trace.mechanism_type not in ("public", "ensemble")
     guessable = random and seed < GUESSABLE_SEED
     findings.append(Finding(12, "guessable run seed", guessable, "medium" if guessable else "info",
-                            f"run seed {seed} is below 2^40, a range an exhaustive search covers: every step's "
+                            "the run seed is below 2^40, a range an exhaustive search covers: every step's "
                             "noise, sample and vote draws are derived from it, so an "
                             "adversary who guesses it recomputes the mechanism's randomness and the guarantee is void; "
                             "for a release, set run.seed to a secret random integer (secrets.randbits(63)) and keep "
                             "the trace confidential" if guessable else
-                            (f"run seed {seed} is not among the small seeds a search would try first; it and the trace "
+                            ("the run seed is not among the small seeds a search would try first; it and the trace "
                              "that records it must stay confidential" if random else "the mechanism draws nothing")))
     return findings

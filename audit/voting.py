@@ -28,7 +28,7 @@ from audit.checks import CheckResult, failed, skipped, verdict
 from audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
 from decoding.ensemble import Ensemble
 from decoding.runners import voting_mechanism
-from mechanisms.randomness import vote_seed
+from mechanisms.randomness import seed_commitment, vote_seed
 from mechanisms.voting import Aggregator, VotingMechanism, renyi_divergence_of_log_laws
 
 def _mechanism(trace: LoadedTrace) -> VotingMechanism:
@@ -42,8 +42,10 @@ def check_shared_randomness(trace: LoadedTrace) -> CheckResult:
     from the teachers with these seeds."""
     run_seed = trace.manifest["config"]["seed"]
     wrong = [record["step"] for record in trace.iter_records() if record["vote_seed"] != vote_seed(run_seed, record["step"])]
+    # the seed is secret and this line is published: name it by its commitment
     return verdict("shared_randomness", not wrong,
-                   f"all {trace.steps} vote seeds are the public function of (run seed {run_seed}, step)",
+                   f"all {trace.steps} vote seeds are the public function of (the run seed, committed as "
+                   f"{seed_commitment(run_seed)}, and the step)",
                    f"{len(wrong)} steps record a vote seed that is not the public function of (run seed, step), first "
                    f"at step {wrong[0] if wrong else None}: the shared randomness may depend on private data",
                    steps_with_foreign_seed=wrong[:50])

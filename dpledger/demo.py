@@ -8,6 +8,7 @@ and AdaPMixED's Table-2b breakdown. Every number comes from the runs' ledger.jso
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,15 +41,29 @@ BUDGET_LABEL = "PMixED with a budget"
 DEMO_BUDGET = BudgetConfig(epsilon=8.0, delta=1e-5)  # a Renyi filter: the public model answers once it is spent
 
 
+def demo_seed(directory: Path) -> int:
+    """A secret random run seed (secrets.randbits(63)), or the one an unfinished run in `directory`
+    recorded, so that the demo resumes it. Never printed: outputs show its commitment."""
+    from decoding import trace
+
+    if (directory / trace.MANIFEST).exists():
+        return int(trace.read_manifest(directory)["config"]["seed"])
+    return secrets.randbits(63)
+
+
 def slug(label: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
 
 
 def summary_row(label: str, directory: Path, summary: dict) -> dict:
+    from decoding import trace
+    from mechanisms.randomness import seed_commitment
+
     first = summary["epsilon"][0]
     return {"method": label, "queries": summary["steps"], "epsilon": first["epsilon"], "order": first["order"],
             "data_dependent": summary["data_dependent"], "perplexity": summary["perplexity"],
-            "answered_by_public": summary["answered_by_public"], "trace": str(directory)}
+            "answered_by_public": summary["answered_by_public"], "trace": str(directory),
+            "seed_commitment": seed_commitment(trace.read_manifest(directory)["config"]["seed"])}
 
 
 def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int = DEMO_TEACHERS,
@@ -58,7 +73,7 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
     rows, summaries = [], {}
     for label, mechanism in demo_methods().items():
         config = RunConfig(out=str(root / slug(label)), mechanism=mechanism, models=ModelsConfig(teachers=teachers),
-                           queries=queries, seed=0, replay_payload=True, deltas=(1e-5,),
+                           queries=queries, seed=demo_seed(root / slug(label)), replay_payload=True, deltas=(1e-5,),
                            budget=DEMO_BUDGET if label == BUDGET_LABEL else None)
         result = run_decode(config, resume=True, progress=progress)
         summaries[label] = result.summary
@@ -66,7 +81,7 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
     table = pd.DataFrame(rows)
     print(f"\n== Table 1 / 2a: {queries} teacher-forced queries on held-out private dialogues, N={teachers}, "
           f"delta=1e-5 ({time.time() - started:.0f} s) ==")
-    shown = table.assign(epsilon=[_eps(r) for r in rows]).drop(columns=["trace", "data_dependent"])
+    shown = table.assign(epsilon=[_eps(r) for r in rows]).drop(columns=["trace", "data_dependent", "seed_commitment"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("  * data-dependent loss measured on the private data: not a released DP guarantee (Papernot et al. 2018, Section 3)")
     print("  PMixED: Theorem 3.1 as claimed (not proven for the paper's ball: docs/soundness.md); inf = no privacy guarantee")
@@ -81,9 +96,9 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
           f"epsilon spent {summaries[BUDGET_LABEL]['epsilon'][0]['epsilon']:.3f}")
     voting_rows = run_voting_demo(root, progress)
     rows += voting_rows
-    print("\ntraces:")
+    print("\ntraces (each run seed is secret and random; shown by its commitment):")
     for row in rows:
-        print(f"  {row['method']:<38} {row['trace']}")
+        print(f"  {row['method']:<38} {row['trace']}  seed {row['seed_commitment']}")
     from reports.hotpate import hotpate_html, hotpate_markdown, run_hotpate, write_hotpate
 
     print(f"\n== Hot vs cold PATE: N = {HOTPATE_TEACHERS} in-context teachers (dpledger hotpate, short) ==")
@@ -110,7 +125,8 @@ def run_voting_demo(root: Path, progress: bool) -> list[dict]:
         mechanism = {"type": "voting", "votes": votes, "aggregator": "dpargmax", **VOTING_DEMO}
         config = RunConfig(out=str(root / slug(label)), mechanism=mechanism,
                            models=ModelsConfig(teachers=HOTPATE_TEACHERS, teacher_kind="icl"),
-                           data=DataConfig(block_size=64), queries=VOTING_QUERIES, seed=0, replay_payload=True,
+                           data=DataConfig(block_size=64), queries=VOTING_QUERIES,
+                           seed=demo_seed(root / slug(label)), replay_payload=True,
                            deltas=(1e-5,))
         result = run_decode(config, resume=True, progress=progress)
         voting = result.summary["voting"]

@@ -14,6 +14,20 @@ import torch
 from accounting.errors import require
 
 
+SEED_COMMITMENT_SALT = b"dpledger run-seed commitment v1"
+
+
+def seed_commitment(run_seed: int) -> str:
+    """"scrypt:<hex>": a commitment to the run seed that outputs may show in its place. The seed is
+    secret (every noise draw derives from it), and a report, an audit line or audit.json is what
+    gets published; whoever later holds the seed (the trace's manifest) can check it against this.
+    scrypt (Percival & Josefsson 2016, RFC 7914; N = 2^14, r = 8) makes each guess cost ~16 MiB and
+    tens of milliseconds, so a random 63-bit seed cannot be searched for; a guessable one (below
+    2^40, the audit's lint flags it) can be, commitment or not."""
+    digest = hashlib.scrypt(str(int(run_seed)).encode(), salt=SEED_COMMITMENT_SALT, n=2 ** 14, r=8, p=1, dklen=16)
+    return "scrypt:" + digest.hex()
+
+
 def step_seed(run_seed: int, step: int) -> int:
     digest = hashlib.sha256(f"dpledger-step:{run_seed}:{step}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
@@ -21,8 +35,8 @@ def step_seed(run_seed: int, step: int) -> int:
 
 def vote_seed(run_seed: int, step: int) -> int:
     """The seed of step `step`'s shared voting randomness (Hot PATE's coordinated votes, Cohen et
-    al. 2023): a function of the public run seed and the step only, never of private data, so the
-    analysis may treat it as public. Distinct from `step_seed`, whose generator also draws the
+    al. 2023): a function of the run seed and the step only, never of private data, so the
+    analysis may treat it as public (the run seed itself stays secret: it also seeds the noise). Distinct from `step_seed`, whose generator also draws the
     aggregator's noise."""
     digest = hashlib.sha256(f"dpledger-votes:{run_seed}:{step}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
