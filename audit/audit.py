@@ -120,14 +120,51 @@ class AuditReport:
         return "; ".join(parts)
 
     def to_dict(self) -> dict:
-        return {"format": "dpledger-audit", "run_dir": str(self.run_dir), "verdict": self.verdict,
-                "headline": self.headline, "exit_code": self.exit_code, "verification": self.verification,
-                "audited": self.audited,
-                "failed_checks": [c.name for c in self.failed], "created_at": self.created_at,
-                "seconds": round(self.seconds, 2), "data_dependent": self.data_dependent,
-                "caveat": DATA_DEPENDENT_CAVEAT if self.data_dependent else None,
-                "relations": self.relations,
-                "checks": [c.to_dict() for c in self.checks], "findings": [f.to_dict() for f in self.findings]}
+        """audit.json's content, ending with `digest` (audit_digest) over everything else."""
+        content = {"format": "dpledger-audit", "run_dir": str(self.run_dir), "verdict": self.verdict,
+                   "headline": self.headline, "exit_code": self.exit_code, "verification": self.verification,
+                   "audited": self.audited,
+                   "failed_checks": [c.name for c in self.failed], "created_at": self.created_at,
+                   "seconds": round(self.seconds, 2), "data_dependent": self.data_dependent,
+                   "caveat": DATA_DEPENDENT_CAVEAT if self.data_dependent else None,
+                   "relations": self.relations,
+                   "checks": [c.to_dict() for c in self.checks], "findings": [f.to_dict() for f in self.findings]}
+        # the digest is over what a reader parses back (strict JSON: +inf round-trips through `nulls`)
+        content["digest"] = audit_digest(trace_files.loads_json(trace_files.json_bytes(content).decode()))
+        return content
+
+
+AUDIT_DIGEST_TAG = "dpledger-audit-v1:"
+
+
+def audit_digest(content: dict) -> str:
+    """sha256 over the canonical form of audit.json's content without its `digest` field. The
+    content holds the hashes of the manifest, ledger.json and chain head it audited, so the digest
+    binds the verdict to them. Not a signature: anyone who can write the file can recompute it (or
+    re-run the audit); it makes an edited verdict visible, and the published chain head
+    (audit --expect-head) is what anchors a run."""
+    return trace_files.canonical_digest(AUDIT_DIGEST_TAG, {k: v for k, v in content.items() if k != "digest"})
+
+
+def audit_integrity(audit) -> tuple[str, str] | None:
+    """None when audit.json's content is what `dpledger audit` wrote: its digest matches and its
+    verdict follows from its checks. Otherwise (state, reason): "TAMPERED" when the content was
+    changed after it was written (digest mismatch, or a verdict its checks do not give), "STALE"
+    when it carries no digest (an older dpledger). A report shows no verdict in either case."""
+    if not isinstance(audit, dict):
+        return "TAMPERED", f"audit.json is not an object but {type(audit).__name__}"
+    digest = audit.get("digest")
+    if digest is None:
+        return "STALE", "audit.json carries no digest (made by an older dpledger); re-run dpledger audit"
+    if digest != audit_digest(audit):
+        return "TAMPERED", "audit.json's content does not match its digest: it was changed after the audit"
+    checks = audit.get("checks")
+    statuses = {c.get("name"): c.get("status") for c in checks if isinstance(c, dict)} if isinstance(checks, list) else {}
+    expected = ("FAIL" if "FAIL" in statuses.values() else "PASS" if statuses.get("replay") == "PASS"
+                else "UNVERIFIED")
+    if audit.get("verdict") != expected:
+        return "TAMPERED", f"audit.json's verdict {audit.get('verdict')!r} does not follow from its checks ({expected})"
+    return None
 
 
 EXIT_CODES = {"PASS": 0, "FAIL": 1, "UNVERIFIED": 3}

@@ -17,7 +17,6 @@ buys proportionally more noise, and the RDP cost falls as 1 / T^2.
 from __future__ import annotations
 
 import base64
-import html
 import io
 import time
 import warnings
@@ -32,6 +31,7 @@ from accounting.errors import require, require_in_open, require_int_at_least
 from accounting.orders import default_orders
 from mechanisms.diversity import DiversityCurve, mean_diversity_curve, query_seed, vote_draws
 from mechanisms.pate import ConfidentGNMax
+from reports.html_text import escaped
 
 NOISE_PER_THRESHOLD = 0.25
 """The calibration rule of the matched-utility comparison: s1 = s2 = T * 0.25."""
@@ -258,7 +258,7 @@ def hotpate_html(result: HotPateResult) -> str:
         "T &ge; N/4.</p>",
         f"<figure><img alt='hot vs cold' src='data:image/png;base64,{encoded}'><figcaption>yield, coverage and "
         "transferred support size against T/N</figcaption></figure>",
-        "<p>" + "<br>".join(html.escape(line) for line in _matched_lines(result)) + "</p>",
+        "<p>" + "<br>".join(escaped(line) for line in _matched_lines(result)) + "</p>",
         _html_table(hotpate_table(result).round(4), "hotpate")])
 
 

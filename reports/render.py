@@ -11,7 +11,6 @@ listed in the top-level `nulls` map as in every JSON file dpledger writes).
 from __future__ import annotations
 
 import base64
-import html
 import json
 import math
 from datetime import datetime, timezone
@@ -21,6 +20,7 @@ import pandas as pd
 
 from accounting.errors import require
 from accounting.strict_json import strict_json_text
+from reports.html_text import escaped
 from reports.plots import run_figures
 from reports.run_data import Generation, RunData, fmt, generations, printable, truncated
 from reports.statement import privacy_statement
@@ -78,13 +78,19 @@ def _cells(frame: pd.DataFrame, output_format: str):
     return rows, notes
 
 
+def _md(text) -> str:
+    """Text outside a code fence of a Markdown report: its HTML characters as character references
+    (Markdown renders raw HTML), like the HTML report's `escaped`."""
+    return escaped(text)
+
+
 def markdown_table(frame: pd.DataFrame) -> str:
     rows, notes = _cells(frame, "md")
-    header = "| " + " | ".join(frame.columns) + " |"
+    header = "| " + " | ".join(_md(c) for c in frame.columns) + " |"
     rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
-    body = ["| " + " | ".join((text + ("" if note is None else f" [{note}]")).replace("|", "\\|").replace("\n", " ")
+    body = ["| " + " | ".join(_md(text + ("" if note is None else f" [{note}]")).replace("|", "\\|").replace("\n", " ")
                               for text, note in row) + " |" for row in rows]
-    listed = [f"[{number}] {reason}" for number, reason in notes.listed()]
+    listed = [f"[{number}] {_md(reason)}" for number, reason in notes.listed()]
     return "\n".join([header, rule, *body] + (["", *("- " + line for line in listed)] if listed else []))
 
 
@@ -118,16 +124,16 @@ def latex_table(frame: pd.DataFrame, caption: str) -> str:
 def _html_table(frame: pd.DataFrame, css: str) -> str:
     rows, notes = _cells(frame, "html")
     # a header may break after "_" but not inside "epsilon@1e-05"; a short cell never breaks (a number, "n/a")
-    head = "".join("<th>" + "<wbr>".join(f"<span class='short'>{html.escape(part)}</span>"
+    head = "".join("<th>" + "<wbr>".join(f"<span class='short'>{escaped(part)}</span>"
                                          for part in str(c).replace("@", "\0@").split("\0")) + "</th>"
-                   if "@" in str(c) else "<th>" + html.escape(str(c)).replace("_", "_<wbr>") + "</th>"
+                   if "@" in str(c) else "<th>" + escaped(str(c)).replace("_", "_<wbr>") + "</th>"
                    for c in frame.columns)
     body = "".join("<tr>" + "".join(
-        ("<td class='short'>" if len(text) <= 12 else "<td>") + html.escape(text)
+        ("<td class='short'>" if len(text) <= 12 else "<td>") + escaped(text)
         + ("" if note is None else f"<sup class='fn'>[{note}]</sup>") + "</td>"
         for text, note in row) + "</tr>" for row in rows)
     listed = notes.listed()
-    footer = ("<ol class='table-notes'>" + "".join(f"<li value='{number}'>{html.escape(reason)}</li>"
+    footer = ("<ol class='table-notes'>" + "".join(f"<li value='{number}'>{escaped(reason)}</li>"
                                                    for number, reason in listed) + "</ol>") if listed else ""
     return (f'<div class="table-wrap"><table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
             f"</table></div>{footer}")
@@ -330,17 +336,17 @@ def _markdown_generations(run: RunData) -> list[str]:
     made, note = generations(run)
     if not made:
         return []
-    parts = ["### Prompts and generated text", "", _generation_intro(run, made), "", note, ""]
+    parts = ["### Prompts and generated text", "", _md(_generation_intro(run, made)), "", _md(note), ""]
     for index, prompt, items in _generation_groups(made):
         shown, more = _shown(prompt)
         fence = _fence(shown)
-        parts += [f"#### Prompt {index + 1}", "", fence + "text", shown, fence, *([more] if more else []), ""]
+        parts += [f"#### Prompt {index + 1}", "", fence + "text", shown, fence, *([_md(more)] if more else []), ""]
         for g in items:
             body = printable(g.text) if g.text is not None else " ".join(map(str, g.tokens))
             shown, more = _shown(body)
             fence = _fence(shown)
-            parts += [f"Continuation ({_continuation_caption(g)}):", "", fence + "text", shown, fence,
-                      *([more] if more else []), ""]
+            parts += [f"Continuation ({_md(_continuation_caption(g))}):", "", fence + "text", shown, fence,
+                      *([_md(more)] if more else []), ""]
     return parts
 
 
@@ -355,12 +361,13 @@ def render_markdown(runs: list[RunData]) -> str:
              "the optimal Renyi order there; data-dependent values are measurements, not releasable guarantees; "
              "n/a: not applicable, for the numbered reason. " + AUDIT_VERDICT_MEANING, ""]
     for run in runs:
-        parts += [f"## {run.label}", "", f"Trace: `{run.directory}`", "", "### Breakdown (Table 2b shape)", "",
-                  markdown_table(breakdown_table(run)), "", _breakdown_caption(run), "", "### Privacy statement", ""]
-        parts += [p + "\n" for p in privacy_statement(run)]
+        parts += [f"## {_md(run.label)}", "", f"Trace: {_md(run.directory)}", "", "### Breakdown (Table 2b shape)", "",
+                  markdown_table(breakdown_table(run)), "", _md(_breakdown_caption(run)), "", "### Privacy statement",
+                  ""]
+        parts += [_md(p) + "\n" for p in privacy_statement(run)]
         parts += _markdown_generations(run)
         checks = checks_table(run)
-        parts += ["### Audit", "", f"Verdict: {audit_headline(run)}", "",
+        parts += ["### Audit", "", f"Verdict: {_md(audit_headline(run))}", "",
                   markdown_table(checks) if checks is not None else "Not audited.", ""]
     return "\n".join(parts)
 
@@ -395,19 +402,19 @@ def _html_generations(run: RunData) -> list[str]:
     made, note = generations(run)
     if not made:
         return []
-    parts = ["<h3>Prompts and generated text</h3>", f"<p class='note'>{html.escape(_generation_intro(run, made))} "
-             f"{html.escape(note)}</p>"]
+    parts = ["<h3>Prompts and generated text</h3>", f"<p class='note'>{escaped(_generation_intro(run, made))} "
+             f"{escaped(note)}</p>"]
     for index, prompt, items in _generation_groups(made):
         shown, more = _shown(prompt)
         parts += ["<div class='generation'>", f"<h4>Prompt {index + 1}</h4>",
-                  f"<pre class='prompt'>{html.escape(shown)}</pre>"]
-        parts += [f"<p class='note'>{html.escape(more)}</p>"] if more else []
+                  f"<pre class='prompt'>{escaped(shown)}</pre>"]
+        parts += [f"<p class='note'>{escaped(more)}</p>"] if more else []
         for g in items:
             body = printable(g.text) if g.text is not None else " ".join(map(str, g.tokens))
             shown, more = _shown(body)
-            parts += [f"<p class='note'>Continuation ({html.escape(_continuation_caption(g))}):</p>",
-                      f"<pre class='continuation'>{html.escape(shown)}</pre>"]
-            parts += [f"<p class='note'>{html.escape(more)}</p>"] if more else []
+            parts += [f"<p class='note'>Continuation ({escaped(_continuation_caption(g))}):</p>",
+                      f"<pre class='continuation'>{escaped(shown)}</pre>"]
+            parts += [f"<p class='note'>{escaped(more)}</p>"] if more else []
         parts.append("</div>")
     return parts
 
@@ -418,28 +425,28 @@ def render_html(runs: list[RunData]) -> str:
              f"<p class='note'>Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "
              f"{len(runs)} run(s). Every number is read from the runs' ledger.json and audit.json.</p>"]
     if len(runs) > 1:
-        parts.append("<nav><ul>" + "".join(f"<li><a href='#run-{i}'>{html.escape(r.label)}</a> "
-                                            f"<span class='note'>{html.escape(r.directory.name)}</span></li>"
+        parts.append("<nav><ul>" + "".join(f"<li><a href='#run-{i}'>{escaped(r.label)}</a> "
+                                            f"<span class='note'>{escaped(r.directory.name)}</span></li>"
                                             for i, r in enumerate(runs)) + "</ul></nav>")
     parts += ["<h2>Method comparison</h2>", _html_table(comparison_table(runs), "comparison"),
               "<p class='note'>epsilon@delta: improved RDP-to-DP conversion (Balle et al. 2020, Theorem 21) at that "
               "delta; order@delta: the optimal Renyi order there. Data-dependent values are measurements on the "
               "private data, not releasable guarantees. n/a: not applicable, for the numbered reason. "
-              f"{html.escape(AUDIT_VERDICT_MEANING)}</p>"]
+              f"{escaped(AUDIT_VERDICT_MEANING)}</p>"]
     for index, run in enumerate(runs):
-        verdict = run.audit["verdict"] if run.audit else None
+        verdict = run.audit["verdict"] if run.audit else None  # a shown audit passed audit_integrity: a known verdict
         headline = audit_headline(run)
         rest = headline[len(verdict):] if verdict and headline.startswith(verdict) else ""
         # the relations not covered are shown in red beside the verdict, never hidden below it
-        badge = (f"<span class='verdict-{verdict}'>{verdict}</span>"
-                 + (f"<span class='verdict-FAIL'>{html.escape(rest)}</span>" if "NOT COVERED" in rest
-                    else html.escape(rest)) if verdict else
-                 f"<span class='verdict-FAIL'>{html.escape(headline)}</span>" if run.stale_audit else "<span>not audited</span>")
-        parts += [f"<h2 id='run-{index}'>{html.escape(run.label)} — audit: {badge}</h2>",
-                  f"<p class='note'>Trace: {html.escape(str(run.directory))}</p>",
+        badge = (f"<span class='verdict-{escaped(verdict)}'>{escaped(verdict)}</span>"
+                 + (f"<span class='verdict-FAIL'>{escaped(rest)}</span>" if "NOT COVERED" in rest
+                    else escaped(rest)) if verdict else
+                 f"<span class='verdict-FAIL'>{escaped(headline)}</span>" if run.stale_audit else "<span>not audited</span>")
+        parts += [f"<h2 id='run-{index}'>{escaped(run.label)} — audit: {badge}</h2>",
+                  f"<p class='note'>Trace: {escaped(str(run.directory))}</p>",
                   "<h3>Privacy-loss breakdown</h3>", _html_table(breakdown_table(run), "breakdown"),
-                  f"<p class='note'>{html.escape(_breakdown_caption(run))}</p>", "<h3>Privacy statement</h3>"]
-        parts += [f"<p>{html.escape(p)}</p>" for p in privacy_statement(run)]
+                  f"<p class='note'>{escaped(_breakdown_caption(run))}</p>", "<h3>Privacy statement</h3>"]
+        parts += [f"<p>{escaped(p)}</p>" for p in privacy_statement(run)]
         parts += _html_generations(run)
         checks = checks_table(run)
         if checks is not None:
@@ -447,8 +454,8 @@ def render_html(runs: list[RunData]) -> str:
         figures = run_figures(run)
         if figures:
             parts.append("<h3>Figures</h3><div class='figures'>" + "".join(
-                f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-                f"<figcaption>{html.escape(name)}</figcaption></figure>" for name, png in figures.items()) + "</div>")
+                f"<figure><img alt='{escaped(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+                f"<figcaption>{escaped(name)}</figcaption></figure>" for name, png in figures.items()) + "</div>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

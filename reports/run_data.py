@@ -20,8 +20,11 @@ class RunData:
     audit: dict | None
     records: list[dict]
     stale_audit: str | None = None
-    """Why the directory's audit.json is not shown (made for other files, or unreadable); None when
-    it is current or absent."""
+    """Why the directory's audit.json is not shown (made for other files, changed after the audit, or
+    unreadable); None when it is current or absent."""
+    audit_withheld: str = "STALE"
+    """How a report names an audit it does not show: STALE (made for other files, by an older
+    dpledger, or unreadable) or TAMPERED (changed after the audit: audit.audit.audit_integrity)."""
 
     @property
     def label(self) -> str:
@@ -77,18 +80,19 @@ def load_run(run_dir: str | Path) -> RunData:
     run_dir = Path(run_dir)
     manifest = trace.read_manifest(run_dir)
     ledger = trace.read_ledger(run_dir)
-    audit, stale = None, None
+    audit, stale, withheld = None, None, "STALE"
     if (run_dir / AUDIT_FILE).exists():
-        from audit.audit import audit_binding
+        from audit.audit import audit_binding, audit_integrity
 
         try:
             audit = trace.read_json_file(run_dir / AUDIT_FILE, "the run's audit")
-            stale = audit_binding(run_dir, audit)
+            problem = audit_integrity(audit)
+            withheld, stale = problem if problem is not None else ("STALE", audit_binding(run_dir, audit))
         except trace.TraceError as error:
             stale = str(error)
         if stale is not None:
-            audit = None  # never print a verdict beside numbers it was not made for
-    return RunData(run_dir, manifest, ledger, audit, trace.read_records(run_dir, verify=False), stale)
+            audit = None  # never print a verdict beside numbers it was not made for, or that was edited
+    return RunData(run_dir, manifest, ledger, audit, trace.read_records(run_dir, verify=False), stale, withheld)
 
 
 def fmt(value, digits: int = 4, name: str = "a report value") -> str:

@@ -44,7 +44,7 @@ def relation_label(run: RunData) -> str:
 def audit_headline(run: RunData) -> str:
     """The audit's verdict with the relation it is for and every other relation tested."""
     if run.stale_audit:
-        return f"STALE audit, not shown: {run.stale_audit}"
+        return f"{run.audit_withheld} audit, not shown: {run.stale_audit}"
     if not run.audit:
         return "not audited"
     return run.audit.get("headline", run.audit["verdict"])
