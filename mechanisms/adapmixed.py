@@ -109,6 +109,10 @@ class AdaPMixED:
                              f"({self.pmixed.teachers})")
         if self.screening.relation != self.pmixed.relation:
             raise ValueError("screening and PMixED must be stated for the same neighbouring relation")
+        if self.pmixed.teachers < 2:
+            raise ValueError(f"AdaPMixED needs at least 2 teachers, got {self.pmixed.teachers}: its data-dependent "
+                             "loss (Flemings et al. 2024, Eq. 3) compares the ensemble with its leave-one-out "
+                             "ensembles; with one teacher use PMixED, whose bound covers it")
 
     @property
     def relation(self) -> NeighbouringRelation:

@@ -279,3 +279,10 @@ def test_beta_from_budget_inverts_the_charged_bound(relation, teachers):
         beta = beta_from_budget(8.0, 1000, ALPHA, 1, relation)
         with mpmath.workdps(DPS):
             assert oracle_theorem_3_1(ALPHA, beta, 2) <= mpmath.mpf(8.0) / 1000
+
+
+def test_adapmixed_with_one_teacher_is_refused_with_the_reason():
+    from mechanisms import AdaPMixED, NoisyScreening
+
+    with pytest.raises(ValueError, match="AdaPMixED needs at least 2 teachers, got 1"):
+        AdaPMixED(PMixED(18.0, 0.2, 1), NoisyScreening(teachers=1, lam=1e-4, sigma=1e-2))
