@@ -8,7 +8,9 @@ from __future__ import annotations
 import html
 
 
-def escaped(value) -> str:
-    """`value` as HTML text: &, <, >, " and ' replaced by their character references (html.escape
-    with quote=True), safe in element content and in quoted attribute values."""
-    return html.escape(str(value), quote=True)
+def escaped(value, quotes: bool = True) -> str:
+    """`value` as HTML text: &, < and > replaced by their character references, and " and ' too
+    unless `quotes` is False (text outside any attribute, e.g. a Markdown paragraph, where they are
+    harmless and show as themselves in plain text). Safe in element content, and with quotes in
+    quoted attribute values."""
+    return html.escape(str(value), quote=quotes)

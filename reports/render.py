@@ -79,9 +79,9 @@ def _cells(frame: pd.DataFrame, output_format: str):
 
 
 def _md(text) -> str:
-    """Text outside a code fence of a Markdown report: its HTML characters as character references
-    (Markdown renders raw HTML), like the HTML report's `escaped`."""
-    return escaped(text)
+    """Text outside a code fence of a Markdown report: &, < and > as character references (Markdown
+    renders raw HTML); quotes stay as they are, outside any attribute."""
+    return escaped(text, quotes=False)
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
