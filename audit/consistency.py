@@ -177,19 +177,24 @@ def check_models(loaded: LoadedTrace) -> CheckResult:
     could not check."""
     state, manifest = loaded.model_state, loaded.manifest
     if state == "available":
-        n, tokenizer = len(manifest["models"]), manifest.get("tokenizer")
+        n, tokenizer, recorded_tokenizer = len(manifest["models"]), manifest.get("tokenizer"), manifest.get(
+            "tokenizer_files")
         settings = manifest["config"].get("models") or {}
         from_files = manifest["models"][:1] if settings.get("teacher_kind") == "icl" else manifest["models"]
         weights_only = [m.get("role") for m in from_files if "files" not in m]  # in-context teachers are prompts
-        unchecked = ([f"the config and tokenizer files of {', '.join(weights_only)}"] if weights_only else []) + (
-            [] if isinstance(manifest.get("tokenizer_files"), dict) else [f"the files of the tokenizer {tokenizer}"])
-        if unchecked:
-            return passed("models", f"the {n} models at the recorded paths have the weights the manifest records; not "
-                          f"checked: {' and '.join(unchecked)}, which this trace (written by an older dpledger) "
-                          "does not record", unchecked=unchecked)
-        return passed("models", f"the {n} models at the recorded paths are the ones the manifest records (sha256 of "
-                      f"their weights, config and tokenizer files), and so is the tokenizer at {tokenizer}",
-                      unchecked=[])
+        unchecked = [f"the config and tokenizer files of {', '.join(weights_only)} (this trace, written by an older "
+                     "dpledger, records their weights only)"] if weights_only else []
+        if not isinstance(recorded_tokenizer, dict):
+            unchecked.append(f"the files of the tokenizer {tokenizer} (this trace, written by an older dpledger, "
+                             "records its path only)")
+        elif not recorded_tokenizer:
+            unchecked.append(f"the files of the tokenizer {tokenizer} (the run found none to record)")
+        checked = (f"the {n} models at the recorded paths " + ("have the weights the manifest records" if weights_only
+                   else "are the ones the manifest records (sha256 of their weights, config and tokenizer files)")
+                   + ("" if not isinstance(recorded_tokenizer, dict) or not recorded_tokenizer
+                      else f", and so is the tokenizer at {tokenizer}"))
+        return passed("models", checked + (f"; not checked: {'; '.join(unchecked)}" if unchecked else ""),
+                      unchecked=unchecked)
     if state == "different":
         return failed("models", f"the models at the recorded paths are not the ones the manifest names: "
                       f"{'; '.join(loaded.model_problems[:5])}: they changed since the run, or the manifest was rewritten",

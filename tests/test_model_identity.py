@@ -368,7 +368,9 @@ def test_a_changed_or_malformed_model_fails_the_models_check_naming_the_file(own
     directory = {"teacher": own_models.teachers[1], "public": own_models.public,
                  "tokenizer": own_models.tokenizer}[which]
     for run in own_runs.values():
-        assert check_models(load_trace(run)).status is Status.PASS
+        before = check_models(load_trace(run))
+        assert before.status is Status.PASS and before.evidence["unchecked"] == [], before.detail
+        assert f"and so is the tokenizer at {own_models.tokenizer}" in before.detail
     expected = changed(directory, edit)
     for run in own_runs.values():
         loaded = load_trace(run)
@@ -413,7 +415,19 @@ def test_an_older_trace_is_audited_on_what_it_records_and_says_what_it_could_not
     assert report.verdict == "PASS", [c.to_dict() for c in report.failed]
     assert report.check("canary_game").status is Status.PASS  # compared on the weights the trace records
     assert models.status is Status.PASS and "have the weights the manifest records; not checked: the config and " \
-        "tokenizer files of public, teacher-0, teacher-1, teacher-2 and the files of the tokenizer" in models.detail
+        "tokenizer files of public, teacher-0, teacher-1, teacher-2 (this trace, written by an older dpledger, " \
+        "records their weights only); the files of the tokenizer" in models.detail
     assert models.evidence["unchecked"]
+    # a config edit that changes the logits: the teacher now runs with it, and the replay's
+    # comparison of the payload with the models' logits catches it
+    changed(own_models.teachers[1], _edit_config)
+    report = audit_run(older, mc_samples=50, play_game=False, write=False)
+    assert report.check("models").status is Status.PASS and report.check("replay").status is Status.FAIL
+    assert "logits" in report.check("replay").detail, report.check("replay").detail
+    without_payload = tmp_path / "older-without-payload"  # the steps recomputed from the models differ
+    shutil.copytree(own_runs["no-payload"], without_payload)
+    forge(without_payload, edit_manifest=_as_older_trace)
+    report = audit_run(without_payload, mc_samples=50, play_game=False, write=False)
+    assert report.check("models").status is Status.PASS and report.check("replay").status is Status.FAIL
     changed(own_models.teachers[1], _truncate)
     assert check_models(load_trace(older)).status is Status.FAIL
