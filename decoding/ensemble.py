@@ -395,12 +395,16 @@ class Ensemble:
                                for m in models)
         self.identities = tuple(identities)
         self.device = torch.device(device)
-        groups: dict = {}
+        stacks: dict[tuple, list[int]] = {}
+        self._forwards = []  # (indices, a StackedGPT2 or a model of its own)
         for index, model in enumerate(models):
             signature = forward_signature(model)
-            groups.setdefault(("alone", index) if signature is None else signature, []).append(index)
-        self._forwards = [(indices, StackedGPT2([models[i] for i in indices], self.device) if key[0] != "alone"
-                           else models[indices[0]].to(self.device)) for key, indices in groups.items()]
+            if signature is None:
+                self._forwards.append(([index], model.to(self.device)))
+            else:
+                stacks.setdefault(signature, []).append(index)
+        self._forwards += [(indices, StackedGPT2([models[i] for i in indices], self.device))
+                           for indices in stacks.values()]
 
     @classmethod
     def from_pretrained(cls, public: str, teachers: Sequence[str], teacher_kind: str = "full",
