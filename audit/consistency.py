@@ -167,19 +167,40 @@ def check_payload(loaded: LoadedTrace) -> CheckResult:
 
 
 def check_models(loaded: LoadedTrace) -> CheckResult:
-    """The models at the manifest's paths are the ones it names (content hashes). Models that are
-    there with other hashes FAIL: either they changed since the run or the manifest was rewritten,
-    and in both cases nothing can check the payload against the run's models. Absent models are
-    not a failure (the replay then rests on the payload alone, and says so)."""
-    state = loaded.model_state
+    """The models at the manifest's paths are the ones it names: the sha256 of their weights and of
+    their config and tokenizer files, and of the run's tokenizer files. Models that are there but
+    differ, or cannot be loaded (a truncated weights file, a config.json that does not parse), FAIL,
+    naming the file: either they changed since the run or the manifest was rewritten, and in both
+    cases nothing can check the payload against the run's models. Absent models are not a failure
+    (the replay then rests on the payload alone, and says so). A trace written before identities
+    covered config and tokenizer files is checked on what it records, and the check says what it
+    could not check."""
+    state, manifest = loaded.model_state, loaded.manifest
     if state == "available":
-        return passed("models", f"the {len(loaded.manifest['models'])} models at the recorded paths have the "
-                      "content hashes the manifest records")
+        n, tokenizer, recorded_tokenizer = len(manifest["models"]), manifest.get("tokenizer"), manifest.get(
+            "tokenizer_files")
+        settings = manifest["config"].get("models") or {}
+        from_files = manifest["models"][:1] if settings.get("teacher_kind") == "icl" else manifest["models"]
+        weights_only = [m.get("role") for m in from_files if "files" not in m]  # in-context teachers are prompts
+        unchecked = [f"the config and tokenizer files of {', '.join(weights_only)} (this trace, written by an older "
+                     "dpledger, records their weights only)"] if weights_only else []
+        if not isinstance(recorded_tokenizer, dict):
+            unchecked.append(f"the files of the tokenizer {tokenizer} (this trace, written by an older dpledger, "
+                             "records its path only)")
+        elif not recorded_tokenizer:
+            unchecked.append(f"the files of the tokenizer {tokenizer} (the run found none to record)")
+        checked = (f"the {n} models at the recorded paths " + ("have the weights the manifest records" if weights_only
+                   else "are the ones the manifest records (sha256 of their weights, config and tokenizer files)")
+                   + ("" if not isinstance(recorded_tokenizer, dict) or not recorded_tokenizer
+                      else f", and so is the tokenizer at {tokenizer}"))
+        return passed("models", checked + (f"; not checked: {'; '.join(unchecked)}" if unchecked else ""),
+                      unchecked=unchecked)
     if state == "different":
-        recorded = [m.get("content_hash") for m in loaded.manifest["models"]]
-        differing = [m.get("role") for m, found, want in zip(loaded.manifest["models"], loaded.found_model_hashes,
-                                                             recorded) if found != want]
-        return failed("models", f"the models at the recorded paths are not the ones the manifest names ({', '.join(differing)}"
-                      " have other content hashes): they changed since the run, or the manifest was rewritten",
-                      differing=differing)
+        return failed("models", f"the models at the recorded paths are not the ones the manifest names: "
+                      f"{'; '.join(loaded.model_problems[:5])}: they changed since the run, or the manifest was rewritten",
+                      problems=loaded.model_problems)
+    if state == "malformed":
+        return failed("models", f"the model files at the recorded paths cannot be loaded: {loaded.model_problems[0]}: "
+                      "the run loaded them, so they changed since the run, or the manifest names other files",
+                      problems=loaded.model_problems)
     return skipped("models", loaded.model_unavailability())

@@ -84,6 +84,9 @@ class LoadedTrace:
     _payload_states: dict[int, str] | None = None
     _model_state: str | None = None
     found_model_hashes: list[str] | None = None
+    model_problems: list[str] = field(default_factory=list)
+    """Why the models at the recorded paths are not the run's (model_state "different" or
+    "malformed"), each naming the model's file."""
     _window_rows: int | None = None
     audit_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     """Names this load of the trace: a worker keeps what it loaded for it (models, memo) under this id,
@@ -180,9 +183,11 @@ class LoadedTrace:
 
     @property
     def model_state(self) -> str:
-        """"available"; "absent" (not at the recorded paths, or not loadable); "different" (models
-        are there but their content hashes are not the ones the manifest records); or
-        "not-used" (free generation, replayed from the payload only)."""
+        """"available"; "absent" (not at the recorded paths); "malformed" (there, but they cannot be
+        loaded: a truncated or pickled weights file, a config.json that does not parse, ...);
+        "different" (loaded, but their weights, config or tokenizer files, or the run's tokenizer,
+        are not the ones the manifest records); or "not-used" (free generation, replayed from the
+        payload only). model_problems names the files of the last two."""
         if self._model_state is None:
             self._model_state = self._load_models()
         return self._model_state
@@ -193,10 +198,11 @@ class LoadedTrace:
         models = self.manifest["models"]
         settings = self.manifest["config"].get("models")
         icl = isinstance(settings, dict) and settings.get("teacher_kind") == "icl"  # teachers are prompts, not files
+        examples = settings.get("icl_examples") if icl else None
         if not models or not all(isinstance(m, dict) and Path(str(m.get("source"))).exists()
-                                 for m in (models[:1] if icl else models)):
+                                 for m in (models[:1] if icl else models)) or (examples and not Path(examples).exists()):
             return "absent"
-        from decoding.ensemble import Ensemble
+        from decoding.ensemble import Ensemble, file_problems, identity_problems, tokenizer_files
 
         try:
             if icl:  # the prompts again: from the regenerated embedded corpus, or the examples file re-read
@@ -210,10 +216,18 @@ class LoadedTrace:
             else:
                 ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
                                                     self.manifest["config"]["models"]["teacher_kind"])
-        except (OSError, ValueError):
-            return "absent"
+        except (OSError, ValueError) as error:  # the loaders name the file at fault
+            self.model_problems = [" ".join(str(error).split())]
+            return "malformed"
         self.found_model_hashes = [i.content_hash for i in ensemble.identities]
-        if self.found_model_hashes != [m.get("content_hash") for m in models]:
+        self.model_problems = [f"{entry.get('role')}: {problem}" for entry, found in zip(models, ensemble.identities)
+                               for problem in identity_problems(entry, found)]
+        recorded_tokenizer = self.manifest.get("tokenizer_files")
+        if isinstance(recorded_tokenizer, dict):  # older traces record the tokenizer by path only
+            tokenizer = str(self.manifest.get("tokenizer"))
+            self.model_problems += [f"tokenizer: {problem}" for problem in
+                                    file_problems(recorded_tokenizer, tokenizer_files(tokenizer), tokenizer)]
+        if self.model_problems:
             return "different"
         self._ensemble = ensemble
         return "available"
@@ -221,12 +235,14 @@ class LoadedTrace:
     def model_unavailability(self) -> str:
         if self.model_state == "not-used":
             return "free generation is replayed from the payload only"
+        if self.model_state == "different":
+            return f"the models at the recorded paths are not the run's ({self.model_problems[0]})"
+        if self.model_state == "malformed":
+            return f"the models at the recorded paths cannot be loaded ({self.model_problems[0]})"
         missing = [str(m.get("source")) for m in self.manifest["models"]
                    if not isinstance(m, dict) or not Path(str(m.get("source"))).exists()]
         if missing:
             return f"the run's models are not at the recorded paths (first missing: {missing[0]})"
-        if self.model_state == "different":
-            return "the models at the recorded paths have other content hashes than the manifest records"
         return "the run's models cannot be loaded from the recorded paths"
 
     # -- streaming ----------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
                       chunk: int = 250) -> tuple[CheckResult, GameResult | None]:
     """The planted canary's teacher present vs removed, on the canary's own prefix: does the
     mechanism emit the secret's first token more often with the teacher than without it?"""
-    from decoding.ensemble import Ensemble
+    from decoding.ensemble import Ensemble, identity_problems
     from decoding.runners import build_runner
     from transformers import AutoTokenizer
 
@@ -133,9 +133,10 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
     else:
         ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
                                             trace.manifest["config"]["models"]["teacher_kind"])
-    for identity, loaded in zip(models, ensemble.identities):
-        require(identity["content_hash"] == loaded.content_hash,
-                f"model {identity['source']} changed since the run (content hash differs)")
+    changes = [change for identity, found in zip(models, ensemble.identities)
+               for change in identity_problems(identity, found)]
+    if changes:
+        raise ValueError(f"the run's models changed since the run: {changes[0]}")
     canary = canaries[0]
     tokenizer = AutoTokenizer.from_pretrained(trace.manifest["tokenizer"])
     context, target = canary_query(tokenizer, ensemble, canary)

@@ -1,9 +1,12 @@
 """A GPT-2 forward pass over M models at once (the public model and N teachers), on shared inputs.
 
 Each parameter is stacked across models (shape (M, ...)) and every matmul is one batched matmul,
-so the hot path has no Python loop over teachers. It computes exactly what transformers'
-GPT2LMHeadModel computes (tests compare the two) for the default GPT-2 settings: learned
-positions, pre-LayerNorm blocks, gelu_new, tied LM head, attention scaled by 1/sqrt(head_dim).
+so the hot path has no Python loop over teachers. Only models with one forward configuration are
+stacked (`forward_signature`: every GPT-2 setting that changes the eval forward pass); the ensemble
+stacks each group of equal signatures (decoding.ensemble), so every model runs with its own
+config.json. It computes what transformers' GPT2LMHeadModel computes (tests compare the two):
+learned positions, pre-LayerNorm blocks, the configured activation (transformers' own function),
+attention scaled by 1/sqrt(head_dim) or not, and by 1/(layer + 1) or not, a tied or separate LM head.
 """
 from __future__ import annotations
 
@@ -12,36 +15,51 @@ import torch.nn.functional as F
 
 from accounting.errors import require
 
-_ACTIVATIONS = {
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu": F.gelu,
-    "relu": F.relu,
-}
+FORWARD_KEYS = ("n_embd", "n_layer", "n_head", "n_inner", "n_positions", "vocab_size", "layer_norm_epsilon",
+                "activation_function", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+                "reorder_and_upcast_attn", "add_cross_attention")
+"""The GPT-2 settings that GPT2LMHeadModel's forward reads on a causal LM query. The others do not
+change eval logits: dropout probabilities (eval mode), token ids (no padding mask here), the
+summary_* settings (other heads), initializer_range, use_cache. reorder_and_upcast_attn computes
+the same scaled product in float32, which the kernel always uses; add_cross_attention adds weights
+that a query without encoder states never reads, but it changes the weights that exist."""
+
+
+def forward_signature(model) -> tuple | None:
+    """What determines `model`'s forward pass beside its weights, or None when the kernel does not
+    compute it (not a GPT-2 causal LM): such a model runs through transformers on its own."""
+    config = model.config
+    if config.model_type != "gpt2" or type(model).__name__ != "GPT2LMHeadModel":
+        return None
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    return tuple((key, getattr(config, key, None)) for key in FORWARD_KEYS) + (("tied_lm_head", tied),)
 
 
 class StackedGPT2:
-    """Stacked weights of M GPT-2 models with one configuration; `logits(input_ids)` -> (M, B, L, V)."""
+    """Stacked weights of M GPT-2 models with one forward signature; `logits(input_ids)` -> (M, B, L, V)."""
 
     def __init__(self, models, device: str | torch.device = "cpu"):
+        from transformers.activations import ACT2FN
+
         require(len(models) > 0, "need at least one model to stack")
-        config = models[0].config
+        signature = forward_signature(models[0])
+        require(signature is not None, f"the batched kernel computes GPT-2 causal LMs, got {type(models[0]).__name__}")
         for model in models[1:]:
-            require(model.config.to_dict().get("n_embd") == config.n_embd and model.config.n_layer == config.n_layer
-                    and model.config.vocab_size == config.vocab_size,
-                    "every stacked model must share the GPT-2 shape (n_embd, n_layer, vocab_size)")
-        require(config.model_type == "gpt2", f"the batched kernel supports GPT-2 models, got {config.model_type}")
-        require(config.activation_function in _ACTIVATIONS, f"unsupported activation {config.activation_function}")
-        require(not getattr(config, "scale_attn_by_inverse_layer_idx", False) and
-                not getattr(config, "reorder_and_upcast_attn", False), "unsupported GPT-2 attention options")
+            other = forward_signature(model)
+            if other != signature:
+                differing = [key for (key, value), (_, theirs) in zip(signature, other or ()) if value != theirs]
+                raise ValueError("models stacked in one forward must share its configuration; these differ in "
+                                 f"{differing or 'architecture'}")
+        config = models[0].config
         self.config = config
         self.n_models = len(models)
-        self.activation = _ACTIVATIONS[config.activation_function]
+        self.activation = ACT2FN[config.activation_function]
+        self.tied = dict(signature)["tied_lm_head"]
         states = [{k: v.detach() for k, v in model.state_dict().items()} for model in models]
         self.device = torch.device(device)
         self.params = {name: torch.stack([state[name] for state in states]).float().contiguous().to(self.device)
                        for name in states[0] if not name.endswith(".attn.bias") and not name.endswith(".attn.masked_bias")
-                       and name != "lm_head.weight"}
+                       and not (self.tied and name == "lm_head.weight")}
 
     def _layer_norm(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
         weight = self.params[prefix + ".weight"][:, None, None, :]
@@ -55,6 +73,11 @@ class StackedGPT2:
         weight, bias = self.params[prefix + ".weight"], self.params[prefix + ".bias"]
         out = torch.baddbmm(bias[:, None, :], x.reshape(m, b * length, width), weight)
         return out.reshape(m, b, length, -1)
+
+    def _attention_scale(self, layer: int) -> float:
+        """GPT2Attention's scaling of q.k for this layer."""
+        scale = (self.config.n_embd // self.config.n_head) ** -0.5 if self.config.scale_attn_weights else 1.0
+        return scale / (layer + 1) if self.config.scale_attn_by_inverse_layer_idx else scale
 
     @torch.no_grad()
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -73,7 +96,7 @@ class StackedGPT2:
             q, k, v = qkv.split(self.config.n_embd, dim=-1)
             shape = (self.n_models * batch, length, heads, self.config.n_embd // heads)
             q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
-            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self._attention_scale(layer))
             attended = attended.transpose(1, 2).reshape(self.n_models, batch, length, self.config.n_embd)
             h = h + self._conv1d(attended, prefix + ".attn.c_proj")
             mlp = self.activation(self._conv1d(self._layer_norm(h, prefix + ".ln_2"), prefix + ".mlp.c_fc"))
@@ -87,6 +110,6 @@ class StackedGPT2:
         if last_only:
             h = h[:, :, -1:]
         m, b, length, width = h.shape
-        wte = self.params["transformer.wte.weight"]  # tied LM head
-        logits = torch.bmm(h.reshape(m, b * length, width), wte.transpose(1, 2)).reshape(m, b, length, -1)
+        head = self.params["transformer.wte.weight" if self.tied else "lm_head.weight"]
+        logits = torch.bmm(h.reshape(m, b * length, width), head.transpose(1, 2)).reshape(m, b, length, -1)
         return logits[:, :, 0] if last_only else logits

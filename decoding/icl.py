@@ -26,7 +26,7 @@ import torch
 from accounting.errors import require
 from decoding.config import read_text_file
 from decoding.corpus import EmbeddedCorpus
-from decoding.ensemble import Ensemble, ModelIdentity, load_causal_lm, model_content_hash
+from decoding.ensemble import Ensemble, ModelIdentity, load_causal_lm, model_identity
 from decoding.recipe import encode_documents
 
 TOKENS_PER_FORWARD = 2 ** 12
@@ -193,10 +193,10 @@ class InContextEnsemble:
         require(isinstance(prompt_tokens, int) and not isinstance(prompt_tokens, bool) and 1 <= prompt_tokens < context,
                 f"models.icl_prompt_tokens must be an integer in [1, {context - 1}], got {prompt_tokens!r}")
         prompts = [prompt_token_ids(tokenizer, prompt, prompt_tokens) for prompt in teacher_prompts]
-        public_hash = model_content_hash(public_model)
-        identities = [ModelIdentity("public", str(public), public_hash)]
-        for i, prompt in enumerate(prompts):
-            digest = hashlib.sha256(public_hash.encode())
+        public_identity = model_identity("public", public, public_model)
+        identities = [public_identity]
+        for i, prompt in enumerate(prompts):  # the public weights and the prompt (its config: the public entry)
+            digest = hashlib.sha256(public_identity.weights_sha256.encode())
             digest.update(np.asarray(prompt, dtype=np.int64).tobytes())
             identities.append(ModelIdentity(f"teacher-{i}", sources[i] if sources else f"in-context prompt {i}",
                                             digest.hexdigest()))

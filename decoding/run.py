@@ -33,7 +33,8 @@ from decoding import trace
 from decoding.budget import DATA_DEPENDENT_LABEL, BudgetGate
 from decoding.cluster import ClusterError
 from decoding.config import RunConfig, read_text_file
-from decoding.ensemble import Ensemble, load_tokenizer, require_matching_tokenizer
+from decoding.ensemble import (Ensemble, file_problems, identity_problems, load_tokenizer, require_matching_tokenizer,
+                               tokenizer_files)
 from decoding.runners import BlockOutcome, Runner, build_runner
 from mechanisms.randomness import StepGenerators
 
@@ -141,12 +142,15 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
 
 def build_manifest(config: RunConfig, runner: Runner, orders: np.ndarray, models: list[dict], vocab_size: int,
                    data_identity: dict, tokenizer_path: str, canaries: list[dict],
-                   budget: BudgetGate | None = None) -> dict:
-    """manifest.json's content: what ran (the chain's genesis hash binds all of it)."""
+                   budget: BudgetGate | None = None, tokenizer_files: dict | None = None) -> dict:
+    """manifest.json's content: what ran (the chain's genesis hash binds all of it). `models` holds
+    each model's identity (decoding.ensemble.ModelIdentity.manifest_entry) and `tokenizer_files` the
+    sha256 of each of the tokenizer's files."""
     import transformers
 
     size = config.data.block_size if config.data.stream == "teacher-forced" else config.data.max_new_tokens
     return {**({"budget": budget.manifest_entry()} if budget is not None else {}),
+        **({"tokenizer_files": tokenizer_files} if tokenizer_files is not None else {}),
         "format": "dpledger-trace", "schema_version": trace.SCHEMA_VERSION, "package_version": PACKAGE_VERSION,
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": config.to_dict(), "config_fingerprint": config.fingerprint(),
@@ -164,8 +168,22 @@ def build_manifest(config: RunConfig, runner: Runner, orders: np.ndarray, models
 
 def _manifest(prepared: PreparedRun) -> dict:
     return build_manifest(prepared.config, prepared.runner, prepared.orders,
-                          [vars(identity) for identity in prepared.ensemble.identities], prepared.ensemble.vocab_size,
-                          prepared.data_identity, prepared.tokenizer_path, prepared.canaries, prepared.budget)
+                          [identity.manifest_entry() for identity in prepared.ensemble.identities],
+                          prepared.ensemble.vocab_size, prepared.data_identity, prepared.tokenizer_path,
+                          prepared.canaries, prepared.budget, tokenizer_files(prepared.tokenizer_path))
+
+
+def _model_changes(manifest: dict, prepared: PreparedRun) -> list[str]:
+    """How the models and tokenizer loaded now differ from the ones a run's manifest records."""
+    recorded = manifest.get("models", [])
+    if len(recorded) != len(prepared.ensemble.identities):
+        return [f"the manifest records {len(recorded)} models, {len(prepared.ensemble.identities)} are loaded"]
+    changes = [problem for entry, found in zip(recorded, prepared.ensemble.identities)
+               for problem in identity_problems(entry, found)]
+    if "tokenizer_files" in manifest:
+        changes += file_problems(manifest["tokenizer_files"], tokenizer_files(prepared.tokenizer_path),
+                                 prepared.tokenizer_path)
+    return changes
 
 
 def _open_run_dir(prepared: PreparedRun, resume: bool) -> trace.RunLock:
@@ -182,9 +200,9 @@ def _open_run_dir(prepared: PreparedRun, resume: bool) -> trace.RunLock:
             manifest = trace.read_manifest(out)
             if manifest.get("config_fingerprint") != prepared.config.fingerprint():
                 raise ValueError(f"output directory {out} holds another run (its config differs from this one)")
-            if [m.get("content_hash") for m in manifest.get("models", [])] != [i.content_hash for i in
-                                                                              prepared.ensemble.identities]:
-                raise ValueError(f"output directory {out} was written with different model weights")
+            changes = _model_changes(manifest, prepared)
+            if changes:
+                raise ValueError(f"output directory {out} was written with other models: {changes[0]}")
             trace.remove_temporary_files(out)
         except BaseException:
             lock.release()

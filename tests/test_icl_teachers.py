@@ -103,7 +103,7 @@ def test_identities_bind_the_public_model_and_each_prompt(micro_models, tokenize
     first = InContextEnsemble.from_pretrained(public, prompts, tokenizer, 12, sources=["a.json", "b.json"])
     assert [(i.role, i.source) for i in first.identities] == [("public", public), ("teacher-0", "a.json"),
                                                                ("teacher-1", "b.json")]
-    assert first.identities[0].content_hash == model_content_hash(load_causal_lm(public))
+    assert first.identities[0].weights_sha256 == model_content_hash(load_causal_lm(public))
     again = InContextEnsemble.from_pretrained(public, prompts, tokenizer, 12)
     assert [i.content_hash for i in again.identities] == [i.content_hash for i in first.identities]
     changed = InContextEnsemble.from_pretrained(public, [prompts[0], "Customer: Hello, I am Cy.\n\n"], tokenizer, 12)

@@ -492,7 +492,8 @@ def test_models_with_other_hashes_fail_so_a_forged_payload_cannot_hide_from_them
     forge(forged, edit_manifest=lambda m: m["models"][1].update(content_hash="0" * 64))
     report = audit_run(forged, **AUDIT)
     assert report.verdict == "FAIL" and report.check("models").status is Status.FAIL
-    assert "teacher-0 have other content hashes" in report.check("models").detail
+    assert "teacher-0: " in report.check("models").detail
+    assert "the manifest's content_hash is not the hash of its weights and files" in report.check("models").detail
 
 
 def test_a_missing_data_text_does_not_fail_an_honest_run(runs, tmp_path):
