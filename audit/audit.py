@@ -42,8 +42,6 @@ class AuditReport:
         return [c for c in self.checks if c.status is Status.FAIL]
 
     audited: dict = field(default_factory=dict)
-    written_to: Path | None = None
-    """Where audit.json was written (None: nowhere, see not_written)."""
     not_written: str | None = None
     """Why audit.json could not be written (a read-only run, say), in one line; the verdict stands."""
 
@@ -242,8 +240,6 @@ def _write_audit(report: AuditReport, audit_out: str | Path | None) -> None:
         report.not_written = f"cannot write {target}: {error.strerror or error}"
     except ValueError as error:  # refused by accounting.safe_files
         report.not_written = f"cannot write {target}: {' '.join(str(error).split())}"
-    else:
-        report.written_to = target
 
 
 def audit_binding(run_dir: str | Path, audit: dict) -> str | None:

@@ -210,7 +210,7 @@ def test_json_nested_too_deep_fails_in_a_run_and_is_one_line_on_the_command_line
     deep = "[" * 10_000 + "]" * 10_000
     (run / trace.LEDGER).write_text('{"epsilon": ' + deep + "}")
     status, out, err = audit(capsys, run)
-    assert status == 1 and f"ledger.json: arrays and objects nest 10001 deep, more than the {MAX_DEPTH}" in out, out + err
+    assert status == 1 and f"ledger.json: arrays and objects nest 10001 deep, more than the {MAX_DEPTH}" in out, err
     for text in ('{"a": ' + deep + "}", deep):
         (tmp_path / "deep.json").write_text(text)
         status, out, err = cli(capsys, "account", "from-event", str(tmp_path / "deep.json"), "--delta", "1e-5")
@@ -260,7 +260,8 @@ def test_an_unwritable_run_still_prints_its_verdict_and_writes_audit_json_where_
     monkeypatch.setattr(safe_files, "write_atomic", read_only)
     status, out, err = audit(capsys, run)
     assert status == 0 and out.startswith(f"audit of {run}: PASS"), out + err
-    assert err.count("\n") == 1 and f"audit.json not written (cannot write {run}/audit.json: Read-only file system)" in err
+    assert err.count("\n") == 1
+    assert f"audit.json not written (cannot write {run}/audit.json: Read-only file system)" in err
     assert not (run / "audit.json").exists()
     status, out, err = audit(capsys, run, "--audit-out", str(tmp_path / "kept.json"))
     assert status == 0 and not err and json.loads((tmp_path / "kept.json").read_text())["verdict"] == "PASS"
@@ -280,7 +281,8 @@ def _read_only_command(run: Path, command: str) -> list[str] | None:
         for path in [run, *run.rglob("*")]:
             path.chmod(path.stat().st_mode & ~0o222)
         return ["sh", "-c", command]
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--mount", "true"],
+                                                         capture_output=True).returncode != 0:
         return None
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
             f"mount --bind '{run}' '{run}' && mount -o remount,ro,bind '{run}' && {command}"]
@@ -412,7 +414,8 @@ def test_teachers_never_write_through_links_in_their_output_directory(micro_mode
     status, stdout, err = cli(capsys, *argv, "--overwrite")
     assert status == 0 and snapshot(victims) == before, err
     shutil.rmtree(out / "teacher-001")
-    for name, victim in {"teacher-001": "folder", ".teacher-001.partial": "staging", "decode.toml": "decode.toml"}.items():
+    for name, victim in (("teacher-001", "folder"), (".teacher-001.partial", "staging"),
+                         ("decode.toml", "decode.toml")):
         replace_with_link(out / name, victims / victim)
     status, stdout, err = cli(capsys, *argv)
     assert status == 0 and stdout.count("(kept from an earlier run)") == 2, err

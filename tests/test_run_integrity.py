@@ -470,7 +470,7 @@ def test_a_missing_data_text_does_not_fail_an_honest_run(runs, tmp_path):
         moved.rename(text)
 
 
-def test_malformed_manifest_relations_and_fifos_fail_and_hand_edited_reports_are_one_line_errors(runs, tmp_path, capsys):
+def test_malformed_relations_and_fifos_fail_and_hand_edited_reports_are_one_line_errors(runs, tmp_path, capsys):
     relations = copy(runs["pmixed"], tmp_path / "relations")
     manifest = trace.read_manifest(relations)
     manifest["mechanism"]["component_relations"] = ["add_or_remove_one"]
