@@ -8,12 +8,20 @@ parser reads the file and `loads_json` restores the exact value.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
 from accounting.errors import require
 
 NULLS = "nulls"
+MAX_BYTES = 64 * 2 ** 20
+"""A JSON file dpledger reads (a run's manifest, ledger, final record and audit, an event file) is
+read up to this size; dpledger's own are a few kB to a few MB."""
+MAX_DEPTH = 100
+"""Arrays and objects nest at most this deep in a file dpledger reads (its own files nest under 10): a
+deeper file is refused before parsing, which would otherwise recurse until Python's limit."""
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _NON_FINITE_REASONS = {"+inf": "+inf: no guarantee (an unbounded privacy loss)", "-inf": "-inf", "nan": "NaN: undefined"}
 
 
@@ -59,10 +67,45 @@ def _restored(value: dict, nulls: dict, where: str) -> dict:
     return value
 
 
+def _nesting_depth(text: str) -> int:
+    """How deep arrays and objects nest in `text` (brackets inside strings do not count), counted
+    without recursion, a slice at a time (memory stays small for a large file)."""
+    skeleton = np.frombuffer(_STRING.sub("", text).encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    opening, closing = np.frombuffer(b"[{", dtype=np.uint8), np.frombuffer(b"]}", dtype=np.uint8)
+    depth = deepest = 0
+    for start in range(0, skeleton.size, 1 << 22):
+        piece = skeleton[start:start + (1 << 22)]
+        steps = np.isin(piece, opening).astype(np.int64) - np.isin(piece, closing)
+        running = depth + np.cumsum(steps)
+        deepest = max(deepest, int(running.max(initial=0)))
+        depth = int(running[-1]) if running.size else depth
+    return deepest
+
+
+def _unique_keys(where: str):
+    """An object_pairs_hook refusing an object that names a key twice: readers that keep the first
+    value and readers that keep the last would see different files."""
+    def build(pairs):
+        value = dict(pairs)
+        if len(value) != len(pairs):
+            seen = set()
+            key = next(k for k, _ in pairs if k in seen or seen.add(k))
+            raise ValueError(f"{where}: the key {key!r} appears twice in one object (readers that keep the first "
+                             "value and readers that keep the last would disagree)")
+        return value
+    return build
+
+
 def loads_json(text: str, where: str = "JSON text"):
     """A value parsed from `text`, non-finite floats restored from its NULLS map (strict_json_text's
-    inverse). Files written before strict JSON (with Infinity literals) read the same."""
-    value = json.loads(text)
+    inverse). Files written before strict JSON (with Infinity literals) read the same. ValueError
+    naming `where` for text nested deeper than MAX_DEPTH or an object with a duplicate key
+    (json.JSONDecodeError, a ValueError, for text that is not JSON)."""
+    depth = _nesting_depth(text)
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{where}: arrays and objects nest {depth} deep, more than the {MAX_DEPTH} a file dpledger "
+                         "reads may")
+    value = json.loads(text, object_pairs_hook=_unique_keys(where))
     if isinstance(value, dict) and isinstance(value.get(NULLS), dict):
         value = _restored(value, value.pop(NULLS), where)
     return value

@@ -42,6 +42,8 @@ class AuditReport:
         return [c for c in self.checks if c.status is Status.FAIL]
 
     audited: dict = field(default_factory=dict)
+    not_written: str | None = None
+    """Why audit.json could not be written (a read-only run, say), in one line; the verdict stands."""
 
     @property
     def verified(self) -> bool:
@@ -189,10 +191,13 @@ def _guarded(name: str, check, loaded) -> CheckResult:
 
 def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_samples: int = 400,
               game_trials: int = 2000, play_game: bool = True, seed: int = 0, write: bool = True,
-              expect_head: str | None = None, executor=None) -> AuditReport:
-    """Audit a finished run directory; writes audit.json there (unless write=False), bound to the
-    hashes of the manifest, ledger.json and the chain head it audited. TraceError (a ValueError)
-    for a directory that is not a finished dpledger run.
+              expect_head: str | None = None, executor=None, audit_out: str | Path | None = None) -> AuditReport:
+    """Audit a finished run directory; writes audit.json there (unless write=False; to `audit_out`
+    instead when given), bound to the hashes of the manifest, ledger.json and the chain head it
+    audited. A write that fails (a read-only run) leaves the report's verdict as it is and says why
+    in `not_written`. UnusableRunError (a ValueError) for a directory that is not a dpledger run or
+    is being written; a run whose files cannot be read (damaged, planted links or FIFOs, malformed
+    or duplicate-key JSON, chunks missing or unreadable) FAILs the `files` check, naming the file.
 
     `executor` (audit.distributed.DaskWindowExecutor) computes the checks' per-window work on Dask
     workers; the report is the same as without it (audit.loader explains why)."""
@@ -201,11 +206,21 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
                                         and all(c in "0123456789abcdef" for c in expect_head)):
         raise ValueError(f"--expect-head must be a 64-character lowercase hex sha256, got {expect_head!r}")
     if trace_files.is_locked(run_dir):
-        raise trace_files.TraceError(f"{run_dir} is being written by a dpledger process; audit it when the run has "
-                                     "finished")
-    loaded = load_trace(run_dir)
+        raise trace_files.UnusableRunError(f"{run_dir} is being written by a dpledger process; audit it when the run "
+                                           "has finished")
+    try:
+        loaded = load_trace(run_dir)
+    except trace_files.UnusableRunError:
+        raise
+    except trace_files.TraceError as error:  # a dpledger run whose files cannot be read: a finding, not bad input
+        report = AuditReport(Path(run_dir), [failed("files", f"{error} (so no other check could run)")], [], False,
+                             time.time() - started)
+        if write:
+            _write_audit(report, audit_out)
+        return report
     loaded.executor = executor
-    plan = [("hash_chain", lambda: replay.check_hash_chain(loaded)),
+    plan = [("files", lambda: consistency.check_files(loaded)),
+            ("hash_chain", lambda: replay.check_hash_chain(loaded)),
             ("final_record", lambda: consistency.check_final_record(loaded, expect_head)),
             ("manifest", lambda: consistency.check_manifest(loaded)),
             ("records", lambda: consistency.check_records(loaded)),
@@ -221,7 +236,7 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
             ("theorem_3_1", lambda: bounds.check_theorem_3_1(loaded)),
             ("utility_theorem_4_3", lambda: bounds.check_utility_bound(loaded))]
     if loaded.mechanism_type == "voting":  # Hot PATE: votes, not mixtures (audit.voting)
-        plan = plan[:10] + [("shared_randomness", lambda: voting.check_shared_randomness(loaded)),
+        plan = plan[:11] + [("shared_randomness", lambda: voting.check_shared_randomness(loaded)),
                             ("vote_threshold", lambda: voting.check_vote_threshold(loaded)),
                             ("voting_charges", lambda: voting.check_voting_charges(loaded))]
     if loaded.manifest.get("budget") is not None:
@@ -248,8 +263,20 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
                          audited={"manifest_sha256": loaded.manifest_sha256, "ledger_sha256": loaded.ledger_sha256,
                                   "head": loaded.final.get("head")})
     if write:
-        trace_files.atomic_write_json(Path(run_dir) / AUDIT_FILE, report.to_dict())
+        _write_audit(report, audit_out)
     return report
+
+
+def _write_audit(report: AuditReport, audit_out: str | Path | None) -> None:
+    """audit.json in the run (never through a link there) or at `audit_out`; a failure is noted on
+    the report, never raised: the verdict must reach the user even from a read-only run."""
+    target = Path(audit_out) if audit_out is not None else report.run_dir / AUDIT_FILE
+    try:
+        trace_files.atomic_write_json(target, report.to_dict())
+    except OSError as error:
+        report.not_written = f"cannot write {target}: {error.strerror or error}"
+    except ValueError as error:  # refused by accounting.safe_files
+        report.not_written = f"cannot write {target}: {' '.join(str(error).split())}"
 
 
 def audit_binding(run_dir: str | Path, audit: dict) -> str | None:
@@ -260,8 +287,9 @@ def audit_binding(run_dir: str | Path, audit: dict) -> str | None:
     if not isinstance(audited, dict):
         return "audit.json records no hashes of what it audited (made by an older dpledger)"
     try:
-        current = {"manifest_sha256": trace_files.file_sha256(run_dir / trace_files.MANIFEST),
-                   "ledger_sha256": trace_files.file_sha256(run_dir / trace_files.LEDGER),
+        bound = trace_files.MAX_JSON_BYTES
+        current = {"manifest_sha256": trace_files.file_sha256(run_dir / trace_files.MANIFEST, bound),
+                   "ledger_sha256": trace_files.file_sha256(run_dir / trace_files.LEDGER, bound),
                    "head": trace_files.read_final(run_dir).get("head")}
     except (OSError, ValueError) as error:
         return f"the run's files cannot be hashed ({error})"

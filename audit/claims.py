@@ -33,6 +33,7 @@ from accounting.errors import (require, require_finite, require_in_closed, requi
                                require_non_negative, require_order, require_positive)
 from accounting.orders import default_orders
 from accounting.relation import NeighbouringRelation
+from accounting.safe_files import read_text
 from mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
                         PoissonSubsampledGaussian, SubsamplingVariant, Targmax, ThresholdWeightedSampler,
                         realised_subsample_sizes)
@@ -48,6 +49,8 @@ BASES = ("data-independent", "data-dependent")
 PATHS = ("released-output", "realised-path")
 
 REALISED_SEEDS = 200
+MAX_CLAIM_BYTES = 2 ** 20
+"""A claim file is read up to this size (one is a few hundred bytes)."""
 """Realised-size variants draw each query's sample size m_t ~ Binomial(N, q): their epsilon is a
 random quantity. It is simulated with seeds 0..REALISED_SEEDS-1 (mechanisms.realised_subsample_sizes);
 a claim is reproduced by such a variant when it lies within the simulated range."""
@@ -283,11 +286,14 @@ def claim_from_mapping(data: dict) -> Claim:
 def load_claim(path: str | Path) -> Claim:
     """Parse and validate a claim TOML file; ValueError naming the file and the key otherwise."""
     path = Path(path)
-    with open(path, "rb") as handle:
-        try:
-            data = tomllib.load(handle)
-        except tomllib.TOMLDecodeError as error:
-            raise ValueError(f"{path}: not valid TOML: {error}") from None
+    text = read_text(path, MAX_CLAIM_BYTES, follow=True, what="a claim")  # never a FIFO or a device
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{path}: not valid TOML: {error}") from None
+    except RecursionError:  # tomllib recurses once per nested array or table: a claim nests two deep
+        raise ValueError(f"{path}: arrays or tables nest deeper than Python's recursion limit; a claim nests two "
+                         "deep") from None
     try:
         return claim_from_mapping(data)
     except ValueError as error:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from accounting import safe_files
 from accounting.orders import default_orders
 from audit.checks import CheckResult, failed, passed, skipped, verdict
 from audit.loader import LoadedTrace
@@ -17,6 +18,18 @@ from decoding import trace
 from decoding.config import BudgetConfig, DataConfig, ModelsConfig, RunConfig
 from decoding.run import component_relations
 from decoding.runners import build_runner
+
+
+def check_files(loaded: LoadedTrace) -> CheckResult:
+    """Every entry of the run directory is a regular file or a directory: dpledger writes nothing
+    else, and a link, FIFO, device or socket in a run is planted (a link to make whoever writes
+    there write elsewhere, a FIFO or a device to make a reader hang). Nothing is opened or followed."""
+    found = safe_files.special_entries(loaded.directory)
+    return verdict("files", not found, "every entry of the run directory is a regular file or a directory (no link, "
+                   "FIFO, device or socket)",
+                   f"{len(found)} entries of {loaded.directory} are not regular files or directories, which no "
+                   "dpledger run holds: " + "; ".join(f"{name} is {kind}" for name, kind in found[:5]),
+                   entries=[f"{name}: {kind}" for name, kind in found[:50]])
 
 
 def check_final_record(loaded: LoadedTrace, expect_head: str | None = None) -> CheckResult:
@@ -144,22 +157,28 @@ def check_records(loaded: LoadedTrace) -> CheckResult:
 
 
 def check_payload(loaded: LoadedTrace) -> CheckResult:
-    """The replay payload is what the run wrote: every block's file has the sha256 chained in its
-    records, and replay/ holds nothing else. A changed file FAILs; a deleted payload is not an
-    integrity failure (users delete large payloads) but leaves the replay to the models."""
+    """The replay payload is what the run wrote: every block's file is a regular file of its block's
+    size with the sha256 chained in its records, and replay/ holds nothing else. A changed, unsafe
+    (a link, a FIFO, a device) or oversized file FAILs; a deleted payload is not an integrity
+    failure (users delete large payloads) but leaves the replay to the models."""
     if not loaded.manifest.get("replay_payload"):
         return skipped("payload", "the run kept no exact-replay payload")
     named = {state: [trace.replay_path(loaded.directory, index).name for index, s in loaded.payload_states.items()
-                     if s == state] for state in ("changed", "missing")}
-    changed, missing = named["changed"], named["missing"]
-    replay_dir = loaded.directory / trace.REPLAY_DIR
+                     if s == state] for state in ("changed", "missing", "unreadable")}
+    changed, missing, unreadable = named["changed"], named["missing"], named["unreadable"]
     expected = {trace.replay_path(loaded.directory, info.index).name for info in loaded.blocks_info}
-    stray = sorted(p.name for p in replay_dir.iterdir() if p.name not in expected) if replay_dir.is_dir() else []
-    if changed or stray:
+    try:
+        listing = safe_files.entries(loaded.directory / trace.REPLAY_DIR, root=loaded.directory)
+    except (FileNotFoundError, safe_files.UnsafeFileError):  # absent, or a link: the blocks say so already
+        listing = []
+    stray = [name for name, _ in listing if name not in expected]
+    if changed or unreadable or stray:
+        reasons = [loaded.payload_reasons[index] for index, s in loaded.payload_states.items() if s == "unreadable"]
         return failed("payload", "the replay payload is not what the run wrote: "
                       + "; ".join(([f"{', '.join(changed[:5])}: sha256 differs from the hash chained in its records"]
-                                   if changed else []) + ([f"unexpected files in replay/: {stray[:5]}"] if stray else [])),
-                      changed=changed, stray=stray, missing=missing)
+                                   if changed else []) + reasons[:5]
+                                  + ([f"unexpected files in replay/: {stray[:5]}"] if stray else [])),
+                      changed=changed, unreadable=unreadable, stray=stray, missing=missing)
     if missing:
         return skipped("payload", f"{len(missing)} of {len(loaded.blocks_info)} payload blocks are missing (first: "
                        f"{missing[0]}); the replay needs the run's models instead", missing=missing)

@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from accounting import safe_files
 from decoding import trace
 from decoding.run import RunTotals
 from decoding.runners import Runner, build_runner
@@ -82,6 +83,8 @@ class LoadedTrace:
     _logits_source: str | None = "unknown"
     _ensemble: object = None
     _payload_states: dict[int, str] | None = None
+    payload_reasons: dict[int, str] = field(default_factory=dict)
+    """Why each block that payload_states calls "unreadable" was not read, naming its file."""
     _model_state: str | None = None
     found_model_hashes: list[str] | None = None
     model_problems: list[str] = field(default_factory=list)
@@ -147,28 +150,51 @@ class LoadedTrace:
         """Why the replay payload cannot be used ([] when it can)."""
         if not self.manifest.get("replay_payload"):
             return ["the run kept no exact-replay payload (replay_payload = false)"]
-        problems = [f"{trace.replay_path(self.directory, index)}: " + ("missing" if state == "missing" else
+        problems = [self.payload_reasons[index] if state == "unreadable" else
+                    f"{trace.replay_path(self.directory, index)}: " + ("missing" if state == "missing" else
                     f"its sha256 differs from the one chained in block {index}'s records (changed after the run)")
                     for index, state in self.payload_states.items() if state != "intact"]
         return problems[:5]
 
+    def payload_shape(self, length: int) -> tuple[int, int, int]:
+        """The logits (N+1, L, V) a block of `length` steps must hold."""
+        return self.n_teachers + 1, length, int(self.manifest["vocab_size"])
+
     @property
     def payload_states(self) -> dict[int, str]:
-        """Per block: "intact" (its file has the chained sha256), "missing" or "changed"; each file is
-        hashed once per audit ({} when the run kept no payload)."""
+        """Per block: "intact" (its file has the chained sha256), "missing", "changed", or "unreadable"
+        (a link, not a regular file, or larger than a float32 block of its shape: the reason is in
+        payload_problems; nothing of it is read); each file is hashed once per audit ({} when the
+        run kept no payload)."""
         if self._payload_states is None:
-            states = {}
-            if self.manifest.get("replay_payload"):
-                paths = {info.index: trace.replay_path(self.directory, info.index) for info in self.blocks_info}
-                present = [index for index, path in paths.items() if path.exists()]
-                # at paper scale the payload is 20 MB a step: an executor hashes it on its workers
-                digests = (self.executor.file_digests([paths[i] for i in present]) if self.executor is not None
-                           else [trace.file_sha256(paths[i]) for i in present])
-                found = dict(zip(present, digests))
-                for info in self.blocks_info:
-                    states[info.index] = ("missing" if info.index not in found else
-                                          "intact" if found[info.index] == info.payload_sha256 else "changed")
-            self._payload_states = states
+            states, bounds = {}, {}
+            for info in self.blocks_info if self.manifest.get("replay_payload") else []:
+                path = trace.replay_path(self.directory, info.index)
+                bounds[info.index] = trace.payload_bytes_bound(self.payload_shape(info.length))
+                try:
+                    safe_files.regular_size(path, bounds[info.index], root=self.directory, what="its block of logits")
+                except FileNotFoundError:
+                    states[info.index] = "missing"
+                except (safe_files.UnsafeFileError, OSError) as error:
+                    states[info.index] = "unreadable"
+                    self.payload_reasons[info.index] = _unreadable(path, error)
+            present = [index for index in bounds if index not in states]
+            paths = [trace.replay_path(self.directory, index) for index in present]
+            if self.executor is not None:  # at paper scale the payload is 20 MB a step: hashed on the workers
+                digests = dict(zip(present, self.executor.file_digests(paths)))
+            else:
+                digests = {}
+                for index, path in zip(present, paths):
+                    try:
+                        digests[index] = trace.file_sha256(path, bounds[index], root=self.directory,
+                                                           what="its block of logits")
+                    except (safe_files.UnsafeFileError, OSError) as error:  # changed since it was checked
+                        states[index] = "unreadable"
+                        self.payload_reasons[index] = _unreadable(path, error)
+            for info in self.blocks_info:
+                if info.index in digests:
+                    states[info.index] = "intact" if digests[info.index] == info.payload_sha256 else "changed"
+            self._payload_states = {index: states[index] for index in sorted(states)}
         return self._payload_states
 
     @property
@@ -303,10 +329,7 @@ class LoadedTrace:
             logits = self._model_logits(records)
             window_of = lambda start, stop: logits[:, start:stop]  # noqa: E731
         else:
-            payload = trace.ReplayPayload(self.directory, block)
-            expected = (self.n_teachers + 1, len(records), int(self.manifest["vocab_size"]))
-            if payload.shape != expected:
-                raise TraceError(f"{payload.path}: logits have shape {payload.shape}, expected {expected}")
+            payload = trace.ReplayPayload(self.directory, block, self.payload_shape(len(records)))
             window_of = lambda start, stop: torch.from_numpy(payload.rows(start, stop))  # noqa: E731
         for start in range(first, last, window):
             stop = min(start + window, last)
@@ -364,6 +387,11 @@ class LoadedTrace:
         """One block's whole logits (N+1, L, V)."""
         parts = [logits for b, _, logits in self.iter_payload() if b == block]
         return torch.cat(parts, dim=1)
+
+
+def _unreadable(path: Path, error: Exception) -> str:
+    """Why a file is not read, in one line naming it (an UnsafeFileError names it already)."""
+    return str(error) if isinstance(error, ValueError) else f"{path}: cannot be read ({error.strerror or error})"
 
 
 def _expected_fields(manifest: dict) -> set[str]:
@@ -476,8 +504,8 @@ def load_trace(run_dir: str | Path) -> LoadedTrace:
     ledger = trace.read_ledger(run_dir)
     final = trace.read_final(run_dir)
     loaded = LoadedTrace(run_dir, manifest, ledger, final, None, "", 0, [], None, None,
-                         manifest_sha256=trace.file_sha256(run_dir / trace.MANIFEST),
-                         ledger_sha256=trace.file_sha256(run_dir / trace.LEDGER))
+                         manifest_sha256=trace.file_sha256(run_dir / trace.MANIFEST, trace.MAX_JSON_BYTES),
+                         ledger_sha256=trace.file_sha256(run_dir / trace.LEDGER, trace.MAX_JSON_BYTES))
     config = manifest["config"]
     stream = manifest["data"].get("stream")
     data = config.get("data", {}) if isinstance(config.get("data"), dict) else {}
@@ -496,7 +524,7 @@ def load_trace(run_dir: str | Path) -> LoadedTrace:
             continue
         first_step = reader.steps - len(records)
         loaded.blocks_info.append(BlockInfo(block, first_step, len(records), str(records[0].get("payload_sha256")),
-                                            trace.file_sha256(trace.chunk_path(run_dir, block))))
+                                            reader.chunk_sha256[block]))
         before = loaded.problem_count
         try:
             _check_records(loaded, block, records, first_step, block_size)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from accounting import safe_files
 from accounting.conversion import ConversionMethod, epsilon_from_rdp
 from accounting.summation import ExactSum
 from audit.checks import CheckResult, failed, passed, skipped, verdict
@@ -21,6 +22,8 @@ RTOL = 1e-9
 """Relative tolerance for recomputed floats: the same float64 code on the same inputs agrees to
 ~1e-15; 1e-9 leaves room for summation order while catching any real change."""
 LAMBDA_ATOL = 1e-9
+MAX_TEXT_BYTES = 2 ** 31
+"""The run's data text (named by its manifest, outside the run) is re-read up to this size."""
 
 
 def check_hash_chain(trace: LoadedTrace) -> CheckResult:
@@ -145,9 +148,13 @@ def _data_tokens(trace: LoadedTrace) -> np.ndarray | None:
     tokenizer = trace.manifest.get("tokenizer")
     if trace.manifest["data"].get("stream") != "teacher-forced" or not text_path or not tokenizer:
         return None
-    if not Path(text_path).is_file() or not Path(tokenizer).exists():
+    if not Path(tokenizer).exists():
         return None
-    text = Path(text_path).read_text(encoding="utf-8", errors="replace")
+    try:  # the manifest names it: a FIFO, a device or a huge file there must not stall the audit
+        text = safe_files.read_bytes(text_path, MAX_TEXT_BYTES, follow=True, what="a run's data text").decode(
+            "utf-8", errors="replace")
+    except (OSError, safe_files.UnsafeFileError):
+        return None
     if hashlib.sha256(text.encode()).hexdigest() != trace.manifest["data"].get("sha256"):
         return None
     from transformers import AutoTokenizer

@@ -668,10 +668,17 @@ def _decode_locked(prepared: PreparedRun, out: Path, progress: bool, client=None
         committed_charges += [record.get("budget_charge", 0.0) for record in records]
         if config.replay_payload:
             path = trace.replay_path(out, block)
-            if not path.exists() or trace.file_sha256(path) != records[0].get("payload_sha256"):
-                raise trace.TraceError(f"{path}: {'missing' if not path.exists() else 'differs from the hash in its chunk'}; "
-                                       "the run's exact-replay payload is incomplete, so it cannot be resumed "
-                                       "(start it again in a new directory)")
+            shape = (prepared.ensemble.n_teachers + 1, len(records), prepared.ensemble.vocab_size)
+            try:
+                problem = (None if trace.file_sha256(path, trace.payload_bytes_bound(shape), root=out)
+                           == records[0].get("payload_sha256") else "differs from the hash in its chunk")
+            except FileNotFoundError:
+                problem = "missing"
+            except trace.UnsafeFileError as error:  # a link, a FIFO, a device, an oversized file: never read
+                problem = str(error).removeprefix(f"{path}: ")
+            if problem is not None:
+                raise trace.TraceError(f"{path}: {problem}; the run's exact-replay payload is incomplete, so it cannot "
+                                       "be resumed (start it again in a new directory)")
         running.add(records)
     if prepared.budget is not None:  # the filter continues from the committed steps' charges, bit for bit
         prepared.budget.restore(committed_charges)

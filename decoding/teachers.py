@@ -30,7 +30,6 @@ import json
 import math
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +39,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from accounting import safe_files
 from accounting.errors import require
-from accounting.strict_json import loads_json
+from accounting.strict_json import MAX_BYTES, loads_json
 from decoding.recipe import TeacherTraining, fine_tune_teacher, perplexity
 from decoding.trace import atomic_write_json
 
@@ -228,10 +228,11 @@ def _what_changed(old: dict, new: dict) -> str:
 
 
 def _clear(out: Path) -> None:
-    """Remove what train_teachers wrote in `out` (teacher directories, manifest, decode.toml)."""
+    """Remove what train_teachers wrote in `out` (teacher directories, manifest, decode.toml); an
+    entry under a teacher directory's name that is a link is removed, never followed."""
     for entry in out.iterdir():
-        if _TEACHER_DIR.match(entry.name) and entry.is_dir():
-            shutil.rmtree(entry)
+        if _TEACHER_DIR.match(entry.name):
+            safe_files.remove_entry(entry)
     for name in (MANIFEST, "decode.toml"):
         (out / name).unlink(missing_ok=True)
 
@@ -295,8 +296,9 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
     require(not out.exists() or out.is_dir(), f"--out {out}: exists and is not a directory")
     if manifest_path.exists():
         try:
-            old = loads_json(manifest_path.read_text())
-        except ValueError:  # not JSON, or a nulls map that does not fit: not our manifest
+            old = loads_json(safe_files.read_text(manifest_path, MAX_BYTES, what="a teachers manifest"),
+                             str(manifest_path))
+        except ValueError:  # not JSON, a link, a FIFO, a nulls map that does not fit: not our manifest
             old = {}
         if old.get("fingerprint") != fingerprint:
             require(overwrite, f"--out {out} holds teachers trained with other inputs (changed: "
@@ -334,15 +336,12 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
     bar = tqdm(range(n), desc="teachers", unit="teacher", disable=None if progress else True)
     for index in bar:
         final = out / teacher_dir_name(index)
-        info_path = final / TEACHER_INFO
-        if info_path.exists():
-            info = loads_json(info_path.read_text())
-            if info.get("fingerprint") == fingerprint:
-                results.append({**info["result"], "resumed": True})
-                continue
-        shutil.rmtree(final, ignore_errors=True)  # a stale or foreign directory under our name
+        info = _teacher_info(out, final / TEACHER_INFO)
+        if info.get("fingerprint") == fingerprint and isinstance(info.get("result"), dict):
+            results.append({**info["result"], "resumed": True})
+            continue
+        safe_files.remove_entry(final)  # a stale or foreign entry under our name (a link: removed, not followed)
         staging = out / f".{teacher_dir_name(index)}.partial"
-        shutil.rmtree(staging, ignore_errors=True)
         begun = time.time()
         teacher, loss = fine_tune_teacher(public_model, training, shard_ids[index], index, progress=progress,
                                           return_loss=True)
@@ -350,6 +349,7 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
                   "train_ppl": math.exp(loss) if math.isfinite(loss) else None}
         if heldout_ids is not None:
             result["heldout_ppl"] = perplexity(teacher, heldout_ids, training.seq_len)
+        safe_files.fresh_directory(staging)  # save_pretrained writes into it: never into a planted link's target
         teacher.save_pretrained(staging)
         result["seconds"] = round(time.time() - begun, 2)
         atomic_write_json(staging / TEACHER_INFO, {"fingerprint": fingerprint, "shard_sha256": shards_sha[index],
@@ -368,6 +368,15 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
                              "resumed": sum(r["resumed"] for r in results)})
     atomic_write_json(manifest_path, manifest)
     return manifest
+
+
+def _teacher_info(out: Path, path: Path) -> dict:
+    """A complete teacher's record ({} when there is none, or the entry is a link, a FIFO or not ours)."""
+    try:
+        info = loads_json(safe_files.read_text(path, MAX_BYTES, root=out, what="a teacher's record"), str(path))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def models_block(out: str | Path, manifest: dict, public: str, tokenizer: str, device: str = "cpu") -> str:

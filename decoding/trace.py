@@ -16,6 +16,10 @@ sha256 of its block's replay payload. The final record fixes the chain's end: th
 `decode` and published elsewhere detects truncation or re-chaining (`audit --expect-head`).
 Chunks, payloads and JSON files are written to a temporary file, fsynced and renamed: a crash
 loses at most the open block. A directory without final.json is an unfinished run.
+
+A run directory may have been written by someone else, to attack whoever reads it: every file here
+is read and written through accounting.safe_files (no link below the run directory is followed,
+only regular files within a size bound are read, never a FIFO or a device).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +39,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from accounting import safe_files
 from accounting.errors import require
+from accounting.safe_files import UnsafeFileError, file_sha256  # noqa: F401 (re-exported)
+from accounting.strict_json import MAX_BYTES as MAX_JSON_BYTES
 from accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
@@ -46,11 +54,20 @@ STEPS_DIR = "steps"
 REPLAY_DIR = "replay"
 CHUNK_NAME = re.compile(r"chunk-(\d{6})\.parquet")
 PAYLOAD_NAME = re.compile(r"block-(\d{6})\.npy")
-_TEMPORARY = re.compile(r"\..+\.tmp-\d+")
+MAX_CHUNK_BYTES = 256 * 2 ** 20
+"""A chunk (one block's records, Parquet) is read up to this size (a block of 1,024 steps with 100
+teachers takes a few MB)."""
+NPY_HEADER_BYTES = 4096
+"""Room for a payload's .npy header (numpy writes 128 bytes for a 3-d array)."""
 
 
 class TraceError(ValueError):
     """A trace directory is truncated, corrupted or foreign; the message names the file and problem."""
+
+
+class UnusableRunError(TraceError):
+    """Not a dpledger run at all (no manifest, another format or schema version) or one being written:
+    the audit cannot use it (exit 2). Anything else wrong with a run's files is an audit finding."""
 
 
 class RunLockedError(ValueError):
@@ -61,17 +78,10 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a failed write leaves nothing half-written behind
-        raise
+def atomic_write_bytes(path: Path, data: bytes, root: Path | None = None) -> None:
+    """Write-then-rename (accounting.safe_files.write_atomic): no link at `path`, or below `root`
+    (default: its directory), is written through; a failed write leaves nothing half-written."""
+    safe_files.write_atomic(path, data, root=root)
 
 
 def atomic_write_json(path: Path, payload: dict) -> None:
@@ -132,14 +142,6 @@ def chain_records(records: list[dict], prev_hash: str) -> str:
     return prev_hash
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for piece in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(piece)
-    return digest.hexdigest()
-
-
 def chunk_path(run_dir: Path, index: int) -> Path:
     return Path(run_dir) / STEPS_DIR / f"chunk-{index:06d}.parquet"
 
@@ -152,7 +154,7 @@ def write_chunk(run_dir: Path, index: int, records: list[dict]) -> None:
     table = pa.Table.from_pylist(records)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    atomic_write_bytes(chunk_path(run_dir, index), sink.getvalue().to_pybytes())
+    atomic_write_bytes(chunk_path(run_dir, index), sink.getvalue().to_pybytes(), run_dir)
 
 
 def write_replay(run_dir: Path, index: int, logits: np.ndarray) -> str:
@@ -162,42 +164,57 @@ def write_replay(run_dir: Path, index: int, logits: np.ndarray) -> str:
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(logits), allow_pickle=False)
     data = buffer.getvalue()
-    atomic_write_bytes(replay_path(run_dir, index), data)
+    atomic_write_bytes(replay_path(run_dir, index), data, run_dir)
     return hashlib.sha256(data).hexdigest()
+
+
+def payload_bytes_bound(shape: tuple[int, int, int]) -> int:
+    """The most bytes the payload of a block of logits `shape` (N+1, L, V), float32, can take."""
+    return NPY_HEADER_BYTES + 4 * int(np.prod(shape, dtype=object))
 
 
 class ReplayPayload:
     """One block's logits file, read a window of steps at a time: the (N+1, L, V) array is C-ordered,
     so steps start..stop of model m are one contiguous run of bytes; a window costs N+1 reads and
-    its own size in memory, whatever the block's size."""
+    its own size in memory, whatever the block's size. TraceError unless the file is a regular
+    float32 .npy of exactly the `shape` (N+1, L, V) its manifest and records give."""
 
-    def __init__(self, run_dir: Path, index: int):
-        self.path = replay_path(run_dir, index)
-        if not self.path.is_file():
-            raise TraceError(f"{self.path}: missing or not a regular file")
-        try:
-            with open(self.path, "rb") as handle:
+    def __init__(self, run_dir: Path, index: int, shape: tuple[int, int, int]):
+        self.run_dir, self.path = Path(run_dir), replay_path(run_dir, index)
+        with self._open(payload_bytes_bound(shape)) as handle:
+            try:
                 version = np.lib.format.read_magic(handle)
                 read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                                else np.lib.format.read_array_header_2_0)
-                shape, fortran, dtype = read_header(handle)
+                found, fortran, dtype = read_header(handle)
                 self.offset = handle.tell()
-        except Exception as error:  # numpy raises several types for damaged files
-            raise TraceError(f"{self.path}: unreadable replay payload ({type(error).__name__}: {_one_line(error)})") from None
-        if len(shape) != 3 or fortran or dtype.kind != "f" or dtype.hasobject:
-            raise TraceError(f"{self.path}: replay payload must be a C-ordered 3-d float array (N+1, L, V), got "
-                             f"{dtype} {shape}")
-        self.shape, self.dtype = tuple(int(v) for v in shape), dtype
-        expected = self.offset + int(np.prod(self.shape)) * dtype.itemsize
-        if self.path.stat().st_size != expected:
-            raise TraceError(f"{self.path}: {self.path.stat().st_size} bytes, a {dtype} {self.shape} array needs "
-                             f"{expected}")
+            except Exception as error:  # numpy raises several types for damaged files
+                raise TraceError(f"{self.path}: unreadable replay payload ({type(error).__name__}: "
+                                 f"{_one_line(error)})") from None
+            size = os.fstat(handle.fileno()).st_size
+        found = tuple(int(v) for v in found)
+        if fortran or dtype != np.float32 or found != tuple(shape):
+            raise TraceError(f"{self.path}: replay payload must be a C-ordered float32 array of shape {tuple(shape)} "
+                             f"(N+1, L, V), got {'Fortran-ordered ' if fortran else ''}{dtype} {found}")
+        self.shape, self.dtype = found, dtype
+        self.size = self.offset + int(np.prod(self.shape)) * dtype.itemsize
+        if size != self.size:
+            raise TraceError(f"{self.path}: {size} bytes, a {dtype} {self.shape} array needs {self.size}")
+
+    def _open(self, limit: int):
+        try:
+            return os.fdopen(safe_files.open_regular(self.path, limit, root=self.run_dir,
+                                                     what="a float32 (N+1, L, V) block of logits"), "rb")
+        except FileNotFoundError:
+            raise TraceError(f"{self.path}: missing") from None
+        except UnsafeFileError as error:
+            raise TraceError(str(error)) from None
 
     def rows(self, start: int, stop: int) -> np.ndarray:
         """Logits (N+1, stop - start, V) of steps start..stop of the block."""
         models, length, vocab = self.shape
         out = np.empty((models, stop - start, vocab), dtype=self.dtype)
-        with open(self.path, "rb") as handle:
+        with self._open(self.size) as handle:
             for model in range(models):
                 handle.seek(self.offset + (model * length + start) * vocab * self.dtype.itemsize)
                 out[model] = np.fromfile(handle, dtype=self.dtype, count=(stop - start) * vocab).reshape(-1, vocab)
@@ -205,42 +222,40 @@ class ReplayPayload:
 
 
 def read_json_file(path: Path, what: str) -> dict:
-    """A JSON object from `path`; TraceError naming the file for a missing, non-UTF-8, invalid or
-    non-object file."""
-    if Path(path).exists() and not Path(path).is_file():  # a FIFO or device would block or never end
-        raise TraceError(f"{path}: not a regular file ({what})")
+    """A JSON object from `path` (a regular file of at most MAX_JSON_BYTES, not a link); TraceError
+    naming the file for a missing, unsafe, non-UTF-8, invalid, too deeply nested or non-object
+    file, or one naming a key twice."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = safe_files.read_text(path, MAX_JSON_BYTES, what=what)
+        value = loads_json(text, str(path))
     except FileNotFoundError:
         raise TraceError(f"{path}: missing ({what})") from None
-    except UnicodeDecodeError as error:
-        raise TraceError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    except OSError as error:
-        raise TraceError(f"{path}: cannot be read ({error.strerror or error})") from None
-    try:
-        value = loads_json(text, str(path))
     except json.JSONDecodeError as error:
         raise TraceError(f"{path}: not valid JSON ({error})") from None
-    except ValueError as error:  # a `nulls` map that does not fit the file
+    except ValueError as error:  # unsafe, not UTF-8, nested too deep, a duplicate key, a bad `nulls` map
         raise TraceError(str(error)) from None
+    except OSError as error:
+        raise TraceError(f"{path}: cannot be read ({error.strerror or error})") from None
     if not isinstance(value, dict):
         raise TraceError(f"{path}: must hold a JSON object, got {type(value).__name__}")
     return value
 
 
 def read_manifest(run_dir: Path) -> dict:
+    """The run's manifest; UnusableRunError for a directory that is not a dpledger run (none, or
+    another format or schema version), TraceError for a manifest that cannot be read."""
     run_dir = Path(run_dir)
     path = run_dir / MANIFEST
     if not run_dir.is_dir():
-        raise TraceError(f"{run_dir}: not a directory")
-    if not path.exists():
-        raise TraceError(f"{path}: missing; {run_dir} is not a dpledger run directory")
+        raise UnusableRunError(f"{run_dir}: not a directory")
+    if not os.path.lexists(path):
+        raise UnusableRunError(f"{path}: missing; {run_dir} is not a dpledger run directory")
     manifest = read_json_file(path, "the run's manifest")
     if manifest.get("format") != "dpledger-trace":
-        raise TraceError(f"{path}: not a dpledger trace manifest (format field is {manifest.get('format')!r})")
+        raise UnusableRunError(f"{path}: not a dpledger trace manifest (format field is {manifest.get('format')!r})")
     if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise TraceError(f"{path}: schema version {manifest.get('schema_version')!r}, this dpledger reads "
-                         f"{SCHEMA_VERSION} (re-run the decode with this version)")
+        raise UnusableRunError(f"{path}: schema version {manifest.get('schema_version')!r}, this dpledger reads "
+                               f"{SCHEMA_VERSION} (re-run the decode with this version)")
     return manifest
 
 
@@ -250,7 +265,8 @@ def run_directories(paths) -> list[Path]:
     kept, so that reading it reports what is wrong with it."""
     found = []
     for path in map(Path, paths):
-        below = sorted(m.parent for m in path.rglob(MANIFEST)) if path.is_dir() and not (path / MANIFEST).exists() else []
+        folder = path.is_dir() and not os.path.lexists(path / MANIFEST)
+        below = sorted(m.parent for m in path.rglob(MANIFEST)) if folder else []
         found += below or [path]
     return found
 
@@ -258,25 +274,33 @@ def run_directories(paths) -> list[Path]:
 def read_ledger(run_dir: Path) -> dict:
     """ledger.json; TraceError when the run is unfinished (no final record yet) or a file is damaged."""
     run_dir = Path(run_dir)
-    if not (run_dir / FINAL).exists():
+    if not os.path.lexists(run_dir / FINAL):
         raise TraceError(f"{run_dir / FINAL}: missing; the run is unfinished (resume it with dpledger decode --resume)")
     return read_json_file(run_dir / LEDGER, "the run's ledger")
 
 
 def committed_chunk_indices(run_dir: Path) -> list[int]:
-    """Indices of committed chunks; TraceError for a file in steps/ that is not a chunk (a stray
-    copy would otherwise be read or ignored silently) and for a gap (a chunk missing)."""
+    """Indices of committed chunks; TraceError for anything in steps/ that is not a chunk file (a
+    stray copy would otherwise be read or ignored silently; a link or a FIFO is never opened), for a
+    steps/ that is a link, and for a gap (a chunk missing)."""
     steps = Path(run_dir) / STEPS_DIR
-    if not steps.exists():
+    try:
+        listing = safe_files.entries(steps, root=run_dir)
+    except FileNotFoundError:
         return []
+    except UnsafeFileError as error:
+        raise TraceError(str(error)) from None
     indices = []
-    for path in sorted(steps.iterdir()):
-        if _TEMPORARY.fullmatch(path.name):
+    for name, mode in listing:
+        if safe_files.TEMPORARY_NAME.fullmatch(name):
             continue  # an interrupted atomic write: never committed
-        match = CHUNK_NAME.fullmatch(path.name)
-        if match is None or not path.is_file():
-            raise TraceError(f"{path}: not a chunk of this run (chunks are named chunk-NNNNNN.parquet); "
+        match = CHUNK_NAME.fullmatch(name)
+        if match is None:
+            raise TraceError(f"{steps / name}: not a chunk of this run (chunks are named chunk-NNNNNN.parquet); "
                              "move it out of steps/")
+        if not stat.S_ISREG(mode):
+            raise TraceError(f"{steps / name}: {safe_files.kind_of(mode)}, not a regular file"
+                             + (f" ({safe_files.LINK_RULE})" if stat.S_ISLNK(mode) else ""))
         indices.append(int(match.group(1)))
     for expected, found in enumerate(indices):
         if expected != found:
@@ -284,21 +308,33 @@ def committed_chunk_indices(run_dir: Path) -> list[int]:
     return indices
 
 
+def _chunk_bytes(run_dir: Path, index: int) -> bytes:
+    path = chunk_path(Path(run_dir), index)
+    try:
+        return safe_files.read_bytes(path, MAX_CHUNK_BYTES, root=run_dir, what="a chunk")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: missing") from None
+    except UnsafeFileError as error:
+        raise TraceError(str(error)) from None
+    except OSError as error:
+        raise TraceError(f"{path}: cannot be read ({error.strerror or error})") from None
+
+
+def _parsed_chunk(path: Path, data: bytes) -> list[dict]:
+    try:
+        return pq.read_table(pa.BufferReader(data)).to_pylist()
+    except Exception as error:  # pyarrow raises several types for damaged files
+        raise TraceError(f"{path}: unreadable Parquet chunk ({type(error).__name__}: {_one_line(error)})") from None
+
+
 def read_chunk(run_dir: Path, index: int, expected_sha256: str | None = None) -> list[dict]:
     """A chunk's records; with `expected_sha256`, TraceError unless the file still has those bytes
     (a worker re-reading a chunk the driver has checked)."""
+    data = _chunk_bytes(run_dir, index)
     path = chunk_path(Path(run_dir), index)
-    if expected_sha256 is not None:
-        try:
-            data = path.read_bytes()
-        except OSError as error:
-            raise TraceError(f"{path}: cannot be read again ({error.strerror or error})") from None
-        if hashlib.sha256(data).hexdigest() != expected_sha256:
-            raise TraceError(f"{path}: changed since the audit read it (its sha256 differs)")
-    try:
-        return pq.read_table(pa.BufferReader(data) if expected_sha256 is not None else path).to_pylist()
-    except Exception as error:  # pyarrow raises several types for damaged files
-        raise TraceError(f"{path}: unreadable Parquet chunk ({type(error).__name__}: {_one_line(error)})") from None
+    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
+        raise TraceError(f"{path}: changed since the audit read it (its sha256 differs)")
+    return _parsed_chunk(path, data)
 
 
 class ChainReader:
@@ -313,11 +349,14 @@ class ChainReader:
     def __init__(self, run_dir: Path, manifest: dict, verify: bool = True):
         self.run_dir, self.manifest, self.verify = Path(run_dir), manifest, verify
         self.head, self.steps, self.error = genesis_hash(manifest), 0, None
+        self.chunk_sha256: dict[int, str] = {}  # of the very bytes each chunk's records were read from
 
     def __iter__(self) -> Iterator[tuple[int, list[dict]]]:
         self.head, self.steps, self.error = genesis_hash(self.manifest), 0, None
         for index in committed_chunk_indices(self.run_dir):
-            chunk = read_chunk(self.run_dir, index)
+            data = _chunk_bytes(self.run_dir, index)
+            self.chunk_sha256[index] = hashlib.sha256(data).hexdigest()
+            chunk = _parsed_chunk(chunk_path(self.run_dir, index), data)
             for record in chunk:
                 problem = None
                 if record.get("prev_hash") != self.head:
@@ -362,54 +401,59 @@ def read_final(run_dir: Path) -> dict:
 
 class RunLock:
     """An exclusive advisory lock (flock) on `<run_dir>/.lock`, held by the one process writing the
-    run; the OS releases it when the process exits, however it exits."""
+    run; the OS releases it when the process exits, however it exits. The lock file is opened
+    without following a link or blocking (accounting.safe_files.open_lock): a .lock planted as a
+    link, a FIFO or a hard link is refused in one line, and nothing is written through it."""
 
     def __init__(self, directory: Path):
         self.path = Path(directory) / LOCK
-        self._handle = None
+        self._fd = None
 
     def acquire(self) -> "RunLock":
-        handle = open(self.path, "a+")
+        fd = safe_files.open_lock(self.path)
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            handle.close()
-            raise RunLockedError(f"{self.path.parent} is being written by another dpledger process ({holder}); "
-                                 "wait for it to finish or choose another --out") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
-        self._handle = handle
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
+            raise RunLockedError(f"{self.path.parent} is being written by another dpledger process "
+                                 f"({_one_line(holder)}); wait for it to finish or choose another --out") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+        self._fd = fd
         return self
 
     def release(self) -> None:
-        if self._handle is not None:
-            fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
-            self._handle.close()
-            self._handle = None
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
 
 
 def is_locked(directory: Path) -> bool:
-    """True while another process holds the directory's lock."""
-    path = Path(directory) / LOCK
-    if not path.exists():
+    """True while another process holds the directory's lock. A .lock that is not a regular file
+    (a link, a FIFO) is not dpledger's lock, so nobody holds it (the audit reports it)."""
+    try:
+        fd = safe_files.open_regular(Path(directory) / LOCK, None)
+    except (FileNotFoundError, NotADirectoryError, UnsafeFileError):
         return False
-    with open(path, "r") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the shared lock
     return False
 
 
 def _remove_abandoned_creations(out: Path) -> None:
-    """Directories left by a process killed while creating `out` (their lock is free)."""
+    """Directories left by a process killed while creating `out` (their lock is free); a link
+    with such a name is not one of them and is left alone."""
     for candidate in out.parent.glob(f".{out.name}.creating-*"):
-        if candidate.is_dir() and not is_locked(candidate):
+        if stat.S_ISDIR(os.lstat(candidate).st_mode) and not is_locked(candidate):
             shutil.rmtree(candidate, ignore_errors=True)
 
 
@@ -448,12 +492,18 @@ def create_run_directory(out: Path, manifest: dict, payload: bool) -> RunLock:
 
 
 def remove_temporary_files(run_dir: Path) -> None:
-    """Interrupted atomic writes (only ever called with the run's lock held)."""
+    """Interrupted atomic writes (only ever called with the run's lock held); TraceError for a
+    steps/ or replay/ that is a link (never followed)."""
     for sub in (Path(run_dir), Path(run_dir) / STEPS_DIR, Path(run_dir) / REPLAY_DIR):
-        if sub.is_dir():
-            for path in sub.iterdir():
-                if _TEMPORARY.fullmatch(path.name):
-                    path.unlink()
+        try:
+            listing = safe_files.entries(sub, root=run_dir)
+        except FileNotFoundError:
+            continue
+        except UnsafeFileError as error:
+            raise TraceError(str(error)) from None
+        for name, _ in listing:
+            if safe_files.TEMPORARY_NAME.fullmatch(name):
+                safe_files.unlink(sub / name, root=run_dir)
 
 
 @contextmanager

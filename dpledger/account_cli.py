@@ -15,7 +15,8 @@ from accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_fro
 from accounting.curve import RdpCurve
 from accounting.errors import require, require_in_open
 from accounting.relation import NeighbouringRelation
-from accounting.strict_json import loads_json, strict_json_text
+from accounting.safe_files import read_text
+from accounting.strict_json import MAX_BYTES, loads_json, strict_json_text
 from accounting.orders import default_orders
 from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, ACCOUNTING, SIGMA_HELP, THRESHOLD_HELP, add_conversion_flags,
                                       add_mechanism_parser, add_mechanism_subcommands)
@@ -395,8 +396,7 @@ def run(args: argparse.Namespace) -> int:
 def account_event(args: argparse.Namespace) -> dict:
     """`account from-event`: dpledger's RDP epsilon of the event's mechanism (mechanism_from_dp_event)
     and dp-accounting's PLD epsilon of the event, at --delta; returns the JSON object."""
-    with open(args.file, encoding="utf-8") as handle:
-        text = handle.read()
+    text = read_text(args.file, MAX_BYTES, follow=True, what="an event or ledger file")  # never a FIFO or a device
     ledger = loads_json(text, args.file) if text.lstrip().startswith("{") else None
     if isinstance(ledger, dict) and isinstance(ledger.get("pld"), dict):  # a run's ledger.json: its exported event
         require("dp_event_file" in ledger["pld"], f"{args.file}: the run has no DpEvent ({ledger['pld'].get('reason')})")

@@ -1,14 +1,19 @@
 """`dpledger audit RUN_DIR [RUN_DIR ...]`: integrity, replay, bound checks, ablations, a sampled game.
 
-Exit status: 0 PASS, 1 FAIL, 2 input that cannot be audited (not a finished run, unreadable
-files, a bad flag), 3 UNVERIFIED (nothing failed, but the charges could not be recomputed from the
-run's models or replay payload). With several runs, the worst status wins, in the order
-FAIL, unusable, UNVERIFIED, PASS.
+Exit status: 0 PASS, 1 FAIL (a check failed, or the run's files are damaged or planted: links,
+FIFOs, malformed or duplicate-key JSON, missing or stray chunks), 2 input that cannot be audited
+at all (not a dpledger run, one being written, a bad flag), 3 UNVERIFIED (nothing failed, but the
+charges could not be recomputed from the run's models or replay payload). With several runs, the
+worst status wins, in the order FAIL, unusable, UNVERIFIED, PASS.
+
+audit.json is written into the run (or to --audit-out); when it cannot be (a read-only run), the
+verdict is printed all the same, one line says so, and the exit status is still the verdict's.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 SEVERITY = (1, 2, 3, 0)  # worst first
 
@@ -25,6 +30,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--no-game", action="store_true", help="skip the sampled canary game (needs the models)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the audit's own sampling (default: 0)")
     parser.add_argument("--json", action="store_true", help="print audit.json instead of the summary")
+    parser.add_argument("--audit-out", metavar="PATH", help="write audit.json to PATH instead of into the run "
+                        "directory (one run; e.g. for a run on read-only media)")
     add_cluster_flags(parser, "replay and ablate the trace's blocks on")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     parser.set_defaults(handler=run)
@@ -56,6 +63,11 @@ def run(args: argparse.Namespace) -> int:
 
     require(args.expect_head is None or len(args.run_dir) == 1,
             f"--expect-head names one run's head, got {len(args.run_dir)} run directories")
+    if args.audit_out is not None:
+        out = Path(args.audit_out)
+        require(len(args.run_dir) == 1, f"--audit-out names one file, got {len(args.run_dir)} run directories")
+        require(out.parent.is_dir(), f"--audit-out {out}: its directory {out.parent} does not exist")
+        require(not out.is_dir(), f"--audit-out {out}: is a directory, expected a file name")
     require(args.teachers_sample is None or args.teachers_sample >= 1,
             f"--teachers-sample must be >= 1, got {args.teachers_sample}")
     require(args.mc_samples >= 1, f"--mc-samples must be >= 1, got {args.mc_samples}")
@@ -71,13 +83,17 @@ def run(args: argparse.Namespace) -> int:
         for run_dir in args.run_dir:
             try:
                 report = audit_run(run_dir, args.teachers_sample, args.mc_samples, args.trials, not args.no_game,
-                                   args.seed, expect_head=args.expect_head, executor=executor)
+                                   args.seed, expect_head=args.expect_head, executor=executor,
+                                   audit_out=args.audit_out)
             except ClusterError:
                 raise  # the cluster, not this run: stop (the CLI prints one line, exit 2)
             except (ValueError, OSError) as error:
                 print(f"dpledger audit: error: {' '.join(str(error).split())}", file=sys.stderr)
                 statuses.append(EXIT_UNUSABLE)
                 continue
-            print(json_bytes(report.to_dict()).decode().rstrip() if args.json else render_summary(report))
+            print(json_bytes(report.to_dict()).decode().rstrip() if args.json else render_summary(report), flush=True)
+            if report.not_written is not None:
+                print(f"dpledger audit: audit.json not written ({report.not_written}); the verdict above stands "
+                      f"(pass --audit-out PATH to keep it elsewhere)", file=sys.stderr)
             statuses.append(report.exit_code)
     return min(statuses, key=SEVERITY.index)

@@ -14,7 +14,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from decoding.trace import run_directories
+    from decoding.trace import atomic_write_bytes, run_directories
     from reports import load_run, render
 
     args.run_dir = [str(d) for d in run_directories(args.run_dir)]
@@ -27,7 +27,10 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or (str(Path(args.run_dir[0]) / "report.html") if args.format == "html" else None)
     if out is None:
         print(text)
-    else:
-        Path(out).write_text(text)
-        print(f"wrote {out}")
+        return 0
+    try:  # write-then-rename: a link at `out` (say one planted in a run directory) is replaced, never written through
+        atomic_write_bytes(Path(out), text.encode("utf-8"))
+    except OSError as error:
+        raise ValueError(f"cannot write {out}: {error.strerror or error}") from None
+    print(f"wrote {out}")
     return 0

@@ -132,6 +132,7 @@ def decode_toml(models_block: str, heldout: str | None, seq_len: int, positions:
 
 def run(args: argparse.Namespace) -> int:
     from decoding import teachers as lib
+    from decoding.trace import atomic_write_bytes
     from decoding.ensemble import load_causal_lm, load_tokenizer, require_matching_tokenizer
     from decoding.recipe import set_single_thread
 
@@ -203,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
     block = lib.models_block(args.out, manifest, _model_reference(args.public), _model_reference(tokenizer_name),
                              args.device)
     out = Path(args.out)
-    (out / "decode.toml").write_text(decode_toml(block, args.heldout, args.seq_len, positions))
+    # write-then-rename: a link planted at OUT/decode.toml is replaced, never written through
+    atomic_write_bytes(out / "decode.toml", decode_toml(block, args.heldout, args.seq_len, positions).encode("utf-8"))
     timings = manifest["timings"]
     print(f"{manifest['teachers']} {manifest['kind']} teachers in {out} ({timings['trained']} trained in "
           f"{timings['trained_seconds']:.1f} s, {timings['resumed']} kept; data sha256 {manifest['data_sha256'][:16]})")

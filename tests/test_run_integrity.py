@@ -17,9 +17,10 @@ import pytest
 from audit import Status, audit_run, load_trace
 from decoding import trace
 from decoding.config import config_from_dict
-from decoding.run import RunTotals, finish_run, records_by_block, run_decode
+from decoding.run import run_decode
 from dpledger.cli import main
 from reports import load_run, render
+from tests.forging import copy, forge, point_models_nowhere, reissue_final
 from tests.micro import micro_config, write_toml
 from tests.test_audit import ADAPMIXED, PMIXED, make_run
 
@@ -33,42 +34,6 @@ def runs(micro_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("integrity")
     return {"adapmixed": make_run(micro_models, root / "adapmixed", ADAPMIXED),
             "pmixed": make_run(micro_models, root / "pmixed", PMIXED)}
-
-
-def copy(run_dir: Path, target: Path) -> Path:
-    shutil.copytree(run_dir, target)
-    (target / "audit.json").unlink(missing_ok=True)
-    return target
-
-
-def forge(run_dir: Path, edit_record=None, edit_manifest=None, keep_blocks=None) -> None:
-    """What a forger with write access does: edit records and/or the manifest, optionally cut the
-    run after `keep_blocks` blocks, then re-chain every record and recompute ledger.json and
-    final.json with dpledger's own code, so that every internal hash agrees again."""
-    manifest = trace.read_manifest(run_dir)
-    blocks = records_by_block(trace.read_records(run_dir, verify=False))
-    if edit_manifest is not None:
-        edit_manifest(manifest)
-        trace.atomic_write_json(run_dir / trace.MANIFEST, manifest)
-    if keep_blocks is not None:
-        for index in range(keep_blocks, len(blocks)):
-            trace.chunk_path(run_dir, index).unlink()
-            trace.replay_path(run_dir, index).unlink(missing_ok=True)
-        blocks = blocks[:keep_blocks]
-    prev, totals = trace.genesis_hash(manifest), RunTotals(manifest)
-    for index, records in enumerate(blocks):
-        for record in records:
-            if edit_record is not None:
-                edit_record(record)
-        prev = trace.chain_records(records, prev)
-        totals.add(records)
-        trace.write_chunk(run_dir, index, records)
-    finish_run(run_dir, manifest, totals, len(blocks), prev)
-
-
-def point_models_nowhere(manifest: dict) -> None:
-    for model in manifest["models"]:
-        model["source"] = "/nowhere/" + model["role"]
 
 
 def audit_cli(run_dir: Path, *flags: str, capsys=None) -> tuple[int, str]:
@@ -175,10 +140,7 @@ def test_every_ledger_field_is_recomputed(runs, tmp_path, edit):
         edit(ledger)
         trace.atomic_write_json(run / trace.LEDGER, ledger)
         if rehash:
-            final = trace.read_final(run)
-            manifest = trace.read_manifest(run)
-            trace.atomic_write_json(run / trace.FINAL, trace.final_record(
-                manifest, final["steps"], final["blocks"], final["last_record_hash"], (run / trace.LEDGER).read_bytes()))
+            reissue_final(run)
         report = audit_run(run, **AUDIT)
         assert report.verdict == "FAIL" and report.check("ledger_recompute").status is Status.FAIL, rehash
         assert (report.check("final_record").status is Status.FAIL) is not rehash
@@ -226,17 +188,19 @@ def test_foreign_chunks_manifests_and_deltas_are_findings_not_tracebacks(runs, t
     assert report.verdict == "FAIL" and report.check("neighbour_ablation").status is not Status.PASS
 
 
-def test_stray_and_damaged_files_are_one_line_errors(runs, tmp_path, capsys):
+def test_stray_and_damaged_files_fail_naming_the_file(runs, tmp_path, capsys):
+    """A damaged run is a finding (FAIL, exit 1), not unusable input (exit 2, which a pipeline may retry)."""
     stray = copy(runs["pmixed"], tmp_path / "stray")
     shutil.copy(trace.chunk_path(stray, 1), stray / "steps" / "chunk-000001 (copy).parquet")
     status = main(["audit", str(stray), "--no-game"])
-    err = capsys.readouterr().err
-    assert status == 2 and err.count("\n") == 1 and "chunk-000001 (copy).parquet: not a chunk of this run" in err
+    captured = capsys.readouterr()
+    assert status == 1 and not captured.err and "[FAIL   ] files: " in captured.out
+    assert "chunk-000001 (copy).parquet: not a chunk of this run" in captured.out
     bad_utf8 = copy(runs["pmixed"], tmp_path / "utf8")
     (bad_utf8 / trace.LEDGER).write_bytes(b"\xff\xfe{")
     status = main(["audit", str(bad_utf8), "--no-game"])
-    err = capsys.readouterr().err
-    assert status == 2 and "ledger.json: not UTF-8 text" in err and err.count("\n") == 1
+    captured = capsys.readouterr()
+    assert status == 1 and not captured.err and "ledger.json: not UTF-8 text" in captured.out
 
 
 def test_random_byte_flips_never_pass(runs, tmp_path):
@@ -507,18 +471,18 @@ def test_a_missing_data_text_does_not_fail_an_honest_run(runs, tmp_path):
         moved.rename(text)
 
 
-def test_malformed_manifest_relations_fifos_and_hand_edited_reports_are_one_line_errors(runs, tmp_path, capsys):
+def test_malformed_relations_and_fifos_fail_and_hand_edited_reports_are_one_line_errors(runs, tmp_path, capsys):
     relations = copy(runs["pmixed"], tmp_path / "relations")
     manifest = trace.read_manifest(relations)
     manifest["mechanism"]["component_relations"] = ["add_or_remove_one"]
     trace.atomic_write_json(relations / trace.MANIFEST, manifest)
-    assert main(["audit", str(relations), "--no-game"]) == 2
-    assert "components or their relations are malformed" in capsys.readouterr().err
+    assert main(["audit", str(relations), "--no-game"]) == 1
+    assert "components or their relations are malformed" in capsys.readouterr().out
     fifo = copy(runs["pmixed"], tmp_path / "fifo")
     (fifo / trace.LEDGER).unlink()
     os.mkfifo(fifo / trace.LEDGER)
-    assert main(["audit", str(fifo), "--no-game"]) == 2
-    assert "ledger.json: not a regular file" in capsys.readouterr().err
+    assert main(["audit", str(fifo), "--no-game"]) == 1
+    assert "ledger.json: a FIFO, not a regular file" in capsys.readouterr().out
     junk = copy(runs["pmixed"], tmp_path / "junk")
     ledger = json.loads((junk / trace.LEDGER).read_text())
     ledger["breakdown"] = [1, 2]

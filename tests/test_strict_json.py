@@ -87,3 +87,17 @@ def test_every_file_of_a_run_and_its_audit_is_strict_json(micro_models, tmp_path
     assert same(json.loads(json.dumps(result.summary, default=float)), trace.read_ledger(result.directory))
     assert main(["audit", str(result.directory), "--json", "--no-game", "--trials", "50", "--mc-samples", "20"]) == 0
     strict_loads(capsys.readouterr().out)
+
+
+def test_duplicate_keys_and_deep_nesting_are_refused_naming_the_source():
+    """A reader keeping the first of two values and one keeping the last would see different files;
+    deep nesting would recurse until Python's limit (an internal error) instead of one line."""
+    with pytest.raises(ValueError, match=r"ledger.json: the key 'epsilon' appears twice in one object"):
+        loads_json('{"epsilon": 0.1, "steps": 3, "epsilon": 9.0}', "ledger.json")
+    with pytest.raises(ValueError, match=r"x.json: the key 'b' appears twice"):
+        loads_json('{"a": [{"b": 1, "b": 1}]}', "x.json")
+    with pytest.raises(ValueError, match=r"x.json: arrays and objects nest 5000 deep, more than the 100"):
+        loads_json("[" * 5000 + "]" * 5000, "x.json")
+    nested = "[" * 99 + "]" * 99  # 100 deep inside the object
+    assert loads_json('{"brackets in strings do not count": "' + "[" * 500 + '", "a": ' + nested + "}")["a"] == \
+        json.loads(nested)
