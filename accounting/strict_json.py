@@ -96,16 +96,22 @@ def _unique_keys(where: str):
     return build
 
 
-def loads_json(text: str, where: str = "JSON text"):
-    """A value parsed from `text`, non-finite floats restored from its NULLS map (strict_json_text's
-    inverse). Files written before strict JSON (with Infinity literals) read the same. ValueError
-    naming `where` for text nested deeper than MAX_DEPTH or an object with a duplicate key
-    (json.JSONDecodeError, a ValueError, for text that is not JSON)."""
+def parse_json(text: str, where: str = "JSON text"):
+    """The value `text` holds, as json.loads reads it, but ValueError naming `where` for text nested
+    deeper than MAX_DEPTH or an object with a duplicate key (json.JSONDecodeError, a ValueError, for
+    text that is not JSON). For JSON somebody else wrote (user input: JSONL records, examples)."""
     depth = _nesting_depth(text)
     if depth > MAX_DEPTH:
         raise ValueError(f"{where}: arrays and objects nest {depth} deep, more than the {MAX_DEPTH} a file dpledger "
                          "reads may")
-    value = json.loads(text, object_pairs_hook=_unique_keys(where))
+    return json.loads(text, object_pairs_hook=_unique_keys(where))
+
+
+def loads_json(text: str, where: str = "JSON text"):
+    """A value parsed from `text` (parse_json's checks), non-finite floats restored from its NULLS map
+    (strict_json_text's inverse). Files written before strict JSON (with Infinity literals) read the
+    same."""
+    value = parse_json(text, where)
     if isinstance(value, dict) and isinstance(value.get(NULLS), dict):
         value = _restored(value, value.pop(NULLS), where)
     return value

@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from accounting import safe_files
 from accounting.errors import require
-from accounting.strict_json import MAX_BYTES, loads_json
+from accounting.strict_json import MAX_BYTES, loads_json, parse_json
 from decoding.recipe import TeacherTraining, fine_tune_teacher, perplexity
 from decoding.trace import atomic_write_json
 
@@ -73,11 +73,17 @@ def split_documents(text: str, separator: str | None = None) -> list[str]:
     return [part.strip() for part in parts if part.strip()]
 
 
-def _read_text(path: Path, flag: str) -> str:
+PRIVATE_TEXT_LIMIT = 2 ** 31
+"""The largest private input file `dpledger teachers` reads (2 GiB): the shards are held in memory."""
+
+
+def read_input_text(path: Path, flag: str) -> str:
+    """A file the user named as input: a regular file (never a FIFO or a device, which would block)
+    of at most PRIVATE_TEXT_LIMIT bytes, UTF-8; one-line ValueError naming `flag` otherwise."""
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{flag} {path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        return safe_files.read_text(path, PRIVATE_TEXT_LIMIT, follow=True, what="a private input file")
+    except ValueError as error:  # UnsafeFileError, or not UTF-8: the message names the file
+        raise ValueError(f"{flag} {' '.join(str(error).split())}") from None
 
 
 def read_units(path: str | Path, fmt: str = "auto", separator: str | None = None, text_field: str = "text",
@@ -101,23 +107,23 @@ def read_units(path: str | Path, fmt: str = "auto", separator: str | None = None
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
         require(files, f"INPUT {path}: the directory holds no .txt files")
         units = [Unit(f"file:{p.relative_to(path).as_posix()}",
-                      tuple(split_documents(_read_text(p, "INPUT"), separator))) for p in files]
+                      tuple(split_documents(read_input_text(p, "INPUT"), separator))) for p in files]
         units = [u for u in units if u.documents]
         unit_name = "file"
     elif fmt == "text":
         require(path.is_file(), f"INPUT {path}: --format text needs a file")
-        documents = split_documents(_read_text(path, "INPUT"), separator)
+        documents = split_documents(read_input_text(path, "INPUT"), separator)
         units = [Unit(f"document:{i}", (doc,)) for i, doc in enumerate(documents)]
         unit_name = "document"
     else:
         require(path.is_file(), f"INPUT {path}: --format jsonl needs a file")
         groups: dict[str, list[str]] = {}
         order: list[str] = []
-        for number, line in enumerate(_read_text(path, "INPUT").splitlines(), start=1):
+        for number, line in enumerate(read_input_text(path, "INPUT").splitlines(), start=1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
+            try:  # a duplicate key would put the record in the shard one reader sees and not another's
+                record = parse_json(line, f"INPUT {path} line {number}")
             except json.JSONDecodeError as error:
                 raise ValueError(f"INPUT {path} line {number}: not JSON ({error.msg})") from None
             require(isinstance(record, dict), f"INPUT {path} line {number}: a JSONL record must be an object")

@@ -160,9 +160,11 @@ def audit_and_report(root: Path, directories: list[Path], progress: bool, extra_
         for finding in report.findings:
             if finding.applies and finding.severity in ("medium", "high"):
                 print(f"      pitfall #{finding.pitfall} [{finding.severity}] {finding.title}")
+    from accounting.safe_files import write_atomic
+
     out = root / "report.html"
-    out.write_text(render([load_run(d) for d in directories], "html").replace("</body></html>",
-                                                                              extra_html + "</body></html>"))
+    write_atomic(out, render([load_run(d) for d in directories], "html").replace(
+        "</body></html>", extra_html + "</body></html>").encode())
     print(f"\nHTML report: {out}")
     return out
 

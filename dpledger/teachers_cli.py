@@ -152,10 +152,7 @@ def run(args: argparse.Namespace) -> int:
     if args.heldout is not None:
         heldout_path = Path(args.heldout)
         _check(heldout_path.is_file(), "--heldout", args.heldout, "is not a file")
-        try:
-            heldout_text = heldout_path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"--heldout {args.heldout}: not UTF-8 text") from None
+        heldout_text = lib.read_input_text(heldout_path, "--heldout")
     set_single_thread()
     if args.public == EMBEDDED:  # no hub: the embedded default's public model (trained offline once, then cached)
         from decoding.embedded import build_or_load

@@ -29,6 +29,7 @@ from scipy.stats import norm
 from accounting.conversion import epsilon_from_rdp
 from accounting.errors import require, require_in_open, require_int_at_least
 from accounting.orders import default_orders
+from accounting.safe_files import write_atomic
 from mechanisms.diversity import DiversityCurve, mean_diversity_curve, query_seed, vote_draws
 from mechanisms.pate import ConfidentGNMax
 from reports.html_text import escaped
@@ -263,14 +264,16 @@ def hotpate_html(result: HotPateResult) -> str:
 
 
 def write_hotpate(result: HotPateResult, out: str | Path) -> dict[str, Path]:
-    """hotpate.json (strict), hotpate.png and hotpate.md under `out`."""
+    """hotpate.json (strict), hotpate.png and hotpate.md under `out`, each written atomically and never
+    through a link (accounting.safe_files)."""
     import json
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "hotpate.json", "png": out / "hotpate.png", "md": out / "hotpate.md"}
-    paths["json"].write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")
-    paths["png"].write_bytes(hotpate_figure(result))
-    paths["md"].write_text(hotpate_markdown(result))
+    contents = {"json": (json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n").encode(),
+                "png": hotpate_figure(result), "md": hotpate_markdown(result).encode()}
+    for kind, path in paths.items():
+        write_atomic(path, contents[kind])
     return paths
 

@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from accounting.safe_files import write_atomic  # noqa: E402
 from decoding.config import DataConfig, ModelsConfig, RunConfig  # noqa: E402
 from decoding.run import run_decode  # noqa: E402
 
@@ -43,7 +44,7 @@ def run_sweep(out: str | Path, queries: int = 256, teachers: int = 8, parameters
     out.mkdir(parents=True, exist_ok=True)
     embedded = build_or_load(teachers=teachers)
     text = out / "heldout.txt"
-    text.write_text(embedded.corpus.private_heldout)
+    write_atomic(text, embedded.corpus.private_heldout.encode())
     rows = []
     for parameter in parameters or list(SWEEPS):
         if parameter not in SWEEPS:
@@ -65,12 +66,12 @@ def run_sweep(out: str | Path, queries: int = 256, teachers: int = 8, parameters
             print(f"  {parameter:<10} {_point_label(change):<24} eps*={first['epsilon']:9.4f}  "
                   f"ppl={summary['perplexity']:8.3f}  public answers={summary['answered_by_public']}")
     table = pd.DataFrame(rows)
-    table.to_csv(out / "sweep.csv", index=False)
+    write_atomic(out / "sweep.csv", table.to_csv(index=False).encode())
     for parameter, group in table.groupby("parameter", sort=False):
-        (out / f"sweep_{parameter}.png").write_bytes(sweep_plot(parameter, group))
+        write_atomic(out / f"sweep_{parameter}.png", sweep_plot(parameter, group))
     from reports.render import strict_json
 
-    (out / "sweep.json").write_text(strict_json(rows, "sweep.json", "no guarantee at any order") + "\n")
+    write_atomic(out / "sweep.json", (strict_json(rows, "sweep.json", "no guarantee at any order") + "\n").encode())
     return table
 
 

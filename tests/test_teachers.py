@@ -312,3 +312,26 @@ def test_public_embedded_uses_the_embedded_default_without_a_hub(micro_models, p
     assert manifest["public"] == str(built.public_path.resolve())
     assert manifest["tokenizer"] == str(built.tokenizer_path.resolve())
     assert "seed = " in (tmp_path / "out" / "decode.toml").read_text()
+
+
+def test_private_input_that_would_block_or_is_ambiguous_is_refused_in_one_line(micro_models, private, tmp_path, capsys):
+    """A FIFO as INPUT or --heldout would block the read forever; a JSONL record naming a key twice
+    would go to the shard one JSON reader picks and not another's."""
+    import os
+    import time
+
+    root, _ = private
+    fifo = tmp_path / "private.fifo"
+    os.mkfifo(fifo)
+    duplicate = tmp_path / "records.jsonl"
+    duplicate.write_text('{"text": "one", "user_id": 1, "user_id": 2}\n')
+    cases = [(teachers_cmd(micro_models, fifo, tmp_path / "a"), "needs a file"),
+             (teachers_cmd(micro_models, root / "private.txt", tmp_path / "b") + ["--heldout", str(fifo)],
+              "--heldout"),
+             (teachers_cmd(micro_models, duplicate, tmp_path / "c") + ["--partition-key", "user_id"],
+              "the key 'user_id' appears twice")]
+    for argv, message in cases:
+        started = time.time()
+        code, _, err = run_cli(argv, capsys)
+        assert time.time() - started < 10
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
