@@ -1,0 +1,185 @@
+"""Certified lower bounds on epsilon(delta) from exact output laws: privacy loss distributions.
+
+A pair of neighbouring inputs to a mechanism run T times, each time with its own randomness on a
+fixed query (teacher-forced decoding), releases outputs whose joint laws are products P = prod_t
+P_t and Q = prod_t Q_t. The pair's privacy profile is the hockey-stick divergence
+
+    delta(eps) = sup_S P(S) - e^eps Q(S) = E_P[(1 - e^(eps - L))_+],  L = sum_t log(P_t / Q_t),
+
+the expectation of a non-decreasing function of the privacy loss L (Balle, Barthe & Gaboardi 2018,
+Theorem 1; Sommer, Meiser & Mohammadi 2019). The pair's epsilon(delta) = inf {eps : delta(eps) <=
+delta} is a lower bound on the epsilon(delta) of the mechanism, which must cover every pair: an
+auditor who finds a pair above a claim has refuted it.
+
+`LossDistribution` holds L (for one ordered pair: P first) as masses on a grid of width `interval`,
+built so that the profile it gives never exceeds the exact one:
+- every loss is rounded DOWN to the grid, after a downward allowance for the floating-point error
+  of the laws it comes from (the integrand (1 - e^(eps - L))_+ is non-decreasing in L: this is
+  dp-accounting's optimistic discretisation, Doroshenko et al. 2022);
+- each probability is lowered by a relative allowance for its own rounding;
+- masses below `truncation` at either end are dropped (dropping mass only lowers the profile);
+- composition is convolution (independent steps add their losses), and every convolution's
+  floating-point error is bounded and subtracted from the profile at the end.
+Losses of +inf (P puts mass where Q has none) are kept exactly: an outcome impossible under Q
+counts fully towards delta at every epsilon.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.signal import fftconvolve
+
+from accounting.errors import require, require_in_open, require_positive
+
+LAW_RELATIVE_ERROR = 1e-12
+"""Relative error allowed in each probability of a law given here (float64 laws formed from
+logits and mixtures carry errors of a few ulps, ~1e-15): masses are lowered by this factor, and
+each log-probability may be off by as much, so losses are lowered by 2 * LAW_RELATIVE_ERROR plus
+LOSS_ABSOLUTE_ERROR times the magnitudes of the two logs."""
+LOSS_ABSOLUTE_ERROR = 1e-12
+TRUNCATION = 1e-30
+"""Mass below which the ends of a loss distribution are dropped (a lower bound stays one)."""
+_FFT_ERROR = 1e-14
+"""Bound, relative to the product of the two inputs' total masses, on the summed absolute error of
+one FFT convolution's entries (float64 FFTs err by ~u log2(n) per entry, n <= 2^30)."""
+_FFT_FLOOR = 1e-15
+"""Entries of an FFT convolution below this, relative to the product of the inputs' total masses,
+are set to 0: they are within the FFT's rounding of 0, and left as they are they would keep the
+tails (thousands of cells of rounding noise) from being trimmed. Dropping them lowers the profile."""
+
+
+@dataclass(frozen=True)
+class LossDistribution:
+    """The privacy loss of an ordered pair of laws, discretised so that `delta` is a lower bound.
+
+    Attributes:
+      interval: grid width; entry k of `mass` is the mass of losses in [(offset + k) interval, ...).
+      offset: the grid index of `mass[0]`.
+      mass: probability (under the first law) of each grid cell, rounded down; float64 >= 0.
+      infinite: probability of an outcome the second law cannot produce (loss +inf), a lower bound.
+      error: bound on the summed absolute floating-point error of `mass`.
+      steps: how many independent steps were composed into it.
+    """
+
+    interval: float
+    offset: int
+    mass: np.ndarray
+    infinite: float = 0.0
+    error: float = 0.0
+    steps: int = 1
+
+    @classmethod
+    def from_log_laws(cls, log_p, log_q, interval: float, truncation: float = TRUNCATION) -> "LossDistribution":
+        """The loss of one step whose outcome has log-probabilities `log_p` under the first law and
+        `log_q` under the second (same outcomes; -inf for probability 0). ValueError for NaN."""
+        interval = require_positive("interval", interval)
+        log_p = np.asarray(log_p, dtype=np.float64).reshape(-1)
+        log_q = np.asarray(log_q, dtype=np.float64).reshape(-1)
+        require(log_p.shape == log_q.shape, f"the two laws must have the same outcomes, got {log_p.shape} and "
+                                            f"{log_q.shape}")
+        require(not (np.isnan(log_p).any() or np.isnan(log_q).any()), "a law holds NaN")
+        require(not ((log_p > 0).any() or (log_q > 0).any()), "a log-probability is above 0")
+        possible = log_p > -np.inf
+        impossible = possible & (log_q == -np.inf)
+        lower = 1.0 - LAW_RELATIVE_ERROR
+        infinite = float(np.exp(log_p[impossible]).sum() * lower) if impossible.any() else 0.0
+        finite = possible & ~impossible
+        log_p, log_q = log_p[finite], log_q[finite]
+        loss = log_p - log_q
+        # each log off by up to its own rounding and the laws' error: lower the loss by a bound on both
+        loss = loss - (2 * LAW_RELATIVE_ERROR + LOSS_ABSOLUTE_ERROR * (np.abs(log_p) + np.abs(log_q) + 1.0))
+        index = np.floor(loss / interval)
+        index = np.where(index * interval > loss, index - 1, index)   # floor never rounds up, even at an edge
+        masses = np.exp(log_p) * lower
+        if index.size == 0:
+            return cls(interval, 0, np.zeros(1), min(1.0, infinite))
+        low = int(index.min())
+        mass = np.bincount((index - low).astype(np.int64), weights=masses)
+        # bincount adds masses: a relative rounding of the count's size, covered by the masses' allowance
+        return cls(interval, low, mass, min(1.0, infinite), 0.0)._trimmed(truncation)
+
+    def _trimmed(self, truncation: float) -> "LossDistribution":
+        """This distribution with the masses below `truncation` at either end dropped."""
+        cumulative = np.cumsum(self.mass)
+        first = int(np.searchsorted(cumulative, truncation, side="right"))
+        tail = np.cumsum(self.mass[::-1])
+        last = self.mass.size - int(np.searchsorted(tail, truncation, side="right"))
+        if first >= last:  # everything below the truncation: nothing finite is kept
+            return LossDistribution(self.interval, self.offset, np.zeros(1), self.infinite, self.error, self.steps)
+        return LossDistribution(self.interval, self.offset + first, self.mass[first:last].copy(), self.infinite,
+                                self.error, self.steps)
+
+    def compose(self, other: "LossDistribution", truncation: float = TRUNCATION) -> "LossDistribution":
+        """The loss of both pairs run independently: losses add, so masses convolve."""
+        require(isinstance(other, LossDistribution) and other.interval == self.interval,
+                "only loss distributions on the same grid compose")
+        total_self, total_other = float(self.mass.sum()), float(other.mass.sum())
+        if min(self.mass.size, other.mass.size) <= 64:
+            mass = np.convolve(self.mass, other.mass)   # direct sums: errors within the masses' allowance
+            error = 0.0
+        else:
+            mass = fftconvolve(self.mass, other.mass)
+            error = _FFT_ERROR * total_self * total_other
+            # an entry the FFT made negative holds rounding only (0 adds at most that error); one below
+            # the floor is indistinguishable from rounding noise (0 drops it: a lower bound stays one)
+            mass[mass < _FFT_FLOOR * total_self * total_other] = 0.0
+        infinite = self.infinite + other.infinite - self.infinite * other.infinite
+        return LossDistribution(self.interval, self.offset + other.offset, mass, infinite,
+                                self.error * total_other + other.error * total_self + self.error * other.error + error,
+                                self.steps + other.steps)._trimmed(truncation)
+
+    @staticmethod
+    def composed(parts: list["LossDistribution"], truncation: float = TRUNCATION) -> "LossDistribution":
+        """All of `parts` composed, pairwise in a balanced tree (sizes grow evenly: cheaper FFTs)."""
+        require(len(parts) > 0, "nothing to compose")
+        level = list(parts)
+        while len(level) > 1:
+            level = [level[i].compose(level[i + 1], truncation) if i + 1 < len(level) else level[i]
+                     for i in range(0, len(level), 2)]
+        return level[0]
+
+    def delta(self, epsilon: float) -> float:
+        """A lower bound on the pair's delta at `epsilon`: E[(1 - e^(eps - L))_+] over the rounded-down
+        losses, plus the infinite-loss mass, minus the floating-point error bound (never below 0)."""
+        epsilon = float(epsilon)
+        require(not math.isnan(epsilon), "epsilon must be a number, got nan")
+        losses = (self.offset + np.arange(self.mass.size)) * self.interval
+        above = losses > epsilon
+        finite = float(np.sum(self.mass[above] * -np.expm1(epsilon - losses[above])))
+        return max(0.0, (finite + self.infinite) * (1.0 - 1e-12) - self.error)
+
+    def epsilon(self, delta: float) -> float:
+        """A lower bound on the pair's epsilon(delta): the largest grid epsilon whose `delta` lower
+        bound exceeds `delta` (then every smaller epsilon fails too), or 0 when none does. +inf when
+        the infinite-loss mass alone exceeds delta."""
+        delta = require_in_open("delta", delta, 0.0, 1.0)
+        if self.infinite * (1.0 - 1e-12) - self.error > delta:
+            return math.inf
+        low = 0.0
+        if not self.delta(low) > delta:
+            return 0.0
+        high = float((self.offset + self.mass.size) * self.interval)   # delta(high) = infinite mass only
+        for _ in range(200):
+            middle = 0.5 * (low + high)
+            if self.delta(middle) > delta:
+                low = middle
+            else:
+                high = middle
+            if high - low <= 1e-12 * max(1.0, high):
+                break
+        return low
+
+    @property
+    def mean(self) -> float:
+        """E[L] over the finite part (for reports; the rounded-down grid's, so a lower bound)."""
+        total = float(self.mass.sum())
+        losses = (self.offset + np.arange(self.mass.size)) * self.interval
+        return float(np.sum(self.mass * losses) / total) if total > 0 else 0.0
+
+
+def pair_epsilon_lower_bound(forward: LossDistribution, backward: LossDistribution, delta: float) -> float:
+    """epsilon(delta) of a neighbouring pair, both directions: a DP claim must cover the larger, so
+    the larger lower bound is a lower bound on the claim's epsilon."""
+    return max(forward.epsilon(delta), backward.epsilon(delta))
