@@ -14,6 +14,7 @@ from pathlib import Path
 
 from audit import bounds, consistency, replay, voting
 from audit.ablation import check_ablation
+from audit.bracket import check_epsilon_bracket
 from audit.budget import check_budget_filter
 from audit.checks import CheckResult, Status, failed, skipped
 from audit.lint import Finding, lint
@@ -86,6 +87,15 @@ class AuditReport:
         return {} if ablation is None else dict(ablation.evidence.get("relations", {}))
 
     @property
+    def bracket(self) -> dict | None:
+        """The epsilon bracket (audit.bracket): per requested delta the claim (upper), the certified
+        lower bound, their ratio and the neighbour attaining it; None when none was built."""
+        check = next((c for c in self.checks if c.name == "epsilon_bracket"), None)
+        if check is None or check.status is Status.SKIPPED or "rows" not in check.evidence:
+            return None
+        return {key: check.evidence[key] for key in ("rows", "claimed_relation", "confidence")}
+
+    @property
     def headline(self) -> str:
         """The verdict with the relation it is for and every other relation tested, e.g.
         "PASS for remove-one; add-one NOT COVERED (empirical 25.6 > claimed 7.77)"."""
@@ -112,6 +122,9 @@ class AuditReport:
         ablation = next((c for c in self.checks if c.name == "neighbour_ablation"), None)
         if ablation is None or ablation.status is Status.SKIPPED:  # the verdict then rests on no neighbour
             parts.append("no neighbour was tested")
+        if self.bracket is not None:
+            parts.extend(f"epsilon(delta={row['delta']:g}) in [{row['lower']:.4g}, {row['upper']:.4g}] (certified lower "
+                         f"bound, claim; claim / lower bound = {row['ratio']:.3g})" for row in self.bracket["rows"])
         claim = ablation.evidence.get("claimed_epsilon") if ablation is not None else None
         for entry in self.relations.values():
             if not entry["claimed"]:
@@ -129,7 +142,7 @@ class AuditReport:
                    "failed_checks": [c.name for c in self.failed], "created_at": self.created_at,
                    "seconds": round(self.seconds, 2), "data_dependent": self.data_dependent,
                    "caveat": DATA_DEPENDENT_CAVEAT if self.data_dependent else None,
-                   "relations": self.relations,
+                   "relations": self.relations, "bracket": self.bracket,
                    "checks": [c.to_dict() for c in self.checks], "findings": [f.to_dict() for f in self.findings]}
         # the digest is over what a reader parses back (strict JSON: +inf round-trips through `nulls`)
         content["digest"] = audit_digest(trace_files.loads_json(trace_files.json_bytes(content).decode()))
@@ -173,7 +186,7 @@ EXIT_CODES = {"PASS": 0, "FAIL": 1, "UNVERIFIED": 3}
 EXIT_UNUSABLE = 2
 
 _RECORD_READERS = ("relation_coverage", "mixing_ball", "screening_cost", "data_dependent_eq3", "theorem_3_1",
-                   "utility_theorem_4_3", "neighbour_ablation", "canary_game", "shared_randomness", "vote_threshold",
+                   "utility_theorem_4_3", "neighbour_ablation", "epsilon_bracket", "canary_game", "shared_randomness", "vote_threshold",
                    "voting_charges", "sampled_aggregator")
 
 
@@ -252,6 +265,8 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
         ablation = _guarded("neighbour_ablation", lambda: check_ablation(loaded, teachers_sample, mc_samples, seed)[0],
                             loaded)
         checks.append(ablation)
+        checks.append(_guarded("epsilon_bracket", lambda: check_epsilon_bracket(loaded, ablation.evidence, mc_samples,
+                                                                                seed), loaded))
         if play_game:
             checks.append(_guarded("canary_game", lambda: check_canary_game(loaded, game_trials, seed=seed)[0], loaded))
     try:
@@ -300,8 +315,10 @@ def audit_binding(run_dir: str | Path, audit: dict) -> str | None:
 
 def render_summary(report: AuditReport) -> str:
     """A readable summary: verdict, every check with its evidence line, findings that apply."""
-    lines = [f"audit of {report.run_dir}: {report.headline}"
-             + (f" (failed: {', '.join(c.name for c in report.failed)})" if report.failed else "")]
+    verdict, _, rest = report.headline.partition("; ")  # the failed checks right beside the verdict
+    lines = [f"audit of {report.run_dir}: {verdict}"
+             + (f" (failed: {', '.join(c.name for c in report.failed)})" if report.failed else "")
+             + (f"; {rest}" if rest else "")]
     for check in report.checks:
         lines.append(f"  [{check.status.value:<7}] {check.name}: {check.detail}")
     applying = [f for f in report.findings if f.applies]

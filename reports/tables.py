@@ -55,6 +55,27 @@ def epsilon_column(delta: float) -> str:
     return f"epsilon@{delta:g}"
 
 
+def lower_bound_column(delta: float) -> str:
+    """The comparison table's column of the audit's certified lower bound at `delta`: "lower@1e-05"."""
+    return f"lower@{delta:g}"
+
+
+def certified_lower_bound(run: RunData, delta: float) -> tuple[float | None, str | None]:
+    """(the audit's certified lower bound on epsilon(delta) for the claimed relation, None) or
+    (None, why there is none): the epsilon_bracket check of a current audit (audit.bracket)."""
+    if run.audit is None:
+        return None, "not audited" if not run.stale_audit else f"{run.audit_withheld} audit, not shown"
+    bracket = next((c for c in run.audit.get("checks", []) if c.get("name") == "epsilon_bracket"), None)
+    if bracket is None:
+        return None, "this audit has no epsilon bracket (made by an older dpledger)"
+    if bracket.get("status") == "SKIPPED":
+        return None, f"no certified lower bound: {bracket.get('detail')}"
+    row = next((r for r in bracket.get("evidence", {}).get("rows", []) if r.get("delta") == delta), None)
+    if row is None:
+        return None, "the audit bracketed other deltas"
+    return row.get("lower"), None
+
+
 def order_column(delta: float) -> str:
     return f"order@{delta:g}"
 
@@ -92,7 +113,8 @@ def perplexity_reason(run: RunData, value) -> str | None:
 
 def comparison_table(runs: list[RunData]) -> pd.DataFrame:
     """Table 2a / Table 1: method, queries, the improved epsilon at every requested delta (one column
-    each, "epsilon@1e-05"), the optimal order at each run's first delta, whether epsilon is
+    each, "epsilon@1e-05"), the audit's certified lower bound at each ("lower@1e-05": audit.bracket),
+    the optimal order at each run's first delta, whether epsilon is
     data-dependent, the divergence direction, the neighbouring relation the charged total covers,
     perplexity, queries answered by the public model, the audit's headline (its verdict for the
     claimed relation and every other relation it tested); for voting runs also yield and token
@@ -117,6 +139,11 @@ def comparison_table(runs: list[RunData]) -> pd.DataFrame:
                                else "ledger.json has no improved epsilon at this delta")
             elif entry["epsilon"] == float("inf"):
                 why[column] = no_guarantee_reason(run)
+        for delta in deltas:  # the audit's bracket: its certified lower bound beside the claims
+            column = lower_bound_column(delta)
+            row[column], reason = certified_lower_bound(run, delta)
+            if reason:
+                why[column] = reason
         epsilon = run.epsilon()
         for delta in deltas:
             if delta == run.delta:

@@ -1,0 +1,258 @@
+"""The epsilon bracket of an audited run: a certified lower bound beside the claim (the upper bound).
+
+For each tested neighbouring pair the trace gives the mechanism's exact per-step output law under
+the actual ensemble and under the neighbour (the payload or the models hold the logits; the
+mechanism's randomness is independent across steps and, teacher-forced, its queries are fixed), so
+the pair's privacy loss distribution composes exactly (accounting.loss_distribution): its
+epsilon(delta) is a certified lower bound on any epsilon that covers the pair. The claim must be at
+least every such bound; the ratio claim / lower bound is how tight the audit shows the claim to be.
+
+Which pairs (the strongest the audit can build, chosen by the RDP ablation's ranking):
+- PMixED (and AdaPMixED without screening): each removed teacher the ablation ranks highest, and
+  added point-mass teachers (projected like any teacher, on the run's own ball);
+- AdaPMixED with screening: added teachers that leave the screen's law unchanged (on the public
+  model's top-k tokens K they equal the ensemble's raw mean, so the screened mean is the same) and
+  put the rest of their mass where the adversary chooses. Then the released (decision, token) law is
+  pi [p, p0] versus pi [p_+, p0] with the same pass probability pi, and replacing pi by a smaller
+  pi_low is a post-processing of both laws (with probability 1 - pi_low / pi, relabel a pass as a
+  fail with a fresh public token), so the pair with pi_low has a smaller profile (data processing).
+  pi_low is a one-sided Clopper-Pearson bound at confidence 1 - (1 - confidence) / T per step
+  (Bonferroni over the T steps): the bound holds with probability at least `confidence` over the
+  audit's Monte Carlo. (The two screened means are equal in exact arithmetic, as the mechanism is
+  defined; like every privacy analysis, the bound is for that mechanism, not for its floats.)
+- Hot PATE voting and the other kinds: not bracketed yet (the audit says so).
+Only the pairs of the claimed relation count towards the bracket (a remove-one claim says nothing
+about added teachers).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from accounting.loss_distribution import LossDistribution
+from accounting.relation import NeighbouringRelation
+from audit.checks import CheckResult, failed, skipped, verdict
+from audit.loader import LoadedTrace
+from decoding.ensemble import Ensemble
+
+PAIRS_TESTED = 3
+"""How many of the ablation's strongest neighbours of each claimed move get an exact lower bound."""
+CONFIDENCE = 0.95
+"""Confidence of a screened run's lower bound (its pass probabilities are Monte Carlo estimates)."""
+BIAS_FRACTION = 0.005
+"""Rounding each step's loss down to the grid lowers the composed loss by at most steps * interval:
+the interval is chosen so that this is at most this fraction of the pair's (RDP-converted) epsilon."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A neighbour of the actual ensemble: `move` "remove" (teacher `index`) or "add" (rule `index`)."""
+
+    move: str
+    index: int
+    label: str
+
+    @property
+    def relation(self) -> NeighbouringRelation:
+        return NeighbouringRelation.REMOVE_ONE if self.move == "remove" else NeighbouringRelation.ADD_ONE
+
+
+def _mixed(public: torch.Tensor, teachers: torch.Tensor, lambdas: torch.Tensor) -> torch.Tensor:
+    return lambdas.unsqueeze(-1) * teachers + (1 - lambdas.unsqueeze(-1)) * public.unsqueeze(-2)
+
+
+def _projected(params: dict, laws: torch.Tensor, public: torch.Tensor) -> torch.Tensor:
+    """Added teachers (L, A, V) projected as the mechanism projects any teacher (its own solver)."""
+    from mechanisms.pmixed import Ball, PMixED
+
+    projection = PMixED(params["alpha"], params["beta"], 1, ball=params.get("ball", Ball.PROJECTION_ORDER.value))
+    lambdas = projection.mixing_weights_tensor(laws, public)
+    return lambdas.unsqueeze(-1) * laws + (1 - lambdas.unsqueeze(-1)) * public.unsqueeze(-2)
+
+
+ADDED_RULES = ("rest of the mass on the token the output likes least",
+               "rest of the mass on the token the public model likes least",
+               "rest of the mass on the public model's top token")
+
+
+def _added_raw_teachers(output: torch.Tensor, public: torch.Tensor, keep: torch.Tensor | None,
+                        kept_values: torch.Tensor | None) -> torch.Tensor:
+    """(L, 3, V) raw added teachers: point masses by ADDED_RULES, or, with `keep` (L, V) bool and
+    `kept_values` (L, V), the kept values on the kept tokens and the rest of the mass on the token
+    the rule picks among the others."""
+    length, vocab = public.shape
+    allowed = torch.ones_like(public, dtype=torch.bool) if keep is None else ~keep
+    big = torch.finfo(torch.float64).max
+    tokens = torch.stack([torch.where(allowed, output, big).argmin(-1), torch.where(allowed, public, big).argmin(-1),
+                          torch.where(allowed, public, -big).argmax(-1)], dim=-1)          # (L, 3)
+    rest = torch.ones(length, dtype=torch.float64) if keep is None else 1.0 - (kept_values * keep).sum(-1)
+    laws = torch.zeros((length, 3, vocab), dtype=torch.float64)
+    if keep is not None:
+        laws += (kept_values * keep).unsqueeze(1)
+    laws.scatter_add_(-1, tokens.unsqueeze(-1), rest.clamp_min(0.0).reshape(length, 1, 1).expand(-1, 3, 1))
+    return laws
+
+
+def _log(law: torch.Tensor) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.log(law.clamp_min(0.0).numpy())
+
+
+def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, pairs: list[Pair],
+                   intervals: list[float], mc_samples: int, seed: int, steps_total: int) -> dict:
+    """One window's composed loss distributions (forward, backward) per pair: a small partial, combined
+    in step order by the caller."""
+    from audit.ablation import clopper_pearson, ensemble_output, monte_carlo_seed, screen_pass_counts
+    from mechanisms.kernels import sums_without_each
+
+    public, teachers = Ensemble.split_distributions(logits)
+    length, n = public.shape[0], teachers.shape[-2]
+    lambdas = (torch.ones(teachers.shape[:-1], dtype=torch.float64) if trace.mechanism_type == "ensemble"
+               else torch.tensor([r["lambdas"] for r in records], dtype=torch.float64))
+    params, rate = trace.params, trace.params.get("sample_rate")
+    mixed = _mixed(public, teachers, lambdas)
+    total = mixed.sum(dim=-2)
+    output = ensemble_output(total, torch.full((length,), n), public, rate)
+    screened = trace.mechanism_type == "adapmixed" and params.get("screening", True)
+    if screened:
+        from mechanisms.screening import NoisyScreening
+
+        screening = NoisyScreening(teachers=1, lam=params["lam"], sigma=params["sigma"], alpha=params["alpha"],
+                                   threshold=params["threshold"], top_k=int(params["top_k"]))
+        top = screening.top_indices(public)
+        keep = torch.zeros_like(public, dtype=torch.bool).scatter_(-1, top, True)
+        raw_mean = teachers.mean(dim=-2)
+        added_raw = _added_raw_teachers(output, public, keep, raw_mean)
+        generator = torch.Generator().manual_seed(monte_carlo_seed(seed, records[0]["step"]))
+        passes = screen_pass_counts(teachers.sum(dim=-2).unsqueeze(1), torch.full((length, 1), n), public, params,
+                                    mc_samples, generator)[:, 0].numpy()
+        # one-sided at 1 - (1 - CONFIDENCE) / T per step: a union bound over the run's T steps
+        low, _ = clopper_pearson(passes, mc_samples, 1.0 - 2.0 * (1.0 - CONFIDENCE) / steps_total)
+        pass_low = np.asarray(low, dtype=np.float64)
+        neighbour_laws = {}
+        for pair in pairs:
+            added = _projected(params, added_raw[:, pair.index:pair.index + 1], public)[:, 0]
+            neighbour_laws[pair] = ensemble_output(total + added, torch.full((length,), n + 1), public, rate)
+    else:
+        removed = [p.index for p in pairs if p.move == "remove"]
+        without = sums_without_each(mixed)[:, torch.tensor(removed, dtype=torch.long)] if removed else None
+        added_raw = _added_raw_teachers(output, public, None, None)
+        neighbour_laws = {}
+        for pair in pairs:
+            if pair.move == "remove":
+                neighbour_total = without[:, removed.index(pair.index)]
+                neighbour_laws[pair] = ensemble_output(neighbour_total, torch.full((length,), n - 1), public, rate)
+            else:
+                added = (added_raw[:, pair.index] if trace.mechanism_type == "ensemble"
+                         else _projected(params, added_raw[:, pair.index:pair.index + 1], public)[:, 0])
+                neighbour_laws[pair] = ensemble_output(total + added, torch.full((length,), n + 1), public, rate)
+    refused = np.asarray([bool(r.get("budget_refused")) for r in records])
+    partial = {}
+    for pair, interval in zip(pairs, intervals):
+        forward, backward = [], []
+        neighbour = neighbour_laws[pair]
+        for row in range(length):
+            if refused[row]:  # answered publicly by the filter: the same law under every neighbour
+                continue
+            if screened:
+                # (decision, token): pass_low [p, p0] and pass_low [p_+, p0] with a common fail mass
+                low = float(pass_low[row])
+                actual = np.concatenate([_log(output[row] * low), [math.log1p(-low) if low < 1 else -math.inf]])
+                other = np.concatenate([_log(neighbour[row] * low), [math.log1p(-low) if low < 1 else -math.inf]])
+            else:
+                actual, other = _log(output[row]), _log(neighbour[row])
+            forward.append(LossDistribution.from_log_laws(actual, other, interval))
+            backward.append(LossDistribution.from_log_laws(other, actual, interval))
+        partial[pair] = (LossDistribution.composed(forward) if forward else None,
+                         LossDistribution.composed(backward) if backward else None)
+    return partial
+
+
+def _claimed_epsilons(trace: LoadedTrace) -> list[dict]:
+    return [e for e in trace.ledger.get("epsilon", []) if isinstance(e, dict) and e.get("method") == "improved"]
+
+
+def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_samples: int = 400,
+                          seed: int = 0) -> CheckResult:
+    """For each requested delta: the claim (upper), a certified lower bound on epsilon(delta) from the
+    strongest tested neighbours of the claimed relation, their ratio and the neighbour attaining it.
+    FAILs when a lower bound exceeds the claim (the claim under-states)."""
+    kind = trace.mechanism_type
+    if kind == "public":
+        return skipped("epsilon_bracket", "the public model alone reads no teacher: its epsilon is 0 exactly")
+    if kind not in ("pmixed", "adapmixed"):
+        return skipped("epsilon_bracket", f"no certified lower bound is built for {kind} runs yet (their exact "
+                                          "per-step laws are PMixED's, AdaPMixED's and voting's; voting is next)")
+    if trace.manifest["data"]["stream"] != "teacher-forced":
+        return skipped("epsilon_bracket", "free generation: each step's query depends on the earlier outputs, so "
+                                          "the steps' laws are not a product and the composition is not exact")
+    if not ablation_evidence or "per_neighbour" not in ablation_evidence:
+        return skipped("epsilon_bracket", "the neighbour ablation did not run (its ranking chooses the pairs)")
+    claims = _claimed_epsilons(trace)
+    if not claims:
+        return failed("epsilon_bracket", "ledger.json states no improved epsilon: there is no claim to bracket")
+    claimed_relation = NeighbouringRelation(trace.manifest["relation"])
+    screened = kind == "adapmixed" and trace.params.get("screening", True)
+    ranked = sorted((row for row in ablation_evidence["per_neighbour"]
+                     if claimed_relation.covers(NeighbouringRelation(row["relation"]))),
+                    key=lambda row: -row["empirical_epsilon"])
+    pairs: list[Pair] = []
+    estimates: list[float] = []
+    if "remove" in claimed_relation.moves and not screened:
+        for row in [r for r in ranked if r["neighbour"].startswith("remove teacher ")][:PAIRS_TESTED]:
+            pairs.append(Pair("remove", int(row["neighbour"].split()[-1]), row["neighbour"]))
+            estimates.append(row["empirical_epsilon"])
+    if "add" in claimed_relation.moves:
+        scale = max((r["empirical_epsilon"] for r in ranked if not r["neighbour"].startswith("remove")), default=1.0)
+        prefix = "add-one, screen unchanged: " if screened else "add-one: "
+        for index, rule in enumerate(ADDED_RULES):
+            pairs.append(Pair("add", index, prefix + rule))
+            estimates.append(scale)
+    if not pairs:
+        return skipped("epsilon_bracket", f"a screened AdaPMixED run claimed for {claimed_relation.label}: removing a "
+                                          "teacher changes the screen's pass probability, which has no closed form, "
+                                          "so only added teachers that leave it unchanged are bracketed")
+    steps = max(1, trace.steps)
+    intervals = [float(np.clip(BIAS_FRACTION * max(estimate, 1.0) / steps, 1e-6, 1e-2))
+                 if math.isfinite(estimate) else 1e-2 for estimate in estimates]
+    composed: dict[Pair, list] = {pair: [[], []] for pair in pairs}
+    for _, window in trace.map_windows(bracket_window, pairs, intervals, mc_samples, seed, steps,
+                                       desc="epsilon bracket"):
+        for pair, (forward, backward) in window.items():
+            if forward is not None:
+                composed[pair][0].append(forward)
+                composed[pair][1].append(backward)
+    rows = []
+    for claim in claims:
+        delta = float(claim["delta"])
+        best, best_pair = 0.0, None
+        for pair in pairs:
+            forward, backward = (LossDistribution.composed(parts) if parts else None for parts in composed[pair])
+            if forward is None:
+                continue
+            lower = max(forward.epsilon(delta), backward.epsilon(delta))
+            if lower > best:
+                best, best_pair = lower, pair
+        upper = float(claim["epsilon"]) if claim.get("epsilon") is not None else math.inf
+        rows.append({"delta": delta, "upper": upper, "lower": best,
+                     "ratio": (upper / best) if best > 0 else math.inf,
+                     "neighbour": best_pair.label if best_pair else None,
+                     "relation": best_pair.relation.value if best_pair else None})
+    exceeded = [r for r in rows if r["lower"] > r["upper"] * (1 + 1e-9)]
+    confidence = (f"; with probability >= {CONFIDENCE:g} over the audit's screening Monte Carlo ({mc_samples} draws "
+                  "a step, Clopper-Pearson with a union bound over the steps)") if screened else ""
+    text = "; ".join(f"delta {r['delta']:g}: epsilon in [{r['lower']:.4g}, {r['upper']:.4g}] (ratio "
+                     f"{r['ratio']:.3g}, lower bound from {r['neighbour'] or 'no pair'})" for r in rows)
+    evidence = {"rows": rows, "claimed_relation": claimed_relation.value, "pairs": [p.label for p in pairs],
+                "confidence": CONFIDENCE if screened else 1.0,
+                "method": "exact per-step output laws of each pair, privacy loss distributions composed with losses "
+                          "rounded down (accounting.loss_distribution): a certified lower bound on epsilon(delta)"}
+    return verdict("epsilon_bracket", not exceeded,
+                   f"{claimed_relation.label}: {text}{confidence}",
+                   "the claim under-states: " + "; ".join(
+                       f"at delta {r['delta']:g} {r['neighbour']} has epsilon >= {r['lower']:.4g} > claimed "
+                       f"{r['upper']:.4g}" for r in exceeded) + confidence, **evidence)
+
