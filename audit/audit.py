@@ -258,6 +258,8 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
     if loaded.mechanism_type == "voting":
         ablation = _guarded("neighbour_ablation", lambda: voting.check_voting_ablation(loaded), loaded)
         checks.append(ablation)
+        checks.append(_guarded("epsilon_bracket", lambda: check_epsilon_bracket(loaded, ablation.evidence, mc_samples,
+                                                                                seed), loaded))
         if play_game:
             checks.append(_guarded("sampled_aggregator", lambda: voting.check_sampled_aggregator(loaded, seed=seed),
                                    loaded))

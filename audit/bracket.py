@@ -20,7 +20,14 @@ Which pairs (the strongest the audit can build, chosen by the RDP ablation's ran
   (Bonferroni over the T steps): the bound holds with probability at least `confidence` over the
   audit's Monte Carlo. (The two screened means are equal in exact arithmetic, as the mechanism is
   defined; like every privacy analysis, the bound is for that mechanism, not for its floats.)
-- Hot PATE voting and the other kinds: not bracketed yet (the audit says so).
+- Hot PATE DPARGMAX (released-output accounting): conditioned on the shared randomness (public in the
+  analysis), each step's histogram is known, and the released law (fail, or a token) is exact up to
+  the GNMax quadrature's estimated relative error (mechanisms.voting.gnmax_log_output_law), which
+  is allowed for ten times over: the first law's masses are lowered and the second's raised by it,
+  which can only lower the profile. Neighbours: the teachers the ablation found leakiest removed or
+  replaced (their vote moved, per step, to the token that moves the law most), and a teacher added
+  (its vote, per step, on that token). DPWS's released law is a V-dimensional integral: not
+  bracketed; realised-path accounting bounds no released law: not bracketed (the audit says so).
 Only the pairs of the claimed relation count towards the bracket (a remove-one claim says nothing
 about added teachers).
 """
@@ -38,6 +45,8 @@ from audit.checks import CheckResult, failed, skipped, verdict
 from audit.loader import LoadedTrace
 from decoding.ensemble import Ensemble
 
+VOTING_LAW_ALLOWANCE = 10.0
+"""A voting law's stated relative numerical error is allowed for this many times over."""
 PAIRS_TESTED = 3
 """How many of the ablation's strongest neighbours of each claimed move get an exact lower bound."""
 CONFIDENCE = 0.95
@@ -49,7 +58,8 @@ the interval is chosen so that this is at most this fraction of the pair's (RDP-
 
 @dataclass(frozen=True)
 class Pair:
-    """A neighbour of the actual ensemble: `move` "remove" (teacher `index`) or "add" (rule `index`)."""
+    """A neighbour of the actual ensemble: `move` "remove" or "replace" (teacher `index`), or "add"
+    (rule `index`)."""
 
     move: str
     index: int
@@ -57,7 +67,8 @@ class Pair:
 
     @property
     def relation(self) -> NeighbouringRelation:
-        return NeighbouringRelation.REMOVE_ONE if self.move == "remove" else NeighbouringRelation.ADD_ONE
+        return {"remove": NeighbouringRelation.REMOVE_ONE, "add": NeighbouringRelation.ADD_ONE,
+                "replace": NeighbouringRelation.REPLACE_ONE}[self.move]
 
 
 def _mixed(public: torch.Tensor, teachers: torch.Tensor, lambdas: torch.Tensor) -> torch.Tensor:
@@ -171,8 +182,104 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     return partial
 
 
+def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, pairs: list[Pair],
+                          intervals: list[float]) -> dict:
+    """One window's composed loss distributions (forward, backward) per voting pair (DPARGMAX,
+    released output): removed and replaced teachers by index, an added vote."""
+    from audit.voting import _candidates, _mechanism
+    from mechanisms.voting import renyi_divergence_of_log_laws
+
+    mechanism = _mechanism(trace)
+    _, teachers = Ensemble.split_distributions(logits)
+    votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
+    steps: dict[Pair, tuple[list, list]] = {pair: ([], []) for pair in pairs}
+    two = np.array([2.0])
+
+    def law(histogram: np.ndarray) -> tuple[np.ndarray, float]:
+        log_fail, log_release, error = mechanism.log_output_law(histogram)
+        return np.concatenate([[log_fail], log_release]), error
+
+    for row, record in enumerate(records):
+        if record.get("budget_refused"):  # answered publicly by the filter: the same law under every neighbour
+            continue
+        actual, error = law(counts[row])
+
+        def moved(histogram: np.ndarray, remove: int | None) -> tuple[np.ndarray, float]:
+            """The law after adding a vote on the candidate token that moves it most (order 2, both
+            directions), with the vote of `remove` taken out first (a replacement), or not."""
+            base = histogram.copy()
+            if remove is not None:
+                base[remove] -= 1
+            best, best_law, best_error = -1.0, None, 0.0
+            for token in _candidates(histogram):
+                if token == remove:
+                    continue
+                neighbour = base.copy()
+                neighbour[token] += 1
+                other, other_error = law(neighbour)
+                score = float(max(renyi_divergence_of_log_laws(actual, other, two)[0],
+                                  renyi_divergence_of_log_laws(other, actual, two)[0]))
+                if score > best:
+                    best, best_law, best_error = score, other, other_error
+            return best_law, best_error
+
+        for pair, interval in zip(pairs, intervals):
+            if pair.move == "remove":
+                neighbour = counts[row].copy()
+                neighbour[votes[row, pair.index]] -= 1
+                other, other_error = law(neighbour)
+            elif pair.move == "replace":
+                other, other_error = moved(counts[row], int(votes[row, pair.index]))
+            else:
+                other, other_error = moved(counts[row], None)
+            allowance = math.log1p(VOTING_LAW_ALLOWANCE * max(error, other_error) + 1e-12)
+            forward, backward = steps[pair]
+            # the first law's masses lowered, the second's raised, by the allowance: the profile only drops
+            forward.append(LossDistribution.from_log_laws(actual - allowance, other + allowance, interval))
+            backward.append(LossDistribution.from_log_laws(other - allowance, actual + allowance, interval))
+    return {pair: (LossDistribution.composed(f) if f else None, LossDistribution.composed(b) if b else None)
+            for pair, (f, b) in steps.items()}
+
+
+def _voting_pairs(trace: LoadedTrace, evidence: dict, claimed: NeighbouringRelation) -> tuple[list[Pair], list[float]]:
+    """The leakiest removed (or replaced) teachers and an added vote, with their ablation epsilons."""
+    per_teacher = evidence.get("per_teacher_removed_epsilon") or []
+    ranked = sorted(range(len(per_teacher)), key=lambda i: -per_teacher[i])[:PAIRS_TESTED]
+    relations = evidence.get("relations", {})
+    pairs, estimates = [], []
+    if "remove" in claimed.moves:
+        pairs += [Pair("remove", i, f"teacher {i} removed") for i in ranked]
+        estimates += [per_teacher[i] for i in ranked]
+    if "replace" in claimed.moves:
+        pairs += [Pair("replace", i, f"teacher {i} replaced (its vote moved where it moves the law most)")
+                  for i in ranked]
+        estimates += [relations.get("replace_one", {}).get("empirical_epsilon", 1.0)] * len(ranked)
+    if "add" in claimed.moves:
+        pairs.append(Pair("add", 0, "a teacher added, voting where it moves the law most"))
+        estimates.append(relations.get("add_one", {}).get("empirical_epsilon", 1.0))
+    return pairs, estimates
+
+
 def _claimed_epsilons(trace: LoadedTrace) -> list[dict]:
     return [e for e in trace.ledger.get("epsilon", []) if isinstance(e, dict) and e.get("method") == "improved"]
+
+
+def _mixture_pairs(evidence: dict, claimed: NeighbouringRelation, screened: bool) -> tuple[list[Pair], list[float]]:
+    """PMixED / AdaPMixED: the removed teachers the ablation ranks highest and the added teachers,
+    with the ablation's epsilons (to size the loss grid)."""
+    ranked = sorted((row for row in evidence["per_neighbour"] if claimed.covers(NeighbouringRelation(row["relation"]))),
+                    key=lambda row: -row["empirical_epsilon"])
+    pairs, estimates = [], []
+    if "remove" in claimed.moves and not screened:
+        for row in [r for r in ranked if r["neighbour"].startswith("remove teacher ")][:PAIRS_TESTED]:
+            pairs.append(Pair("remove", int(row["neighbour"].split()[-1]), row["neighbour"]))
+            estimates.append(row["empirical_epsilon"])
+    if "add" in claimed.moves:
+        scale = max((r["empirical_epsilon"] for r in ranked if not r["neighbour"].startswith("remove")), default=1.0)
+        prefix = "add-one, screen unchanged: " if screened else "add-one: "
+        pairs += [Pair("add", index, prefix + rule) for index, rule in enumerate(ADDED_RULES)]
+        estimates += [scale] * len(ADDED_RULES)
+    return pairs, estimates
 
 
 def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_samples: int = 400,
@@ -183,34 +290,32 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
     kind = trace.mechanism_type
     if kind == "public":
         return skipped("epsilon_bracket", "the public model alone reads no teacher: its epsilon is 0 exactly")
-    if kind not in ("pmixed", "adapmixed"):
-        return skipped("epsilon_bracket", f"no certified lower bound is built for {kind} runs yet (their exact "
-                                          "per-step laws are PMixED's, AdaPMixED's and voting's; voting is next)")
+    voting = kind == "voting"
+    if voting and trace.params.get("aggregator") != "dpargmax":
+        return skipped("epsilon_bracket", f"no certified lower bound for {trace.params.get('aggregator')}: "
+                                          + ("its released law is a V-dimensional integral with no closed form"
+                                             if trace.params.get("aggregator") == "dpws" else
+                                             "it claims no DP epsilon (T-threshold privacy only)"))
+    if voting and trace.params.get("accounting") == "realised-path":
+        return skipped("epsilon_bracket", "realised-path accounting is an ex-post statement that bounds no released "
+                                          "law (docs/soundness.md): there is no epsilon(delta) claim to bracket")
+    if kind not in ("pmixed", "adapmixed", "voting"):
+        return skipped("epsilon_bracket", f"no certified lower bound is built for {kind} runs")
     if trace.manifest["data"]["stream"] != "teacher-forced":
         return skipped("epsilon_bracket", "free generation: each step's query depends on the earlier outputs, so "
                                           "the steps' laws are not a product and the composition is not exact")
-    if not ablation_evidence or "per_neighbour" not in ablation_evidence:
+    if not ablation_evidence or ("per_neighbour" not in ablation_evidence
+                                 and "per_teacher_removed_epsilon" not in ablation_evidence):
         return skipped("epsilon_bracket", "the neighbour ablation did not run (its ranking chooses the pairs)")
     claims = _claimed_epsilons(trace)
     if not claims:
         return failed("epsilon_bracket", "ledger.json states no improved epsilon: there is no claim to bracket")
     claimed_relation = NeighbouringRelation(trace.manifest["relation"])
     screened = kind == "adapmixed" and trace.params.get("screening", True)
-    ranked = sorted((row for row in ablation_evidence["per_neighbour"]
-                     if claimed_relation.covers(NeighbouringRelation(row["relation"]))),
-                    key=lambda row: -row["empirical_epsilon"])
-    pairs: list[Pair] = []
-    estimates: list[float] = []
-    if "remove" in claimed_relation.moves and not screened:
-        for row in [r for r in ranked if r["neighbour"].startswith("remove teacher ")][:PAIRS_TESTED]:
-            pairs.append(Pair("remove", int(row["neighbour"].split()[-1]), row["neighbour"]))
-            estimates.append(row["empirical_epsilon"])
-    if "add" in claimed_relation.moves:
-        scale = max((r["empirical_epsilon"] for r in ranked if not r["neighbour"].startswith("remove")), default=1.0)
-        prefix = "add-one, screen unchanged: " if screened else "add-one: "
-        for index, rule in enumerate(ADDED_RULES):
-            pairs.append(Pair("add", index, prefix + rule))
-            estimates.append(scale)
+    if voting:
+        pairs, estimates = _voting_pairs(trace, ablation_evidence, claimed_relation)
+    else:
+        pairs, estimates = _mixture_pairs(ablation_evidence, claimed_relation, screened)
     if not pairs:
         return skipped("epsilon_bracket", f"a screened AdaPMixED run claimed for {claimed_relation.label}: removing a "
                                           "teacher changes the screen's pass probability, which has no closed form, "
@@ -219,8 +324,9 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
     intervals = [float(np.clip(BIAS_FRACTION * max(estimate, 1.0) / steps, 1e-6, 1e-2))
                  if math.isfinite(estimate) else 1e-2 for estimate in estimates]
     composed: dict[Pair, list] = {pair: [[], []] for pair in pairs}
-    for _, window in trace.map_windows(bracket_window, pairs, intervals, mc_samples, seed, steps,
-                                       desc="epsilon bracket"):
+    windows = (trace.map_windows(voting_bracket_window, pairs, intervals, desc="epsilon bracket") if voting else
+               trace.map_windows(bracket_window, pairs, intervals, mc_samples, seed, steps, desc="epsilon bracket"))
+    for _, window in windows:
         for pair, (forward, backward) in window.items():
             if forward is not None:
                 composed[pair][0].append(forward)

@@ -16,6 +16,7 @@ from decoding.config import config_from_dict
 from decoding.run import run_decode
 from tests.micro import micro_config
 
+DPARGMAX = {"type": "voting", "aggregator": "dpargmax", "threshold": 2.0, "sigma": 1.0, "sigma_threshold": 1.0}
 SCREENED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.2, "lam": 1e-4, "sigma": 1e-2, "threshold": 4.5, "top_k": 60}
 KINDS = {
     "pmixed": {"type": "pmixed", "alpha": 6.0, "beta": 0.01},
@@ -24,6 +25,9 @@ KINDS = {
     "adapmixed": SCREENED,
     "adapmixed-no-screen": {**SCREENED, "screening": False},
     "adapmixed-remove-one": {**SCREENED, "screening": False, "relation": "remove_one"},
+    "hot-dpargmax": {**DPARGMAX, "votes": "coordinated"},
+    "cold-dpargmax": {**DPARGMAX, "votes": "independent"},
+    "hot-dpargmax-replace-one": {**DPARGMAX, "votes": "coordinated", "relation": "replace_one"},
 }
 
 
@@ -55,9 +59,11 @@ def test_the_bracket_is_printed_and_the_lower_bound_never_exceeds_the_claim(audi
         assert all(row["neighbour"].startswith("remove teacher") for row in bracket["rows"])
     if name == "adapmixed":  # screened: added teachers that leave the screen as it was, at a stated confidence
         assert "screen unchanged" in bracket["rows"][0]["neighbour"] and bracket["confidence"] == 0.95
+    if name == "hot-dpargmax-replace-one":
+        assert all("replaced" in row["neighbour"] for row in bracket["rows"])
 
 
-@pytest.mark.parametrize("name", ["pmixed", "adapmixed", "adapmixed-remove-one"])
+@pytest.mark.parametrize("name", ["pmixed", "adapmixed", "adapmixed-remove-one", "hot-dpargmax"])
 def test_a_claim_below_the_certified_lower_bound_fails(audited, name):
     directory, report = audited[name]
     trace = load_trace(directory)
@@ -71,13 +77,22 @@ def test_a_claim_below_the_certified_lower_bound_fails(audited, name):
     assert result.status.value == "FAIL" and "the claim under-states" in result.detail
 
 
-def test_runs_without_a_product_law_say_why_they_have_no_bracket(micro_models, tmp_path):
-    config = micro_config(micro_models, tmp_path / "generate", KINDS["pmixed"], queries=8)
-    config["data"] = {"stream": "generate", "prompts": ["Customer: Hi"], "max_new_tokens": 4}
+@pytest.mark.parametrize("case, expected", [
+    ("generate", "free generation"),
+    ("dpws", "V-dimensional integral"),
+    ("realised-path", "bounds no released law"),
+])
+def test_runs_without_a_bracket_say_why(micro_models, tmp_path, case, expected):
+    mechanism = {"generate": KINDS["pmixed"], "dpws": {"type": "voting", "aggregator": "dpws", "threshold": 2.0,
+                                                        "sigma": 1.0, "votes": "coordinated"},
+                 "realised-path": {**DPARGMAX, "votes": "coordinated", "accounting": "realised-path"}}[case]
+    config = micro_config(micro_models, tmp_path / case, mechanism, queries=16, block_size=8)
+    if case == "generate":
+        config["data"] = {"stream": "generate", "prompts": ["Customer: Hi"], "max_new_tokens": 4}
     run_decode(config_from_dict(config), progress=False, verbose=False)
-    report = audit_run(tmp_path / "generate", mc_samples=50, play_game=False)
+    report = audit_run(tmp_path / case, mc_samples=50, play_game=False)
     check = report.check("epsilon_bracket")
-    assert check.status.value == "SKIPPED" and "free generation" in check.detail and report.bracket is None
+    assert check.status.value == "SKIPPED" and expected in check.detail and report.bracket is None
 
 
 def test_a_sound_claim_never_fails_through_the_choice_of_orders():
