@@ -112,7 +112,7 @@ def _seed_from_teacher(params: dict) -> Callable:
 
 def _gnmax_sensitivity(params: dict) -> Callable:
     def edit(outcome, public, teachers, orders):
-        outcome.charged["gnmax"] = outcome.charged["gnmax"] / 2.0  # L2 sensitivity 1 instead of sqrt(2)
+        outcome.charged["gnmax"] = outcome.charged["gnmax"] / 2.0  # the sensitivity's square halved
     return _misreporting(voting_runner(**params), edit)
 
 
@@ -134,8 +134,9 @@ def _screen_noise_halved(params: dict) -> Callable:
 VOTING_FAULTS = {
     "shared_seed_from_teacher": (Fault("shared_seed_from_teacher", "coordinated votes seeded from a teacher's output "
                                        "while the public seed is recorded", "replay", "runner"), _seed_from_teacher),
-    "gnmax_sensitivity": (Fault("gnmax_sensitivity", "DPARGMAX's answer charged with L2 sensitivity 1 instead of "
-                                "sqrt(2) (RDP / 2)", "voting_charges", "runner"), _gnmax_sensitivity),
+    "gnmax_sensitivity": (Fault("gnmax_sensitivity", "DPARGMAX's answer charged at half its sensitivity's RDP (sqrt(2) "
+                                "times too small a sensitivity: RDP / 2)", "voting_charges", "runner"),
+                          _gnmax_sensitivity),
     "threshold_ignored": (Fault("threshold_ignored", "TARGMAX releases the plurality token even below T",
                                 "vote_threshold", "runner"), _threshold_ignored),
     "screen_noise_halved": (Fault("screen_noise_halved", "DPARGMAX screens with s1/2 while s1 is claimed and charged",

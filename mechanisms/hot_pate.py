@@ -16,7 +16,7 @@ from accounting.relation import NeighbouringRelation
 from accounting.rounding import positive_floor
 from mechanisms.base import Mechanism, require_relation, set_validated
 from mechanisms.distributions import as_float64_array
-from mechanisms.pate import require_generator, validated_counts
+from mechanisms.pate import histogram_sensitivity_squared, require_generator, validated_counts
 
 
 def vote_histogram(votes, vocabulary_size: int) -> np.ndarray:
@@ -119,9 +119,9 @@ class DPWeightedSampler(Mechanism):
     Construction: add N(0, sigma^2) to every count, then run TWS_{T, gamma} on max(noisy counts, 0)
     with normaliser max(n / gamma, sum of the passing noisy counts). The second stage is
     post-processing (Mironov 2017, Proposition 9) as long as n is public, so the RDP is the Gaussian
-    mechanism's at the histogram's L2 sensitivity: sqrt(2) when one teacher is replaced, 1 when one
-    is added or removed; alpha * 2 / (2 sigma^2) = alpha / sigma^2 covers both (Mironov 2017,
-    Corollary 3), data-independent.
+    mechanism's at the histogram's L2 sensitivity s under the relation (Mironov 2017, Corollary 3),
+    data-independent: alpha s^2 / (2 sigma^2), s = sqrt(2) when one teacher is replaced (alpha /
+    sigma^2), s = 1 when one is added or removed (alpha / (2 sigma^2)).
 
     `voters` is the public number of teachers N used as n. Without it n is the histogram's own total,
     public only when one teacher is replaced (under add/remove-one n itself moves), so the relation
@@ -144,16 +144,16 @@ class DPWeightedSampler(Mechanism):
                 "(pass voters = the public number of teachers to cover adding or removing one)")
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        return positive_floor(orders / np.float64(self.sigma) ** 2)
+        return positive_floor(orders * histogram_sensitivity_squared(self.relation) / (2.0 * np.float64(self.sigma) ** 2))
 
     def dp_event(self):
-        """GaussianDpEvent(sigma / sqrt 2): RDP a / sigma^2, the charge above (Mironov 2017, Corollary 3
-        at L2 sensitivity sqrt 2), under either relation this class accepts."""
+        """GaussianDpEvent(sigma / s): RDP a s^2 / (2 sigma^2), the charge above (Mironov 2017,
+        Corollary 3 at the histogram's L2 sensitivity s under the relation)."""
         import math
 
         import dp_accounting
 
-        return dp_accounting.GaussianDpEvent(self.sigma / math.sqrt(2.0))
+        return dp_accounting.GaussianDpEvent(self.sigma / math.sqrt(histogram_sensitivity_squared(self.relation)))
 
     def probabilities_given_noise(self, counts, noise) -> np.ndarray:
         """Output probabilities of each token given the Gaussian draws `noise` (the rest is fail)."""

@@ -131,10 +131,19 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: np.ndarray) -> 
     return np.where(valid, np.minimum(independent, positive_floor(bound)), independent)
 
 
+def histogram_sensitivity_squared(relation: NeighbouringRelation) -> float:
+    """The squared L2 sensitivity of a vote histogram under `relation`: 2 when one teacher is
+    replaced (its vote moves: one count down, one up), 1 when one is added or removed (one count
+    moves by one). Papernot et al. 2018, Section 4 (replace-one); Mironov 2017, Corollary 3 gives the
+    Gaussian mechanism's RDP alpha * sensitivity^2 / (2 sigma^2)."""
+    return 2.0 if require_relation(relation) is NeighbouringRelation.REPLACE_ONE else 1.0
+
+
 @dataclass(frozen=True)
 class GNMax(Mechanism):
-    """argmax_j (c_j + N(0, sigma^2)); RDP alpha / sigma^2 (Papernot et al. 2018, Proposition 8:
-    L2 sensitivity sqrt(2) under replace-one, Gaussian RDP alpha * 2 / (2 sigma^2))."""
+    """argmax_j (c_j + N(0, sigma^2)); RDP alpha * s^2 / (2 sigma^2) at the histogram's L2 sensitivity s
+    under the relation (Papernot et al. 2018, Proposition 8; Mironov 2017, Corollary 3): alpha / sigma^2
+    under replace-one (s = sqrt 2), alpha / (2 sigma^2) when one teacher is added or removed (s = 1)."""
 
     sigma: float
     relation: NeighbouringRelation = NeighbouringRelation.REPLACE_ONE
@@ -143,15 +152,15 @@ class GNMax(Mechanism):
         set_validated(self, sigma=require_positive("sigma", self.sigma), relation=require_relation(self.relation))
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        return positive_floor(orders / np.float64(self.sigma) ** 2)
+        return positive_floor(orders * histogram_sensitivity_squared(self.relation) / (2.0 * np.float64(self.sigma) ** 2))
 
     def dp_event(self):
-        """GaussianDpEvent(sigma / sqrt 2): the histogram's replace-one L2 sensitivity is sqrt 2, so
-        the unit-sensitivity event has RDP a / (2 (sigma / sqrt 2)^2) = a / sigma^2 (Papernot et al.
-        2018, Proposition 8); the argmax is post-processing."""
+        """GaussianDpEvent(sigma / s), s the histogram's L2 sensitivity under the relation: the
+        unit-sensitivity event has RDP a s^2 / (2 sigma^2), this curve (Papernot et al. 2018,
+        Proposition 8); the argmax is post-processing."""
         import dp_accounting
 
-        return dp_accounting.GaussianDpEvent(self.sigma / math.sqrt(2.0))
+        return dp_accounting.GaussianDpEvent(self.sigma / math.sqrt(histogram_sensitivity_squared(self.relation)))
 
     def data_dependent_rdp(self, counts, orders: np.ndarray,
                            direction: DivergenceDirection = DivergenceDirection.BOTH) -> np.ndarray:
@@ -160,13 +169,18 @@ class GNMax(Mechanism):
         FROM_ACTUAL: Theorem 6 at D, bounding D_a(M(D) || M(D')). BOTH (default): the larger of that
         and Theorem 6 at every neighbour D' (`log_q_gnmax_neighbours`), which bounds
         D_a(M(D') || M(D)) because D is a neighbour of D'.
+        Theorem 6 is applied with the replace-one data-independent bound alpha / sigma^2, which holds
+        under every relation (a mechanism that is (a, e)-RDP is (a, e')-RDP for e' >= e, and the
+        replace-one neighbours' q~ covers those one vote added or removed: a replacement moves the
+        plurality margin by 2, an addition or a removal by 1); the result is capped by this relation's
+        own data-independent curve.
         """
         direction = DivergenceDirection(direction)
         forward = data_dependent_gnmax_rdp(log_q_gnmax(counts, self.sigma), self.sigma, orders)
         if direction is DivergenceDirection.FROM_ACTUAL:
-            return forward
+            return np.minimum(forward, self.rdp_values(orders))
         reverse = data_dependent_gnmax_rdp(log_q_gnmax_neighbours(counts, self.sigma), self.sigma, orders)
-        return np.maximum(forward, reverse)
+        return np.minimum(np.maximum(forward, reverse), self.rdp_values(orders))
 
     def data_dependent_curve(self, counts, orders=DEFAULT_ORDERS,
                              direction: DivergenceDirection = DivergenceDirection.BOTH) -> RdpCurve:
@@ -187,7 +201,8 @@ class ConfidentGNMax(Mechanism):
     """Confident-GNMax (Papernot et al. 2018, Algorithm 1): answer only if max_j c_j + N(0, s1^2) >= T.
 
     Data-independent RDP per query: the threshold check alpha / (2 s1^2) (the max count has
-    sensitivity 1 under replace-one) plus, when it answers, GNMax's alpha / s2^2. `rdp_values` is
+    sensitivity 1 under every relation) plus, when it answers, GNMax's under the relation (alpha / s2^2
+    replace-one, alpha / (2 s2^2) add or remove). `rdp_values` is
     the worst case (both); use `screen_rdp` / `answer_rdp` to charge a query that failed the check.
     """
 
@@ -205,19 +220,19 @@ class ConfidentGNMax(Mechanism):
         return positive_floor(validated_orders(orders) / (2.0 * np.float64(self.sigma_threshold) ** 2))
 
     def answer_rdp(self, orders: np.ndarray) -> np.ndarray:
-        return GNMax(self.sigma).rdp_values(orders)
+        return GNMax(self.sigma, self.relation).rdp_values(orders)
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         return self.screen_rdp(orders) + self.answer_rdp(orders)
 
     def dp_event(self):
-        """ComposedDpEvent([GaussianDpEvent(s1), GaussianDpEvent(s2 / sqrt 2)]): the screen adds
-        N(0, s1^2) to the max count (sensitivity 1: a / (2 s1^2)) and the answer is GNMax (a / s2^2),
-        composed (Papernot et al. 2018, Algorithm 1 and Proposition 8; Mironov 2017, Proposition 1)."""
+        """ComposedDpEvent([GaussianDpEvent(s1), GNMax's event]): the screen adds N(0, s1^2) to the max
+        count (sensitivity 1: a / (2 s1^2)) and the answer is GNMax under the relation, composed
+        (Papernot et al. 2018, Algorithm 1 and Proposition 8; Mironov 2017, Proposition 1)."""
         import dp_accounting
 
         return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(self.sigma_threshold),
-                                              GNMax(self.sigma).dp_event()])
+                                              GNMax(self.sigma, self.relation).dp_event()])
 
     def data_dependent_rdp(self, counts, orders: np.ndarray, answered: bool,
                            direction: DivergenceDirection = DivergenceDirection.BOTH) -> np.ndarray:
@@ -227,11 +242,12 @@ class ConfidentGNMax(Mechanism):
         counts = validated_counts(counts)
         answered = require_bool("answered", answered)
         screen = self.screen_rdp(orders)
-        return screen + GNMax(self.sigma).data_dependent_rdp(counts, orders, direction) if answered else screen
+        answer = GNMax(self.sigma, self.relation).data_dependent_rdp(counts, orders, direction)
+        return screen + answer if answered else screen
 
     def aggregate(self, counts, rng: np.random.Generator) -> int | None:
         counts = validated_counts(counts)
         require_generator(rng)
         if counts.max() + rng.normal(0.0, self.sigma_threshold) < self.threshold:
             return None
-        return GNMax(self.sigma).aggregate(counts, rng)
+        return GNMax(self.sigma, self.relation).aggregate(counts, rng)

@@ -200,7 +200,7 @@ class VotingMechanism(Mechanism):
 
     @property
     def confident_gnmax(self) -> ConfidentGNMax:
-        return ConfidentGNMax(self.threshold, self.sigma_threshold, self.sigma)
+        return ConfidentGNMax(self.threshold, self.sigma_threshold, self.sigma, self.relation)
 
     @property
     def dpws(self) -> DPWeightedSampler:
@@ -291,7 +291,7 @@ class VotingMechanism(Mechanism):
             return {name: np.broadcast_to(self.rdp_values(orders), (rows, orders.size)).copy()}
         screen = np.broadcast_to(self.confident_gnmax.screen_rdp(orders), (rows, orders.size)).copy()
         if self.data_dependent_answer:
-            gnmax = GNMax(self.sigma)
+            gnmax = GNMax(self.sigma, self.relation)
             answer = np.stack([gnmax.data_dependent_rdp(c, orders, DivergenceDirection.BOTH) for c in counts]) \
                 if rows else np.zeros((0, orders.size))
         else:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+from accounting.relation import NeighbouringRelation
 from audit import audit_run
 from decoding import trace
 from decoding.config import config_from_dict
@@ -89,7 +90,10 @@ def test_dpargmax_charges_screen_every_step_and_the_answer_by_accounting(micro_m
         records = trace.read_records(result.directory)
         orders = np.asarray(json.loads((result.directory / trace.MANIFEST).read_text())["orders"])
         charges[accounting] = records
-    mechanism = ConfidentGNMax(2.5, 1.0, 1.0)
+    # the runs claim add-or-remove-one: one vote moves one count by one (sensitivity 1 for both Gaussians)
+    relation = NeighbouringRelation(json.loads((tmp_path / "released-output" / trace.MANIFEST).read_text())["relation"])
+    assert relation is NeighbouringRelation.ADD_OR_REMOVE_ONE
+    mechanism = ConfidentGNMax(2.5, 1.0, 1.0, relation)
     for accounting, records in charges.items():
         failed = [r for r in records if not r["screen_passed"]]
         assert failed and len(failed) < len(records)
@@ -97,13 +101,13 @@ def test_dpargmax_charges_screen_every_step_and_the_answer_by_accounting(micro_m
             np.testing.assert_allclose(record["rdp_confident_gnmax_screen"], mechanism.screen_rdp(orders))
             answered = record["screen_passed"] or accounting == "released-output"
             np.testing.assert_allclose(record["rdp_gnmax"], mechanism.answer_rdp(orders) if answered else 0.0)
-    # the released-output total against dp-accounting: Q screens (Gaussian, multiplier s1, sensitivity 1)
-    # and Q answers (multiplier s2 / sqrt(2), sensitivity sqrt(2))
+    # the released-output total against dp-accounting: Q screens and Q answers, each a Gaussian of
+    # multiplier s at sensitivity 1 (add-or-remove-one)
     from tests.test_cli_account import gaussian_reference
 
     released = json.loads((tmp_path / "released-output" / trace.LEDGER).read_text())
     epsilon = next(e["epsilon"] for e in released["epsilon"] if e["method"] == "improved" and e["delta"] == 1e-5)
-    reference = gaussian_reference([(1.0, released["steps"]), (1.0 / math.sqrt(2.0), released["steps"])], 1e-5)
+    reference = gaussian_reference([(1.0, released["steps"]), (1.0, released["steps"])], 1e-5)
     assert epsilon == pytest.approx(reference, rel=1e-9)
 
 
@@ -132,9 +136,10 @@ def test_data_dependent_dpargmax_is_labelled_and_never_above_gnmax(micro_models,
     for record in trace.read_records(result.directory):
         counts = np.zeros(400, dtype=np.int64)
         counts[record["vote_tokens"]] = record["vote_counts"]
-        expected = GNMax(0.5).data_dependent_rdp(counts, orders)
+        expected = GNMax(0.5, NeighbouringRelation.ADD_OR_REMOVE_ONE).data_dependent_rdp(counts, orders)
         np.testing.assert_allclose(record["rdp_gnmax_data_dependent"], expected, rtol=1e-12)
-        assert np.all(np.asarray(record["rdp_gnmax_data_dependent"]) <= orders / 0.25 * (1 + 1e-12))
+        # never above GNMax's own bound under the run's relation, a / (2 sigma^2) for add-or-remove-one
+        assert np.all(np.asarray(record["rdp_gnmax_data_dependent"]) <= orders / 0.5 * (1 + 1e-12))
     assert audit_run(result.directory, play_game=False).verdict == "PASS"
 
 
@@ -215,11 +220,18 @@ def test_renyi_divergence_of_laws_is_infinite_off_support_and_symmetric_on_swaps
 
 def test_voting_mechanism_charges_and_worst_case():
     orders = np.array([2.0, 8.0, 32.0])
+    # add-or-remove-one (the default): one vote moves one count, L2 sensitivity 1 for both Gaussians
     dp = VotingMechanism(VoteCoordination.COORDINATED, Aggregator.DPARGMAX, 16, 8.0, sigma=2.0, sigma_threshold=4.0)
-    np.testing.assert_allclose(dp.rdp_values(orders), orders / 32 + orders / 4)
+    np.testing.assert_allclose(dp.rdp_values(orders), orders / 32 + orders / 8)
     assert np.all(np.isinf(VotingMechanism("coordinated", "tws", 16, 8, gamma=2.0).rdp_values(orders)))
     dpws = VotingMechanism("independent", "dpws", 16, 8, sigma=3.0)
-    np.testing.assert_allclose(dpws.rdp_values(orders), orders / 9)
+    np.testing.assert_allclose(dpws.rdp_values(orders), orders / 18)
+    # replace-one: a vote moves between two counts, sensitivity sqrt(2) for the answer and DPWS
+    replace = NeighbouringRelation.REPLACE_ONE
+    np.testing.assert_allclose(VotingMechanism("coordinated", "dpargmax", 16, 8.0, sigma=2.0, sigma_threshold=4.0,
+                                               relation=replace).rdp_values(orders), orders / 32 + orders / 4)
+    np.testing.assert_allclose(VotingMechanism("independent", "dpws", 16, 8, sigma=3.0, relation=replace)
+                               .rdp_values(orders), orders / 9)
 
 
 VOTING_FAULT_MECHANISMS = {"shared_seed_from_teacher": voting("targmax"), "gnmax_sensitivity": voting("dpargmax"),
