@@ -430,8 +430,8 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
                 "orders or use the PLD accountant")
     else:
         require(delta >= PLD_DELTA_LIMIT, f"delta = {delta:g} is below the PLD accountant's limit {PLD_DELTA_LIMIT:g} "
-                "(dp-accounting truncates up to 1e-15 of the tail mass: its epsilon jumps to +inf below it); use the RDP "
-                "accountant")
+                "(dp-accounting truncates up to 1e-15 of the tail mass: below about 1e-13 its epsilon jumps, to +inf by "
+                "1e-16); use the RDP accountant")
         require(epsilon <= PLD_EPSILON_LIMIT, f"epsilon = {epsilon:g} is above the PLD accountant's limit "
                 f"{PLD_EPSILON_LIMIT:g} (its loss grid, interval {value_discretization_interval:g}, would be too large); "
                 "use the RDP accountant")
