@@ -363,7 +363,10 @@ def _write_dp_event(record: dict, args: argparse.Namespace) -> None:
 
 @quiet_dp_accounting()
 def run(args: argparse.Namespace) -> int:
-    record = account(args)
+    # a value past double range (an overflow, or a division by a noise whose square underflows to 0) is +inf,
+    # "no guarantee", and is reported so
+    with np.errstate(over="ignore", divide="ignore"):
+        record = account(args)
     if getattr(args, "dp_event_out", None) is not None:
         _write_dp_event(record, args)
     if args.json:

@@ -208,10 +208,14 @@ def _accountant(accountant: str) -> str:
 # ---- forward accounting ----
 
 def _rdp_forward(mechanism: Mechanism, queries: int, delta: float, orders, method):
-    with warnings.catch_warnings(record=True) as caught:
+    """(epsilon, its order, the grid-edge warnings) of `queries` compositions of `mechanism` at `delta`.
+    A search's noise can be so large that its square overflows: RDP 0 there is right (the true value is
+    below 1e-300), so numpy's overflow warning is not shown."""
+    with warnings.catch_warnings(record=True) as caught, np.errstate(over="ignore"):
         warnings.simplefilter("always", GridEdgeWarning)
         result = epsilon_from_rdp(mechanism.rdp_curve(orders).composed(queries), delta, method)
-    return float(result.epsilon), result.order, tuple(str(w.message) for w in caught)
+    return (float(result.epsilon), result.order,
+            tuple(str(w.message) for w in caught if issubclass(w.category, GridEdgeWarning)))
 
 
 def _search(forward: Callable[[float], float], target: float, good: float, bad: float, gap: float = _SEARCH_GAP) -> float:
@@ -355,7 +359,9 @@ def pld_cost_reason(event, rdp_epsilon: float) -> str | None:
         return None
     z, what = grid
     if z < PLD_NOISE_LIMIT:
-        return (f"the {what} {z:.3g} is below {PLD_NOISE_LIMIT:g}: the privacy-loss grid would have millions of "
+        # 1 / z^2 overflows below about 1e-154, where z is computed as 0: say so rather than quote 0
+        shown = f"{z:.3g}" if z > 0 else "(below 1e-154: its inverse square overflows)"
+        return (f"the {what} {shown} is below {PLD_NOISE_LIMIT:g}: the privacy-loss grid would have millions of "
                 "points (minutes of dp-accounting); RDP only")
     if what == "composed noise multiplier":  # one Gaussian: its grid does not grow with the count
         return None
@@ -397,9 +403,11 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
     orders = canonical_orders(orders)
     fixed = dict(fixed or {})
     probe = factory(1.0)
-    require(probe.dp_event() is not None, f"{mechanism_name} has no DpEvent: calibrate it by bisection instead")
-    relation = dp_accounting_relation(probe.relation, probe.dp_event())  # ValueError for a one-sided relation
-    unit = _noise_per_unit(probe.dp_event())  # the event's z per unit of the parameter
+    with np.errstate(over="ignore", divide="ignore"):  # fixed parameters at the edge of double range: +inf or 0
+        event = probe.dp_event()
+        require(event is not None, f"{mechanism_name} has no DpEvent: calibrate it by bisection instead")
+        unit = _noise_per_unit(event)  # the event's z per unit of the parameter
+    relation = dp_accounting_relation(probe.relation, event)  # ValueError for a one-sided relation
     require(unit is not None, f"internal: {mechanism_name} is not a Gaussian-noise mechanism")
     require(1e-300 < unit < 1e300,
             f"{mechanism_name} with " + ", ".join(f"{k} = {v:g}" for k, v in fixed.items()
@@ -664,10 +672,11 @@ def calibrate_pmixed(epsilon: float, delta: float, queries: int, alpha: float, t
         return subsampled_pmixed_curve(mechanism(beta), sampling_probability, variant, queries, seed, grid)
 
     def forward_result(beta: float):
-        with warnings.catch_warnings(record=True) as caught:
+        # a beta the bracket doubles past double range overflows Theorem 3.1's exponent: +inf, no guarantee, is right
+        with warnings.catch_warnings(record=True) as caught, np.errstate(over="ignore"):
             warnings.simplefilter("always", GridEdgeWarning)
             result = epsilon_from_rdp(curve(beta), delta, method)
-        return result, tuple(str(w.message) for w in caught)
+        return result, tuple(str(w.message) for w in caught if issubclass(w.category, GridEdgeWarning))
 
     @functools.lru_cache(maxsize=None)
     def forward(beta: float) -> float:

@@ -233,6 +233,7 @@ CALIBRATE = {
 }
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning would be a second line on stderr
 @pytest.mark.parametrize("mechanism", sorted(CALIBRATE))
 @pytest.mark.parametrize("epsilon, queries, message", [
     ("1e308", "1000", "epsilon must be <= 700 (a guarantee bounds probabilities by a factor e^epsilon"),
@@ -247,6 +248,7 @@ def test_absurd_targets_and_counts_are_refused_in_one_line_within_seconds(capsys
     assert status == 2 and out == "" and len(err) == 1 and message in err[0], err
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning would be a second line on stderr
 @pytest.mark.parametrize("argv, message", [
     # the PLD grid: a delta below its tail truncation, a count of subsampled steps it cannot compose, a target it
     # cannot resolve
@@ -279,6 +281,7 @@ def test_targets_beyond_what_the_accounting_evaluates_are_refused_in_one_line(ca
     assert status == 2 and len(err) == 1 and message in err[0], err
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning would be a second line on stderr
 @pytest.mark.parametrize("argv", [
     ["subsampled-gaussian", "--epsilon", "8", "--delta", "1e-5", "--queries", "1000000000", "--sample-rate", "0.01"],
     ["subsampled-gaussian", "--epsilon", "8", "--delta", "1e-5", "--queries", str(2 ** 53), "--sample-rate", "0.01"],

@@ -429,6 +429,7 @@ def test_from_event_lists_only_its_own_flags_each_with_help():
     assert all(action.help and len(action.help) > 10 for action in options.values())
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning would be a second line on stderr
 @pytest.mark.parametrize("argv, message", [
     (["gaussian", "--noise-multiplier", "1", "--queries", "99999999999999999999999", "--delta", "1e-5"],
      "--queries must be in [1, 2^53 = 9007199254740992] (a larger count is not exact in double precision and could "
@@ -451,6 +452,7 @@ def test_counts_beyond_what_the_accounting_evaluates_are_refused_in_one_line_wit
     assert len(lines) == 1 and message in lines[0], lines
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning would be a second line on stderr
 def test_the_pld_beside_rdp_is_skipped_with_a_reason_where_it_would_take_minutes(capsys):
     import time
 
@@ -465,8 +467,12 @@ def test_the_pld_beside_rdp_is_skipped_with_a_reason_where_it_would_take_minutes
     few = run_json(capsys, "subsampled-gaussian", "--noise-multiplier", "1", "--sample-rate", "0.01", "--queries",
                    "1000", "--delta", "1e-5")
     assert few["pld_epsilon"] is not None and few["pld_epsilon"] < few["epsilon"]
+    # a noise whose inverse square overflows was quoted as "the composed noise multiplier 0"
+    tiny = run_json(capsys, "gaussian", "--noise-multiplier", "1e-308", "--queries", "1000", "--delta", "1e-5")
+    assert tiny["epsilon"] is None and "composed noise multiplier (below 1e-154" in tiny["pld_unavailable"]
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning would be a second line on stderr
 def test_an_order_past_the_double_range_of_the_grid_is_accounted_not_misquoted(capsys):
     # alpha = 1e308 was refused as "got inf" (the grid's rounding overflowed); the ball's bound is +inf there
     record = run_json(capsys, "pmixed", "--alpha", "1e308", "--beta", "0.01", "--teachers", "100", "--queries", "10",
