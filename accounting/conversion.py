@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from accounting.curve import RdpCurve, require_curve
-from accounting.errors import require, require_in_open, require_member, require_non_negative
+from accounting.errors import (require, require_bool, require_finite, require_in_closed, require_in_open, require_member,
+                               require_non_negative, require_not_nan, require_order)
 from accounting.relation import DivergenceDirection, NeighbouringRelation
 from accounting.rounding import ROUNDING_ULPS
 
@@ -61,6 +62,30 @@ class EpsilonConversion:
     direction: DivergenceDirection = DivergenceDirection.BOTH
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
 
+    def __post_init__(self) -> None:
+        epsilon = require_not_nan("epsilon", self.epsilon)
+        require(epsilon >= 0, f"epsilon must be >= 0 (+inf: no guarantee), got {epsilon:g}")
+        rdp = require_not_nan("rdp_at_order", self.rdp_at_order)
+        require(rdp >= 0, f"rdp_at_order must be >= 0 (+inf: no guarantee), got {rdp:g}")
+        _set(self, epsilon=epsilon, delta=require_in_open("delta", self.delta, 0.0, 1.0),
+             order=_optional_order(self.order), method=require_member(ConversionMethod, "method", self.method),
+             rdp_at_order=rdp, conversion_term=require_finite("conversion_term", self.conversion_term),
+             at_grid_edge=require_bool("at_grid_edge", self.at_grid_edge),
+             data_dependent=require_bool("data_dependent", self.data_dependent),
+             direction=require_member(DivergenceDirection, "direction", self.direction),
+             relation=require_member(NeighbouringRelation, "relation", self.relation))
+
+
+def _set(instance, **values) -> None:
+    """Store validated, normalised field values on a frozen dataclass instance."""
+    for name, value in values.items():
+        object.__setattr__(instance, name, value)
+
+
+def _optional_order(order) -> float | None:
+    """None (no optimal order) or a finite Renyi order > 1."""
+    return None if order is None else require_order("order", order)
+
 
 @dataclass(frozen=True)
 class DeltaConversion:
@@ -77,6 +102,15 @@ class DeltaConversion:
     data_dependent: bool
     log_delta: float = 0.0
     direction: DivergenceDirection = DivergenceDirection.BOTH
+
+    def __post_init__(self) -> None:
+        log_delta = require_not_nan("log_delta", self.log_delta)
+        require(log_delta <= 0, f"log_delta must be <= 0 (delta <= 1; -inf for delta = 0), got {log_delta:g}")
+        _set(self, delta=require_in_closed("delta", self.delta, 0.0, 1.0),
+             epsilon=require_non_negative("epsilon", self.epsilon), order=_optional_order(self.order),
+             at_grid_edge=require_bool("at_grid_edge", self.at_grid_edge),
+             data_dependent=require_bool("data_dependent", self.data_dependent), log_delta=log_delta,
+             direction=require_member(DivergenceDirection, "direction", self.direction))
 
 
 def conversion_terms(orders: np.ndarray, delta: float, method: ConversionMethod) -> np.ndarray:

@@ -36,6 +36,25 @@ def require_finite(name: str, value: Any) -> float:
     return as_float
 
 
+def require_not_nan(name: str, value: Any) -> float:
+    """Return value as float, +inf and -inf included (+inf is "no guarantee"), or raise naming it when
+    it is NaN or not a real number: a NaN never becomes a number silently."""
+    if isinstance(value, (str, bytes, bool)):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+    require(not math.isnan(as_float), f"{name} must be a number, got nan")
+    return as_float
+
+
+def require_str(name: str, value: Any) -> str:
+    """Return value, or raise naming it unless it is a non-empty string."""
+    require(isinstance(value, str) and value != "", f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
 def require_in_closed(name: str, value: Any, low: float, high: float) -> float:
     value = require_finite(name, value)
     require(low <= value <= high, f"{name} must be in [{low:g}, {high:g}], got {value:g}")

@@ -15,7 +15,7 @@ import numpy as np
 
 from accounting.conversion import ConversionMethod, EpsilonConversion, epsilon_from_rdp
 from accounting.curve import RdpCurve
-from accounting.errors import require, require_bool, require_int_at_least
+from accounting.errors import require, require_bool, require_int_at_least, require_member, require_not_nan, require_str
 from accounting.orders import DEFAULT_ORDERS, paired_orders
 from accounting.relation import DivergenceDirection, NeighbouringRelation
 from accounting.summation import UpperSum
@@ -23,11 +23,23 @@ from accounting.summation import UpperSum
 
 @dataclass(frozen=True)
 class BreakdownRow:
+    """One row of Table 2b: a component's epsilon share (the conversion row's may be negative; +inf is
+    no guarantee)."""
+
     component: str
     epsilon: float
     data_dependent: bool
     direction: DivergenceDirection = DivergenceDirection.BOTH
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
+
+    def __post_init__(self) -> None:
+        for name, value in (("component", require_str("component", self.component)),
+                            ("epsilon", require_not_nan(f"row {self.component!r} epsilon", self.epsilon)),
+                            ("data_dependent", require_bool(f"row {self.component!r} data_dependent",
+                                                            self.data_dependent)),
+                            ("direction", require_member(DivergenceDirection, "direction", self.direction)),
+                            ("relation", require_member(NeighbouringRelation, "relation", self.relation))):
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,17 @@ class Breakdown:
 
     rows: tuple[BreakdownRow, ...]
     conversion: EpsilonConversion
+
+    def __post_init__(self) -> None:
+        rows = self.rows
+        require(isinstance(rows, (tuple, list)) and len(rows) > 0,
+                f"rows must be a non-empty sequence of BreakdownRow, got {rows!r}")
+        for row in rows:
+            require(isinstance(row, BreakdownRow), f"rows must hold BreakdownRow instances, got {type(row).__name__}: "
+                                                   f"{row!r}")
+        require(isinstance(self.conversion, EpsilonConversion),
+                f"conversion must be an EpsilonConversion, got {type(self.conversion).__name__}: {self.conversion!r}")
+        object.__setattr__(self, "rows", tuple(rows))
 
     @property
     def total(self) -> float:

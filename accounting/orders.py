@@ -33,7 +33,10 @@ def _on_grid(values: np.ndarray, downward: bool = False) -> np.ndarray:
     """Orders kept to 10 decimals; with `downward`, never moved up by more than float noise (a
     value stated at order a holds at every order below it, not above: moving 1.00000000016 up to
     1.0000000002 would lower the converted epsilon by 20%)."""
-    rounded = np.round(values, _GRID_DECIMALS)
+    # from 2^52 on every double is an integer, so rounding is the identity; skipping it there keeps
+    # values * 10^10 from overflowing to inf (1e308 was refused as "got inf")
+    with np.errstate(over="ignore", invalid="ignore"):
+        rounded = np.where(values < 2.0 ** 52, np.round(values, _GRID_DECIMALS), values)
     if downward:
         up = rounded > values + 4.0 * np.spacing(values)
         rounded[up] = np.round(rounded[up] - 10.0 ** -_GRID_DECIMALS, _GRID_DECIMALS)

@@ -28,6 +28,7 @@ import torch
 
 from accounting.budget import RenyiFilter
 from accounting.errors import require
+from decoding.config import require_on_grid
 
 DATA_DEPENDENT_LABEL = ("the filter was driven by data-dependent losses: checking them against the budget leaks "
                         "private information (Redberg et al. 2023), so the stopping point is not covered by the "
@@ -56,9 +57,7 @@ class BudgetGate:
         orders = np.asarray(orders, dtype=np.float64)
         order = budget.get("order")
         if order is not None:
-            require(bool(np.any(np.isclose(orders, order, rtol=0, atol=1e-9))),
-                    f"budget.order = {order:g} is not on the run's order grid")
-            order = float(orders[int(np.argmin(np.abs(orders - order)))])
+            order = require_on_grid("budget.order", order, orders)
         renyi = RenyiFilter.plan(budget["epsilon"], budget["delta"], step_bound, orders, order)
         index = int(np.flatnonzero(orders == renyi.order)[0])
         return cls(renyi, index, float(np.asarray(step_bound, dtype=np.float64)[index]),

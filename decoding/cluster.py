@@ -6,6 +6,10 @@ it reschedules the tasks of a worker that dies, shows every worker on its dashbo
 command runs on a laptop or a cluster. Workers read the run directory and the models at the paths
 the driver sees, so on a cluster they must be on a shared filesystem.
 
+A local cluster's scheduler, workers and dashboard listen on 127.0.0.1 only (ClusterSpec.host): the
+dashboard shows task names and the scheduler accepts tasks, neither of which should reach the network
+unless asked for (ClusterSpec(workers=N, host="0.0.0.0")).
+
 Work sent to workers is computed with one torch thread per process (OMP_NUM_THREADS=1 on a local
 cluster): results are then bit-identical to a single-process run with one thread (`make` sets
 OMP_NUM_THREADS=1), since floating-point reductions may be split differently with more threads.
@@ -22,6 +26,14 @@ from accounting.errors import require
 
 DASK_MISSING = "needs Dask, an optional extra: pip install 'dpledger[dask]'"
 WORKER_WAIT_SECONDS = 60
+LOCAL_HOST = "127.0.0.1"
+
+
+def max_local_workers() -> int:
+    """The most local workers --workers starts: this machine's cores, at least 2."""
+    import os
+
+    return max(2, os.cpu_count() or 1)
 
 
 class ClusterError(OSError):
@@ -36,6 +48,8 @@ class ClusterSpec:
 
     workers: int | None = None
     scheduler: str | None = None
+    host: str = LOCAL_HOST
+    """The interface a local cluster's scheduler, workers and dashboard listen on."""
 
     def __post_init__(self):
         require((self.workers is None) != (self.scheduler is None),
@@ -43,9 +57,15 @@ class ClusterSpec:
         if self.workers is not None:
             require(isinstance(self.workers, int) and not isinstance(self.workers, bool) and self.workers >= 1,
                     f"--workers must be an integer >= 1, got {self.workers!r}")
+            limit = max_local_workers()
+            require(self.workers <= limit,
+                    f"--workers must be at most {limit}, this machine's cores (each worker is a single-threaded process "
+                    f"with its own copy of the models: more only compete for the cores), got {self.workers}")
         else:
             require(isinstance(self.scheduler, str) and self.scheduler.strip() != "",
                     f"--scheduler must be a Dask scheduler address such as tcp://host:8786, got {self.scheduler!r}")
+        require(isinstance(self.host, str) and self.host.strip() != "",
+                f"host must be an interface address such as 127.0.0.1, got {self.host!r}")
 
     @classmethod
     def from_flags(cls, workers: int | None, scheduler: str | None) -> "ClusterSpec | None":
@@ -110,6 +130,27 @@ def _ignore_interrupt_plugin():
     return IgnoreInterrupt()
 
 
+def quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker, if it is not running yet, with its stderr on the null
+    device. A local cluster's nanny processes create their queues' named semaphores through it, and
+    it prints what it cannot match (a KeyError traceback for a name it no longer holds, "leaked
+    semaphore" warnings) when a worker dies mid-run, although Dask has replaced the worker and the
+    result is unchanged; it still unlinks whatever is left when the last process exits. A tracker
+    started earlier keeps its stderr (this process already shares it with its children)."""
+    import os
+    from multiprocessing import resource_tracker
+
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        resource_tracker.ensure_running()  # spawned with fds 0-2 as they are now: its stderr is the null device
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 @contextmanager
 def dask_client(spec: ClusterSpec, progress: bool = True) -> Iterator[object]:
     """A `distributed.Client` for `spec`, closed (with its local cluster) on exit; the dashboard's
@@ -124,10 +165,12 @@ def dask_client(spec: ClusterSpec, progress: bool = True) -> Iterator[object]:
         if spec.scheduler is not None:
             client = distributed.Client(spec.scheduler, timeout="10s", set_as_default=False)
         else:
+            quiet_resource_tracker()
             # CRITICAL: a worker's routine shutdown messages (a heartbeat cut by close) are not the user's
             # concern, and a task's error reaches the driver as the task's exception anyway
             cluster = distributed.LocalCluster(n_workers=spec.workers, threads_per_worker=1, processes=True,
-                                               dashboard_address=":0", silence_logs=logging.CRITICAL,
+                                               host=spec.host, dashboard_address=f"{spec.host}:0",
+                                               silence_logs=logging.CRITICAL,
                                                env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                                                     "TOKENIZERS_PARALLELISM": "false"})
             client = distributed.Client(cluster, set_as_default=False)

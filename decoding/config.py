@@ -43,9 +43,99 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import math
+
 from accounting.errors import require, require_in_open, require_int_at_least
+from accounting.orders import default_orders
 from accounting.relation import NeighbouringRelation, neighbouring_relation
 from decoding.runners import MECHANISM_TYPES, unknown_type_message
+from mechanisms.calibration import MAX_QUERIES
+
+SEED_LIMIT = 2 ** 63
+"""run.seed is in [0, 2^63): TOML integers are signed 64-bit (TOML 1.0), and the trace records the
+seed for the audit, which reads it back as one."""
+MAX_ORDER = 1024.0
+"""The largest Renyi order a run config may name (mechanism.alpha, budget.order): the largest order of
+the default grid (dp-accounting's), and of the range in which the kernels' log-space divergences are
+checked against mpmath (tests/test_differential.py). Far above it they lose every digit: measured,
+AdaPMixED's leave-one-out divergences are NaN from alpha = 1e12, PMixED's from 1e20, and alpha = 1e308
+overflowed the grid itself."""
+MAX_TEACHERS = 512
+"""The largest ensemble a run config may name (models.teachers). The private-decoding literature uses
+at most a few hundred teachers (Flemings et al. 2024, Table 4: N = 100), and every block holds N + 1
+next-token distributions per position: (N + 1) x block_size x vocabulary floats, 13 GB at N = 512, 128
+positions and GPT-2's 50,257 tokens. The embedded default trains one model per teacher and writes
+nothing until all are trained (N = 100,000 ran 300 s at 1 GB before failing)."""
+
+# [mechanism] numeric keys and their ranges, as docs/config.md states them: (low, high, low_open, high_open)
+_MECHANISM_RANGES = {
+    "alpha": (1.0, MAX_ORDER, True, False),
+    "beta": (0.0, math.inf, True, True),
+    "sample_rate": (0.0, 1.0, False, False),
+    "lam": (0.0, 1.0, False, False),
+    "sigma": (0.0, math.inf, True, True),
+    "sigma_threshold": (0.0, math.inf, True, True),
+    "threshold": (-math.inf, math.inf, True, True),
+    "gamma": (1.0, math.inf, False, True),
+    "top_k": (1.0, math.inf, False, True),
+}
+
+
+def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
+    """The range as words: "a number > 1 and <= 1024", "a number in [0, 1]"."""
+    if math.isinf(low) and math.isinf(high):
+        return "a finite number"
+    if math.isinf(high):
+        return f"a finite number {'>' if low_open else '>='} {low:g}"
+    return f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def _check_mechanism_values(mechanism: dict) -> None:
+    """Every numeric [mechanism] value finite and in the range docs/config.md states (types are the
+    runner's to check; a value of another type is left to it)."""
+    for key, (low, high, low_open, high_open) in _MECHANISM_RANGES.items():
+        value = mechanism.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        inside = (math.isfinite(value) and (low < value if low_open else low <= value)
+                  and (value < high if high_open else value <= high))
+        reason = " (the largest order the kernels are checked at: docs/config.md)" if key == "alpha" else ""
+        require(inside, f"mechanism.{key} must be {_interval(low, high, low_open, high_open)}{reason}, got {value!r}")
+
+
+def describe_orders(orders) -> str:
+    """A grid of orders in few words: runs of 4 or more equally spaced orders as "a to b by s", e.g.
+    "1.1 to 10.9 by 0.1, 11 to 63 by 1, 128, 256, 512, 1024"."""
+    values = [float(v) for v in orders]
+    parts, start = [], 0
+    while start < len(values):
+        end = start + 1
+        if end < len(values):
+            step = round(values[end] - values[start], 10)
+            while end + 1 < len(values) and round(values[end + 1] - values[end], 10) == step:
+                end += 1
+        if end - start >= 3:
+            parts.append(f"{values[start]:g} to {values[end]:g} by {step:g}")
+            start = end + 1
+        else:
+            parts.append(f"{values[start]:g}")
+            start += 1
+    return ", ".join(parts)
+
+
+def require_on_grid(name: str, order: float, orders) -> float:
+    """The order of `orders` that `order` names (within 1e-9); ValueError naming the value, the grid
+    (compactly) and the nearest orders otherwise."""
+    import numpy as np
+
+    grid = np.asarray(orders, dtype=np.float64)
+    close = np.flatnonzero(np.isclose(grid, order, rtol=0, atol=1e-9))
+    if close.size:
+        return float(grid[close[0]])
+    above = int(np.searchsorted(grid, order))
+    nearest = [f"{grid[i]:g}" for i in (above - 1, above) if 0 <= i < grid.size]
+    raise ValueError(f"{name} = {order:g} is not on the run's order grid ({describe_orders(grid)}); the nearest: "
+                     f"{' and '.join(nearest)}")
 
 
 @dataclass(frozen=True)
@@ -113,6 +203,15 @@ class RunConfig:
         _check_type("run.replay_payload", self.replay_payload, bool)
         _check_type("models.embedded", self.models.embedded, bool)
         require_int_at_least("queries", self.queries, 1)
+        require(self.queries <= MAX_QUERIES, f"run.queries must be at most 2^53 = {MAX_QUERIES} (exact in double "
+                                             f"precision), got {self.queries}")
+        require(0 <= self.seed < SEED_LIMIT, f"run.seed must be in [0, 2^63) (a signed 64-bit integer, as TOML and "
+                                             f"the trace store it), got {self.seed}")
+        require(1 <= self.models.teachers <= MAX_TEACHERS,
+                f"models.teachers must be in [1, {MAX_TEACHERS}] (each block holds N + 1 next-token distributions per "
+                f"position; docs/config.md), got {self.models.teachers}")
+        if isinstance(self.mechanism, dict):
+            _check_mechanism_values(self.mechanism)
         require(isinstance(self.deltas, (tuple, list)), f"run.deltas must be a list of numbers, got {self.deltas!r}")
         require(len(self.deltas) >= 1, "run.deltas must list at least one delta, got []")
         for delta in self.deltas:
@@ -165,6 +264,10 @@ class RunConfig:
             require_in_open("budget.delta", budget.delta, 0.0, 1.0)
             require(budget.order is None or 1 < budget.order < float("inf"),
                     f"budget.order must be a finite number > 1, got {budget.order!r}")
+            if budget.order is not None:
+                alpha = self.mechanism.get("alpha")
+                runs_at = [alpha] if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) else []
+                require_on_grid("budget.order", budget.order, default_orders(*runs_at))
 
     def to_dict(self) -> dict:
         """The config as plain data; `budget` only when set (runs without one keep their manifests)."""

@@ -140,7 +140,8 @@ def load_icl_ensemble(public: str, tokenizer_path: str, teachers: int, prompt_to
 
 class InContextEnsemble:
     """The public model (index 0) and N in-context teachers, with decoding.ensemble.Ensemble's
-    interface; n_positions is the context the prompt budget leaves for the query."""
+    interface; n_positions is the room the prompt budget leaves for the query: the model's context
+    (`context`) less the prompt budget (`prompt_budget`)."""
 
     split_distributions = staticmethod(Ensemble.split_distributions)
 
@@ -157,6 +158,7 @@ class InContextEnsemble:
                                   "no room is left for the query")
         self.vocab_size = public_model.config.vocab_size
         self.n_teachers = len(prompts)
+        self.context, self.prompt_budget = context, budget
         self.n_positions = context - budget
         self.identities = tuple(identities)
         self.device = torch.device(device)
@@ -202,13 +204,20 @@ class InContextEnsemble:
                                             digest.hexdigest()))
         return cls(public_model, prompts, identities, device, prompt_tokens)
 
+    @property
+    def context_description(self) -> str:
+        """The query's room in words, for errors: the model's context, the prompt budget, what is left."""
+        return (f"the {self.n_positions} tokens the in-context teachers leave for the query (the model's context, "
+                f"n_positions = {self.context}, less the teacher prompts' budget, models.icl_prompt_tokens = "
+                f"{self.prompt_budget})")
+
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """float32 logits (N+1, B, L, V) on the CPU at the query positions; index 0 is public."""
         require(input_ids.ndim == 2, f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
         batch, length = input_ids.shape
-        require(1 <= length <= self.n_positions,
-                f"query length {length} must be in [1, {self.n_positions}] (the context the prompt budget leaves)")
+        require(1 <= length <= self.n_positions, f"query length {length} must be in [1, {self.n_positions}]: "
+                                                 f"{self.context_description}")
         rows, longest = self._prompt_ids.shape
         input_ids = input_ids.cpu().long()
         public = self._model(input_ids=input_ids.to(self.device), use_cache=False).logits.float().cpu()

@@ -115,8 +115,9 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
     data = config.data
     token_ids, prompts = None, []
     if data.stream == "teacher-forced":
-        require(data.block_size <= ensemble.n_positions,
-                f"data.block_size {data.block_size} exceeds the models' n_positions {ensemble.n_positions}")
+        # in-context teachers describe their room themselves: the model's context less the prompt budget
+        room = getattr(ensemble, "context_description", f"the models' n_positions {ensemble.n_positions}")
+        require(data.block_size <= ensemble.n_positions, f"data.block_size {data.block_size} exceeds {room}")
         if data.text is not None:
             text, name = read_text_file(data.text, "data.text"), str(data.text)
         else:

@@ -19,14 +19,15 @@ from accounting.safe_files import read_text
 from accounting.strict_json import MAX_BYTES, loads_json, strict_json_text
 from accounting.orders import default_orders
 from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, ACCOUNTING, SIGMA_HELP, THRESHOLD_HELP, add_conversion_flags,
-                                      add_mechanism_parser, add_mechanism_subcommands)
+                                      add_mechanism_parser, add_mechanism_subcommands, require_queries_flag)
 from dpledger.mechanism_flags import option as _option
 from mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
                         PoissonSubsampledGaussian, SubsamplingVariant, Targmax, ThresholdWeightedSampler,
                         subsampled_pmixed_curve)
 from mechanisms.dp_events import (dp_accounting_relation, dp_event_to_json, mechanism_from_dp_event,
                                   read_dp_event_json)
-from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, RdpPldComparison, pld_epsilon, pld_out_of_range
+from mechanisms.calibration import pld_cost_reason, quiet_dp_accounting, require_subsampling_work
+from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, RdpPldComparison, pld_epsilon
 
 MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax",
               "dpargmax", "dpws", "targmax", "tws")
@@ -44,8 +45,10 @@ _SUMMARY = {
                        "Algorithm 1)",
     "dpargmax": "Hot PATE's DP argmax = Confident-GNMax (Cohen et al. 2023; Papernot et al. 2018)",
     "dpws": "Hot PATE's DP weighted sampler: Gaussian-noised counts, then TWS (Cohen et al. 2023)",
-    "targmax": "Hot PATE's TARGMAX_T: T-threshold private only, no DP guarantee (Cohen et al. 2023)",
-    "tws": "Hot PATE's TWS_{T,gamma}: T-threshold private only, no DP guarantee (Cohen et al. 2023)",
+    "targmax": "Hot PATE's TARGMAX_T: T-threshold private only, no DP guarantee, so no epsilon and no --delta "
+               "(Cohen et al. 2023)",
+    "tws": "Hot PATE's TWS_{T,gamma}: T-threshold private only, no DP guarantee, so no epsilon and no --delta "
+           "(Cohen et al. 2023)",
 }
 
 # every flag a mechanism may read, and the per-mechanism help of --sigma and --threshold: shared with
@@ -76,7 +79,8 @@ _OPTIONAL = {
     "gaussian": (), "subsampled-gaussian": (), "gnmax": (), "confident-gnmax": (), "screening": (),
     "pmixed": ("ball", "sample_rate", "seed"),
     "dpargmax": ("threshold", "accounting", "answered"), "dpws": ("gamma",),
-    "targmax": ("queries", "delta"), "tws": ("queries", "delta", "gamma"),  # any Q: still no DP guarantee
+    # any Q: still no DP guarantee; T-threshold privacy has no delta, so --delta is refused as a flag they do not read
+    "targmax": ("queries",), "tws": ("queries", "gamma"),
 }
 # the RDP-to-(epsilon, delta) conversion and the order grid apply to every DP mechanism
 CONVERSION_FLAGS = ("method", "orders")
@@ -209,7 +213,7 @@ def account(args: argparse.Namespace) -> dict:
 
         mechanism = _mechanism(args)
         event = SelfComposedDpEvent(mechanism.dp_event(), args.queries)
-        too_little_noise = pld_out_of_range(event)
+        too_little_noise = pld_cost_reason(event, record["epsilon"])
         if too_little_noise is not None:  # --dp-event-out still writes the event; only its PLD is not computed
             record.update(pld_epsilon=None, tighter="rdp", pld_unavailable=too_little_noise)
             return record
@@ -234,7 +238,7 @@ def _account_rdp(args: argparse.Namespace) -> dict:
     _refuse_missing_flags(args)
     args = _with_every_flag(args)
     if args.queries is not None:
-        require(args.queries >= 1, f"--queries must be >= 1, got {args.queries}")
+        require_queries_flag(args.queries)
     kind = args.mechanism
     require(args.accounting == "released-output" or kind == "dpargmax",
             f"--accounting {args.accounting} applies to dpargmax only, not {kind}")
@@ -248,6 +252,7 @@ def _account_rdp(args: argparse.Namespace) -> dict:
     # the mechanism validated its own parameters; now its order joins the grid
     orders = _grid(args, *([args.alpha] if kind == "pmixed" else []))
     if kind == "pmixed" and args.sample_rate is not None:
+        require_subsampling_work(mechanism.teachers, args.queries, True, "--teachers", "--queries")
         # every variant is shown: the paper's ball for the first five, the all-orders ball for the last
         balls = {ball: PMixED(args.alpha, args.beta, args.teachers, ball=ball) for ball in Ball}
         variants = [
@@ -357,8 +362,12 @@ def _write_dp_event(record: dict, args: argparse.Namespace) -> None:
     record["dp_event_out"] = path
 
 
+@quiet_dp_accounting()
 def run(args: argparse.Namespace) -> int:
-    record = account(args)
+    # a value past double range (an overflow, or a division by a noise whose square underflows to 0) is +inf,
+    # "no guarantee", and is reported so
+    with np.errstate(over="ignore", divide="ignore"):
+        record = account(args)
     if getattr(args, "dp_event_out", None) is not None:
         _write_dp_event(record, args)
     if args.json:
@@ -410,7 +419,7 @@ def account_event(args: argparse.Namespace) -> dict:
     delta = require_in_open("--delta", args.delta, 0.0, 1.0)
     mechanism = mechanism_from_dp_event(event, relation)
     record = _conversion_record(mechanism.rdp_curve(_grid(args)), delta, getattr(args, "method", "improved"))
-    too_little_noise = pld_out_of_range(event)
+    too_little_noise = pld_cost_reason(event, record["epsilon"])
     if too_little_noise is not None:
         record.update(mechanism=FROM_EVENT, file=args.file, event=type(event).__name__, relation=relation.value,
                       pld_epsilon=None, tighter="rdp", pld_unavailable=too_little_noise)
@@ -425,6 +434,7 @@ def account_event(args: argparse.Namespace) -> dict:
     return record
 
 
+@quiet_dp_accounting()
 def run_from_event(args: argparse.Namespace) -> int:
     record = account_event(args)
     if args.json:

@@ -8,10 +8,10 @@ import argparse
 import math
 
 from accounting.conversion import ConversionMethod
-from accounting.errors import require
 from accounting.strict_json import strict_json_text
 from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, CALIBRATE_FLAG_SPECS, SIGMA_HELP, add_conversion_flags,
-                                      add_mechanism_parser, add_mechanism_subcommands, option)
+                                      add_mechanism_parser, add_mechanism_subcommands, option,
+                                      require_queries_flag)
 from mechanisms import calibration
 
 MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax", "dpargmax", "dpws")
@@ -119,7 +119,7 @@ def _printed(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    require(args.queries >= 1, f"--queries must be >= 1, got {args.queries}")
+    require_queries_flag(args.queries)
     result = calibrate(args)
     record = result.to_record()
     if args.json:

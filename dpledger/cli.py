@@ -84,13 +84,22 @@ def unknown_arguments_message(args: argparse.Namespace, unknown: list[str]) -> s
     """One line naming the arguments the command does not take and, where the command has a fixed
     set of flags (each `account` mechanism), the flags it does read."""
     command = " ".join(part for part in (args.command, getattr(args, "mechanism", None)) if part)
-    flags = [item.split("=")[0] for item in unknown if item.startswith("-")]
+    flags = [item.split("=")[0] for item in unknown if item.startswith("-") and not _is_number(item)]
     if flags and getattr(args, "accepted_flags", None):
         message = (f"mechanism {args.mechanism} does not use {', '.join(flags)}; it reads "
                    f"{', '.join(args.accepted_flags)}")
     else:
         message = f"unrecognized arguments: {' '.join(unknown)}"
     return f"dpledger {command}: error: {message} (see dpledger {command} --help)"
+
+
+def _is_number(text: str) -> bool:
+    """True for a value such as -1 or -1e-5 (an unknown flag's argument, not a flag)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -82,9 +82,12 @@ def _check(ok: bool, flag: str, value, rule: str) -> None:
 
 
 def training_from_args(args: argparse.Namespace):
+    from decoding.config import MAX_TEACHERS
     from decoding.recipe import TeacherTraining
 
     _check(args.teachers >= 1, "--teachers", args.teachers, "must be an integer >= 1")
+    _check(args.teachers <= MAX_TEACHERS, "--teachers", args.teachers,
+           f"must be at most {MAX_TEACHERS}, the ensemble size a decode run takes (docs/config.md, models.teachers)")
     _check(args.steps >= 1, "--steps", args.steps, "must be an integer >= 1")
     _check(args.batch >= 1, "--batch", args.batch, "must be an integer >= 1")
     _check(args.seq_len >= 2, "--seq-len", args.seq_len, "must be an integer >= 2")

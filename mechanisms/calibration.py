@@ -21,7 +21,9 @@ epsilon <= target (ValueError when no parameter can meet the target):
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -31,7 +33,8 @@ import numpy as np
 
 from accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
 from accounting.curve import RdpCurve
-from accounting.errors import require, require_finite, require_in_open, require_int_at_least, require_member, require_positive
+from accounting.errors import (require, require_finite, require_in_closed, require_in_open, require_int_at_least,
+                             require_member, require_not_nan, require_order, require_positive, require_str)
 from accounting.orders import DEFAULT_ORDERS, canonical_orders, default_orders
 from accounting.relation import NeighbouringRelation, neighbouring_relation
 from mechanisms.base import Mechanism
@@ -48,6 +51,27 @@ from mechanisms.screening import NoisyScreening
 ACCOUNTANTS = ("rdp", "pld")
 CALIBRATION_TOLERANCE = 0.01
 """Every answer accounts forward to at least (1 - CALIBRATION_TOLERANCE) * target, and at most target."""
+MAX_TARGET_EPSILON = 700.0
+"""The largest target epsilon calibration accepts. An (epsilon, delta) guarantee bounds probabilities by a
+factor e^epsilon; beyond e^709.78, the largest double, that factor is not even a number, and a target
+anywhere near it states no privacy. Bounding it also bounds every search (epsilon 1e308 drove the
+subsampled Gaussian's noise towards 1e-155, where each RDP evaluation takes a second)."""
+MAX_QUERIES = 2 ** 53
+"""The largest query count accounted: every integer up to 2^53 is exact in double precision, the
+arithmetic the RDP curve is composed in (Q times the per-query curve); a larger count would be
+rounded, possibly down, which would under-state epsilon."""
+MAX_SUBSAMPLED_TEACHERS = 4096
+"""The largest N for PMixED with Poisson subsampling of teachers: its bounds evaluate Theorem 3.1 at
+every subsample size 1..N and every integer order up to the grid's largest (1024), an N x 1024 array
+per evaluation (0.7 s and 150 MB at N = 4096; N = 10^6 ran out of memory). Ensembles in the literature
+have a few hundred teachers at most (Flemings et al. 2024, Table 4: N = 100; Papernot et al. 2017: 250)."""
+MAX_REALISED_DRAWS = 10 ** 7
+"""The largest Q for the realised-size variants, which draw one subsample size per query (80 MB at
+10^7; they are shown for comparison and are not guarantees)."""
+MAX_NOISE_RATIO = 1e6
+"""Confident-GNMax's s1 / s2 is in [1 / MAX_NOISE_RATIO, MAX_NOISE_RATIO]: beyond it one part's RDP is
+under 1e-12 of the other's (RDP scales with 1 / sigma^2), and s1 = ratio * s2 would leave double range
+within the search's bracket."""
 _SEARCH_GAP = 1e-7  # the bisection stops once forward >= target * (1 - _SEARCH_GAP)
 _PLD_SEARCH_GAP = 1e-4
 _MAX_STEPS = 4000
@@ -80,6 +104,37 @@ class Calibration:
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        target_epsilon = require_positive("target_epsilon", self.target_epsilon)
+        require(target_epsilon <= MAX_TARGET_EPSILON,
+                f"target_epsilon must be <= {MAX_TARGET_EPSILON:g}, got {target_epsilon:g}")
+        delta = require_in_open("delta", self.delta, 0.0, 1.0)
+        queries = require_query_count("queries", self.queries)
+
+        def epsilon(name, value):  # +inf is "no guarantee"; NaN and negative values are not epsilons
+            value = require_not_nan(name, value)
+            require(value >= 0, f"{name} must be >= 0 (+inf: no guarantee), got {value:g}")
+            return value
+
+        forward = epsilon("forward_epsilon", self.forward_epsilon)
+        require(forward <= target_epsilon,
+                f"forward_epsilon must be <= target_epsilon = {target_epsilon:g} (a calibration never overspends), "
+                f"got {forward:g}")
+        for name in ("mechanism_name", "parameter"):
+            require_str(name, getattr(self, name))
+        require(isinstance(self.mechanism, Mechanism), f"mechanism must be a Mechanism, got {self.mechanism!r}")
+        require(isinstance(self.fixed, dict), f"fixed must be a dict, got {self.fixed!r}")
+        for name in ("notes", "warnings"):
+            require(isinstance(getattr(self, name), tuple) and all(isinstance(t, str) for t in getattr(self, name)),
+                    f"{name} must be a tuple of strings, got {getattr(self, name)!r}")
+        for name, value in dict(value=require_positive("value", self.value), target_epsilon=target_epsilon,
+                                delta=delta, queries=queries, accountant=_accountant(self.accountant),
+                                forward_epsilon=forward, rdp_epsilon=epsilon("rdp_epsilon", self.rdp_epsilon),
+                                rdp_order=None if self.rdp_order is None else require_order("rdp_order", self.rdp_order),
+                                pld_epsilon=(None if self.pld_epsilon is None
+                                             else epsilon("pld_epsilon", self.pld_epsilon))).items():
+            object.__setattr__(self, name, value)
+
     @property
     def slack(self) -> float:
         return self.target_epsilon - self.forward_epsilon
@@ -102,9 +157,47 @@ class Calibration:
 
 def _target(epsilon, delta, queries) -> tuple[float, float, int]:
     epsilon = require_positive("epsilon", epsilon)
+    require(epsilon <= MAX_TARGET_EPSILON,
+            f"epsilon must be <= {MAX_TARGET_EPSILON:g} (a guarantee bounds probabilities by a factor e^epsilon, "
+            f"which is past the largest double above 709.78: such a target states no privacy), got {epsilon:g}")
     delta = require_in_open("delta", delta, 0.0, 1.0)
-    queries = require_int_at_least("queries", queries, 1)
+    queries = require_query_count("queries", queries)
     return epsilon, delta, queries
+
+
+def require_query_count(name: str, value) -> int:
+    """value as an int in [1, MAX_QUERIES] (exact in double precision); ValueError naming `name` otherwise."""
+    queries = require_int_at_least(name, value, 1)
+    require(queries <= MAX_QUERIES, f"{name} must be at most 2^53 = {MAX_QUERIES} (counts above it are not exact in "
+                                    f"double precision and could be rounded down), got {queries}")
+    return queries
+
+
+def require_subsampling_work(teachers: int, queries: int, realised_sizes: bool, teachers_name: str = "teachers",
+                             queries_name: str = "queries") -> None:
+    """ValueError naming the value and the limit when PMixED's subsampled accounting of `teachers` over
+    `queries` would exceed MAX_SUBSAMPLED_TEACHERS or (for the realised-size variants) MAX_REALISED_DRAWS."""
+    require(teachers <= MAX_SUBSAMPLED_TEACHERS,
+            f"{teachers_name} must be at most {MAX_SUBSAMPLED_TEACHERS} with Poisson subsampling of teachers (its "
+            f"bound evaluates Theorem 3.1 at every subsample size 1..N and order: an N x 1024 array), got {teachers}")
+    require(not realised_sizes or queries <= MAX_REALISED_DRAWS,
+            f"{queries_name} must be at most {MAX_REALISED_DRAWS:,} for the realised-size variants, which draw one "
+            f"subsample size per query, got {queries}")
+
+
+@contextlib.contextmanager
+def quiet_dp_accounting():
+    """dp-accounting's warnings through absl logging off for the block (restored after): at extreme noise its
+    fractional-order series logs one line per order it drops ("failed to converge ... Excluding this
+    order"), hundreds per search. What it drops costs nothing here: dp-accounting only steers a
+    search, and dpledger's own curve charges a sound value at every order (PoissonSubsampledGaussian)."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _accountant(accountant: str) -> str:
@@ -115,10 +208,14 @@ def _accountant(accountant: str) -> str:
 # ---- forward accounting ----
 
 def _rdp_forward(mechanism: Mechanism, queries: int, delta: float, orders, method):
-    with warnings.catch_warnings(record=True) as caught:
+    """(epsilon, its order, the grid-edge warnings) of `queries` compositions of `mechanism` at `delta`.
+    A search's noise can be so large that its square overflows: RDP 0 there is right (the true value is
+    below 1e-300), so numpy's overflow warning is not shown."""
+    with warnings.catch_warnings(record=True) as caught, np.errstate(over="ignore"):
         warnings.simplefilter("always", GridEdgeWarning)
         result = epsilon_from_rdp(mechanism.rdp_curve(orders).composed(queries), delta, method)
-    return float(result.epsilon), result.order, tuple(str(w.message) for w in caught)
+    return (float(result.epsilon), result.order,
+            tuple(str(w.message) for w in caught if issubclass(w.category, GridEdgeWarning)))
 
 
 def _search(forward: Callable[[float], float], target: float, good: float, bad: float, gap: float = _SEARCH_GAP) -> float:
@@ -173,6 +270,9 @@ def _finish(forward, target, good, bad, gap: float = _SEARCH_GAP) -> float:
     value = _search(forward, target, good, bad, gap)
     achieved = forward(value)
     require(achieved <= target, "internal: the calibrated parameter accounts over the target")
+    require(achieved > 0,
+            f"no parameter accounts to within {CALIBRATION_TOLERANCE:.0%} of epsilon = {target:g}: the accounting "
+            "drops from above it to exactly 0 (delta alone covers the rest there); ask for a larger epsilon")
     require(achieved >= target * (1.0 - CALIBRATION_TOLERANCE),
             f"no parameter accounts to within {CALIBRATION_TOLERANCE:.0%} of epsilon = {target:g} (the closest "
             f"gives {achieved:g}): the accounting jumps there")
@@ -194,8 +294,88 @@ PLD_EPSILON_LIMIT = 100.0
 """Beyond this epsilon (or below mechanisms.pld.PLD_NOISE_LIMIT) the PLD's loss grid is too large to
 compute in reasonable time (measured: epsilon 500 over one query ran past 250 s); calibration with
 the PLD accountant refuses such targets and points to the RDP accountant."""
+PLD_DELTA_LIMIT = 1e-12
+"""The smallest delta the PLD accountant calibrates at: dp-accounting truncates up to 1e-15 of each
+distribution's tail mass (its `tail_mass_truncation`), so below about 1e-13 its pessimistic epsilon
+jumps to +inf (measured: Gaussian noise 10 over 1,000 queries, 29.7 at delta 1e-15, +inf at 1e-16;
+the subsampled Gaussian already at 1e-15), and a search there finds no answer."""
+PLD_RDP_CUTOFF = 1000.0
+"""The PLD of an event that is not one Gaussian (a Poisson-subsampled Gaussian) is not computed where its
+RDP epsilon, an upper bound that grows with how far the privacy losses spread, is above this: measured
+on 2 cores, 3.8 s at RDP epsilon 1,100 (q = 0.01, noise 1, 10^7 queries)."""
+PLD_MAX_STEPS = 10 ** 6
+"""Nor where it composes more than this many such steps: the pessimistic discretisation rounds every
+step's losses up to the grid, so the composed distribution's support grows with the count (measured on
+2 cores: at most 3.1 s for 10^6 Poisson-subsampled Gaussian steps, 28 to 81 s for 10^7, past 10
+minutes for 10^9)."""
 
 
+def _pld_steps(event) -> int:
+    """How many steps dp-accounting's PLD composes for `event` (a composition of Gaussians is one)."""
+    from dp_accounting import ComposedDpEvent, SelfComposedDpEvent
+
+    if effective_gaussian_noise_multiplier(event) is not None:
+        return 1
+    if isinstance(event, SelfComposedDpEvent):
+        return event.count * _pld_steps(event.event)
+    if isinstance(event, ComposedDpEvent):
+        return sum(_pld_steps(part) for part in event.events)
+    return 1
+
+
+def pld_grid_noise(event) -> tuple[float, str] | None:
+    """(z, what z is): the Gaussian noise multiplier that sets how far the PLD's privacy-loss grid spans
+    for `event`. A composition of Gaussians is one Gaussian (Dong, Roth & Su 2022, Corollary 3.3): its
+    composed noise multiplier. Otherwise the smallest noise multiplier one step adds (a
+    Poisson-subsampled Gaussian's loss reaches as far as its Gaussian's). None when no Gaussian is inside."""
+    from dp_accounting import ComposedDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
+
+    composed = effective_gaussian_noise_multiplier(simplified_event(event))
+    if composed is not None:
+        return composed, "composed noise multiplier"
+
+    def per_step(part) -> float | None:
+        z = effective_gaussian_noise_multiplier(part)
+        if z is not None:
+            return z
+        if isinstance(part, (PoissonSampledDpEvent, SelfComposedDpEvent)):
+            return per_step(part.event)
+        if isinstance(part, ComposedDpEvent):
+            values = [v for v in (per_step(p) for p in part.events) if v is not None]
+            return min(values) if values else None
+        return None
+
+    z = per_step(event)
+    return None if z is None else (z, "noise multiplier per step")
+
+
+def pld_cost_reason(event, rdp_epsilon: float) -> str | None:
+    """Why dp-accounting's PLD of `event` is not computed (None when it is): too little noise for its
+    loss grid (pld_grid_noise below mechanisms.pld.PLD_NOISE_LIMIT) or, for an event that is not one
+    Gaussian, more than PLD_MAX_STEPS steps or an RDP epsilon above PLD_RDP_CUTOFF; each would take
+    minutes and gigabytes."""
+    grid = pld_grid_noise(event)
+    if grid is None:
+        return None
+    z, what = grid
+    if z < PLD_NOISE_LIMIT:
+        # 1 / z^2 overflows below about 1e-154, where z is computed as 0: say so rather than quote 0
+        shown = f"{z:.3g}" if z > 0 else "(below 1e-154: its inverse square overflows)"
+        return (f"the {what} {shown} is below {PLD_NOISE_LIMIT:g}: the privacy-loss grid would have millions of "
+                "points (minutes of dp-accounting); RDP only")
+    if what == "composed noise multiplier":  # one Gaussian: its grid does not grow with the count
+        return None
+    steps = _pld_steps(event)
+    if steps > PLD_MAX_STEPS:
+        return (f"{steps} Poisson-subsampled steps are more than the {PLD_MAX_STEPS:,} the PLD grid composes in "
+                "seconds (minutes of dp-accounting beyond); RDP only")
+    if rdp_epsilon > PLD_RDP_CUTOFF:
+        return (f"the RDP epsilon {rdp_epsilon:.6g} is above {PLD_RDP_CUTOFF:g}: the privacy losses spread over "
+                "millions of grid points (minutes of dp-accounting); RDP only")
+    return None
+
+
+@quiet_dp_accounting()
 def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta: float, queries: int, *,
                     mechanism_name: str, parameter: str, accountant: str = "rdp",
                     orders: Sequence[float] = DEFAULT_ORDERS, method=ConversionMethod.IMPROVED,
@@ -209,7 +389,9 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
     answer forward (its RDP curve and conversion, or the PLD of its event) and bisects until
     target (1 - 1e-7) <= forward <= target (1e-4 for PLD), so dp-accounting's and dpledger's rounding never leave
     the answer over the target. ValueError when no noise can meet the target (with RDP, the
-    conversion term at the largest order of the grid is a floor).
+    conversion term at the largest order of the grid is a floor; with PLD, the limits of its grid).
+    With compare_pld, the PLD epsilon of the answer is computed too where it is affordable
+    (pld_cost_reason; otherwise a note says why not).
     """
     from dp_accounting import SelfComposedDpEvent, mechanism_calibration
     from dp_accounting.pld import PLDAccountant
@@ -219,9 +401,21 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
     accountant = _accountant(accountant)
     method = require_member(ConversionMethod, "method", method)
     orders = canonical_orders(orders)
+    fixed = dict(fixed or {})
     probe = factory(1.0)
-    require(probe.dp_event() is not None, f"{mechanism_name} has no DpEvent: calibrate it by bisection instead")
-    relation = dp_accounting_relation(probe.relation, probe.dp_event())  # ValueError for a one-sided relation
+    with np.errstate(over="ignore", divide="ignore"):  # fixed parameters at the edge of double range: +inf or 0
+        event = probe.dp_event()
+        require(event is not None, f"{mechanism_name} has no DpEvent: calibrate it by bisection instead")
+        unit = _noise_per_unit(event)  # the event's z per unit of the parameter
+    relation = dp_accounting_relation(probe.relation, event)  # ValueError for a one-sided relation
+    require(unit is not None, f"internal: {mechanism_name} is not a Gaussian-noise mechanism")
+    require(1e-300 < unit < 1e300,
+            f"{mechanism_name} with " + ", ".join(f"{k} = {v:g}" for k, v in fixed.items()
+                                                 if isinstance(v, (int, float)) and not isinstance(v, bool))
+            + f" adds a noise multiplier of {unit:g} per unit of {parameter}: outside [1e-300, 1e300], where no "
+            f"{parameter} can be calibrated in double precision")
+    pld_lowest = [1e-300]  # the parameter below which the PLD is not evaluated (set before its first use)
+    pld_skipped: set[float] = set()
 
     @functools.lru_cache(maxsize=None)
     def rdp_forward(value: float) -> float:
@@ -229,6 +423,11 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
 
     @functools.lru_cache(maxsize=None)
     def pld_forward(value: float) -> float:
+        # below the grid's noise limit, or where RDP shows the losses spread too far, the PLD would take minutes:
+        # such a noise is taken to be over the target (<= PLD_EPSILON_LIMIT) and never returned as an answer
+        if value < pld_lowest[0] or rdp_forward(value) > PLD_RDP_CUTOFF:
+            pld_skipped.add(value)
+            return math.inf
         return pld_epsilon(composed_event(factory(value), queries), delta, probe.relation, value_discretization_interval)
 
     rdp_floor = _rdp_floor(orders, delta, method, probe.relation)
@@ -237,31 +436,44 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
                 f"epsilon = {epsilon:g} is out of reach: on this order grid (largest order {orders[-1]:g}) no noise "
                 f"accounts below {rdp_floor:.6g} at delta = {delta:g} (the RDP -> DP conversion term); add larger "
                 "orders or use the PLD accountant")
-    unit = _noise_per_unit(probe.dp_event())  # the event's z per unit of the parameter
-    require(unit is not None and 0 < unit < math.inf, f"internal: {mechanism_name} is not a Gaussian-noise mechanism")
+    else:
+        require(delta >= PLD_DELTA_LIMIT, f"delta = {delta:g} is below the PLD accountant's limit {PLD_DELTA_LIMIT:g} "
+                "(dp-accounting truncates up to 1e-15 of the tail mass: below about 1e-13 its epsilon jumps, to +inf by "
+                "1e-16); use the RDP accountant")
+        require(epsilon <= PLD_EPSILON_LIMIT, f"epsilon = {epsilon:g} is above the PLD accountant's limit "
+                f"{PLD_EPSILON_LIMIT:g} (its loss grid, interval {value_discretization_interval:g}, would be too large); "
+                "use the RDP accountant")
     guess = _gaussian_guess(epsilon, delta, queries) / unit
     forward = rdp_forward if accountant == "rdp" else pld_forward
     # bracket with the cheap RDP forward first; for PLD, start from the RDP answer's neighbourhood
     bracket = _bracket(rdp_forward, epsilon, guess, False, 1e-300, 1e300) if epsilon > rdp_floor else None
     if accountant == "pld":
         start = bracket[0] if bracket is not None else guess
-        # the PLD is discretised on a grid of privacy losses: a tiny composed noise spans so many points that
+        # the PLD is discretised on a grid of privacy losses: too little noise spans so many points that
         # dp-accounting runs for minutes; refuse what the RDP answer already shows to be out of the grid's range
-        composed_z = effective_gaussian_noise_multiplier(composed_event(factory(start), queries))
-        require(epsilon <= PLD_EPSILON_LIMIT, f"epsilon = {epsilon:g} is above the PLD accountant's limit "
-                f"{PLD_EPSILON_LIMIT:g} (its loss grid, interval {value_discretization_interval:g}, would be too large); "
-                "use the RDP accountant")
-        require(composed_z is None or composed_z >= PLD_NOISE_LIMIT,
-                f"epsilon = {epsilon:g} at delta = {delta:g} needs a composed noise multiplier of about "
-                f"{composed_z:.3g}: too little noise for the PLD accountant's grid (interval "
-                f"{value_discretization_interval:g}; limit noise >= {PLD_NOISE_LIMIT:g}); use the RDP accountant")
-        # the parameter at which the composed noise reaches the grid's limit (the noise scales with the parameter)
-        lowest = start * PLD_NOISE_LIMIT / composed_z if composed_z is not None else 1e-300
-        require(composed_z is None or pld_forward(lowest) > epsilon,
-                f"epsilon = {epsilon:g} at delta = {delta:g}: even noise down to the PLD grid's limit (composed noise "
-                f"multiplier {PLD_NOISE_LIMIT:g}) accounts below it, so the smallest noise is out of the PLD "
-                "accountant's range; use the RDP accountant")
+        event = composed_event(factory(start), queries)
+        grid = pld_grid_noise(event)
+        what = "noise multiplier"
+        if grid is not None:
+            z, what = grid
+            require(what == "composed noise multiplier" or _pld_steps(event) <= PLD_MAX_STEPS,
+                    f"queries = {queries} is more than the {PLD_MAX_STEPS:,} Poisson-subsampled steps the PLD "
+                    "accountant's grid composes in seconds (its pessimistic discretisation grows with the count); "
+                    "use the RDP accountant")
+            require(z >= PLD_NOISE_LIMIT,
+                    f"epsilon = {epsilon:g} at delta = {delta:g} needs a {what} of about {z:.3g}: too little noise for "
+                    f"the PLD accountant's grid (interval {value_discretization_interval:g}; limit noise >= "
+                    f"{PLD_NOISE_LIMIT:g}); use the RDP accountant")
+            # the parameter at which that noise reaches the grid's limit (the noise scales with the parameter)
+            pld_lowest[0] = start * PLD_NOISE_LIMIT / z
+        lowest = pld_lowest[0]
         bracket = _bracket(pld_forward, epsilon, max(start, lowest), False, lowest, 1e300)
+        if bracket is not None and bracket[1] < lowest:  # the search went below the grid's limit, where it skips
+            require(pld_forward(lowest) > epsilon,
+                    f"epsilon = {epsilon:g} at delta = {delta:g}: even noise down to the PLD grid's limit ({what} "
+                    f"{PLD_NOISE_LIMIT:g}) accounts below it, so the smallest noise is out of the PLD accountant's "
+                    "range; use the RDP accountant")
+            bracket = (bracket[0], lowest)
     require(bracket is not None, f"epsilon = {epsilon:g} is out of reach for {mechanism_name}")
     good, bad = bracket
 
@@ -273,14 +485,17 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
     def event_of(value: float):
         return SelfComposedDpEvent(simplified_event(factory(value).dp_event()), queries)
 
-    try:
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            solved = float(mechanism_calibration.calibrate_dp_mechanism(
-                fresh_accountant, event_of, epsilon, delta, mechanism_calibration.ExplicitBracketInterval(bad, good),
-                tol=good * (1e-9 if accountant == "rdp" else 1e-5)))
-    except (ValueError, mechanism_calibration.NoBracketIntervalFoundError):
-        solved = good  # dp-accounting's and dpledger's accounting disagree about the bracket: bisect it here
+    if bad in pld_skipped:  # dp-accounting would compute the PLD the guard skipped there: bisect here instead
+        solved = good
+    else:
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                solved = float(mechanism_calibration.calibrate_dp_mechanism(
+                    fresh_accountant, event_of, epsilon, delta, mechanism_calibration.ExplicitBracketInterval(bad, good),
+                    tol=good * (1e-9 if accountant == "rdp" else 1e-5)))
+        except (ValueError, mechanism_calibration.NoBracketIntervalFoundError):
+            solved = good  # dp-accounting's and dpledger's accounting disagree about the bracket: bisect it here
     # forward re-check with dpledger's accounting; bisect from the solution if it is over (rounding)
     if forward(solved) <= epsilon:
         good = solved
@@ -290,15 +505,23 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
     value = _finish(forward, epsilon, good, bad, _SEARCH_GAP if accountant == "rdp" else _PLD_SEARCH_GAP)
     mechanism = factory(value)
     rdp_epsilon, rdp_order, grid_warnings = _rdp_forward(mechanism, queries, delta, orders, method)
-    pld = pld_forward(value) if accountant == "pld" or compare_pld else None
     notes = []
+    pld = None
+    if accountant == "pld":
+        pld = pld_forward(value)
+    elif compare_pld:
+        too_costly = pld_cost_reason(composed_event(mechanism, queries), rdp_epsilon)
+        if too_costly is None:
+            pld = pld_epsilon(composed_event(mechanism, queries), delta, probe.relation, value_discretization_interval)
+        else:
+            notes.append(f"no PLD epsilon beside the RDP one: {too_costly}")
     if accountant == "pld":
         notes.append(f"calibrated with dp-accounting's PLD (pessimistic estimate, value_discretization_interval = "
                      f"{value_discretization_interval:g}): only as good as the PLD accounting that will report it; "
                      f"dpledger's RDP ledger states epsilon = {rdp_epsilon:.6g} for this noise")
     return Calibration(mechanism_name, parameter, value, epsilon, delta, queries, accountant,
                        pld if accountant == "pld" else rdp_epsilon, rdp_epsilon, rdp_order, pld, mechanism,
-                       dict(fixed or {}), tuple(notes), grid_warnings)
+                       fixed, tuple(notes), grid_warnings)
 
 
 def _noise_per_unit(event) -> float | None:
@@ -362,6 +585,10 @@ def calibrate_confident_gnmax(epsilon: float, delta: float, queries: int, *, rat
     a / (2 s1^2) + a / s2^2 (Papernot et al. 2018, Algorithm 1 and Proposition 8; released-output
     accounting). Hot PATE's DP argmax (Cohen et al. 2023) is this mechanism."""
     ratio = require_positive("ratio", ratio)
+    require(1.0 / MAX_NOISE_RATIO <= ratio <= MAX_NOISE_RATIO,
+            f"ratio must be in [{1.0 / MAX_NOISE_RATIO:g}, {MAX_NOISE_RATIO:g}] (s1 = ratio * s2: beyond it one noise's "
+            "RDP is under 1e-12 of the other's, so calibrate the other alone: gnmax for s2, gaussian for s1), "
+            f"got {ratio:g}")
     ConfidentGNMax(threshold=threshold, sigma_threshold=1.0, sigma=1.0)  # validates the threshold
 
     def factory(s2: float) -> ConfidentGNMax:
@@ -431,6 +658,9 @@ def calibrate_pmixed(epsilon: float, delta: float, queries: int, alpha: float, t
     if sampling_probability is not None and variant is None:
         variant = (SubsamplingVariant.ALL_ORDERS_BALL if ball is Ball.ALL_ORDERS
                    else SubsamplingVariant.WORST_CASE_SIZE_GENERAL)
+    if sampling_probability is not None:
+        sampling_probability = require_in_closed("sampling_probability", sampling_probability, 0.0, 1.0)
+        require_subsampling_work(teachers, queries, variant.uses_realised_sizes)
     grid = default_orders(alpha, *(orders or ()))
 
     def mechanism(beta: float) -> PMixED:
@@ -442,10 +672,11 @@ def calibrate_pmixed(epsilon: float, delta: float, queries: int, alpha: float, t
         return subsampled_pmixed_curve(mechanism(beta), sampling_probability, variant, queries, seed, grid)
 
     def forward_result(beta: float):
-        with warnings.catch_warnings(record=True) as caught:
+        # a beta the bracket doubles past double range overflows Theorem 3.1's exponent: +inf, no guarantee, is right
+        with warnings.catch_warnings(record=True) as caught, np.errstate(over="ignore"):
             warnings.simplefilter("always", GridEdgeWarning)
             result = epsilon_from_rdp(curve(beta), delta, method)
-        return result, tuple(str(w.message) for w in caught)
+        return result, tuple(str(w.message) for w in caught if issubclass(w.category, GridEdgeWarning))
 
     @functools.lru_cache(maxsize=None)
     def forward(beta: float) -> float:

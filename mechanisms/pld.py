@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 
 from accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
-from accounting.errors import require, require_in_open, require_int_at_least
+from accounting.errors import (require, require_in_open, require_int_at_least, require_not_nan, require_order,
+                               require_positive)
 from accounting.orders import DEFAULT_ORDERS
 from accounting.relation import NeighbouringRelation, neighbouring_relation
 from mechanisms.base import Mechanism, require_mechanism
@@ -124,6 +125,24 @@ class RdpPldComparison:
     queries: int
     value_discretization_interval: float
     pld_unavailable_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        def epsilon(name, value):  # +inf is "no guarantee"; NaN and negative values are not epsilons
+            value = require_not_nan(name, value)
+            require(value >= 0, f"{name} must be >= 0 (+inf: no guarantee), got {value:g}")
+            return value
+
+        require(self.pld_unavailable_reason is None or isinstance(self.pld_unavailable_reason, str),
+                f"pld_unavailable_reason must be a string or None, got {self.pld_unavailable_reason!r}")
+        fields = dict(rdp_epsilon=epsilon("rdp_epsilon", self.rdp_epsilon),
+                      rdp_order=None if self.rdp_order is None else require_order("rdp_order", self.rdp_order),
+                      pld_epsilon=None if self.pld_epsilon is None else epsilon("pld_epsilon", self.pld_epsilon),
+                      delta=require_in_open("delta", self.delta, 0.0, 1.0),
+                      queries=require_int_at_least("queries", self.queries, 1),
+                      value_discretization_interval=require_positive("value_discretization_interval",
+                                                                     self.value_discretization_interval))
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
 
     @property
     def tighter(self) -> str:

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accounting.errors import require, require_in_closed, require_int_at_least, require_non_negative, require_order, require_positive
+from accounting.errors import (require, require_bool, require_in_closed, require_int_at_least, require_non_negative,
+                               require_not_nan, require_order, require_positive)
 from accounting.relation import NeighbouringRelation
 from accounting.rounding import positive_floor
 from mechanisms.base import Mechanism, require_relation, set_validated
@@ -19,6 +20,10 @@ class ScreeningOutcome:
 
     statistic: float
     passed: bool
+
+    def __post_init__(self) -> None:
+        set_validated(self, statistic=require_not_nan("statistic", self.statistic),
+                      passed=require_bool("passed", self.passed))
 
 
 BLIND_SCREEN_RATIO = 1e-2

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from accounting.errors import require
-from accounting.orders import DEFAULT_ORDERS, canonical_orders
+from accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from accounting.relation import NeighbouringRelation, neighbouring_relation
 from mechanisms.distributions import validated_ensemble
 
@@ -34,6 +34,27 @@ class StepResult:
     add_one_bound: np.ndarray | None = None     # (..., K) bound for an added teacher, charged or not
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE   # what the charges hold for
     details: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the charges go to a ledger: a NaN or negative RDP value, or one off the grid, is refused here
+        require(isinstance(self.relation, NeighbouringRelation),
+                f"relation must be a NeighbouringRelation, got {self.relation!r}")
+        orders = validated_orders(self.orders)
+        require(isinstance(self.charged, dict) and len(self.charged) > 0,
+                f"charged must be a non-empty mapping of component name to RDP values, got {self.charged!r}")
+        named = {f"charged[{name!r}]": values for name, values in self.charged.items()}
+        named.update(data_dependent=self.data_dependent, add_one_bound=self.add_one_bound)
+        for name, values in named.items():
+            if values is None:
+                continue
+            values = np.asarray(values)
+            require(values.dtype.kind in "biuf" and values.shape[-1:] == (orders.size,),
+                    f"{name} must be numbers with a last axis of {orders.size} orders, got {values.dtype} "
+                    f"{values.shape}")
+            require(not bool(np.any(np.isnan(values))), f"{name} holds NaN RDP values")
+            require(not bool(np.any(values < 0)), f"{name} holds negative RDP values, e.g. {float(values.min()):g}")
+        require(self.screen_statistic is None or not bool(np.any(np.isnan(np.asarray(self.screen_statistic)))),
+                "screen_statistic holds NaN")
 
     @property
     def total(self) -> np.ndarray:

@@ -176,6 +176,11 @@ def test_the_non_private_ensemble_under_a_budget_answers_everything_publicly(mic
     ({"epsilon": 1.0, "order": 1.0}, "budget.order must be a finite number > 1, got 1.0"),
     ({"epsilon": 1.0, "colour": "red"}, "unknown keys in [budget]: ['colour']"),
     ({"epsilon": "8"}, "budget.epsilon must be a number, got '8'"),
+    # off the grid: the value, the grid in few words and the nearest orders (alpha = 6 is on the grid)
+    ({"epsilon": 1.0, "order": 6.05}, "budget.order = 6.05 is not on the run's order grid (1.1 to 11 by 0.1, 12 to 63 "
+                                      "by 1, 128, 256, 512, 1024); the nearest: 6 and 6.1"),
+    ({"epsilon": 1.0, "order": 2000.0}, "budget.order = 2000 is not on the run's order grid (1.1 to 11 by 0.1, 12 to "
+                                        "63 by 1, 128, 256, 512, 1024); the nearest: 1024"),
 ])
 def test_bad_budgets_are_one_line_errors(micro_models, tmp_path, budget, message):
     config = micro_config(micro_models, tmp_path / "run", PMIXED, queries=8)
@@ -183,6 +188,18 @@ def test_bad_budgets_are_one_line_errors(micro_models, tmp_path, budget, message
     with pytest.raises(ValueError) as error:
         config_from_dict(config)
     assert message in str(error.value)
+
+
+def test_the_filter_plan_names_an_order_off_the_grid_and_lists_the_grid():
+    from decoding.budget import BudgetGate
+
+    orders = np.asarray(default_orders(6.55))  # a mechanism run at alpha = 6.55 adds it to the grid
+    with pytest.raises(ValueError, match=r"^budget.order = 6.57 is not on the run's order grid \(1.1 to 6.5 by 0.1, "
+                                         r"6.55, 6.6 to 11 by 0.1, 12 to 63 by 1, 128, 256, 512, 1024\); the nearest: "
+                                         r"6.55 and 6.6$"):
+        BudgetGate.plan({"epsilon": 8.0, "delta": 1e-5, "order": 6.57}, np.full(orders.size, 0.01), orders)
+    gate = BudgetGate.plan({"epsilon": 8.0, "delta": 1e-5, "order": 6.55 + 1e-12}, np.full(orders.size, 0.01), orders)
+    assert gate.filter.order == 6.55
 
 
 # -- PLD beside RDP for runs, and the ledger's DpEvent ------------------------------------------------

@@ -201,3 +201,96 @@ def test_pld_calibration_refuses_targets_beyond_its_grid_in_one_line(epsilon, me
     with pytest.raises(ValueError, match=message):
         calibrate_noise(lambda sigma: GaussianMechanism(sigma), epsilon, 1e-5, 1, mechanism_name="gaussian",
                         parameter="noise", accountant="pld")
+
+
+# ---- bounded work: ordinary PLD targets answer, absurd targets and counts are refused early ----
+
+@pytest.mark.parametrize("epsilon, queries, q", [(1.0, 1000, 0.01), (2.0, 100, 0.1), (8.0, 10_000, 0.01)])
+def test_pld_calibration_of_the_subsampled_gaussian_answers_ordinary_targets(epsilon, queries, q):
+    # a None composed noise multiplier (the event is not one Gaussian) was formatted into a message
+    # that was never shown: TypeError for every target
+    result = calibrate_subsampled_gaussian(epsilon, 1e-5, queries, q, accountant="pld", compare_pld=True)
+    assert_at_most_and_within(result, compare_rdp_pld(result.mechanism, queries, 1e-5).pld_epsilon)
+    assert result.rdp_epsilon > result.forward_epsilon  # the PLD noise is smaller than RDP's
+
+
+def run_cli_within(capsys, argv, seconds=10.0):
+    """(exit status, stdout, stderr lines) of `dpledger calibrate|account ...`, asserting it took < seconds."""
+    import time
+
+    started = time.monotonic()
+    status = main(argv)
+    elapsed = time.monotonic() - started
+    captured = capsys.readouterr()
+    assert elapsed < seconds, f"{argv} took {elapsed:.1f} s"
+    return status, captured.out, captured.err.splitlines()
+
+
+TARGET = ["--delta", "1e-5"]
+CALIBRATE = {
+    "gaussian": [], "subsampled-gaussian": ["--sample-rate", "0.01"], "pmixed": ["--alpha", "6", "--teachers", "16"],
+    "screening": ["--teachers", "16", "--lam", "0.3"], "gnmax": [], "confident-gnmax": [], "dpargmax": [], "dpws": [],
+}
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning would be a second line on stderr
+@pytest.mark.parametrize("mechanism", sorted(CALIBRATE))
+@pytest.mark.parametrize("epsilon, queries, message", [
+    ("1e308", "1000", "epsilon must be <= 700 (a guarantee bounds probabilities by a factor e^epsilon"),
+    ("nan", "1000", "epsilon must be finite, got nan"),
+    ("8", "99999999999999999999999", "--queries must be in [1, 2^53 = 9007199254740992] (a larger count is not "
+                                     "exact in double precision and could be rounded down), got 99999999999999999999999"),
+    ("8", "-1", "--queries must be in [1, 2^53 = 9007199254740992]"),
+])
+def test_absurd_targets_and_counts_are_refused_in_one_line_within_seconds(capsys, mechanism, epsilon, queries, message):
+    status, out, err = run_cli_within(capsys, ["calibrate", mechanism, "--epsilon", epsilon, "--queries", queries,
+                                               *TARGET, *CALIBRATE[mechanism]])
+    assert status == 2 and out == "" and len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning would be a second line on stderr
+@pytest.mark.parametrize("argv, message", [
+    # the PLD grid: a delta below its tail truncation, a count of subsampled steps it cannot compose, a target it
+    # cannot resolve
+    (["subsampled-gaussian", "--epsilon", "8", "--delta", "1e-308", "--queries", "1000", "--sample-rate", "0.01",
+      "--accountant", "pld"], "delta = 1e-308 is below the PLD accountant's limit 1e-12"),
+    (["subsampled-gaussian", "--epsilon", "8", "--delta", "1e-5", "--queries", "1000000000", "--sample-rate", "0.01",
+      "--accountant", "pld"], "queries = 1000000000 is more than the 1,000,000 Poisson-subsampled steps"),
+    (["subsampled-gaussian", "--epsilon", "100", "--delta", "1e-5", "--queries", "1", "--sample-rate", "0.01",
+      "--accountant", "pld"], "needs a noise multiplier per step of about 0.0987: too little noise for the PLD"),
+    (["gaussian", "--epsilon", "1e-308", "--delta", "1e-5", "--queries", "1000", "--accountant", "pld"],
+     "the accounting drops from above it to exactly 0"),
+    # fixed parameters whose noise per unit leaves double range, or makes one part immaterial
+    (["screening", "--epsilon", "8", "--delta", "1e-5", "--queries", "10", "--teachers", "16", "--lam", "1e-308"],
+     "screening with teachers = 16, lam = 1e-308 adds a noise multiplier of inf per unit of sigma"),
+    (["confident-gnmax", "--epsilon", "8", "--delta", "1e-5", "--queries", "10", "--ratio", "1e308"],
+     "ratio must be in [1e-06, 1e+06] (s1 = ratio * s2"),
+    # PMixED with subsampling: the N x order array, and the realised sizes drawn per query
+    (["pmixed", "--epsilon", "8", "--delta", "1e-5", "--queries", "10", "--alpha", "6", "--teachers", "100000",
+      "--sample-rate", "0.5"], "teachers must be at most 4096 with Poisson subsampling of teachers"),
+    (["pmixed", "--epsilon", "8", "--delta", "1e-5", "--queries", "100000000", "--alpha", "6", "--teachers", "16",
+      "--sample-rate", "0.5", "--variant", "realised-size"], "queries must be at most 10,000,000 for the realised-size"),
+    (["gaussian", "--epsilon", "8", "--delta", "1e-5", "--queries", "10", "--orders", "2,1e308"],
+     "every order must be a number in (1, 1e+06]"),
+])
+def test_targets_beyond_what_the_accounting_evaluates_are_refused_in_one_line(capsys, argv, message):
+    try:
+        status, out, err = run_cli_within(capsys, ["calibrate", *argv])
+    except SystemExit as exit_info:  # argparse's own refusals
+        status, err = exit_info.code, capsys.readouterr().err.splitlines()
+    assert status == 2 and len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning would be a second line on stderr
+@pytest.mark.parametrize("argv", [
+    ["subsampled-gaussian", "--epsilon", "8", "--delta", "1e-5", "--queries", "1000000000", "--sample-rate", "0.01"],
+    ["subsampled-gaussian", "--epsilon", "8", "--delta", "1e-5", "--queries", str(2 ** 53), "--sample-rate", "0.01"],
+    ["subsampled-gaussian", "--epsilon", "700", "--delta", "1e-5", "--queries", "1000", "--sample-rate", "0.01"],
+    ["pmixed", "--epsilon", "700", "--delta", "1e-5", "--queries", "1", "--alpha", "6", "--teachers", "16"],
+])
+def test_extreme_but_valid_targets_are_answered_within_seconds(capsys, argv):
+    # 10^9 queries ran past 10 minutes (the PLD comparison composed 10^9 subsampled steps)
+    status, out, err = run_cli_within(capsys, ["calibrate", *argv])
+    assert status == 0 and not err, err
+    if "--sample-rate" in argv and argv[argv.index("--queries") + 1] != "1000":
+        assert "no PLD epsilon beside the RDP one" in out

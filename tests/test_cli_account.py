@@ -204,7 +204,7 @@ NO_DP = ("no DP guarantee: {} releases only tokens with at least T votes (T-thre
 @pytest.mark.parametrize("mechanism, flags, name", [
     ("targmax", ["--threshold", "50"], "TARGMAX_T"),
     ("tws", ["--threshold", "50", "--gamma", "2"], "TWS_{T,gamma}"),
-    ("targmax", ["--threshold", "50", "--queries", "100", "--delta", "1e-5"], "TARGMAX_T"),
+    ("targmax", ["--threshold", "50", "--queries", "100"], "TARGMAX_T"),
 ])
 def test_threshold_private_aggregators_state_no_dp_and_print_no_epsilon(capsys, mechanism, flags, name):
     assert main(["account", mechanism, *flags]) == 0
@@ -215,6 +215,17 @@ def test_threshold_private_aggregators_state_no_dp_and_print_no_epsilon(capsys, 
     assert record["dp_guarantee"] is False and record["epsilon"] is None
     assert record["guarantee"].startswith("T-threshold privacy") and record["statement"] == NO_DP.format(name)
     assert record["threshold"] == 50
+
+
+@pytest.mark.parametrize("mechanism", ["targmax", "tws"])
+@pytest.mark.parametrize("delta", ["nan", "-1", "1e400", "1e-5"])
+def test_threshold_private_aggregators_refuse_a_delta(capsys, mechanism, delta):
+    # T-threshold privacy has no delta: a given one was accepted and dropped (nan and -1 included)
+    assert main(["account", mechanism, "--threshold", "5", "--delta", delta]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 1
+    assert f"mechanism {mechanism} does not use --delta; it reads --threshold, --queries" in lines[0]
 
 
 def test_threshold_private_aggregators_validate_their_parameters(capsys):
@@ -289,7 +300,10 @@ def test_a_flag_the_mechanism_does_not_read_is_refused_on_one_line_with_what_it_
     (["gaussian", "--noise-multiplier", "1", "--queries", "5.5", "--delta", "1e-5"],
      "argument --queries: invalid int value: '5.5'"),
     (["gaussian", "--noise-multiplier", "1", "--queries", "5", "--delta", "1e-5", "--orders", "2,0.5"],
-     "argument --orders: every order must be a finite number > 1, got '2,0.5'"),
+     "argument --orders: every order must be a number in (1, 1e+06] (a larger one lowers epsilon by less than 7.3e-4 "
+     "more), got 0.5"),
+    (["gaussian", "--noise-multiplier", "1", "--queries", "5", "--delta", "1e-5", "--orders", "2,1e308"],
+     "argument --orders: every order must be a number in (1, 1e+06]"),
     (["laplace"], "argument MECHANISM: invalid choice: 'laplace'"),
 ])
 def test_argument_type_errors_are_one_line_with_exit_2(capsys, argv, message):
@@ -413,3 +427,54 @@ def test_from_event_lists_only_its_own_flags_each_with_help():
     options.pop("--help")
     assert set(options) == set(accepted_flags(FROM_EVENT))
     assert all(action.help and len(action.help) > 10 for action in options.values())
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning would be a second line on stderr
+@pytest.mark.parametrize("argv, message", [
+    (["gaussian", "--noise-multiplier", "1", "--queries", "99999999999999999999999", "--delta", "1e-5"],
+     "--queries must be in [1, 2^53 = 9007199254740992] (a larger count is not exact in double precision and could "
+     "be rounded down), got 99999999999999999999999"),
+    (["targmax", "--threshold", "5", "--queries", "0"], "--queries must be in [1, 2^53 = 9007199254740992]"),
+    (["pmixed", "--alpha", "6", "--beta", "0.01", "--teachers", "1000000", "--queries", "1000", "--delta", "1e-5",
+      "--sample-rate", "0.5"], "--teachers must be at most 4096 with Poisson subsampling of teachers"),
+    (["pmixed", "--alpha", "6", "--beta", "0.01", "--teachers", "99999999999999999999999", "--queries", "1000",
+      "--delta", "1e-5", "--sample-rate", "0.5"], "--teachers must be at most 4096"),
+    (["pmixed", "--alpha", "6", "--beta", "0.01", "--teachers", "100", "--queries", "100000000", "--delta", "1e-5",
+      "--sample-rate", "0.5"], "--queries must be at most 10,000,000 for the realised-size variants"),
+])
+def test_counts_beyond_what_the_accounting_evaluates_are_refused_in_one_line_within_seconds(capsys, argv, message):
+    import time
+
+    started = time.monotonic()
+    assert main(["account", *argv]) == 2
+    assert time.monotonic() - started < 10
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning would be a second line on stderr
+def test_the_pld_beside_rdp_is_skipped_with_a_reason_where_it_would_take_minutes(capsys):
+    import time
+
+    # 10^9 Poisson-subsampled steps: dp-accounting's PLD ran 93 s and more; 1,000 are computed
+    started = time.monotonic()
+    record = run_json(capsys, "subsampled-gaussian", "--noise-multiplier", "1", "--sample-rate", "0.01",
+                      "--queries", "1000000000", "--delta", "1e-5")
+    assert time.monotonic() - started < 10
+    assert record["pld_epsilon"] is None and "1000000000 Poisson-subsampled steps are more than the 1,000,000" in \
+        record["pld_unavailable"]
+    assert record["epsilon"] > 0
+    few = run_json(capsys, "subsampled-gaussian", "--noise-multiplier", "1", "--sample-rate", "0.01", "--queries",
+                   "1000", "--delta", "1e-5")
+    assert few["pld_epsilon"] is not None and few["pld_epsilon"] < few["epsilon"]
+    # a noise whose inverse square overflows was quoted as "the composed noise multiplier 0"
+    tiny = run_json(capsys, "gaussian", "--noise-multiplier", "1e-308", "--queries", "1000", "--delta", "1e-5")
+    assert tiny["epsilon"] is None and "composed noise multiplier (below 1e-154" in tiny["pld_unavailable"]
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning would be a second line on stderr
+def test_an_order_past_the_double_range_of_the_grid_is_accounted_not_misquoted(capsys):
+    # alpha = 1e308 was refused as "got inf" (the grid's rounding overflowed); the ball's bound is +inf there
+    record = run_json(capsys, "pmixed", "--alpha", "1e308", "--beta", "0.01", "--teachers", "100", "--queries", "10",
+                      "--delta", "1e-5")
+    assert record["epsilon"] == math.inf or record["epsilon"] is None

@@ -138,7 +138,7 @@ def test_killed_run_resumes_to_the_same_ledger_as_an_uninterrupted_run(micro_mod
     (lambda c: c["mechanism"].update(type="magic"), "unknown mechanism type 'magic'"),
     (lambda c: c["models"].update(teachers=5), "models.teachers = 5 does not match the 3 teacher_paths"),
     (lambda c: c["models"].update(public="/nonexistent/model"), "model path does not exist: /nonexistent/model"),
-    (lambda c: c["mechanism"].update(beta=-1.0), "beta must be >= 0, got -1"),
+    (lambda c: c["mechanism"].update(beta=-1.0), "mechanism.beta must be a finite number > 0, got -1.0"),
     (lambda c: c["mechanism"].update(gamma=2.0), "unknown parameters for mechanism 'pmixed': ['gamma']"),
 ])
 def test_bad_configs_fail_clearly_without_a_trace(micro_models, tmp_path, change, message):

@@ -194,8 +194,39 @@ def test_without_dask_the_flags_name_the_extra(monkeypatch, tmp_path, capsys):
 
 
 def test_cluster_spec_rejects_bad_values():
+    from decoding.cluster import max_local_workers
+
     for workers, scheduler, message in ((0, None, "--workers must be an integer >= 1, got 0"),
                                         (None, " ", "--scheduler must be a Dask scheduler address"),
-                                        (2, "tcp://h:1", "not both")):
+                                        (2, "tcp://h:1", "not both"),
+                                        (100_000, None, f"--workers must be at most {max_local_workers()}, this "
+                                                        "machine's cores .* got 100000")):
         with pytest.raises(ValueError, match=message):
             ClusterSpec(workers, scheduler)
+
+
+def test_a_local_cluster_and_its_dashboard_listen_on_localhost_only(client):
+    scheduler = client.cluster.scheduler
+    assert {sock.getsockname()[0] for sock in scheduler.http_server._sockets.values()} == {"127.0.0.1"}
+    assert client.dashboard_link.startswith("http://127.0.0.1:")
+    assert client.cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+    assert all(address.startswith("tcp://127.0.0.1:") for address in client.scheduler_info()["workers"])
+
+
+def test_the_resource_tracker_a_local_cluster_shares_prints_nothing(tmp_path):
+    """A worker killed mid-run left the resource tracker (which the nanny's queues register their
+    semaphores with) printing a KeyError traceback for a name it no longer held: the tracker
+    dask_client starts writes to the null device. Here the tracker is sent such a name directly."""
+    import subprocess
+    import sys
+
+    script = ("import sys\n"
+              "from multiprocessing import resource_tracker\n"
+              "from decoding.cluster import quiet_resource_tracker\n"
+              "quiet_resource_tracker()\n"
+              "resource_tracker.unregister('/mp-dpledger-never-registered', 'semaphore')\n"
+              "print('done', file=sys.stderr)\n")
+    repo = Path(__file__).resolve().parents[1]
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=repo,
+                              env={**os.environ, "PYTHONPATH": str(repo)})
+    assert finished.returncode == 0 and finished.stderr == "done\n", finished.stderr  # not "KeyError: '/mp-..."

@@ -238,16 +238,25 @@ ROWS = {
     ],
 }
 
-# Exported names that take no input to validate (constants, result records, warning classes).
+# Exported names that take no input to validate (constants, warning classes).
 NO_INPUT = {
-    "Breakdown": "result record built by PrivacyLedger.breakdown",
-    "EpsilonConversion": "result record built by epsilon_from_rdp",
-    "DeltaConversion": "result record built by delta_from_rdp",
     "DEFAULT_ORDERS": "constant",
-    "StepResult": "result record built by PMixED.step and AdaPMixED.step",
     "GridEdgeWarning": "warning class",
     "__version__": "constant",
 }
+
+# result records refuse what they cannot hold, like every other entry point (generated below too)
+ROWS["EpsilonConversion"] = [
+    (lambda: d.EpsilonConversion(NAN, 1e-5, 2.0, d.ConversionMethod.IMPROVED, 1.0, 0.0, False, False),
+     r"epsilon must be a number, got nan"),
+    (lambda: d.EpsilonConversion(1.0, 1e-5, 0.5, d.ConversionMethod.IMPROVED, 1.0, 0.0, False, False),
+     r"order \(Renyi order\) must be > 1, got 0.5"),
+]
+ROWS["DeltaConversion"] = [(lambda: d.DeltaConversion(-1.0, 1.0, 2.0, False, False), r"delta must be in \[0, 1\], got -1")]
+ROWS["Breakdown"] = [(lambda: d.Breakdown([{"component": "screen", "epsilon": 1.0}], None),
+                      r"rows must hold BreakdownRow instances, got dict: \{'component': 'screen'")]
+ROWS["StepResult"] = [(lambda: d.StepResult(None, None, np.array([2.0]), {"x": np.array([[NAN]])}),
+                       r"charged\['x'\] holds NaN RDP values")]
 
 CASES = [(name, index, call, pattern) for name, rows in ROWS.items() for index, (call, pattern) in enumerate(rows)]
 
@@ -266,3 +275,83 @@ def test_invalid_input_raises_value_error_naming_constraint_and_value(name, inde
     message = str(error.value)
     assert re.search(pattern, message), f"{name}: message {message!r} does not match {pattern!r}"
     assert "\n" not in message, "one clear line"
+
+
+# ---- every public result record, each numeric field with generated bad values ----
+
+def _records():
+    """(name, a valid instance) for each public frozen record of accounting and mechanisms."""
+    import mechanisms
+    from accounting import BreakdownRow
+    from mechanisms.step import pmixed_step
+
+    conversion = d.EpsilonConversion(1.0, 1e-5, 2.0, d.ConversionMethod.IMPROVED, 0.5, 0.5, False, False)
+    return {
+        "EpsilonConversion": conversion,
+        "DeltaConversion": d.DeltaConversion(1e-5, 1.0, 2.0, False, False, -11.5),
+        "BreakdownRow": BreakdownRow("screen", 0.5, False),
+        "Breakdown": d.Breakdown((BreakdownRow("total", 1.0, False),), conversion),
+        "ScreeningOutcome": mechanisms.ScreeningOutcome(0.5, True),
+        "RdpPldComparison": mechanisms.RdpPldComparison(1.0, 2.0, 0.9, 1e-5, 10, 1e-4),
+        "Calibration": mechanisms.calibrate_gaussian(8.0, 1e-5, 10),
+        "StepResult": pmixed_step(PMIXED, TEACHERS, PUBLIC, orders=[2.0, 4.0]),
+    }
+
+
+# field -> values out of its range (NaN everywhere; inf and -1 where the field excludes them)
+BAD_FIELDS = {
+    "EpsilonConversion": {"epsilon": [NAN, -1.0], "delta": [NAN, INF, -1.0, 0.0, 1.0], "order": [NAN, INF, -1.0, 1.0],
+                          "rdp_at_order": [NAN, -1.0], "conversion_term": [NAN, INF], "at_grid_edge": [NAN],
+                          "data_dependent": [NAN], "method": ["exact"], "direction": [NAN], "relation": [NAN]},
+    "DeltaConversion": {"delta": [NAN, INF, -1.0, 1.5], "epsilon": [NAN, INF, -1.0], "order": [NAN, INF, -1.0],
+                        "log_delta": [NAN, 1.0], "at_grid_edge": [NAN], "data_dependent": [NAN], "direction": [NAN]},
+    "BreakdownRow": {"component": ["", NAN], "epsilon": [NAN], "data_dependent": [NAN], "direction": [NAN],
+                     "relation": [NAN]},
+    "Breakdown": {"rows": [(), NAN, ({"component": "total"},)], "conversion": [NAN, None]},
+    "ScreeningOutcome": {"statistic": [NAN], "passed": [NAN]},
+    "RdpPldComparison": {"rdp_epsilon": [NAN, -1.0], "rdp_order": [NAN, INF, -1.0], "pld_epsilon": [NAN, -1.0],
+                         "delta": [NAN, INF, -1.0, 0.0], "queries": [NAN, INF, -1, 0, 1.5],
+                         "value_discretization_interval": [NAN, INF, -1.0, 0.0]},
+    "Calibration": {"value": [NAN, INF, -1.0, 0.0], "target_epsilon": [NAN, INF, -1.0, 0.0, 1e308],
+                    "delta": [NAN, INF, -1.0, 0.0], "queries": [NAN, -1, 0, 2 ** 60], "forward_epsilon": [NAN, -1.0, INF],
+                    "rdp_epsilon": [NAN, -1.0], "rdp_order": [NAN, INF, -1.0], "pld_epsilon": [NAN, -1.0],
+                    "accountant": ["moments"], "mechanism": [NAN]},
+    "StepResult": {"orders": [[NAN], [INF], [-1.0]], "charged": [{"x": np.array([[NAN, 0.0]])},
+                                                                 {"x": np.array([[-1.0, 0.0]])}, {}],
+                   "data_dependent": [np.array([[NAN, 0.0]])], "relation": [NAN], "screen_statistic": [np.array([NAN])]},
+}
+BAD_CASES = [(name, field, value) for name, fields in BAD_FIELDS.items() for field, values in fields.items()
+             for value in values]
+
+
+@pytest.mark.parametrize("name, field, value", BAD_CASES, ids=[f"{n}-{f}-{v!r}"[:60] for n, f, v in BAD_CASES])
+def test_public_records_refuse_nan_and_out_of_range_fields(name, field, value):
+    import dataclasses
+
+    record = _records()[name]
+    with pytest.raises(ValueError) as error:
+        dataclasses.replace(record, **{field: value})
+    message = str(error.value)
+    assert "\n" not in message, message
+    assert field in message or field.rstrip("s") in message, f"{message!r} does not name {field}"
+    if isinstance(value, float):
+        assert f"{value:g}" in message or repr(value) in message, f"{message!r} does not quote {value!r}"
+
+
+def test_the_bad_field_table_covers_every_public_record():
+    import accounting
+    import mechanisms
+
+    records = {name for module in (accounting, mechanisms) for name in module.__all__
+               if dataclasses_is_record(getattr(module, name))}
+    assert records == set(BAD_FIELDS), records ^ set(BAD_FIELDS)
+
+
+def dataclasses_is_record(obj) -> bool:
+    """A public frozen dataclass that is a result record (mechanisms are covered by ROWS above)."""
+    import dataclasses
+
+    from mechanisms.base import Mechanism
+
+    return (isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__dataclass_params__.frozen
+            and not issubclass(obj, Mechanism) and obj.__name__ not in ("RdpCurve", "AdaPMixED"))  # specs: ROWS

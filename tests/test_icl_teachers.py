@@ -185,7 +185,10 @@ def test_pmixed_decode_with_16_in_context_teachers_is_audited_from_the_public_mo
     groups = partition_records(micro_corpus, 16)
     examples = tmp_path / "examples.json"
     examples.write_text(json.dumps(groups))
-    with pytest.raises(ValueError, match="data.block_size 60 exceeds the models' n_positions 48"):
+    # the message states the model's context (64), the prompt budget (16) and what is left (48)
+    with pytest.raises(ValueError, match=r"data.block_size 60 exceeds the 48 tokens the in-context teachers leave for "
+                                         r"the query \(the model's context, n_positions = 64, less the teacher "
+                                         r"prompts' budget, models.icl_prompt_tokens = 16\)"):
         config = _icl_config(micro_models, tmp_path / "too-long", examples)
         config["data"]["block_size"] = 60
         run_decode(config_from_dict(config), progress=False, verbose=False)

@@ -342,6 +342,24 @@ BAD_CONFIGS = [
     (lambda c: c["run"].update(out="{tmp}/afile"), "exists and is not a directory"),
     (lambda c: c["models"].update(extra=1), "unknown keys in [models]: ['extra']"),
     (lambda c: c["run"].update(queries=0), "queries must be an integer >= 1, got 0"),
+    # the ranges docs/config.md states, checked before anything is written
+    (lambda c: c["mechanism"].update(beta=0.0), "mechanism.beta must be a finite number > 0, got 0.0"),
+    (lambda c: c["mechanism"].update(alpha=1e308),
+     "mechanism.alpha must be a number in (1, 1024] (the largest order the kernels are checked at: docs/config.md), "
+     "got 1e+308"),
+    (lambda c: c["mechanism"].update(alpha=float("nan")), "mechanism.alpha must be a number in (1, 1024]"),
+    (lambda c: c["mechanism"].update(type="adapmixed", lam=2.0, sigma=0.1, threshold=5.0, top_k=20),
+     "mechanism.lam must be a number in [0, 1], got 2.0"),
+    (lambda c: c["run"].update(seed=-1), "run.seed must be in [0, 2^63) (a signed 64-bit integer, as TOML and the "
+                                         "trace store it), got -1"),
+    (lambda c: c["run"].update(seed=2 ** 64), "run.seed must be in [0, 2^63)"),
+    (lambda c: c["run"].update(queries=2 ** 53 + 1), "run.queries must be at most 2^53 = 9007199254740992"),
+    (lambda c: c.update(models={"embedded": True, "teachers": 100000}, data={}),
+     "models.teachers must be in [1, 512] (each block holds N + 1 next-token distributions per position; "
+     "docs/config.md), got 100000"),
+    (lambda c: c.update(budget={"epsilon": 8.0, "order": 6.05}),
+     "budget.order = 6.05 is not on the run's order grid (1.1 to 11 by 0.1, 12 to 63 by 1, 128, 256, 512, 1024); "
+     "the nearest: 6 and 6.1"),
 ]
 
 
@@ -365,8 +383,10 @@ def test_bad_configs_are_one_line_errors_and_write_nothing(micro_models, tmp_pat
     scalars = [f"{k} = {json.dumps(v)}" for k, v in config.items() if not isinstance(v, dict)]
     path.write_text("\n".join(scalars) + "\n" + path.read_text())  # top-level keys come before the tables
     before = sorted(p.name for p in tmp_path.iterdir())
+    started = time.monotonic()
     status = main(["decode", str(path), "--no-progress"])
     err = capsys.readouterr().err
+    assert time.monotonic() - started < 10, "refused, but not within 10 s"
     assert status == 2, err
     assert err.count("\n") == 1 and err.startswith("dpledger decode: error: ") and message.replace("{tmp}", str(tmp_path)) in err
     assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -248,6 +248,8 @@ def test_the_embedded_default_trains_lora_teachers_through_the_same_path(tmp_pat
 @pytest.mark.parametrize("extra, source, message", [
     (["--teachers", "0"], "private.txt", "--teachers 0: must be an integer >= 1"),
     (["--teachers", "61"], "private.txt", "--teachers 61: must be at most the number of units (60)"),
+    (["--teachers", "100000"], "private.txt", "--teachers 100000: must be at most 512, the ensemble size a decode "
+                                              "run takes (docs/config.md, models.teachers)"),
     (["--steps", "0"], "private.txt", "--steps 0: must be an integer >= 1"),
     (["--lr", "-1"], "private.txt", "--lr -1.0: must be a finite number > 0"),
     (["--lora-dropout", "1"], "private.txt", "--lora-dropout 1.0: must be in [0, 1)"),
