@@ -48,6 +48,7 @@ import math
 from accounting.errors import require, require_in_open, require_int_at_least
 from accounting.orders import default_orders
 from accounting.relation import NeighbouringRelation, neighbouring_relation
+from accounting.safe_files import read_text
 from decoding.runners import MECHANISM_TYPES, unknown_type_message
 from mechanisms.calibration import MAX_QUERIES
 
@@ -364,24 +365,33 @@ def config_from_dict(data: dict, out_override: str | None = None) -> RunConfig:
                      data=_table(data, "data", DataConfig), budget=budget, **run)
 
 
-def read_text_file(path: str | Path, what: str) -> str:
-    """A UTF-8 text file's content; ValueError naming `what`, the path and the problem."""
+TEXT_FILE_LIMIT = 2 ** 31
+"""The largest text file a run reads (its data text, examples): 2 GiB, held in memory."""
+CONFIG_FILE_LIMIT = 2 ** 24
+"""The largest run config read (16 MiB; a config is a few kB)."""
+
+
+def read_text_file(path: str | Path, what: str, limit: int = TEXT_FILE_LIMIT) -> str:
+    """A UTF-8 text file's content: a regular file (never a FIFO or a device, which would block) of
+    at most `limit` bytes (accounting.safe_files); ValueError naming `what`, the path and the problem."""
     path = Path(path)
     require(path.exists(), f"{what} file does not exist: {path}")
-    require(path.is_file(), f"{what} must be a file, got the directory {path}" if path.is_dir()
-            else f"{what} must be a regular file: {path}")
+    require(not path.is_dir(), f"{what} must be a file, got the directory {path}")
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{what} {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+        return read_text(path, limit, follow=True, what=what)
+    except ValueError as error:  # not a regular file, too large, not UTF-8: the message names the file
+        raise ValueError(f"{what}: {' '.join(str(error).split())}") from None
     except OSError as error:
         raise ValueError(f"{what} {path} cannot be read: {error.strerror or error}") from None
 
 
 def load_config(path: str | Path, out_override: str | None = None) -> RunConfig:
-    text = read_text_file(path, "config")
+    text = read_text_file(path, "config", CONFIG_FILE_LIMIT)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{path}: invalid TOML ({error})") from None
+    except RecursionError:  # tomllib recurses once per nested array or table; a config nests three deep
+        raise ValueError(f"{path}: arrays or tables nest deeper than Python's recursion limit; a run config nests "
+                         "three deep") from None
     return config_from_dict(data, out_override)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from accounting.errors import require
+from accounting.strict_json import parse_json
 from decoding.config import read_text_file
 from decoding.corpus import EmbeddedCorpus
 from decoding.ensemble import Ensemble, ModelIdentity, load_causal_lm, model_identity
@@ -102,8 +103,8 @@ def read_icl_examples(path: str | Path, teachers: int) -> list[list[str]]:
     """models.icl_examples: a JSON list of `teachers` non-empty lists of strings, teacher i's
     private examples."""
     text = read_text_file(path, "models.icl_examples")
-    try:
-        examples = json.loads(text)
+    try:  # depth and duplicate keys refused: a file somebody else wrote
+        examples = parse_json(text, f"models.icl_examples {path}")
     except json.JSONDecodeError as error:
         raise ValueError(f"models.icl_examples {path} is not JSON ({error})") from None
     require(isinstance(examples, list) and all(isinstance(group, list) and all(isinstance(e, str) for e in group)

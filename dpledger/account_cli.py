@@ -15,10 +15,10 @@ from accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_fro
 from accounting.curve import RdpCurve
 from accounting.errors import require, require_in_open
 from accounting.relation import NeighbouringRelation
-from accounting.safe_files import read_text
+from accounting.safe_files import read_text, write_atomic
 from accounting.strict_json import MAX_BYTES, loads_json, strict_json_text
 from accounting.orders import default_orders
-from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, ACCOUNTING, SIGMA_HELP, THRESHOLD_HELP, add_conversion_flags,
+from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, SIGMA_HELP, THRESHOLD_HELP, add_conversion_flags,
                                       add_mechanism_parser, add_mechanism_subcommands, require_queries_flag)
 from dpledger.mechanism_flags import option as _option
 from mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
@@ -357,8 +357,7 @@ def _write_dp_event(record: dict, args: argparse.Namespace) -> None:
     mechanism = _mechanism(_with_every_flag(args))
     text = dp_event_to_json(SelfComposedDpEvent(mechanism.dp_event(), args.queries), mechanism.relation)
     path = args.dp_event_out
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text + "\n")
+    write_atomic(path, (text + "\n").encode("utf-8"))  # a new file renamed into place: never through a link
     record["dp_event_out"] = path
 
 

@@ -422,3 +422,39 @@ def test_teachers_never_write_through_links_in_their_output_directory(micro_mode
     assert snapshot(victims) == before
     for name in ("teachers.json", "decode.toml", "teacher-000", "teacher-001"):
         assert not (out / name).is_symlink() and (out / name).exists()
+
+
+def test_user_named_inputs_that_would_block_or_nest_too_deep_are_one_line(tmp_path, capsys, micro_models):
+    """A run config or data text that is a FIFO, a config nested past Python's recursion limit, and
+    in-context examples naming a key twice: one line, exit 2, within the deadline, nothing written."""
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    data_fifo = tmp_path / "data.fifo"
+    os.mkfifo(data_fifo)
+    config = micro_config(micro_models, tmp_path / "out", PMIXED, queries=8)
+    config["data"]["text"] = str(data_fifo)
+    cases = [(fifo, "a FIFO, not a regular file"), (deep, "nest deeper than Python's recursion limit"),
+             (write_toml(tmp_path / "data.toml", config), "a FIFO, not a regular file")]
+    for path, message in cases:
+        status, _, err = cli(capsys, "decode", str(path))
+        assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "out").exists()
+    from decoding.icl import read_icl_examples
+
+    examples = tmp_path / "examples.json"
+    examples.write_text('[{"a": 1, "a": 2}]')
+    with pytest.raises(ValueError, match="appears twice"):
+        read_icl_examples(examples, 1)
+
+
+def test_the_dp_event_file_is_written_beside_a_link_never_through_it(tmp_path, capsys):
+    target = tmp_path / "victim.txt"
+    target.write_text("untouched")
+    link = tmp_path / "event.json"
+    link.symlink_to(target)
+    status, _, err = cli(capsys, "account", "gaussian", "--noise-multiplier", "4", "--queries", "10", "--delta",
+                         "1e-5", "--dp-event-out", str(link))
+    assert status == 0, err
+    assert target.read_text() == "untouched" and not link.is_symlink() and "GaussianDpEvent" in link.read_text()
