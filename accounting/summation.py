@@ -70,7 +70,10 @@ def up_multiply(values, factor: float):
     result = np.where(safe & (error > 0), np.nextafter(product, np.inf), product)
     for index in zip(*np.nonzero(~safe & np.isfinite(values))):
         exact = Fraction(float(values[index])) * Fraction(factor)
-        nearest = float(exact) if exact <= Fraction(np.finfo(np.float64).max) else math.inf
+        if exact > Fraction(np.finfo(np.float64).max):
+            result[index] = math.inf  # no float holds it: +inf is the only upward rounding
+            continue
+        nearest = float(exact)
         result[index] = math.nextafter(nearest, math.inf) if Fraction(nearest) < exact else nearest
     return result[0] if scalar else result
 

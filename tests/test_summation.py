@@ -5,7 +5,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from accounting import DEFAULT_ORDERS, PrivacyLedger, RdpCurve, compose_curves
@@ -79,6 +79,7 @@ def test_up_add_is_the_smallest_float_at_or_above_the_exact_sum(a, b):
 
 @settings(max_examples=300, deadline=None)
 @given(charges, st.integers(0, 10 ** 9))
+@example(1e300, 179769314)  # past the largest float: +inf, not an overflow error
 def test_up_multiply_is_the_smallest_float_at_or_above_the_exact_product(value, times):
     result = float(up_multiply(value, times))
     exact = EXACT(value) * times
