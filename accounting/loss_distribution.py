@@ -39,8 +39,15 @@ logits and mixtures carry errors of a few ulps, ~1e-15): masses are lowered by t
 each log-probability may be off by as much, so losses are lowered by 2 * LAW_RELATIVE_ERROR plus
 LOSS_ABSOLUTE_ERROR times the magnitudes of the two logs."""
 LOSS_ABSOLUTE_ERROR = 1e-12
+MAX_CELLS = 2 ** 15
+"""A composed distribution wider than this many cells is coarsened (its interval doubled, losses
+rounded down again) before it grows further: memory and time stay bounded whatever the run length,
+at the price of a larger rounding, which `rounding` accounts for."""
 TRUNCATION = 1e-30
 """Mass below which the ends of a loss distribution are dropped (a lower bound stays one)."""
+_UNIT_ROUNDOFF = 2.0 ** -52
+"""Twice float64's unit roundoff: a bound on the relative error of each product and each addition
+in a sum of non-negative terms (n terms: at most n of these relative to the sum)."""
 _FFT_ERROR = 1e-14
 """Bound, relative to the product of the two inputs' total masses, on the summed absolute error of
 one FFT convolution's entries (float64 FFTs err by ~u log2(n) per entry, n <= 2^30)."""
@@ -61,6 +68,8 @@ class LossDistribution:
       infinite: probability of an outcome the second law cannot produce (loss +inf), a lower bound.
       error: bound on the summed absolute floating-point error of `mass`.
       steps: how many independent steps were composed into it.
+      rounding: bound on how far the grid has lowered any composed loss (each step's rounding, plus
+        each coarsening's): what the lower bound may lose to the discretisation.
     """
 
     interval: float
@@ -69,6 +78,7 @@ class LossDistribution:
     infinite: float = 0.0
     error: float = 0.0
     steps: int = 1
+    rounding: float = 0.0
 
     @classmethod
     def from_log_laws(cls, log_p, log_q, interval: float, truncation: float = TRUNCATION) -> "LossDistribution":
@@ -94,29 +104,50 @@ class LossDistribution:
         index = np.where(index * interval > loss, index - 1, index)   # floor never rounds up, even at an edge
         masses = np.exp(log_p) * lower
         if index.size == 0:
-            return cls(interval, 0, np.zeros(1), min(1.0, infinite))
+            return cls(interval, 0, np.zeros(1), min(1.0, infinite), rounding=interval)
         low = int(index.min())
         mass = np.bincount((index - low).astype(np.int64), weights=masses)
         # bincount adds masses: a relative rounding of the count's size, covered by the masses' allowance
-        return cls(interval, low, mass, min(1.0, infinite), 0.0)._trimmed(truncation)
+        return cls(interval, low, mass, min(1.0, infinite), 0.0, rounding=interval)._trimmed(truncation)
+
+    def coarsened(self, factor: int) -> "LossDistribution":
+        """The same distribution on a grid `factor` times wider, each cell's loss rounded down to the
+        new grid (a cell k goes to floor(k / factor)): still a lower bound."""
+        first = self.offset // factor
+        cells = (self.offset + np.arange(self.mass.size)) // factor - first
+        mass = np.bincount(cells, weights=self.mass)
+        return LossDistribution(self.interval * factor, first, mass, self.infinite, self.error, self.steps,
+                                self.rounding + self.interval * factor)
 
     def _trimmed(self, truncation: float) -> "LossDistribution":
         """This distribution with the masses below `truncation` at either end dropped."""
-        cumulative = np.cumsum(self.mass)
-        first = int(np.searchsorted(cumulative, truncation, side="right"))
-        tail = np.cumsum(self.mass[::-1])
-        last = self.mass.size - int(np.searchsorted(tail, truncation, side="right"))
+        first = _mass_below(self.mass, truncation)
+        last = self.mass.size - _mass_below(self.mass[::-1], truncation)
         if first >= last:  # everything below the truncation: nothing finite is kept
-            return LossDistribution(self.interval, self.offset, np.zeros(1), self.infinite, self.error, self.steps)
+            return LossDistribution(self.interval, self.offset, np.zeros(1), self.infinite, self.error, self.steps,
+                                    self.rounding)
         return LossDistribution(self.interval, self.offset + first, self.mass[first:last].copy(), self.infinite,
-                                self.error, self.steps)
+                                self.error, self.steps, self.rounding)
 
     def compose(self, other: "LossDistribution", truncation: float = TRUNCATION) -> "LossDistribution":
         """The loss of both pairs run independently: losses add, so masses convolve."""
-        require(isinstance(other, LossDistribution) and other.interval == self.interval,
-                "only loss distributions on the same grid compose")
+        require(isinstance(other, LossDistribution), f"only a LossDistribution composes, got {type(other).__name__}")
+        if other.interval != self.interval:  # grids of one base interval times powers of 2: coarsen the finer
+            finer, coarser = (self, other) if self.interval < other.interval else (other, self)
+            factor = coarser.interval / finer.interval
+            require(factor == round(factor), "only loss distributions on nested grids compose")
+            return finer.coarsened(int(round(factor))).compose(coarser, truncation)
         total_self, total_other = float(self.mass.sum()), float(other.mass.sum())
-        if min(self.mass.size, other.mass.size) <= 64:
+        cells_self, cells_other = np.flatnonzero(self.mass), np.flatnonzero(other.mass)
+        pairs = cells_self.size * cells_other.size
+        if 0 < pairs <= 4 * (self.mass.size + other.mass.size):
+            # one step's law has at most |V| + 1 outcomes on a wide fine grid: add the occupied cells'
+            # indices pairwise (no FFT of mostly empty arrays); each cell sums at most min(nnz) products
+            index = (cells_self[:, None] + cells_other[None, :]).reshape(-1)
+            products = (self.mass[cells_self][:, None] * other.mass[cells_other][None, :]).reshape(-1)
+            mass = np.bincount(index, weights=products, minlength=self.mass.size + other.mass.size - 1)
+            error = min(cells_self.size, cells_other.size) * _UNIT_ROUNDOFF * total_self * total_other
+        elif min(self.mass.size, other.mass.size) <= 64:
             mass = np.convolve(self.mass, other.mass)   # direct sums: errors within the masses' allowance
             error = 0.0
         else:
@@ -126,9 +157,12 @@ class LossDistribution:
             # the floor is indistinguishable from rounding noise (0 drops it: a lower bound stays one)
             mass[mass < _FFT_FLOOR * total_self * total_other] = 0.0
         infinite = self.infinite + other.infinite - self.infinite * other.infinite
-        return LossDistribution(self.interval, self.offset + other.offset, mass, infinite,
-                                self.error * total_other + other.error * total_self + self.error * other.error + error,
-                                self.steps + other.steps)._trimmed(truncation)
+        composed = LossDistribution(self.interval, self.offset + other.offset, mass, infinite,
+                                    self.error * total_other + other.error * total_self + self.error * other.error
+                                    + error, self.steps + other.steps, self.rounding + other.rounding)._trimmed(truncation)
+        while composed.mass.size > MAX_CELLS:
+            composed = composed.coarsened(2)
+        return composed
 
     @staticmethod
     def composed(parts: list["LossDistribution"], truncation: float = TRUNCATION) -> "LossDistribution":
@@ -177,6 +211,39 @@ class LossDistribution:
         total = float(self.mass.sum())
         losses = (self.offset + np.arange(self.mass.size)) * self.interval
         return float(np.sum(self.mass * losses) / total) if total > 0 else 0.0
+
+
+def _mass_below(mass: np.ndarray, truncation: float) -> int:
+    """How many leading cells of `mass` hold at most `truncation` together. Only the cells before
+    the first one above `truncation` can qualify, so only those are summed."""
+    above = mass > truncation
+    reach = int(np.argmax(above)) if above.any() else mass.size
+    return int(np.searchsorted(np.cumsum(mass[:reach]), truncation, side="right"))
+
+
+class RunningComposition:
+    """Loss distributions composed as they arrive (e.g. one per window of a long run), in the same
+    balanced tree as `LossDistribution.composed` but holding only O(log n) of them: two of equal
+    weight are merged as soon as both are there (a binary counter)."""
+
+    def __init__(self, truncation: float = TRUNCATION):
+        self.truncation = truncation
+        self._stack: list[tuple[int, LossDistribution]] = []   # (weight, distribution), weights decreasing
+
+    def add(self, distribution: LossDistribution) -> None:
+        weight = 1
+        while self._stack and self._stack[-1][0] == weight:
+            _, previous = self._stack.pop()
+            distribution = previous.compose(distribution, self.truncation)
+            weight *= 2
+        self._stack.append((weight, distribution))
+
+    def result(self) -> LossDistribution | None:
+        """Everything added, composed (None when nothing was)."""
+        total = None
+        for _, distribution in reversed(self._stack):
+            total = distribution if total is None else distribution.compose(total, self.truncation)
+        return total
 
 
 def pair_epsilon_lower_bound(forward: LossDistribution, backward: LossDistribution, delta: float) -> float:

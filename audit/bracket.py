@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from accounting.loss_distribution import LossDistribution
+from accounting.loss_distribution import LossDistribution, RunningComposition
 from accounting.relation import NeighbouringRelation
 from audit.checks import CheckResult, failed, skipped, verdict
 from audit.loader import LoadedTrace
@@ -163,7 +163,7 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     refused = np.asarray([bool(r.get("budget_refused")) for r in records])
     partial = {}
     for pair, interval in zip(pairs, intervals):
-        forward, backward = [], []
+        forward, backward = RunningComposition(), RunningComposition()   # O(log steps) distributions alive
         neighbour = neighbour_laws[pair]
         for row in range(length):
             if refused[row]:  # answered publicly by the filter: the same law under every neighbour
@@ -175,10 +175,9 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                 other = np.concatenate([_log(neighbour[row] * low), [math.log1p(-low) if low < 1 else -math.inf]])
             else:
                 actual, other = _log(output[row]), _log(neighbour[row])
-            forward.append(LossDistribution.from_log_laws(actual, other, interval))
-            backward.append(LossDistribution.from_log_laws(other, actual, interval))
-        partial[pair] = (LossDistribution.composed(forward) if forward else None,
-                         LossDistribution.composed(backward) if backward else None)
+            forward.add(LossDistribution.from_log_laws(actual, other, interval))
+            backward.add(LossDistribution.from_log_laws(other, actual, interval))
+        partial[pair] = (forward.result(), backward.result())
     return partial
 
 
@@ -192,7 +191,7 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
     mechanism = _mechanism(trace)
     _, teachers = Ensemble.split_distributions(logits)
     votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
-    steps: dict[Pair, tuple[list, list]] = {pair: ([], []) for pair in pairs}
+    steps = {pair: (RunningComposition(), RunningComposition()) for pair in pairs}   # O(log steps) alive
     two = np.array([2.0])
 
     def law(histogram: np.ndarray) -> tuple[np.ndarray, float]:
@@ -235,10 +234,9 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
             allowance = math.log1p(VOTING_LAW_ALLOWANCE * max(error, other_error) + 1e-12)
             forward, backward = steps[pair]
             # the first law's masses lowered, the second's raised, by the allowance: the profile only drops
-            forward.append(LossDistribution.from_log_laws(actual - allowance, other + allowance, interval))
-            backward.append(LossDistribution.from_log_laws(other - allowance, actual + allowance, interval))
-    return {pair: (LossDistribution.composed(f) if f else None, LossDistribution.composed(b) if b else None)
-            for pair, (f, b) in steps.items()}
+            forward.add(LossDistribution.from_log_laws(actual - allowance, other + allowance, interval))
+            backward.add(LossDistribution.from_log_laws(other - allowance, actual + allowance, interval))
+    return {pair: (forward.result(), backward.result()) for pair, (forward, backward) in steps.items()}
 
 
 def _voting_pairs(trace: LoadedTrace, evidence: dict, claimed: NeighbouringRelation) -> tuple[list[Pair], list[float]]:
@@ -323,30 +321,32 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
     steps = max(1, trace.steps)
     intervals = [float(np.clip(BIAS_FRACTION * max(estimate, 1.0) / steps, 1e-6, 1e-2))
                  if math.isfinite(estimate) else 1e-2 for estimate in estimates]
-    composed: dict[Pair, list] = {pair: [[], []] for pair in pairs}
+    composed = {pair: (RunningComposition(), RunningComposition()) for pair in pairs}  # memory: O(log windows)
     windows = (trace.map_windows(voting_bracket_window, pairs, intervals, desc="epsilon bracket") if voting else
                trace.map_windows(bracket_window, pairs, intervals, mc_samples, seed, steps, desc="epsilon bracket"))
     for _, window in windows:
         for pair, (forward, backward) in window.items():
             if forward is not None:
-                composed[pair][0].append(forward)
-                composed[pair][1].append(backward)
+                composed[pair][0].add(forward)
+                composed[pair][1].add(backward)
+    totals = {pair: (forward.result(), backward.result()) for pair, (forward, backward) in composed.items()}
     rows = []
     for claim in claims:
         delta = float(claim["delta"])
-        best, best_pair = 0.0, None
+        best, best_pair, rounding = 0.0, None, 0.0
         for pair in pairs:
-            forward, backward = (LossDistribution.composed(parts) if parts else None for parts in composed[pair])
+            forward, backward = totals[pair]
             if forward is None:
                 continue
             lower = max(forward.epsilon(delta), backward.epsilon(delta))
             if lower > best:
-                best, best_pair = lower, pair
+                best, best_pair, rounding = lower, pair, max(forward.rounding, backward.rounding)
         upper = float(claim["epsilon"]) if claim.get("epsilon") is not None else math.inf
         rows.append({"delta": delta, "upper": upper, "lower": best,
                      "ratio": (upper / best) if best > 0 else math.inf,
                      "neighbour": best_pair.label if best_pair else None,
-                     "relation": best_pair.relation.value if best_pair else None})
+                     "relation": best_pair.relation.value if best_pair else None,
+                     "discretisation": rounding})
     exceeded = [r for r in rows if r["lower"] > r["upper"] * (1 + 1e-9)]
     confidence = (f"; with probability >= {CONFIDENCE:g} over the audit's screening Monte Carlo ({mc_samples} draws "
                   "a step, Clopper-Pearson with a union bound over the steps)") if screened else ""
@@ -355,7 +355,8 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
     evidence = {"rows": rows, "claimed_relation": claimed_relation.value, "pairs": [p.label for p in pairs],
                 "confidence": CONFIDENCE if screened else 1.0,
                 "method": "exact per-step output laws of each pair, privacy loss distributions composed with losses "
-                          "rounded down (accounting.loss_distribution): a certified lower bound on epsilon(delta)"}
+                          "rounded down (accounting.loss_distribution): a certified lower bound on epsilon(delta); "
+                          "`discretisation` bounds how far the rounding lowered the pair's composed loss"}
     return verdict("epsilon_bracket", not exceeded,
                    f"{claimed_relation.label}: {text}{confidence}",
                    "the claim under-states: " + "; ".join(

@@ -88,9 +88,10 @@ def test_site4_eq3_nan_charge_on_an_answered_step_fails(runs):
 
 def test_site5_theorem_3_1_nan_observed_loss_fails_with_its_cause(runs):
     loaded = editable(load_trace(runs["pmixed"]))
-    loaded.records[6]["observed_data_dependent"][0] = NAN
+    assert loaded.manifest["records_version"] == 2  # Eq. 3 is recorded on its own: the check reads it
+    loaded.records[6]["eq3_remove_one"][0] = NAN
     result = bounds.check_theorem_3_1(loaded)
-    assert result.status is Status.FAIL and result.detail == "observed_data_dependent is NaN at steps [6]"
+    assert result.status is Status.FAIL and result.detail == "eq3_remove_one is NaN at steps [6]"
 
 
 def test_site6_utility_bound_nan_fails_and_lambda_one_term_vanishes(runs):
@@ -135,17 +136,21 @@ def test_site8_epsilon_lower_bound_validates_delta_and_counts(hits_in, hits_out,
 
 def test_site9_ablation_nan_divergence_raises_naming_step_neighbour_order(runs, monkeypatch):
     real = ablation.block_divergences
+    poisoned_orders = []
 
     def with_nan(*args):
         divergences, halfwidth, realised = real(*args)
         divergences = divergences.clone()
         divergences[1, 3, 0, 2] = NAN
+        poisoned_orders.append(float(args[4][2]))
         return divergences, halfwidth, realised
 
     monkeypatch.setattr(ablation, "block_divergences", with_nan)
     with pytest.raises(ValueError, match=r"D\(M\(D'\) \|\| M\(D\)\) is NaN at step 3, neighbour 'remove teacher 0', "
-                                         r"order 1\.75 \(1 NaN entries"):
+                                         r"order ([0-9.]+) \(1 NaN entries") as raised:
         ablation.run_ablation(load_trace(runs["pmixed"]), 1e-5)
+    # the message names the order the NaN sits at, whichever orders the audit's grid holds
+    assert raised.value.args[0].split("order ")[1].split(" ")[0] == f"{poisoned_orders[0]:g}"
 
 
 def test_site10_lint_scans_every_numeric_per_step_field(runs):
