@@ -48,7 +48,7 @@ import math
 from accounting.errors import require, require_in_open, require_int_at_least
 from accounting.orders import default_orders
 from accounting.relation import NeighbouringRelation, neighbouring_relation
-from accounting.safe_files import read_text
+from accounting.safe_files import read_bytes
 from decoding.runners import MECHANISM_TYPES, unknown_type_message
 from mechanisms.calibration import MAX_QUERIES
 
@@ -378,11 +378,15 @@ def read_text_file(path: str | Path, what: str, limit: int = TEXT_FILE_LIMIT) ->
     require(path.exists(), f"{what} file does not exist: {path}")
     require(not path.is_dir(), f"{what} must be a file, got the directory {path}")
     try:
-        return read_text(path, limit, follow=True, what=what)
-    except ValueError as error:  # not a regular file, too large, not UTF-8: the message names the file
+        data = read_bytes(path, limit, follow=True, what=what)
+    except ValueError as error:  # not a regular file, or too large: the message names the file
         raise ValueError(f"{what}: {' '.join(str(error).split())}") from None
     except OSError as error:
         raise ValueError(f"{what} {path} cannot be read: {error.strerror or error}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{what} {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
 def load_config(path: str | Path, out_override: str | None = None) -> RunConfig:
