@@ -171,21 +171,27 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
 
 
 def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
-    """Steps where the data-dependent loss exceeds Theorem 3.1 (Flemings et al. 2024; not guaranteed:
-    its proof's Theorem A.5 needs the ball at every order, the projection enforces one) are counted;
-    the run fails where it charged Theorem 3.1 at such a step, or where either loss is NaN."""
+    """Steps where Eq. 3 (the data-dependent loss of a removed teacher, which Theorem 3.1 bounds)
+    exceeds Theorem 3.1 (Flemings et al. 2024; not guaranteed: its proof's Theorem A.5 needs the ball
+    at every order, the projection enforces one) are counted; the run fails where it charged Theorem
+    3.1 at such a step, or where either loss is NaN. Version 1 records hold only the loss covering the
+    run's relation (with the add-one bound under add-or-remove-one): the check then says so."""
     if not _uses_pmixed(trace):
         return skipped("theorem_3_1", f"mechanism {trace.mechanism_type} makes no Theorem 3.1 claim")
     alpha = trace.params["alpha"]
     # the paper's ball bounds orders <= alpha only; the all-orders ball every order
     within = trace.orders <= (np.inf if _ball(trace) is Ball.ALL_ORDERS else alpha + 1e-12)
     charged_names = [n for n in trace.components if n.startswith("pmixed_theorem_3_1") or n.startswith("pmixed_subsampled")]
-    nan_steps = {"observed_data_dependent": [], "data_independent": []}
+    field_name = "eq3_remove_one" if trace.manifest.get("records_version", 1) >= 2 else "observed_data_dependent"
+    measured = ("Eq. 3" if field_name == "eq3_remove_one" else
+                "the recorded data-dependent loss (this version 1 trace records Eq. 3 with the add-one bound where the "
+                "relation adds a teacher, which Theorem 3.1 does not bound)")
+    nan_steps = {field_name: [], "data_independent": []}
     exceeding, charged_there, ratio = 0, [], 0.0
     for _, records in trace.iter_blocks():
-        observed = np.asarray([r["observed_data_dependent"] for r in records], dtype=np.float64)
+        observed = np.asarray([r[field_name] for r in records], dtype=np.float64)
         bound = np.asarray([r["data_independent"] for r in records], dtype=np.float64)
-        for field, values in (("observed_data_dependent", observed), ("data_independent", bound)):
+        for field, values in ((field_name, observed), ("data_independent", bound)):
             nan_steps[field] += [int(r["step"]) for r, row in zip(records, values) if np.isnan(row).any()]
         observed, bound = observed[:, within], bound[:, within]
         exceeds = np.any(observed > bound * (1 + 1e-9), axis=1)
@@ -195,12 +201,12 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
         ratio = float(np.maximum(ratio, float(np.max(observed / np.maximum(bound, 1e-300)))))
     nan_causes = [f"{field} is NaN at steps {steps[:5]}" for field, steps in nan_steps.items() if steps]
     return verdict("theorem_3_1", not charged_there and not nan_causes,
-                   (f"no step's data-dependent loss exceeds Theorem 3.1's value (largest ratio {ratio:.3g}), so no "
-                    "Theorem 3.1 charge is below the step's measured loss" if not exceeding else
-                    f"{exceeding} of {trace.steps} steps have a data-dependent loss above Theorem 3.1's value "
-                    f"(largest ratio {ratio:.3g}); the run charged none of those steps Theorem 3.1"),
+                   (f"no step's {measured} exceeds Theorem 3.1's value (largest ratio {ratio:.3g}), so no Theorem 3.1 "
+                    "charge is below the step's measured loss" if not exceeding else
+                    f"{exceeding} of {trace.steps} steps have {measured} above Theorem 3.1's value (largest ratio "
+                    f"{ratio:.3g}); the run charged none of those steps Theorem 3.1"),
                    "; ".join(nan_causes) if nan_causes else
-                   f"{len(charged_there)} steps were charged Theorem 3.1 although their data-dependent loss exceeds it "
+                   f"{len(charged_there)} steps were charged Theorem 3.1 although their {measured} exceeds it "
                    f"(first: {charged_there[:5]}); Theorem 3.1 is not guaranteed",
                    exceeding_steps=exceeding, charged_exceeding_steps=len(charged_there), max_ratio=ratio)
 

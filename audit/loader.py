@@ -39,6 +39,7 @@ BASE_FIELDS = frozenset({"step", "block", "position", "query_id", "context_token
                          "prev_hash", "record_hash"})
 VOTING_FIELDS = frozenset({"vote_seed", "vote_tokens", "vote_counts", "aggregator_noise"})
 BUDGET_FIELDS = frozenset({"budget_refused", "budget_charge"})  # runs with a privacy filter (decoding.budget)
+SPLIT_LOSS_FIELDS = frozenset({"eq3_remove_one", "add_one_bound"})  # records_version >= 2 (decoding.run)
 DATA_DEPENDENT_FILTER = ("the run's privacy filter was driven by data-dependent losses, so whether a step was answered "
                          "privately depends on the data: a neighbour's run may answer where this one refused, and "
                          "no per-step comparison of this run's laws measures that (Redberg et al. 2023); the run "
@@ -397,7 +398,9 @@ def _unreadable(path: Path, error: Exception) -> str:
 def _expected_fields(manifest: dict) -> set[str]:
     voting = VOTING_FIELDS if manifest["mechanism"]["type"] == "voting" else frozenset()
     budget = BUDGET_FIELDS if manifest.get("budget") is not None else frozenset()
-    return set(BASE_FIELDS) | voting | budget | {f"rdp_{name}" for name in manifest["mechanism"]["components"]}
+    split = SPLIT_LOSS_FIELDS if manifest.get("records_version", 1) >= 2 else frozenset()
+    return (set(BASE_FIELDS) | voting | budget | split
+            | {f"rdp_{name}" for name in manifest["mechanism"]["components"]})
 
 
 def _check_records(loaded: LoadedTrace, block: int, records: list[dict], first_step: int, block_size: int) -> None:
@@ -463,9 +466,11 @@ def _check_records(loaded: LoadedTrace, block: int, records: list[dict], first_s
         if sampled and (sampled != sorted(set(sampled)) or sampled[0] < 0 or sampled[-1] >= n
                         or loaded.params.get("sample_rate") is None):
             loaded.note(f"{where}: sampled_teachers {sampled[:5]}... are not distinct teacher indices of a subsampled run")
-        for name in ("observed_data_dependent", "data_independent"):
-            if len(record[name]) not in ((k,) if mixes else (0,)):
+        for name in ("observed_data_dependent", "data_independent", "eq3_remove_one"):
+            if name in record and len(record[name]) not in ((k,) if mixes else (0,)):
                 loaded.note(f"{where}: {name} has {len(record[name])} values, expected {k if mixes else 0}")
+        if len(record.get("add_one_bound", [])) not in (0, k):
+            loaded.note(f"{where}: add_one_bound has {len(record['add_one_bound'])} values, expected 0 or {k}")
         for name in manifest["mechanism"]["components"]:
             if len(record[f"rdp_{name}"]) != k:
                 loaded.note(f"{where}: rdp_{name} has {len(record[f'rdp_{name}'])} values, the grid has {k} orders")

@@ -235,9 +235,9 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
             if not _close(record[f"rdp_{name}"], outcome.charged[name][row]):
                 mismatches.append(f"{where}: charged {name} differs from the mechanism's"
                                   f"{_nan_note(record[f'rdp_{name}'], outcome.charged[name][row])}")
-        for key in ("observed_data_dependent", "data_independent"):
+        for key in ("observed_data_dependent", "data_independent", "eq3_remove_one", "add_one_bound"):
             replayed = getattr(outcome, key)
-            if replayed is not None:
+            if replayed is not None and key in record:   # version 1 records hold the first two only
                 _compare_arrays(mismatches, worst, key, where, record[key], replayed[row], False)
         if outcome.vote_counts is not None:
             voted = np.flatnonzero(outcome.vote_counts[row])

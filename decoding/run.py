@@ -153,6 +153,7 @@ def build_manifest(config: RunConfig, runner: Runner, orders: np.ndarray, models
     return {**({"budget": budget.manifest_entry()} if budget is not None else {}),
         **({"tokenizer_files": tokenizer_files} if tokenizer_files is not None else {}),
         "format": "dpledger-trace", "schema_version": trace.SCHEMA_VERSION, "package_version": PACKAGE_VERSION,
+        "records_version": RECORDS_VERSION,
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": config.to_dict(), "config_fingerprint": config.fingerprint(),
         "mechanism": {"type": runner.kind, "params": runner.params, "components": runner.components,
@@ -231,6 +232,8 @@ def _outcome_records(runner: Runner, block: int, first_step: int, outcome: Block
             "sampled_teachers": [] if outcome.sampled is None else np.flatnonzero(outcome.sampled[row]).tolist(),
             "observed_data_dependent": ([] if outcome.observed_data_dependent is None
                                         else outcome.observed_data_dependent[row].tolist()),
+            "eq3_remove_one": [] if outcome.eq3_remove_one is None else outcome.eq3_remove_one[row].tolist(),
+            "add_one_bound": [] if outcome.add_one_bound is None else outcome.add_one_bound[row].tolist(),
             "data_independent": [] if outcome.data_independent is None else outcome.data_independent[row].tolist(),
             "payload_sha256": payload_sha256,
         }
@@ -257,7 +260,8 @@ def _concat_outcomes(outcomes: list[BlockOutcome]) -> BlockOutcome:
                         charged={k: np.concatenate([o.charged[k] for o in outcomes]) for k in outcomes[0].charged},
                         lambdas=cat("lambdas"), sampled=cat("sampled"), screen_statistic=cat("screen_statistic"),
                         screen_passed=cat("screen_passed"), observed_data_dependent=cat("observed_data_dependent"),
-                        data_independent=cat("data_independent"), vote_seeds=cat("vote_seeds"),
+                        data_independent=cat("data_independent"), eq3_remove_one=cat("eq3_remove_one"),
+                        add_one_bound=cat("add_one_bound"), vote_seeds=cat("vote_seeds"),
                         vote_counts=cat("vote_counts"), budget_refused=cat("budget_refused"),
                         budget_charge=cat("budget_charge"),
                         aggregator_noise=None if outcomes[0].aggregator_noise is None
@@ -358,6 +362,15 @@ def step_bound_caveat(kind: str, params: dict) -> str:
     return ""
 
 
+LEGACY_OBSERVED_NOTE = "Flemings et al. 2024, Eq. 3 on the answered steps; not charged unless the mechanism charges it"
+"""What a version 1 ledger wrote beside observed_data_dependent_total (which held the loss covering the
+relation: Eq. 3 with the add-one bound under add-or-remove-one); kept so that its audit recomputes it."""
+RECORDS_VERSION = 2
+"""Version 2 records hold Eq. 3 (`eq3_remove_one`) and the add-one bound (`add_one_bound`) apart
+from the loss covering the run's relation (`observed_data_dependent`); a trace without the key is
+version 1 (that loss only)."""
+
+
 class RunTotals:
     """Everything ledger.json holds, accumulated block by block from per-step records (decode and
     audit feed the same blocks in the same order, so both get the same floats; memory is one block).
@@ -375,7 +388,7 @@ class RunTotals:
         self.ledger = PrivacyLedger(manifest["orders"], NeighbouringRelation(manifest["relation"]) if self.voting
                                     else NeighbouringRelation.ADD_OR_REMOVE_ONE)
         self.log_prob_sum, self.scored, self.public = 0.0, 0, 0
-        self.observed, self.observed_min = None, None  # UpperSum over answered steps that record them
+        self.observed: dict[str, UpperSum] = {}  # record field -> its sum over the answered steps that record it
         self.released, self.correct, self.below_threshold, self.min_released_votes = 0, 0, 0, None
         self.budget = manifest.get("budget")
         self.budget_spent, self.budget_refused, self.first_refused_step = ExactSum(), 0, None
@@ -404,13 +417,16 @@ class RunTotals:
         rows = [r for r in records if r["observed_data_dependent"]]
         if rows:
             answered = np.asarray([r["answered_by"] == "mechanism" for r in rows])[:, None]
-            observed = np.where(answered, np.asarray([r["observed_data_dependent"] for r in rows], dtype=np.float64), 0.0)
             bound = np.where(answered, np.asarray([r["data_independent"] for r in rows], dtype=np.float64), 0.0)
-            if self.observed is None:
-                self.observed, self.observed_min = UpperSum(observed.shape[1]), UpperSum(observed.shape[1])
-            self.observed.add_rows(observed)
-            with np.errstate(invalid="ignore"):
-                self.observed_min.add_rows(np.minimum(observed, bound))
+            for key in ("observed_data_dependent", "eq3_remove_one", "add_one_bound"):
+                if not rows[0].get(key):  # a version 1 record, or a bound this run does not compute
+                    continue
+                values = np.where(answered, np.asarray([r[key] for r in rows], dtype=np.float64), 0.0)
+                self.observed.setdefault(key, UpperSum(values.shape[1])).add_rows(values)
+                if key == "eq3_remove_one" or (key == "observed_data_dependent" and not rows[0].get("eq3_remove_one")):
+                    with np.errstate(invalid="ignore"):
+                        self.observed.setdefault("min_theorem_3_1", UpperSum(values.shape[1])).add_rows(
+                            np.minimum(values, bound))
 
     def _add_votes(self, records: list[dict]) -> None:
         """Released steps, the votes each released token had, and the teacher-forced accuracy."""
@@ -556,21 +572,37 @@ class RunTotals:
         if self.budget is not None:
             summary["budget"] = self.budget_summary()
         summary["pld"] = self.pld_summary(epsilons)
-        if self.observed is not None:
+        if self.observed:
             from accounting.curve import RdpCurve
 
-            relation = NeighbouringRelation.REMOVE_ONE  # Eq. 3 covers removing a teacher only
+            covering = NeighbouringRelation(manifest["relation"]) if self.components.get(
+                "pmixed_data_dependent") else NeighbouringRelation.REMOVE_ONE
+            version = manifest.get("records_version", 1)
+            totals = {  # ledger key -> (record field, relation it covers, what it holds)
+                "observed_data_dependent_total": (
+                    "observed_data_dependent", covering if version > 1 else NeighbouringRelation.REMOVE_ONE,
+                    "the data-dependent loss the run measures for its relation on the answered steps: Flemings et al. "
+                    "2024, Eq. 3 (remove-one), with the add-one bound where the relation adds a teacher; charged "
+                    "only when the mechanism charges it" if version > 1 else LEGACY_OBSERVED_NOTE),
+                "eq3_remove_one_total": (
+                    "eq3_remove_one", NeighbouringRelation.REMOVE_ONE,
+                    "Flemings et al. 2024, Eq. 3 (the worst removed teacher) on the answered steps: remove-one only"),
+                "add_one_bound_total": (
+                    "add_one_bound", NeighbouringRelation.ADD_ONE,
+                    "the add-one bound (mechanisms.kernels.add_one_divergence_bounds) on the answered steps: an upper "
+                    "bound for any added teacher, not an exact loss"),
+                "min_data_dependent_theorem_3_1_total": (
+                    "min_theorem_3_1", NeighbouringRelation.REMOVE_ONE,
+                    ("min(Eq. 3, Theorem 3.1) per step" if version > 1 else "min(data-dependent, Theorem 3.1) per step")
+                    + ": NOT a valid charge, Theorem 3.1 is not guaranteed (docs/soundness.md); recorded for "
+                      "comparison only")}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                for key, total, note in (
-                        ("observed_data_dependent_total", self.observed, "Flemings et al. 2024, Eq. 3 on the answered "
-                         "steps; not charged unless the mechanism charges it"),
-                        ("min_data_dependent_theorem_3_1_total", self.observed_min,
-                         "min(data-dependent, Theorem 3.1) per step: NOT a valid charge, Theorem 3.1 is not guaranteed "
-                         "(docs/soundness.md); recorded for comparison only")):
-                    curve = RdpCurve(manifest["orders"], total.upper(), relation, True)
-                    summary[key] = {**curve.to_dict(), **_conversion_dict(epsilon_from_rdp(curve, deltas[0])),
-                                    "note": note}
+                for key, (field, relation, note) in totals.items():
+                    if field in self.observed:
+                        curve = RdpCurve(manifest["orders"], self.observed[field].upper(), relation, True)
+                        summary[key] = {**curve.to_dict(), **_conversion_dict(epsilon_from_rdp(curve, deltas[0])),
+                                        "note": note}
         return summary
 
 

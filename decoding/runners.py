@@ -16,7 +16,7 @@ import torch
 from accounting.errors import require
 from accounting.relation import NeighbouringRelation, neighbouring_relation
 from mechanisms.adapmixed import AdaPMixED
-from mechanisms.kernels import leave_one_out_curve, leave_one_out_divergences, mixed_teachers
+from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, symmetric_renyi_orders
 from mechanisms.pmixed import Ball, PMixED, SubsampledPMixED, SubsamplingVariant, ball_named
 from mechanisms.pmixed import subsampling_variant as variant_named
 from mechanisms.randomness import uniform
@@ -38,8 +38,9 @@ class BlockOutcome:
     sampled: np.ndarray | None = None          # (L, N) bool, Poisson-sampled teachers
     screen_statistic: np.ndarray | None = None  # (L,)
     screen_passed: np.ndarray | None = None     # (L,) bool
-    observed_data_dependent: np.ndarray | None = None  # (L, K) max_i D<->(p, p_-i), charged or not
+    observed_data_dependent: np.ndarray | None = None  # (L, K) the data-dependent loss covering the run's relation
     data_independent: np.ndarray | None = None          # (L, K) Theorem 3.1 where it applies
+    eq3_remove_one: np.ndarray | None = None            # (L, K) Eq. 3, max_i D<->(p, p_-i), charged or not
     add_one_bound: np.ndarray | None = None             # (L, K) bound for an added teacher, charged or not
     vote_seeds: np.ndarray | None = None       # (L,) voting: each step's shared-randomness seed
     vote_counts: np.ndarray | None = None      # (L, V) voting: the vote histogram
@@ -77,11 +78,15 @@ def _ensemble(public, teachers, generator, orders) -> BlockOutcome:
 
 
 def _pmixed_step(pmixed: PMixED, public, teachers, orders_t, mask=None):
-    """PMixED's step (mechanisms.step.pmixed_step) plus the exact leave-one-out loss at every order,
-    recorded for the audit's Theorem 3.1 check though not charged."""
+    """PMixED's step (mechanisms.step.pmixed_step) plus Eq. 3's leave-one-out loss, exact at every order,
+    recorded for the audit's Theorem 3.1 check though not charged. With one teacher its removal leaves
+    the public model: the loss is D<->(pbar_1, p0)."""
     result = pmixed_step(pmixed, teachers, public, orders_t.numpy(), mask)
     mixed = mixed_teachers(teachers, public, result.lambdas)
-    observed = leave_one_out_divergences(mixed, orders_t, mask, None if mask is None else public).max(dim=-2).values
+    if mixed.shape[-2] == 1 and mask is None:
+        observed = symmetric_renyi_orders(torch.log(mixed[..., 0, :]), torch.log(public), orders_t)
+    else:
+        observed = leave_one_out_divergences(mixed, orders_t, mask, None if mask is None else public).max(dim=-2).values
     return result.lambdas, result.output, observed.numpy()
 
 
@@ -105,7 +110,7 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
             lambdas, output, observed = _pmixed_step(pmixed, public, teacher_probs, torch.from_numpy(orders))
             bound = np.broadcast_to(pmixed.rdp_values(orders), observed.shape).copy()
             return BlockOutcome(output=output, charged={name: bound}, lambdas=lambdas.numpy(),
-                                observed_data_dependent=observed, data_independent=bound)
+                                observed_data_dependent=observed, data_independent=bound, eq3_remove_one=observed)
 
         return Runner("pmixed", dict(alpha=alpha, beta=beta, teachers=teachers, **ball_params), {name: False}, process,
                       step_bound=pmixed.rdp_values)
@@ -128,7 +133,7 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
                             for m in unique])[index]
         bound = np.stack([PMixED(alpha, beta, max(int(m), 1), ball=ball).rdp_values(orders) for m in unique])[index]
         return BlockOutcome(output=output, charged={name: charged}, lambdas=lambdas.numpy(), sampled=mask.numpy(),
-                            observed_data_dependent=observed, data_independent=bound)
+                            observed_data_dependent=observed, data_independent=bound, eq3_remove_one=observed)
 
     def step_bound(orders):
         """The variant's charge, at its largest over the subsample sizes it may be charged at."""
@@ -196,16 +201,16 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     def process(public, teacher_probs, generator, orders):
         result = adapmixed_step(mechanism, teacher_probs, public, generator if screening else None, orders, relation,
                                 accounting, screening, data_dependent)
-        if data_dependent:   # the remove-one part of what was charged, on the same sub-grid
-            observed = (result.data_dependent if "remove" in relation.moves
-                        else leave_one_out_curve(teacher_probs, public, result.lambdas, orders)[0])
-        else:                # not charged: exact at every order, for the audit's Theorem 3.1 check
-            observed = leave_one_out_divergences(mixed_teachers(teacher_probs, public, result.lambdas),
-                                                 torch.from_numpy(orders)).max(dim=-2).values.numpy()
+        if data_dependent:   # what was charged: the loss covering the relation; Eq. 3 its remove-one part
+            observed, eq3 = result.data_dependent, result.details["eq3_remove_one"]
+        else:                # not charged: Eq. 3 exact at every order, for the audit's Theorem 3.1 check
+            observed = eq3 = leave_one_out_divergences(mixed_teachers(teacher_probs, public, result.lambdas),
+                                                       torch.from_numpy(orders)).max(dim=-2).values.numpy()
         return BlockOutcome(output=result.output, charged=result.charged, lambdas=result.lambdas.numpy(),
                             screen_statistic=result.screen_statistic if screening else None,
                             screen_passed=result.screen_passed, observed_data_dependent=observed,
-                            data_independent=result.details["data_independent"], add_one_bound=result.add_one_bound)
+                            data_independent=result.details["data_independent"], eq3_remove_one=eq3,
+                            add_one_bound=result.add_one_bound)
 
     params = dict(alpha=alpha, beta=beta, teachers=teachers, lam=lam, sigma=sigma, threshold=threshold, top_k=top_k,
                   screening=screening, data_dependent=data_dependent, accounting=accounting)

@@ -171,10 +171,10 @@ def adapmixed_step(mechanism, teachers, public, generator=None, orders=None,
         statistic, passed = None, torch.ones(batch, dtype=torch.bool)
     lambdas = pmixed.mixing_weights_tensor(teachers, public)
     if data_dependent:
-        covering, exact, _, added, mixed_mean = data_dependent_step_curve(pmixed, teachers, public, lambdas, orders,
-                                                                          relation)
+        covering, exact, removed, added, mixed_mean = data_dependent_step_curve(pmixed, teachers, public, lambdas,
+                                                                                orders, relation)
     else:
-        covering, exact, added = None, None, None
+        covering, exact, removed, added = None, None, None, None
         mixed_mean = mixed_output(teachers, public, lambdas)[1]
     output = torch.where(passed.to(public.device).unsqueeze(-1), mixed_mean, public)
     bound = np.broadcast_to(pmixed.rdp_values(orders), batch + (orders.size,)).copy()
@@ -190,4 +190,5 @@ def adapmixed_step(mechanism, teachers, public, generator=None, orders=None,
     return StepResult(output=output, lambdas=lambdas, orders=orders, charged=charged, data_dependent=covering,
                       exact_orders=exact, screen_statistic=None if statistic is None else statistic.numpy(),
                       screen_passed=passed.numpy(), add_one_bound=added,
-                      relation=relation if data_dependent else mechanism.relation, details={"data_independent": bound})
+                      relation=relation if data_dependent else mechanism.relation,
+                      details={"data_independent": bound, "eq3_remove_one": removed})
