@@ -17,6 +17,7 @@ checks a run's trace); its data-independent parts are still recomputed.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import tomllib
@@ -348,7 +349,9 @@ class ClaimVerdict:
     """What `verify_claim` found. verdict is one of: reproduced-sound, reproduced-unsound,
     not-reproduced-sound, not-reproduced-unsound, not-checkable-data-dependent, no-dp-guarantee.
     reproduced / sound are None where they cannot be decided (data-dependent claims).
-    sound_epsilon is +inf where no variant's bound is proven."""
+    sound_epsilon is the smallest bound for the mechanism as declared: a proven one, or, for PMixED's
+    paper's ball, which has none, the smallest resting on Theorem 3.1 alone (`sound_basis` says which);
+    +inf where there is neither."""
 
     claim: Claim
     variants: tuple[VariantResult, ...]
@@ -361,6 +364,9 @@ class ClaimVerdict:
     statement: str
     findings: tuple[Finding, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    sound_basis: str | None = None
+    """"proven", or CONDITIONAL_ON_THEOREM_3_1 where the mechanism as declared (PMixED's paper's ball)
+    has no proven bound; None when there is no sound epsilon."""
 
     @property
     def exit_code(self) -> int:
@@ -372,7 +378,7 @@ class ClaimVerdict:
         return {
             "verdict": self.verdict, "statement": self.statement, "reproduced": self.reproduced,
             "reproduced_by": self.reproduced_by, "sound": self.sound, "sound_epsilon": self.sound_epsilon,
-            "sound_variant": self.sound_variant,
+            "sound_variant": self.sound_variant, "sound_basis": self.sound_basis,
             "claim": {"source": claim.source, "mechanism": claim.kind, "epsilon": claim.epsilon, "delta": claim.delta,
                       "queries": claim.queries, "relation": self.relation.label,
                       "tolerance": (claim.tolerance if claim.tolerance is not None else
@@ -685,6 +691,47 @@ def _fmt(value: float | None) -> str:
     return "inf" if math.isinf(value) else f"{value:.4f}"
 
 
+CONDITIONAL_ON_THEOREM_3_1 = "conditional on Theorem 3.1 (Flemings et al. 2024) as claimed for the paper's ball"
+
+
+def _declared_ball(claim: Claim) -> Ball | None:
+    """The projection of the claim's PMixED/AdaPMixED (the paper's one-order ball unless stated), or None."""
+    if claim.kind not in ("pmixed", "adapmixed"):
+        return None
+    if claim.ball is not None:
+        return claim.ball
+    return Ball.ALL_ORDERS if claim.subsampling_variant is SubsamplingVariant.ALL_ORDERS_BALL else Ball.PROJECTION_ORDER
+
+
+def _row_ball(claim: Claim, row: VariantResult) -> Ball | None:
+    """The projection a PMixED/AdaPMixED row accounts (None for other mechanisms and components)."""
+    if claim.kind not in ("pmixed", "adapmixed") or row.component or row.level == "not-a-guarantee":
+        return None
+    return Ball.ALL_ORDERS if "all-orders" in row.name else Ball.PROJECTION_ORDER
+
+
+def _for_declared_ball(row: VariantResult, declared_ball: Ball | None) -> VariantResult:
+    """A row for PMixED's other projection is no bound for the mechanism as declared: not `sound` here."""
+    if declared_ball is None or row.component or not row.sound or ("all-orders" in row.name) == (
+            declared_ball is Ball.ALL_ORDERS):
+        return row
+    return dataclasses.replace(row, sound=False, soundness=f"{row.soundness}; for ball = "
+                               f"{'all-orders' if 'all-orders' in row.name else 'projection-order'}, not the declared "
+                               f"ball = {declared_ball.value}")
+
+
+def _rests_on_theorem_3_1_only(row: VariantResult) -> bool:
+    """A conditional row whose one unproven hypothesis is Theorem 3.1 for the paper's ball: not one that
+    also needs the tight amplification's condition or lets the realised sample size choose the bound."""
+    if row.level != "conditional" or row.component or row.epsilon is None:
+        return False
+    try:
+        variant = SubsamplingVariant(row.name)
+    except ValueError:
+        return row.name.endswith("-ball")
+    return variant.general and not variant.uses_realised_sizes
+
+
 def verify_claim(claim: Claim) -> ClaimVerdict:
     """Recompute the claim under every accounting variant that applies, lint it, and decide.
 
@@ -706,22 +753,29 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
                      "guarantee.")
         return ClaimVerdict(claim, (), False, None, False, math.inf, None, "no-dp-guarantee", statement, findings)
     demote = _demotion(claim, relation)
-    rows = tuple(_results(claim, _accounts(claim), demote))
-    proven = [row for row in rows if row.sound and not row.component and row.epsilon is not None]
-    best = min(proven, key=lambda row: row.epsilon) if proven else None
+    declared_ball = _declared_ball(claim)
+    rows = tuple(_for_declared_ball(row, declared_ball) for row in _results(claim, _accounts(claim), demote))
+    # the claim is compared with bounds for its mechanism as declared: PMixED's other projection is another
+    # mechanism, listed in a note
+    own = [row for row in rows if not row.component and row.epsilon is not None
+           and _row_ball(claim, row) in (None, declared_ball)]
+    proven = [row for row in own if row.sound]
+    conditional_only = [] if proven or demote else [row for row in own if _rests_on_theorem_3_1_only(row)]
+    best = min(proven or conditional_only, key=lambda row: row.epsilon) if proven or conditional_only else None
+    basis = "proven" if proven else CONDITIONAL_ON_THEOREM_3_1 if best else None
     sound_epsilon = float(best.epsilon) if best else math.inf
     sound_variant = f"{best.name}/{best.conversion}" if best else None
     notes = []
-    if best is not None and claim.kind in ("pmixed", "adapmixed") and claim.ball is not Ball.ALL_ORDERS \
-            and "all-orders" in best.name:
-        conditional = [row for row in rows if row.level == "conditional" and row.epsilon is not None]
-        extra = ""
-        if conditional:
-            lowest = min(conditional, key=lambda row: row.epsilon)
-            extra = (f"; the smallest value resting on Theorem 3.1 as claimed for the one-order ball is "
-                     f"{_fmt(lowest.epsilon)} ({lowest.name}/{lowest.conversion})")
-        notes.append(f"the sound epsilon is proven for PMixED with the ball enforced at every order (ball = "
-                     f"all-orders); for the paper's one-order ball no bound is proven{extra}")
+    if basis == CONDITIONAL_ON_THEOREM_3_1:
+        notes.append(f"the sound epsilon {_fmt(sound_epsilon)} ({sound_variant}) is {basis}; no bound is proven for "
+                     "the paper's one-order ball (docs/soundness.md)")
+    other = [row for row in rows if not row.component and row.epsilon is not None and row.level == "proven"
+             and _row_ball(claim, row) not in (None, declared_ball)]
+    if other:
+        lowest = min(other, key=lambda row: row.epsilon)
+        notes.append(f"PMixED with ball = {_row_ball(claim, lowest).value} (another projection, not the declared "
+                     f"mechanism) has the proven epsilon {_fmt(lowest.epsilon)} ({lowest.name}/{lowest.conversion}) "
+                     "for these parameters")
     if best is not None and best.at_grid_edge:
         notes.append(f"the sound epsilon's optimal order {best.order:g} is at the edge of the order grid: a richer "
                      "grid might give a smaller sound epsilon (it stays a valid bound)")
@@ -731,14 +785,14 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
         statement = (f"NOT CHECKABLE WITHOUT A TRACE: data-dependent. The claimed epsilon {claim.epsilon:g} depends "
                      f"on the private data (Papernot et al. 2018) and cannot be recomputed from parameters; run "
                      f"`dpledger audit` on the run's trace. The data-independent guarantee for these parameters is "
-                     f"{_fmt(sound_epsilon)}" + (f" ({sound_variant})." if sound_variant else "."))
+                     f"{_fmt(sound_epsilon)}" + (f" ({sound_variant}; {basis})." if sound_variant else "."))
         method = claim.conversion or ConversionMethod.IMPROVED
         rows += (VariantResult("data-dependent", method.value, None, None, False, "not-a-guarantee",
                                "the claim's own accounting: a loss computed from the run's distributions (Flemings "
                                "et al. 2024, Eq. 3 and Theorem 4.2 for PMixED/AdaPMixED; Papernot et al. 2018, "
                                "Theorem 6 for GNMax), not computable from parameters and not a DP guarantee", True),)
         return ClaimVerdict(claim, rows, None, None, None, sound_epsilon, sound_variant,
-                            "not-checkable-data-dependent", statement, findings, tuple(notes))
+                            "not-checkable-data-dependent", statement, findings, tuple(notes), basis)
     reproducing = [row for row in rows if row.reproduces]
     # the declared accounting first, then a proven one, then any
     reproducing.sort(key=lambda row: (not row.declared, not row.sound))
@@ -755,17 +809,23 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
         parts.append("UNSOUND: no variant's bound is proven for this mechanism as declared"
                      + (f" ({demote})" if demote else ""))
     elif not holds:
+        basis_text = "" if basis == "proven" else f", {basis}"
+        weaker = [row for row in own if row.level == "conditional" and row.epsilon is not None
+                  and row.epsilon < sound_epsilon and not row.reproduces and claim.epsilon < row.epsilon]
         parts.append(f"UNSOUND: under-states by {sound_epsilon - claim.epsilon:.4f}"
-                     f" (claimed {claim.epsilon:g} < sound epsilon {_fmt(sound_epsilon)}, {sound_variant})")
+                     f" (claimed {claim.epsilon:g} < sound epsilon {_fmt(sound_epsilon)}, {sound_variant}{basis_text})"
+                     + (f"; by {min(r.epsilon for r in weaker) - claim.epsilon:.4f} even against "
+                        f"{min(weaker, key=lambda r: r.epsilon).name}, which needs a further condition" if weaker else ""))
     elif not derivation_ok:
         parts.append(f"NOT SOUND: the accounting that reproduces it ({reproduced_by}) is {chosen.level}, though the "
                      f"claimed value is >= the sound epsilon {_fmt(sound_epsilon)} ({sound_variant})")
     else:
-        parts.append(f"SOUND: claimed {claim.epsilon:g} >= sound epsilon {_fmt(sound_epsilon)} ({sound_variant})")
+        parts.append(f"SOUND: claimed {claim.epsilon:g} >= sound epsilon {_fmt(sound_epsilon)} ({sound_variant}"
+                     + ("" if basis == "proven" else f", {basis}") + ")")
     if reproduced and not chosen.declared:
         notes.append(f"the declared accounting does not reproduce the claim; {reproduced_by} does")
     return ClaimVerdict(claim, rows, reproduced, reproduced_by, sound, sound_epsilon, sound_variant, verdict,
-                        "; ".join(parts), findings, tuple(notes))
+                        "; ".join(parts), findings, tuple(notes), basis)
 
 
 def verify_file(path: str | Path) -> ClaimVerdict:

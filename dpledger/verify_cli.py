@@ -81,7 +81,8 @@ def render(verdict) -> str:
     sound = {True: "yes", False: "no", None: "cannot be decided without a trace"}[verdict.sound]
     lines += [f"reproduced: {reproduced}", f"sound: {sound}",
               f"sound epsilon: {_format(verdict.sound_epsilon)}"
-              + (f" ({verdict.sound_variant})" if verdict.sound_variant else " (no variant is proven)"),
+              + (f" ({verdict.sound_variant}; {verdict.sound_basis})" if verdict.sound_variant
+                 else " (no variant is proven)"),
               f"verdict: {verdict.verdict}: {verdict.statement}"]
     return "\n".join(lines)
 
