@@ -27,6 +27,19 @@ def test_pmixed_with_sample_rate_lists_every_variant(capsys):
     realised = next(v for v in record["variants"] if v["name"] == "realised-size")
     assert 4.3 < realised["epsilon"] < 4.45
     assert record["epsilon"] == next(v["epsilon"] for v in record["variants"] if v["name"] == "worst-case-size-general")
+    assert record["label"].startswith("worst-case-size-general: conditional on Theorem 3.1 (Flemings et al. 2024) "
+                                      "for the paper's ball")
+
+
+@pytest.mark.parametrize("sampled", [[], ["--sample-rate", "0.1"]])
+@pytest.mark.parametrize("ball, basis", [("projection-order", "conditional on Theorem 3.1"), ("all-orders", "proven")])
+def test_the_pmixed_headline_says_whether_it_is_proven_or_conditional(capsys, sampled, ball, basis):
+    args = ["pmixed", "--alpha", "6", "--beta", "0.01", "--teachers", "16", "--queries", "100", "--delta", "1e-5",
+            "--ball", ball, *sampled]
+    assert basis in run_json(capsys, *args)["label"]
+    assert main(["account", *args]) == 0
+    headline, label = capsys.readouterr().out.splitlines()[:2]
+    assert headline.startswith("pmixed: 100 queries -> epsilon = ") and basis in label
 
 
 def test_gaussian_matches_dp_accounting(capsys):
