@@ -155,8 +155,13 @@ def audit_and_report(root: Path, directories: list[Path], progress: bool, extra_
         game = next(c for c in report.checks if c.name in ("canary_game", "sampled_aggregator"))
         game_text = (f"{game.name.replace('_', ' ')} lower bound {game.evidence['epsilon_lower_bound']:.3f}"
                      if game.evidence else game.detail)
-        print(f"  {directory.name:<10} {report.verdict}: empirical/claimed = {ablation['ratio']:.3f} "
-              f"(worst: {ablation['worst_neighbour']}); {game_text}; {time.time() - started:.0f} s")
+        print(f"  {directory.name:<10} {report.verdict}: {_bracket_text(report)}; {time.time() - started:.0f} s")
+        print(f"      tested neighbours' RDP empirical/claimed = {ablation['ratio']:.3f} (worst: "
+              f"{ablation['worst_neighbour']}); {game_text}")
+        per_teacher = ablation.get("per_teacher") or {}
+        if per_teacher.get("epsilon") is not None:
+            print(f"      per-teacher data-dependent epsilon {per_teacher['epsilon']:.4g} vs "
+                  f"{per_teacher['composed_max_epsilon']:.4g} composing the per-step maximum")
         for finding in report.findings:
             if finding.applies and finding.severity in ("medium", "high"):
                 print(f"      pitfall #{finding.pitfall} [{finding.severity}] {finding.title}")
@@ -167,6 +172,16 @@ def audit_and_report(root: Path, directories: list[Path], progress: bool, extra_
         "</body></html>", extra_html + "</body></html>").encode())
     print(f"\nHTML report: {out}")
     return out
+
+
+def _bracket_text(report) -> str:
+    """"epsilon(delta) in [certified lower bound, claim] (ratio)" for each delta, or why there is none."""
+    bracket = report.bracket
+    if bracket is None:
+        check = next((c for c in report.checks if c.name == "epsilon_bracket"), None)
+        return "no bracket" + (f" ({check.detail})" if check is not None else "")
+    return "; ".join(f"epsilon({row['delta']:g}) in [{row['lower']:.4g}, {row['upper']:.4g}], ratio {row['ratio']:.3g}"
+                     for row in bracket["rows"])
 
 
 def _eps(row: dict) -> str:

@@ -119,3 +119,13 @@ def test_a_sound_claim_never_fails_through_the_choice_of_orders():
         assert set(orders) <= set(DEFAULT_ORDERS) and claimed.order in orders
         index = [DEFAULT_ORDERS.index(o) for o in orders]
         assert epsilon_from_rdp(RdpCurve(orders, pair[index]), delta).epsilon <= claimed.epsilon
+
+
+def test_the_demo_prints_each_audited_runs_bracket(audited, tmp_path, capsys):
+    from dpledger.demo import audit_and_report
+
+    directory, report = audited["pmixed"]
+    audit_and_report(tmp_path, [directory], progress=False)
+    out = capsys.readouterr().out
+    row = report.bracket["rows"][0]
+    assert f"pmixed     PASS: epsilon(1e-05) in [{row['lower']:.4g}, {row['upper']:.4g}], ratio {row['ratio']:.3g}" in out
