@@ -16,7 +16,8 @@ def check_budget_filter(trace: LoadedTrace) -> CheckResult:
     is the step bound (or, with data_dependent, its charges' total at the order), covers what the
     step was actually charged there, and keeps the running sum within the budget; a refused step is
     answered by the public model, charged nothing, and (data-independent filter) would not have
-    fitted. Whether the mechanism's output was replaced is the replay's to check."""
+    fitted. A realised-path filter charges the screen's bound, plus the answer's where the screen
+    passed, and decides on the step's largest charge. Whether the mechanism's output was replaced is the replay's to check."""
     gate = trace.budget_gate()
     if gate is None:
         return skipped("budget_filter", "the run has no [budget]")
@@ -31,8 +32,11 @@ def check_budget_filter(trace: LoadedTrace) -> CheckResult:
         # what the filter's bound must cover: the charges, a data-dependent one by its step's data-independent
         # bound where the record has one (Theorem 3.1; the data-dependent measurement may exceed it) -- unless the
         # data-dependent charges drive the filter
+        realised = gate.realised_path is not None
+        # (realised-path: a failed screen's answer is charged nothing, whatever it would have cost)
         charges = np.asarray([record["data_independent"][k] if dependent and record["data_independent"]
-                              and not gate.data_dependent else record[f"rdp_{name}"][k]
+                              and not gate.data_dependent and not (realised and not record["screen_passed"])
+                              else record[f"rdp_{name}"][k]
                               for name, dependent in trace.components.items()], dtype=np.float64)
         actual = float(charges.sum())
         if record["budget_refused"]:
@@ -46,7 +50,8 @@ def check_budget_filter(trace: LoadedTrace) -> CheckResult:
                                 f"({spent.upper():.6g} of {budget:.6g} spent)")
             continue
         answered += 1
-        expected = actual if gate.data_dependent else bound
+        expected = (actual if gate.data_dependent else gate.realised_path_charge(bool(record["screen_passed"]))
+                    if realised else bound)
         if not math.isclose(record["budget_charge"], expected, rel_tol=1e-12, abs_tol=0.0):
             problems.append(f"{where}: filter charge {record['budget_charge']:.6g}, expected {expected:.6g}")
         if not actual <= record["budget_charge"] * (1 + 1e-12):
@@ -59,6 +64,9 @@ def check_budget_filter(trace: LoadedTrace) -> CheckResult:
         if len(problems) > 50:
             break
     mode = ("data-dependent charges (leaks: Redberg et al. 2023)" if gate.data_dependent
+            else (f"realised-path: the screen's bound {gate.realised_path[0]:.6g} at every answered step, the answer's "
+                  f"{gate.realised_path[1]:.6g} where the screen passed (decided on the step's largest charge "
+                  f"{bound:.6g})") if gate.realised_path is not None
             else f"the data-independent step bound {bound:.6g}")
     return verdict("budget_filter", not problems,
                    f"filter at order {gate.filter.order:g} with RDP budget {budget:.6g} (epsilon "

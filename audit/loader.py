@@ -302,7 +302,8 @@ class LoadedTrace:
             return None
         from decoding.budget import BudgetGate
 
-        return BudgetGate.plan(budget, self.runner().step_bound(self.orders), self.orders)
+        runner = self.runner()
+        return BudgetGate.plan(budget, runner.step_bound(self.orders), self.orders, runner.realised_path_bounds)
 
     def window_rows(self) -> int:
         """Steps per payload window: decided once, by the process that loaded the trace (workers get it)."""

@@ -10,6 +10,13 @@ drawn a data-dependent number of values by then, e.g. GNMax's noise only after a
 What a step is charged in the filter:
   - by default the mechanism's data-independent bound on one step (Runner.step_bound) at the
     filter's order: the stopping step then depends on the configuration only;
+  - for a realised-path run whose screen decision is released before its answer is charged
+    (AdaPMixED with screening, DPARGMAX): the screen's data-independent bound at every step, and the
+    answer's only where the screen passed. A step is answered only if its largest charge (screen and
+    answer) fits, so the filter decides from released outputs only, and each charge is a function of
+    what was released before it: fully adaptive composition holds with the filter's budget as the
+    guarantee (Feldman & Zrnic 2021, Theorem 3.1; Whitehouse et al. 2023). The stopping step then
+    depends on the released screen decisions;
   - with `data_dependent = true`, the step's actual charge at that order, data-dependent losses
     included. Checking a data-dependent loss against a budget leaks private information (Redberg
     et al. 2023); the manifest, the ledger and the report label such a run.
@@ -28,6 +35,7 @@ import torch
 
 from accounting.budget import RenyiFilter
 from accounting.errors import require
+from accounting.summation import up_add
 from decoding.config import require_on_grid
 
 DATA_DEPENDENT_LABEL = ("the filter was driven by data-dependent losses: checking them against the budget leaks "
@@ -49,29 +57,48 @@ class BudgetGate:
     order_index: int
     step_bound: float  # the data-independent bound of one step at the filter's order
     data_dependent: bool
+    realised_path: tuple[float, float] | None = None  # (screen, answer) bounds at the order: realised-path charging
 
     @classmethod
-    def plan(cls, budget: dict, step_bound: np.ndarray, orders: np.ndarray) -> "BudgetGate":
+    def plan(cls, budget: dict, step_bound: np.ndarray, orders: np.ndarray,
+             realised_path_bounds=None) -> "BudgetGate":
         """The gate for `budget` (the config's [budget] table as a dict) and a mechanism whose steps
-        each cost at most `step_bound` (one value per order of `orders`)."""
+        each cost at most `step_bound` (one value per order of `orders`); `realised_path_bounds`
+        (Runner.realised_path_bounds) makes a data-independent filter charge realised-path."""
         orders = np.asarray(orders, dtype=np.float64)
         order = budget.get("order")
         if order is not None:
             order = require_on_grid("budget.order", order, orders)
         renyi = RenyiFilter.plan(budget["epsilon"], budget["delta"], step_bound, orders, order)
         index = int(np.flatnonzero(orders == renyi.order)[0])
-        return cls(renyi, index, float(np.asarray(step_bound, dtype=np.float64)[index]),
-                   bool(budget.get("data_dependent", False)))
+        data_dependent = bool(budget.get("data_dependent", False))
+        bound = float(np.asarray(step_bound, dtype=np.float64)[index])
+        realised = None
+        if realised_path_bounds is not None and not data_dependent:
+            screen, answer = (float(np.asarray(v, dtype=np.float64)[index]) for v in realised_path_bounds(orders))
+            realised = (screen, answer)
+            bound = max(bound, float(up_add(screen, answer)))  # what a step may cost: checked before it runs
+        return cls(renyi, index, bound, data_dependent, realised)
 
     def manifest_entry(self) -> dict:
         """What the manifest records: the plan, fixed before any step."""
-        return {**{k: v for k, v in self.filter.to_dict().items() if k != "spent"},
-                "step_bound_at_order": self.step_bound, "data_dependent": self.data_dependent,
-                "affordable_steps": (None if self.data_dependent or not np.isfinite(self.step_bound)
-                                     or self.step_bound <= 0 else int(np.floor(self.filter.rdp_budget / self.step_bound))),
-                "rule": "a step is answered privately only if the charges of the answered steps so far plus its own, "
-                        "at the filter's order, stay within rdp_budget (Feldman & Zrnic 2021, Theorem 3.1)",
-                **({"label": DATA_DEPENDENT_LABEL} if self.data_dependent else {})}
+        predetermined = not self.data_dependent and self.realised_path is None
+        entry = {**{k: v for k, v in self.filter.to_dict().items() if k != "spent"},
+                 "step_bound_at_order": self.step_bound, "data_dependent": self.data_dependent,
+                 "affordable_steps": (None if not predetermined or not np.isfinite(self.step_bound)
+                                      or self.step_bound <= 0 else int(np.floor(self.filter.rdp_budget / self.step_bound))),
+                 "rule": "a step is answered privately only if the charges of the answered steps so far plus its own, "
+                         "at the filter's order, stay within rdp_budget (Feldman & Zrnic 2021, Theorem 3.1)",
+                 **({"label": DATA_DEPENDENT_LABEL} if self.data_dependent else {})}
+        if self.realised_path is not None:
+            entry.update(charging="realised-path", screen_bound_at_order=self.realised_path[0],
+                         answer_bound_at_order=self.realised_path[1],
+                         rule="a step is answered privately only if the charges of the answered steps so far plus its "
+                              "largest charge (screen and answer), at the filter's order, stay within rdp_budget; it is "
+                              "then charged the screen's bound, plus the answer's where the screen passed (the decision "
+                              "is released before the answer is charged: fully adaptive composition, Feldman & Zrnic "
+                              "2021, Theorem 3.1)")
+        return entry
 
     def restore(self, charges) -> None:
         """Continue from committed records: their `budget_charge`, summed exactly."""
@@ -83,6 +110,8 @@ class BudgetGate:
         first step that does not fit is followed by none that does."""
         require(not self.data_dependent, "a data-dependent filter's state depends on the earlier steps' private "
                                          "charges: it can only be restored from their records")
+        require(self.realised_path is None, "a realised-path filter's state depends on the earlier steps' screen "
+                                            "decisions: it can only be restored from their records")
         answered = min(steps, self.filter.affordable_repeats(self.step_bound))
         self.filter.spend_repeated(self.step_bound, answered)
         refused = np.zeros(steps, dtype=bool)
@@ -107,22 +136,37 @@ class BudgetGate:
                                  f"{record['budget_refused']}, charge {record['budget_charge']!r}) differs from the "
                                  f"committing process's (refused {bool(expected)}, charge {charge!r})")
 
-    def charges(self, charged: dict[str, np.ndarray]) -> np.ndarray:
-        """Each step's charge in the filter: the step bound, or (data-dependent) its actual total."""
+    def charges(self, charged: dict[str, np.ndarray], passed=None) -> np.ndarray:
+        """Each step's charge in the filter: the step bound; realised-path, the screen's bound plus the
+        answer's where `passed`; or (data-dependent) its actual total."""
         rows = next(iter(charged.values())).shape[0]
+        if self.realised_path is not None:
+            passed = np.ones(rows, dtype=bool) if passed is None else np.asarray(passed, dtype=bool)
+            return np.asarray([self.realised_path_charge(bool(p)) for p in passed], dtype=np.float64)
         if not self.data_dependent:
             return np.full(rows, self.step_bound)
         return np.sum([values[:, self.order_index] for values in charged.values()], axis=0)
+
+    def realised_path_charge(self, passed: bool) -> float:
+        """A realised-path step's filter charge: the screen's bound, plus the answer's (rounded up) if it passed."""
+        screen, answer = self.realised_path
+        return float(up_add(screen, answer)) if passed else screen
 
     def apply(self, outcome, tokens: np.ndarray, public: torch.Tensor, run_seed: int, first_step: int) -> np.ndarray:
         """Decide the block's steps in order; refused steps get the public distribution, zero
         charges, a public token from their fallback generator. Sets outcome.budget_refused and
         outcome.budget_charge; returns the tokens."""
-        charges = self.charges(outcome.charged)
+        charges = self.charges(outcome.charged, outcome.screen_passed)
         refused = np.zeros(charges.shape[0], dtype=bool)
         spent = np.zeros(charges.shape[0])
         for row, charge in enumerate(charges):
-            if self.filter.spend_if_fits(float(charge)):
+            if self.realised_path is not None:  # admitted on its largest charge, before its screen's decision is used
+                answered = self.filter.fits(self.step_bound)
+                if answered:
+                    self.filter.spend(float(charge))
+            else:
+                answered = self.filter.spend_if_fits(float(charge))
+            if answered:
                 spent[row] = charge
             else:
                 refused[row] = True

@@ -40,6 +40,11 @@ def sequential_reason(config: RunConfig) -> str | None:
         return "free generation is sequential (each token is the next step's context)"
     if config.budget is not None and config.budget.data_dependent:
         return "a data-dependent privacy filter decides each step from the earlier steps' private charges"
+    if config.budget is not None:
+        from decoding.runners import build_runner
+
+        if build_runner(config.mechanism, config.models.teachers, config.relation).realised_path_bounds is not None:
+            return "a realised-path privacy filter decides each step from the earlier steps' screen decisions"
     return None
 
 

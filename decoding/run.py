@@ -28,7 +28,7 @@ from accounting.errors import require
 from accounting.ledger import PrivacyLedger
 from accounting.orders import default_orders
 from accounting.relation import NeighbouringRelation
-from accounting.summation import ExactSum, UpperSum
+from accounting.summation import ExactSum, UpperSum, up_add
 from decoding import trace
 from decoding.budget import DATA_DEPENDENT_LABEL, BudgetGate
 from decoding.cluster import ClusterError
@@ -136,7 +136,7 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
                 if embedded is not None else [])
     gate = None
     if config.budget is not None:
-        gate = BudgetGate.plan(asdict(config.budget), runner.step_bound(orders), orders)
+        gate = BudgetGate.plan(asdict(config.budget), runner.step_bound(orders), orders, runner.realised_path_bounds)
     return PreparedRun(config, ensemble, tokenizer, runner, orders, token_ids, prompts, data_identity,
                        str(tokenizer_path), canaries, gate)
 
@@ -447,7 +447,13 @@ class RunTotals:
         params, steps = self.manifest["mechanism"]["params"], self.ledger.steps
         threshold = params["threshold"]
         threshold_private = params["aggregator"] in ("targmax", "tws")
-        if params["accounting"] == "realised-path":
+        filtered = (self.budget or {}).get("charging") == "realised-path"
+        if params["accounting"] == "realised-path" and filtered:
+            guarantee = ("differential privacy by the privacy filter: realised-path charges (a failed step is charged "
+                         "the screen only) inside a Renyi filter are covered by fully adaptive composition (Feldman & "
+                         "Zrnic 2021, Theorem 3.1): the guarantee is the budget's (epsilon, delta) (ledger budget); "
+                         "the epsilons above are the realised-path odometer, not the guarantee")
+        elif params["accounting"] == "realised-path":
             guarantee = ("realised-path accounting (Papernot et al. 2018's convention: a failed step is charged the "
                          "screen only): the epsilons above are an ex-post statement about this run's loss, not an RDP "
                          "guarantee of the released output (docs/soundness.md)")
@@ -463,7 +469,7 @@ class RunTotals:
         teacher_forced = self.manifest["data"]["stream"] == "teacher-forced"
         return {"votes": params["votes"], "aggregator": params["aggregator"], "threshold": threshold,
                 "teachers": self.manifest["n_teachers"], "threshold_private": threshold_private,
-                "dp_guarantee": not threshold_private and params["accounting"] == "released-output",
+                "dp_guarantee": not threshold_private and (params["accounting"] == "released-output" or filtered),
                 "released_steps": self.released,
                 "failed_steps": steps - self.released, "yield": self.released / steps if steps else None,
                 "min_votes_of_released_tokens": self.min_released_votes,
@@ -522,6 +528,29 @@ class RunTotals:
                         "2022) on the run's composed event; `dpledger account from-event RUN/ledger.json` reads "
                         "the event back"}
 
+    def odometer_summary(self, deltas) -> list[dict]:
+        """A realised-path total read as an odometer (Feldman & Zrnic 2021; Whitehouse et al. 2023):
+        exp((a-1)(L - C(a))) is a supermartingale, so Pr[L > C(a) + log(1/delta)/(a-1)] <= delta at an
+        order a fixed before the run (the mechanism's alpha, else the grid's order nearest 2), and at
+        the best of the K grid orders chosen afterwards with log(K/delta) (a union bound)."""
+        curve = self.ledger.total_curve()
+        orders, values = np.asarray(curve.orders, dtype=np.float64), np.asarray(curve.values, dtype=np.float64)
+        alpha = self.manifest["mechanism"]["params"].get("alpha", 2.0)
+        fixed = int(np.argmin(np.abs(orders - alpha)))
+        rows = []
+        with np.errstate(over="ignore", invalid="ignore"):
+            for delta in deltas:
+                at_fixed = float(up_add(values[fixed], math.log(1.0 / delta) / (orders[fixed] - 1.0)))
+                chosen = values + np.log(orders.size / delta) / (orders - 1.0)
+                best = int(np.nanargmin(chosen))
+                rows.append({"delta": delta, "pre_chosen_order": float(orders[fixed]), "epsilon_at_pre_chosen_order":
+                             at_fixed, "order_chosen_afterwards": float(orders[best]),
+                             "epsilon_order_chosen_afterwards": float(up_add(values[best], float(
+                                 np.log(orders.size / delta) / (orders[best] - 1.0))))})
+        return [{**row, "note": "the realised loss exceeds these with probability at most delta (an ex-post "
+                                "statement about this run, not an RDP guarantee; inside a filter the budget is "
+                                "the guarantee)"} for row in rows]
+
     def budget_summary(self) -> dict:
         """The privacy filter's plan and what it did: spent, the steps it refused, and what holds."""
         from accounting.budget import RenyiFilter
@@ -531,6 +560,16 @@ class RunTotals:
         spent.set_state(self.budget_spent)
         if plan["data_dependent"]:
             guarantee = DATA_DEPENDENT_LABEL
+        elif plan.get("charging") == "realised-path" and math.isfinite(plan["step_bound_at_order"]):
+            guarantee = (f"(epsilon, delta) = ({plan['epsilon']:g}, {plan['delta']:g}) by the filter at order "
+                         f"{plan['order']:g}: every answered step was charged the screen's data-independent bound "
+                         f"{plan['screen_bound_at_order']:.6g}, plus the answer's {plan['answer_bound_at_order']:.6g} "
+                         "where the screen passed; the decision is released before the answer is charged and each "
+                         "step is admitted on its largest charge, so fully adaptive composition holds (Feldman & Zrnic "
+                         "2021, Theorem 3.1; Whitehouse et al. 2023)"
+                         + step_bound_caveat(self.manifest["mechanism"]["type"], self.manifest["mechanism"]["params"])
+                         + "; the ledger's realised-path totals at other orders are an odometer reading, not the "
+                           "guarantee")
         elif math.isfinite(plan["step_bound_at_order"]):
             guarantee = (f"(epsilon, delta) = ({plan['epsilon']:g}, {plan['delta']:g}) by the filter at order "
                          f"{plan['order']:g}: every answered step was charged the mechanism's data-independent bound "
@@ -572,6 +611,10 @@ class RunTotals:
         if self.budget is not None:
             summary["budget"] = self.budget_summary()
         summary["pld"] = self.pld_summary(epsilons)
+        # (a version 1 ledger had no odometer: its audit recomputes what it wrote)
+        if manifest["mechanism"]["params"].get("accounting") == "realised-path" and manifest.get("records_version",
+                                                                                                1) >= 2:
+            summary["odometer"] = self.odometer_summary(deltas)
         if self.observed:
             from accounting.curve import RdpCurve
 

@@ -22,7 +22,7 @@ from mechanisms.pmixed import subsampling_variant as variant_named
 from mechanisms.randomness import uniform
 from mechanisms.screening import NoisyScreening
 from mechanisms.step import adapmixed_step, pmixed_step
-from mechanisms.voting import VotingMechanism
+from mechanisms.voting import Aggregator, VotingMechanism
 
 ACCOUNTING_CHOICES = ("released-output", "realised-path")
 """How a screened mechanism is charged (adapmixed_runner's docstring has the analysis)."""
@@ -62,6 +62,11 @@ class Runner:
     step_bound: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
     """orders -> a data-independent upper bound on everything one step charges (+inf where there is
     none): what a privacy filter charges a step by default (accounting.budget.RenyiFilter)."""
+    realised_path_bounds: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = field(default=None,
+                                                                                              repr=False)
+    """orders -> (the screen's data-independent bound, the answer's), for realised-path runs whose
+    screen decision is released before the answer is charged: a privacy filter then charges the
+    screen at every step and the answer only where the screen passed (decoding.budget)."""
 
     def relation_of(self, name: str) -> NeighbouringRelation:
         return self.relations.get(name, NeighbouringRelation.ADD_OR_REMOVE_ONE)
@@ -175,8 +180,10 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     log(1 - pi + pi exp((a-1) D_a(p || p'))) / (a-1) > 0 whenever pi > 0 and p != p'
     (tests/test_realised_path.py). What it does bound is an odometer: along the run,
     exp((a-1) (L - C)) is a supermartingale, L the realised privacy loss and C the realised charge
-    (Feldman & Zrnic 2021; Whitehouse et al. 2023), so Pr[L > C + log(1/delta) / (a-1)] <= delta: an
-    ex-post statement about this run's loss, not an RDP guarantee of the mechanism. The audit
+    (Feldman & Zrnic 2021; Whitehouse et al. 2023), so Pr[L > C(a) + log(1/delta) / (a-1)] <= delta at
+    an order a fixed in advance (log(K/delta) when the order is chosen afterwards among K): an
+    ex-post statement about this run's loss, not an RDP guarantee of the mechanism. Inside a privacy
+    filter the same charges give a guarantee (decoding.budget, fully adaptive composition). The audit
     measures both quantities (audit.ablation) and the report labels a realised-path total as such.
     """
     require(screening or data_dependent, "at least one of screening / data_dependent must be enabled "
@@ -225,7 +232,12 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
         and can exceed it: the add-one bound is loose."""
         return (screen.rdp_values(orders) if screening else 0.0) + pmixed.rdp_values(orders)
 
-    return Runner("adapmixed", params, components, process, relations, step_bound)
+    def realised_path_bounds(orders):
+        """The screen's charge (every step) and Theorem 3.1 for the answer (passed steps only)."""
+        return screen.rdp_values(orders), pmixed.rdp_values(orders)
+
+    return Runner("adapmixed", params, components, process, relations, step_bound,
+                  realised_path_bounds if screening and data_dependent and accounting == "realised-path" else None)
 
 
 def voting_runner(teachers: int, votes: str, aggregator: str, threshold: float, gamma: float = 1.0,
@@ -261,8 +273,13 @@ def voting_runner(teachers: int, votes: str, aggregator: str, threshold: float, 
                   threshold=threshold, gamma=gamma, sigma=sigma, sigma_threshold=sigma_threshold,
                   data_dependent=data_dependent, accounting=accounting)
     components = mechanism.components()
+    realised = None
+    if accounting == "realised-path" and mechanism.aggregator is Aggregator.DPARGMAX:
+        def realised(orders):
+            """Confident-GNMax's screen (every step) and its answer (passed steps only), data-independent."""
+            return mechanism.confident_gnmax.screen_rdp(orders), mechanism.confident_gnmax.answer_rdp(orders)
     return Runner("voting", params, components, process, {name: relation for name in components},
-                  mechanism.rdp_values)
+                  mechanism.rdp_values, realised)
 
 
 def voting_mechanism(params: dict, teachers: int, relation) -> VotingMechanism:

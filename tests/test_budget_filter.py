@@ -365,3 +365,97 @@ def test_a_worker_s_filter_decisions_are_checked_by_the_committing_process():
         gate.restore_data_independent(0)
         with pytest.raises(ValueError, match=f"step {step}: the privacy filter's decision from a worker"):
             gate.require_decisions(records)
+
+
+# -- realised-path charges inside the filter (fully adaptive composition) ---------------------------------
+
+REALISED = {
+    "adapmixed": {"type": "adapmixed", "alpha": 6.0, "beta": 0.01, "lam": 0.003, "sigma": 0.02, "threshold": 1.1,
+                  "top_k": 60, "data_dependent": True, "accounting": "realised-path"},
+    "dpargmax": {"type": "voting", "aggregator": "dpargmax", "votes": "coordinated", "threshold": 2.0, "sigma": 8.0,
+                 "sigma_threshold": 8.0, "accounting": "realised-path"},
+}
+
+
+@pytest.mark.parametrize("name", list(REALISED))
+def test_a_realised_path_filter_charges_the_answer_only_where_the_screen_passed(micro_models, tmp_path, name):
+    """Feldman & Zrnic 2021, Theorem 3.1 with charges chosen from released outputs: each step is
+    admitted on its largest charge (screen + answer), then charged the screen's bound plus the
+    answer's only if its screen passed; the filter's budget is the guarantee."""
+    from decoding.runners import build_runner
+
+    run = decode(micro_models, tmp_path / name, REALISED[name], {"epsilon": 3.0, "delta": 1e-5}, queries=64)
+    manifest, records = trace.read_manifest(run.directory), trace.read_records(run.directory)
+    plan = manifest["budget"]
+    assert plan["charging"] == "realised-path" and plan["affordable_steps"] is None
+    runner = build_runner(REALISED[name], 3)
+    orders = np.asarray(manifest["orders"])
+    index = int(np.flatnonzero(orders == plan["order"])[0])
+    screen, answer = (float(v[index]) for v in runner.realised_path_bounds(orders))
+    assert (plan["screen_bound_at_order"], plan["answer_bound_at_order"]) == (screen, answer)
+    spent = 0.0
+    for record in records:
+        if record["budget_refused"]:
+            assert record["budget_charge"] == 0.0 and record["answered_by"] == "public"
+            assert spent + plan["step_bound_at_order"] > plan["rdp_budget"] * (1 - 1e-12)  # the largest did not fit
+            continue
+        assert spent + plan["step_bound_at_order"] <= plan["rdp_budget"] * (1 + 1e-12)
+        assert record["budget_charge"] == pytest.approx(screen + answer if record["screen_passed"] else screen,
+                                                        rel=1e-15)
+        spent += record["budget_charge"]
+    passed = [r["screen_passed"] for r in records if not r["budget_refused"]]
+    assert any(passed) and not all(passed), "the test needs screens that pass and screens that fail"
+    refused = sum(r["budget_refused"] for r in records)
+    # more private answers than charging every step its largest charge would give
+    assert 64 - refused > min(64, int(plan["rdp_budget"] // plan["step_bound_at_order"]))
+    summary = trace.read_ledger(run.directory)
+    assert "fully adaptive composition" in summary["budget"]["guarantee"]
+    if name == "dpargmax":
+        assert summary["voting"]["dp_guarantee"] is True
+    report = audit_run(run.directory, **AUDIT)
+    assert report.verdict == "PASS", report.failed
+    assert "realised-path" in report.check("budget_filter").detail
+
+
+def test_a_realised_path_filter_charge_edited_in_the_trace_fails_the_audit(micro_models, tmp_path):
+    from tests.forging import forge
+
+    run = decode(micro_models, tmp_path / "run", REALISED["dpargmax"], {"epsilon": 3.0, "delta": 1e-5}, queries=32)
+    failed = next(r["step"] for r in trace.read_records(run.directory)
+                  if not r["budget_refused"] and not r["screen_passed"])
+
+    def charge_nothing(record):
+        if record["step"] == failed:
+            record["budget_charge"] = 0.0
+
+    forge(run.directory, edit_record=charge_nothing)
+    check = audit_run(run.directory, **AUDIT).check("budget_filter")
+    assert check.status.value == "FAIL" and f"step {failed}: filter charge 0" in check.detail
+
+
+def test_a_realised_path_filter_is_decoded_in_one_process(micro_models, tmp_path):
+    from decoding.distributed import sequential_reason
+
+    config = micro_config(micro_models, tmp_path / "r", REALISED["adapmixed"], queries=8)
+    config["budget"] = {"epsilon": 3.0, "delta": 1e-5}
+    assert "screen decisions" in sequential_reason(config_from_dict(config))
+    config["mechanism"] = dict(REALISED["adapmixed"], accounting="released-output")
+    assert sequential_reason(config_from_dict(config)) is None
+
+
+def test_a_realised_path_ledger_reads_its_total_as_an_odometer(micro_models, tmp_path):
+    """C(a) + log(1/delta)/(a-1) at the order fixed in advance; log(K/delta) when chosen afterwards."""
+    config = micro_config(micro_models, tmp_path / "r", REALISED["dpargmax"], queries=16)
+    run = run_decode(config_from_dict(config), progress=False, verbose=False)
+    ledger = trace.read_ledger(run.directory)
+    orders = np.asarray(ledger["ledger"]["orders"])
+    values = np.sum([c["values"] for c in ledger["ledger"]["components"].values()], axis=0)
+    for row, delta in zip(ledger["odometer"], config_from_dict(config).deltas):
+        k = int(np.flatnonzero(orders == row["pre_chosen_order"])[0])
+        assert row["pre_chosen_order"] == orders[np.argmin(np.abs(orders - 2.0))]
+        assert row["epsilon_at_pre_chosen_order"] == pytest.approx(values[k] + np.log(1 / delta) / (orders[k] - 1),
+                                                                   rel=1e-12)
+        expected = np.min(values + np.log(orders.size / delta) / (orders - 1))
+        assert row["epsilon_order_chosen_afterwards"] == pytest.approx(expected, rel=1e-12)
+        assert "not an RDP guarantee" in row["note"]
+    assert audit_run(run.directory, **AUDIT).check("ledger_recompute").status.value == "PASS"
