@@ -68,7 +68,13 @@ class Pair:
     @property
     def relation(self) -> NeighbouringRelation:
         return {"remove": NeighbouringRelation.REMOVE_ONE, "add": NeighbouringRelation.ADD_ONE,
-                "replace": NeighbouringRelation.REPLACE_ONE}[self.move]
+                "replace": NeighbouringRelation.REPLACE_ONE, "constructed-remove": NeighbouringRelation.REMOVE_ONE,
+                "constructed-add": NeighbouringRelation.ADD_ONE}[self.move]
+
+
+CONSTRUCTED_RULES = (1, 2)
+"""The ADDED_RULES a constructed ensemble's one private teacher follows (the output-based rule is the
+public-based one there: every other teacher is the public law)."""
 
 
 def _mixed(public: torch.Tensor, teachers: torch.Tensor, lambdas: torch.Tensor) -> torch.Tensor:
@@ -151,11 +157,22 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
         removed = [p.index for p in pairs if p.move == "remove"]
         without = sums_without_each(mixed)[:, torch.tensor(removed, dtype=torch.long)] if removed else None
         added_raw = _added_raw_teachers(output, public, None, None)
-        neighbour_laws = {}
+        neighbour_laws, actual_laws = {}, {}
         for pair in pairs:
             if pair.move == "remove":
                 neighbour_total = without[:, removed.index(pair.index)]
                 neighbour_laws[pair] = ensemble_output(neighbour_total, torch.full((length,), n - 1), public, rate)
+            elif pair.move.startswith("constructed"):
+                # another dataset: N - 1 (resp. N) teachers at the public law, one teacher at the ball's edge
+                edge = _projected(params, added_raw[:, pair.index:pair.index + 1], public)[:, 0]
+                rest = (n - 1) * public if pair.move == "constructed-remove" else n * public
+                with_edge = ensemble_output(rest + edge, torch.full((length,), n), public, rate) \
+                    if pair.move == "constructed-remove" else \
+                    ensemble_output(rest + edge, torch.full((length,), n + 1), public, rate)
+                plain = ensemble_output(rest, torch.full((length,), n - 1 if pair.move == "constructed-remove"
+                                                         else n), public, rate)
+                actual_laws[pair], neighbour_laws[pair] = ((with_edge, plain) if pair.move == "constructed-remove"
+                                                           else (plain, with_edge))
             else:
                 added = (added_raw[:, pair.index] if trace.mechanism_type == "ensemble"
                          else _projected(params, added_raw[:, pair.index:pair.index + 1], public)[:, 0])
@@ -165,6 +182,7 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     for pair, interval in zip(pairs, intervals):
         forward, backward = RunningComposition(), RunningComposition()   # O(log steps) distributions alive
         neighbour = neighbour_laws[pair]
+        first = output if screened else actual_laws.get(pair, output)
         for row in range(length):
             if refused[row]:  # answered publicly by the filter: the same law under every neighbour
                 continue
@@ -174,7 +192,7 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                 actual = np.concatenate([_log(output[row] * low), [math.log1p(-low) if low < 1 else -math.inf]])
                 other = np.concatenate([_log(neighbour[row] * low), [math.log1p(-low) if low < 1 else -math.inf]])
             else:
-                actual, other = _log(output[row]), _log(neighbour[row])
+                actual, other = _log(first[row]), _log(neighbour[row])
             forward.add(LossDistribution.from_log_laws(actual, other, interval))
             backward.add(LossDistribution.from_log_laws(other, actual, interval))
         partial[pair] = (forward.result(), backward.result())
@@ -262,6 +280,28 @@ def _claimed_epsilons(trace: LoadedTrace) -> list[dict]:
     return [e for e in trace.ledger.get("epsilon", []) if isinstance(e, dict) and e.get("method") == "improved"]
 
 
+def _constructed_pairs(trace: LoadedTrace, claimed: NeighbouringRelation, screened: bool) -> tuple[list[Pair],
+                                                                                                   list[float]]:
+    """For a data-independent claim (it must hold for every dataset, not only the run's): datasets
+    built on the run's public laws, N - 1 teachers at the public law and one at the ball's edge, that
+    one removed; or N at the public law and one added at the edge. A teacher is any function of its
+    context, so each step may place it anew (PMixED projects it like any other). Sized by the claim."""
+    if screened or trace.mechanism_type != "pmixed" or trace.ledger.get("data_dependent"):
+        return [], []
+    scale = max((float(c["epsilon"]) for c in _claimed_epsilons(trace)
+                 if isinstance(c.get("epsilon"), (int, float)) and math.isfinite(c["epsilon"])), default=1.0)
+    pairs = []
+    for index in CONSTRUCTED_RULES:
+        rule = ADDED_RULES[index].replace("rest of the mass", "all its mass")
+        if "remove" in claimed.moves and trace.n_teachers >= 2:
+            pairs.append(Pair("constructed-remove", index, f"constructed dataset: N - 1 teachers at the public law, "
+                                                           f"one with {rule} (projected), that one removed"))
+        if "add" in claimed.moves:
+            pairs.append(Pair("constructed-add", index, f"constructed dataset: N teachers at the public law, one "
+                                                        f"added with {rule} (projected)"))
+    return pairs, [scale] * len(pairs)
+
+
 def _mixture_pairs(evidence: dict, claimed: NeighbouringRelation, screened: bool) -> tuple[list[Pair], list[float]]:
     """PMixED / AdaPMixED: the removed teachers the ablation ranks highest and the added teachers,
     with the ablation's epsilons (to size the loss grid)."""
@@ -314,6 +354,8 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
         pairs, estimates = _voting_pairs(trace, ablation_evidence, claimed_relation)
     else:
         pairs, estimates = _mixture_pairs(ablation_evidence, claimed_relation, screened)
+        built, built_estimates = _constructed_pairs(trace, claimed_relation, screened)
+        pairs, estimates = pairs + built, estimates + built_estimates
     if not pairs:
         return skipped("epsilon_bracket", f"a screened AdaPMixED run claimed for {claimed_relation.label}: removing a "
                                           "teacher changes the screen's pass probability, which has no closed form, "

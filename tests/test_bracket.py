@@ -129,3 +129,13 @@ def test_the_demo_prints_each_audited_runs_bracket(audited, tmp_path, capsys):
     out = capsys.readouterr().out
     row = report.bracket["rows"][0]
     assert f"pmixed     PASS: epsilon(1e-05) in [{row['lower']:.4g}, {row['upper']:.4g}], ratio {row['ratio']:.3g}" in out
+
+
+def test_data_independent_claims_are_also_bracketed_by_constructed_datasets(audited):
+    """A data-independent claim holds for every dataset: datasets built on the run's public laws are
+    tested beside the run's own neighbours; a data-dependent claim is about the run's data only."""
+    pairs = audited["pmixed"][1].check("epsilon_bracket").evidence["pairs"]
+    built = [p for p in pairs if p.startswith("constructed dataset")]
+    assert len(built) == 4 and any("removed" in p for p in built) and any("added" in p for p in built)
+    for name in ("adapmixed-no-screen", "adapmixed"):
+        assert not any(p.startswith("constructed") for p in audited[name][1].check("epsilon_bracket").evidence["pairs"])
