@@ -305,11 +305,13 @@ PER_TEACHER_LABEL = ("per-teacher data-dependent accounting: each teacher's own 
 
 def per_teacher_accounting(trace: LoadedTrace, result: AblationResult, relations: dict,
                            claimed_relation: NeighbouringRelation, delta: float) -> dict:
-    """max over teachers i of epsilon(sum_t D<->(p_t, p_t,-i)) for the removed teachers (exact laws of
-    the unscreened, unsampled output, on the audit's orders: never below the full grid's value),
-    with the add-one bound's own total where the claim adds a teacher (an added teacher is one
-    individual: its per-step bounds compose as they are); beside it the same relation's total of the
-    per-step maximum from ledger.json. {"reason": ...} where it does not apply."""
+    """max over teachers i of epsilon(max(sum_t D(p_t || p_t,-i), sum_t D(p_t,-i || p_t))) for the
+    removed teachers (each direction composed on its own: exact laws of the unscreened, unsampled
+    output, on the audit's orders, never below the full grid's value) where the claim removes a
+    teacher, and the add-one bound's total where it adds one (that part is the ledger's composition
+    of per-step worst cases, not one teacher's losses: `attained_by` says which part gives the
+    maximum); beside it the same relation's total of the per-step maximum from ledger.json.
+    {"reason": ...} where it does not apply."""
     if trace.mechanism_type not in ("pmixed", "adapmixed"):
         return {"reason": f"mechanism {trace.mechanism_type} has no per-teacher losses"}
     if trace.params.get("sample_rate") is not None or trace.params.get("screening"):
@@ -318,7 +320,7 @@ def per_teacher_accounting(trace: LoadedTrace, result: AblationResult, relations
     if len(result.sampled_teachers) < trace.n_teachers:
         return {"reason": f"only {len(result.sampled_teachers)} of {trace.n_teachers} teachers were removed: the "
                           "maximum over teachers would be incomplete"}
-    parts = {"remove_one": relations["remove_one"]["empirical_epsilon"]}
+    parts = {"remove_one": relations["remove_one"]["empirical_epsilon"]} if "remove" in claimed_relation.moves else {}
     composed_key = "eq3_remove_one_total"
     if "add" in claimed_relation.moves:
         added = trace.ledger.get("add_one_bound_total")
@@ -332,6 +334,7 @@ def per_teacher_accounting(trace: LoadedTrace, result: AblationResult, relations
         return {"reason": f"ledger.json has no {composed_key} to compare with"}
     epsilon = max(parts.values())
     return {"epsilon": epsilon, "delta": delta, "relation": claimed_relation.value, "parts": parts,
+            "attained_by": max(parts, key=parts.get),
             "composed_max_epsilon": float(composed["epsilon"]), "composed_max_total": composed_key,
             "orders": "the audit's orders (a subset of the claim's grid)", "label": PER_TEACHER_LABEL}
 
@@ -429,9 +432,11 @@ def check_ablation(trace: LoadedTrace, teachers_sample: int | None = None, mc_sa
                 "screen_probability_ci_halfwidth": result.screen_probability_halfwidth,
                 "mc_samples": mc_samples if result.screen_probability_halfwidth is not None else None}
     if per_teacher.get("epsilon") is not None:
-        path_note += (f"; per-teacher data-dependent epsilon {per_teacher['epsilon']:.4g} (each teacher's losses "
-                      f"composed, max at the end) vs {per_teacher['composed_max_epsilon']:.4g} composing the "
-                      "per-step max (not DP guarantees: they depend on the data)")
+        attained = ("each removed teacher's losses composed, max at the end" if per_teacher["attained_by"] ==
+                    "remove_one" else "attained by the add-one bound's total, a composition of per-step worst cases")
+        path_note += (f"; per-teacher data-dependent epsilon {per_teacher['epsilon']:.4g} ({attained}) vs "
+                      f"{per_teacher['composed_max_epsilon']:.4g} composing the per-step max (not DP guarantees: "
+                      "they depend on the data)")
     realised_claim = ("; the claim is realised-path accounting (Flemings et al. 2024, Theorem 4.2 as stated), which "
                       "does not bound the released output (docs/soundness.md)") if accounting == "realised-path" else ""
     return verdict("neighbour_ablation", ok,

@@ -97,7 +97,8 @@ class BudgetGate:
                               "largest charge (screen and answer), at the filter's order, stay within rdp_budget; it is "
                               "then charged the screen's bound, plus the answer's where the screen passed (the decision "
                               "is released before the answer is charged: fully adaptive composition, Feldman & Zrnic "
-                              "2021, Theorem 3.1)")
+                              "2021, Theorem 3.1; the answer's bound is the mechanism's data-independent one, for "
+                              "AdaPMixED Theorem 3.1, as claimed for the paper's ball)")
         return entry
 
     def restore(self, charges) -> None:

@@ -2,9 +2,10 @@
 
 Recomputes the claimed epsilon under every accounting variant that applies to the mechanism, lints
 the declared accounting against known pitfalls, and answers: reproduced? sound? and the sound
-epsilon (the smallest among the variants whose bound is proven). Exit status 0: reproduced and
-sound; 1: not sound, not reproduced, or not checkable without a trace (the output says which);
-2: bad input. The claim TOML schema is in docs/verify.md."""
+epsilon (the smallest bound for the mechanism as declared: proven, or for PMixED's paper's ball
+the smallest resting on Theorem 3.1 alone, labelled conditional). Exit status 0: reproduced and
+proven sound; 1: conditional, not sound, not reproduced, or not checkable without a trace (the
+output says which); 2: bad input. The claim TOML schema is in docs/verify.md."""
 from __future__ import annotations
 
 import argparse

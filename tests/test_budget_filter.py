@@ -415,6 +415,8 @@ def test_a_realised_path_filter_charges_the_answer_only_where_the_screen_passed(
     report = audit_run(run.directory, **AUDIT)
     assert report.verdict == "PASS", report.failed
     assert "realised-path" in report.check("budget_filter").detail
+    bracket = report.check("epsilon_bracket")  # the stopping step depends on released decisions: no fixed product
+    assert bracket.status.value == "SKIPPED" and "inside a privacy filter" in bracket.detail
 
 
 def test_a_realised_path_filter_charge_edited_in_the_trace_fails_the_audit(micro_models, tmp_path):

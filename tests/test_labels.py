@@ -157,6 +157,7 @@ def test_per_teacher_accounting_composes_each_teachers_own_losses(runs, name):
                                     delta).epsilon for i in range(forward.shape[0]))
     assert per_teacher["parts"]["remove_one"] == pytest.approx(expected, rel=1e-9)
     assert per_teacher["epsilon"] <= per_teacher["composed_max_epsilon"] * (1 + 1e-9)
+    assert per_teacher["epsilon"] == per_teacher["parts"][per_teacher["attained_by"]]
     assert "Feldman & Zrnic 2021" in per_teacher["label"] and "not a DP guarantee" in per_teacher["label"]
     if name == "add-or-remove":
         assert per_teacher["parts"]["add_one"] == trace.ledger["add_one_bound_total"]["epsilon"]

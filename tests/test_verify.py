@@ -9,12 +9,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from audit.claims import Claim, claim_from_mapping, load_claim, verify_claim
+from audit.claims import Claim, claim_from_mapping, load_claim, verify_claim, verify_file
 from dpledger.cli import main
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples" / "claims").glob("*.toml"))
-VERDICTS = {"reproduced-sound": 0, "reproduced-unsound": 1, "not-reproduced-sound": 1, "not-reproduced-unsound": 1,
-            "not-checkable-data-dependent": 1, "no-dp-guarantee": 1}
+VERDICTS = {"reproduced-sound": 0, "reproduced-conditional": 1, "reproduced-unsound": 1, "not-reproduced-sound": 1,
+            "not-reproduced-conditional": 1, "not-reproduced-unsound": 1, "not-checkable-data-dependent": 1,
+            "no-dp-guarantee": 1}
 
 
 def expected_verdict(path: Path) -> str:
@@ -254,3 +255,21 @@ def test_claim_is_frozen():
     assert isinstance(claim, Claim)
     with pytest.raises(Exception):
         claim.epsilon = 2.0
+
+
+@pytest.mark.parametrize("epsilon, verdict", [
+    ("6.887", "reproduced-conditional"),      # worst-case-size-general itself, the comparison for the paper's ball
+    ("8.5", "not-reproduced-conditional"),    # above it, reproduced by nothing
+    ("5.806", "reproduced-unsound"),          # the tight form: it needs a further condition, and is below
+])
+def test_a_paper_ball_claim_is_judged_against_theorem_3_1_alone_and_says_so(tmp_path, epsilon, verdict):
+    source = next(p for p in EXAMPLES if p.name == "adapmixed_table2a_pmixed.toml").read_text()
+    body = re.sub(r"^epsilon = .*$", f"epsilon = {epsilon}", source, flags=re.MULTILINE)
+    body = re.sub(r"^(subsampling_variant|conversion) = .*$\n", "", body, flags=re.MULTILINE)
+    path = tmp_path / "claim.toml"
+    path.write_text(body)
+    result = verify_file(path)
+    assert result.verdict == verdict, result.statement
+    assert result.exit_code == 1 and result.sound_basis.startswith("conditional on Theorem 3.1")
+    if verdict.endswith("conditional"):
+        assert result.sound and "SOUND IF THEOREM 3.1 HOLDS" in result.statement
