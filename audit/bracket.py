@@ -199,10 +199,65 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     return partial
 
 
+DPWS_SAMPLES = 4000
+"""Gaussian draws per step for DPWS's Monte Carlo law bounds (common to the step's histograms)."""
+
+
+def _bernstein(total: np.ndarray, squares: np.ndarray, samples: int, eta: float) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) bounds on E[X] for X in [0, 1] from `samples` draws' sum and sum of squares,
+    each holding with probability >= 1 - eta (empirical Bernstein: Maurer & Pontil 2009, Theorem 4)."""
+    mean = total / samples
+    variance = np.maximum(squares - total * mean, 0.0) / (samples - 1)
+    log_term = math.log(2.0 / eta)
+    width = np.sqrt(2.0 * variance * log_term / samples) + 7.0 * log_term / (3.0 * (samples - 1))
+    return np.clip(mean - width, 0.0, 1.0), np.clip(mean + width, 0.0, 1.0)
+
+
+def dpws_law_bounds(sampler, histograms: np.ndarray, generator: torch.Generator, samples: int,
+                    eta: float) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) bounds (H, V + 1) on DPWS's released law (entry 0 the failure) on each of the
+    histograms (H, V): the certified analytic bounds (DPWeightedSampler.output_law_bounds) tightened
+    by Monte Carlo over common Gaussian draws, each Monte Carlo bound holding with probability
+    >= 1 - eta (empirical Bernstein on the per-draw law, whose entries lie in [0, 1])."""
+    histograms = np.asarray(histograms, dtype=np.float64)
+    count, vocab = histograms.shape
+    analytic = [sampler.output_law_bounds(h) for h in histograms]
+    low, high = np.stack([a[0] for a in analytic]), np.stack([a[1] for a in analytic])
+    # tokens with equal counts in a histogram are exchangeable (the draws are i.i.d.): their common
+    # release probability is estimated by each draw's average over them, still in [0, 1] and unbiased
+    groups = [np.unique(h, return_inverse=True)[1] for h in histograms]
+    sizes = [np.bincount(g) for g in groups]
+    total = [np.zeros(size.size + 1) for size in sizes]
+    squares = [np.zeros(size.size + 1) for size in sizes]
+    n = float(histograms[0].sum()) if sampler.voters is None else float(sampler.voters)
+    for start in range(0, samples, 500):
+        draws = min(500, samples - start)
+        noise = sampler.sigma * torch.randn((draws, vocab), generator=generator, dtype=torch.float64).numpy()
+        noisy = np.maximum(histograms[:, None, :] + noise[None], 0.0)                    # (H, S, V)
+        passing = np.where(noisy >= sampler.threshold, noisy, 0.0)
+        normaliser = np.maximum(n / sampler.gamma, passing.sum(-1, keepdims=True))
+        law = np.where(normaliser > 0, passing / np.where(normaliser > 0, normaliser, 1.0), 0.0)
+        fail = np.clip(1.0 - law.sum(-1), 0.0, 1.0)                                       # (H, S)
+        for index in range(count):
+            means = np.stack([np.bincount(groups[index], weights=row, minlength=sizes[index].size) for row in
+                              law[index]]) / sizes[index]                                # (S, groups)
+            values = np.concatenate([fail[index][:, None], np.clip(means, 0.0, 1.0)], axis=1)
+            total[index] += values.sum(axis=0)
+            squares[index] += (values * values).sum(axis=0)
+    mc_low, mc_high = np.empty((count, vocab + 1)), np.empty((count, vocab + 1))
+    for index in range(count):
+        group_low, group_high = _bernstein(total[index], squares[index], samples, eta)
+        columns = np.concatenate([[0], 1 + groups[index]])
+        mc_low[index], mc_high[index] = group_low[columns], group_high[columns]
+    # a sum of draws carries rounding: 1e-12 relative covers it many times over
+    return np.maximum(low, mc_low * (1 - 1e-12)), np.minimum(high, mc_high * (1 + 1e-12) + 1e-300)
+
+
 def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, pairs: list[Pair],
-                          intervals: list[float]) -> dict:
-    """One window's composed loss distributions (forward, backward) per voting pair (DPARGMAX,
-    released output): removed and replaced teachers by index, an added vote."""
+                          intervals: list[float], mc_samples: int, seed: int, steps_total: int) -> dict:
+    """One window's composed loss distributions (forward, backward) per voting pair (DPARGMAX and
+    DPWS, released output): removed and replaced teachers by index, an added vote."""
+    from audit.ablation import monte_carlo_seed
     from audit.voting import _candidates, _mechanism
     from mechanisms.voting import renyi_divergence_of_log_laws
 
@@ -211,49 +266,77 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
     votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
     steps = {pair: (RunningComposition(), RunningComposition()) for pair in pairs}   # O(log steps) alive
     two = np.array([2.0])
+    dpws = trace.params.get("aggregator") == "dpws"
 
-    def law(histogram: np.ndarray) -> tuple[np.ndarray, float]:
+    def bounds(histogram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(log lower, log upper) bounds on the released law: DPWS's analytic bounds (the neighbour's
+        choice only), or DPARGMAX's law with its stated numerical error allowed for
+        VOTING_LAW_ALLOWANCE times over."""
+        if dpws:
+            low, high = mechanism.dpws.output_law_bounds(histogram)
+            return _log(torch.from_numpy(low)), _log(torch.from_numpy(high))
         log_fail, log_release, error = mechanism.log_output_law(histogram)
-        return np.concatenate([[log_fail], log_release]), error
+        allowance = math.log1p(VOTING_LAW_ALLOWANCE * error + 1e-12)
+        central = np.concatenate([[log_fail], log_release])
+        return central - allowance, central + allowance
+
+    def law(histogram: np.ndarray) -> np.ndarray:
+        """The law a neighbour is chosen by (any choice gives a valid bound): DPWS's bounds' midpoint."""
+        low, high = bounds(histogram)
+        if not dpws:
+            return 0.5 * (low + high)
+        middle = 0.5 * (np.exp(low) + np.exp(high))
+        with np.errstate(divide="ignore"):
+            return np.log(middle / middle.sum())
 
     for row, record in enumerate(records):
         if record.get("budget_refused"):  # answered publicly by the filter: the same law under every neighbour
             continue
-        actual, error = law(counts[row])
+        actual = law(counts[row])
 
-        def moved(histogram: np.ndarray, remove: int | None) -> tuple[np.ndarray, float]:
+        def moved(histogram: np.ndarray, remove: int | None) -> np.ndarray:
             """The law after adding a vote on the candidate token that moves it most (order 2, both
             directions), with the vote of `remove` taken out first (a replacement), or not."""
             base = histogram.copy()
             if remove is not None:
                 base[remove] -= 1
-            best, best_law, best_error = -1.0, None, 0.0
+            best, best_histogram = -1.0, None
             for token in _candidates(histogram):
                 if token == remove:
                     continue
                 neighbour = base.copy()
                 neighbour[token] += 1
-                other, other_error = law(neighbour)
+                other = law(neighbour)
                 score = float(max(renyi_divergence_of_log_laws(actual, other, two)[0],
                                   renyi_divergence_of_log_laws(other, actual, two)[0]))
                 if score > best:
-                    best, best_law, best_error = score, other, other_error
-            return best_law, best_error
+                    best, best_histogram = score, neighbour
+            return best_histogram
 
-        for pair, interval in zip(pairs, intervals):
+        neighbours = []
+        for pair in pairs:
             if pair.move == "remove":
                 neighbour = counts[row].copy()
                 neighbour[votes[row, pair.index]] -= 1
-                other, other_error = law(neighbour)
             elif pair.move == "replace":
-                other, other_error = moved(counts[row], int(votes[row, pair.index]))
+                neighbour = moved(counts[row], int(votes[row, pair.index]))
             else:
-                other, other_error = moved(counts[row], None)
-            allowance = math.log1p(VOTING_LAW_ALLOWANCE * max(error, other_error) + 1e-12)
+                neighbour = moved(counts[row], None)
+            neighbours.append(neighbour)
+        if dpws:  # every law of the step bounded at once, over the same draws
+            histograms = np.stack([counts[row], *neighbours])
+            generator = torch.Generator().manual_seed(monte_carlo_seed(seed, int(record["step"])))
+            eta = (1.0 - CONFIDENCE) / (steps_total * histograms.shape[0] * (histograms.shape[1] + 1) * 2)
+            low, high = dpws_law_bounds(mechanism.dpws, histograms, generator, mc_samples, eta)
+            laws = [(_log(torch.from_numpy(lo)), _log(torch.from_numpy(hi))) for lo, hi in zip(low, high)]
+        else:
+            laws = [bounds(h) for h in [counts[row], *neighbours]]
+        actual_low, actual_high = laws[0]
+        for pair, interval, (other_low, other_high) in zip(pairs, intervals, laws[1:]):
             forward, backward = steps[pair]
-            # the first law's masses lowered, the second's raised, by the allowance: the profile only drops
-            forward.add(LossDistribution.from_log_laws(actual - allowance, other + allowance, interval))
-            backward.add(LossDistribution.from_log_laws(other - allowance, actual + allowance, interval))
+            # the first law's lower bounds against the second's upper bounds: the profile only drops
+            forward.add(LossDistribution.from_log_laws(actual_low, other_high, interval))
+            backward.add(LossDistribution.from_log_laws(other_low, actual_high, interval))
     return {pair: (forward.result(), backward.result()) for pair, (forward, backward) in steps.items()}
 
 
@@ -329,12 +412,15 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
     if kind == "public":
         return skipped("epsilon_bracket", "the public model alone reads no teacher: its epsilon is 0 exactly")
     voting = kind == "voting"
-    if voting and trace.params.get("aggregator") != "dpargmax":
-        return skipped("epsilon_bracket", f"no certified lower bound for {trace.params.get('aggregator')}: "
-                                          + ("its released law is a V-dimensional integral with no closed form"
-                                             if trace.params.get("aggregator") == "dpws" else
-                                             "it claims no DP epsilon (T-threshold privacy only)"))
-    if voting and trace.params.get("accounting") == "realised-path":
+    if voting and trace.params.get("aggregator") not in ("dpargmax", "dpws"):
+        return skipped("epsilon_bracket", f"no certified lower bound for {trace.params.get('aggregator')}: it claims "
+                                          "no DP epsilon (T-threshold privacy only)")
+    if trace.params.get("accounting") == "realised-path" and (voting or trace.params.get("screening", True)):
+        if (trace.manifest.get("budget") or {}).get("charging") == "realised-path":
+            return skipped("epsilon_bracket", "realised-path charges inside a privacy filter: the guarantee is the "
+                                              "budget's, and where the filter stops depends on the released screen "
+                                              "decisions, whose laws differ between neighbours; the budget is not "
+                                              "bracketed (the steps' laws are not a fixed product)")
         return skipped("epsilon_bracket", "realised-path accounting is an ex-post statement that bounds no released "
                                           "law (docs/soundness.md): there is no epsilon(delta) claim to bracket")
     if kind not in ("pmixed", "adapmixed", "voting"):
@@ -364,7 +450,9 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
     intervals = [float(np.clip(BIAS_FRACTION * max(estimate, 1.0) / steps, 1e-6, 1e-2))
                  if math.isfinite(estimate) else 1e-2 for estimate in estimates]
     composed = {pair: (RunningComposition(), RunningComposition()) for pair in pairs}  # memory: O(log windows)
-    windows = (trace.map_windows(voting_bracket_window, pairs, intervals, desc="epsilon bracket") if voting else
+    dpws = voting and trace.params.get("aggregator") == "dpws"
+    windows = (trace.map_windows(voting_bracket_window, pairs, intervals, DPWS_SAMPLES, seed, steps,
+                                 desc="epsilon bracket") if voting else
                trace.map_windows(bracket_window, pairs, intervals, mc_samples, seed, steps, desc="epsilon bracket"))
     for _, window in windows:
         for pair, (forward, backward) in window.items():
@@ -391,11 +479,13 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
                      "discretisation": rounding})
     exceeded = [r for r in rows if r["lower"] > r["upper"] * (1 + 1e-9)]
     confidence = (f"; with probability >= {CONFIDENCE:g} over the audit's screening Monte Carlo ({mc_samples} draws "
-                  "a step, Clopper-Pearson with a union bound over the steps)") if screened else ""
+                  "a step, Clopper-Pearson with a union bound over the steps)") if screened else \
+        (f"; with probability >= {CONFIDENCE:g} over the audit's Monte Carlo of DPWS's law ({DPWS_SAMPLES} draws a "
+         "step, empirical Bernstein with a union bound over steps, laws and outcomes)") if dpws else ""
     text = "; ".join(f"delta {r['delta']:g}: epsilon in [{r['lower']:.4g}, {r['upper']:.4g}] (ratio "
                      f"{r['ratio']:.3g}, lower bound from {r['neighbour'] or 'no pair'})" for r in rows)
     evidence = {"rows": rows, "claimed_relation": claimed_relation.value, "pairs": [p.label for p in pairs],
-                "confidence": CONFIDENCE if screened else 1.0,
+                "confidence": CONFIDENCE if screened or dpws else 1.0,
                 "method": "exact per-step output laws of each pair, privacy loss distributions composed with losses "
                           "rounded down (accounting.loss_distribution): a certified lower bound on epsilon(delta); "
                           "`discretisation` bounds how far the rounding lowered the pair's composed loss"}

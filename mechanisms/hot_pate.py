@@ -155,6 +155,59 @@ class DPWeightedSampler(Mechanism):
 
         return dp_accounting.GaussianDpEvent(self.sigma / math.sqrt(histogram_sensitivity_squared(self.relation)))
 
+    def output_law_bounds(self, counts) -> tuple[np.ndarray, np.ndarray]:
+        """Certified (lower, upper) bounds on DPWS's output law on one histogram: arrays (V + 1,),
+        entry 0 the failure, entry 1 + j the release of token j (an audit composes lower bounds of one
+        law against upper bounds of another into a lower bound on epsilon(delta): the composed
+        hockey-stick grows with the first law's masses and falls with the second's).
+
+        With a = n / gamma, g_j = (c_j + Z_j) 1{c_j + Z_j >= T} (T > 0) and S = sum_j g_j, the release
+        probability is P_j = E[g_j / max(a, S)] (the construction above). Then
+          P_j <= E[g_j] / a,                                   as max(a, S) >= a;
+          P_j >= (E[g_j] - sqrt(E[g_j^2] Pr[S > a])) / a,       as g_j / max(a, S) >= g_j 1{S <= a} / a
+                                                                and Cauchy-Schwarz on E[g_j 1{S > a}];
+          P_j >= E[g_j] / a - (E[g_j^2] + E[g_j] E[(S - a)_+]) / a^2, as 1/y >= 1/a - (y - a)/a^2 for
+                                                                y >= a and (S - a)_+ <= g_j + (S_-j - a)_+;
+        with u_j = (T - c_j) / sigma, phi and Q the standard normal density and upper tail:
+          E[g_j] = c_j Q(u_j) + sigma phi(u_j),  E[g_j^2] = (c_j^2 + sigma^2) Q(u_j) + sigma (c_j + T) phi(u_j),
+        and Pr[S > a] <= min_t exp(-t a) prod_j E[exp(t g_j)] (Chernoff; the g_j are independent),
+        E[(S - a)_+] = int_a^inf Pr[S > s] ds <= min_t exp(-t a) prod_j E[exp(t g_j)] / t, with
+          E[exp(t g_j)] = Phi(u_j) + exp(t c_j + t^2 sigma^2 / 2) Q(u_j - t sigma).
+        The failure's bounds are 1 minus the releases' sums. Each value carries a 1e-10 relative
+        allowance for its floating-point evaluation (libm and scipy's log_ndtr err by a few ulps)."""
+        from scipy.special import log_ndtr, ndtr
+
+        counts = validated_counts(counts)
+        n = float(counts.sum()) if self.voters is None else float(self.voters)
+        a = n / self.gamma
+        sigma, threshold = float(self.sigma), float(self.threshold)
+        u = (threshold - counts) / sigma
+        tail, density = ndtr(-u), np.exp(-0.5 * u * u) / np.sqrt(2.0 * np.pi)
+        first = np.maximum(counts * tail + sigma * density, 0.0)
+        second = np.maximum((counts ** 2 + sigma ** 2) * tail + sigma * (counts + threshold) * density, 0.0)
+        log_tail, log_excess = np.inf, np.inf
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for t in np.geomspace(1e-3, 50.0, 60) / sigma:
+                terms = np.logaddexp(log_ndtr(u), t * counts + 0.5 * (t * sigma) ** 2 + log_ndtr(t * sigma - u))
+                bound = -t * a + float(np.sum(terms))
+                if np.isfinite(bound):
+                    log_tail, log_excess = min(log_tail, bound), min(log_excess, bound - np.log(t))
+        exceed = min(1.0, float(np.exp(log_tail)) * (1.0 + 1e-10)) if a > 0 else 1.0
+        excess = float(np.exp(log_excess)) * (1.0 + 1e-10)   # E[(S - a)_+] = int_a^inf Pr[S > s] ds
+        slack = 1e-10
+        if a > 0:
+            upper = np.minimum(first / a * (1.0 + slack), 1.0)
+            # 1 / max(a, S) >= 1/a - (S - a)_+ / a^2 (the tangent of the convex 1/y at a), and
+            # (S - a)_+ <= g_j + (S_-j - a)_+ with S_-j independent of g_j and below S
+            tangent = first / a - (second + first * excess) / a ** 2
+            lower = np.maximum(np.maximum(first - np.sqrt(second * exceed), 0.0) / a, tangent) * (1.0 - slack)
+            lower = np.maximum(lower, 0.0)
+        else:
+            upper, lower = np.ones_like(first), np.zeros_like(first)
+        fail_low = max(0.0, 1.0 - float(np.sum(upper)) * (1.0 + slack))
+        fail_high = min(1.0, 1.0 - float(np.sum(lower)) * (1.0 - slack))
+        return np.concatenate([[fail_low], lower]), np.concatenate([[fail_high], upper])
+
     def probabilities_given_noise(self, counts, noise) -> np.ndarray:
         """Output probabilities of each token given the Gaussian draws `noise` (the rest is fail)."""
         counts = validated_counts(counts)
