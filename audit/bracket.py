@@ -278,7 +278,7 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
         log_fail, log_release, error = mechanism.log_output_law(histogram)
         allowance = math.log1p(VOTING_LAW_ALLOWANCE * error + 1e-12)
         central = np.concatenate([[log_fail], log_release])
-        return central - allowance, central + allowance
+        return central - allowance, np.minimum(central + allowance, 0.0)   # no probability exceeds 1
 
     def law(histogram: np.ndarray) -> np.ndarray:
         """The law a neighbour is chosen by (any choice gives a valid bound): DPWS's bounds' midpoint."""

@@ -22,7 +22,7 @@ many blocks of random logits (the mechanism runs on each once; tokens are still 
 
 
 def write_synthetic_run(out: Path, teachers: int, vocab: int, steps: int, block_size: int, mechanism: dict,
-                        payload: bool = False, seed: int = 0) -> Path:
+                        payload: bool = False, seed: int = 0, relation: str = "add_or_remove_one") -> Path:
     """A finished run of `mechanism` over `steps` random teacher-forced queries. The manifest names
     models that do not exist, so without the payload an audit cannot recompute the charges."""
     out = Path(out)
@@ -31,7 +31,7 @@ def write_synthetic_run(out: Path, teachers: int, vocab: int, steps: int, block_
     models = ModelsConfig(embedded=False, teachers=teachers, public="synthetic://public",
                           teacher_paths=tuple(f"synthetic://teacher-{i}" for i in range(teachers)))
     config = RunConfig(out=str(out), mechanism=mechanism, models=models, data=DataConfig(text=str(text),
-                       block_size=block_size), queries=steps, replay_payload=payload, seed=seed)
+                       block_size=block_size), queries=steps, replay_payload=payload, seed=seed, relation=relation)
     runner = build_runner(config.mechanism, teachers, config.relation)
     orders = np.asarray(default_orders(*([runner.params["alpha"]] if "alpha" in runner.params else [])))
     models = [{"role": "public", "source": "synthetic://public", "content_hash": "0" * 64}]

@@ -174,3 +174,39 @@ def test_dpws_law_bounds_hold_and_tighten_with_draws():
         assert np.all(low[0][~seen] <= 1e-3) and np.all(low[0] <= high[0])
         widths.append(float(np.max(high[0] - low[0])))
     assert widths[1] < widths[0] and high[0][4] - low[0][4] < 0.02   # the top token's law, to 2%
+
+
+GENERATED = {
+    "pmixed": ({"type": "pmixed", "alpha": 6.0, "beta": 0.05}, "add_or_remove_one"),
+    "adapmixed-add-or-remove": ({**SCREENED, "screening": False}, "add_or_remove_one"),
+    "adapmixed-remove-one": ({**SCREENED, "screening": False}, "remove_one"),
+    "adapmixed-add-one": ({**SCREENED, "screening": False}, "add_one"),
+    "dpargmax": ({**DPARGMAX, "votes": "coordinated", "sigma": 2.0, "sigma_threshold": 2.0}, "add_or_remove_one"),
+}
+
+
+@pytest.mark.parametrize("teachers", [4, 64])
+@pytest.mark.parametrize("name", list(GENERATED))
+def test_generated_runs_are_bracketed_and_an_understated_claim_fails(tmp_path, name, teachers):
+    """Random ensembles of 4 to 64 teachers: the lower bound stays below the claim, and half of it as a
+    claim FAILs through the lower bound."""
+    from audit.ablation import check_ablation
+    from audit.voting import check_voting_ablation
+    from tests.synthetic import write_synthetic_run
+
+    mechanism, relation = GENERATED[name]
+    if name == "dpargmax":
+        mechanism = {**mechanism, "threshold": teachers / 2}
+    run = write_synthetic_run(tmp_path / "run", teachers, 48, 24, 12, dict(mechanism), payload=True, seed=teachers,
+                              relation=relation)
+    trace = load_trace(run)
+    ablation = check_voting_ablation(trace) if name == "dpargmax" else check_ablation(trace, None, 100, 0)[0]
+    result = check_epsilon_bracket(trace, ablation.evidence, mc_samples=100)
+    assert result.status.value == "PASS", result.detail
+    rows = result.evidence["rows"]
+    assert all(0 < row["lower"] <= row["upper"] for row in rows), rows
+    for entry in trace.ledger["epsilon"]:
+        if entry["method"] == "improved":
+            entry["epsilon"] = 0.5 * next(r["lower"] for r in rows if r["delta"] == entry["delta"])
+    doctored = check_epsilon_bracket(trace, ablation.evidence, mc_samples=100)
+    assert doctored.status.value == "FAIL" and "the claim under-states" in doctored.detail
