@@ -185,8 +185,8 @@ GENERATED = {
 }
 
 
-@pytest.mark.parametrize("teachers", [4, 64])
-@pytest.mark.parametrize("name", list(GENERATED))
+@pytest.mark.parametrize("name, teachers", [(name, 4) for name in GENERATED]
+                         + [("pmixed", 64), ("adapmixed-add-or-remove", 64), ("dpargmax", 16)])
 def test_generated_runs_are_bracketed_and_an_understated_claim_fails(tmp_path, name, teachers):
     """Random ensembles of 4 to 64 teachers: the lower bound stays below the claim, and half of it as a
     claim FAILs through the lower bound."""
