@@ -46,10 +46,12 @@ tolerance. Every float operation is accounted for by an error allowance (`_f_cer
 returned is an upper bound on the exact G; then D_k <= log1p(G) / (k - 1).
 
 **Orders between the dual's orders.** For a fixed q, (k - 1) D_k(P || Q) is convex in k (a log-sum-exp
-of affine functions of k; van Erven & Harremoes 2014) and 0 at k = 1, so the maximum over q of
-(k - 1) D_k is convex as well (a supremum of convex functions). Between two orders s < t where the
-dual is certified, its chord bounds it; below the first, the chord from (1, 0). Above the last
-order the dual says nothing (+inf).
+of affine functions of k; van Erven & Harremoes 2014) and 0 at k = 1 (the log of the total mass:
+at most max(P - 1, 0) when the float law p sums to P), so the maximum over q of (k - 1) D_k is
+convex as well (a supremum of convex functions). Between two orders s < t where the dual is
+certified, its chord bounds it; below the first, the chord from (1, max(P - 1, 0)). Above the last
+order the dual says nothing (+inf). A multiplier that is not finite (or a mu < 0) certifies
+nothing: that order's value is +inf.
 
 **The adversary.** `add_one_adversary` returns, per step and order, a law q that PMixED's projection
 produces from an added teacher x (q = lambda x + (1 - lambda) p0, lambda from
@@ -882,6 +884,12 @@ def _row_duals(p, p0, lo, hi, n, orders, gs, budgets, p_dev, p_err, p0_dev, p0_e
                 lam[0], lam[1], lam[2] = np.nan, 0.0, 0.0
             approx = _optimise(p, p0, n, s, g, base, b1, b2, xg, fg, w1g, w2g, newton, lam, xs, iterations, search)
             nu, mu1, mu2 = lam[0], lam[1], lam[2]
+            if not (nu == nu and abs(nu) < np.inf and mu1 >= 0.0 and mu1 < np.inf and mu2 >= 0.0 and mu2 < np.inf):
+                # weak duality needs a finite nu and mu >= 0: anything else certifies nothing
+                out_g[i, direction] = np.inf
+                out_approx[i, direction] = approx
+                out_lam[i, direction, 0] = np.nan
+                continue
             target = tolerance * max(abs(approx), 1e-300)
             total, _ = _certify(nu, mu1, mu2, p, p0, lo, hi, n, s, g, flo, fhi, ball_lo, ball_hi, xs, target,
                                 max_points)
@@ -1084,8 +1092,11 @@ def dual_add_one_bounds(output, public, teachers: int, orders, alpha: float, rad
     sub = np.ascontiguousarray(sorted_orders[chosen])
     constraints = [dualised_constraint(k, alpha, radius, all_orders_beta) for k in sub]
     gs = np.asarray([c[0] for c in constraints])
+    # R - 1 = expm1((g - 1) r) rounded up: the exponent rounded up first (its product errs by one
+    # rounding, which expm1 would turn into a relative error of (g - 1) r u), then expm1's own ulp
+    exponents = np.asarray([(g - 1.0) * r for g, r in constraints]) * (1.0 + 4.0 * _U)
     with np.errstate(over="ignore"):
-        budgets = np.expm1(np.asarray([(g - 1.0) * r for g, r in constraints]))
+        budgets = np.expm1(exponents)
     budgets = budgets * (1.0 + 16.0 * _U) + 4.0 * _U * np.abs(budgets)
     lo_all, hi_all = token_box(p0_rows, alpha, radius, all_orders_beta)
     rows = p_rows.shape[0]
