@@ -1050,7 +1050,13 @@ SETTINGS = {"points": 16, "newton": 3, "iterations": 12, "tolerance": 1e-4, "max
             "small_vocabulary": 64, "small_points": 48, "small_search": 800}
 """Effort of the dual: grid points per token, Newton steps per inner problem, Newton steps on the
 multipliers, the certified tolerance (relative to G) and the branch-and-bound cap per token; at most
-`small_vocabulary` tokens, a denser grid and a compass search of `small_search` evaluations."""
+`small_vocabulary` tokens, a denser grid and a compass search of `small_search` evaluations.
+Above it the multipliers come from a few damped Newton steps only, and with a wide ball (e.g.
+beta = 0.2 at alpha = 18) they can be poor at low orders: the certified value is then valid but
+can exceed the closed form (kernels.add_one_divergence_bounds keeps the smaller of the two).
+Tiny changes of the input (its last bit) can move the chosen multipliers, and with them the
+bound by up to a few percent (measured: 8% at V = 320): the value is a deterministic function of
+the exact input bits, which is what the replay and the audit rely on."""
 
 
 def dual_add_one_bounds(output, public, teachers: int, orders, alpha: float, radius: float,

@@ -581,9 +581,10 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
     dual=True takes, in each direction, the smaller of the closed-form bound and the Lagrangian dual
     bound of mechanisms.add_one.dual_add_one_bounds (Boyd & Vandenberghe 2004, Section 5.1.3, weak
     duality; certified in floating point). Both are upper bounds on the same maximum, so their minimum
-    is one, and it is never above the closed-form value. The dual costs far more per step (hundreds of
-    times the closed form at V = 1024: benchmarks/results/add_one_dual_cost.json), so it is an option;
-    a run records it (manifest params "add_one_dual") and the audit recomputes what was charged.
+    is one, and it is never above the closed-form value. The dual costs far more per step (about a
+    thousand times the closed form at V = 1024: benchmarks/results/add_one_dual_cost.json), so it
+    is an option; a run records it (manifest params "add_one_dual") and the audit recomputes what
+    was charged.
     """
     forward, reverse = add_one_direction_bounds(output, public, teachers, orders, alpha, radius, all_orders_beta)
     if dual:
