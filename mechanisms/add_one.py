@@ -558,7 +558,7 @@ def _optimise(p, p0, n, s, g, base, b1, b2, xg, fg, w1g, w2g, newton, lam, xs, i
     nu0, mu0 = _initial_multipliers(p, p0, n, s, g, min(b1, b2))
     # starting points: the warm start, the chi-square multipliers (split between the two directions
     # of the ball, or on one), no ball multiplier; small vocabularies also try other scales of mu
-    scales = np.array([1.0, 1e-4, 1e-2, 1e2]) if search > 0 else np.array([1.0])
+    scales = np.array([1.0, 1e-4, 1e-2, 1e2])
     starts = np.empty((3 + 3 * scales.size, 3))
     starts[0, 0], starts[0, 1], starts[0, 2] = lam[0], lam[1], lam[2]
     starts[1, 0], starts[1, 1], starts[1, 2] = nu0, 0.0, 0.0
@@ -1051,9 +1051,11 @@ SETTINGS = {"points": 16, "newton": 3, "iterations": 12, "tolerance": 1e-4, "max
 """Effort of the dual: grid points per token, Newton steps per inner problem, Newton steps on the
 multipliers, the certified tolerance (relative to G) and the branch-and-bound cap per token; at most
 `small_vocabulary` tokens, a denser grid and a compass search of `small_search` evaluations.
-Above it the multipliers come from a few damped Newton steps only, and with a wide ball (e.g.
-beta = 0.2 at alpha = 18) they can be poor at low orders: the certified value is then valid but
-can exceed the closed form (kernels.add_one_divergence_bounds keeps the smaller of the two).
+Above it the multipliers come from a few damped Newton steps only (from the best of the warm
+start and the chi-square start at four scales), and with a wide ball (e.g. beta = 0.2 at
+alpha = 18) they can be poor at some orders: the certified value is then valid but loose, the
+lower convex hull across orders (_interpolated) replaces it by a chord of its neighbours where
+that is smaller, and kernels.add_one_divergence_bounds keeps the closed form where that is.
 Tiny changes of the input (its last bit) can move the chosen multipliers, and with them the
 bound by up to a few percent (measured: 8% at V = 320): the value is a deterministic function of
 the exact input bits, which is what the replay and the audit rely on."""
@@ -1157,12 +1159,15 @@ def dual_add_one_bounds(output, public, teachers: int, orders, alpha: float, rad
 
 def _interpolated(g_values: np.ndarray, sub: np.ndarray, orders: np.ndarray, at_one: np.ndarray) -> np.ndarray:
     """D bounds at every (sorted) order from certified G at the dual orders `sub`: U = log1p(G) bounds
-    (k - 1) D_k there; between two dual orders the chord of U bounds the convex (k - 1) D_k (van Erven
-    & Harremoes 2014: a log-sum-exp of functions affine in k, and a supremum of convex functions over
-    the ball is convex); below the first, the chord from (1, at_one), at_one (rows,) an upper bound on
-    the value at k = 1 (the log of the laws' total mass: 0 for exact laws, max(P - 1, 0) covers a sum
-    P off 1 by rounding); above the last, +inf. Rounded up (the chord's float error is charged per
-    term); never below 0."""
+    F(k) = max over the ball of (k - 1) D_k there, and F is convex in k (for each q a log-sum-exp of
+    functions affine in k, van Erven & Harremoes 2014; a supremum of convex functions is convex), so
+    between any two certified points a < k < b, F(k) <= the chord of (a, U_a) and (b, U_b). The
+    smallest such chord at every k is the lower convex hull of the certified points and of
+    (1, at_one), at_one (rows,) bounding F(1) (the log of the laws' total mass: 0 for exact laws,
+    max(P - 1, 0) covers a sum P off 1 by rounding). Each order's value is one chord between two
+    certified points (or a certified point itself), so a hull misjudged in floating point only
+    costs tightness; the chord's own float error is charged per term, then D_k = F / (k - 1) is
+    rounded up. Above the last finite certified order: +inf. Never below 0."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         base = np.log1p(np.maximum(g_values, -1.0 + 2.0 ** -52))
         u = base + 8.0 * _U * np.abs(base)
@@ -1170,22 +1175,34 @@ def _interpolated(g_values: np.ndarray, sub: np.ndarray, orders: np.ndarray, at_
     rows = g_values.shape[0]
     at_one = np.maximum(np.asarray(at_one, dtype=np.float64).reshape(rows), 0.0)
     result = np.full((rows, orders.size), np.inf)
-    for index, k in enumerate(orders):
-        right = np.searchsorted(sub, k, side="left")
-        if right < sub.size and sub[right] == k:
-            value = u[:, right] / (k - 1.0)
-        elif right >= sub.size:
-            continue
-        else:
-            s_left, u_left = (1.0, at_one) if right == 0 else (sub[right - 1], u[:, right - 1])
-            t_right, u_right = sub[right], u[:, right]
-            weight = (k - s_left) / (t_right - s_left)
-            with np.errstate(invalid="ignore"):
+    for row in range(rows):
+        xs = [1.0] + [float(k) for k, value in zip(sub, u[row]) if np.isfinite(value)]
+        ys = [float(at_one[row])] + [float(value) for value in u[row] if np.isfinite(value)]
+        hull = [0]       # indices of the lower convex hull's vertices (Andrew's monotone chain)
+        for i in range(1, len(xs)):
+            while len(hull) >= 2:
+                o, a = hull[-2], hull[-1]
+                if (xs[a] - xs[o]) * (ys[i] - ys[o]) - (ys[a] - ys[o]) * (xs[i] - xs[o]) <= 0.0:
+                    hull.pop()
+                else:
+                    break
+            hull.append(i)
+        vertices_x = np.asarray([xs[i] for i in hull])
+        vertices_y = np.asarray([ys[i] for i in hull])
+        for index, k in enumerate(orders):
+            if k > vertices_x[-1]:
+                break
+            right = int(np.searchsorted(vertices_x, k, side="left"))
+            if vertices_x[right] == k:
+                value = vertices_y[right] / (k - 1.0)
+            else:
+                s_left, u_left = vertices_x[right - 1], vertices_y[right - 1]
+                t_right, u_right = vertices_x[right], vertices_y[right]
+                weight = (k - s_left) / (t_right - s_left)
                 # weight and 1 - weight err by a few u each: 8 u of each end's value covers the chord
                 chord = (1.0 - weight) * u_left + weight * u_right + 8.0 * _U * (u_left + u_right)
                 value = chord / (k - 1.0)
-            value = np.where(np.isinf(u_left) | np.isinf(u_right), np.inf, value)
-        result[:, index] = np.maximum(value * (1.0 + 16.0 * _U), 0.0)
+            result[row, index] = max(value * (1.0 + 16.0 * _U), 0.0)
     return result
 
 
