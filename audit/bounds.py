@@ -12,6 +12,7 @@ from decoding.run import component_relations
 from mechanisms.kernels import (add_one_divergence_bounds, leave_one_out_curve, max_divergence_symmetric,
                                 mixed_teachers, symmetric_renyi_orders)
 from mechanisms.adapmixed import loss_covering
+from mechanisms.step import as_ensemble
 from mechanisms.pmixed import Ball, all_orders_ball_constraints
 from mechanisms.screening import NoisyScreening
 
@@ -128,11 +129,19 @@ def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torc
     # every teacher at every order, in the decode loop's own arithmetic (no sub-grid, no chords)
     exact, _, output = leave_one_out_curve(teachers, public, _recorded_lambdas(records), trace.orders,
                                            relative_tolerance=None)
+    dual = bool(trace.params.get("add_one_dual", False))
+    if dual:
+        # the dual's multipliers are chosen numerically, so its value moves by far more than the last
+        # bit of its input: it gets the output exactly as the decode loop formed it (as_ensemble's
+        # contiguous copies; recorded lambdas, which the replay check holds to the mechanism's)
+        teachers_c, public_c = as_ensemble(teachers, public, trace.n_teachers)
+        _, _, output = leave_one_out_curve(teachers_c, public_c, _recorded_lambdas(records), trace.orders)
+        public = public_c
     expected = loss_covering(
         relation, lambda: exact,
         lambda: add_one_divergence_bounds(output, public, trace.n_teachers, torch.from_numpy(trace.orders),
                                           trace.params["alpha"], trace.params["alpha"] * trace.params["beta"],
-                                          beta_all).numpy())
+                                          beta_all, dual=dual).numpy())
     charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
     answered = np.asarray([(every_step or r["screen_passed"]) and not r.get("budget_refused") for r in records])
     gap = np.where(answered[:, None], (expected - charged) / np.maximum(expected, 1e-300), 0.0)

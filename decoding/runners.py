@@ -153,7 +153,8 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
 def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma: float, threshold: float,
                      top_k: int, screening: bool = True, data_dependent: bool = True,
                      accounting: str = "released-output", ball: str = Ball.PROJECTION_ORDER.value,
-                     relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> Runner:
+                     relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
+                     add_one_dual: bool = False) -> Runner:
     """AdaPMixED (Flemings et al. 2024, Algorithm 1) and its Table 2a ablations.
 
     screening=True, data_dependent=True: AdaPMixED (screen, then PMixED charged data-dependently);
@@ -162,7 +163,11 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
 
     The data-dependent charge covers the neighbours of `relation`, the run's claim: remove-one is
     ibid. Eq. 3; add-one the add-one bound (mechanisms.kernels.add_one_divergence_bounds);
-    add-or-remove-one the larger of the two at each order.
+    add-or-remove-one the larger of the two at each order. add_one_dual=True tightens the add-one
+    bound by the certified Lagrangian dual (mechanisms.add_one; per step it costs about 500 times
+    the whole data-dependent step at V = 1024 and minutes a step at V = 50257:
+    benchmarks/results/add_one_dual_cost.json); the manifest's params record it ("add_one_dual":
+    true, absent otherwise) and the audit recomputes the bound the same way.
 
     What a screened step releases is the pair (b, y): the decision b (pass or fail, with
     Pr[pass] = pi under D and pi' under a neighbour D') and the token y, drawn from PMixED's p when b
@@ -188,6 +193,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     """
     require(screening or data_dependent, "at least one of screening / data_dependent must be enabled "
                                          "(with neither, use type = \"pmixed\")")
+    require(isinstance(add_one_dual, bool), f"add_one_dual must be true or false, got {add_one_dual!r}")
     require(accounting in ACCOUNTING_CHOICES, f"accounting must be one of {list(ACCOUNTING_CHOICES)}, got {accounting!r}")
     relation = neighbouring_relation(relation)
     require(relation is not NeighbouringRelation.REPLACE_ONE,
@@ -207,7 +213,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
 
     def process(public, teacher_probs, generator, orders):
         result = adapmixed_step(mechanism, teacher_probs, public, generator if screening else None, orders, relation,
-                                accounting, screening, data_dependent)
+                                accounting, screening, data_dependent, add_one_dual)
         if data_dependent:   # what was charged: the loss covering the relation; Eq. 3 its remove-one part
             observed, eq3 = result.data_dependent, result.details["eq3_remove_one"]
         else:                # not charged: Eq. 3 exact at every order, for the audit's Theorem 3.1 check
@@ -223,6 +229,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
                   screening=screening, data_dependent=data_dependent, accounting=accounting)
     if ball is not Ball.PROJECTION_ORDER:
         params["ball"] = ball.value
+    if add_one_dual:   # absent when false: manifests of runs without it are unchanged
+        params["add_one_dual"] = True
 
     def step_bound(orders):
         """The screen's charge plus Theorem 3.1 for the answer (Flemings et al. 2024, Theorem 4.2 with

@@ -574,14 +574,43 @@ def _add_one_order_sums(log_allocation: np.ndarray, log_t: np.ndarray, orders: n
 
 
 def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teachers: int, orders: torch.Tensor,
-                              alpha: float, radius: float, all_orders_beta: float | None = None) -> torch.Tensor:
-    """Upper bound, per order k, on max(D_k(p_+ || p), D_k(p || p_+)) over every teacher an adversary
+                              alpha: float, radius: float, all_orders_beta: float | None = None,
+                              dual: bool = False) -> torch.Tensor:
+    """max(forward, reverse) of add_one_direction_bounds (its docstring has the derivation): (..., K).
+
+    dual=True takes, in each direction, the smaller of the closed-form bound and the Lagrangian dual
+    bound of mechanisms.add_one.dual_add_one_bounds (Boyd & Vandenberghe 2004, Section 5.1.3, weak
+    duality; certified in floating point). Both are upper bounds on the same maximum, so their minimum
+    is one, and it is never above the closed-form value. The dual costs far more per step (about a
+    thousand times the closed form at V = 1024: benchmarks/results/add_one_dual_cost.json), so it
+    is an option; a run records it (manifest params "add_one_dual") and the audit recomputes what
+    was charged.
+    """
+    forward, reverse = add_one_direction_bounds(output, public, teachers, orders, alpha, radius, all_orders_beta)
+    if dual:
+        from mechanisms.add_one import dual_add_one_bounds
+
+        dual_forward, dual_reverse = dual_add_one_bounds(output, public, teachers, orders, alpha, radius,
+                                                         all_orders_beta)
+        forward = np.minimum(forward, dual_forward.reshape(forward.shape))
+        reverse = np.minimum(reverse, dual_reverse.reshape(reverse.shape))
+    bound = np.maximum(forward, reverse)
+    if np.any(np.isnan(bound)):
+        raise ValueError("add-one bound is NaN: an input distribution holds NaN or inf")
+    return torch.from_numpy(bound)
+
+
+def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teachers: int, orders: torch.Tensor,
+                             alpha: float, radius: float, all_orders_beta: float | None = None
+                             ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, reverse), numpy (..., K): upper bounds, per order k, on the max of D_k(p_+ || p)
+    (forward) and of D_k(p || p_+) (reverse) over every teacher an adversary
     can add: output (..., V) is p = mean of the N mixed teachers, public (..., V) is p0, and
     p_+ = (N p + q) / (N + 1) with q any law PMixED's projection can produce, i.e. any q in the ball
     B = {q : D<->_alpha(q, p0) <= radius} (q = lambda x + (1 - lambda) p0 lies in B whatever the
     added teacher x is, and every q in B is reachable with x = q). With `all_orders_beta` the ball
     also holds at every order (PMixED ball="all-orders"): D<->_k(q, p0) <= beta k for all k > 1.
-    Returns (..., K). Derivation (each step's source in brackets):
+    Derivation (each step's source in brackets):
 
     From the ball at order alpha, per token (each term of a sum is at most the sum), with
     R = exp((alpha-1) radius):
@@ -648,10 +677,10 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
     forward = np.minimum(jensen, chord)
     w = renyi_divergence_orders(torch.from_numpy(log_p), torch.from_numpy(log_qmin), orders.cpu()).numpy()
     reverse = np.minimum(np.log1p(1.0 / n), w / (n + 1.0))
-    bound = np.maximum(forward, reverse) * (1.0 + ROUNDING_ULPS)   # the last divisions' rounding
-    if np.any(np.isnan(bound)):
+    if np.any(np.isnan(forward)) or np.any(np.isnan(reverse)):
         raise ValueError("add-one bound is NaN: an input distribution holds NaN or inf")
-    return torch.from_numpy(bound)
+    # the last divisions' rounding
+    return forward * (1.0 + ROUNDING_ULPS), reverse * (1.0 + ROUNDING_ULPS)
 
 
 def coordinated_votes(teachers: torch.Tensor, generator: torch.Generator | None = None,

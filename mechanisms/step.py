@@ -107,14 +107,15 @@ def mixed_output(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Te
 
 def data_dependent_step_curve(pmixed, teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
                               orders: np.ndarray, relation: NeighbouringRelation,
-                              relative_tolerance: float = 0.005):
+                              relative_tolerance: float = 0.005, add_one_dual: bool = False):
     """(loss covering `relation` (..., K), exact mask (..., K), remove-one part, add-one part or None,
     the mixed teachers' mean (..., V)).
 
     Remove-one: Flemings et al. 2024, Eq. 3, max_i D<->(p, p_-i), exact on a sub-grid and a chord
     bound within `relative_tolerance` between (mechanisms.kernels.leave_one_out_curve). Add-one:
     mechanisms.kernels.add_one_divergence_bounds at every order of the grid (one row per step, so
-    its fused kernel costs less than the sub-grid bookkeeping would save)."""
+    its fused kernel costs less than the sub-grid bookkeeping would save); add_one_dual=True also
+    takes the certified Lagrangian dual bound there (mechanisms.add_one), per direction the smaller."""
     from mechanisms.kernels import add_one_divergence_bounds, leave_one_out_curve
     from mechanisms.pmixed import Ball
 
@@ -125,7 +126,7 @@ def data_dependent_step_curve(pmixed, teachers: torch.Tensor, public: torch.Tens
     if "add" in relation.moves:
         beta = pmixed.beta if pmixed.ball is Ball.ALL_ORDERS else None
         added = add_one_divergence_bounds(output, public, teachers.shape[-2], torch.from_numpy(orders), pmixed.alpha,
-                                          pmixed.radius, beta).numpy()
+                                          pmixed.radius, beta, dual=add_one_dual).numpy()
     covering = removed if added is None else (np.maximum(removed, added) if "remove" in relation.moves else added)
     return covering, exact, removed, added, output
 
@@ -144,14 +145,15 @@ def pmixed_step(pmixed, teachers, public, orders=None, mask=None) -> StepResult:
 
 def adapmixed_step(mechanism, teachers, public, generator=None, orders=None,
                    relation: NeighbouringRelation | str | None = None, accounting: str = "released-output",
-                   screening: bool = True, data_dependent: bool = True) -> StepResult:
+                   screening: bool = True, data_dependent: bool = True, add_one_dual: bool = False) -> StepResult:
     """AdaPMixED (Flemings et al. 2024, Algorithm 1) for a batch of steps: the noisy screen
     (Theorem 4.1), PMixED's projection, and the charged curve by component: "screen" and
     "pmixed_data_dependent" (the loss covering `relation`, the mechanism's own by default) or,
     with data_dependent=False, "pmixed_theorem_3_1". accounting="released-output" charges the
     PMixED part at every step; "realised-path" only where the screen passed
     (decoding.runners.adapmixed_runner explains the difference). `generator`: a torch.Generator
-    or mechanisms.randomness.StepGenerators (one per step), needed when screening."""
+    or mechanisms.randomness.StepGenerators (one per step), needed when screening. add_one_dual:
+    the add-one bound also takes the certified dual (data_dependent_step_curve)."""
     pmixed, screen = mechanism.pmixed, mechanism.screening
     relation = neighbouring_relation(mechanism.relation if relation is None else relation)
     require(relation is not NeighbouringRelation.REPLACE_ONE,
@@ -172,7 +174,8 @@ def adapmixed_step(mechanism, teachers, public, generator=None, orders=None,
     lambdas = pmixed.mixing_weights_tensor(teachers, public)
     if data_dependent:
         covering, exact, removed, added, mixed_mean = data_dependent_step_curve(pmixed, teachers, public, lambdas,
-                                                                                orders, relation)
+                                                                                orders, relation,
+                                                                                add_one_dual=add_one_dual)
     else:
         covering, exact, removed, added = None, None, None, None
         mixed_mean = mixed_output(teachers, public, lambdas)[1]

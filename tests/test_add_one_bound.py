@@ -385,6 +385,50 @@ def looseness(results) -> dict:
     return summary
 
 
+def _stats(values) -> dict:
+    values = np.asarray(values, dtype=np.float64)
+    return ({"min": float(values.min()), "median": float(np.median(values)), "p90": float(np.quantile(values, 0.9)),
+             "max": float(values.max())} if values.size else {})
+
+
+def _group(case: Case, k: float) -> str:
+    return GROUPS[0] if k < case.alpha else GROUPS[1] if k == case.alpha else GROUPS[2]
+
+
+@functools.lru_cache(maxsize=None)
+def dual_extras(ball: Ball, index: int, effort: float) -> tuple:
+    """(charged bound with the dual, add_one_divergence_bounds(dual=True); the adversary's forward and
+    reverse values, mechanisms.add_one.add_one_adversary) for a seeded case."""
+    from mechanisms.add_one import add_one_adversary
+
+    case = evaluated_seeded(ball, index, effort).case
+    beta = case.beta if case.ball is Ball.ALL_ORDERS else None
+    charged = add_one_divergence_bounds(torch.from_numpy(case.output), torch.from_numpy(case.public), case.teachers,
+                                        torch.tensor(case.orders, dtype=torch.float64), case.alpha, case.radius,
+                                        all_orders_beta=beta, dual=True).numpy()
+    adversary = add_one_adversary(case.output, case.public, case.teachers, case.orders, case.alpha, case.radius, beta)
+    return charged, adversary["forward"], adversary["reverse"]
+
+
+def adversary_summary(results, extras) -> dict:
+    """Per order group: adversary / oracle per direction (how close the primal adversary gets to the
+    brute-force worst case; above 1 where it beats the oracle) and charged-with-dual / adversary
+    (the certified gap: the true worst case lies between the two)."""
+    table = {group: {"forward": [], "reverse": [], "charged / adversary": []} for group in GROUPS}
+    for result, (charged, adv_forward, adv_reverse) in zip(results, extras):
+        for j, k in enumerate(result.case.orders):
+            row = table[_group(result.case, k)]
+            f, r = float(result.forward[j]), float(result.reverse[j])
+            if f > 0:
+                row["forward"].append(float(adv_forward[j]) / f)
+            if r > 0:
+                row["reverse"].append(float(adv_reverse[j]) / r)
+            worst = max(float(adv_forward[j]), float(adv_reverse[j]))
+            if worst > 0:
+                row["charged / adversary"].append(float(charged[j]) / worst)
+    return {group: {quantity: _stats(values) for quantity, values in row.items()} for group, row in table.items()}
+
+
 def format_looseness(title: str, cases: int, summary: dict) -> str:
     lines = [f"add-one bound looseness, {title}: bound / brute-force worst case over {cases} ensembles",
              f"  {'order group':<12} {'ratio':<30} {'n':>5} {'min':>9} {'median':>9} {'p90':>9} {'max':>10}"]
@@ -412,26 +456,38 @@ SUBSETS = {
 }
 
 
-def report_looseness(counts: dict, effort: float, write: bool) -> None:
-    report = {"effort": effort, "relative_slack": RELATIVE_SLACK, "absolute_slack": ABSOLUTE_SLACK,
+def report_looseness(counts: dict, effort: float, write: bool, note: str = "") -> None:
+    report = {"effort": effort, "cases_note": note or "the full seeded sweep", "relative_slack": RELATIVE_SLACK, "absolute_slack": ABSOLUTE_SLACK,
               "orders": "1.25, 2, alpha, 2 alpha, 64 (grouped below / at / above alpha)",
               "ratios": {"overall": "bound / max(worst forward, worst reverse): what the bound claims to cover",
                          "forward": "bound / worst D_k(p_+||p)", "reverse": "bound / worst D_k(p||p_+)",
                          "note": "the bound is max(forward part, reverse part), so a per-direction ratio is an "
                                  "upper estimate of that part's own looseness"},
+              "bounds": {"groups": "the closed form alone (add_one_divergence_bounds(dual=False))",
+                         "groups_with_dual": "what dual=True charges: per direction the smaller of the closed form "
+                                             "and the certified Lagrangian dual (mechanisms.add_one)",
+                         "adversary": "mechanisms.add_one.add_one_adversary: adversary / oracle per direction, and "
+                                      "charged-with-dual / adversary (the true worst case lies between them)"},
               "balls": {}}
     for ball, count in counts.items():
         results = [evaluated_seeded(ball, index, effort) for index in range(count)]
-        for result in results:
+        extras = [dual_extras(ball, index, effort) for index in range(count)]
+        for result, extra in zip(results, extras):
             assert_bound_holds(result)
+            assert_bound_holds(dataclasses.replace(result, bound=extra[0]))
+            assert np.all(extra[0] <= result.bound)
         report["balls"][ball.value] = {}
         for subset, keep in SUBSETS.items():
-            chosen = [result for result in results if keep(result.case)]
+            chosen = [i for i, result in enumerate(results) if keep(result.case)]
             if not chosen:
                 continue
-            summary = looseness(chosen)
+            summary = looseness([results[i] for i in chosen])
+            with_dual = looseness([dataclasses.replace(results[i], bound=extras[i][0]) for i in chosen])
             print("\n" + format_looseness(f"ball={ball.value}, {subset}", len(chosen), summary))
-            report["balls"][ball.value][subset] = {"ensembles": len(chosen), "groups": summary}
+            print("\n" + format_looseness(f"WITH THE DUAL, ball={ball.value}, {subset}", len(chosen), with_dual))
+            report["balls"][ball.value][subset] = {
+                "ensembles": len(chosen), "groups": summary, "groups_with_dual": with_dual,
+                "adversary": adversary_summary([results[i] for i in chosen], [extras[i] for i in chosen])}
     if write:
         LOOSENESS_JSON.parent.mkdir(parents=True, exist_ok=True)
         LOOSENESS_JSON.write_text(json.dumps(report, indent=2) + "\n")
@@ -444,5 +500,15 @@ def test_looseness_summary():
 
 @pytest.mark.slow
 def test_looseness_summary_slow():
-    """The slow sweep's ratios, printed and written to benchmarks/results/add_one_looseness.json."""
-    report_looseness(SLOW_CASES, SLOW_EFFORT, write=True)
+    """The slow sweep's ratios, printed and written to benchmarks/results/add_one_looseness.json.
+    $DPLEDGER_LOOSENESS_CASES="P,A" runs the first P projection-order and A all-orders cases only
+    (the JSON says so)."""
+    import os
+
+    counts, note = dict(SLOW_CASES), ""
+    if os.environ.get("DPLEDGER_LOOSENESS_CASES"):
+        projection, all_orders = (int(x) for x in os.environ["DPLEDGER_LOOSENESS_CASES"].split(","))
+        counts = {Ball.PROJECTION_ORDER: projection, Ball.ALL_ORDERS: all_orders}
+        note = (f"a reduced sweep: the first {projection} projection-order and {all_orders} all-orders seeded cases "
+                f"of the full {SLOW_CASES[Ball.PROJECTION_ORDER]} and {SLOW_CASES[Ball.ALL_ORDERS]} (time)")
+    report_looseness(counts, SLOW_EFFORT, write=True, note=note)
