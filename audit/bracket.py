@@ -113,13 +113,30 @@ def _added_raw_teachers(output: torch.Tensor, public: torch.Tensor, keep: torch.
     return laws
 
 
+ADVERSARY_LABELS = ("add-one: optimised adversary for D(p_+ || p) at the claim's order (mechanisms.add_one)",
+                    "add-one: optimised adversary for D(p || p_+) at the claim's order (mechanisms.add_one)")
+
+
+def _adversary(params: dict, output: torch.Tensor, public: torch.Tensor, teachers: int, order: float) -> dict:
+    """mechanisms.add_one.add_one_adversary on the window's steps at one order (its cost is the
+    dual's, which runs with add_one_dual = true charge anyway)."""
+    from mechanisms.add_one import add_one_adversary
+    from mechanisms.pmixed import Ball, PMixED
+
+    pmixed = PMixED(params["alpha"], params["beta"], teachers, ball=params.get("ball", Ball.PROJECTION_ORDER.value))
+    beta = pmixed.beta if pmixed.ball is Ball.ALL_ORDERS else None
+    return add_one_adversary(output.numpy(), public.numpy(), teachers, np.asarray([order]), pmixed.alpha,
+                             pmixed.radius, beta)
+
+
 def _log(law: torch.Tensor) -> np.ndarray:
     with np.errstate(divide="ignore"):
         return np.log(law.clamp_min(0.0).numpy())
 
 
 def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, pairs: list[Pair],
-                   intervals: list[float], mc_samples: int, seed: int, steps_total: int) -> dict:
+                   intervals: list[float], mc_samples: int, seed: int, steps_total: int,
+                   adversary_order: float | None = None) -> dict:
     """One window's composed loss distributions (forward, backward) per pair: a small partial, combined
     in step order by the caller."""
     from audit.ablation import clopper_pearson, ensemble_output, monte_carlo_seed, screen_pass_counts
@@ -157,11 +174,19 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
         removed = [p.index for p in pairs if p.move == "remove"]
         without = sums_without_each(mixed)[:, torch.tensor(removed, dtype=torch.long)] if removed else None
         added_raw = _added_raw_teachers(output, public, None, None)
-        neighbour_laws, actual_laws = {}, {}
+        neighbour_laws, actual_laws, adversary = {}, {}, None
         for pair in pairs:
             if pair.move == "remove":
                 neighbour_total = without[:, removed.index(pair.index)]
                 neighbour_laws[pair] = ensemble_output(neighbour_total, torch.full((length,), n - 1), public, rate)
+            elif pair.move == "add" and pair.index >= len(ADDED_RULES):
+                # the primal adversary of the add-one bound at the claim's order (mechanisms.add_one): its q
+                # is PMixED's projection of an added teacher, so a legitimate neighbour
+                direction = ("q_forward", "q_reverse")[pair.index - len(ADDED_RULES)]
+                if adversary is None:
+                    adversary = _adversary(params, output, public, n, adversary_order)
+                added = torch.from_numpy(np.ascontiguousarray(adversary[direction][:, 0]))
+                neighbour_laws[pair] = ensemble_output(total + added, torch.full((length,), n + 1), public, rate)
             elif pair.move.startswith("constructed"):
                 # another dataset: N - 1 (resp. N) teachers at the public law, one teacher at the ball's edge
                 edge = _projected(params, added_raw[:, pair.index:pair.index + 1], public)[:, 0]
@@ -385,6 +410,18 @@ def _constructed_pairs(trace: LoadedTrace, claimed: NeighbouringRelation, screen
     return pairs, [scale] * len(pairs)
 
 
+def _adversary_order(trace: LoadedTrace, claims: list[dict], claimed: NeighbouringRelation,
+                     screened: bool) -> float | None:
+    """The order the optimised add-one adversary targets (the claim's optimal order at its first
+    delta), where it is built: unscreened, unsampled runs that charged the dual (add_one_dual), whose
+    cost it shares; None elsewhere."""
+    if (screened or "add" not in claimed.moves or not trace.params.get("add_one_dual")
+            or trace.params.get("sample_rate") is not None):
+        return None
+    order = claims[0].get("order") if claims else None
+    return float(order) if isinstance(order, (int, float)) and math.isfinite(order) else None
+
+
 def _mixture_pairs(evidence: dict, claimed: NeighbouringRelation, screened: bool) -> tuple[list[Pair], list[float]]:
     """PMixED / AdaPMixED: the removed teachers the ablation ranks highest and the added teachers,
     with the ablation's epsilons (to size the loss grid)."""
@@ -442,6 +479,11 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
         pairs, estimates = _mixture_pairs(ablation_evidence, claimed_relation, screened)
         built, built_estimates = _constructed_pairs(trace, claimed_relation, screened)
         pairs, estimates = pairs + built, estimates + built_estimates
+        adversary_order = _adversary_order(trace, claims, claimed_relation, screened)
+        if adversary_order is not None:
+            scale = max((e for p, e in zip(pairs, estimates) if p.move == "add"), default=1.0)
+            pairs += [Pair("add", len(ADDED_RULES) + i, label) for i, label in enumerate(ADVERSARY_LABELS)]
+            estimates += [scale, scale]
     if not pairs:
         return skipped("epsilon_bracket", f"a screened AdaPMixED run claimed for {claimed_relation.label}: removing a "
                                           "teacher changes the screen's pass probability, which has no closed form, "
@@ -453,7 +495,8 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
     dpws = voting and trace.params.get("aggregator") == "dpws"
     windows = (trace.map_windows(voting_bracket_window, pairs, intervals, DPWS_SAMPLES, seed, steps,
                                  desc="epsilon bracket") if voting else
-               trace.map_windows(bracket_window, pairs, intervals, mc_samples, seed, steps, desc="epsilon bracket"))
+               trace.map_windows(bracket_window, pairs, intervals, mc_samples, seed, steps, adversary_order,
+                                 desc="epsilon bracket"))
     for _, window in windows:
         for pair, (forward, backward) in window.items():
             if forward is not None:

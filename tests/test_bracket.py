@@ -210,3 +210,17 @@ def test_generated_runs_are_bracketed_and_an_understated_claim_fails(tmp_path, n
             entry["epsilon"] = 0.5 * next(r["lower"] for r in rows if r["delta"] == entry["delta"])
     doctored = check_epsilon_bracket(trace, ablation.evidence, mc_samples=100)
     assert doctored.status.value == "FAIL" and "the claim under-states" in doctored.detail
+
+
+def test_a_dual_run_is_bracketed_by_the_optimised_adversary(micro_models, tmp_path):
+    """With add_one_dual the audit also adds, per step, the primal adversary of the add-one bound at
+    the claim's order (an added teacher PMixED projects like any other): on a narrow ball the bracket
+    closes to within a factor 2 (a claim below the lower bound would FAIL as everywhere else)."""
+    mechanism = {**SCREENED, "screening": False, "beta": 0.01, "add_one_dual": True}
+    config = micro_config(micro_models, tmp_path / "dual", mechanism, queries=8, block_size=8)
+    run_decode(config_from_dict(config), progress=False, verbose=False)
+    report = audit_run(tmp_path / "dual", mc_samples=50, play_game=False)
+    evidence = report.check("epsilon_bracket").evidence
+    assert report.verdict == "PASS" and any("optimised adversary" in p for p in evidence["pairs"])
+    row = evidence["rows"][0]
+    assert "optimised adversary" in row["neighbour"] and 0 < row["lower"] <= row["upper"] < 2 * row["lower"], row
