@@ -23,15 +23,20 @@ def require_member(kind, name: str, value):
         raise ValueError(f"{name} must be one of {[member.value for member in kind]}, got {value!r}") from None
 
 
-def require_finite(name: str, value: Any) -> float:
-    """Return value as float, or raise naming it when it is NaN, inf or not a number (a string
-    such as "1e-5" is not a number here: it would hide a caller's parsing bug)."""
+def _real(name: str, value: Any) -> float:
+    """value as a float, or ValueError naming it when it is not a real number (a string such as
+    "1e-5" is not a number here: it would hide a caller's parsing bug)."""
     if isinstance(value, (str, bytes, bool)):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     try:
-        as_float = float(value)
+        return float(value)
     except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{name} must be a real number, got {value!r}") from None
+
+
+def require_finite(name: str, value: Any) -> float:
+    """Return value as float, or raise naming it when it is NaN, inf or not a number."""
+    as_float = _real(name, value)
     require(math.isfinite(as_float), f"{name} must be finite, got {value!r}")
     return as_float
 
@@ -39,12 +44,7 @@ def require_finite(name: str, value: Any) -> float:
 def require_not_nan(name: str, value: Any) -> float:
     """Return value as float, +inf and -inf included (+inf is "no guarantee"), or raise naming it when
     it is NaN or not a real number: a NaN never becomes a number silently."""
-    if isinstance(value, (str, bytes, bool)):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    try:
-        as_float = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+    as_float = _real(name, value)
     require(not math.isnan(as_float), f"{name} must be a number, got nan")
     return as_float
 

@@ -252,6 +252,7 @@ def dpws_law_bounds(sampler, histograms: np.ndarray, generator: torch.Generator,
     # release probability is estimated by each draw's average over them, still in [0, 1] and unbiased
     groups = [np.unique(h, return_inverse=True)[1] for h in histograms]
     sizes = [np.bincount(g) for g in groups]
+    members = [np.eye(size.size)[g] / size for g, size in zip(groups, sizes)]   # (V, groups): each group's mean
     total = [np.zeros(size.size + 1) for size in sizes]
     squares = [np.zeros(size.size + 1) for size in sizes]
     n = float(histograms[0].sum()) if sampler.voters is None else float(sampler.voters)
@@ -264,8 +265,7 @@ def dpws_law_bounds(sampler, histograms: np.ndarray, generator: torch.Generator,
         law = np.where(normaliser > 0, passing / np.where(normaliser > 0, normaliser, 1.0), 0.0)
         fail = np.clip(1.0 - law.sum(-1), 0.0, 1.0)                                       # (H, S)
         for index in range(count):
-            means = np.stack([np.bincount(groups[index], weights=row, minlength=sizes[index].size) for row in
-                              law[index]]) / sizes[index]                                # (S, groups)
+            means = law[index] @ members[index]                                          # (S, groups)
             values = np.concatenate([fail[index][:, None], np.clip(means, 0.0, 1.0)], axis=1)
             total[index] += values.sum(axis=0)
             squares[index] += (values * values).sum(axis=0)

@@ -542,7 +542,7 @@ class RunTotals:
             for delta in deltas:
                 at_fixed = float(up_add(values[fixed], math.log(1.0 / delta) / (orders[fixed] - 1.0)))
                 chosen = values + np.log(orders.size / delta) / (orders - 1.0)
-                best = int(np.nanargmin(chosen))
+                best = int(np.argmin(chosen))   # the curve holds no NaN (RdpCurve refuses it)
                 rows.append({"delta": delta, "pre_chosen_order": float(orders[fixed]), "epsilon_at_pre_chosen_order":
                              at_fixed, "order_chosen_afterwards": float(orders[best]),
                              "epsilon_order_chosen_afterwards": float(up_add(values[best], float(

@@ -199,7 +199,8 @@ class DPWeightedSampler(Mechanism):
             upper = np.minimum(first / a * (1.0 + slack), 1.0)
             # 1 / max(a, S) >= 1/a - (S - a)_+ / a^2 (the tangent of the convex 1/y at a), and
             # (S - a)_+ <= g_j + (S_-j - a)_+ with S_-j independent of g_j and below S
-            tangent = first / a - (second + first * excess) / a ** 2
+            # (a token that never passes adds nothing: 0 * inf would be NaN)
+            tangent = first / a - (second + np.where(first > 0, first * excess, 0.0)) / a ** 2
             lower = np.maximum(np.maximum(first - np.sqrt(second * exceed), 0.0) / a, tangent) * (1.0 - slack)
             lower = np.maximum(lower, 0.0)
         else:

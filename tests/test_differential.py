@@ -42,8 +42,6 @@ runs first; while it fails (a defect still open) hypothesis reports it without g
 """
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
 import warnings
 
@@ -58,6 +56,7 @@ import mechanisms
 from accounting import (ConversionMethod, DivergenceDirection, GridEdgeWarning, NeighbouringRelation,
                         PrivacyLedger, RdpCurve)
 from mechanisms import SubsamplingVariant
+from mechanisms.calibration import quiet_dp_accounting
 from tests import oracles as O
 
 INF = math.inf
@@ -303,16 +302,7 @@ test_poisson_subsampled_gaussian_mechanism, test_poisson_subsampled_gaussian_mec
 )(_poisson_subsampled_gaussian_mechanism)
 
 
-@contextlib.contextmanager
-def quiet_absl():
-    """dp-accounting logs a warning through absl when its fractional-order series does not converge."""
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+quiet_absl = quiet_dp_accounting  # dp-accounting's absl warnings when its fractional-order series stops
 
 
 def _poisson_subsampled_gaussian(sigma, q, orders):
