@@ -225,7 +225,17 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
 
 
 DPWS_SAMPLES = 4000
-"""Gaussian draws per step for DPWS's Monte Carlo law bounds (common to the step's histograms)."""
+"""The fewest Gaussian draws per step for DPWS's Monte Carlo law bounds (common to the step's histograms)."""
+DPWS_WORK = 2 ** 25
+"""Noisy counts drawn per step: small vocabularies get more draws (up to DPWS_MAX_SAMPLES), since the
+empirical Bernstein width shrinks as 1/sqrt(draws) and a one-vote change moves DPWS's law by a few percent."""
+DPWS_MAX_SAMPLES = 100_000
+
+
+def dpws_draws(histograms: int, vocab: int) -> int:
+    """Gaussian draws a step for `histograms` laws over `vocab` tokens: DPWS_WORK noisy counts, within
+    [DPWS_SAMPLES, DPWS_MAX_SAMPLES]."""
+    return int(np.clip(DPWS_WORK // max(1, histograms * vocab), DPWS_SAMPLES, DPWS_MAX_SAMPLES))
 
 
 def _bernstein(total: np.ndarray, squares: np.ndarray, samples: int, eta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -279,9 +289,10 @@ def dpws_law_bounds(sampler, histograms: np.ndarray, generator: torch.Generator,
 
 
 def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, pairs: list[Pair],
-                          intervals: list[float], mc_samples: int, seed: int, steps_total: int) -> dict:
+                          intervals: list[float], seed: int, steps_total: int) -> dict:
     """One window's composed loss distributions (forward, backward) per voting pair (DPARGMAX and
-    DPWS, released output): removed and replaced teachers by index, an added vote."""
+    DPWS, released output): removed and replaced teachers by index, an added vote. DPWS's laws are
+    bounded by Monte Carlo over dpws_draws(...) draws a step."""
     from audit.ablation import monte_carlo_seed
     from audit.voting import _candidates, _mechanism
     from mechanisms.voting import renyi_divergence_of_log_laws
@@ -352,7 +363,8 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
             histograms = np.stack([counts[row], *neighbours])
             generator = torch.Generator().manual_seed(monte_carlo_seed(seed, int(record["step"])))
             eta = (1.0 - CONFIDENCE) / (steps_total * histograms.shape[0] * (histograms.shape[1] + 1) * 2)
-            low, high = dpws_law_bounds(mechanism.dpws, histograms, generator, mc_samples, eta)
+            low, high = dpws_law_bounds(mechanism.dpws, histograms, generator,
+                                        dpws_draws(histograms.shape[0], histograms.shape[1]), eta)
             laws = [(_log(torch.from_numpy(lo)), _log(torch.from_numpy(hi))) for lo, hi in zip(low, high)]
         else:
             laws = [bounds(h) for h in [counts[row], *neighbours]]
@@ -493,7 +505,7 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
                  if math.isfinite(estimate) else 1e-2 for estimate in estimates]
     composed = {pair: (RunningComposition(), RunningComposition()) for pair in pairs}  # memory: O(log windows)
     dpws = voting and trace.params.get("aggregator") == "dpws"
-    windows = (trace.map_windows(voting_bracket_window, pairs, intervals, DPWS_SAMPLES, seed, steps,
+    windows = (trace.map_windows(voting_bracket_window, pairs, intervals, seed, steps,
                                  desc="epsilon bracket") if voting else
                trace.map_windows(bracket_window, pairs, intervals, mc_samples, seed, steps, adversary_order,
                                  desc="epsilon bracket"))
@@ -523,8 +535,8 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
     exceeded = [r for r in rows if r["lower"] > r["upper"] * (1 + 1e-9)]
     confidence = (f"; with probability >= {CONFIDENCE:g} over the audit's screening Monte Carlo ({mc_samples} draws "
                   "a step, Clopper-Pearson with a union bound over the steps)") if screened else \
-        (f"; with probability >= {CONFIDENCE:g} over the audit's Monte Carlo of DPWS's law ({DPWS_SAMPLES} draws a "
-         "step, empirical Bernstein with a union bound over steps, laws and outcomes)") if dpws else ""
+        (f"; with probability >= {CONFIDENCE:g} over the audit's Monte Carlo of DPWS's law "
+         f"({dpws_draws(len(pairs) + 1, int(trace.manifest['vocab_size']))} draws a step, empirical Bernstein with a union bound over steps, laws and outcomes)") if dpws else ""
     text = "; ".join(f"delta {r['delta']:g}: epsilon in [{r['lower']:.4g}, {r['upper']:.4g}] (ratio "
                      f"{r['ratio']:.3g}, lower bound from {r['neighbour'] or 'no pair'})" for r in rows)
     evidence = {"rows": rows, "claimed_relation": claimed_relation.value, "pairs": [p.label for p in pairs],
