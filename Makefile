@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-slow demo bench clean
+.PHONY: install test test-slow lint wheel-check demo bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,13 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -q -m slow tests
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+# a wheel in a fresh venv runs every subcommand beside folders named like the project's packages
+wheel-check: install
+	.ci/wheel_check $(PY)
 
 demo: install
 	$(PY) -m dpledger demo

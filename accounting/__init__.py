@@ -1,11 +1,11 @@
 """RDP curves, composition, conversions, the ledger and budgets. numpy/scipy only (no torch)."""
-from accounting.budget import RdpBudget
-from accounting.conversion import (ConversionMethod, DeltaConversion, EpsilonConversion, GridEdgeWarning,
+from dpledger.accounting.budget import RdpBudget
+from dpledger.accounting.conversion import (ConversionMethod, DeltaConversion, EpsilonConversion, GridEdgeWarning,
                                    conversion_terms, delta_from_rdp, epsilon_from_rdp)
-from accounting.curve import RdpCurve, compose_curves
-from accounting.ledger import Breakdown, BreakdownRow, PrivacyLedger
-from accounting.orders import DEFAULT_ORDERS, canonical_orders, default_orders
-from accounting.relation import DivergenceDirection, NeighbouringRelation
+from dpledger.accounting.curve import RdpCurve, compose_curves
+from dpledger.accounting.ledger import Breakdown, BreakdownRow, PrivacyLedger
+from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, default_orders
+from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelation
 
 __all__ = [
     "Breakdown", "BreakdownRow", "ConversionMethod", "DEFAULT_ORDERS", "DeltaConversion", "DivergenceDirection", "EpsilonConversion",

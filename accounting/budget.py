@@ -13,13 +13,13 @@ from typing import Sequence
 
 import numpy as np
 
-from accounting.conversion import ConversionMethod, conversion_method, conversion_terms, epsilon_from_rdp
-from accounting.curve import RdpCurve, require_curve
-from accounting.errors import require, require_bool, require_in_open, require_positive
-from accounting.orders import DEFAULT_ORDERS
-from accounting.relation import NeighbouringRelation
-from accounting.rounding import ROUNDING_ULPS
-from accounting.summation import ExactSum
+from dpledger.accounting.conversion import ConversionMethod, conversion_method, conversion_terms, epsilon_from_rdp
+from dpledger.accounting.curve import RdpCurve, require_curve
+from dpledger.accounting.errors import require, require_bool, require_in_open, require_positive
+from dpledger.accounting.orders import DEFAULT_ORDERS
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.accounting.rounding import ROUNDING_ULPS
+from dpledger.accounting.summation import ExactSum
 
 
 class RdpBudget:
@@ -75,7 +75,7 @@ class RenyiFilter:
 
     A step is answered privately only when `fits(charge)`; then `spend(charge)`. Refused steps are
     answered by the public model and cost nothing. The state is the exact (rational) sum of the
-    charges spent (accounting.summation.ExactSum): a float sum would lose charges smaller than half
+    charges spent (dpledger.accounting.summation.ExactSum): a float sum would lose charges smaller than half
     an ulp of the total and let the filter answer after the exact sum passed its budget. A run
     restored from its records (`restore`) continues exactly.
     """
@@ -178,7 +178,7 @@ class RenyiFilter:
         if not self.spent > 0:
             return 0.0
         term = float(conversion_terms(np.asarray([self.order]), self.delta, ConversionMethod.IMPROVED)[0])
-        # rounded up like accounting.conversion.epsilon_from_rdp: by a bound on the error of spent + term
+        # rounded up like dpledger.accounting.conversion.epsilon_from_rdp: by a bound on the error of spent + term
         return max(0.0, self.spent + term + ROUNDING_ULPS * (self.spent + abs(term) + 1.0))
 
     def to_dict(self) -> dict:

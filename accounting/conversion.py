@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accounting.curve import RdpCurve, require_curve
-from accounting.errors import (require, require_bool, require_finite, require_in_closed, require_in_open, require_member,
+from dpledger.accounting.curve import RdpCurve, require_curve
+from dpledger.accounting.errors import (require, require_bool, require_finite, require_in_closed, require_in_open, require_member,
                                require_non_negative, require_not_nan, require_order)
-from accounting.relation import DivergenceDirection, NeighbouringRelation
-from accounting.rounding import ROUNDING_ULPS
+from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelation
+from dpledger.accounting.rounding import ROUNDING_ULPS
 
 
 class ConversionMethod(enum.Enum):

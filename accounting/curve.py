@@ -4,7 +4,7 @@ A curve is a vector of RDP values over a sorted order grid, each value kept with
 +inf is legal and means "no guarantee at this order". Composition adds curves order by order
 (Mironov 2017, Proposition 1); the result is data-dependent when any part is, and covers only the
 divergence directions and the neighbouring pairs that every part covers. Every composed value is
-rounded upwards, never below the exact sum (accounting.summation).
+rounded upwards, never below the exact sum (dpledger.accounting.summation).
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from accounting.errors import require, require_bool, require_int_at_least
-from accounting.orders import DEFAULT_ORDERS, canonical_orders, paired_orders
-from accounting.relation import DivergenceDirection, NeighbouringRelation
-from accounting.summation import up_add, up_multiply, upper_sum
+from dpledger.accounting.errors import require, require_bool, require_int_at_least
+from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, paired_orders
+from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelation
+from dpledger.accounting.summation import up_add, up_multiply, upper_sum
 
 
 @dataclass(frozen=True, eq=False)

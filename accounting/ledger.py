@@ -13,12 +13,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from accounting.conversion import ConversionMethod, EpsilonConversion, epsilon_from_rdp
-from accounting.curve import RdpCurve
-from accounting.errors import require, require_bool, require_int_at_least, require_member, require_not_nan, require_str
-from accounting.orders import DEFAULT_ORDERS, paired_orders
-from accounting.relation import DivergenceDirection, NeighbouringRelation
-from accounting.summation import UpperSum
+from dpledger.accounting.conversion import ConversionMethod, EpsilonConversion, epsilon_from_rdp
+from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.errors import require, require_bool, require_int_at_least, require_member, require_not_nan, require_str
+from dpledger.accounting.orders import DEFAULT_ORDERS, paired_orders
+from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelation
+from dpledger.accounting.summation import UpperSum
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Breakdown:
 class PrivacyLedger:
     """Running composition of named RDP components over steps.
 
-    Each component's running total is an accounting.summation.UpperSum: never below the exact sum
+    Each component's running total is an dpledger.accounting.summation.UpperSum: never below the exact sum
     of its charges (a float sum rounds to nearest and can lose small charges after large ones).
 
     Each component keeps the neighbouring relation its charges hold for; `relation` is the one

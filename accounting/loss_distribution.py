@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.signal import fftconvolve
 
-from accounting.errors import require, require_in_open, require_positive
+from dpledger.accounting.errors import require, require_in_open, require_positive
 
 LAW_RELATIVE_ERROR = 1e-12
 """Relative error allowed in each probability of a law given here (float64 laws formed from

@@ -9,7 +9,7 @@ from typing import Iterable
 
 import numpy as np
 
-from accounting.errors import require
+from dpledger.accounting.errors import require
 
 _GRID_DECIMALS = 10  # orders are rounded so that 6.000000001 and 6 name the same order
 

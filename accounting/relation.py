@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from accounting.errors import require_member
+from dpledger.accounting.errors import require_member
 
 
 class NeighbouringRelation(enum.Enum):

@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from accounting.errors import require
+from dpledger.accounting.errors import require
 
 NULLS = "nulls"
 MAX_BYTES = 64 * 2 ** 20

@@ -10,7 +10,7 @@ Output distribution of one step, for an ensemble of mixed teachers pbar_i (i in 
   with screening:    the released pair (decision, token) has law [pi p, (1 - pi) p0] over 2V outcomes,
                      pi = Pr[screen passes], estimated by Monte Carlo with common random numbers across
                      neighbours, with a Clopper-Pearson interval (it has no closed form).
-Two quantities are measured for screened mechanisms (decoding.runners.adapmixed_runner has the analysis):
+Two quantities are measured for screened mechanisms (dpledger.decoding.runners.adapmixed_runner has the analysis):
   released output:   D_a of the pair's law above, per step, composed: what an RDP bound on the released
                      output must cover, and what the ledger's "released-output" accounting charges;
   realised path:     D_a(Bernoulli(pi) || Bernoulli(pi')) + 1{the screen passed at this step} D_a(p || p'),
@@ -34,17 +34,17 @@ import numpy as np
 import torch
 from scipy.stats import beta as beta_distribution
 
-from accounting.conversion import epsilon_from_rdp
-from accounting.curve import RdpCurve
-from accounting.errors import require
-from accounting.orders import canonical_orders
-from accounting.relation import NeighbouringRelation
-from audit.checks import CheckResult, failed, skipped, verdict
-from audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
-from decoding.ensemble import Ensemble
-from mechanisms.kernels import renyi_divergence_orders, sums_without_each
-from mechanisms.pmixed import Ball, PMixED
-from mechanisms.screening import NoisyScreening
+from dpledger.accounting.conversion import epsilon_from_rdp
+from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.errors import require
+from dpledger.accounting.orders import canonical_orders
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.audit.checks import CheckResult, failed, skipped, verdict
+from dpledger.audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
+from dpledger.decoding.ensemble import Ensemble
+from dpledger.mechanisms.kernels import renyi_divergence_orders, sums_without_each
+from dpledger.mechanisms.pmixed import Ball, PMixED
+from dpledger.mechanisms.screening import NoisyScreening
 
 DEFAULT_AUDIT_ORDERS = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 18.0, 20.0, 24.0, 32.0,
                         48.0, 64.0)

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from audit import bounds, consistency, replay, voting
-from audit.ablation import check_ablation
-from audit.bracket import check_epsilon_bracket
-from audit.budget import check_budget_filter
-from audit.checks import CheckResult, Status, failed, skipped
-from audit.lint import Finding, lint
-from audit.loader import load_trace
-from audit.sampled import check_canary_game
-from decoding import trace as trace_files
+from dpledger.audit import bounds, consistency, replay, voting
+from dpledger.audit.ablation import check_ablation
+from dpledger.audit.bracket import check_epsilon_bracket
+from dpledger.audit.budget import check_budget_filter
+from dpledger.audit.checks import CheckResult, Status, failed, skipped
+from dpledger.audit.lint import Finding, lint
+from dpledger.audit.loader import load_trace
+from dpledger.audit.sampled import check_canary_game
+from dpledger.decoding import trace as trace_files
 
 AUDIT_FILE = "audit.json"
 DATA_DEPENDENT_CAVEAT = ("The claimed epsilon is a data-dependent loss (Papernot et al. 2018, Section 3): it is "
@@ -88,7 +88,7 @@ class AuditReport:
 
     @property
     def bracket(self) -> dict | None:
-        """The epsilon bracket (audit.bracket): per requested delta the claim (upper), the certified
+        """The epsilon bracket (dpledger.audit.bracket): per requested delta the claim (upper), the certified
         lower bound, their ratio and the neighbour attaining it; None when none was built."""
         check = next((c for c in self.checks if c.name == "epsilon_bracket"), None)
         if check is None or check.status is Status.SKIPPED or "rows" not in check.evidence:
@@ -212,8 +212,8 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
     is being written; a run whose files cannot be read (damaged, planted links or FIFOs, malformed
     or duplicate-key JSON, chunks missing or unreadable) FAILs the `files` check, naming the file.
 
-    `executor` (audit.distributed.DaskWindowExecutor) computes the checks' per-window work on Dask
-    workers; the report is the same as without it (audit.loader explains why)."""
+    `executor` (dpledger.audit.distributed.DaskWindowExecutor) computes the checks' per-window work on Dask
+    workers; the report is the same as without it (dpledger.audit.loader explains why)."""
     started = time.time()
     if expect_head is not None and not (isinstance(expect_head, str) and len(expect_head) == 64
                                         and all(c in "0123456789abcdef" for c in expect_head)):
@@ -248,7 +248,7 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
             ("data_dependent_eq3", lambda: bounds.check_data_dependent_charge(loaded)),
             ("theorem_3_1", lambda: bounds.check_theorem_3_1(loaded)),
             ("utility_theorem_4_3", lambda: bounds.check_utility_bound(loaded))]
-    if loaded.mechanism_type == "voting":  # Hot PATE: votes, not mixtures (audit.voting)
+    if loaded.mechanism_type == "voting":  # Hot PATE: votes, not mixtures (dpledger.audit.voting)
         plan = plan[:11] + [("shared_randomness", lambda: voting.check_shared_randomness(loaded)),
                             ("vote_threshold", lambda: voting.check_vote_threshold(loaded)),
                             ("voting_charges", lambda: voting.check_voting_charges(loaded))]
@@ -292,7 +292,7 @@ def _write_audit(report: AuditReport, audit_out: str | Path | None) -> None:
         trace_files.atomic_write_json(target, report.to_dict())
     except OSError as error:
         report.not_written = f"cannot write {target}: {error.strerror or error}"
-    except ValueError as error:  # refused by accounting.safe_files
+    except ValueError as error:  # refused by dpledger.accounting.safe_files
         report.not_written = f"cannot write {target}: {' '.join(str(error).split())}"
 
 

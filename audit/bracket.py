@@ -3,7 +3,7 @@
 For each tested neighbouring pair the trace gives the mechanism's exact per-step output law under
 the actual ensemble and under the neighbour (the payload or the models hold the logits; the
 mechanism's randomness is independent across steps and, teacher-forced, its queries are fixed), so
-the pair's privacy loss distribution composes exactly (accounting.loss_distribution): its
+the pair's privacy loss distribution composes exactly (dpledger.accounting.loss_distribution): its
 epsilon(delta) is a certified lower bound on any epsilon that covers the pair. The claim must be at
 least every such bound; the ratio claim / lower bound is how tight the audit shows the claim to be.
 
@@ -22,7 +22,7 @@ Which pairs (the strongest the audit can build, chosen by the RDP ablation's ran
   defined; like every privacy analysis, the bound is for that mechanism, not for its floats.)
 - Hot PATE DPARGMAX (released-output accounting): conditioned on the shared randomness (public in the
   analysis), each step's histogram is known, and the released law (fail, or a token) is exact up to
-  the GNMax quadrature's estimated relative error (mechanisms.voting.gnmax_log_output_law), which
+  the GNMax quadrature's estimated relative error (dpledger.mechanisms.voting.gnmax_log_output_law), which
   is allowed for ten times over: the first law's masses are lowered and the second's raised by it,
   which can only lower the profile. Neighbours: the teachers the ablation found leakiest removed or
   replaced (their vote moved, per step, to the token that moves the law most), and a teacher added
@@ -39,11 +39,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from accounting.loss_distribution import LossDistribution, RunningComposition
-from accounting.relation import NeighbouringRelation
-from audit.checks import CheckResult, failed, skipped, verdict
-from audit.loader import LoadedTrace
-from decoding.ensemble import Ensemble
+from dpledger.accounting.loss_distribution import LossDistribution, RunningComposition
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.audit.checks import CheckResult, failed, skipped, verdict
+from dpledger.audit.loader import LoadedTrace
+from dpledger.decoding.ensemble import Ensemble
 
 VOTING_LAW_ALLOWANCE = 10.0
 """A voting law's stated relative numerical error is allowed for this many times over."""
@@ -83,7 +83,7 @@ def _mixed(public: torch.Tensor, teachers: torch.Tensor, lambdas: torch.Tensor) 
 
 def _projected(params: dict, laws: torch.Tensor, public: torch.Tensor) -> torch.Tensor:
     """Added teachers (L, A, V) projected as the mechanism projects any teacher (its own solver)."""
-    from mechanisms.pmixed import Ball, PMixED
+    from dpledger.mechanisms.pmixed import Ball, PMixED
 
     projection = PMixED(params["alpha"], params["beta"], 1, ball=params.get("ball", Ball.PROJECTION_ORDER.value))
     lambdas = projection.mixing_weights_tensor(laws, public)
@@ -113,15 +113,15 @@ def _added_raw_teachers(output: torch.Tensor, public: torch.Tensor, keep: torch.
     return laws
 
 
-ADVERSARY_LABELS = ("add-one: optimised adversary for D(p_+ || p) at the claim's order (mechanisms.add_one)",
-                    "add-one: optimised adversary for D(p || p_+) at the claim's order (mechanisms.add_one)")
+ADVERSARY_LABELS = ("add-one: optimised adversary for D(p_+ || p) at the claim's order (dpledger.mechanisms.add_one)",
+                    "add-one: optimised adversary for D(p || p_+) at the claim's order (dpledger.mechanisms.add_one)")
 
 
 def _adversary(params: dict, output: torch.Tensor, public: torch.Tensor, teachers: int, order: float) -> dict:
-    """mechanisms.add_one.add_one_adversary on the window's steps at one order (its cost is the
+    """dpledger.mechanisms.add_one.add_one_adversary on the window's steps at one order (its cost is the
     dual's, which runs with add_one_dual = true charge anyway)."""
-    from mechanisms.add_one import add_one_adversary
-    from mechanisms.pmixed import Ball, PMixED
+    from dpledger.mechanisms.add_one import add_one_adversary
+    from dpledger.mechanisms.pmixed import Ball, PMixED
 
     pmixed = PMixED(params["alpha"], params["beta"], teachers, ball=params.get("ball", Ball.PROJECTION_ORDER.value))
     beta = pmixed.beta if pmixed.ball is Ball.ALL_ORDERS else None
@@ -139,8 +139,8 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                    adversary_order: float | None = None) -> dict:
     """One window's composed loss distributions (forward, backward) per pair: a small partial, combined
     in step order by the caller."""
-    from audit.ablation import clopper_pearson, ensemble_output, monte_carlo_seed, screen_pass_counts
-    from mechanisms.kernels import sums_without_each
+    from dpledger.audit.ablation import clopper_pearson, ensemble_output, monte_carlo_seed, screen_pass_counts
+    from dpledger.mechanisms.kernels import sums_without_each
 
     public, teachers = Ensemble.split_distributions(logits)
     length, n = public.shape[0], teachers.shape[-2]
@@ -152,7 +152,7 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     output = ensemble_output(total, torch.full((length,), n), public, rate)
     screened = trace.mechanism_type == "adapmixed" and params.get("screening", True)
     if screened:
-        from mechanisms.screening import NoisyScreening
+        from dpledger.mechanisms.screening import NoisyScreening
 
         screening = NoisyScreening(teachers=1, lam=params["lam"], sigma=params["sigma"], alpha=params["alpha"],
                                    threshold=params["threshold"], top_k=int(params["top_k"]))
@@ -180,7 +180,7 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                 neighbour_total = without[:, removed.index(pair.index)]
                 neighbour_laws[pair] = ensemble_output(neighbour_total, torch.full((length,), n - 1), public, rate)
             elif pair.move == "add" and pair.index >= len(ADDED_RULES):
-                # the primal adversary of the add-one bound at the claim's order (mechanisms.add_one): its q
+                # the primal adversary of the add-one bound at the claim's order (dpledger.mechanisms.add_one): its q
                 # is PMixED's projection of an added teacher, so a legitimate neighbour
                 direction = ("q_forward", "q_reverse")[pair.index - len(ADDED_RULES)]
                 if adversary is None:
@@ -293,9 +293,9 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
     """One window's composed loss distributions (forward, backward) per voting pair (DPARGMAX and
     DPWS, released output): removed and replaced teachers by index, an added vote. DPWS's laws are
     bounded by Monte Carlo over dpws_draws(...) draws a step."""
-    from audit.ablation import monte_carlo_seed
-    from audit.voting import _candidates, _mechanism
-    from mechanisms.voting import renyi_divergence_of_log_laws
+    from dpledger.audit.ablation import monte_carlo_seed
+    from dpledger.audit.voting import _candidates, _mechanism
+    from dpledger.mechanisms.voting import renyi_divergence_of_log_laws
 
     mechanism = _mechanism(trace)
     _, teachers = Ensemble.split_distributions(logits)
@@ -330,9 +330,9 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
             continue
         actual = law(counts[row])
 
-        def moved(histogram: np.ndarray, remove: int | None) -> np.ndarray:
+        def moved(histogram: np.ndarray, remove: int | None, actual: np.ndarray = actual) -> np.ndarray:
             """The law after adding a vote on the candidate token that moves it most (order 2, both
-            directions), with the vote of `remove` taken out first (a replacement), or not."""
+            directions) away from `actual`, with the vote of `remove` taken out first (a replacement), or not."""
             base = histogram.copy()
             if remove is not None:
                 base[remove] -= 1
@@ -536,13 +536,14 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
     confidence = (f"; with probability >= {CONFIDENCE:g} over the audit's screening Monte Carlo ({mc_samples} draws "
                   "a step, Clopper-Pearson with a union bound over the steps)") if screened else \
         (f"; with probability >= {CONFIDENCE:g} over the audit's Monte Carlo of DPWS's law "
-         f"({dpws_draws(len(pairs) + 1, int(trace.manifest['vocab_size']))} draws a step, empirical Bernstein with a union bound over steps, laws and outcomes)") if dpws else ""
+         f"({dpws_draws(len(pairs) + 1, int(trace.manifest['vocab_size']))} draws a step, empirical Bernstein "
+         "with a union bound over steps, laws and outcomes)") if dpws else ""
     text = "; ".join(f"delta {r['delta']:g}: epsilon in [{r['lower']:.4g}, {r['upper']:.4g}] (ratio "
                      f"{r['ratio']:.3g}, lower bound from {r['neighbour'] or 'no pair'})" for r in rows)
     evidence = {"rows": rows, "claimed_relation": claimed_relation.value, "pairs": [p.label for p in pairs],
                 "confidence": CONFIDENCE if screened or dpws else 1.0,
                 "method": "exact per-step output laws of each pair, privacy loss distributions composed with losses "
-                          "rounded down (accounting.loss_distribution): a certified lower bound on epsilon(delta); "
+                          "rounded down (dpledger.accounting.loss_distribution): a certified lower bound on epsilon(delta); "
                           "`discretisation` bounds how far the rounding lowered the pair's composed loss"}
     return verdict("epsilon_bracket", not exceeded,
                    f"{claimed_relation.label}: {text}{confidence}",

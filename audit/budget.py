@@ -1,13 +1,13 @@
-"""The privacy filter of a run with a [budget] (decoding.budget): its plan and every decision."""
+"""The privacy filter of a run with a [budget] (dpledger.decoding.budget): its plan and every decision."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from accounting.summation import ExactSum
-from audit.checks import CheckResult, skipped, verdict
-from audit.loader import LoadedTrace
+from dpledger.accounting.summation import ExactSum
+from dpledger.audit.checks import CheckResult, skipped, verdict
+from dpledger.audit.loader import LoadedTrace
 
 
 def check_budget_filter(trace: LoadedTrace) -> CheckResult:

@@ -28,18 +28,18 @@ from pathlib import Path
 
 import numpy as np
 
-from accounting.conversion import ConversionMethod, GridEdgeWarning, conversion_terms, epsilon_from_rdp
-from accounting.curve import RdpCurve
-from accounting.errors import (require, require_finite, require_in_closed, require_in_open, require_int_at_least,
+from dpledger.accounting.conversion import ConversionMethod, GridEdgeWarning, conversion_terms, epsilon_from_rdp
+from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.errors import (require, require_finite, require_in_closed, require_in_open, require_int_at_least,
                                require_non_negative, require_order, require_positive)
-from accounting.orders import default_orders
-from accounting.relation import NeighbouringRelation
-from accounting.safe_files import read_text
-from mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
+from dpledger.accounting.orders import default_orders
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.accounting.safe_files import read_text
+from dpledger.mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
                         PoissonSubsampledGaussian, SubsamplingVariant, Targmax, ThresholdWeightedSampler,
                         realised_subsample_sizes)
-from mechanisms.pmixed import SubsampledPMixED
-from mechanisms.screening import BLIND_SCREEN_RATIO
+from dpledger.mechanisms.pmixed import SubsampledPMixED
+from dpledger.mechanisms.screening import BLIND_SCREEN_RATIO
 
 KINDS = ("gaussian", "subsampled-gaussian", "pmixed", "adapmixed", "screening", "gnmax", "confident-gnmax",
          "dpargmax", "dpws", "targmax", "tws")
@@ -53,7 +53,7 @@ REALISED_SEEDS = 200
 MAX_CLAIM_BYTES = 2 ** 20
 """A claim file is read up to this size (one is a few hundred bytes)."""
 """Realised-size variants draw each query's sample size m_t ~ Binomial(N, q): their epsilon is a
-random quantity. It is simulated with seeds 0..REALISED_SEEDS-1 (mechanisms.realised_subsample_sizes);
+random quantity. It is simulated with seeds 0..REALISED_SEEDS-1 (dpledger.mechanisms.realised_subsample_sizes);
 a claim is reproduced by such a variant when it lies within the simulated range."""
 
 
@@ -176,7 +176,7 @@ class Claim:
         require(self.sampling == "poisson" or self.sample_rate is not None,
                 "mechanism.sampling applies only with mechanism.sample_rate")
         if self.conversion is not None:
-            put("conversion", _member("accounting.conversion", ConversionMethod, self.conversion)
+            put("conversion", _member("dpledger.accounting.conversion", ConversionMethod, self.conversion)
                 if not isinstance(self.conversion, ConversionMethod) else self.conversion)
         if self.ball is not None:
             require(self.kind in ("pmixed", "adapmixed"),
@@ -459,7 +459,7 @@ def _realised_size_counts(teachers: int, rate: float, queries: int) -> np.ndarra
 def _per_query_values(pmixed: PMixED, rate: float, variant: SubsamplingVariant, size: int,
                       orders: tuple[float, ...]) -> np.ndarray:
     """One subsampled PMixED query's RDP at realised size `size` (Flemings et al. 2024, Theorem A.4
-    with Theorem 3.1; mechanisms.pmixed.SubsampledPMixED), memoised: a claim verified twice, or two
+    with Theorem 3.1; dpledger.mechanisms.pmixed.SubsampledPMixED), memoised: a claim verified twice, or two
     claims sharing parameters, compute each size's amplification sum once."""
     return SubsampledPMixED(pmixed, rate, variant, size).rdp_curve(orders).values
 
@@ -469,7 +469,7 @@ def _realised_size_values(pmixed: PMixED, rate: float, variant: SubsamplingVaria
     """Composed curves of `queries` subsampled PMixED queries for seeds 0..REALISED_SEEDS-1: per seed,
     sum over queries of the per-query bound at the realised size m_t (Flemings et al. 2024, Theorem
     A.4 with Theorem 3.1; RDP composes additively, Mironov 2017, Proposition 1). Identical to
-    mechanisms.subsampled_pmixed_curve(pmixed, rate, variant, queries, seed) for each seed; each
+    dpledger.mechanisms.subsampled_pmixed_curve(pmixed, rate, variant, queries, seed) for each seed; each
     size's curve is computed once for all seeds."""
     counts = _realised_size_counts(pmixed.teachers, rate, queries)
     values = np.zeros((REALISED_SEEDS, len(orders)))
@@ -498,7 +498,7 @@ def _pmixed_accounts(claim: Claim, orders) -> list[_Account]:
                 values = _realised_size_values(balls[ball], claim.sample_rate, variant, claim.queries, orders)
                 accounts.append(_Account(variant.value, level, text, declared, realised=(orders, values)))
             else:
-                from mechanisms import subsampled_pmixed_curve
+                from dpledger.mechanisms import subsampled_pmixed_curve
                 curve = subsampled_pmixed_curve(balls[ball], claim.sample_rate, variant, claim.queries, 0, orders)
                 accounts.append(_Account(variant.value, level, text, declared, curve=curve))
         return accounts
@@ -743,7 +743,7 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
     conversion, minimised over the order grid (dp-accounting's plus the mechanism's order).
     """
     if not isinstance(claim, Claim):
-        raise ValueError(f"claim must be a Claim (audit.claims.load_claim), got {type(claim).__name__}")
+        raise ValueError(f"claim must be a Claim (dpledger.audit.claims.load_claim), got {type(claim).__name__}")
     relation = claim.relation or _natural_relation(claim.kind)
     findings = tuple(lint_claim(claim))
     if claim.kind in THRESHOLD_ONLY:

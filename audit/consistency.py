@@ -4,20 +4,20 @@ The manifest is bound to the chain (its genesis hash), the records to one anothe
 replay payload to its records (hashes chained in them), ledger.json and the chain's end to the
 final record, and the final record to its head hash, which `decode` prints for publication. These
 checks say the files are what one run wrote and are mutually consistent; they do not say the
-charges are right (that needs the replay, audit.replay.check_replay).
+charges are right (that needs the replay, dpledger.audit.replay.check_replay).
 """
 from __future__ import annotations
 
 import math
 
-from accounting import safe_files
-from accounting.orders import default_orders
-from audit.checks import CheckResult, failed, passed, skipped, verdict
-from audit.loader import LoadedTrace
-from decoding import trace
-from decoding.config import BudgetConfig, DataConfig, ModelsConfig, RunConfig
-from decoding.run import component_relations
-from decoding.runners import build_runner
+from dpledger.accounting import safe_files
+from dpledger.accounting.orders import default_orders
+from dpledger.audit.checks import CheckResult, failed, passed, skipped, verdict
+from dpledger.audit.loader import LoadedTrace
+from dpledger.decoding import trace
+from dpledger.decoding.config import BudgetConfig, DataConfig, ModelsConfig, RunConfig
+from dpledger.decoding.run import component_relations
+from dpledger.decoding.runners import build_runner
 
 
 def check_files(loaded: LoadedTrace) -> CheckResult:
@@ -126,7 +126,7 @@ def _embedded_data_problems(manifest: dict, config: RunConfig) -> list[str]:
     held-out text (teacher-forced data) the manifest records must be its own."""
     import hashlib
 
-    from decoding.corpus import generate_corpus
+    from dpledger.decoding.corpus import generate_corpus
 
     corpus = generate_corpus(teachers=config.models.teachers)
     problems = []

@@ -21,9 +21,9 @@ from typing import Callable, Iterator
 
 from tqdm.auto import tqdm
 
-from audit.loader import LoadedTrace, WindowTask
-from decoding.cluster import require_single_threaded_workers, result_of, worker_count
-from decoding.trace import file_sha256
+from dpledger.audit.loader import LoadedTrace, WindowTask
+from dpledger.decoding.cluster import require_single_threaded_workers, result_of, worker_count
+from dpledger.decoding.trace import file_sha256
 
 TASKS_PER_WORKER = 4
 """Windows are grouped so that each worker gets about this many tasks per check: enough to balance

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from audit.loader import LoadedTrace
-from decoding.run import component_relations
-from mechanisms.pmixed import SubsamplingVariant
-from mechanisms.screening import BLIND_SCREEN_RATIO
+from dpledger.audit.loader import LoadedTrace
+from dpledger.decoding.run import component_relations
+from dpledger.mechanisms.pmixed import SubsamplingVariant
+from dpledger.mechanisms.screening import BLIND_SCREEN_RATIO
 
 
 

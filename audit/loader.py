@@ -3,13 +3,13 @@ whole; per-step records are read one chunk (block) at a time and replay logits o
 at a time, so the audit's memory does not grow with the run's length.
 
 `load_trace` makes one pass over the chunks: it checks the hash chain from the manifest's
-genesis, recomputes everything ledger.json holds (decoding.run.RunTotals) and checks each record's
+genesis, recomputes everything ledger.json holds (dpledger.decoding.run.RunTotals) and checks each record's
 structure against the manifest (trace_consistency reports what it found).
 
 The checks that read the per-step distributions do so through `LoadedTrace.map_windows`: a
 function of one window (its records and logits) returns a small partial result, and the check
 combines the partials in block and window order. Without an executor the windows are computed in
-this process; with one (audit.distributed) on Dask workers. Either way the check combines the same
+this process; with one (dpledger.audit.distributed) on Dask workers. Either way the check combines the same
 partials in the same order, so its result does not depend on where they were computed.
 """
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from accounting import safe_files
-from decoding import trace
-from decoding.run import RunTotals
-from decoding.runners import Runner, build_runner
-from decoding.trace import TraceError
+from dpledger.accounting import safe_files
+from dpledger.decoding import trace
+from dpledger.decoding.run import RunTotals
+from dpledger.decoding.runners import Runner, build_runner
+from dpledger.decoding.trace import TraceError
 
 PAYLOAD_WINDOW_BYTES = 256 * 2 ** 20
 """Replay windows hold at most this much of a block's float64 work (N+1 distributions and the
@@ -38,8 +38,8 @@ BASE_FIELDS = frozenset({"step", "block", "position", "query_id", "context_token
                          "sampled_teachers", "observed_data_dependent", "data_independent", "payload_sha256",
                          "prev_hash", "record_hash"})
 VOTING_FIELDS = frozenset({"vote_seed", "vote_tokens", "vote_counts", "aggregator_noise"})
-BUDGET_FIELDS = frozenset({"budget_refused", "budget_charge"})  # runs with a privacy filter (decoding.budget)
-SPLIT_LOSS_FIELDS = frozenset({"eq3_remove_one", "add_one_bound"})  # records_version >= 2 (decoding.run)
+BUDGET_FIELDS = frozenset({"budget_refused", "budget_charge"})  # runs with a privacy filter (dpledger.decoding.budget)
+SPLIT_LOSS_FIELDS = frozenset({"eq3_remove_one", "add_one_bound"})  # records_version >= 2 (dpledger.decoding.run)
 DATA_DEPENDENT_FILTER = ("the run's privacy filter was driven by data-dependent losses, so whether a step was answered "
                          "privately depends on the data: a neighbour's run may answer where this one refused, and "
                          "no per-step comparison of this run's laws measures that (Redberg et al. 2023); the run "
@@ -96,7 +96,7 @@ class LoadedTrace:
     """Names this load of the trace: a worker keeps what it loaded for it (models, memo) under this id,
     so a later audit of the same directory never reuses state decided for an earlier one."""
     executor: object = None
-    """Computes `map_windows` elsewhere (audit.distributed.DaskWindowExecutor); None: in this process."""
+    """Computes `map_windows` elsewhere (dpledger.audit.distributed.DaskWindowExecutor); None: in this process."""
     memo: dict = field(default_factory=dict)
     """Per-process memo of what the window functions rebuild (the runner, the re-encoded text, a block's
     model logits): built once per process, not once per window."""
@@ -229,12 +229,12 @@ class LoadedTrace:
         if not models or not all(isinstance(m, dict) and Path(str(m.get("source"))).exists()
                                  for m in (models[:1] if icl else models)) or (examples and not Path(examples).exists()):
             return "absent"
-        from decoding.ensemble import Ensemble, file_problems, identity_problems, tokenizer_files
+        from dpledger.decoding.ensemble import Ensemble, file_problems, identity_problems, tokenizer_files
 
         try:
             if icl:  # the prompts again: from the regenerated embedded corpus, or the examples file re-read
-                from decoding.corpus import generate_corpus
-                from decoding.icl import load_icl_ensemble
+                from dpledger.decoding.corpus import generate_corpus
+                from dpledger.decoding.icl import load_icl_ensemble
 
                 ensemble = load_icl_ensemble(
                     models[0]["source"], str(self.manifest.get("tokenizer")), settings.get("teachers"),
@@ -291,16 +291,16 @@ class LoadedTrace:
 
     @property
     def data_dependent_filter(self) -> bool:
-        """The run's privacy filter was driven by data-dependent losses (decoding.budget)."""
+        """The run's privacy filter was driven by data-dependent losses (dpledger.decoding.budget)."""
         return bool((self.manifest.get("budget") or {}).get("data_dependent"))
 
     def budget_gate(self):
-        """The run's privacy filter rebuilt from its config (decoding.budget), state zero; None
+        """The run's privacy filter rebuilt from its config (dpledger.decoding.budget), state zero; None
         without a [budget]."""
         budget = self.manifest["config"].get("budget")
         if budget is None:
             return None
-        from decoding.budget import BudgetGate
+        from dpledger.decoding.budget import BudgetGate
 
         runner = self.runner()
         return BudgetGate.plan(budget, runner.step_bound(self.orders), self.orders, runner.realised_path_bounds)
@@ -377,7 +377,7 @@ class LoadedTrace:
         """On a worker, once: load the run's models where the driver found them (their content
         hashes are checked again here); ClusterError when this worker cannot (its environment, not
         the trace: never a verdict)."""
-        from decoding.cluster import ClusterError
+        from dpledger.decoding.cluster import ClusterError
 
         if self._model_state == "available" and self._ensemble is None:
             self._model_state = None
@@ -447,7 +447,7 @@ def _check_records(loaded: LoadedTrace, block: int, records: list[dict], first_s
         if not isinstance(passed, bool) or record["answered_by"] != ("mechanism" if passed else "public"):
             loaded.note(f"{where}: answered_by {record['answered_by']!r} does not follow screen_passed {passed!r}")
         voting = loaded.mechanism_type == "voting"
-        refused = record.get("budget_refused") is True  # the filter answered publicly (decoding.budget)
+        refused = record.get("budget_refused") is True  # the filter answered publicly (dpledger.decoding.budget)
         if "budget_refused" in record and not (isinstance(record["budget_refused"], bool)
                                                and isinstance(record["budget_charge"], float)
                                                and record["budget_charge"] >= 0 and (not refused or not passed)):

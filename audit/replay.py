@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from accounting import safe_files
-from accounting.conversion import ConversionMethod, epsilon_from_rdp
-from accounting.summation import ExactSum
-from audit.checks import CheckResult, failed, passed, skipped, verdict
-from audit.loader import LoadedTrace
-from decoding.run import replay_steps
-from decoding.trace import json_bytes, loads_json, read_chunk
+from dpledger.accounting import safe_files
+from dpledger.accounting.conversion import ConversionMethod, epsilon_from_rdp
+from dpledger.accounting.summation import ExactSum
+from dpledger.audit.checks import CheckResult, failed, passed, skipped, verdict
+from dpledger.audit.loader import LoadedTrace
+from dpledger.decoding.run import replay_steps
+from dpledger.decoding.trace import json_bytes, loads_json, read_chunk
 
 RTOL = 1e-9
 """Relative tolerance for recomputed floats: the same float64 code on the same inputs agrees to
@@ -159,7 +159,7 @@ def _data_tokens(trace: LoadedTrace) -> np.ndarray | None:
         return None
     from transformers import AutoTokenizer
 
-    from decoding.recipe import encode_documents
+    from dpledger.decoding.recipe import encode_documents
 
     return encode_documents(AutoTokenizer.from_pretrained(tokenizer), text)
 
@@ -188,7 +188,7 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
             memo["tokens_stream"] = _data_tokens(trace)
         tokens_stream = memo["tokens_stream"]
         if tokens_stream is None:  # a worker that cannot see the run's text must not skip what the driver checks
-            from decoding.cluster import ClusterError
+            from dpledger.decoding.cluster import ClusterError
 
             raise ClusterError(f"a worker cannot re-encode the run's text {trace.manifest['config']['data'].get('text')}"
                                " (every worker must see the driver's files at the same paths)")

@@ -16,13 +16,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from accounting.conversion import epsilon_from_rdp
-from accounting.curve import RdpCurve
-from accounting.errors import require, require_in_open, require_int_at_least
-from accounting.relation import NeighbouringRelation
-from audit.ablation import clopper_pearson
-from audit.checks import CheckResult, skipped, verdict
-from audit.loader import LoadedTrace
+from dpledger.accounting.conversion import epsilon_from_rdp
+from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.errors import require, require_in_open, require_int_at_least
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.audit.ablation import clopper_pearson
+from dpledger.audit.checks import CheckResult, skipped, verdict
+from dpledger.audit.loader import LoadedTrace
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,8 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
                       chunk: int = 250) -> tuple[CheckResult, GameResult | None]:
     """The planted canary's teacher present vs removed, on the canary's own prefix: does the
     mechanism emit the secret's first token more often with the teacher than without it?"""
-    from decoding.ensemble import Ensemble, identity_problems
-    from decoding.runners import build_runner
+    from dpledger.decoding.ensemble import Ensemble, identity_problems
+    from dpledger.decoding.runners import build_runner
     from transformers import AutoTokenizer
 
     canaries = trace.manifest.get("canaries") or []

@@ -17,14 +17,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from accounting.conversion import epsilon_from_rdp
-from accounting.curve import RdpCurve
-from accounting.relation import NeighbouringRelation
-from decoding import trace
-from decoding.run import ledger_summary
-from decoding.runners import Runner, adapmixed_runner, voting_mechanism, voting_runner
-from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, renyi_divergence_orders, sums_without_each
-from mechanisms.screening import NoisyScreening
+from dpledger.accounting.conversion import epsilon_from_rdp
+from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.decoding import trace
+from dpledger.decoding.run import ledger_summary
+from dpledger.decoding.runners import Runner, adapmixed_runner, voting_mechanism, voting_runner
+from dpledger.mechanisms.kernels import leave_one_out_divergences, mixed_teachers, renyi_divergence_orders, sums_without_each
+from dpledger.mechanisms.screening import NoisyScreening
 
 
 @dataclass(frozen=True)

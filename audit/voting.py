@@ -8,7 +8,7 @@ rebuild the neighbouring histogram and the aggregator's exact output law on it:
   token. Candidate tokens are the voted ones and the lowest-index unvoted one (every unvoted token
   is alike to the aggregators, except TARGMAX's tie-break towards the lowest index).
 - TARGMAX and TWS have closed-form laws; DPARGMAX's answer law is GNMax's, a one-dimensional
-  integral (mechanisms.voting.gnmax_log_output_law, error stated); DPWS's law is a V-dimensional
+  integral (dpledger.mechanisms.voting.gnmax_log_output_law, error stated); DPWS's law is a V-dimensional
   integral, so its ablation measures the Gaussian noisy histogram it post-processes (an upper
   bound on the released law's divergence) and the sampled audit estimates the released law.
 Per-step divergences (both directions) are composed per neighbour and converted like the claim.
@@ -19,17 +19,18 @@ import math
 import warnings
 
 import numpy as np
+import torch
 from scipy.stats import beta as beta_distribution
 
-from accounting.conversion import epsilon_from_rdp
-from accounting.curve import RdpCurve
-from accounting.relation import NeighbouringRelation
-from audit.checks import CheckResult, failed, skipped, verdict
-from audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
-from decoding.ensemble import Ensemble
-from decoding.runners import voting_mechanism
-from mechanisms.randomness import seed_commitment, vote_seed
-from mechanisms.voting import Aggregator, VotingMechanism, renyi_divergence_of_log_laws
+from dpledger.accounting.conversion import epsilon_from_rdp
+from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.audit.checks import CheckResult, failed, skipped, verdict
+from dpledger.audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
+from dpledger.decoding.ensemble import Ensemble
+from dpledger.decoding.runners import voting_mechanism
+from dpledger.mechanisms.randomness import seed_commitment, vote_seed
+from dpledger.mechanisms.voting import Aggregator, VotingMechanism, renyi_divergence_of_log_laws
 
 def _mechanism(trace: LoadedTrace) -> VotingMechanism:
     return voting_mechanism(trace.params, trace.n_teachers, trace.manifest["relation"])
@@ -37,7 +38,7 @@ def _mechanism(trace: LoadedTrace) -> VotingMechanism:
 
 def check_shared_randomness(trace: LoadedTrace) -> CheckResult:
     """Every step's recorded vote seed is the public function of (run seed, step)
-    (mechanisms.randomness.vote_seed): shared randomness that depended on a teacher's output would
+    (dpledger.mechanisms.randomness.vote_seed): shared randomness that depended on a teacher's output would
     break the analysis, which treats it as public. The replay check then recomputes every histogram
     from the teachers with these seeds."""
     run_seed = trace.manifest["config"]["seed"]
@@ -81,7 +82,7 @@ def check_voting_charges(trace: LoadedTrace) -> CheckResult:
     where the screen passed."""
     mechanism, orders = _mechanism(trace), trace.orders
     mismatched = []
-    for block, records in trace.iter_blocks():
+    for _, records in trace.iter_blocks():
         counts = np.zeros((len(records), int(trace.manifest["vocab_size"])), dtype=np.int64)
         for row, record in enumerate(records):
             counts[row, record["vote_tokens"]] = record["vote_counts"]

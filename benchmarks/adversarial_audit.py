@@ -3,7 +3,7 @@
 Categories (each reports cases tried, cases handled cleanly, and every failure):
   tampering      named edits of copies of a correct AdaPMixED and a correct PMixED run (with and
                  without re-chaining / recomputing ledger.json and final.json, as a forger using
-                 decoding.trace would); clean = FAIL (exit 1), or exit 2 with a one-line error, or
+                 dpledger.decoding.trace would); clean = FAIL (exit 1), or exit 2 with a one-line error, or
                  UNVERIFIED (exit 3) where the edit removed what verification needs; never PASS on a
                  changed run, never exit 4 or a traceback
   report         `dpledger report --format md` after each tampering case, and stale audit.json cases:
@@ -238,13 +238,13 @@ def short(result: dict) -> str:
 # ==================================================================================================
 
 def read_json(path: Path):
-    from decoding import trace
+    from dpledger.decoding import trace
 
     return trace.loads_json(Path(path).read_text())
 
 
 def write_json(path: Path, value) -> None:
-    from decoding import trace
+    from dpledger.decoding import trace
 
     Path(path).write_bytes(trace.json_bytes(value))
 
@@ -260,7 +260,7 @@ def load_chunks(run: Path) -> list[list[dict]]:
 
 
 def save_chunks(run: Path, chunks: list[list[dict]]) -> None:
-    from decoding import trace
+    from dpledger.decoding import trace
 
     for path in chunk_files(run):
         path.unlink()
@@ -269,7 +269,7 @@ def save_chunks(run: Path, chunks: list[list[dict]]) -> None:
 
 
 def rechain(manifest: dict, chunks: list[list[dict]]) -> str:
-    from decoding import trace
+    from dpledger.decoding import trace
 
     prev = trace.genesis_hash(manifest)
     for records in chunks:
@@ -278,7 +278,7 @@ def rechain(manifest: dict, chunks: list[list[dict]]) -> str:
 
 
 def compute_ledger(manifest: dict, chunks: list[list[dict]]) -> dict:
-    from decoding.run import RunTotals
+    from dpledger.decoding.run import RunTotals
 
     totals = RunTotals(manifest)
     for records in chunks:
@@ -287,14 +287,14 @@ def compute_ledger(manifest: dict, chunks: list[list[dict]]) -> dict:
 
 
 def write_ledger(run: Path, summary: dict) -> None:
-    from decoding import trace
+    from dpledger.decoding import trace
 
     (run / "ledger.json").write_bytes(trace.json_bytes(summary))
 
 
 def write_final(run: Path, manifest: dict | None = None, chunks: list[list[dict]] | None = None) -> str:
     """A final record matching the run's current manifest, chunks and ledger.json; returns the head."""
-    from decoding import trace
+    from dpledger.decoding import trace
 
     manifest = manifest if manifest is not None else read_json(run / "manifest.json")
     chunks = chunks if chunks is not None else load_chunks(run)
@@ -339,9 +339,9 @@ def forge(run: Path, level: str = "full", records=None, chunks_edit=None, manife
 def reconcile(manifest: dict) -> None:
     """After editing manifest["config"]: make the rest of the manifest agree with it (mechanism
     block, orders, counts, seeds, fingerprint), as a forger who read audit/consistency.py would."""
-    from accounting.orders import default_orders
-    from audit.consistency import _config_of
-    from decoding.runners import build_runner
+    from dpledger.accounting.orders import default_orders
+    from dpledger.audit.consistency import _config_of
+    from dpledger.decoding.runners import build_runner
 
     config = _config_of(manifest)
     runner = build_runner(config.mechanism, config.models.teachers, config.relation)
@@ -362,9 +362,9 @@ def forge_payload(run: Path, block: int, transform, recompute_records: bool) -> 
     import numpy as np
     import torch
 
-    from decoding import trace
-    from decoding.run import _outcome_records, replay_steps
-    from decoding.runners import build_runner
+    from dpledger.decoding import trace
+    from dpledger.decoding.run import _outcome_records, replay_steps
+    from dpledger.decoding.runners import build_runner
 
     manifest = read_json(run / "manifest.json")
     logits = np.array(np.load(trace.replay_path(run, block)))
@@ -399,7 +399,7 @@ def edit_ledger(run: Path, edit, refinal: bool = True) -> None:
 
 
 def edit_final(run: Path, edit, rehead: bool = True) -> None:
-    from decoding import trace
+    from dpledger.decoding import trace
 
     final = read_json(run / "final.json")
     edit(final)
@@ -1342,7 +1342,7 @@ def _(run, ctx):
 
 def forge_payload_hash(run: Path, block: int) -> None:
     """Chain whatever bytes the block's payload file now holds."""
-    from decoding import trace
+    from dpledger.decoding import trace
 
     sha = trace.file_sha256(_payload(run, block))
     forge(run, "full", records=lambda r, m: r.update(payload_sha256=sha) if r["block"] == block else None)
@@ -1544,7 +1544,7 @@ def run_tampering(worker: Worker, bases: dict, assets: dict, work: Path, quick: 
                         results.append(entry)
                         continue
                     want = "/".join(str(c) for c in sorted(expect))
-                    problem = (f"PASS (exit 0) on a changed run" if result["rc"] == 0 and 0 not in expect
+                    problem = ("PASS (exit 0) on a changed run" if result["rc"] == 0 and 0 not in expect
                                else f"exit {result['rc']}, expected exit {want}")
                     problem += ": " + short(result)
                 entry.update(clean=problem is None, **({"what": problem} if problem else {}))
@@ -1661,7 +1661,7 @@ def _summarise(results: list[dict], **extra) -> dict:
 # ==================================================================================================
 
 def _canonical_json(data: bytes):
-    from decoding import trace
+    from dpledger.decoding import trace
 
     try:
         return trace.canonical_digest("", json.loads(data.decode("utf-8")))
@@ -1674,7 +1674,7 @@ def _canonical_parquet(data: bytes):
 
     import pyarrow.parquet as pq
 
-    from decoding import trace
+    from dpledger.decoding import trace
 
     try:
         table = pq.read_table(io.BytesIO(data))
@@ -2040,9 +2040,7 @@ def run_concurrency(worker: Worker, models, work: Path, quick: bool, seed: int) 
     kill_config = write_toml(root / "kill.toml", micro_config(models, root / "unused", PMIXED, queries=kill_queries,
                                                               block_size=10, replay_payload=False))
     reference_dir = root / "reference"
-    began = time.time()
     reference = finish(spawn("decode", kill_config, "--out", reference_dir, "--no-progress"))
-    full_time = time.time() - began
     if reference.get("rc") != 0:
         record("reference_run", "the uninterrupted run failed: " + short(reference))
         return _summarise(results)
@@ -2070,7 +2068,7 @@ def run_concurrency(worker: Worker, models, work: Path, quick: bool, seed: int) 
         name = f"kill[{index:02d}] {moment}"
         proc = spawn("decode", kill_config, "--out", run, "--no-progress")
         if condition is not None:
-            wait_for(lambda: condition(run), 120, proc, step=0.0005)
+            wait_for(lambda condition=condition, run=run: condition(run), 120, proc, step=0.0005)
             if moment.startswith("after"):
                 time.sleep(rng.uniform(0, 0.02))
         proc.send_signal(signal.SIGKILL)
@@ -2080,7 +2078,8 @@ def run_concurrency(worker: Worker, models, work: Path, quick: bool, seed: int) 
         if index % 3 == 2:  # kill the resume too, once it has committed another chunk
             before = chunks_of(run)
             second = spawn("decode", kill_config, "--out", run, "--resume", "--no-progress")
-            wait_for(lambda: chunks_of(run) > before or (run / "final.json").exists(), 120, second, step=0.0005)
+            wait_for(lambda run=run, before=before: chunks_of(run) > before or (run / "final.json").exists(), 120,
+                     second, step=0.0005)
             second.send_signal(signal.SIGKILL)
             second.communicate()
             kills += 1
@@ -2189,7 +2188,7 @@ def _junk(rng: random.Random, depth: int = 0):
 def _plausible(rng: random.Random, what: str):
     import numpy as np
 
-    from accounting.orders import default_orders
+    from dpledger.accounting.orders import default_orders
     if what == "float":
         return rng.choice([rng.uniform(0, 1), rng.uniform(1, 64), rng.uniform(1e-9, 1e-3), rng.uniform(-2, 0)])
     if what == "prob":
@@ -2216,7 +2215,7 @@ def _arg(rng: random.Random, what: str, junk_rate: float = 0.35):
 def _curve(rng):
     import numpy as np
 
-    from accounting.curve import RdpCurve
+    from dpledger.accounting.curve import RdpCurve
     orders = _plausible(rng, "orders")
     return RdpCurve(orders, np.asarray([rng.uniform(0, 5) for _ in orders]))
 
@@ -2322,7 +2321,7 @@ def _accounting_call(rng: random.Random):
 def _config_call(rng: random.Random, models: dict):
     import copy
 
-    from decoding.config import config_from_dict
+    from dpledger.decoding.config import config_from_dict
     base = {"run": {"out": "/tmp/x", "queries": 64, "seed": 7},
             "mechanism": dict(rng.choice([PMIXED, ADAPMIXED, {"type": "public"}])),
             "models": {"embedded": False, "public": models["public"], "teacher_paths": models["teachers"],
@@ -2360,8 +2359,8 @@ def _runner_call(rng: random.Random):
     import numpy as np
     import torch
 
-    from decoding.runners import build_runner
-    from mechanisms.randomness import StepGenerators
+    from dpledger.decoding.runners import build_runner
+    from dpledger.mechanisms.randomness import StepGenerators
     mechanism = dict(rng.choice([PMIXED, ADAPMIXED, {"type": "public"}, {"type": "ensemble"},
                                  {**PMIXED, "sample_rate": 0.5}]))
     if rng.random() < 0.1:
@@ -2378,7 +2377,7 @@ def _runner_call(rng: random.Random):
     def call():
         runner = build_runner(mechanism, teachers, relation)
         if isinstance(teachers, int) and 1 <= teachers <= 8:  # accepted: it must also run
-            from accounting.orders import default_orders
+            from dpledger.accounting.orders import default_orders
             vocab, length = 30, 2
             public = torch.softmax(torch.randn(length, vocab, dtype=torch.float64), -1)
             teacher_probs = torch.softmax(torch.randn(length, teachers, vocab, dtype=torch.float64), -1)
@@ -2391,7 +2390,7 @@ def _runner_call(rng: random.Random):
 def _garbage_dir_call(rng: random.Random, base_runs: list[str], scratch: str, index: int):
     """A garbage directory: random files, or a copy of a real run with junk put into its JSON files or
     records (sometimes re-chained / re-finalised so that the junk reaches the checks)."""
-    from audit import audit_run
+    from dpledger.audit import audit_run
     run = Path(scratch) / f"garbage-{index:04d}"
     shutil.rmtree(run, ignore_errors=True)
     roll = rng.random()
@@ -2593,8 +2592,8 @@ def run_api_fuzz(bases: dict, models, work: Path, quick: bool, seed: int, env: d
 # ==================================================================================================
 
 def make_base_run(models, out: Path, mechanism: dict, queries: int, **run) -> dict:
-    from decoding.config import config_from_dict
-    from decoding.run import prepare, run_decode
+    from dpledger.decoding.config import config_from_dict
+    from dpledger.decoding.run import prepare, run_decode
     from tests.micro import micro_config
 
     config = config_from_dict(micro_config(models, out, mechanism, queries=queries, **run))

@@ -3,7 +3,7 @@
 Synthetic LM-like distributions stand in for model outputs (the ablation's cost does not depend on
 where they come from) and uniform random mixing weights stand in for the recorded ones (an audit
 reads them from the trace; the PMixED solver's own cost is timed apart on a few steps, as it is
-decoding cost, not audit cost). Measures the vectorised kernel (audit.ablation.neighbour_divergences) and,
+decoding cost, not audit cost). Measures the vectorised kernel (dpledger.audit.ablation.neighbour_divergences) and,
 side by side on a slice of the same work, a baseline with a Python loop over teachers calling the
 public renyi_divergence once per teacher and direction. Writes benchmarks/results/ablation.json.
 """
@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from audit.ablation import DEFAULT_AUDIT_ORDERS, neighbour_divergences
-from mechanisms import PMixED, renyi_divergence
-from mechanisms.kernels import kernel_threads
+from dpledger.audit.ablation import DEFAULT_AUDIT_ORDERS, neighbour_divergences
+from dpledger.mechanisms import PMixED, renyi_divergence
+from dpledger.mechanisms.kernels import kernel_threads
 
 
 def synthetic_block(rng: np.random.Generator, steps: int, teachers: int, vocab: int):

@@ -1,7 +1,7 @@
-"""Per-step cost of the add-one bound with and without the certified dual (mechanisms.add_one), as
+"""Per-step cost of the add-one bound with and without the certified dual (dpledger.mechanisms.add_one), as
 AdaPMixED's data-dependent charge runs it under add-or-remove-one: the closed form
 (add_one_divergence_bounds(dual=False)) against dual=True, alone and inside the whole data-dependent
-step (mechanisms.step.data_dependent_step_curve: Eq. 3's leave-one-out curve plus the add-one bound),
+step (dpledger.mechanisms.step.data_dependent_step_curve: Eq. 3's leave-one-out curve plus the add-one bound),
 on the run's 156-order grid. Writes benchmarks/results/add_one_dual_cost.json.
 
 Inputs: benchmarks.bench_step.synthetic_ensemble (seeded LM-like laws), PMixED at alpha = 18,
@@ -37,12 +37,12 @@ def _timed(call) -> float:
 
 
 def measure(vocab: int, teachers: int, repetitions: int, alpha: float = 18.0, beta: float = 0.002) -> dict:
-    from accounting.orders import DEFAULT_ORDERS
-    from accounting.relation import NeighbouringRelation
+    from dpledger.accounting.orders import DEFAULT_ORDERS
+    from dpledger.accounting.relation import NeighbouringRelation
     from benchmarks.bench_step import synthetic_ensemble
-    from mechanisms.kernels import add_one_divergence_bounds
-    from mechanisms.pmixed import PMixED
-    from mechanisms.step import data_dependent_step_curve
+    from dpledger.mechanisms.kernels import add_one_divergence_bounds
+    from dpledger.mechanisms.pmixed import PMixED
+    from dpledger.mechanisms.step import data_dependent_step_curve
 
     teacher_np, public_np = synthetic_ensemble(vocab, teachers, seed=vocab + teachers)
     t = torch.from_numpy(teacher_np)[None]

@@ -38,7 +38,7 @@ def timed(function, *args, **kwargs):
 
 
 def audit_bytes(report) -> bytes:
-    from decoding.trace import json_bytes
+    from dpledger.decoding.trace import json_bytes
 
     payload = report.to_dict()
     for key in ("created_at", "seconds", "run_dir"):
@@ -47,11 +47,11 @@ def audit_bytes(report) -> bytes:
 
 
 def demo_scale(root: Path, queries: int, block: int, worker_counts: list[int]) -> dict:
-    from audit import audit_run
-    from audit.distributed import DaskWindowExecutor
-    from decoding.cluster import ClusterSpec, dask_client
-    from decoding.config import DataConfig, ModelsConfig, RunConfig
-    from decoding.run import prepare, run_decode
+    from dpledger.audit import audit_run
+    from dpledger.audit.distributed import DaskWindowExecutor
+    from dpledger.decoding.cluster import ClusterSpec, dask_client
+    from dpledger.decoding.config import DataConfig, ModelsConfig, RunConfig
+    from dpledger.decoding.run import prepare, run_decode
     from dpledger.demo import PAPER_ADAPMIXED
 
     def config(name: str) -> RunConfig:
@@ -98,9 +98,9 @@ def demo_scale(root: Path, queries: int, block: int, worker_counts: list[int]) -
 
 
 def paper_scale(root: Path, steps: int, block: int, workers: int) -> dict:
-    from audit import audit_run
-    from audit.distributed import DaskWindowExecutor
-    from decoding.cluster import ClusterSpec, dask_client
+    from dpledger.audit import audit_run
+    from dpledger.audit.distributed import DaskWindowExecutor
+    from dpledger.decoding.cluster import ClusterSpec, dask_client
     from dpledger.demo import PAPER_ADAPMIXED
     from tests.synthetic import write_synthetic_run
 
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "distributed.json"))
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from decoding.recipe import set_single_thread
+    from dpledger.decoding.recipe import set_single_thread
 
     set_single_thread()
     root = Path(tempfile.mkdtemp(prefix="dpledger-bench-distributed-"))

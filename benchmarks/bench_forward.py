@@ -1,5 +1,5 @@
 """Next-token distributions of the public model and N teachers: the batched GPT-2 forward
-(decoding.batched_gpt2) against a Python loop of transformers forwards, side by side on the same
+(dpledger.decoding.batched_gpt2) against a Python loop of transformers forwards, side by side on the same
 inputs. Writes benchmarks/results/forward.json."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from decoding.batched_gpt2 import StackedGPT2
+from dpledger.decoding.batched_gpt2 import StackedGPT2
 
 
 def median_seconds(function, repeats: int) -> float:
@@ -40,8 +40,8 @@ def main() -> None:
         stacked = StackedGPT2(models)
         ids = torch.randint(0, config.vocab_size, (1, args.block))
         with torch.no_grad():
-            loop = median_seconds(lambda: [m(input_ids=ids).logits for m in models], args.repeats)
-        batched = median_seconds(lambda: stacked.logits(ids), args.repeats)
+            loop = median_seconds(lambda models=models, ids=ids: [m(input_ids=ids).logits for m in models], args.repeats)
+        batched = median_seconds(lambda stacked=stacked, ids=ids: stacked.logits(ids), args.repeats)
         results.append({"teachers": n, "block": args.block, "loop_seconds": round(loop, 4),
                         "batched_seconds": round(batched, 4), "speedup": round(loop / batched, 2)})
         print(results[-1])

@@ -109,11 +109,11 @@ def median_seconds(function, repeats: int, warmup: int = 1) -> float:
 
 
 def step_section(vocab: int, teachers: int, repeats: int, baseline_repeats: int) -> dict:
-    from accounting.orders import DEFAULT_ORDERS
-    from mechanisms.adapmixed import AdaPMixED
-    from mechanisms.kernels import (add_one_divergence_bounds, leave_one_out_curve, leave_one_out_divergences,
+    from dpledger.accounting.orders import DEFAULT_ORDERS
+    from dpledger.mechanisms.adapmixed import AdaPMixED
+    from dpledger.mechanisms.kernels import (add_one_divergence_bounds, leave_one_out_curve, leave_one_out_divergences,
                                     mixed_teachers, mixing_weights)
-    from mechanisms.pmixed import PMixED
+    from dpledger.mechanisms.pmixed import PMixED
 
     probs, public = synthetic_ensemble(vocab, teachers)
     t64, p64 = torch.from_numpy(probs), torch.from_numpy(public)
@@ -166,8 +166,8 @@ def step_section(vocab: int, teachers: int, repeats: int, baseline_repeats: int)
 def run_epsilon_ratio(coarse: np.ndarray, exact: np.ndarray, orders: np.ndarray) -> dict:
     """The run's epsilon (delta 1e-5) from the sub-grid curve over the exact one, for runs of this
     step repeated 1, 100 and 10,000 times (the optimal order moves with the run length)."""
-    from accounting.conversion import epsilon_from_rdp
-    from accounting.curve import RdpCurve
+    from dpledger.accounting.conversion import epsilon_from_rdp
+    from dpledger.accounting.curve import RdpCurve
 
     out = {}
     for steps in (1, 100, 10_000):
@@ -178,11 +178,11 @@ def run_epsilon_ratio(coarse: np.ndarray, exact: np.ndarray, orders: np.ndarray)
 
 
 def accountant_section(steps: int = 100_000) -> dict:
-    from accounting.conversion import epsilon_from_rdp
-    from accounting.curve import RdpCurve, compose_curves
-    from accounting.ledger import PrivacyLedger
-    from accounting.orders import DEFAULT_ORDERS
-    from accounting.relation import NeighbouringRelation
+    from dpledger.accounting.conversion import epsilon_from_rdp
+    from dpledger.accounting.curve import RdpCurve, compose_curves
+    from dpledger.accounting.ledger import PrivacyLedger
+    from dpledger.accounting.orders import DEFAULT_ORDERS
+    from dpledger.accounting.relation import NeighbouringRelation
 
     rng = np.random.default_rng(0)
     values = rng.uniform(0.0, 1e-4, (steps, len(DEFAULT_ORDERS))) * np.asarray(DEFAULT_ORDERS)
@@ -205,7 +205,7 @@ def ablation_section(steps: int, threads: int) -> dict:
     """The audit's neighbour ablation (remove each of the N teachers and add each of three
     adversaries, both directions, the audit's orders, exact at each) on `steps` paper-scale steps,
     extrapolated to 1,000 steps."""
-    from audit.ablation import DEFAULT_AUDIT_ORDERS, neighbour_divergences
+    from dpledger.audit.ablation import DEFAULT_AUDIT_ORDERS, neighbour_divergences
 
     os.environ["DPLEDGER_KERNEL_THREADS"] = str(threads)
     probs, public = synthetic_ensemble(50257, 100)
@@ -225,8 +225,8 @@ def ablation_section(steps: int, threads: int) -> dict:
 def gpu_section() -> dict:
     if not torch.cuda.is_available():
         return {"device": None, "note": "no CUDA device on this machine"}
-    from accounting.orders import DEFAULT_ORDERS
-    from mechanisms.adapmixed import AdaPMixED
+    from dpledger.accounting.orders import DEFAULT_ORDERS
+    from dpledger.mechanisms.adapmixed import AdaPMixED
 
     probs, public = synthetic_ensemble(50257, 100)
     teachers = torch.from_numpy(probs).cuda()
@@ -254,7 +254,8 @@ def markdown(results: dict) -> str:
                   f"| {name}: Eq. 3 loss at order 18 | {s['baseline_loss_one_order']:.4f} s | {s['dpledger_loss_one_order']:.4f} s | "
                   f"{section['speedup']['loss_one_order']}x |"]
     a = results["accountant"]
-    lines += [f"| 100,000 per-step curves: RdpCurve objects, compose_curves, epsilon | | {a['seconds_rdpcurve_objects_composed_and_converted']} s | |",
+    lines += [f"| 100,000 per-step curves: RdpCurve objects, compose_curves, epsilon | | "
+              f"{a['seconds_rdpcurve_objects_composed_and_converted']} s | |",
               f"| 100,000 per-step curves: ledger.charge_many, epsilon | | {a['seconds_ledger_charge_many_and_convert']} s | |"]
     if "ablation" in results:
         b = results["ablation"]

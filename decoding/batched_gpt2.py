@@ -3,7 +3,7 @@
 Each parameter is stacked across models (shape (M, ...)) and every matmul is one batched matmul,
 so the hot path has no Python loop over teachers. Only models with one forward configuration are
 stacked (`forward_signature`: every GPT-2 setting that changes the eval forward pass); the ensemble
-stacks each group of equal signatures (decoding.ensemble), so every model runs with its own
+stacks each group of equal signatures (dpledger.decoding.ensemble), so every model runs with its own
 config.json. It computes what transformers' GPT2LMHeadModel computes (tests compare the two):
 learned positions, pre-LayerNorm blocks, the configured activation (transformers' own function),
 attention scaled by 1/sqrt(head_dim) or not, and by 1/(layer + 1) or not, a tied or separate LM head.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from accounting.errors import require
+from dpledger.accounting.errors import require
 
 FORWARD_KEYS = ("n_embd", "n_layer", "n_head", "n_inner", "n_positions", "vocab_size", "layer_norm_epsilon",
                 "activation_function", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",

@@ -1,7 +1,7 @@
 """The privacy filter of a decode run: `[budget] epsilon, delta` in the run config.
 
 Before each private answer the step's charge at the filter's order must fit what is left of the
-RDP budget (accounting.budget.RenyiFilter; Feldman & Zrnic 2021, Theorem 3.1). A step that does not
+RDP budget (dpledger.accounting.budget.RenyiFilter; Feldman & Zrnic 2021, Theorem 3.1). A step that does not
 fit is answered by the public model and charged nothing: its token is drawn from the public
 distribution with a generator of its own, seeded from (run seed, step) and never touched by the
 mechanism, so what it releases does not depend on the private data (the mechanism's generator has
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from accounting.budget import RenyiFilter
-from accounting.errors import require
-from accounting.summation import up_add
-from decoding.config import require_on_grid
+from dpledger.accounting.budget import RenyiFilter
+from dpledger.accounting.errors import require
+from dpledger.accounting.summation import up_add
+from dpledger.decoding.config import require_on_grid
 
 DATA_DEPENDENT_LABEL = ("the filter was driven by data-dependent losses: checking them against the budget leaks "
                         "private information (Redberg et al. 2023), so the stopping point is not covered by the "

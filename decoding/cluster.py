@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from accounting.errors import require
+from dpledger.accounting.errors import require
 
 DASK_MISSING = "needs Dask, an optional extra: pip install 'dpledger[dask]'"
 WORKER_WAIT_SECONDS = 60

@@ -45,12 +45,12 @@ from pathlib import Path
 
 import math
 
-from accounting.errors import require, require_in_open, require_int_at_least
-from accounting.orders import default_orders
-from accounting.relation import NeighbouringRelation, neighbouring_relation
-from accounting.safe_files import read_bytes
-from decoding.runners import MECHANISM_TYPES, unknown_type_message
-from mechanisms.calibration import MAX_QUERIES
+from dpledger.accounting.errors import require, require_in_open, require_int_at_least
+from dpledger.accounting.orders import default_orders
+from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
+from dpledger.accounting.safe_files import read_bytes
+from dpledger.decoding.runners import MECHANISM_TYPES, unknown_type_message
+from dpledger.mechanisms.calibration import MAX_QUERIES
 
 SEED_LIMIT = 2 ** 63
 """run.seed is in [0, 2^63): TOML integers are signed 64-bit (TOML 1.0), and the trace records the
@@ -149,7 +149,7 @@ class ModelsConfig:
     tokenizer: str | None = None
     device: str = "cpu"  # where the models run ("cuda" on a GPU machine); mechanisms run on the CPU
     icl_examples: str | None = None  # teacher_kind = "icl" with your own public model: JSON, N lists of examples
-    icl_prompt_tokens: int = 48  # teacher_kind = "icl": each teacher prompt's token budget (decoding.icl)
+    icl_prompt_tokens: int = 48  # teacher_kind = "icl": each teacher prompt's token budget (dpledger.decoding.icl)
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class BudgetConfig:
-    """A privacy filter for the run (accounting.budget.RenyiFilter): before each private answer,
+    """A privacy filter for the run (dpledger.accounting.budget.RenyiFilter): before each private answer,
     the step's charge at one order must fit the RDP budget of (epsilon, delta); a step that does not
     fit is answered by the public model at no cost."""
 
@@ -185,7 +185,7 @@ class RunConfig:
     deltas: tuple[float, ...] = (1e-5,)
     relation: str = "add_or_remove_one"
     """The neighbouring relation the run claims; the mechanism charges what covers it and the audit
-    FAILs a total that does not (accounting.relation)."""
+    FAILs a total that does not (dpledger.accounting.relation)."""
     budget: BudgetConfig | None = None
 
     def __post_init__(self) -> None:
@@ -373,7 +373,7 @@ CONFIG_FILE_LIMIT = 2 ** 24
 
 def read_text_file(path: str | Path, what: str, limit: int = TEXT_FILE_LIMIT) -> str:
     """A UTF-8 text file's content: a regular file (never a FIFO or a device, which would block) of
-    at most `limit` bytes (accounting.safe_files); ValueError naming `what`, the path and the problem."""
+    at most `limit` bytes (dpledger.accounting.safe_files); ValueError naming `what`, the path and the problem."""
     path = Path(path)
     require(path.exists(), f"{what} file does not exist: {path}")
     require(not path.is_dir(), f"{what} must be a file, got the directory {path}")
@@ -389,7 +389,31 @@ def read_text_file(path: str | Path, what: str, limit: int = TEXT_FILE_LIMIT) ->
         raise ValueError(f"{what} {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
-def load_config(path: str | Path, out_override: str | None = None) -> RunConfig:
+def parse_override(text: str) -> tuple[str, str, object]:
+    """`TABLE.KEY=VALUE` -> (table, key, value): VALUE is read as a TOML value (`0.05`, `true`,
+    `[1e-5, 1e-6]`, `"lora"`), or taken as a string when it is not one (`--set models.public=gpt2`).
+
+    Raises:
+        ValueError: not of the form TABLE.KEY=VALUE.
+    """
+    name, separator, raw = text.partition("=")
+    table, dot, key = name.strip().partition(".")
+    if not separator or not dot or not table or not key or "." in key:
+        raise ValueError(f"--set takes TABLE.KEY=VALUE (e.g. mechanism.beta=0.05), got {text!r}")
+    try:
+        value = tomllib.loads(f"value = {raw.strip()}")["value"]
+    except (tomllib.TOMLDecodeError, RecursionError):
+        value = raw.strip()
+    return table, key, value
+
+
+def load_config(path: str | Path, out_override: str | None = None, overrides: tuple[str, ...] = ()) -> RunConfig:
+    """The run configuration in the TOML file at `path`, with [run] out replaced by `out_override` and
+    each `TABLE.KEY=VALUE` of `overrides` applied (parse_override) before anything is checked.
+
+    Raises:
+        ValueError: an unreadable file, invalid TOML, a malformed override or an invalid configuration.
+    """
     text = read_text_file(path, "config", CONFIG_FILE_LIMIT)
     try:
         data = tomllib.loads(text)
@@ -398,4 +422,10 @@ def load_config(path: str | Path, out_override: str | None = None) -> RunConfig:
     except RecursionError:  # tomllib recurses once per nested array or table; a config nests three deep
         raise ValueError(f"{path}: arrays or tables nest deeper than Python's recursion limit; a run config nests "
                          "three deep") from None
+    for override in overrides:
+        table, key, value = parse_override(override)
+        section = data.setdefault(table, {})
+        if not isinstance(section, dict):
+            raise ValueError(f"--set {override}: {table} is not a table in {path}")
+        section[key] = value
     return config_from_dict(data, out_override)

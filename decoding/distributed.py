@@ -1,12 +1,12 @@
 """Teacher-forced decoding on Dask workers: `dpledger decode RUN.toml --workers N | --scheduler ADDRESS`.
 
 A teacher-forced block is independent of every other: its queries come from the text, and all its
-randomness from (run seed, step) (mechanisms.randomness). Workers therefore decode disjoint blocks:
+randomness from (run seed, step) (dpledger.mechanisms.randomness). Workers therefore decode disjoint blocks:
 each loads the run's models once (checking their content hashes against the manifest), computes its
 block's logits and the mechanism's outcome, writes the block's replay payload into the run directory
 (atomically, so a rerun of the task rewrites the same bytes) and returns the block's records. The
 driver, which holds the run's lock, chains and commits the records in block order exactly as a
-single-process run does (decoding.run), so the trace, its hashes and the ledger are identical; a
+single-process run does (dpledger.decoding.run), so the trace, its hashes and the ledger are identical; a
 worker that dies loses only uncommitted work, which Dask computes again elsewhere, and a killed
 driver resumes with --resume like any run.
 
@@ -23,9 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
-from decoding import trace
-from decoding.cluster import ClusterError, require_single_threaded_workers, result_of, worker_count
-from decoding.config import RunConfig
+from dpledger.decoding import trace
+from dpledger.decoding.cluster import ClusterError, require_single_threaded_workers, result_of, worker_count
+from dpledger.decoding.config import RunConfig
 
 IN_FLIGHT_PER_WORKER = 2
 """Blocks submitted ahead per worker: enough to keep every worker busy while the driver commits,
@@ -41,7 +41,7 @@ def sequential_reason(config: RunConfig) -> str | None:
     if config.budget is not None and config.budget.data_dependent:
         return "a data-dependent privacy filter decides each step from the earlier steps' private charges"
     if config.budget is not None:
-        from decoding.runners import build_runner
+        from dpledger.decoding.runners import build_runner
 
         if build_runner(config.mechanism, config.models.teachers, config.relation).realised_path_bounds is not None:
             return "a realised-path privacy filter decides each step from the earlier steps' screen decisions"
@@ -63,7 +63,7 @@ def config_for_workers(config: RunConfig) -> RunConfig:
 def _worker_run(config: RunConfig, model_hashes: list[str], data_sha256: str):
     """This worker's prepared run: models loaded once per worker process and run. The key holds what
     the driver loaded (model hashes, the data's sha256), so changed files are never served stale."""
-    from decoding.run import prepare
+    from dpledger.decoding.run import prepare
 
     key = f"{config.out}|{config.fingerprint()}|{','.join(model_hashes)}|{data_sha256}"
     prepared = _WORKER_RUNS.get(key)
@@ -86,7 +86,7 @@ def decode_block_task(config: RunConfig, model_hashes: list[str], data_sha256: s
     """On a worker: one block decoded, its payload written, its records (not yet chained) returned."""
     import torch
 
-    from decoding.run import block_records
+    from dpledger.decoding.run import block_records
 
     prepared = _worker_run(config, model_hashes, data_sha256)  # prepare() sets its own thread count: override it after
     torch.set_num_threads(torch_threads)  # the driver's: how torch splits a reduction must not differ

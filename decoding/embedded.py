@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from decoding.corpus import EmbeddedCorpus, generate_corpus
-from decoding.recipe import (TinyModelRecipe, encode_documents, new_gpt2, perplexity, set_single_thread,
+from dpledger.decoding.corpus import EmbeddedCorpus, generate_corpus
+from dpledger.decoding.recipe import (TinyModelRecipe, encode_documents, new_gpt2, perplexity, set_single_thread,
                              train_causal_lm, train_tokenizer)
-from decoding.teachers import train_teachers
+from dpledger.decoding.teachers import train_teachers
 
 CACHE_FORMAT = 1
 

@@ -5,7 +5,7 @@ no hub is reachable; a local path is never looked up on the hub); teachers are f
 adapters (peft) on the public base, merged for inference. Model files are untrusted input: a file
 that cannot be loaded (truncated, pickled objects other than tensors, a config.json that does not
 parse, tensors missing) is a ValueError of one line naming it. Every model runs with its own
-config: GPT-2 models are evaluated by decoding.batched_gpt2, one batched forward per group of equal
+config: GPT-2 models are evaluated by dpledger.decoding.batched_gpt2, one batched forward per group of equal
 forward configurations (usually one for all N+1 models); other architectures run one forward each.
 A model's identity in a trace (ModelIdentity) is the sha256 of its weights and of its config and
 tokenizer files.
@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from accounting.errors import require
+from dpledger.accounting.errors import require
 
 CONFIG, ADAPTER_CONFIG = "config.json", "adapter_config.json"
 MODEL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in from_pretrained's order of preference
@@ -316,7 +316,7 @@ class ModelIdentity:
     """A model's identity in a trace. For a model loaded from files, content_hash is the sha256 of
     its weights' hash (model_content_hash) and of the sha256 of each of its config and tokenizer
     files (`files`), so that a changed config.json is another model, as a changed tensor is. An
-    in-context teacher (decoding.icl) is a prompt to the public model: a content hash alone."""
+    in-context teacher (dpledger.decoding.icl) is a prompt to the public model: a content hash alone."""
 
     role: str
     source: str
@@ -374,12 +374,12 @@ class Ensemble:
     """The public model (index 0) and N teachers; `distributions` answers a block of contexts.
 
     Each model runs as itself: GPT-2 models are stacked in one batched forward per group of equal
-    forward configurations (decoding.batched_gpt2.forward_signature; usually one group), any other
+    forward configurations (dpledger.decoding.batched_gpt2.forward_signature; usually one group), any other
     model runs alone through transformers."""
 
     def __init__(self, public_model, teacher_models: Sequence, identities: Sequence[ModelIdentity],
                  device: str = "cpu"):
-        from decoding.batched_gpt2 import StackedGPT2, forward_signature
+        from dpledger.decoding.batched_gpt2 import StackedGPT2, forward_signature
 
         require(len(teacher_models) >= 1, "an ensemble needs at least one teacher")
         vocab = public_model.config.vocab_size
@@ -432,7 +432,7 @@ class Ensemble:
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """float32 logits (N+1, B, L, V) on the CPU (the mechanisms run there); index 0 is public."""
-        from decoding.batched_gpt2 import StackedGPT2
+        from dpledger.decoding.batched_gpt2 import StackedGPT2
 
         if len(self._forwards) == 1 and isinstance(self._forwards[0][1], StackedGPT2):
             return self._forwards[0][1].logits(input_ids).cpu()  # one group, in order: no copy

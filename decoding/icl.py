@@ -23,12 +23,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from accounting.errors import require
-from accounting.strict_json import parse_json
-from decoding.config import read_text_file
-from decoding.corpus import EmbeddedCorpus
-from decoding.ensemble import Ensemble, ModelIdentity, load_causal_lm, model_identity
-from decoding.recipe import encode_documents
+from dpledger.accounting.errors import require
+from dpledger.accounting.strict_json import parse_json
+from dpledger.decoding.config import read_text_file
+from dpledger.decoding.corpus import EmbeddedCorpus
+from dpledger.decoding.ensemble import Ensemble, ModelIdentity, load_causal_lm, model_identity
+from dpledger.decoding.recipe import encode_documents
 
 TOKENS_PER_FORWARD = 2 ** 12
 """At most this many tokens (rows x padded length) per forward: bounds the activations and logits a
@@ -39,7 +39,7 @@ chunk holds when B x (N+1) is large, and keeps them in cache (on 1 CPU thread, N
 def _fitting_examples(examples: Sequence[str], tokenizer, budget: int) -> tuple[int, list[int]]:
     """How many leading examples fit `budget` tokens whole, and the prompt's token ids: each
     example followed by the end-of-text token (the documents' separator the models were trained
-    on, decoding.recipe.encode_documents). When not even the first fits, it is cut at the budget
+    on, dpledger.decoding.recipe.encode_documents). When not even the first fits, it is cut at the budget
     (count 1), so a prompt is never empty."""
     ids: list[int] = []
     for count, example in enumerate(examples):
@@ -92,8 +92,8 @@ def embedded_icl_default(teachers: int, verbose: bool = True):
     tokenizer, with the corpus generated for `teachers` shards. generate_corpus draws the public
     text before any private record, so that corpus's public part is the very text the model was
     trained on, and its held-out text and canaries are the ones the audit regenerates for N."""
-    from decoding.corpus import generate_corpus
-    from decoding.embedded import build_or_load
+    from dpledger.decoding.corpus import generate_corpus
+    from dpledger.decoding.embedded import build_or_load
 
     base = build_or_load(teachers=8, verbose=verbose)
     return dataclasses.replace(base, corpus=generate_corpus(seed=base.corpus.seed, teachers=teachers))
@@ -140,7 +140,7 @@ def load_icl_ensemble(public: str, tokenizer_path: str, teachers: int, prompt_to
 
 
 class InContextEnsemble:
-    """The public model (index 0) and N in-context teachers, with decoding.ensemble.Ensemble's
+    """The public model (index 0) and N in-context teachers, with dpledger.decoding.ensemble.Ensemble's
     interface; n_positions is the room the prompt budget leaves for the query: the model's context
     (`context`) less the prompt budget (`prompt_budget`)."""
 

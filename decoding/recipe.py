@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from accounting.errors import require, require_int_at_least
+from dpledger.accounting.errors import require, require_int_at_least
 
 END_OF_TEXT = "<|endoftext|>"
 

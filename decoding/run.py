@@ -2,7 +2,7 @@
 
 Blocks of queries are processed in order; step t draws everything random (Poisson mask,
 screening noise, the sampled token) from its own generator seeded from (run seed, t)
-(mechanisms.randomness), so a resumed run reproduces an uninterrupted one exactly and a block can be
+(dpledger.mechanisms.randomness), so a resumed run reproduces an uninterrupted one exactly and a block can be
 replayed in windows of rows. One process writes a run: it holds the directory's lock
 (trace.RunLock) from creation or resume to exit. After each block its records are chained and
 committed atomically (trace.py); ledger.json and then the final record (the chain's head) are
@@ -23,22 +23,23 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from accounting.conversion import ConversionMethod, epsilon_from_rdp
-from accounting.errors import require
-from accounting.ledger import PrivacyLedger
-from accounting.orders import default_orders
-from accounting.relation import NeighbouringRelation
-from accounting.summation import ExactSum, UpperSum, up_add
-from decoding import trace
-from decoding.budget import DATA_DEPENDENT_LABEL, BudgetGate
-from decoding.cluster import ClusterError
-from decoding.config import RunConfig, read_text_file
-from decoding.ensemble import (Ensemble, file_problems, identity_problems, load_tokenizer, require_matching_tokenizer,
+from dpledger.accounting.conversion import ConversionMethod, epsilon_from_rdp
+from dpledger.accounting.errors import require
+from dpledger.accounting.ledger import PrivacyLedger
+from dpledger.accounting.orders import default_orders
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.accounting.summation import ExactSum, UpperSum, up_add
+from dpledger.decoding import trace
+from dpledger.decoding.budget import DATA_DEPENDENT_LABEL, BudgetGate
+from dpledger.decoding.cluster import ClusterError
+from dpledger.decoding.config import RunConfig, read_text_file
+from dpledger.decoding.ensemble import (Ensemble, file_problems, identity_problems, load_tokenizer, require_matching_tokenizer,
                                tokenizer_files)
-from decoding.runners import BlockOutcome, Runner, build_runner
-from mechanisms.randomness import StepGenerators
+from dpledger.decoding.runners import BlockOutcome, Runner, build_runner
+from dpledger.mechanisms.randomness import StepGenerators
+from dpledger.version import __version__
 
-PACKAGE_VERSION = "0.1.0"
+PACKAGE_VERSION = __version__
 
 
 @dataclass
@@ -71,7 +72,7 @@ class PreparedRun:
 
 def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
     """Load models, tokenizer and data, and build the mechanism; every check before any write."""
-    from decoding.recipe import encode_documents, set_single_thread
+    from dpledger.decoding.recipe import encode_documents, set_single_thread
 
     set_single_thread()
     runner = build_runner(config.mechanism, config.models.teachers, config.relation)
@@ -83,7 +84,7 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
     existing = next(parent for parent in (out, *out.parents) if parent.exists())
     require(os.access(existing, os.W_OK | os.X_OK), f"run.out {out}: {existing} is not writable")
     if models.teacher_kind == "icl":  # in-context teachers (Hot PATE): the public model prompted with private examples
-        from decoding.icl import embedded_icl_default, load_icl_ensemble
+        from dpledger.decoding.icl import embedded_icl_default, load_icl_ensemble
 
         embedded = embedded_icl_default(models.teachers, verbose) if models.embedded else None
         public_path = str(embedded.public_path) if embedded else models.public
@@ -93,8 +94,8 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
                                      device=models.device)
     else:
         if models.embedded:
-            from decoding.embedded import build_or_load
-            from decoding.recipe import TinyModelRecipe
+            from dpledger.decoding.embedded import build_or_load
+            from dpledger.decoding.recipe import TinyModelRecipe
 
             # the embedded recipe trains the teachers the config names (full copies or LoRA adapters)
             embedded = build_or_load(teachers=models.teachers, recipe=TinyModelRecipe(teacher_kind=models.teacher_kind),
@@ -145,7 +146,7 @@ def build_manifest(config: RunConfig, runner: Runner, orders: np.ndarray, models
                    data_identity: dict, tokenizer_path: str, canaries: list[dict],
                    budget: BudgetGate | None = None, tokenizer_files: dict | None = None) -> dict:
     """manifest.json's content: what ran (the chain's genesis hash binds all of it). `models` holds
-    each model's identity (decoding.ensemble.ModelIdentity.manifest_entry) and `tokenizer_files` the
+    each model's identity (dpledger.decoding.ensemble.ModelIdentity.manifest_entry) and `tokenizer_files` the
     sha256 of each of the tokenizer's files."""
     import transformers
 
@@ -272,7 +273,7 @@ def _mechanism_step(runner: Runner, logits: torch.Tensor, randomness: StepGenera
                     budget: BudgetGate | None = None):
     """One call of the mechanism on (N+1, L, V) logits, then one sampled token per row; row i draws
     from randomness' generator i in this order (replay depends on it). With a budget, the filter
-    then decides the rows in order (decoding.budget)."""
+    then decides the rows in order (dpledger.decoding.budget)."""
     public, teachers = Ensemble.split_distributions(logits)
     outcome = runner.process(public, teachers, randomness, orders)
     tokens = randomness.multinomial(outcome.output).numpy()
@@ -350,7 +351,7 @@ def step_bound_caveat(kind: str, params: dict) -> str:
     """What a filter's data-independent step bound rests on, where it is not proven outright."""
     if kind not in ("pmixed", "adapmixed"):
         return ""
-    from mechanisms.pmixed import SubsamplingVariant
+    from dpledger.mechanisms.pmixed import SubsamplingVariant
 
     variant = params.get("subsampling_variant")
     if variant is not None and not SubsamplingVariant(variant).proven:
@@ -480,10 +481,10 @@ class RunTotals:
     def pld_summary(self, epsilons: list[dict]) -> dict:
         """PLD epsilons beside the RDP ones, where every charged component has a dp-accounting event:
         the run's steps as one composed DpEvent (exported, so the ledger can be checked in
-        dp-accounting), accounted by its PLDAccountant (mechanisms.pld). Otherwise why not."""
-        from accounting.strict_json import loads_json
-        from mechanisms.dp_events import dp_event_to_json, mechanism_from_dp_event
-        from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, pld_epsilon, pld_out_of_range
+        dp-accounting), accounted by its PLDAccountant (dpledger.mechanisms.pld). Otherwise why not."""
+        from dpledger.accounting.strict_json import loads_json
+        from dpledger.mechanisms.dp_events import dp_event_to_json, mechanism_from_dp_event
+        from dpledger.mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, pld_epsilon, pld_out_of_range
 
         kind, params = self.manifest["mechanism"]["type"], self.manifest["mechanism"]["params"]
         reasons = {"public": "the public model alone charges nothing: there is no privacy loss to account",
@@ -494,7 +495,7 @@ class RunTotals:
                                 "its parts: RDP only"}
         if kind != "voting":
             return {"available": False, "reason": reasons[kind]}
-        from decoding.runners import voting_mechanism
+        from dpledger.decoding.runners import voting_mechanism
 
         mechanism = voting_mechanism(params, self.manifest["n_teachers"], self.manifest["relation"])
         step_event = mechanism.dp_event()
@@ -553,7 +554,7 @@ class RunTotals:
 
     def budget_summary(self) -> dict:
         """The privacy filter's plan and what it did: spent, the steps it refused, and what holds."""
-        from accounting.budget import RenyiFilter
+        from dpledger.accounting.budget import RenyiFilter
 
         plan = self.budget
         spent = RenyiFilter(plan["epsilon"], plan["delta"], plan["order"])
@@ -616,7 +617,7 @@ class RunTotals:
                                                                                                 1) >= 2:
             summary["odometer"] = self.odometer_summary(deltas)
         if self.observed:
-            from accounting.curve import RdpCurve
+            from dpledger.accounting.curve import RdpCurve
 
             covering = NeighbouringRelation(manifest["relation"]) if self.components.get(
                 "pmixed_data_dependent") else NeighbouringRelation.REMOVE_ONE
@@ -632,7 +633,7 @@ class RunTotals:
                     "Flemings et al. 2024, Eq. 3 (the worst removed teacher) on the answered steps: remove-one only"),
                 "add_one_bound_total": (
                     "add_one_bound", NeighbouringRelation.ADD_ONE,
-                    "the add-one bound (mechanisms.kernels.add_one_divergence_bounds) on the answered steps: an upper "
+                    "the add-one bound (dpledger.mechanisms.kernels.add_one_divergence_bounds) on the answered steps: an upper "
                     "bound for any added teacher, not an exact loss"),
                 "min_data_dependent_theorem_3_1_total": (
                     "min_theorem_3_1", NeighbouringRelation.REMOVE_ONE,
@@ -699,13 +700,13 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
     nothing. A write failure (OSError) leaves the committed blocks for --resume.
 
     With a Dask `client`, a teacher-forced run's blocks are decoded on its workers and committed here
-    in block order (decoding.distributed): the trace is the one this process would write."""
+    in block order (dpledger.decoding.distributed): the trace is the one this process would write."""
     if client is not None:
-        from decoding.distributed import sequential_reason
+        from dpledger.decoding.distributed import sequential_reason
 
         reason = sequential_reason(config)
         if reason is not None:
-            warnings.warn(f"{reason}: decoding in this process, not on the Dask workers")
+            warnings.warn(f"{reason}: decoding in this process, not on the Dask workers", stacklevel=2)
             client = None
     prepared = prepared or prepare(config, verbose=verbose)
     out = Path(config.out)
@@ -765,7 +766,7 @@ def _decode_locked(prepared: PreparedRun, out: Path, progress: bool, client=None
                dynamic_ncols=True)
     started = time.time()
     if client is not None:
-        from decoding.distributed import distributed_blocks
+        from dpledger.decoding.distributed import distributed_blocks
 
         blocks = distributed_blocks(prepared, client, done_blocks, progress)
     else:

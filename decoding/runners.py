@@ -13,16 +13,16 @@ from typing import Callable
 import numpy as np
 import torch
 
-from accounting.errors import require
-from accounting.relation import NeighbouringRelation, neighbouring_relation
-from mechanisms.adapmixed import AdaPMixED
-from mechanisms.kernels import leave_one_out_divergences, mixed_teachers, symmetric_renyi_orders
-from mechanisms.pmixed import Ball, PMixED, SubsampledPMixED, SubsamplingVariant, ball_named
-from mechanisms.pmixed import subsampling_variant as variant_named
-from mechanisms.randomness import uniform
-from mechanisms.screening import NoisyScreening
-from mechanisms.step import adapmixed_step, pmixed_step
-from mechanisms.voting import Aggregator, VotingMechanism
+from dpledger.accounting.errors import require
+from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
+from dpledger.mechanisms.adapmixed import AdaPMixED
+from dpledger.mechanisms.kernels import leave_one_out_divergences, mixed_teachers, symmetric_renyi_orders
+from dpledger.mechanisms.pmixed import Ball, PMixED, SubsampledPMixED, SubsamplingVariant, ball_named
+from dpledger.mechanisms.pmixed import subsampling_variant as variant_named
+from dpledger.mechanisms.randomness import uniform
+from dpledger.mechanisms.screening import NoisyScreening
+from dpledger.mechanisms.step import adapmixed_step, pmixed_step
+from dpledger.mechanisms.voting import Aggregator, VotingMechanism
 
 ACCOUNTING_CHOICES = ("released-output", "realised-path")
 """How a screened mechanism is charged (adapmixed_runner's docstring has the analysis)."""
@@ -61,12 +61,12 @@ class Runner:
     """name -> the neighbouring relation its charges hold for (add-or-remove-one when absent)."""
     step_bound: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
     """orders -> a data-independent upper bound on everything one step charges (+inf where there is
-    none): what a privacy filter charges a step by default (accounting.budget.RenyiFilter)."""
+    none): what a privacy filter charges a step by default (dpledger.accounting.budget.RenyiFilter)."""
     realised_path_bounds: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = field(default=None,
                                                                                               repr=False)
     """orders -> (the screen's data-independent bound, the answer's), for realised-path runs whose
     screen decision is released before the answer is charged: a privacy filter then charges the
-    screen at every step and the answer only where the screen passed (decoding.budget)."""
+    screen at every step and the answer only where the screen passed (dpledger.decoding.budget)."""
 
     def relation_of(self, name: str) -> NeighbouringRelation:
         return self.relations.get(name, NeighbouringRelation.ADD_OR_REMOVE_ONE)
@@ -83,7 +83,7 @@ def _ensemble(public, teachers, generator, orders) -> BlockOutcome:
 
 
 def _pmixed_step(pmixed: PMixED, public, teachers, orders_t, mask=None):
-    """PMixED's step (mechanisms.step.pmixed_step) plus Eq. 3's leave-one-out loss, exact at every order,
+    """PMixED's step (dpledger.mechanisms.step.pmixed_step) plus Eq. 3's leave-one-out loss, exact at every order,
     recorded for the audit's Theorem 3.1 check though not charged. With one teacher its removal leaves
     the public model: the loss is D<->(pbar_1, p0)."""
     result = pmixed_step(pmixed, teachers, public, orders_t.numpy(), mask)
@@ -162,9 +162,9 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     screening=False, data_dependent=True: AdaPMixED with only data-dependence (Eq. 3 every step).
 
     The data-dependent charge covers the neighbours of `relation`, the run's claim: remove-one is
-    ibid. Eq. 3; add-one the add-one bound (mechanisms.kernels.add_one_divergence_bounds);
+    ibid. Eq. 3; add-one the add-one bound (dpledger.mechanisms.kernels.add_one_divergence_bounds);
     add-or-remove-one the larger of the two at each order. add_one_dual=True tightens the add-one
-    bound by the certified Lagrangian dual (mechanisms.add_one; per step it costs about 500 times
+    bound by the certified Lagrangian dual (dpledger.mechanisms.add_one; per step it costs about 500 times
     the whole data-dependent step at V = 1024 and minutes a step at V = 50257:
     benchmarks/results/add_one_dual_cost.json); the manifest's params record it ("add_one_dual":
     true, absent otherwise) and the audit recomputes the bound the same way.
@@ -188,8 +188,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     (Feldman & Zrnic 2021; Whitehouse et al. 2023), so Pr[L > C(a) + log(1/delta) / (a-1)] <= delta at
     an order a fixed in advance (log(K/delta) when the order is chosen afterwards among K): an
     ex-post statement about this run's loss, not an RDP guarantee of the mechanism. Inside a privacy
-    filter the same charges give a guarantee (decoding.budget, fully adaptive composition). The audit
-    measures both quantities (audit.ablation) and the report labels a realised-path total as such.
+    filter the same charges give a guarantee (dpledger.decoding.budget, fully adaptive composition). The audit
+    measures both quantities (dpledger.audit.ablation) and the report labels a realised-path total as such.
     """
     require(screening or data_dependent, "at least one of screening / data_dependent must be enabled "
                                          "(with neither, use type = \"pmixed\")")
@@ -255,14 +255,14 @@ def voting_runner(teachers: int, votes: str, aggregator: str, threshold: float, 
     """Hot PATE voting (Cohen et al. 2023): `votes` coordinated (hot) or independent (cold),
     aggregated by targmax, tws, dpargmax (Confident-GNMax) or dpws; on fail the public model
     answers. The output distribution of a step is a point mass on the released token, or the public
-    distribution on fail. What each aggregator is charged is mechanisms.voting's docstring. Every
+    distribution on fail. What each aggregator is charged is dpledger.mechanisms.voting's docstring. Every
     bound covers one vote moved, added or removed, so any claimed relation is covered."""
     relation = neighbouring_relation(relation)
     mechanism = VotingMechanism(votes, aggregator, teachers, threshold, gamma, sigma, sigma_threshold, data_dependent,
                                 accounting, relation)
 
     def process(public, teacher_probs, generator, orders):
-        require(hasattr(generator, "vote_seeds"), "voting needs per-step generators (mechanisms.randomness.StepGenerators)")
+        require(hasattr(generator, "vote_seeds"), "voting needs per-step generators (dpledger.mechanisms.randomness.StepGenerators)")
         seeds = generator.vote_seeds()
         _, counts = mechanism.histograms(teacher_probs, seeds)
         decisions = [mechanism.decide(row, g) for row, g in zip(counts, generator.generators)]

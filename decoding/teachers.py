@@ -39,11 +39,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from accounting import safe_files
-from accounting.errors import require
-from accounting.strict_json import MAX_BYTES, loads_json, parse_json
-from decoding.recipe import TeacherTraining, fine_tune_teacher, perplexity
-from decoding.trace import atomic_write_json
+from dpledger.accounting import safe_files
+from dpledger.accounting.errors import require
+from dpledger.accounting.strict_json import MAX_BYTES, loads_json, parse_json
+from dpledger.decoding.recipe import TeacherTraining, fine_tune_teacher, perplexity
+from dpledger.decoding.trace import atomic_write_json
 
 MANIFEST = "teachers.json"
 TEACHER_INFO = "dpledger-teacher.json"  # inside each teacher directory, written before the rename
@@ -192,7 +192,7 @@ def state_sha256(model) -> str:
 
 def encode_shard(tokenizer, documents: Sequence[str]) -> np.ndarray:
     """Token ids of `documents`, each followed by the tokenizer's end-of-sequence token (if any); for
-    the embedded tokenizer the same ids as decoding.recipe.encode_documents."""
+    the embedded tokenizer the same ids as dpledger.decoding.recipe.encode_documents."""
     eos = tokenizer.eos_token_id
     ids: list[int] = []
     for encoded in tokenizer(list(documents), add_special_tokens=False)["input_ids"]:
@@ -256,7 +256,7 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
     heldout_ids: token ids for each teacher's held-out perplexity (else only the training loss).
     Returns the manifest (also written to OUT/teachers.json).
     """
-    from decoding.ensemble import load_causal_lm, load_tokenizer, require_matching_tokenizer
+    from dpledger.decoding.ensemble import load_causal_lm, load_tokenizer, require_matching_tokenizer
 
     say = log or (lambda message: None)
     started = time.time()
@@ -278,7 +278,7 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
     require_matching_tokenizer(tokenizer, vocab, f"tokenizer {tokenizer_name}")
 
     if training.kind == "lora":
-        from decoding.recipe import lora_config
+        from dpledger.decoding.recipe import lora_config
 
         lora_config(public_model, training)  # the target modules exist (checked before anything is written)
     shard_ids = [encode_shard(tokenizer, shard) for shard in shards]

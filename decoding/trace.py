@@ -18,7 +18,7 @@ Chunks, payloads and JSON files are written to a temporary file, fsynced and ren
 loses at most the open block. A directory without final.json is an unfinished run.
 
 A run directory may have been written by someone else, to attack whoever reads it: every file here
-is read and written through accounting.safe_files (no link below the run directory is followed,
+is read and written through dpledger.accounting.safe_files (no link below the run directory is followed,
 only regular files within a size bound are read, never a FIFO or a device).
 """
 from __future__ import annotations
@@ -39,11 +39,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from accounting import safe_files
-from accounting.errors import require
-from accounting.safe_files import UnsafeFileError, file_sha256  # noqa: F401 (re-exported)
-from accounting.strict_json import MAX_BYTES as MAX_JSON_BYTES
-from accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
+from dpledger.accounting import safe_files
+from dpledger.accounting.errors import require
+from dpledger.accounting.safe_files import UnsafeFileError, file_sha256  # noqa: F401 (re-exported)
+from dpledger.accounting.strict_json import MAX_BYTES as MAX_JSON_BYTES
+from dpledger.accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
@@ -79,7 +79,7 @@ def _one_line(error: Exception) -> str:
 
 
 def atomic_write_bytes(path: Path, data: bytes, root: Path | None = None) -> None:
-    """Write-then-rename (accounting.safe_files.write_atomic): no link at `path`, or below `root`
+    """Write-then-rename (dpledger.accounting.safe_files.write_atomic): no link at `path`, or below `root`
     (default: its directory), is written through; a failed write leaves nothing half-written."""
     safe_files.write_atomic(path, data, root=root)
 
@@ -90,7 +90,7 @@ def atomic_write_json(path: Path, payload: dict) -> None:
 
 def json_bytes(payload: dict) -> bytes:
     """Strict JSON bytes of `payload`, sorted keys; non-finite floats become null, listed under
-    NULLS with the reason (accounting.strict_json)."""
+    NULLS with the reason (dpledger.accounting.strict_json)."""
     return (strict_json_text(payload, default=_json_default) + "\n").encode()
 
 
@@ -402,7 +402,7 @@ def read_final(run_dir: Path) -> dict:
 class RunLock:
     """An exclusive advisory lock (flock) on `<run_dir>/.lock`, held by the one process writing the
     run; the OS releases it when the process exits, however it exits. The lock file is opened
-    without following a link or blocking (accounting.safe_files.open_lock): a .lock planted as a
+    without following a link or blocking (dpledger.accounting.safe_files.open_lock): a .lock planted as a
     link, a FIFO or a hard link is refused in one line, and nothing is written through it."""
 
     def __init__(self, directory: Path):

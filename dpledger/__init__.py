@@ -3,23 +3,24 @@
 The public API: Renyi divergences, RDP curves and their composition, conversions to
 (epsilon, delta), the ledger, budgets, and the mechanism specs.
 """
-from accounting import (Breakdown, ConversionMethod, DEFAULT_ORDERS, DeltaConversion, DivergenceDirection,
+from dpledger.version import __version__
+from dpledger.accounting import (Breakdown, ConversionMethod, DEFAULT_ORDERS, DeltaConversion, DivergenceDirection,
                         EpsilonConversion, GridEdgeWarning,
                         NeighbouringRelation, PrivacyLedger, RdpBudget, RdpCurve, compose_curves, default_orders,
                         delta_from_rdp, epsilon_from_rdp)
-from mechanisms import (AdaPMixED, Ball, ConfidentGNMax, CustomCurveMechanism, DPWeightedSampler, GaussianMechanism, GNMax,
+from dpledger.mechanisms import (AdaPMixED, Ball, ConfidentGNMax, CustomCurveMechanism, DPWeightedSampler, GaussianMechanism, GNMax,
                         Mechanism, NoisyScreening, PMixED, PoissonSubsampledGaussian, StepResult, SubsampledPMixED,
                         SubsamplingVariant, Targmax, ThresholdWeightedSampler, add_one_bound_values, beta_from_budget, compose,
                         data_dependent_pmixed_curve, poisson_subsample, renyi_divergence, self_compose,
                         subsampled_pmixed_curve, theorem_3_1_epsilon)
 
-__version__ = "0.1.0"
-
 __all__ = [
     "AdaPMixED", "Ball", "Breakdown", "ConfidentGNMax", "ConversionMethod", "CustomCurveMechanism", "DEFAULT_ORDERS",
-    "DPWeightedSampler", "DeltaConversion", "DivergenceDirection", "EpsilonConversion", "GNMax", "GaussianMechanism", "GridEdgeWarning", "Mechanism", "StepResult",
+    "DPWeightedSampler", "DeltaConversion", "DivergenceDirection", "EpsilonConversion", "GNMax", "GaussianMechanism",
+    "GridEdgeWarning", "Mechanism", "StepResult",
     "NeighbouringRelation", "NoisyScreening", "PMixED", "PoissonSubsampledGaussian", "PrivacyLedger", "RdpBudget",
-    "RdpCurve", "SubsampledPMixED", "SubsamplingVariant", "Targmax", "ThresholdWeightedSampler", "add_one_bound_values", "beta_from_budget",
+    "RdpCurve", "SubsampledPMixED", "SubsamplingVariant", "Targmax", "ThresholdWeightedSampler", "add_one_bound_values",
+    "beta_from_budget",
     "compose", "compose_curves", "data_dependent_pmixed_curve", "default_orders", "delta_from_rdp",
     "epsilon_from_rdp", "poisson_subsample", "renyi_divergence", "self_compose", "subsampled_pmixed_curve",
     "theorem_3_1_epsilon", "__version__",

@@ -11,23 +11,23 @@ import warnings
 
 import numpy as np
 
-from accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
-from accounting.curve import RdpCurve
-from accounting.errors import require, require_in_open
-from accounting.relation import NeighbouringRelation
-from accounting.safe_files import read_text, write_atomic
-from accounting.strict_json import MAX_BYTES, loads_json, strict_json_text
-from accounting.orders import default_orders
+from dpledger.accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
+from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.errors import require, require_in_open
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.accounting.safe_files import read_text, write_atomic
+from dpledger.accounting.strict_json import MAX_BYTES, loads_json, strict_json_text
+from dpledger.accounting.orders import default_orders
 from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, SIGMA_HELP, THRESHOLD_HELP, add_conversion_flags,
                                       add_mechanism_parser, add_mechanism_subcommands, require_queries_flag)
 from dpledger.mechanism_flags import option as _option
-from mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
+from dpledger.mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
                         PoissonSubsampledGaussian, SubsamplingVariant, Targmax, ThresholdWeightedSampler,
                         subsampled_pmixed_curve)
-from mechanisms.dp_events import (dp_accounting_relation, dp_event_to_json, mechanism_from_dp_event,
+from dpledger.mechanisms.dp_events import (dp_accounting_relation, dp_event_to_json, mechanism_from_dp_event,
                                   read_dp_event_json)
-from mechanisms.calibration import pld_cost_reason, quiet_dp_accounting, require_subsampling_work
-from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, RdpPldComparison, pld_epsilon
+from dpledger.mechanisms.calibration import pld_cost_reason, quiet_dp_accounting, require_subsampling_work
+from dpledger.mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, RdpPldComparison, pld_epsilon
 
 MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax",
               "dpargmax", "dpws", "targmax", "tws")
@@ -85,7 +85,7 @@ _OPTIONAL = {
 # the RDP-to-(epsilon, delta) conversion and the order grid apply to every DP mechanism
 CONVERSION_FLAGS = ("method", "orders")
 # mechanisms with a dp_accounting DpEvent: their PLD epsilon is shown beside the RDP one, and
-# --dp-event-out writes the composed event (mechanisms.dp_events)
+# --dp-event-out writes the composed event (dpledger.mechanisms.dp_events)
 EVENT_MECHANISMS = ("gaussian", "subsampled-gaussian", "screening", "gnmax", "confident-gnmax", "dpargmax", "dpws")
 # `dpledger account from-event FILE`: account a DpEvent file (dp-accounting interop)
 FROM_EVENT = "from-event"
@@ -273,7 +273,8 @@ def _account_rdp(args: argparse.Namespace) -> dict:
     record = _conversion_record(mechanism.rdp_curve(orders).composed(args.queries), args.delta, args.method)
     record.update(mechanism=kind, queries=args.queries, relation=mechanism.relation.value)
     if kind == "dpws":
-        record.update(dp_guarantee=math.isfinite(record["epsilon"]), sigma=mechanism.sigma, threshold=mechanism.threshold, gamma=mechanism.gamma,
+        record.update(dp_guarantee=math.isfinite(record["epsilon"]), sigma=mechanism.sigma, threshold=mechanism.threshold,
+                      gamma=mechanism.gamma,
                       note="Gaussian N(0, sigma^2) on every count (L2 sensitivity sqrt 2 under replace-one): "
                            "alpha / sigma^2 per query; TWS on the clipped noisy counts is post-processing")
     if kind == "pmixed":
@@ -363,7 +364,7 @@ def _format(value) -> str:
 
 
 def _write_dp_event(record: dict, args: argparse.Namespace) -> None:
-    """The Q-fold composed event as a dpledger.dp_event file (mechanisms.dp_events.dp_event_to_json)."""
+    """The Q-fold composed event as a dpledger.dp_event file (dpledger.mechanisms.dp_events.dp_event_to_json)."""
     from dp_accounting import SelfComposedDpEvent
 
     mechanism = _mechanism(_with_every_flag(args))

@@ -1,8 +1,8 @@
 """The accounting demo: the paper's numbers, produced by the accountant from the mechanism specs."""
 from __future__ import annotations
 
-from accounting import epsilon_from_rdp
-from mechanisms import Ball, NoisyScreening, PMixED, SubsamplingVariant, subsampled_pmixed_curve
+from dpledger.accounting import epsilon_from_rdp
+from dpledger.mechanisms import Ball, NoisyScreening, PMixED, SubsamplingVariant, subsampled_pmixed_curve
 
 
 def run_accounting_demo() -> None:

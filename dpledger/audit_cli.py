@@ -38,7 +38,7 @@ def add_parser(subparsers) -> None:
 
 
 def add_cluster_flags(parser, purpose: str) -> None:
-    """--workers / --scheduler: where distributed work runs (decoding.cluster; needs dpledger[dask])."""
+    """--workers / --scheduler: where distributed work runs (dpledger.decoding.cluster; needs dpledger[dask])."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--workers", type=int, metavar="N",
                        help=f"{purpose} N local Dask worker processes (needs the extra: pip install 'dpledger[dask]')")
@@ -50,11 +50,11 @@ def add_cluster_flags(parser, purpose: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
-    from accounting.errors import require
-    from audit import audit_run, render_summary
-    from decoding.cluster import ClusterError, ClusterSpec, dask_client, require_dask
-    from audit.audit import EXIT_UNUSABLE
-    from decoding.trace import json_bytes, run_directories
+    from dpledger.accounting.errors import require
+    from dpledger.audit import audit_run, render_summary
+    from dpledger.decoding.cluster import ClusterError, ClusterSpec, dask_client, require_dask
+    from dpledger.audit.audit import EXIT_UNUSABLE
+    from dpledger.decoding.trace import json_bytes, run_directories
 
     cluster = ClusterSpec.from_flags(args.workers, args.scheduler)  # bad flags before any work
     if cluster is not None:
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         executor = None
         if cluster is not None:
-            from audit.distributed import DaskWindowExecutor
+            from dpledger.audit.distributed import DaskWindowExecutor
 
             client = stack.enter_context(dask_client(cluster, progress=not args.no_progress))
             executor = DaskWindowExecutor(client, progress=not args.no_progress)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import math
 
-from accounting.conversion import ConversionMethod
-from accounting.strict_json import strict_json_text
-from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, CALIBRATE_FLAG_SPECS, SIGMA_HELP, add_conversion_flags,
+from dpledger.accounting.conversion import ConversionMethod
+from dpledger.accounting.strict_json import strict_json_text
+from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, CALIBRATE_FLAG_SPECS, add_conversion_flags,
                                       add_mechanism_parser, add_mechanism_subcommands, option,
                                       require_queries_flag)
-from mechanisms import calibration
+from dpledger.mechanisms import calibration
 
 MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax", "dpargmax", "dpws")
 
@@ -81,7 +81,7 @@ def calibrate(args: argparse.Namespace) -> calibration.Calibration:
         return calibration.calibrate_pmixed(*target, args.alpha, args.teachers, ball=args.ball,
                                             sampling_probability=args.sample_rate, variant=args.variant,
                                             seed=args.seed, orders=args.orders, **options)
-    from accounting.orders import default_orders
+    from dpledger.accounting.orders import default_orders
 
     options.update(accountant=args.accountant, orders=default_orders(*(args.orders or ())), compare_pld=True)
     if kind == "gaussian":

@@ -1,5 +1,5 @@
-"""`dpledger decode CONFIG.toml [--out DIR] [--resume] [--workers N | --scheduler ADDRESS]`: run a
-private decoding job, write its trace.
+"""`dpledger decode CONFIG.toml [--out DIR] [--queries N] [--set TABLE.KEY=VALUE ...] [--resume]
+[--workers N | --scheduler ADDRESS]`: run a private decoding job, write its trace.
 
 With --workers or --scheduler, a teacher-forced run's blocks are decoded on Dask workers and
 committed here in block order: the trace is the one a single process writes (docs/distributed.md).
@@ -18,6 +18,10 @@ def add_parser(subparsers) -> None:
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="TOML run configuration: every key is in docs/config.md, examples in examples/")
     parser.add_argument("--out", help="trace directory (overrides [run] out)")
+    parser.add_argument("--queries", type=int, help="number of queries (overrides [run] queries)")
+    parser.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE", dest="overrides",
+                        help="override one config key, VALUE read as TOML (e.g. --set mechanism.beta=0.05); "
+                             "repeatable")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run in the same directory")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_cluster_flags(parser, "decode a teacher-forced run's blocks on")
@@ -27,13 +31,14 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
-    from decoding.cluster import ClusterSpec, dask_client, require_dask
-    from decoding.config import load_config
-    from decoding.distributed import sequential_reason
-    from decoding.run import prepare, run_decode
-    from decoding import trace
+    from dpledger.decoding.cluster import ClusterSpec, dask_client, require_dask
+    from dpledger.decoding.config import load_config
+    from dpledger.decoding.distributed import sequential_reason
+    from dpledger.decoding.run import prepare, run_decode
+    from dpledger.decoding import trace
 
-    config = load_config(args.config, args.out)
+    overrides = tuple(args.overrides) + (() if args.queries is None else (f"run.queries={args.queries}",))
+    config = load_config(args.config, args.out, overrides)
     cluster = ClusterSpec.from_flags(args.workers, args.scheduler)
     if cluster is not None:
         require_dask("--workers / --scheduler")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from decoding.config import BudgetConfig, DataConfig, ModelsConfig, RunConfig
-from decoding.run import run_decode
+from dpledger.decoding.config import BudgetConfig, DataConfig, ModelsConfig, RunConfig
+from dpledger.decoding.run import run_decode
 
 DEMO_TEACHERS = 8
 DEMO_QUERIES = 1024
@@ -44,7 +44,7 @@ DEMO_BUDGET = BudgetConfig(epsilon=8.0, delta=1e-5)  # a Renyi filter: the publi
 def demo_seed(directory: Path) -> int:
     """A secret random run seed (secrets.randbits(63)), or the one an unfinished run in `directory`
     recorded, so that the demo resumes it. Never printed: outputs show its commitment."""
-    from decoding import trace
+    from dpledger.decoding import trace
 
     if (directory / trace.MANIFEST).exists():
         return int(trace.read_manifest(directory)["config"]["seed"])
@@ -56,8 +56,8 @@ def slug(label: str) -> str:
 
 
 def summary_row(label: str, directory: Path, summary: dict) -> dict:
-    from decoding import trace
-    from mechanisms.randomness import seed_commitment
+    from dpledger.decoding import trace
+    from dpledger.mechanisms.randomness import seed_commitment
 
     first = summary["epsilon"][0]
     return {"method": label, "queries": summary["steps"], "epsilon": first["epsilon"], "order": first["order"],
@@ -99,7 +99,7 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
     print("\ntraces (each run seed is secret and random; shown by its commitment):")
     for row in rows:
         print(f"  {row['method']:<38} {row['trace']}  seed {row['seed_commitment']}")
-    from reports.hotpate import hotpate_html, hotpate_markdown, run_hotpate, write_hotpate
+    from dpledger.reports.hotpate import hotpate_html, hotpate_markdown, run_hotpate, write_hotpate
 
     print(f"\n== Hot vs cold PATE: N = {HOTPATE_TEACHERS} in-context teachers (dpledger hotpate, short) ==")
     hotpate = run_hotpate(HOTPATE_TEACHERS, queries=32, samples=100, verbose=False)
@@ -142,8 +142,8 @@ AUDITED = ("pmixed", "adapmixed", "pmixed-with-a-budget", "hot-pate-dpargmax", "
 def audit_and_report(root: Path, directories: list[Path], progress: bool, extra_html: str = "") -> Path:
     """Audit the PMixED, AdaPMixED and voting traces, then write one HTML report of every run
     (with `extra_html`, e.g. the hot-vs-cold section, before its end)."""
-    from audit import audit_run
-    from reports import load_run, render
+    from dpledger.audit import audit_run
+    from dpledger.reports import load_run, render
 
     print("\n== Audit (dpledger audit) ==")
     for directory in directories:
@@ -165,7 +165,7 @@ def audit_and_report(root: Path, directories: list[Path], progress: bool, extra_
         for finding in report.findings:
             if finding.applies and finding.severity in ("medium", "high"):
                 print(f"      pitfall #{finding.pitfall} [{finding.severity}] {finding.title}")
-    from accounting.safe_files import write_atomic
+    from dpledger.accounting.safe_files import write_atomic
 
     out = root / "report.html"
     write_atomic(out, render([load_run(d) for d in directories], "html").replace(

@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports.hotpate import hotpate_markdown, run_hotpate, write_hotpate
+    from dpledger.reports.hotpate import hotpate_markdown, run_hotpate, write_hotpate
 
     out = Path(args.out or Path("runs") / "hotpate" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
     result = run_hotpate(args.teachers, args.queries, args.samples, args.seed, args.prompt_tokens, args.target_yield,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from accounting.conversion import ConversionMethod
-from accounting.errors import require
-from mechanisms import Ball, SubsamplingVariant
-from mechanisms.calibration import MAX_QUERIES
+from dpledger.accounting.conversion import ConversionMethod
+from dpledger.accounting.errors import require
+from dpledger.mechanisms import Ball, SubsamplingVariant
+from dpledger.mechanisms.calibration import MAX_QUERIES
 
 ACCOUNTING = ("released-output", "realised-path")
 

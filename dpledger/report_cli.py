@@ -14,8 +14,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from decoding.trace import atomic_write_bytes, run_directories
-    from reports import load_run, render
+    from dpledger.decoding.trace import atomic_write_bytes, run_directories
+    from dpledger.reports import load_run, render
 
     args.run_dir = [str(d) for d in run_directories(args.run_dir)]
     try:

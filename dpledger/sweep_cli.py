@@ -16,7 +16,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports.sweep import run_sweep
+    from dpledger.reports.sweep import run_sweep
 
     out = args.out or str(Path("runs") / "sweep" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
     run_sweep(out, args.queries, parameters=args.parameters)

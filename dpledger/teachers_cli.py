@@ -82,8 +82,8 @@ def _check(ok: bool, flag: str, value, rule: str) -> None:
 
 
 def training_from_args(args: argparse.Namespace):
-    from decoding.config import MAX_TEACHERS
-    from decoding.recipe import TeacherTraining
+    from dpledger.decoding.config import MAX_TEACHERS
+    from dpledger.decoding.recipe import TeacherTraining
 
     _check(args.teachers >= 1, "--teachers", args.teachers, "must be an integer >= 1")
     _check(args.teachers <= MAX_TEACHERS, "--teachers", args.teachers,
@@ -134,10 +134,10 @@ def decode_toml(models_block: str, heldout: str | None, seq_len: int, positions:
 
 
 def run(args: argparse.Namespace) -> int:
-    from decoding import teachers as lib
-    from decoding.trace import atomic_write_bytes
-    from decoding.ensemble import load_causal_lm, load_tokenizer, require_matching_tokenizer
-    from decoding.recipe import set_single_thread
+    from dpledger.decoding import teachers as lib
+    from dpledger.decoding.trace import atomic_write_bytes
+    from dpledger.decoding.ensemble import load_causal_lm, load_tokenizer, require_matching_tokenizer
+    from dpledger.decoding.recipe import set_single_thread
 
     training = training_from_args(args)
     _check(args.device == "cpu" or args.device.startswith("cuda"), "--device", args.device,
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         heldout_text = lib.read_input_text(heldout_path, "--heldout")
     set_single_thread()
     if args.public == EMBEDDED:  # no hub: the embedded default's public model (trained offline once, then cached)
-        from decoding.embedded import build_or_load
+        from dpledger.decoding.embedded import build_or_load
 
         embedded = build_or_load(verbose=not args.no_progress)
         args.public = str(embedded.public_path)

@@ -89,7 +89,7 @@ def render(verdict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from audit.claims import verify_file
+    from dpledger.audit.claims import verify_file
 
     verdict = verify_file(args.claim)
     print(strict_json(verdict.to_dict()) if args.json else render(verdict))

@@ -5,7 +5,7 @@ with eps_t(a') = max_i D<->_a'(p, p_{-i}) (ibid. Eq. 3), computable at every ord
 Eq. 3 covers the remove-one neighbours of the realised ensemble; `add_one_bound_values` covers an
 added teacher. A data-dependent loss is not a releasable DP guarantee (Papernot et al. 2018), and
 reports say so. Which of these the decode loop charges, and why charging eps_t only when the screen
-passed does not bound the released output, is in decoding.runners.adapmixed_runner.
+passed does not bound the released output, is in dpledger.decoding.runners.adapmixed_runner.
 """
 from __future__ import annotations
 
@@ -14,24 +14,24 @@ from typing import Sequence
 
 import numpy as np
 
-from accounting.curve import RdpCurve
-from accounting.orders import DEFAULT_ORDERS, canonical_orders
-from accounting.errors import require
-from accounting.relation import NeighbouringRelation, neighbouring_relation
-from mechanisms.distributions import validated_ensemble, validated_lambdas
-from mechanisms.pmixed import Ball, PMixED
-from mechanisms.screening import NoisyScreening
+from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders
+from dpledger.accounting.errors import require
+from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
+from dpledger.mechanisms.distributions import validated_ensemble, validated_lambdas
+from dpledger.mechanisms.pmixed import Ball, PMixED
+from dpledger.mechanisms.screening import NoisyScreening
 
 
 def data_dependent_pmixed_values(teachers, public, lambdas, orders: Sequence[float]) -> np.ndarray:
     """max_i D<->_a(p, p_{-i}) at each order (Flemings et al. 2024, Eq. 3), vectorised over all N
     leave-one-out ensembles and the batch: teachers (..., N, V), public (..., V), lambdas (..., N)
     -> (..., K), K the number of distinct orders, in sorted order. Exact at every order, from the
-    same kernel the decode loop charges with (mechanisms.kernels.leave_one_out_curve), which mixes
+    same kernel the decode loop charges with (dpledger.mechanisms.kernels.leave_one_out_curve), which mixes
     the teachers itself so that probabilities below the normal float range stay accurate."""
     import torch
 
-    from mechanisms.kernels import leave_one_out_curve
+    from dpledger.mechanisms.kernels import leave_one_out_curve
 
     teachers_np, public_np = validated_ensemble(teachers, public, None)
     lambdas_np = validated_lambdas(lambdas, teachers_np)
@@ -45,11 +45,11 @@ def add_one_bound_values(pmixed: PMixED, teachers, public, lambdas, orders: Sequ
     the ensemble (p_+ = (N p + q) / (N + 1), q the added teacher after PMixED's projection), at each
     order: teachers (..., N, V), public (..., V), lambdas (..., N) -> (..., K), K distinct orders
     sorted. The derivation, step by step with the theorem behind each, is in
-    mechanisms.kernels.add_one_divergence_bounds; tests/test_add_one_bound.py checks it against the
+    dpledger.mechanisms.kernels.add_one_divergence_bounds; tests/test_add_one_bound.py checks it against the
     worst case found by direct optimisation over the ball."""
     import torch
 
-    from mechanisms.kernels import add_one_divergence_bounds, mixed_teachers
+    from dpledger.mechanisms.kernels import add_one_divergence_bounds, mixed_teachers
 
     teachers_np, public_np = validated_ensemble(teachers, public, None)
     lambdas_np = validated_lambdas(lambdas, teachers_np)
@@ -94,7 +94,7 @@ class AdaPMixED:
     """AdaPMixED's parameters: the PMixED projection and the noisy screening.
 
     Paper defaults (Flemings et al. 2024, Table 4): alpha=18, beta=0.2, N=100, sigma=1e-2, lam=1e-4, T=4.5, top-k=60.
-    The decoding runner (decoding.runners.adapmixed_runner) also runs Table 2a's two ablations.
+    The decoding runner (dpledger.decoding.runners.adapmixed_runner) also runs Table 2a's two ablations.
     """
 
     pmixed: PMixED
@@ -121,11 +121,11 @@ class AdaPMixED:
     def step(self, teachers, public, generator=None, orders=None, relation=None, accounting: str = "released-output"):
         """One AdaPMixED step for a batch of steps, as the decode loop runs it: teachers (..., N, V)
         and public (..., V), numpy or torch on any device; `generator` a torch.Generator (or
-        mechanisms.randomness.StepGenerators) for the screening noise. Returns a
-        mechanisms.step.StepResult: the distribution to sample from, lambdas, screening statistic
+        dpledger.mechanisms.randomness.StepGenerators) for the screening noise. Returns a
+        dpledger.mechanisms.step.StepResult: the distribution to sample from, lambdas, screening statistic
         and decision, and the charged curve by component on `orders` (default
-        accounting.orders.DEFAULT_ORDERS), covering `relation` (default: the mechanism's)."""
-        from mechanisms.step import adapmixed_step
+        dpledger.accounting.orders.DEFAULT_ORDERS), covering `relation` (default: the mechanism's)."""
+        from dpledger.mechanisms.step import adapmixed_step
 
         return adapmixed_step(self, teachers, public, generator, orders, relation, accounting)
 

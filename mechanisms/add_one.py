@@ -55,7 +55,7 @@ nothing: that order's value is +inf.
 
 **The adversary.** `add_one_adversary` returns, per step and order, a law q that PMixED's projection
 produces from an added teacher x (q = lambda x + (1 - lambda) p0, lambda from
-`mechanisms.kernels.ball_mixing_weights` with the constraints the decode loop enforces, so q is in
+`dpledger.mechanisms.kernels.ball_mixing_weights` with the constraints the decode loop enforces, so q is in
 the ball by construction), the best of a few candidates x: the dual's inner maximisers
 (renormalised), their tilts x^t p0^(1-t) and point masses. Its divergence is a lower estimate of
 the worst case (plain float64: it is a diagnostic, never charged); `add_one_gap` reports the
@@ -68,8 +68,8 @@ import math
 import numpy as np
 import torch
 
-from accounting.rounding import ROUNDING_ULPS
-from mechanisms.fastmath import vexp  # noqa: F401  (first: it sets numba's vector width)
+from dpledger.accounting.rounding import ROUNDING_ULPS
+from dpledger.mechanisms.fastmath import vexp  # noqa: F401  (first: it sets numba's vector width)
 
 from numba import njit  # noqa: E402,I001
 
@@ -286,7 +286,6 @@ def _evaluate(nu, mu1, mu2, p, p0, n, s, g, xg, fg, w1g, w2g, newton, xs, hessia
         right = xg[j, at + 1] if at < points - 1 else x
         if left <= 0.0:
             left = x * 1e-3 if x > 0.0 else 0.0
-        interior = False
         if x > 0.0 and right > left and newton > 0:
             y = x
             for _ in range(newton):
@@ -306,7 +305,6 @@ def _evaluate(nu, mu1, mu2, p, p0, n, s, g, xg, fg, w1g, w2g, newton, xs, hessia
             if phi > best:
                 best, x, w1, w2 = phi, y, yw1, yw2
                 if phi2 < 0.0 and y > xg[j, 0] and y < xg[j, points - 1]:
-                    interior = True
                     h = -1.0 / phi2
                     v0, v1, v2 = 1.0, yd1, yd2
                     hessian[0, 0] += h * v0 * v0
@@ -908,9 +906,9 @@ def _row_duals(p, p0, lo, hi, n, orders, gs, budgets, p_dev, p_err, p0_dev, p0_e
 def ball_constraints(alpha: float, radius: float, all_orders_beta: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(orders, radii) of the constraints D<->_a(q, p0) <= r_a that every q of the ball satisfies:
     (alpha, radius), and with `all_orders_beta` also (a, beta a) at every order a of
-    mechanisms.pmixed.ALL_ORDERS_BALL_GRID (the all-orders ball holds D<->_k <= beta k at every k > 1;
+    dpledger.mechanisms.pmixed.ALL_ORDERS_BALL_GRID (the all-orders ball holds D<->_k <= beta k at every k > 1;
     any finite subset of its constraints describes a superset of it)."""
-    from mechanisms.pmixed import ALL_ORDERS_BALL_GRID
+    from dpledger.mechanisms.pmixed import ALL_ORDERS_BALL_GRID
 
     orders, radii = [float(alpha)], [float(radius)]
     if all_orders_beta is not None:
@@ -1070,7 +1068,7 @@ def dual_add_one_bounds(output, public, teachers: int, orders, alpha: float, rad
     where the dual gives no bound (above its last order, or a forward direction where p_j = 0 < p0_j:
     there the divergence itself is infinite). With details=True also a dict with the dual orders,
     the multipliers and the inner maximisers (the adversary starts from them)."""
-    from mechanisms.kernels import _set_threads
+    from dpledger.mechanisms.kernels import _set_threads
 
     p_all = np.asarray(output.detach().cpu().double().numpy() if hasattr(output, "detach") else output, dtype=np.float64)
     p0_all = np.asarray(public.detach().cpu().double().numpy() if hasattr(public, "detach") else public,
@@ -1246,9 +1244,9 @@ def _project(candidates: np.ndarray, p0: np.ndarray, alpha: float, radius: float
              all_orders_beta: float | None) -> np.ndarray:
     """PMixED's own projection of each candidate teacher x (C, V): q = lambda x + (1 - lambda) p0 with
     lambda the largest keeping q in the ball as the decode loop enforces it (Flemings et al. 2024,
-    Algorithm 2; the all-orders ball through mechanisms.pmixed.all_orders_ball_constraints)."""
-    from mechanisms.kernels import ball_mixing_weights
-    from mechanisms.pmixed import all_orders_ball_constraints
+    Algorithm 2; the all-orders ball through dpledger.mechanisms.pmixed.all_orders_ball_constraints)."""
+    from dpledger.mechanisms.kernels import ball_mixing_weights
+    from dpledger.mechanisms.pmixed import all_orders_ball_constraints
 
     x = torch.from_numpy(np.ascontiguousarray(candidates))
     public = torch.from_numpy(np.ascontiguousarray(p0))
@@ -1295,7 +1293,7 @@ def add_one_adversary(output, public, teachers: int, orders, alpha: float, radiu
                       all_orders_beta: float | None = None, details: dict | None = None) -> dict:
     """A primal adversary for the add-one neighbour: per step and order, an explicit added teacher's
     projected law q (so q is in PMixED's ball by construction: the decode loop's own projection,
-    mechanisms.kernels.ball_mixing_weights, 1e-12 inside) and its divergences. Its value is a LOWER
+    dpledger.mechanisms.kernels.ball_mixing_weights, 1e-12 inside) and its divergences. Its value is a LOWER
     estimate of the worst case max over q of D_k (the bound's target): any q of the ball attains at
     most the maximum. Candidates: the dual's inner maximisers (dual_add_one_bounds, details) and
     their tilts, and point masses; the best per order and direction is kept (no further ascent).
@@ -1340,12 +1338,12 @@ def add_one_gap(output, public, teachers: int, orders, alpha: float, radius: flo
                 all_orders_beta: float | None = None) -> dict:
     """Per step and order, the certified bounds beside the adversary's value: how much of the bound
     is proven slack. {"closed_forward", "closed_reverse": the closed-form bounds
-    (mechanisms.kernels.add_one_direction_bounds); "dual_forward", "dual_reverse": the dual's;
+    (dpledger.mechanisms.kernels.add_one_direction_bounds); "dual_forward", "dual_reverse": the dual's;
     "charged": max over directions of the smaller of the two (what add_one_divergence_bounds(dual=True)
     returns); "adversary_forward", "adversary_reverse", "adversary": max of the two (add_one_adversary);
     "ratio": charged / adversary (>= 1 up to the adversary's float rounding: the worst case lies
     between them)}, each (..., K)."""
-    from mechanisms.kernels import add_one_direction_bounds
+    from dpledger.mechanisms.kernels import add_one_direction_bounds
 
     p_all, p0_all = _as_rows(output), _as_rows(public)
     orders_np = _as_rows(orders).reshape(-1)

@@ -10,11 +10,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from accounting.curve import RdpCurve
-from accounting.errors import require, require_int_at_least
-from accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
-from accounting.relation import NeighbouringRelation
-from accounting.summation import up_multiply, upper_sum
+from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.errors import require, require_int_at_least
+from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.accounting.summation import up_multiply, upper_sum
 
 
 def _checked_rdp_values(rdp_values):
@@ -97,7 +97,7 @@ class Mechanism(abc.ABC):
         Every event dpledger builds is normalised to unit L2 sensitivity of one neighbouring move
         under `self.relation` (noise multiplier = noise standard deviation / that sensitivity), so
         it is accounted with dp_accounting's ADD_OR_REMOVE_ONE reading of a GaussianDpEvent (the
-        pair N(0, z^2), N(1, z^2)); see mechanisms.dp_events.dp_accounting_relation.
+        pair N(0, z^2), N(1, z^2)); see dpledger.mechanisms.dp_events.dp_accounting_relation.
         """
         return None
 
@@ -112,7 +112,7 @@ class Mechanism(abc.ABC):
         event = self.dp_event()
         if event is None:
             return f"{type(self).__name__} has no DpEvent: no PLD in dp-accounting; RDP only"
-        from mechanisms.dp_events import dp_accounting_relation
+        from dpledger.mechanisms.dp_events import dp_accounting_relation
 
         try:
             dp_accounting_relation(self.relation, event)
@@ -131,7 +131,7 @@ class ComposedMechanism(Mechanism):
         require(isinstance(self.parts, (tuple, list)) and len(self.parts) > 0,
                 f"a composition needs a non-empty sequence of mechanisms, got {self.parts!r}")
         set_validated(self, parts=tuple(require_mechanism(f"part {i}", p) for i, p in enumerate(self.parts)))
-        self.relation  # refuses parts that cover no common neighbouring pair
+        _ = self.relation  # refuses parts that cover no common neighbouring pair
 
     @property
     def relation(self) -> NeighbouringRelation:  # type: ignore[override]
@@ -146,7 +146,7 @@ class ComposedMechanism(Mechanism):
         return any(part.data_dependent for part in self.parts)
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        """The parts' values summed order by order, rounded upwards (accounting.summation)."""
+        """The parts' values summed order by order, rounded upwards (dpledger.accounting.summation)."""
         return upper_sum(np.stack([part.rdp_values(orders) for part in self.parts]))
 
     def dp_event(self):

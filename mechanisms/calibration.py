@@ -31,22 +31,22 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
-from accounting.curve import RdpCurve
-from accounting.errors import (require, require_finite, require_in_closed, require_in_open, require_int_at_least,
+from dpledger.accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
+from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.errors import (require, require_finite, require_in_closed, require_in_open, require_int_at_least,
                              require_member, require_not_nan, require_order, require_positive, require_str)
-from accounting.orders import DEFAULT_ORDERS, canonical_orders, default_orders
-from accounting.relation import NeighbouringRelation, neighbouring_relation
-from mechanisms.base import Mechanism
-from mechanisms.dp_events import dp_accounting_relation, effective_gaussian_noise_multiplier
-from mechanisms.gaussian import GaussianMechanism, PoissonSubsampledGaussian
-from mechanisms.hot_pate import DPWeightedSampler
-from mechanisms.pate import ConfidentGNMax, GNMax
-from mechanisms.pld import (PLD_NOISE_LIMIT, PLD_VALUE_DISCRETIZATION_INTERVAL, composed_event, pld_epsilon,
+from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, default_orders
+from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
+from dpledger.mechanisms.base import Mechanism
+from dpledger.mechanisms.dp_events import dp_accounting_relation, effective_gaussian_noise_multiplier
+from dpledger.mechanisms.gaussian import GaussianMechanism, PoissonSubsampledGaussian
+from dpledger.mechanisms.hot_pate import DPWeightedSampler
+from dpledger.mechanisms.pate import ConfidentGNMax, GNMax
+from dpledger.mechanisms.pld import (PLD_NOISE_LIMIT, PLD_VALUE_DISCRETIZATION_INTERVAL, composed_event, pld_epsilon,
                            simplified_event)
-from mechanisms.pmixed import (Ball, PMixED, SubsamplingVariant, ball_named, beta_from_budget, subsampled_pmixed_curve,
+from dpledger.mechanisms.pmixed import (Ball, PMixED, SubsamplingVariant, ball_named, beta_from_budget, subsampled_pmixed_curve,
                                subsampling_variant)
-from mechanisms.screening import NoisyScreening
+from dpledger.mechanisms.screening import NoisyScreening
 
 ACCOUNTANTS = ("rdp", "pld")
 CALIBRATION_TOLERANCE = 0.01
@@ -291,7 +291,7 @@ def _gaussian_guess(epsilon: float, delta: float, queries: int) -> float:
 
 
 PLD_EPSILON_LIMIT = 100.0
-"""Beyond this epsilon (or below mechanisms.pld.PLD_NOISE_LIMIT) the PLD's loss grid is too large to
+"""Beyond this epsilon (or below dpledger.mechanisms.pld.PLD_NOISE_LIMIT) the PLD's loss grid is too large to
 compute in reasonable time (measured: epsilon 500 over one query ran past 250 s); calibration with
 the PLD accountant refuses such targets and points to the RDP accountant."""
 PLD_DELTA_LIMIT = 1e-12
@@ -351,7 +351,7 @@ def pld_grid_noise(event) -> tuple[float, str] | None:
 
 def pld_cost_reason(event, rdp_epsilon: float) -> str | None:
     """Why dp-accounting's PLD of `event` is not computed (None when it is): too little noise for its
-    loss grid (pld_grid_noise below mechanisms.pld.PLD_NOISE_LIMIT) or, for an event that is not one
+    loss grid (pld_grid_noise below dpledger.mechanisms.pld.PLD_NOISE_LIMIT) or, for an event that is not one
     Gaussian, more than PLD_MAX_STEPS steps or an RDP epsilon above PLD_RDP_CUTOFF; each would take
     minutes and gigabytes."""
     grid = pld_grid_noise(event)

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accounting.curve import RdpCurve, require_curve
-from accounting.relation import NeighbouringRelation
-from mechanisms.base import Mechanism
+from dpledger.accounting.curve import RdpCurve, require_curve
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.mechanisms.base import Mechanism
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from accounting.errors import require
+from dpledger.accounting.errors import require
 
 SUM_TOLERANCE = 1e-4
 """|sum - 1| allowed per distribution: float32 softmax over ~50k tokens errs by up to ~1e-5."""

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from accounting.errors import require, require_bool, require_order
-from mechanisms.distributions import as_float64_array, require_same_vocabulary
+from dpledger.accounting.errors import require, require_bool, require_order
+from dpledger.mechanisms.distributions import as_float64_array, require_same_vocabulary
 
 
 def renyi_divergence(p, q, alpha, symmetric: bool = False):
@@ -18,7 +18,7 @@ def renyi_divergence(p, q, alpha, symmetric: bool = False):
     """
     import torch
 
-    from mechanisms.kernels import renyi_divergence_orders, symmetric_renyi_orders
+    from dpledger.mechanisms.kernels import renyi_divergence_orders, symmetric_renyi_orders
 
     is_torch = isinstance(p, torch.Tensor) or isinstance(q, torch.Tensor)
     p_array = as_float64_array("p", p)

@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from accounting.errors import require, require_bool, require_finite, require_in_closed, require_int_at_least
+from dpledger.accounting.errors import require, require_bool, require_finite, require_in_closed, require_int_at_least
 
 TEACHER_SUM_TOLERANCE = 1e-6
 """|sum_j p_i[j] - 1| allowed per teacher."""
@@ -106,14 +106,14 @@ def vote_draws(teachers, coordinated: bool, samples: int, seed: int) -> np.ndarr
     """`samples` independent rounds of voting: int64 votes of shape (samples, N).
 
     Coordinated (Cohen et al. 2023, coordinated ensembles): one shared u ~ Exp(1)^V per round and
-    y_i = argmax_j p_i[j] / u_j (`mechanisms.kernels.coordinated_votes`). Independent: an Exp(1)
+    y_i = argmax_j p_i[j] / u_j (`dpledger.mechanisms.kernels.coordinated_votes`). Independent: an Exp(1)
     per teacher and token, y_i = argmax_j p_i[j] / u_ij, the exponential race, which samples
     p_i exactly. Draws come from one torch.Generator seeded by `seed`, in chunks of rounds that
     bound memory; the chunking depends on (N, V) only, so equal inputs give equal votes.
     """
     import torch
 
-    from mechanisms.kernels import coordinated_votes
+    from dpledger.mechanisms.kernels import coordinated_votes
 
     probs_np = validated_teachers(teachers)
     coordinated = require_bool("coordinated", coordinated)
@@ -411,7 +411,7 @@ def diversity_preservation(output_law, teachers, tau: int, beta: float, gamma: f
 def targmax_probabilities(counts, threshold: int) -> np.ndarray:
     """TARGMAX_T's output law on one histogram: one-hot at the plurality token (lowest id on ties,
     as `Targmax.aggregate`) when its count is >= T, all zeros (failure) otherwise."""
-    from mechanisms.hot_pate import Targmax
+    from dpledger.mechanisms.hot_pate import Targmax
 
     counts = np.asarray(counts)
     token = Targmax(threshold).aggregate(counts)

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from accounting.errors import require
-from accounting.relation import NeighbouringRelation, neighbouring_relation
-from accounting.strict_json import loads_json, strict_json_text
+from dpledger.accounting.errors import require
+from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
+from dpledger.accounting.strict_json import loads_json, strict_json_text
 
 DP_EVENT_FILE_FORMAT = "dpledger.dp_event"
 DP_EVENT_FILE_VERSION = 1
@@ -137,8 +137,8 @@ def mechanism_from_dp_event(event, relation=NeighbouringRelation.ADD_OR_REMOVE_O
     replacement moving the sum by 2C, as its PLDAccountant reads it) must have its noise multiplier
     halved before it is read here at relation replace_one.
     """
-    from mechanisms.base import ComposedMechanism, SelfComposedMechanism
-    from mechanisms.gaussian import GaussianMechanism, PoissonSubsampledGaussian
+    from dpledger.mechanisms.base import ComposedMechanism, SelfComposedMechanism
+    from dpledger.mechanisms.gaussian import GaussianMechanism, PoissonSubsampledGaussian
 
     module = _dp_event_module()
     require_dp_event("event", event)

@@ -1,12 +1,12 @@
 """Fused CPU kernels (numba): each makes one pass over N x V per solver evaluation or per exact
-order, in float64 log space, with exp and log from mechanisms.fastmath (vectorised).
+order, in float64 log space, with exp and log from dpledger.mechanisms.fastmath (vectorised).
 
 Why numba: it installs from a wheel on every platform torch supports, needs no C compiler on the
 user's machine (torch.compile's CPU backend does), and lets one loop fuse what torch would run as
 ten passes with temporaries. The price is a compile on first use in each process. It is not cached
 on disk: a process that loaded numba's cached code replayed a freshly compiling one's lambdas 1e-12
 apart, which failed an audit's replay of Eq. 3 at tiny values.
-Tensors on a GPU never come here: mechanisms.kernels runs the torch form of the same arithmetic
+Tensors on a GPU never come here: dpledger.mechanisms.kernels runs the torch form of the same arithmetic
 on their device.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from mechanisms.fastmath import fma, vexp, vexpm1, vlog, vmax, vmin  # first: it sets numba's vector width
+from dpledger.mechanisms.fastmath import fma, vexp, vexpm1, vlog, vmax, vmin  # first: it sets numba's vector width
 
 from numba import njit, prange  # noqa: E402,I001
 
@@ -119,7 +119,7 @@ def _ball_residual(lam, teacher, public, log_public, ratio, low, high, orders, l
         for value, slope_sum, total, c in ((forward, moment_forward, sum_forward, a),
                                            (reverse, moment_reverse, sum_reverse, 1.0 - a)):
             moment = value + log_targets[k]             # log sum_j p0_j r_j^c >= 0
-            # rounded up as mechanisms.kernels.renyi_divergence_orders rounds: feasible as it would judge
+            # rounded up as dpledger.mechanisms.kernels.renyi_divergence_orders rounds: feasible as it would judge
             moment += slack_ulps * ((a + 1.0) * magnitude + math.log2(size) + 2.0 + abs(moment))
             root = math.sqrt(max(moment, 0.0))
             residual = root - math.sqrt(log_targets[k])
@@ -128,7 +128,7 @@ def _ball_residual(lam, teacher, public, log_public, ratio, low, high, orders, l
                 derivative = c * slope_sum / total / (2.0 * root) if root > 0.0 else np.nan
     if max_log_ratio < np.inf:
         scale = 2.0 * math.sqrt(max_log_ratio)
-        rounding = 2.0 * slack_ulps * magnitude       # as mechanisms.kernels.max_divergence_symmetric rounds
+        rounding = 2.0 * slack_ulps * magnitude       # as dpledger.mechanisms.kernels.max_divergence_symmetric rounds
         forward = (top + rounding - max_log_ratio) / scale
         reverse = (-bottom + rounding - max_log_ratio) / scale
         if forward > worst:
@@ -237,7 +237,7 @@ def solve_mixing_weights(teachers, public, orders, log_targets, max_log_ratio, t
 def leave_one_out_log_ratios(teachers, public, lambdas, output, log_output, ratios, log_ratios, spans):
     """The mixed teachers pbar_i = lambda_i p_i + (1 - lambda_i) p0 (never stored), their mean p and
     rho_ij = p_-i,j / p_j for every teacher i, p_-i = sum_{k != i} pbar_k / (N-1) formed from
-    exclusive prefix and suffix sums (no subtraction: mechanisms.kernels.sums_without_each says
+    exclusive prefix and suffix sums (no subtraction: dpledger.mechanisms.kernels.sums_without_each says
     why). Tokens with p_j = 0 get rho = 1 and log p_j = -inf, so they add nothing; when every
     pbar_i is the same law (e.g. every lambda 0) every rho is exactly 1, although sum / N and
     sum / (N - 1) can differ in the last ulp. Writes output (V,) = p, log_output (V,), ratios and
@@ -383,7 +383,7 @@ def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, row
     ~(a + 1) ulps of its terms, the N-term sums behind rho by N ulps. Only the (row, order) pairs
     marked in `wanted` (rows x orders) are computed; the others are left as they are. With
     `shifted_only` every order takes the log-sum-exp path, which reads log p only (for inputs whose
-    p itself is not accurate as a float: mechanisms.kernels._LeaveOneOut)."""
+    p itself is not accurate as a float: dpledger.mechanisms.kernels._LeaveOneOut)."""
     n, size = log_ratios.shape
     count = orders.size
     magnitude = _largest_magnitude(log_output) + n + 2.0
@@ -490,7 +490,7 @@ def _renyi_row(lp, lq, orders, slack_ulps, out):
 
 @njit(**_FLAGS)
 def add_one_order_sums(log_allocation, log_t, shift, orders, teachers, out_u2, out_chord):
-    """The two order-dependent sums of the add-one bound (mechanisms.kernels.add_one_divergence_bounds)
+    """The two order-dependent sums of the add-one bound (dpledger.mechanisms.kernels.add_one_divergence_bounds)
     over the allocated tokens of the fractional knapsack (log allocation a_j, log t_j, all finite),
     for every order k:
       out_u2 = log sum_j a_j t_j^(k-1)                                   (the U2 bound, times k - 1)

@@ -5,10 +5,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accounting.errors import require, require_in_closed, require_positive
-from accounting.relation import NeighbouringRelation
-from accounting.rounding import positive_floor
-from mechanisms.base import Mechanism, require_relation, set_validated
+from dpledger.accounting.errors import require, require_in_closed, require_positive
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.accounting.rounding import positive_floor
+from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class PoissonSubsampledGaussian(Mechanism):
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         from dp_accounting.rdp import rdp_privacy_accountant
 
-        from mechanisms.subsampling import amplified_rdp
+        from dpledger.mechanisms.subsampling import amplified_rdp
 
         gaussian = GaussianMechanism(self.noise_multiplier)
         at_ceiling = amplified_rdp(self.sampling_probability, gaussian.rdp_values, np.ceil(orders), general=False)

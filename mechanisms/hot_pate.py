@@ -3,7 +3,7 @@
 Votes are cast with shared public randomness (coordinated) or independently (cold); the histogram
 changes by one vote when one teacher is replaced (L1 = 2, L2 = sqrt(2), Linf = 1). TARGMAX and TWS
 are T-threshold private (a robustness notion, not DP): their curves are +inf at every order.
-DPARGMAX is Confident-GNMax (mechanisms.pate); DPWS is the construction documented below.
+DPARGMAX is Confident-GNMax (dpledger.mechanisms.pate); DPWS is the construction documented below.
 """
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accounting.errors import require, require_bool, require_finite, require_int_at_least, require_positive
-from accounting.relation import NeighbouringRelation
-from accounting.rounding import positive_floor
-from mechanisms.base import Mechanism, require_relation, set_validated
-from mechanisms.distributions import as_float64_array
-from mechanisms.pate import histogram_sensitivity_squared, require_generator, validated_counts
+from dpledger.accounting.errors import require, require_bool, require_finite, require_int_at_least, require_positive
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.accounting.rounding import positive_floor
+from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
+from dpledger.mechanisms.distributions import as_float64_array
+from dpledger.mechanisms.pate import histogram_sensitivity_squared, require_generator, validated_counts
 
 
 def vote_histogram(votes, vocabulary_size: int) -> np.ndarray:
@@ -39,7 +39,7 @@ def cast_votes(teachers, coordinated: bool, seed: int) -> np.ndarray:
     """
     import torch
 
-    from mechanisms.kernels import coordinated_votes
+    from dpledger.mechanisms.kernels import coordinated_votes
 
     probs = torch.from_numpy(as_float64_array("teachers", teachers, min_ndim=2))
     coordinated = require_bool("coordinated", coordinated)

@@ -1,6 +1,6 @@
 """Vectorised kernels (torch interfaces): log-space Renyi divergences, PMixED mixing weights,
 leave-one-out losses and their order curves, the add-one bound, coordinated votes. CPU tensors run
-the fused numba kernels of mechanisms.fused; tensors on a GPU run torch forms on their device.
+the fused numba kernels of dpledger.mechanisms.fused; tensors on a GPU run torch forms on their device.
 
 All arithmetic is float64 in log space (float32 underflows at high orders): D_a(P||Q) is
 1/(a-1) * logsumexp_j(log Q_j + a (log P_j - log Q_j)); P_j^a is never formed. Terms with
@@ -14,18 +14,18 @@ import os
 import numpy as np
 import torch
 
-from accounting.rounding import ROUNDING_ULPS
-from mechanisms.divergence import log_mean_with_one_exp
+from dpledger.accounting.rounding import ROUNDING_ULPS
+from dpledger.mechanisms.divergence import log_mean_with_one_exp
 
 _SLACK_PER_ULP = 1.0
 """The rounding-up allowance is ROUNDING_ULPS * _SLACK_PER_ULP per unit of magnitude: 8 ulps,
-which covers the fused kernels' exp and log (within mechanisms.fastmath.MAX_ULPS = 2 ulps of the
+which covers the fused kernels' exp and log (within dpledger.mechanisms.fastmath.MAX_ULPS = 2 ulps of the
 true value) as it covered the C library's; tests/test_differential.py holds both to mpmath."""
 _SLACK_ULPS = ROUNDING_ULPS * _SLACK_PER_ULP
 
 
 def _set_threads() -> None:
-    from mechanisms.fastmath import prefer_wide_vectors
+    from dpledger.mechanisms.fastmath import prefer_wide_vectors
 
     prefer_wide_vectors()   # before numba is first imported (a no-op after)
     from numba import set_num_threads
@@ -46,7 +46,7 @@ def _log(x: torch.Tensor) -> torch.Tensor:
 def kernel_threads() -> int:
     """Worker threads for the fused kernels: $DPLEDGER_KERNEL_THREADS, default 1 (robust on shared
     2-core machines; set 2 for long audits on an otherwise idle machine), at most the cores numba has."""
-    from mechanisms.fastmath import prefer_wide_vectors
+    from dpledger.mechanisms.fastmath import prefer_wide_vectors
 
     prefer_wide_vectors()   # before numba is first imported (a no-op after)
     from numba import config
@@ -67,7 +67,7 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
 
     van Erven & Harremoes 2014, Definition 2 (the Renyi divergence of order a > 1):
     D_a = log sum_j Q_j exp(a (log P_j - log Q_j)) / (a - 1). CPU tensors run the fused kernel
-    (mechanisms.fused.renyi_log_moments: one pass per order, rows gathered from the broadcast inputs
+    (dpledger.mechanisms.fused.renyi_log_moments: one pass per order, rows gathered from the broadcast inputs
     without materialising the broadcast); tensors on another device run the same arithmetic in
     torch there (renyi_divergence_orders_torch). Both round up by the same bound.
     """
@@ -77,7 +77,7 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
         raise ValueError(f"P and Q must share the vocabulary axis, got {vocab} and {log_q.shape[-1]}")
     if log_p.device.type != "cpu" or log_q.device.type != "cpu":
         return renyi_divergence_orders_torch(log_p, log_q, orders)
-    from mechanisms.fused import renyi_log_moments
+    from dpledger.mechanisms.fused import renyi_log_moments
 
     lp = np.ascontiguousarray(log_p.detach().double().numpy().reshape(-1, vocab))
     lq = np.ascontiguousarray(log_q.detach().double().numpy().reshape(-1, vocab))
@@ -164,7 +164,7 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, ra
     Each divergence is non-decreasing in lambda (quasi-convexity, van Erven & Harremoes 2014
     Theorem 13, with value 0 at lambda = 0), and exp((k-1) D_k) of the mixed teacher is convex in
     lambda (a sum of p0_j (1 + lambda delta_j)^c, c = k > 1 or c = 1 - k < 0). CPU tensors run the
-    fused safeguarded Newton solver (mechanisms.fused.solve_mixing_weights), one teacher at a time
+    fused safeguarded Newton solver (dpledger.mechanisms.fused.solve_mixing_weights), one teacher at a time
     in cache; other devices run ball_mixing_weights_torch there. Either way the returned value is
     the feasible end of a bracket, as evaluated in float64, 1e-12 inside the ball and within
     `relative_tolerance` * radius of its boundary (or 1e-12 in lambda).
@@ -173,7 +173,7 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, ra
     """
     if teachers.device.type != "cpu":
         return ball_mixing_weights_torch(teachers, public, orders, radii, max_radius, relative_tolerance=relative_tolerance)
-    from mechanisms.fused import solve_mixing_weights
+    from dpledger.mechanisms.fused import solve_mixing_weights
 
     orders_np = np.asarray([float(o) for o in orders], dtype=np.float64)
     # aim 1e-12 inside the ball: the divergence of the mixed teacher, recomputed elsewhere from
@@ -288,7 +288,7 @@ def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: t
     With `mask` (..., N), only the masked (e.g. Poisson-sampled) teachers form the ensemble:
     removing an unsampled teacher changes nothing (divergence 0), and removing the only sampled
     teacher leaves the public model `public` (..., V), PMixED's answer for an empty ensemble.
-    Unmasked CPU input runs the fused kernels (mechanisms.fused); the rest runs in torch.
+    Unmasked CPU input runs the fused kernels (dpledger.mechanisms.fused); the rest runs in torch.
     """
     n = mixed.shape[-2]
     if mask is None and mixed.device.type == "cpu":
@@ -315,17 +315,17 @@ _LN2_LOW = 1.90821492927058770002e-10
 
 
 class _LeaveOneOut:
-    """One step's rows p_-i / p and their logs (mechanisms.fused.leave_one_out_log_ratios) from the
+    """One step's rows p_-i / p and their logs (dpledger.mechanisms.fused.leave_one_out_log_ratios) from the
     teachers, the public model and the lambdas, ready for exact log-moments at any order for any
     subset of teachers. Every ratio is scale-free, so an ensemble with probabilities below
     _SCALE_BELOW is mixed and summed scaled by 2^_SCALE_BITS (exact: a power of two), where each
     operation errs by a relative ulp, and log p is taken from the scaled sums. A ratio outside the
-    normal range (mechanisms.fused.RATIO_RANGE) gets its log from log p_-i - log p. In either case
+    normal range (dpledger.mechanisms.fused.RATIO_RANGE) gets its log from log p_-i - log p. In either case
     the log-moments read logs only (`shifted_only`), never the unscaled p or such a ratio."""
 
     def __init__(self, teachers: np.ndarray, public: np.ndarray, lambdas: np.ndarray,
                  reuse: "_LeaveOneOut | None" = None):
-        from mechanisms.fused import RATIO_RANGE, leave_one_out_log_ratios
+        from dpledger.mechanisms.fused import RATIO_RANGE, leave_one_out_log_ratios
 
         teachers = np.ascontiguousarray(teachers, dtype=np.float64)
         public = np.ascontiguousarray(public, dtype=np.float64)
@@ -351,7 +351,7 @@ class _LeaveOneOut:
             self.output = np.ldexp(self.output, -_SCALE_BITS)
         finite = self.log_output[np.isfinite(self.log_output)]
         # the kernel's largest rounding scale: max_j |log p_j| + N + 2 + the widest log-rho span
-        # (mechanisms.fused.leave_one_out_log_moments)
+        # (dpledger.mechanisms.fused.leave_one_out_log_moments)
         spans = self.spans[:, 1] - self.spans[:, 0]
         self.magnitude = ((float(np.abs(finite).max()) if finite.size else 0.0) + teachers.shape[0] + 2.0
                           + float(spans[np.isfinite(spans)].max(initial=0.0)))
@@ -368,7 +368,7 @@ class _LeaveOneOut:
                 wanted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(g, dg/da) for teachers `rows` at `orders`: g = (a - 1) D<->_a(p, p_-i), rounded up; with
         `wanted` (rows x orders, bool) only those pairs are computed (the rest are NaN)."""
-        from mechanisms.fused import leave_one_out_log_moments
+        from dpledger.mechanisms.fused import leave_one_out_log_moments
 
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         orders = np.ascontiguousarray(orders, dtype=np.float64)
@@ -551,9 +551,9 @@ def _knapsack_allocation(log_qmax: np.ndarray, log_t: np.ndarray) -> tuple[np.nd
 def _add_one_order_sums(log_allocation: np.ndarray, log_t: np.ndarray, orders: np.ndarray,
                         teachers: float) -> tuple[np.ndarray, np.ndarray]:
     """(log sum_j a_j t_j^(k-1), log of the chord bound's sum) per row of (..., V) and order k, by the
-    fused kernel (mechanisms.fused.add_one_order_sums) over the allocated tokens only: (..., K) each.
+    fused kernel (dpledger.mechanisms.fused.add_one_order_sums) over the allocated tokens only: (..., K) each.
     A token with t_j = +inf (p_j = 0 < qmax_j) that receives mass makes both +inf."""
-    from mechanisms.fused import add_one_order_sums
+    from dpledger.mechanisms.fused import add_one_order_sums
 
     batch = log_t.shape[:-1]
     flat_allocation = log_allocation.reshape(-1, log_t.shape[-1])
@@ -579,7 +579,7 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
     """max(forward, reverse) of add_one_direction_bounds (its docstring has the derivation): (..., K).
 
     dual=True takes, in each direction, the smaller of the closed-form bound and the Lagrangian dual
-    bound of mechanisms.add_one.dual_add_one_bounds (Boyd & Vandenberghe 2004, Section 5.1.3, weak
+    bound of dpledger.mechanisms.add_one.dual_add_one_bounds (Boyd & Vandenberghe 2004, Section 5.1.3, weak
     duality; certified in floating point). Both are upper bounds on the same maximum, so their minimum
     is one, and it is never above the closed-form value. The dual costs far more per step (about a
     thousand times the closed form at V = 1024: benchmarks/results/add_one_dual_cost.json), so it
@@ -588,7 +588,7 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
     """
     forward, reverse = add_one_direction_bounds(output, public, teachers, orders, alpha, radius, all_orders_beta)
     if dual:
-        from mechanisms.add_one import dual_add_one_bounds
+        from dpledger.mechanisms.add_one import dual_add_one_bounds
 
         dual_forward, dual_reverse = dual_add_one_bounds(output, public, teachers, orders, alpha, radius,
                                                          all_orders_beta)

@@ -17,12 +17,12 @@ import numpy as np
 from scipy.special import logsumexp
 from scipy.stats import norm
 
-from accounting.curve import RdpCurve
-from accounting.errors import require, require_bool, require_non_negative, require_positive
-from accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
-from accounting.relation import DivergenceDirection, NeighbouringRelation
-from accounting.rounding import SMALLEST_POSITIVE, positive_floor
-from mechanisms.base import Mechanism, require_relation, set_validated
+from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.errors import require, require_bool, require_non_negative, require_positive
+from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
+from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelation
+from dpledger.accounting.rounding import SMALLEST_POSITIVE, positive_floor
+from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 
 
 def validated_counts(counts) -> np.ndarray:

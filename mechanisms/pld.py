@@ -17,13 +17,13 @@ from typing import Sequence
 
 import numpy as np
 
-from accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
-from accounting.errors import (require, require_in_open, require_int_at_least, require_not_nan, require_order,
+from dpledger.accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
+from dpledger.accounting.errors import (require, require_in_open, require_int_at_least, require_not_nan, require_order,
                                require_positive)
-from accounting.orders import DEFAULT_ORDERS
-from accounting.relation import NeighbouringRelation, neighbouring_relation
-from mechanisms.base import Mechanism, require_mechanism
-from mechanisms.dp_events import (dp_accounting_relation, effective_gaussian_noise_multiplier, require_dp_event)
+from dpledger.accounting.orders import DEFAULT_ORDERS
+from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
+from dpledger.mechanisms.base import Mechanism, require_mechanism
+from dpledger.mechanisms.dp_events import (dp_accounting_relation, effective_gaussian_noise_multiplier, require_dp_event)
 
 PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 """Width of the privacy-loss grid (dp-accounting's default): the pessimistic PLD epsilon is within
@@ -73,7 +73,7 @@ def pld_epsilon(event, delta: float, relation=NeighbouringRelation.ADD_OR_REMOVE
                 value_discretization_interval: float = PLD_VALUE_DISCRETIZATION_INTERVAL) -> float:
     """Epsilon of `event` at `delta` from dp-accounting's PLDAccountant (pessimistic estimate, an upper
     bound; Koskela et al. 2020; Doroshenko et al. 2022), the event read at unit sensitivity under
-    dpledger's `relation` (mechanisms.dp_events.dp_accounting_relation). +inf where dp-accounting
+    dpledger's `relation` (dpledger.mechanisms.dp_events.dp_accounting_relation). +inf where dp-accounting
     cannot build the distribution (a noise multiplier so small that the loss overflows): no statement.
     ValueError for a relation or event dp-accounting cannot account."""
     from dp_accounting.pld import PLDAccountant
@@ -99,8 +99,8 @@ def pld_epsilon(event, delta: float, relation=NeighbouringRelation.ADD_OR_REMOVE
 def rdp_epsilon_of_event(event, delta: float, relation=NeighbouringRelation.ADD_OR_REMOVE_ONE,
                          orders: Sequence[float] = DEFAULT_ORDERS, method=ConversionMethod.IMPROVED) -> float:
     """Epsilon of `event` through dpledger's own RDP curve of the event's mechanism
-    (mechanisms.dp_events.mechanism_from_dp_event) and conversion (Balle et al. 2020, Theorem 21)."""
-    from mechanisms.dp_events import mechanism_from_dp_event
+    (dpledger.mechanisms.dp_events.mechanism_from_dp_event) and conversion (Balle et al. 2020, Theorem 21)."""
+    from dpledger.mechanisms.dp_events import mechanism_from_dp_event
 
     curve = mechanism_from_dp_event(event, relation).rdp_curve(orders)
     with warnings.catch_warnings():

@@ -12,16 +12,16 @@ from typing import Sequence
 
 import numpy as np
 
-from accounting.curve import RdpCurve, compose_curves
-from accounting.errors import (require, require_in_closed, require_int_at_least, require_non_negative,
+from dpledger.accounting.curve import RdpCurve, compose_curves
+from dpledger.accounting.errors import (require, require_in_closed, require_int_at_least, require_non_negative,
                                require_order, require_positive)
-from accounting.orders import DEFAULT_ORDERS, canonical_orders
-from accounting.relation import NeighbouringRelation
-from accounting.rounding import ROUNDING_ULPS, SMALLEST_POSITIVE
-from mechanisms.base import Mechanism, require_relation, set_validated
-from mechanisms.distributions import validated_ensemble, validated_lambdas
-from mechanisms.divergence import log_mean_with_one_exp
-from mechanisms.subsampling import amplified_rdp
+from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.accounting.rounding import ROUNDING_ULPS, SMALLEST_POSITIVE
+from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
+from dpledger.mechanisms.distributions import validated_ensemble, validated_lambdas
+from dpledger.mechanisms.divergence import log_mean_with_one_exp
+from dpledger.mechanisms.subsampling import amplified_rdp
 
 
 def theorem_3_1_epsilon(alpha, beta: float, teachers) -> np.ndarray:
@@ -240,7 +240,7 @@ class PMixED(Mechanism):
         """mixing_weights on float64 tensors, unvalidated (the decode loop's inner call)."""
         import torch
 
-        from mechanisms.kernels import ball_mixing_weights, mixing_weights
+        from dpledger.mechanisms.kernels import ball_mixing_weights, mixing_weights
 
         if self.ball is Ball.ALL_ORDERS:
             if self.beta == 0.0:  # radius 0 at every order: only the public model itself is in the ball
@@ -250,11 +250,11 @@ class PMixED(Mechanism):
 
     def step(self, teachers, public, generator=None, orders=None):
         """One PMixED step for a batch of steps, as the decode loop runs it: teachers (..., N, V) and
-        public (..., V), numpy or torch on any device. Returns a mechanisms.step.StepResult (the
+        public (..., V), numpy or torch on any device. Returns a dpledger.mechanisms.step.StepResult (the
         distribution to sample from, the lambdas, Theorem 3.1's curve on `orders`, default
-        accounting.orders.DEFAULT_ORDERS). `generator` is accepted for symmetry with
+        dpledger.accounting.orders.DEFAULT_ORDERS). `generator` is accepted for symmetry with
         AdaPMixED.step; PMixED itself draws nothing before sampling."""
-        from mechanisms.step import pmixed_step
+        from dpledger.mechanisms.step import pmixed_step
 
         return pmixed_step(self, teachers, public, orders)
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from accounting.errors import require
+from dpledger.accounting.errors import require
 
 
 SEED_COMMITMENT_SALT = b"dpledger run-seed commitment v1"
@@ -36,8 +36,8 @@ def step_seed(run_seed: int, step: int) -> int:
 def vote_seed(run_seed: int, step: int) -> int:
     """The seed of step `step`'s shared voting randomness (Hot PATE's coordinated votes, Cohen et
     al. 2023): a function of the run seed and the step only, never of private data, so the
-    analysis may treat it as public (the run seed itself stays secret: it also seeds the noise). Distinct from `step_seed`, whose generator also draws the
-    aggregator's noise."""
+    analysis may treat it as public (the run seed itself stays secret: it also seeds the noise).
+    Distinct from `step_seed`, whose generator also draws the aggregator's noise."""
     digest = hashlib.sha256(f"dpledger-votes:{run_seed}:{step}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accounting.errors import (require, require_bool, require_in_closed, require_int_at_least, require_non_negative,
+from dpledger.accounting.errors import (require, require_bool, require_in_closed, require_int_at_least, require_non_negative,
                                require_not_nan, require_order, require_positive)
-from accounting.relation import NeighbouringRelation
-from accounting.rounding import positive_floor
-from mechanisms.base import Mechanism, require_relation, set_validated
-from mechanisms.distributions import validated_ensemble
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.accounting.rounding import positive_floor
+from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
+from dpledger.mechanisms.distributions import validated_ensemble
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class NoisyScreening(Mechanism):
     def statistics(self, teachers, public, generator):
         """Screening statistics of L queries at once (Flemings et al. 2024, Algorithm 1): teachers
         (L, N, V), public (L, V) -> (L,) torch float64; `generator` is a torch.Generator or
-        mechanisms.randomness.StepGenerators (one per query).
+        dpledger.mechanisms.randomness.StepGenerators (one per query).
 
         Per query: K = top-k of p0 (public, so free); mean = lam * mean_i p_i[K] + (1-lam) p0[K];
         add N(0, sigma^2) to each entry, clip at 0 and renormalise (post-processing); the statistic
@@ -96,7 +96,7 @@ class NoisyScreening(Mechanism):
         """
         import torch
 
-        from mechanisms.randomness import standard_normal
+        from dpledger.mechanisms.randomness import standard_normal
 
         teachers = torch.as_tensor(teachers, dtype=torch.float64)
         public = torch.as_tensor(public, dtype=torch.float64)
@@ -123,7 +123,7 @@ class NoisyScreening(Mechanism):
         leading axes; +inf where the clipped noisy vector is all zero."""
         import torch
 
-        from mechanisms.kernels import renyi_divergence_orders
+        from dpledger.mechanisms.kernels import renyi_divergence_orders
 
         noisy = (mean + noise).clamp_min(0.0)
         total = noisy.sum(dim=-1, keepdim=True)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from accounting.errors import require
-from accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
-from accounting.relation import NeighbouringRelation, neighbouring_relation
-from mechanisms.distributions import validated_ensemble
+from dpledger.accounting.errors import require
+from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
+from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
+from dpledger.mechanisms.distributions import validated_ensemble
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def mixed_output(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Te
                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the mixed teachers (..., N, V), their mean over the (masked) ensemble (..., V)); an empty
     subsample answers with the public model."""
-    from mechanisms.kernels import mixed_teachers
+    from dpledger.mechanisms.kernels import mixed_teachers
 
     mixed = mixed_teachers(teachers, public, lambdas)
     if mask is None:
@@ -112,12 +112,12 @@ def data_dependent_step_curve(pmixed, teachers: torch.Tensor, public: torch.Tens
     the mixed teachers' mean (..., V)).
 
     Remove-one: Flemings et al. 2024, Eq. 3, max_i D<->(p, p_-i), exact on a sub-grid and a chord
-    bound within `relative_tolerance` between (mechanisms.kernels.leave_one_out_curve). Add-one:
-    mechanisms.kernels.add_one_divergence_bounds at every order of the grid (one row per step, so
+    bound within `relative_tolerance` between (dpledger.mechanisms.kernels.leave_one_out_curve). Add-one:
+    dpledger.mechanisms.kernels.add_one_divergence_bounds at every order of the grid (one row per step, so
     its fused kernel costs less than the sub-grid bookkeeping would save); add_one_dual=True also
-    takes the certified Lagrangian dual bound there (mechanisms.add_one), per direction the smaller."""
-    from mechanisms.kernels import add_one_divergence_bounds, leave_one_out_curve
-    from mechanisms.pmixed import Ball
+    takes the certified Lagrangian dual bound there (dpledger.mechanisms.add_one), per direction the smaller."""
+    from dpledger.mechanisms.kernels import add_one_divergence_bounds, leave_one_out_curve
+    from dpledger.mechanisms.pmixed import Ball
 
     relation = neighbouring_relation(relation)
     removed, exact, output = leave_one_out_curve(teachers, public, lambdas, orders, relative_tolerance)
@@ -151,8 +151,8 @@ def adapmixed_step(mechanism, teachers, public, generator=None, orders=None,
     "pmixed_data_dependent" (the loss covering `relation`, the mechanism's own by default) or,
     with data_dependent=False, "pmixed_theorem_3_1". accounting="released-output" charges the
     PMixED part at every step; "realised-path" only where the screen passed
-    (decoding.runners.adapmixed_runner explains the difference). `generator`: a torch.Generator
-    or mechanisms.randomness.StepGenerators (one per step), needed when screening. add_one_dual:
+    (dpledger.decoding.runners.adapmixed_runner explains the difference). `generator`: a torch.Generator
+    or dpledger.mechanisms.randomness.StepGenerators (one per step), needed when screening. add_one_dual:
     the add-one bound also takes the certified dual (data_dependent_step_curve)."""
     pmixed, screen = mechanism.pmixed, mechanism.screening
     relation = neighbouring_relation(mechanism.relation if relation is None else relation)

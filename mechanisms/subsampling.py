@@ -27,11 +27,11 @@ from typing import Callable
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
-from accounting.errors import require, require_bool, require_in_closed
-from accounting.orders import validated_orders
-from accounting.rounding import ROUNDING_ULPS, positive_floor
-from accounting.relation import NeighbouringRelation
-from mechanisms.base import Mechanism, require_mechanism, set_validated
+from dpledger.accounting.errors import require, require_bool, require_in_closed
+from dpledger.accounting.orders import validated_orders
+from dpledger.accounting.rounding import ROUNDING_ULPS, positive_floor
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.mechanisms.base import Mechanism, require_mechanism, set_validated
 
 
 def _base_values(base_epsilon: Callable[[np.ndarray], np.ndarray], at: np.ndarray) -> np.ndarray:

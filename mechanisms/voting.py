@@ -32,11 +32,11 @@ import numpy as np
 import torch
 from scipy.special import log_ndtr, logsumexp
 
-from accounting.errors import require, require_bool, require_int_at_least, require_member, require_positive
-from accounting.relation import DivergenceDirection, NeighbouringRelation
-from mechanisms.base import Mechanism, require_relation, set_validated
-from mechanisms.hot_pate import DPWeightedSampler, ThresholdWeightedSampler, require_finite_at_least_one
-from mechanisms.pate import ConfidentGNMax, GNMax
+from dpledger.accounting.errors import require, require_bool, require_int_at_least, require_member, require_positive
+from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelation
+from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
+from dpledger.mechanisms.hot_pate import DPWeightedSampler, ThresholdWeightedSampler, require_finite_at_least_one
+from dpledger.mechanisms.pate import ConfidentGNMax, GNMax
 
 ACCOUNTING_CHOICES = ("released-output", "realised-path")
 
@@ -224,7 +224,7 @@ class VotingMechanism(Mechanism):
 
     def dp_event(self):
         """The dp-accounting event of one step as charged: Confident-GNMax's or DPWS's Gaussians
-        (released-output accounting; mechanisms.base.Mechanism.dp_event). None for TARGMAX/TWS (no
+        (released-output accounting; dpledger.mechanisms.base.Mechanism.dp_event). None for TARGMAX/TWS (no
         DP guarantee), for realised-path accounting (the charge depends on the screen's outcome) and
         for Theorem 6's data-dependent answer."""
         if self.threshold_private or self.accounting != "released-output" or self.data_dependent_answer:

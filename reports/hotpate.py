@@ -1,13 +1,13 @@
 """Hot vs cold PATE on the embedded default: the main result of Cohen et al. 2023 (Hot PATE), reproduced.
 
-N in-context teachers (decoding.icl) answer teacher-forced queries on held-out private dialogues.
+N in-context teachers (dpledger.decoding.icl) answer teacher-forced queries on held-out private dialogues.
 At each query both voting schemes run `samples` times: coordinated (one shared Exp(1) vector per
 round) and independent. Against the threshold T (as a fraction T/N) we measure
 - yield: the fraction of rounds in which some token has at least T votes (TARGMAX_T answers);
 - coverage: the mean teacher distribution's mass on the transferred support, the tokens that reach
   T votes in at least one round (how much of the teachers' diversity can pass the threshold);
 - support size: the number of those tokens;
-(mechanisms.diversity). Privacy cost at a matched utility: the DP counterpart DPARGMAX (Confident-GNMax, Papernot et al.
+(dpledger.mechanisms.diversity). Privacy cost at a matched utility: the DP counterpart DPARGMAX (Confident-GNMax, Papernot et al.
 2018) with noise proportional to the threshold, s1 = s2 = T / 4 (a token with T/2 votes passes the
 screen with probability Phi(-2) = 2.3% under either scheme); for each scheme, the largest T at which
 DPARGMAX's expected yield (its screen's pass rate on the drawn histograms) still reaches the target,
@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import norm
 
-from accounting.conversion import epsilon_from_rdp
-from accounting.errors import require, require_in_open, require_int_at_least
-from accounting.orders import default_orders
-from accounting.safe_files import write_atomic
-from mechanisms.diversity import DiversityCurve, mean_diversity_curve, query_seed, vote_draws
-from mechanisms.pate import ConfidentGNMax
-from reports.html_text import escaped
+from dpledger.accounting.conversion import epsilon_from_rdp
+from dpledger.accounting.errors import require, require_in_open, require_int_at_least
+from dpledger.accounting.orders import default_orders
+from dpledger.accounting.safe_files import write_atomic
+from dpledger.mechanisms.diversity import DiversityCurve, mean_diversity_curve, query_seed, vote_draws
+from dpledger.mechanisms.pate import ConfidentGNMax
+from dpledger.reports.html_text import escaped
 
 NOISE_PER_THRESHOLD = 0.25
 """The calibration rule of the matched-utility comparison: s1 = s2 = T * 0.25."""
@@ -154,8 +154,8 @@ def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed:
     """Hot vs cold voting with `teachers` in-context teachers of the embedded default (module docstring)."""
     from transformers import AutoTokenizer
 
-    from decoding.icl import embedded_icl_default, load_icl_ensemble
-    from decoding.recipe import encode_documents, set_single_thread
+    from dpledger.decoding.icl import embedded_icl_default, load_icl_ensemble
+    from dpledger.decoding.recipe import encode_documents, set_single_thread
 
     teachers = require_int_at_least("teachers", teachers, 2)
     queries = require_int_at_least("queries", queries, 1)
@@ -170,7 +170,7 @@ def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed:
     ensemble = load_icl_ensemble(str(embedded.public_path), str(embedded.tokenizer_path), teachers, prompt_tokens,
                                  corpus=embedded.corpus)
     tokens = encode_documents(AutoTokenizer.from_pretrained(str(embedded.tokenizer_path)), embedded.corpus.private_heldout)
-    source = {"ensemble": "embedded default, in-context teachers (decoding.icl)", "prompt_tokens": prompt_tokens,
+    source = {"ensemble": "embedded default, in-context teachers (dpledger.decoding.icl)", "prompt_tokens": prompt_tokens,
               "text": "embedded private held-out dialogues", "public_model": str(embedded.public_path)}
     return hot_vs_cold(teacher_distributions(ensemble, tokens, queries), samples, seed, target_yield, budget_queries,
                        delta, source, started)
@@ -237,7 +237,7 @@ def _matched_lines(result: HotPateResult) -> list[str]:
 
 
 def hotpate_markdown(result: HotPateResult) -> str:
-    from reports.render import markdown_table
+    from dpledger.reports.render import markdown_table
 
     verdict = "higher" if result.hot_coverage_higher_from_quarter else "NOT higher"
     return "\n".join(["## Hot vs cold PATE (Cohen et al. 2023)", "",
@@ -248,7 +248,7 @@ def hotpate_markdown(result: HotPateResult) -> str:
 
 
 def hotpate_html(result: HotPateResult) -> str:
-    from reports.render import _html_table
+    from dpledger.reports.render import _html_table
 
     encoded = base64.b64encode(hotpate_figure(result)).decode()
     verdict = "higher" if result.hot_coverage_higher_from_quarter else "NOT higher"
@@ -265,7 +265,7 @@ def hotpate_html(result: HotPateResult) -> str:
 
 def write_hotpate(result: HotPateResult, out: str | Path) -> dict[str, Path]:
     """hotpate.json (strict), hotpate.png and hotpate.md under `out`, each written atomically and never
-    through a link (accounting.safe_files)."""
+    through a link (dpledger.accounting.safe_files)."""
     import json
 
     out = Path(out)

@@ -11,11 +11,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from accounting.conversion import epsilon_from_rdp  # noqa: E402
-from accounting.curve import RdpCurve  # noqa: E402
-from accounting.errors import require  # noqa: E402
-from accounting.relation import NeighbouringRelation  # noqa: E402
-from reports.run_data import RunData  # noqa: E402
+from dpledger.accounting.conversion import epsilon_from_rdp  # noqa: E402
+from dpledger.accounting.curve import RdpCurve  # noqa: E402
+from dpledger.accounting.errors import require  # noqa: E402
+from dpledger.accounting.relation import NeighbouringRelation  # noqa: E402
+from dpledger.reports.run_data import RunData  # noqa: E402
 
 
 TITLE_WIDTH = 58
@@ -214,7 +214,7 @@ def plot_rdp_curve(run: RunData) -> bytes | None:
 
 
 def plot_leakage(run: RunData) -> bytes | None:
-    from reports.tables import leakage_table
+    from dpledger.reports.tables import leakage_table
 
     table = leakage_table(run)
     if table is None:

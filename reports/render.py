@@ -18,13 +18,13 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 
-from accounting.errors import require
-from accounting.strict_json import strict_json_text
-from reports.html_text import escaped
-from reports.plots import run_figures
-from reports.run_data import Generation, RunData, fmt, generations, printable, truncated
-from reports.statement import privacy_statement
-from reports.tables import audit_headline, breakdown_table, checks_table, comparison_table, direction_label
+from dpledger.accounting.errors import require
+from dpledger.accounting.strict_json import strict_json_text
+from dpledger.reports.html_text import escaped
+from dpledger.reports.plots import run_figures
+from dpledger.reports.run_data import Generation, RunData, fmt, generations, printable, truncated
+from dpledger.reports.statement import privacy_statement
+from dpledger.reports.tables import audit_headline, breakdown_table, checks_table, comparison_table, direction_label
 
 FORMATS = ("html", "md", "json", "latex", "csv")
 MISSING = {"html": "n/a", "md": "n/a", "latex": "--", "csv": ""}
@@ -203,7 +203,7 @@ def strict_json(value, where: str = "report", inf_reason: str = "no finite bound
     """Strict JSON text of `value` (json.dumps with allow_nan=False): a NaN raises ValueError naming
     `where`; every missing or infinite value is null beside a "<key>_missing" reason, and, for an
     object, each infinity's JSON Pointer is listed in the top-level `nulls` map as every JSON file
-    of dpledger does (accounting.strict_json: `loads_json` restores the exact value)."""
+    of dpledger does (dpledger.accounting.strict_json: `loads_json` restores the exact value)."""
     checked = _checked(value, where, inf_reason)
     if isinstance(checked, dict):
         return strict_json_text(checked, default=str, sort_keys=False)

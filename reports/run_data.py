@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from decoding import trace
+from dpledger.decoding import trace
 
 AUDIT_FILE = "audit.json"
 
@@ -24,7 +24,7 @@ class RunData:
     unreadable); None when it is current or absent."""
     audit_withheld: str = "STALE"
     """How a report names an audit it does not show: STALE (made for other files, by an older
-    dpledger, or unreadable) or TAMPERED (changed after the audit: audit.audit.audit_integrity)."""
+    dpledger, or unreadable) or TAMPERED (changed after the audit: dpledger.audit.audit.audit_integrity)."""
 
     @property
     def label(self) -> str:
@@ -82,7 +82,7 @@ def load_run(run_dir: str | Path) -> RunData:
     ledger = trace.read_ledger(run_dir)
     audit, stale, withheld = None, None, "STALE"
     if (run_dir / AUDIT_FILE).exists():
-        from audit.audit import audit_binding, audit_integrity
+        from dpledger.audit.audit import audit_binding, audit_integrity
 
         try:
             audit = trace.read_json_file(run_dir / AUDIT_FILE, "the run's audit")
@@ -123,7 +123,7 @@ def generations(run: RunData) -> tuple[list[Generation], str | None]:
     "generate"`), block by block, and a note on how the text was recovered (or why it was not);
     ([], None) for a teacher-forced run, whose contexts are private held-out text and are not shown.
 
-    Block b continues prompt b mod (number of prompts) (decoding.run.run_block); the prompts are
+    Block b continues prompt b mod (number of prompts) (dpledger.decoding.run.run_block); the prompts are
     manifest.json's config.data.prompts, the tokens each record's output_token. The manifest names
     the tokenizer by path only (no content hash), so the text is decoded with whatever is at that
     path now; without a loadable tokenizer the token ids are given instead."""

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import math
 
-from accounting.errors import require
-from reports.run_data import RunData, fmt
-from reports.tables import direction_label
+from dpledger.accounting.errors import require
+from dpledger.reports.run_data import RunData, fmt
+from dpledger.reports.tables import direction_label
 
 _MECHANISMS = {
     "public": "The public model answers alone; the teachers are never read, so nothing private is used.",
@@ -37,7 +37,7 @@ def _theorem_3_1(params: dict) -> str:
 
 
 def _data_dependent_loss(relation: str) -> str:
-    """What the data-dependent charge of a run claiming `relation` is (mechanisms.step.data_dependent_step_curve)."""
+    """What the data-dependent charge of a run claiming `relation` is (dpledger.mechanisms.step.data_dependent_step_curve)."""
     if relation == "remove_one":
         return "the data-dependent loss of removing a teacher (Flemings et al. 2024, Eq. 3)"
     if relation == "add_one":
@@ -48,7 +48,7 @@ def _data_dependent_loss(relation: str) -> str:
 
 def _adapmixed(params: dict, manifest: dict) -> str:
     """What an AdaPMixED run (or one of its Table 2a ablations) answers with and is charged, step by step
-    (mechanisms.step.adapmixed_step)."""
+    (dpledger.mechanisms.step.adapmixed_step)."""
     screened, dependent = params.get("screening", True), params.get("data_dependent", True)
     realised = params.get("accounting") == "realised-path"
     answer = _data_dependent_loss(manifest["relation"])
@@ -74,7 +74,7 @@ def _pmixed(params: dict, manifest: dict) -> str:
     text = f" Here: alpha={params['alpha']:g}, beta={params['beta']:g}, N={manifest['n_teachers']}"
     if params.get("sample_rate") is None:
         return text + f". Every step is charged {_theorem_3_1(params)}."
-    from mechanisms.pmixed import SubsamplingVariant
+    from dpledger.mechanisms.pmixed import SubsamplingVariant
 
     variant = SubsamplingVariant(params["subsampling_variant"])
     return (text + f", each teacher Poisson-subsampled at every step with rate q={params['sample_rate']:g}. Every step "

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from accounting.errors import require
-from accounting.relation import DivergenceDirection
-from reports.run_data import RunData
+from dpledger.accounting.errors import require
+from dpledger.accounting.relation import DivergenceDirection
+from dpledger.reports.run_data import RunData
 
 
 def breakdown_table(run: RunData) -> pd.DataFrame:
@@ -62,7 +62,7 @@ def lower_bound_column(delta: float) -> str:
 
 def certified_lower_bound(run: RunData, delta: float) -> tuple[float | None, str | None]:
     """(the audit's certified lower bound on epsilon(delta) for the claimed relation, None) or
-    (None, why there is none): the epsilon_bracket check of a current audit (audit.bracket)."""
+    (None, why there is none): the epsilon_bracket check of a current audit (dpledger.audit.bracket)."""
     if run.audit is None:
         return None, "not audited" if not run.stale_audit else f"{run.audit_withheld} audit, not shown"
     bracket = next((c for c in run.audit.get("checks", []) if c.get("name") == "epsilon_bracket"), None)
@@ -113,7 +113,7 @@ def perplexity_reason(run: RunData, value) -> str | None:
 
 def comparison_table(runs: list[RunData]) -> pd.DataFrame:
     """Table 2a / Table 1: method, queries, the improved epsilon at every requested delta (one column
-    each, "epsilon@1e-05"), the audit's certified lower bound at each ("lower@1e-05": audit.bracket),
+    each, "epsilon@1e-05"), the audit's certified lower bound at each ("lower@1e-05": dpledger.audit.bracket),
     the optimal order at each run's first delta, whether epsilon is
     data-dependent, the divergence direction, the neighbouring relation the charged total covers,
     perplexity, queries answered by the public model, the audit's headline (its verdict for the

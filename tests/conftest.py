@@ -3,7 +3,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from mechanisms.fastmath import prefer_wide_vectors  # noqa: E402 (before any numba import)
+from dpledger.mechanisms.fastmath import prefer_wide_vectors  # noqa: E402 (before any numba import)
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 

@@ -8,8 +8,8 @@ import os
 import shutil
 from pathlib import Path
 
-from decoding import trace
-from decoding.run import RunTotals, finish_run, records_by_block
+from dpledger.decoding import trace
+from dpledger.decoding.run import RunTotals, finish_run, records_by_block
 
 
 def copy(run_dir: Path, target: Path) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from decoding.recipe import TinyModelRecipe
+from dpledger.decoding.recipe import TinyModelRecipe
 
 MICRO_RECIPE = TinyModelRecipe(vocab_size=320, n_layer=1, n_embd=32, n_head=2, n_positions=64, public_steps=40,
                                public_batch=8, warmup_steps=5, teacher_steps=6, teacher_batch=8)
@@ -23,7 +23,7 @@ class MicroModels:
 
 
 def build_micro_models(root: Path, teachers: int = 3) -> MicroModels:
-    from decoding.embedded import build_or_load
+    from dpledger.decoding.embedded import build_or_load
 
     embedded = build_or_load(teachers=teachers, recipe=MICRO_RECIPE, verbose=False, **MICRO_CORPUS)
     text = root / "heldout.txt"
@@ -73,7 +73,7 @@ def kill_and_resume(reference_cfg: dict, tmp_path: Path, chunk: int = 3):
     import sys
     import time
 
-    from decoding import trace
+    from dpledger.decoding import trace
 
     repo = Path(__file__).resolve().parents[1]
     killed = tmp_path / "killed"

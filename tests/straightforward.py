@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from accounting.rounding import ROUNDING_ULPS
-from mechanisms.divergence import log_mean_with_one_exp
+from dpledger.accounting.rounding import ROUNDING_ULPS
+from dpledger.mechanisms.divergence import log_mean_with_one_exp
 
 _CHUNK_ELEMENTS = 1 << 16
 

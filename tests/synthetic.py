@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from decoding import trace
-from decoding.config import DataConfig, ModelsConfig, RunConfig
-from decoding.run import RunTotals, _outcome_records, build_manifest, finish_run, replay_steps
-from decoding.runners import build_runner
-from mechanisms.randomness import StepGenerators
-from accounting.orders import default_orders
+from dpledger.decoding import trace
+from dpledger.decoding.config import DataConfig, ModelsConfig, RunConfig
+from dpledger.decoding.run import RunTotals, _outcome_records, build_manifest, finish_run, replay_steps
+from dpledger.decoding.runners import build_runner
+from dpledger.mechanisms.randomness import StepGenerators
+from dpledger.accounting.orders import default_orders
 
 
 DISTINCT_BLOCKS = 4

@@ -1,12 +1,11 @@
 """Screening, AdaPMixED's data-dependent curve, the ledger's Table-2b breakdown and the budget."""
-import math
 
 import numpy as np
 import pytest
 import torch
 
-from accounting import DEFAULT_ORDERS, NeighbouringRelation, PrivacyLedger, RdpBudget, RdpCurve
-from mechanisms import (AdaPMixED, CustomCurveMechanism, GaussianMechanism, GNMax, NoisyScreening, PMixED, compose,
+from dpledger.accounting import DEFAULT_ORDERS, PrivacyLedger, RdpBudget, RdpCurve
+from dpledger.mechanisms import (AdaPMixED, CustomCurveMechanism, GaussianMechanism, GNMax, NoisyScreening, PMixED, compose,
                         data_dependent_pmixed_curve, renyi_divergence, self_compose)
 from tests.conftest import lm_like
 

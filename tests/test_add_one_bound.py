@@ -1,4 +1,4 @@
-"""mechanisms.kernels.add_one_divergence_bounds against the brute-force worst case of the add-one
+"""dpledger.mechanisms.kernels.add_one_divergence_bounds against the brute-force worst case of the add-one
 neighbour (tests/oracles/add_one_worst_case.py, which shares no code with the package).
 
 The bound claims, at every order k, max over q in the ball B of max(D_k(p_+ || p), D_k(p || p_+)),
@@ -31,8 +31,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mechanisms.kernels import add_one_divergence_bounds
-from mechanisms.pmixed import Ball, PMixED, all_orders_ball_constraints
+from dpledger.mechanisms.kernels import add_one_divergence_bounds
+from dpledger.mechanisms.pmixed import Ball, PMixED, all_orders_ball_constraints
 from tests.oracles.add_one_worst_case import divergences_at, in_ball, worst_case, worst_cases
 from tests.oracles.renyi import symmetric_renyi_divergence
 
@@ -398,8 +398,8 @@ def _group(case: Case, k: float) -> str:
 @functools.lru_cache(maxsize=None)
 def dual_extras(ball: Ball, index: int, effort: float) -> tuple:
     """(charged bound with the dual, add_one_divergence_bounds(dual=True); the adversary's forward and
-    reverse values, mechanisms.add_one.add_one_adversary) for a seeded case."""
-    from mechanisms.add_one import add_one_adversary
+    reverse values, dpledger.mechanisms.add_one.add_one_adversary) for a seeded case."""
+    from dpledger.mechanisms.add_one import add_one_adversary
 
     case = evaluated_seeded(ball, index, effort).case
     beta = case.beta if case.ball is Ball.ALL_ORDERS else None
@@ -457,7 +457,8 @@ SUBSETS = {
 
 
 def report_looseness(counts: dict, effort: float, write: bool, note: str = "") -> None:
-    report = {"effort": effort, "cases_note": note or "the full seeded sweep", "relative_slack": RELATIVE_SLACK, "absolute_slack": ABSOLUTE_SLACK,
+    report = {"effort": effort, "cases_note": note or "the full seeded sweep", "relative_slack": RELATIVE_SLACK,
+              "absolute_slack": ABSOLUTE_SLACK,
               "orders": "1.25, 2, alpha, 2 alpha, 64 (grouped below / at / above alpha)",
               "ratios": {"overall": "bound / max(worst forward, worst reverse): what the bound claims to cover",
                          "forward": "bound / worst D_k(p_+||p)", "reverse": "bound / worst D_k(p||p_+)",
@@ -465,8 +466,8 @@ def report_looseness(counts: dict, effort: float, write: bool, note: str = "") -
                                  "upper estimate of that part's own looseness"},
               "bounds": {"groups": "the closed form alone (add_one_divergence_bounds(dual=False))",
                          "groups_with_dual": "what dual=True charges: per direction the smaller of the closed form "
-                                             "and the certified Lagrangian dual (mechanisms.add_one)",
-                         "adversary": "mechanisms.add_one.add_one_adversary: adversary / oracle per direction, and "
+                                             "and the certified Lagrangian dual (dpledger.mechanisms.add_one)",
+                         "adversary": "dpledger.mechanisms.add_one.add_one_adversary: adversary / oracle per direction, and "
                                       "charged-with-dual / adversary (the true worst case lies between them)"},
               "balls": {}}
     for ball, count in counts.items():

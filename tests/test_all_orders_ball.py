@@ -2,7 +2,7 @@
 
 Ball.ALL_ORDERS promises D<->_k(pbar_i, p0) <= beta k at EVERY order k > 1 for each mixed teacher
 pbar_i = lambda_i p_i + (1 - lambda_i) p0 (enforced through the finite grid of
-mechanisms.pmixed.all_orders_ball_constraints), which is the hypothesis under which Theorem 3.1
+dpledger.mechanisms.pmixed.all_orders_ball_constraints), which is the hypothesis under which Theorem 3.1
 (Flemings et al. 2024) bounds the data-dependent loss max_i D<->_k(p, p_{-i}) (AdaPMixED, Eq. 3) at
 every order. The paper's projection (Ball.PROJECTION_ORDER) enforces the ball at one order only,
 and an input with extreme tails (the counterexample in docs/soundness.md) shows its data-dependent loss far above
@@ -27,8 +27,8 @@ import mpmath
 import numpy as np
 import pytest
 
-from mechanisms.adapmixed import data_dependent_pmixed_values
-from mechanisms.pmixed import Ball, PMixED, all_orders_ball_constraints
+from dpledger.mechanisms.adapmixed import data_dependent_pmixed_values
+from dpledger.mechanisms.pmixed import Ball, PMixED, all_orders_ball_constraints
 from tests.oracles import renyi_divergence as oracle_renyi_divergence
 from tests.oracles import theorem_3_1_epsilon as oracle_theorem_3_1
 

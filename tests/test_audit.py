@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from audit import Status, audit_run, load_trace
-from audit.ablation import ensemble_output, run_ablation
-from audit.sampled import distinguishing_game, epsilon_lower_bound
-from audit.selfcheck import FAULTS, RUNNER_FAULTS, TRACE_FAULTS, faulty_runner, plant_trace_fault
-from decoding import trace
-from decoding.config import config_from_dict
-from decoding.run import prepare, run_decode
+from dpledger.audit import Status, audit_run, load_trace
+from dpledger.audit.ablation import ensemble_output, run_ablation
+from dpledger.audit.sampled import distinguishing_game, epsilon_lower_bound
+from dpledger.audit.selfcheck import FAULTS, RUNNER_FAULTS, TRACE_FAULTS, faulty_runner, plant_trace_fault
+from dpledger.decoding import trace
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.run import prepare, run_decode
 from dpledger.cli import main
-from mechanisms import renyi_divergence
+from dpledger.mechanisms import renyi_divergence
 from tests.micro import micro_config
 
 ADAPMIXED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.002, "lam": 0.05, "sigma": 0.01, "threshold": 5.0, "top_k": 20}
@@ -111,7 +111,7 @@ def test_subsampled_output_law_matches_enumeration_of_subsets(rng):
 def test_monte_carlo_screening_matches_the_noise_free_statistic_of_each_ensemble(rng):
     """With sigma ~ 0 the pass decision is deterministic: each ensemble (all teachers, each removed,
     each added adversary) must pass exactly when its explicitly averaged screened mean does."""
-    from audit.ablation import screen_pass_counts
+    from dpledger.audit.ablation import screen_pass_counts
 
     n, vocab, k, alpha, lam = 4, 30, 8, 6.0, 0.5
     public = rng.dirichlet(np.ones(vocab))

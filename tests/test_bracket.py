@@ -1,7 +1,7 @@
-"""Every audited run's epsilon between a certified lower bound and its claim (audit.bracket).
+"""Every audited run's epsilon between a certified lower bound and its claim (dpledger.audit.bracket).
 
 The lower bound composes the exact per-step output laws of the strongest tested neighbours
-(accounting.loss_distribution): on honest runs it never exceeds the claim, and a claim below it FAILs.
+(dpledger.accounting.loss_distribution): on honest runs it never exceeds the claim, and a claim below it FAILs.
 """
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import copy
 
 import pytest
 
-from audit import audit_run
-from audit.bracket import check_epsilon_bracket
-from audit.loader import load_trace
-from decoding.config import config_from_dict
-from decoding.run import run_decode
+from dpledger.audit import audit_run
+from dpledger.audit.bracket import check_epsilon_bracket
+from dpledger.audit.loader import load_trace
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.run import run_decode
 from tests.micro import micro_config
 
 DPARGMAX = {"type": "voting", "aggregator": "dpargmax", "threshold": 2.0, "sigma": 1.0, "sigma_threshold": 1.0}
@@ -109,10 +109,10 @@ def test_a_sound_claim_never_fails_through_the_choice_of_orders():
     while the ledger minimised from 1.1, and an honest remove-one run FAILed, 1.332 > 1.318)."""
     import numpy as np
 
-    from accounting.conversion import epsilon_from_rdp
-    from accounting.curve import RdpCurve
-    from accounting.orders import DEFAULT_ORDERS
-    from audit.ablation import audit_orders
+    from dpledger.accounting.conversion import epsilon_from_rdp
+    from dpledger.accounting.curve import RdpCurve
+    from dpledger.accounting.orders import DEFAULT_ORDERS
+    from dpledger.audit.ablation import audit_orders
 
     rng = np.random.default_rng(4)
     grid = np.asarray(DEFAULT_ORDERS)
@@ -154,9 +154,9 @@ def test_dpws_law_bounds_hold_and_tighten_with_draws():
     import numpy as np
     import torch
 
-    from accounting.relation import NeighbouringRelation
-    from audit.bracket import dpws_law_bounds
-    from mechanisms.hot_pate import DPWeightedSampler
+    from dpledger.accounting.relation import NeighbouringRelation
+    from dpledger.audit.bracket import dpws_law_bounds
+    from dpledger.mechanisms.hot_pate import DPWeightedSampler
 
     sampler = DPWeightedSampler(4.0, 20.0, 1.0, NeighbouringRelation.ADD_OR_REMOVE_ONE, voters=48)
     histogram = np.zeros(40)
@@ -194,8 +194,8 @@ GENERATED = {
 def test_generated_runs_are_bracketed_and_an_understated_claim_fails(tmp_path, name, teachers):
     """Random ensembles of 4 to 64 teachers: the lower bound stays below the claim, and half of it as a
     claim FAILs through the lower bound."""
-    from audit.ablation import check_ablation
-    from audit.voting import check_voting_ablation
+    from dpledger.audit.ablation import check_ablation
+    from dpledger.audit.voting import check_voting_ablation
     from tests.synthetic import write_synthetic_run
 
     mechanism, relation = GENERATED[name]

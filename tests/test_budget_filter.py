@@ -1,4 +1,4 @@
-"""The privacy filter in decoding: `[budget] epsilon, delta` (decoding.budget, accounting.budget)."""
+"""The privacy filter in decoding: `[budget] epsilon, delta` (dpledger.decoding.budget, dpledger.accounting.budget)."""
 import json
 from pathlib import Path
 
@@ -7,16 +7,16 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from accounting.budget import FILTER_MARGIN, RenyiFilter
-from accounting.conversion import ConversionMethod, conversion_terms, epsilon_from_rdp
-from accounting.curve import RdpCurve
-from accounting.orders import default_orders
-from accounting.relation import NeighbouringRelation
-from audit import audit_run
-from decoding import trace
-from decoding.config import config_from_dict
-from decoding.run import run_decode
-from mechanisms import PMixED
+from dpledger.accounting.budget import FILTER_MARGIN, RenyiFilter
+from dpledger.accounting.conversion import ConversionMethod, conversion_terms, epsilon_from_rdp
+from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.orders import default_orders
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.audit import audit_run
+from dpledger.decoding import trace
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.run import run_decode
+from dpledger.mechanisms import PMixED
 from tests.micro import kill_and_resume, micro_config
 
 PMIXED = {"type": "pmixed", "alpha": 6.0, "beta": 0.002}
@@ -149,8 +149,8 @@ def test_voting_and_free_generation_runs_keep_their_audits_under_a_budget(micro_
     voting = decode(micro_models, tmp_path / "voting", dpargmax, {"epsilon": 6.0, "delta": 1e-5}, queries=32)
     assert 0 < voting.summary["budget"]["refused_steps"] < 32
     assert audit_run(voting.directory, **AUDIT).verdict == "PASS"
-    from reports import load_run, render
-    from reports.plots import plot_cumulative_epsilon
+    from dpledger.reports import load_run, render
+    from dpledger.reports.plots import plot_cumulative_epsilon
 
     text = render([load_run(voting.directory)], "md")
     refused = voting.summary["budget"]["refused_steps"]
@@ -191,7 +191,7 @@ def test_bad_budgets_are_one_line_errors(micro_models, tmp_path, budget, message
 
 
 def test_the_filter_plan_names_an_order_off_the_grid_and_lists_the_grid():
-    from decoding.budget import BudgetGate
+    from dpledger.decoding.budget import BudgetGate
 
     orders = np.asarray(default_orders(6.55))  # a mechanism run at alpha = 6.55 adds it to the grid
     with pytest.raises(ValueError, match=r"^budget.order = 6.57 is not on the run's order grid \(1.1 to 6.5 by 0.1, "
@@ -210,9 +210,9 @@ def test_a_dpargmax_run_reports_pld_beside_rdp_and_exports_an_event_that_reimpor
     from dp_accounting.pld import PLDAccountant
 
     from dpledger.cli import main
-    from mechanisms.dp_events import mechanism_from_dp_event, read_dp_event_json
-    from mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, simplified_event
-    from accounting.strict_json import strict_json_text
+    from dpledger.mechanisms.dp_events import mechanism_from_dp_event, read_dp_event_json
+    from dpledger.mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, simplified_event
+    from dpledger.accounting.strict_json import strict_json_text
 
     mechanism = {"type": "voting", "votes": "coordinated", "aggregator": "dpargmax", "threshold": 2.0, "sigma": 4.0,
                  "sigma_threshold": 4.0}
@@ -227,7 +227,7 @@ def test_a_dpargmax_run_reports_pld_beside_rdp_and_exports_an_event_that_reimpor
     total = np.sum([np.asarray(c["values"], dtype=np.float64) for c in components], axis=0)
     np.testing.assert_allclose(curve.values, total, rtol=1e-12)
     # its PLD epsilon is dp-accounting's PLDAccountant on the event with its Gaussians merged into the one
-    # Gaussian they compose to exactly (mechanisms.pld.simplified_event), and within 1e-6 of (never above)
+    # Gaussian they compose to exactly (dpledger.mechanisms.pld.simplified_event), and within 1e-6 of (never above)
     # the accountant on the raw composition, which adds a discretisation error per part
     exact, raw = (PLDAccountant(value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL) for _ in range(2))
     exact.compose(simplified_event(event))
@@ -272,7 +272,7 @@ def test_adapmixed_under_a_data_independent_budget_states_what_the_guarantee_res
 
 
 def test_a_subsampled_pmixed_budget_names_an_unproven_variant():
-    from decoding.run import step_bound_caveat
+    from dpledger.decoding.run import step_bound_caveat
 
     assert "realised-size, not a proven bound" in step_bound_caveat(
         "pmixed", {"subsampling_variant": "realised-size", "sample_rate": 0.1})
@@ -305,7 +305,7 @@ def test_decode_prints_what_the_budget_did(micro_models, tmp_path, capsys):
     assert main(["decode", str(write_toml(tmp_path / "run.toml", config)), "--no-progress"]) == 0
     out = capsys.readouterr().out
     answered = trace.read_manifest(tmp_path / "run")["budget"]["affordable_steps"]
-    assert (f"budget: epsilon 2 at delta 1e-05, a Renyi filter at order" in out
+    assert ("budget: epsilon 2 at delta 1e-05, a Renyi filter at order" in out
             and f"{answered} queries answered privately, {32 - answered} by the public model" in out)
 
 
@@ -317,7 +317,7 @@ def test_the_filters_stopping_count_agrees_with_dp_accounting(noise, epsilon, de
     import dp_accounting
     from dp_accounting.rdp import RdpAccountant
 
-    from mechanisms import GaussianMechanism
+    from dpledger.mechanisms import GaussianMechanism
 
     orders = np.asarray(default_orders())
     bound = GaussianMechanism(noise).rdp_values(orders)
@@ -348,9 +348,9 @@ def test_a_nan_step_bound_is_refused_not_skipped():
 
 
 def test_a_worker_s_filter_decisions_are_checked_by_the_committing_process():
-    """decoding.distributed: the driver advances its own filter over each block a worker decoded and
+    """dpledger.decoding.distributed: the driver advances its own filter over each block a worker decoded and
     refuses records whose decisions or charges differ."""
-    from decoding.budget import BudgetGate
+    from dpledger.decoding.budget import BudgetGate
 
     orders = np.asarray(default_orders(6.0))
     gate = BudgetGate.plan({"epsilon": 2.0, "delta": 1e-5}, PMixED(6.0, 0.002, 3).rdp_values(orders), orders)
@@ -382,7 +382,7 @@ def test_a_realised_path_filter_charges_the_answer_only_where_the_screen_passed(
     """Feldman & Zrnic 2021, Theorem 3.1 with charges chosen from released outputs: each step is
     admitted on its largest charge (screen + answer), then charged the screen's bound plus the
     answer's only if its screen passed; the filter's budget is the guarantee."""
-    from decoding.runners import build_runner
+    from dpledger.decoding.runners import build_runner
 
     run = decode(micro_models, tmp_path / name, REALISED[name], {"epsilon": 3.0, "delta": 1e-5}, queries=64)
     manifest, records = trace.read_manifest(run.directory), trace.read_records(run.directory)
@@ -436,7 +436,7 @@ def test_a_realised_path_filter_charge_edited_in_the_trace_fails_the_audit(micro
 
 
 def test_a_realised_path_filter_is_decoded_in_one_process(micro_models, tmp_path):
-    from decoding.distributed import sequential_reason
+    from dpledger.decoding.distributed import sequential_reason
 
     config = micro_config(micro_models, tmp_path / "r", REALISED["adapmixed"], queries=8)
     config["budget"] = {"epsilon": 3.0, "delta": 1e-5}

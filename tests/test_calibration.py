@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from accounting.conversion import GridEdgeWarning, epsilon_from_rdp
-from accounting.orders import DEFAULT_ORDERS, default_orders
+from dpledger.accounting.conversion import GridEdgeWarning, epsilon_from_rdp
+from dpledger.accounting.orders import DEFAULT_ORDERS, default_orders
 from dpledger.cli import main
-from mechanisms import (CALIBRATION_TOLERANCE, calibrate_confident_gnmax, calibrate_dpws, calibrate_gaussian,
+from dpledger.mechanisms import (CALIBRATION_TOLERANCE, calibrate_confident_gnmax, calibrate_dpws, calibrate_gaussian,
                         calibrate_gnmax, calibrate_pmixed, calibrate_screening, calibrate_subsampled_gaussian,
                         compare_rdp_pld, subsampled_pmixed_curve)
 
@@ -46,11 +46,11 @@ def reachable(call):
        ratio=st.floats(0.25, 4.0), teachers=st.integers(1, 2048), lam=st.floats(1e-3, 1.0))
 def test_noise_calibration_accounts_to_at_most_the_target_and_within_one_percent(epsilon, delta, queries, kind, ratio,
                                                                                 teachers, lam):
-    call = {"gaussian": lambda: calibrate_gaussian(epsilon, delta, queries),
+    call = {"gaussian": lambda epsilon=epsilon: calibrate_gaussian(epsilon, delta, queries),
             "gnmax": lambda: calibrate_gnmax(epsilon, delta, queries),
             "dpws": lambda: calibrate_dpws(epsilon, delta, queries, threshold=3.0),
             "confident": lambda: calibrate_confident_gnmax(epsilon, delta, queries, ratio=ratio),
-            "screening": lambda: calibrate_screening(epsilon, delta, queries, teachers, lam)}[kind]
+            "screening": lambda epsilon=epsilon: calibrate_screening(epsilon, delta, queries, teachers, lam)}[kind]
     result = reachable(call)
     assume(result is not None)
     assert_at_most_and_within(result, rdp_epsilon(result.mechanism, queries, delta))
@@ -88,7 +88,7 @@ def test_subsampled_pmixed_defaults_to_the_proven_variant(epsilon, queries, q, t
 
 
 def test_pmixed_without_subsampling_starts_from_lemma_c1_and_the_conversion_lowers_beta():
-    from mechanisms import beta_from_budget
+    from dpledger.mechanisms import beta_from_budget
 
     result = calibrate_pmixed(8.0, 1e-5, 1000, 6.0, 16)
     assert result.value < beta_from_budget(8.0, 1000, 6.0, 16)  # the (epsilon, delta) conversion adds a term
@@ -157,7 +157,7 @@ def test_calibrate_cli_refuses_a_flag_its_mechanism_does_not_read(capsys):
 @given(**targets, kind=st.sampled_from(["gaussian", "subsampled", "pmixed", "pmixed-subsampled"]),
        q=st.floats(1e-3, 1.0), teachers=st.integers(1, 256))
 def test_calibration_sweep(epsilon, delta, queries, kind, q, teachers):
-    call = {"gaussian": lambda: calibrate_gaussian(epsilon, delta, queries),
+    call = {"gaussian": lambda epsilon=epsilon: calibrate_gaussian(epsilon, delta, queries),
             "subsampled": lambda: calibrate_subsampled_gaussian(epsilon, delta, queries, q),
             "pmixed": lambda: calibrate_pmixed(epsilon, delta, queries, 6.0, teachers),
             "pmixed-subsampled": lambda: calibrate_pmixed(epsilon, delta, queries, 6.0, teachers,
@@ -171,11 +171,11 @@ def test_calibration_sweep(epsilon, delta, queries, kind, q, teachers):
 @pytest.mark.parametrize("kind", ["gaussian", "subsampled-gaussian", "screening", "confident-gnmax"])
 def test_pld_calibration_sweep(kind):
     for epsilon in (0.5, 2.0, 8.0):
-        call = {"gaussian": lambda: calibrate_gaussian(epsilon, 1e-5, 1000, accountant="pld"),
-                "subsampled-gaussian": lambda: calibrate_subsampled_gaussian(epsilon, 1e-5, 1000, 0.01,
+        call = {"gaussian": lambda epsilon=epsilon: calibrate_gaussian(epsilon, 1e-5, 1000, accountant="pld"),
+                "subsampled-gaussian": lambda epsilon=epsilon: calibrate_subsampled_gaussian(epsilon, 1e-5, 1000, 0.01,
                                                                              accountant="pld"),
-                "screening": lambda: calibrate_screening(epsilon, 1e-5, 1000, 16, 0.3, accountant="pld"),
-                "confident-gnmax": lambda: calibrate_confident_gnmax(epsilon, 1e-5, 1000, accountant="pld")}[kind]
+                "screening": lambda epsilon=epsilon: calibrate_screening(epsilon, 1e-5, 1000, 16, 0.3, accountant="pld"),
+                "confident-gnmax": lambda epsilon=epsilon: calibrate_confident_gnmax(epsilon, 1e-5, 1000, accountant="pld")}[kind]
         result = call()
         assert_at_most_and_within(result, compare_rdp_pld(result.mechanism, 1000, 1e-5).pld_epsilon)
 
@@ -183,9 +183,9 @@ def test_pld_calibration_sweep(kind):
 @pytest.mark.parametrize("epsilon, queries", [(12.0, 10), (2.0, 1), (8.0, 10000), (0.5, 3)])
 def test_the_printed_noise_still_accounts_to_at_most_the_target(capsys, epsilon, queries):
     # the text output rounds to 8 digits towards privacy (noise up), so a value copied from it never overspends
-    from accounting.conversion import epsilon_from_rdp
+    from dpledger.accounting.conversion import epsilon_from_rdp
     from dpledger.cli import main
-    from mechanisms import GaussianMechanism
+    from dpledger.mechanisms import GaussianMechanism
 
     assert main(["calibrate", "gaussian", "--epsilon", str(epsilon), "--delta", "1e-5", "--queries", str(queries)]) == 0
     printed = float(capsys.readouterr().out.split("noise_multiplier = ")[1].split()[0])
@@ -195,8 +195,8 @@ def test_the_printed_noise_still_accounts_to_at_most_the_target(capsys, epsilon,
 @pytest.mark.parametrize("epsilon, message", [(500.0, "epsilon = 500 is above the PLD accountant's limit 100"),
                                               (60.0, "needs a composed noise multiplier of about")])
 def test_pld_calibration_refuses_targets_beyond_its_grid_in_one_line(epsilon, message):
-    from mechanisms.calibration import calibrate_noise
-    from mechanisms.gaussian import GaussianMechanism
+    from dpledger.mechanisms.calibration import calibrate_noise
+    from dpledger.mechanisms.gaussian import GaussianMechanism
 
     with pytest.raises(ValueError, match=message):
         calibrate_noise(lambda sigma: GaussianMechanism(sigma), epsilon, 1e-5, 1, mechanism_name="gaussian",

@@ -410,7 +410,7 @@ def test_dp_event_out_then_from_event_gives_the_same_epsilons(capsys, tmp_path, 
 def test_from_event_reads_a_bare_dp_accounting_event(capsys, tmp_path):
     import dp_accounting
 
-    from mechanisms import dp_event_to_json
+    from dpledger.mechanisms import dp_event_to_json
 
     path = tmp_path / "bare.json"
     path.write_text(dp_event_to_json(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(10.0), 100)))

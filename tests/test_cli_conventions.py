@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_cli_version_closed_pipe_and_missing_mechanism_keys_at_once(tmp_path):
     """--version; a reader that closes the pipe early ends the command cleanly (exit 0, no
     traceback); every missing [mechanism] key is named at once."""
-    from decoding.runners import build_runner
+    from dpledger.decoding.runners import build_runner
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     version = subprocess.run([sys.executable, "-m", "dpledger", "--version"], env=env, capture_output=True, text=True)
@@ -30,9 +30,9 @@ def test_cli_version_closed_pipe_and_missing_mechanism_keys_at_once(tmp_path):
 @pytest.mark.parametrize("kind", ["full", "lora"])
 def test_embedded_default_trains_the_teacher_kind_the_config_names(kind, monkeypatch, tmp_path):
     """embedded = true with teacher_kind = "lora" used to train full teachers while the manifest said lora."""
-    import decoding.embedded
-    from decoding.config import config_from_dict
-    from decoding.run import prepare
+    from dpledger.decoding import embedded
+    from dpledger.decoding.config import config_from_dict
+    from dpledger.decoding.run import prepare
 
     asked = {}
 
@@ -40,7 +40,7 @@ def test_embedded_default_trains_the_teacher_kind_the_config_names(kind, monkeyp
         asked["recipe"] = recipe
         raise RuntimeError("stop after the recipe is chosen")
 
-    monkeypatch.setattr(decoding.embedded, "build_or_load", capture)
+    monkeypatch.setattr(embedded, "build_or_load", capture)
     config = config_from_dict({"run": {"out": str(tmp_path / "run")}, "mechanism": {"type": "public"},
                                "models": {"embedded": True, "teachers": 2, "teacher_kind": kind}})
     with pytest.raises(RuntimeError, match="stop after"):
@@ -49,8 +49,8 @@ def test_embedded_default_trains_the_teacher_kind_the_config_names(kind, monkeyp
 
 
 def test_audit_and_report_accept_a_folder_of_runs(micro_models, tmp_path, capsys):
-    from decoding.config import config_from_dict
-    from decoding.run import run_decode
+    from dpledger.decoding.config import config_from_dict
+    from dpledger.decoding.run import run_decode
     from dpledger.cli import main
     from tests.micro import micro_config
 
@@ -75,8 +75,8 @@ def test_audit_and_report_accept_a_folder_of_runs(micro_models, tmp_path, capsys
 ])
 def test_adapmixed_statements_describe_each_ablation(params, says, never):
     """The ablations' statements no longer describe a screen or a charge they do not have."""
-    from reports.run_data import RunData
-    from reports.statement import privacy_statement
+    from dpledger.reports.run_data import RunData
+    from dpledger.reports.statement import privacy_statement
 
     manifest = {"mechanism": {"type": "adapmixed", "params": {"alpha": 18.0, "beta": 0.2, "lam": 1e-4, "sigma": 1e-2,
                                                              "threshold": 4.5, "top_k": 60, **params}},
@@ -88,10 +88,10 @@ def test_adapmixed_statements_describe_each_ablation(params, says, never):
 
 
 def test_the_comparison_table_shows_every_requested_delta(micro_models, tmp_path):
-    from decoding.config import config_from_dict
-    from decoding.run import run_decode
-    from reports import load_run, render
-    from reports.tables import comparison_table
+    from dpledger.decoding.config import config_from_dict
+    from dpledger.decoding.run import run_decode
+    from dpledger.reports import load_run, render
+    from dpledger.reports.tables import comparison_table
     from tests.micro import micro_config
 
     config = micro_config(micro_models, tmp_path / "run", {"type": "pmixed", "alpha": 6.0, "beta": 0.05}, queries=8,
@@ -114,7 +114,8 @@ SHIPPED_TEXT = [*REPO.glob("*.md"), *(REPO / "docs").glob("*.md"), *(REPO / "exa
                   for p in (REPO / package).glob("*.py"))]
 
 
-@pytest.mark.parametrize("pattern", [r"\bSPEC\b", r"SPEC\.md", r"\bseeds?/", r"\bseed'?s? (Eq|Theorem|section|Lemma|Algorithm|Table|Appendix|Definition|Proposition|Figure)",
+@pytest.mark.parametrize("pattern", [r"\bSPEC\b", r"SPEC\.md", r"\bseeds?/",
+                                     r"\bseed'?s? (Eq|Theorem|section|Lemma|Algorithm|Table|Appendix|Definition|Proposition|Figure)",
                                      r"notes_feasibility", r"\bnotes section", r"\.\./shared"])
 def test_shipped_text_cites_no_file_that_does_not_ship(pattern):
     hits = [f"{path}:{number}" for path in SHIPPED_TEXT
@@ -124,7 +125,7 @@ def test_shipped_text_cites_no_file_that_does_not_ship(pattern):
 
 
 def test_every_pitfall_number_cited_is_a_section_of_docs_pitfalls_and_matches_the_lint():
-    from audit import lint
+    from dpledger.audit import lint
 
     sections = dict(re.findall(r"^## (\d+)\. (.+)$", (REPO / "docs" / "pitfalls.md").read_text(), re.M))
     titles = dict(re.findall(r"Finding\((\d+), \"([^\"]+)\"", Path(lint.__file__).read_text()))

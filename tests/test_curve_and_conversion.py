@@ -9,7 +9,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as dpa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting import (DEFAULT_ORDERS, ConversionMethod, GridEdgeWarning, NeighbouringRelation, RdpCurve,
+from dpledger.accounting import (DEFAULT_ORDERS, ConversionMethod, GridEdgeWarning, NeighbouringRelation, RdpCurve,
                         conversion_terms, delta_from_rdp, epsilon_from_rdp)
 
 ORDERS = np.asarray(DEFAULT_ORDERS)

@@ -8,11 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from decoding import trace
-from decoding.config import config_from_dict
-from decoding.ensemble import Ensemble, load_causal_lm
-from decoding.run import run_decode
-from mechanisms import NoisyScreening, PMixED, data_dependent_pmixed_curve
+from dpledger.decoding import trace
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.ensemble import Ensemble, load_causal_lm
+from dpledger.decoding.run import run_decode
+from dpledger.mechanisms import NoisyScreening, PMixED, data_dependent_pmixed_curve
 from tests.micro import kill_and_resume, micro_config
 
 ADAPMIXED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.2, "lam": 0.05, "sigma": 0.01, "threshold": 0.3, "top_k": 20}
@@ -87,7 +87,7 @@ def test_trace_layout_ledger_and_recorded_step_match_pure_mechanism_code(micro_m
     curve = data_dependent_pmixed_curve(pmixed, teachers[row].numpy(), public[row].numpy(), lambdas, manifest["orders"],
                                         relation="add_or_remove_one")
     assert manifest["mechanism"]["component_relations"]["pmixed_data_dependent"] == "add_or_remove_one"
-    # charged: exact on a sub-grid, a chord bound within 0.5% between (mechanisms.kernels.leave_one_out_curve)
+    # charged: exact on a sub-grid, a chord bound within 0.5% between (dpledger.mechanisms.kernels.leave_one_out_curve)
     charged = np.asarray(record["rdp_pmixed_data_dependent"])
     assert np.all(charged >= curve.values * (1 - 1e-12)) and np.all(charged <= curve.values * 1.006)
     output = pmixed.output_distribution(teachers[row].numpy(), public[row].numpy(), lambdas)
@@ -186,7 +186,7 @@ def test_free_generation_stream_and_subsampled_pmixed(micro_models, tmp_path):
     sizes = [len(r["sampled_teachers"]) for r in records]
     assert len(set(sizes)) > 1, "Poisson masks at q=0.5 should give varying subsample sizes"
     assert all(set(r["sampled_teachers"]) <= {0, 1, 2} for r in records)
-    from mechanisms import SubsampledPMixED
+    from dpledger.mechanisms import SubsampledPMixED
 
     pmixed = PMixED(6.0, 0.05, 3)
     orders = trace.read_manifest(result.directory)["orders"]

@@ -51,12 +51,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import accounting
-import mechanisms
-from accounting import (ConversionMethod, DivergenceDirection, GridEdgeWarning, NeighbouringRelation,
+from dpledger import accounting
+from dpledger import mechanisms
+from dpledger.accounting import (ConversionMethod, DivergenceDirection, GridEdgeWarning, NeighbouringRelation,
                         PrivacyLedger, RdpCurve)
-from mechanisms import SubsamplingVariant
-from mechanisms.calibration import quiet_dp_accounting
+from dpledger.mechanisms import SubsamplingVariant
+from dpledger.mechanisms.calibration import quiet_dp_accounting
 from tests import oracles as O
 
 INF = math.inf
@@ -646,7 +646,7 @@ def _log_q_gnmax(counts, sigma):
     what = f"log_q_gnmax({counts!r}, {sigma!r})"
     assert float(got) >= ref - abs(ref) * 1e-12 - 1e-15, f"UNDER-STATES {what}: {got!r} < {mpmath.nstr(ref, 20)}"
     assert float(got) <= ref + abs(ref) * 1e-10 + 1e-13, f"{what}: {got!r} far above {mpmath.nstr(ref, 20)}"
-    from mechanisms.pate import log_q_gnmax_neighbours
+    from dpledger.mechanisms.pate import log_q_gnmax_neighbours
 
     got = log_q_gnmax_neighbours(counts, sigma)
     ref = O.log_q_gnmax_neighbours(counts, sigma)

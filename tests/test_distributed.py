@@ -1,5 +1,5 @@
-"""Audits and teacher-forced decoding on a 2-worker Dask LocalCluster (audit.distributed,
-decoding.distributed): the same audit.json, the same records, hashes and ledger as one process, and
+"""Audits and teacher-forced decoding on a 2-worker Dask LocalCluster (dpledger.audit.distributed,
+dpledger.decoding.distributed): the same audit.json, the same records, hashes and ledger as one process, and
 a worker killed mid-run changes nothing."""
 import json
 import os
@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from audit import audit_run
-from decoding import trace
-from decoding.config import config_from_dict
-from decoding.run import run_decode
+from dpledger.audit import audit_run
+from dpledger.decoding import trace
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.run import run_decode
 from dpledger.demo import DEMO_BUDGET, PAPER_ADAPMIXED, PAPER_PMIXED
 from tests.micro import micro_config, write_toml
 
 pytest.importorskip("distributed")
 
-from audit.distributed import DaskWindowExecutor  # noqa: E402
-from decoding.cluster import ClusterSpec, dask_client  # noqa: E402
+from dpledger.audit.distributed import DaskWindowExecutor  # noqa: E402
+from dpledger.decoding.cluster import ClusterSpec, dask_client  # noqa: E402
 
 # the demo's audited mechanisms (dpledger.demo), on the micro models; DPARGMAX scaled to 3 teachers
 DEMO_MECHANISMS = {
@@ -84,7 +84,7 @@ def test_distributed_audit_and_decode_equal_one_process(micro_models, tmp_path, 
         budget = trace.read_ledger(spread)["budget"]
         assert 16 < budget["first_refused_step"] < 48 and budget["refused_steps"] > 0, budget  # inside block 2
     # windows of 5 steps in blocks of 16: tasks that start and end inside blocks, and a filter state per window
-    monkeypatch.setattr("audit.loader.LoadedTrace.window_rows", lambda self: 5)
+    monkeypatch.setattr("dpledger.audit.loader.LoadedTrace.window_rows", lambda self: 5)
     local = audit_run(single, write=False, **AUDIT)
     executor = DaskWindowExecutor(client, progress=False, tasks_per_worker=3)
     distributed = audit_run(single, write=False, executor=executor, **AUDIT)
@@ -155,7 +155,7 @@ def test_a_later_audit_on_the_same_cluster_uses_no_state_of_an_earlier_one(micro
 def test_workers_running_several_tasks_at_once_are_refused(micro_models, tmp_path):
     from distributed import Client, LocalCluster
 
-    from decoding.cluster import ClusterError, require_single_threaded_workers
+    from dpledger.decoding.cluster import ClusterError, require_single_threaded_workers
 
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
             Client(cluster, set_as_default=False) as threaded:
@@ -194,7 +194,7 @@ def test_without_dask_the_flags_name_the_extra(monkeypatch, tmp_path, capsys):
 
 
 def test_cluster_spec_rejects_bad_values():
-    from decoding.cluster import max_local_workers
+    from dpledger.decoding.cluster import max_local_workers
 
     for workers, scheduler, message in ((0, None, "--workers must be an integer >= 1, got 0"),
                                         (None, " ", "--scheduler must be a Dask scheduler address"),
@@ -222,7 +222,7 @@ def test_the_resource_tracker_a_local_cluster_shares_prints_nothing(tmp_path):
 
     script = ("import sys\n"
               "from multiprocessing import resource_tracker\n"
-              "from decoding.cluster import quiet_resource_tracker\n"
+              "from dpledger.decoding.cluster import quiet_resource_tracker\n"
               "quiet_resource_tracker()\n"
               "resource_tracker.unregister('/mp-dpledger-never-registered', 'semaphore')\n"
               "print('done', file=sys.stderr)\n")

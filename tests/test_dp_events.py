@@ -11,9 +11,9 @@ from dp_accounting.rdp import RdpAccountant
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting.orders import DEFAULT_ORDERS
-from accounting.relation import NeighbouringRelation
-from mechanisms import (ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
+from dpledger.accounting.orders import DEFAULT_ORDERS
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.mechanisms import (ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
                         PoissonSubsampledGaussian, compare_rdp_pld, compose, dp_accounting_relation,
                         dp_event_from_dict, dp_event_from_json, dp_event_to_dict, dp_event_to_json,
                         mechanism_from_dp_event, pld_epsilon, read_dp_event_json, self_compose)

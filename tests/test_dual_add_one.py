@@ -1,4 +1,4 @@
-"""mechanisms.add_one (the Lagrangian dual add-one bound and the primal adversary) against the
+"""dpledger.mechanisms.add_one (the Lagrangian dual add-one bound and the primal adversary) against the
 brute-force worst case of tests/oracles/add_one_worst_case.py (which shares no code with the package).
 
 What must hold, on generated PMixED ensembles (V = 2..6, N = 1..8, alpha in {1.5, 2, 4, 18}, both
@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 import torch
 
-from accounting.orders import DEFAULT_ORDERS
-from mechanisms.add_one import (_ball_certified, _f_certified, add_one_adversary, add_one_gap, dual_add_one_bounds,
+from dpledger.accounting.orders import DEFAULT_ORDERS
+from dpledger.mechanisms.add_one import (_ball_certified, _f_certified, add_one_adversary, add_one_gap, dual_add_one_bounds,
                                 dual_orders, token_box)
-from mechanisms.kernels import add_one_direction_bounds, add_one_divergence_bounds
-from mechanisms.pmixed import Ball, PMixED
+from dpledger.mechanisms.kernels import add_one_direction_bounds, add_one_divergence_bounds
+from dpledger.mechanisms.pmixed import Ball
 from tests.oracles.add_one_worst_case import divergences_at, in_ball, worst_cases
 from tests.test_add_one_bound import (ABSOLUTE_SLACK, FAST_EFFORT, RELATIVE_SLACK, Case, evaluated_seeded, make_case,
                                       seeded_case)
@@ -231,8 +231,8 @@ def test_certified_primitives_hold_their_error_bounds():
 def test_runner_records_and_threads_the_option():
     """add_one_dual reaches the charge, is recorded in the params (absent when false: old manifests are
     unchanged) and a non-boolean is refused."""
-    from decoding.runners import adapmixed_runner, build_runner
-    from mechanisms.step import as_ensemble
+    from dpledger.decoding.runners import adapmixed_runner, build_runner
+    from dpledger.mechanisms.step import as_ensemble
 
     common = dict(alpha=2.0, beta=0.3, teachers=3, lam=0.5, sigma=0.05, threshold=0.02, top_k=3, screening=False)
     rng = np.random.default_rng(3)
@@ -271,7 +271,7 @@ def test_a_dual_run_replays_and_passes_the_audit(micro_models, tmp_path):
     replay and data-dependent check recompute the same charge (the dual is deterministic per row)."""
     import json
 
-    from audit import Status, audit_run
+    from dpledger.audit import Status, audit_run
     from tests.test_audit import ADAPMIXED, make_run
 
     run_dir = make_run(micro_models, tmp_path / "dual", {**ADAPMIXED, "add_one_dual": True}, queries=16)

@@ -64,7 +64,8 @@ ROWS = {
     "GNMax": [
         (lambda: d.GNMax(NAN), r"sigma must be finite, got nan"),
         (lambda: d.GNMax(-2.0), r"sigma must be > 0, got -2"),
-        (lambda: d.GNMax(1.0).data_dependent_rdp(np.array([INF, INF, 0.0]), [2.0]), r"counts must be finite non-negative integers, got inf"),
+        (lambda: d.GNMax(1.0).data_dependent_rdp(np.array([INF, INF, 0.0]), [2.0]),
+         r"counts must be finite non-negative integers, got inf"),
         (lambda: d.GNMax(1.0).data_dependent_rdp(np.array([3.0, 1.5]), [2.0]), r"counts must be finite non-negative integers, got 1.5"),
         (lambda: d.GNMax(1.0).data_dependent_rdp(np.array([[3, 1]]), [2.0]), r"counts must be a 1-D histogram .* got shape \(1, 2\)"),
         (lambda: d.GNMax(1.0).data_dependent_rdp([3, 1], [0.5]), r"order must be finite and > 1, got 0.5"),
@@ -281,9 +282,9 @@ def test_invalid_input_raises_value_error_naming_constraint_and_value(name, inde
 
 def _records():
     """(name, a valid instance) for each public frozen record of accounting and mechanisms."""
-    import mechanisms
-    from accounting import BreakdownRow
-    from mechanisms.step import pmixed_step
+    from dpledger import mechanisms
+    from dpledger.accounting import BreakdownRow
+    from dpledger.mechanisms.step import pmixed_step
 
     conversion = d.EpsilonConversion(1.0, 1e-5, 2.0, d.ConversionMethod.IMPROVED, 0.5, 0.5, False, False)
     return {
@@ -339,9 +340,8 @@ def test_public_records_refuse_nan_and_out_of_range_fields(name, field, value):
 
 
 def test_the_bad_field_table_covers_every_public_record():
-    import accounting
-    import mechanisms
-
+    from dpledger import accounting
+    from dpledger import mechanisms
     records = {name for module in (accounting, mechanisms) for name in module.__all__
                if dataclasses_is_record(getattr(module, name))}
     assert records == set(BAD_FIELDS), records ^ set(BAD_FIELDS)
@@ -351,7 +351,7 @@ def dataclasses_is_record(obj) -> bool:
     """A public frozen dataclass that is a result record (mechanisms are covered by ROWS above)."""
     import dataclasses
 
-    from mechanisms.base import Mechanism
+    from dpledger.mechanisms.base import Mechanism
 
     return (isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__dataclass_params__.frozen
             and not issubclass(obj, Mechanism) and obj.__name__ not in ("RdpCurve", "AdaPMixED"))  # specs: ROWS

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from decoding.config import config_from_dict
-from decoding.run import run_decode
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.run import run_decode
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.toml"))
 
@@ -23,7 +23,7 @@ def test_there_is_an_example_per_mechanism_and_stream():
 def lora_adapters(micro_models, tmp_path_factory):
     from peft import LoraConfig, get_peft_model
 
-    from decoding.ensemble import load_causal_lm
+    from dpledger.decoding.ensemble import load_causal_lm
 
     root = tmp_path_factory.mktemp("lora")
     paths = []
@@ -74,8 +74,8 @@ def test_the_config_reference_documents_every_key():
     import inspect
     import re
 
-    from decoding.config import _SCHEMA
-    from decoding.runners import _PARAMETERISED
+    from dpledger.decoding.config import _SCHEMA
+    from dpledger.decoding.runners import _PARAMETERISED
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
     sections = dict(re.findall(r"^##+ (.+?)\n(.*?)(?=^##|\Z)", text, flags=re.S | re.M))

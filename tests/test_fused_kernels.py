@@ -12,18 +12,18 @@ import torch
 from hypothesis import given, settings, strategies as st
 from numba import njit
 
-from accounting.curve import RdpCurve, compose_curves
-from accounting.orders import DEFAULT_ORDERS
-from accounting.relation import NeighbouringRelation
+from dpledger.accounting.curve import RdpCurve, compose_curves
+from dpledger.accounting.orders import DEFAULT_ORDERS
+from dpledger.accounting.relation import NeighbouringRelation
 from tests.conftest import lm_like
-from mechanisms.adapmixed import AdaPMixED
-from mechanisms.divergence import renyi_divergence
-from mechanisms.fastmath import vexp, vexpm1, vlog
-from mechanisms.kernels import (add_one_divergence_bounds, ball_mixing_weights, ball_mixing_weights_torch,
+from dpledger.mechanisms.adapmixed import AdaPMixED
+from dpledger.mechanisms.divergence import renyi_divergence
+from dpledger.mechanisms.fastmath import vexp, vexpm1, vlog
+from dpledger.mechanisms.kernels import (add_one_divergence_bounds, ball_mixing_weights, ball_mixing_weights_torch,
                                 leave_one_out_curve, leave_one_out_divergences, leave_one_out_divergences_torch,
                                 mixed_teachers, mixing_weights, renyi_divergence_orders,
                                 renyi_divergence_orders_torch)
-from mechanisms.pmixed import Ball, PMixED, all_orders_ball_constraints
+from dpledger.mechanisms.pmixed import Ball, PMixED, all_orders_ball_constraints
 from tests.straightforward import reference_add_one_bounds, reference_renyi_orders
 
 GRID = np.asarray(DEFAULT_ORDERS)
@@ -252,7 +252,7 @@ def test_compose_curves_equals_sequential_addition_and_the_grid_cache_is_not_foo
 
 
 def _run_epsilon_ratios(ensemble, public, lambdas):
-    from accounting.conversion import epsilon_from_rdp
+    from dpledger.accounting.conversion import epsilon_from_rdp
 
     bounded, _, _ = leave_one_out_curve(ensemble, public, lambdas, GRID)
     exact, _, _ = leave_one_out_curve(ensemble, public, lambdas, GRID, None)
@@ -290,7 +290,7 @@ def test_sub_grid_curve_on_grids_of_a_few_orders_is_exact(orders):
 
 _WIDTH_PROBE = """
 import json, os, numpy as np, torch
-from mechanisms.kernels import leave_one_out_curve, mixing_weights
+from dpledger.mechanisms.kernels import leave_one_out_curve, mixing_weights
 rng = np.random.default_rng(0)
 z = 4.5 * rng.standard_normal(300)
 soft = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
@@ -388,7 +388,7 @@ def test_eq3_with_subnormal_entries_is_never_below_the_exact_value():
     subnormal ratio p_-i / p, whose float keeps a few bits)."""
     import mpmath
 
-    from mechanisms.adapmixed import data_dependent_pmixed_values
+    from dpledger.mechanisms.adapmixed import data_dependent_pmixed_values
     from tests.oracles import leave_one_out_losses
 
     rng = np.random.default_rng(2024)

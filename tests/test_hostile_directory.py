@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from accounting import safe_files
-from accounting.strict_json import MAX_DEPTH
-from decoding import trace
+from dpledger.accounting import safe_files
+from dpledger.accounting.strict_json import MAX_DEPTH
+from dpledger.decoding import trace
 from dpledger.cli import main
 from tests.forging import copy, grow_sparse, reissue_final, replace_with_fifo, replace_with_link
 from tests.micro import micro_config, write_toml
@@ -394,7 +394,7 @@ def test_teachers_never_write_through_links_in_their_output_directory(micro_mode
     """First --overwrite over an output directory of links (each removed, never followed), then a
     resume where the teacher to retrain and its staging directory are links to directories elsewhere
     (save_pretrained wrote into the staging link's target) and decode.toml is a link."""
-    from decoding.corpus import generate_corpus
+    from dpledger.decoding.corpus import generate_corpus
     from tests.micro import MICRO_CORPUS
     from tests.test_teachers import FAST
 
@@ -441,7 +441,7 @@ def test_user_named_inputs_that_would_block_or_nest_too_deep_are_one_line(tmp_pa
         status, _, err = cli(capsys, "decode", str(path))
         assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "out").exists()
-    from decoding.icl import read_icl_examples
+    from dpledger.decoding.icl import read_icl_examples
 
     examples = tmp_path / "examples.json"
     examples.write_text('[{"a": 1, "a": 2}]')

@@ -1,5 +1,5 @@
 """Statistical and reference checks of Hot PATE voting, its aggregators, GNMax's curves and the
-diversity metrics of mechanisms.diversity.
+diversity metrics of dpledger.mechanisms.diversity.
 
 Hot PATE (Cohen et al. 2023): coordinated votes y_i = argmax_j p_i[j] / u_j with one shared
 u ~ Exp(1)^V keep every marginal p_i and make two teachers agree with probability at least
@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import binomtest, chisquare
 
-from accounting import DEFAULT_ORDERS
-from mechanisms import (ConfidentGNMax, GNMax, Targmax, ThresholdWeightedSampler, cast_votes, data_dependent_gnmax_rdp,
+from dpledger.accounting import DEFAULT_ORDERS
+from dpledger.mechanisms import (ConfidentGNMax, GNMax, Targmax, ThresholdWeightedSampler, cast_votes, data_dependent_gnmax_rdp,
                         log_q_gnmax, vote_histogram)
-from mechanisms.diversity import (DiversityCurve, DiversityPreservation, aggregator_output_law, diversity_curve,
+from dpledger.mechanisms.diversity import (DiversityCurve, DiversityPreservation, aggregator_output_law, diversity_curve,
                                   diversity_preservation, mean_diversity_curve, query_seed, targmax_probabilities,
                                   vote_draws)
 
@@ -319,7 +319,7 @@ keeps them all however small it is)."""
 def direct_q(counts, sigma):
     """Proposition 7 (Papernot et al. 2018): q~ = sum_{j != j*} Pr[N(0, 2 sigma^2) >= c_{j*} - c_j]
     = sum 1/2 erfc(gap / (2 sigma)), j* the first plurality token; capped at 1 - 1/V (as
-    mechanisms.pate documents: the plurality token wins with probability >= 1/V)."""
+    dpledger.mechanisms.pate documents: the plurality token wins with probability >= 1/V)."""
     counts = [int(c) for c in counts]
     top = counts.index(max(counts))
     with mpmath.workdps(DPS):

@@ -1,13 +1,13 @@
-"""Hot vs cold PATE (reports.hotpate): the experiment on in-context teachers of the micro models."""
+"""Hot vs cold PATE (dpledger.reports.hotpate): the experiment on in-context teachers of the micro models."""
 import json
 import math
 
 import numpy as np
 import pytest
 
-from mechanisms.diversity import mean_diversity_curve
-from mechanisms.pate import ConfidentGNMax
-from reports.hotpate import (NOISE_PER_THRESHOLD, dpargmax_yields, hot_vs_cold, hotpate_html, hotpate_markdown,
+from dpledger.mechanisms.diversity import mean_diversity_curve
+from dpledger.mechanisms.pate import ConfidentGNMax
+from dpledger.reports.hotpate import (NOISE_PER_THRESHOLD, dpargmax_yields, hot_vs_cold, hotpate_html, hotpate_markdown,
                              matched_privacy_cost, teacher_distributions, write_hotpate)
 from tests.micro import MICRO_CORPUS
 
@@ -16,9 +16,9 @@ from tests.micro import MICRO_CORPUS
 def micro_icl_distributions(micro_models):
     from transformers import AutoTokenizer
 
-    from decoding.corpus import generate_corpus
-    from decoding.icl import load_icl_ensemble
-    from decoding.recipe import encode_documents
+    from dpledger.decoding.corpus import generate_corpus
+    from dpledger.decoding.icl import load_icl_ensemble
+    from dpledger.decoding.recipe import encode_documents
 
     corpus = generate_corpus(seed=0, teachers=16, **MICRO_CORPUS)
     ensemble = load_icl_ensemble(str(micro_models.public), str(micro_models.tokenizer), 16, 16, corpus=corpus)
@@ -52,9 +52,9 @@ def test_matched_cost_is_confident_gnmax_at_the_largest_threshold_reaching_the_y
     here from the votes) reaches the target, and the cost is Confident-GNMax's at it."""
     from scipy.stats import norm
 
-    from accounting.conversion import epsilon_from_rdp
-    from accounting.orders import default_orders
-    from mechanisms.diversity import query_seed, vote_draws
+    from dpledger.accounting.conversion import epsilon_from_rdp
+    from dpledger.accounting.orders import default_orders
+    from dpledger.mechanisms.diversity import query_seed, vote_draws
 
     thresholds, target = (2, 4, 8, 12, 16), 0.5
     yields = dpargmax_yields(micro_icl_distributions, thresholds, False, 40, 0)

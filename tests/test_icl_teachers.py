@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from audit.audit import audit_run
-from audit.loader import load_trace
-from decoding import icl, trace
-from decoding.config import config_from_dict
-from decoding.corpus import generate_corpus
-from decoding.ensemble import load_causal_lm, model_content_hash
-from decoding.icl import (InContextEnsemble, icl_teacher_prompts, partition_records, prompt_token_ids,
+from dpledger.audit.audit import audit_run
+from dpledger.audit.loader import load_trace
+from dpledger.decoding import icl, trace
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.corpus import generate_corpus
+from dpledger.decoding.ensemble import load_causal_lm, model_content_hash
+from dpledger.decoding.icl import (InContextEnsemble, icl_teacher_prompts, partition_records, prompt_token_ids,
                           read_icl_examples)
-from decoding.run import run_decode
+from dpledger.decoding.run import run_decode
 from tests.micro import MICRO_CORPUS, micro_config
 
 REPO = Path(__file__).resolve().parents[1]

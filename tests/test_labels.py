@@ -5,7 +5,7 @@ quantity's own computation (tests/straightforward.py, which shares no code with 
   or a certified upper bound within leave_one_out_curve's 0.5% (data-dependent runs charge it on a
   sub-grid with chords between);
 - `add_one_bound`: an upper bound for any added teacher, never looser than the straightforward form
-  of the add-one theorem (mechanisms.kernels.add_one_divergence_bounds' derivation);
+  of the add-one theorem (dpledger.mechanisms.kernels.add_one_divergence_bounds' derivation);
 - `observed_data_dependent`: the loss covering the run's relation (the larger of the two under
   add-or-remove-one, Eq. 3 alone under remove-one);
 - ledger.json's totals sum each field over the answered steps and say what they hold;
@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 import torch
 
-from accounting.relation import NeighbouringRelation
-from audit import audit_run
-from audit.bounds import check_theorem_3_1
-from audit.loader import load_trace
-from decoding import trace as trace_files
-from decoding.config import config_from_dict
-from decoding.ensemble import Ensemble
-from decoding.run import run_decode
-from mechanisms.pmixed import PMixED
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.audit import audit_run
+from dpledger.audit.bounds import check_theorem_3_1
+from dpledger.audit.loader import load_trace
+from dpledger.decoding import trace as trace_files
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.ensemble import Ensemble
+from dpledger.decoding.run import run_decode
+from dpledger.mechanisms.pmixed import PMixED
 from tests.micro import micro_config
 from tests.straightforward import reference_add_one_bounds, reference_renyi_orders
 
@@ -134,8 +134,8 @@ def test_theorem_3_1_compares_eq3_and_says_so(runs, name):
 def test_per_teacher_accounting_composes_each_teachers_own_losses(runs, name):
     """max_i epsilon(sum_t D(p_t || p_t,-i)) over both directions, recomputed straightforwardly on the
     audit's orders: at most the ledger's composition of the per-step maximum."""
-    from accounting.conversion import epsilon_from_rdp
-    from accounting.curve import RdpCurve
+    from dpledger.accounting.conversion import epsilon_from_rdp
+    from dpledger.accounting.curve import RdpCurve
 
     report = audit_run(runs[name], mc_samples=100, play_game=False)
     evidence = report.check("neighbour_ablation").evidence
@@ -146,7 +146,7 @@ def test_per_teacher_accounting_composes_each_teachers_own_losses(runs, name):
     trace = load_trace(runs[name])
     orders = torch.as_tensor(evidence["audit_orders"], dtype=torch.float64)
     forward = backward = None
-    for record, _, mixed in _steps(trace):
+    for _, _, mixed in _steps(trace):
         output = mixed.mean(dim=0)
         without = torch.stack([torch.cat([mixed[:i], mixed[i + 1:]]).mean(dim=0) for i in range(mixed.shape[0])])
         f = reference_renyi_orders(output.log().expand_as(without), without.log(), orders)

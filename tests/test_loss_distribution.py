@@ -12,7 +12,7 @@ import pytest
 from scipy.special import comb
 from scipy.stats import norm
 
-from accounting.loss_distribution import LossDistribution, pair_epsilon_lower_bound
+from dpledger.accounting.loss_distribution import LossDistribution, pair_epsilon_lower_bound
 
 
 def _bisect(delta_of, delta, high):
@@ -100,7 +100,7 @@ def test_a_balanced_tree_equals_a_chain_and_nan_is_refused():
 
 
 def test_a_running_composition_equals_the_tree_and_holds_few_distributions():
-    from accounting.loss_distribution import RunningComposition
+    from dpledger.accounting.loss_distribution import RunningComposition
 
     rng = np.random.default_rng(2)
     parts = [LossDistribution.from_log_laws(np.log(rng.dirichlet(np.ones(30))), np.log(rng.dirichlet(np.ones(30))),

@@ -15,13 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from audit import Status, audit_run, load_trace
-from audit.consistency import check_models
-from decoding import trace
-from decoding.config import config_from_dict
-from decoding.ensemble import (Ensemble, _is_hub_name, identity_problems, load_causal_lm, model_files,
+from dpledger.audit import Status, audit_run, load_trace
+from dpledger.audit.consistency import check_models
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.ensemble import (Ensemble, _is_hub_name, identity_problems, load_causal_lm, model_files,
                                model_identity, tokenizer_files)
-from decoding.run import run_decode
+from dpledger.decoding.run import run_decode
 from dpledger.cli import main
 from tests.micro import micro_config, write_toml
 from tests.test_audit import PMIXED, make_run
@@ -189,7 +188,7 @@ def test_a_missing_local_path_fails_at_once_without_the_hub(tmp_path, monkeypatc
     for name in ("runs/teachers/public", "./public", "public/"):
         with pytest.raises(ValueError, match=f"model path does not exist: {name}"):
             load_causal_lm(name)
-    from decoding.ensemble import load_tokenizer
+    from dpledger.decoding.ensemble import load_tokenizer
 
     with pytest.raises(ValueError, match="models.tokenizer runs/tok/x: not a directory"):
         load_tokenizer("runs/tok/x", "models.tokenizer")

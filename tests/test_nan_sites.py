@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from accounting import DEFAULT_ORDERS, PrivacyLedger, RdpCurve, delta_from_rdp
-from mechanisms import (GNMax, Mechanism, NoisyScreening, PMixED, PoissonSubsampledGaussian, amplified_rdp,
+from dpledger.accounting import DEFAULT_ORDERS, PrivacyLedger, RdpCurve, delta_from_rdp
+from dpledger.mechanisms import (GNMax, Mechanism, NoisyScreening, PMixED, PoissonSubsampledGaussian, amplified_rdp,
                         data_dependent_gnmax_rdp, data_dependent_pmixed_values, log_q_gnmax, theorem_3_1_epsilon)
-from mechanisms.kernels import leave_one_out_divergences, mixing_weights, renyi_divergence_orders
+from dpledger.mechanisms.kernels import leave_one_out_divergences, mixing_weights, renyi_divergence_orders
 from tests.conftest import lm_like
 
 NAN = float("nan")
@@ -136,9 +136,9 @@ def test_screening_statistic_with_nan_or_inf_inputs_raises(rng):
     {"type": "adapmixed", "alpha": 6.0, "beta": 0.1, "lam": 1e-4, "sigma": 1e-2, "threshold": 4.5, "top_k": 4,
      "screening": False}])
 def test_decode_runners_refuse_a_nan_teacher_distribution(rng, mechanism):
-    """decoding.runners: a NaN logit makes a NaN softmax row; it used to get lambda = 1 and a
+    """dpledger.decoding.runners: a NaN logit makes a NaN softmax row; it used to get lambda = 1 and a
     charged data-dependent loss of 0 (AdaPMixED) or crash in torch.multinomial."""
-    from decoding.runners import build_runner
+    from dpledger.decoding.runners import build_runner
 
     runner = build_runner(mechanism, teachers=3)
     public = torch.from_numpy(lm_like(rng, 8, batch=(2,)))

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from audit import Status, load_trace
-from audit import ablation, bounds, replay
-from audit.lint import lint
-from audit.sampled import canary_query, check_canary_game, epsilon_lower_bound
-from reports import load_run, plots, render
-from reports.run_data import fmt
-from reports.statement import privacy_statement
+from dpledger.audit import Status, load_trace
+from dpledger.audit import ablation, bounds, replay
+from dpledger.audit.lint import lint
+from dpledger.audit.sampled import canary_query, check_canary_game, epsilon_lower_bound
+from dpledger.reports import load_run, plots, render
+from dpledger.reports.run_data import fmt
+from dpledger.reports.statement import privacy_statement
 from tests.test_audit import ADAPMIXED, PMIXED, make_run
 
 NAN = float("nan")

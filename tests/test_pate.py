@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from accounting import DEFAULT_ORDERS, DivergenceDirection, NeighbouringRelation
-from mechanisms import (ConfidentGNMax, DPWeightedSampler, GNMax, Targmax, ThresholdWeightedSampler, cast_votes,
+from dpledger.accounting import DEFAULT_ORDERS, DivergenceDirection, NeighbouringRelation
+from dpledger.mechanisms import (ConfidentGNMax, DPWeightedSampler, GNMax, Targmax, ThresholdWeightedSampler, cast_votes,
                         data_dependent_gnmax_rdp, log_q_gnmax, renyi_divergence, vote_histogram)
 from tests.conftest import lm_like
 

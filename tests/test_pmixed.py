@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from dp_accounting.rdp import rdp_privacy_accountant as dpa
 
-from accounting import DEFAULT_ORDERS, epsilon_from_rdp
-from accounting.relation import NeighbouringRelation
-from mechanisms import (GaussianMechanism, PMixED, SubsampledPMixED, SubsamplingVariant, amplified_rdp,
+from dpledger.accounting import DEFAULT_ORDERS, epsilon_from_rdp
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.mechanisms import (GaussianMechanism, PMixED, SubsampledPMixED, SubsamplingVariant, amplified_rdp,
                         beta_from_budget, data_dependent_pmixed_curve, poisson_subsample, renyi_divergence,
                         subsampled_pmixed_curve, theorem_3_1_epsilon)
 from tests.conftest import lm_like
@@ -110,7 +110,7 @@ def test_worst_case_size_is_two_teachers():
 def test_subsampling_refuses_data_dependent_curves(rng):
     pmixed = PMixED(4, 0.1, 3)
     curve = data_dependent_pmixed_curve(pmixed, lm_like(rng, 20, (3,)), lm_like(rng, 20))
-    from mechanisms import CustomCurveMechanism
+    from dpledger.mechanisms import CustomCurveMechanism
 
     with pytest.raises(ValueError, match="data-dependent"):
         poisson_subsample(CustomCurveMechanism(curve), 0.1)
@@ -149,9 +149,11 @@ def count_theorem_3_1_violations(trials, seed):
         vocab, n = 200, int(rng.integers(2, 12))
         alpha, beta = float(rng.choice([2, 6, 18])), float(rng.choice([0.01, 0.1, 0.2]))
         base = rng.normal(0, 3.0, vocab)
-        public = np.exp(base - base.max()); public /= public.sum()
+        public = np.exp(base - base.max())
+        public /= public.sum()
         logits = base + rng.normal(0, rng.uniform(0.5, 4.0), (n, vocab))
-        teachers = np.exp(logits - logits.max(axis=1, keepdims=True)); teachers /= teachers.sum(axis=1, keepdims=True)
+        teachers = np.exp(logits - logits.max(axis=1, keepdims=True))
+        teachers /= teachers.sum(axis=1, keepdims=True)
         pmixed = PMixED(alpha, beta, n)
         loss = data_dependent_pmixed_curve(pmixed, teachers, public, orders=[alpha]).value_at(alpha)
         violations += loss > pmixed.per_query_epsilon * (1 + 1e-9)

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from accounting.conversion import rdp_branch_rounding_slack
-from accounting import (DEFAULT_ORDERS, ConversionMethod, GridEdgeWarning, PrivacyLedger, RdpCurve, compose_curves,
+from dpledger.accounting.conversion import rdp_branch_rounding_slack
+from dpledger.accounting import (DEFAULT_ORDERS, ConversionMethod, GridEdgeWarning, PrivacyLedger, RdpCurve, compose_curves,
                         delta_from_rdp, epsilon_from_rdp)
-from mechanisms import (Ball, ConfidentGNMax, GaussianMechanism, GNMax, NoisyScreening, PMixED, PoissonSubsampledGaussian,
+from dpledger.mechanisms import (Ball, ConfidentGNMax, GaussianMechanism, GNMax, NoisyScreening, PMixED, PoissonSubsampledGaussian,
                         SubsampledPMixED, SubsamplingVariant, amplified_rdp, data_dependent_pmixed_values,
                         poisson_subsample, self_compose, theorem_3_1_epsilon)
 

@@ -2,7 +2,7 @@
 
 A screened step releases the pair (decision, token). Its law is [pi p, (1 - pi) p0] over 2V outcomes.
 The paper's accounting charges the screen plus Eq. 3 only when the screen passed; these tests pin
-the counterexample in decoding.runners.adapmixed_runner's docstring: with lam = 0 the screen reads
+the counterexample in dpledger.decoding.runners.adapmixed_runner's docstring: with lam = 0 the screen reads
 no teacher, costs exactly 0, and a failed step is charged 0, yet the released pair's law differs
 between neighbours. The default accounting ("released-output") charges Eq. 3 at every step.
 """
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from decoding.runners import adapmixed_runner
-from mechanisms import NoisyScreening, renyi_divergence
-from mechanisms.kernels import leave_one_out_divergences, mixed_teachers
+from dpledger.decoding.runners import adapmixed_runner
+from dpledger.mechanisms import NoisyScreening, renyi_divergence
+from dpledger.mechanisms.kernels import leave_one_out_divergences, mixed_teachers
 
 ORDERS = np.array([1.5, 2.0, 4.0, 8.0, 18.0])
 
@@ -73,11 +73,11 @@ def test_accounting_choice_is_validated():
 
 
 def test_ablation_realised_path_is_the_decision_plus_the_answered_token_divergence():
-    """audit.ablation's realised-path quantity: the token term appears exactly on answered steps and
+    """dpledger.audit.ablation's realised-path quantity: the token term appears exactly on answered steps and
     equals D(p || p_-i), checked against the mpmath oracle (independent of the package's kernel)."""
     import mpmath
 
-    from audit.ablation import neighbour_divergences
+    from dpledger.audit.ablation import neighbour_divergences
     from tests import oracles as O
 
     public, teachers = _ensemble(5, length=4, teachers=3, vocab=12)

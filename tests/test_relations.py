@@ -5,10 +5,10 @@ import itertools
 import numpy as np
 import pytest
 
-from accounting import PrivacyLedger, RdpCurve
-from accounting.orders import DEFAULT_ORDERS
-from accounting.relation import NeighbouringRelation, neighbouring_relation
-from mechanisms import PMixED, data_dependent_pmixed_curve
+from dpledger.accounting import PrivacyLedger, RdpCurve
+from dpledger.accounting.orders import DEFAULT_ORDERS
+from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
+from dpledger.mechanisms import PMixED, data_dependent_pmixed_curve
 
 R = NeighbouringRelation
 ORDERS = np.asarray(DEFAULT_ORDERS)
@@ -80,8 +80,8 @@ def test_data_dependent_curve_says_what_it_covers():
 def test_a_decoding_run_refuses_replace_one_and_nan_reaches_no_add_one_bound():
     import torch
 
-    from decoding.config import config_from_dict
-    from mechanisms.kernels import add_one_divergence_bounds
+    from dpledger.decoding.config import config_from_dict
+    from dpledger.mechanisms.kernels import add_one_divergence_bounds
 
     with pytest.raises(ValueError, match=r"relation must be one of \['add_or_remove_one', 'remove_one', 'add_one'\] "
                                          r"for a mixing mechanism \(replace_one is for type = \"voting\"\), "

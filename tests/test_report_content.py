@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from decoding.config import config_from_dict
-from decoding.run import run_decode
-from reports import load_run, render
-from reports.run_data import RunData
-from reports.statement import privacy_statement
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.run import run_decode
+from dpledger.reports import load_run, render
+from dpledger.reports.run_data import RunData
+from dpledger.reports.statement import privacy_statement
 from tests.micro import micro_config
 
 ADAPMIXED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.002, "lam": 0.05, "sigma": 0.01, "threshold": 5.0, "top_k": 20}
@@ -51,7 +51,7 @@ def generated(micro_models, tmp_path_factory):
 def _continuations(run_dir: Path) -> list[str]:
     from transformers import AutoTokenizer
 
-    from decoding import trace
+    from dpledger.decoding import trace
 
     manifest = trace.read_manifest(run_dir)
     tokenizer = AutoTokenizer.from_pretrained(manifest["tokenizer"])
@@ -63,7 +63,7 @@ def _continuations(run_dir: Path) -> list[str]:
 def test_generation_report_shows_each_prompt_and_its_continuation(generated):
     import html
 
-    from reports.run_data import printable
+    from dpledger.reports.run_data import printable
 
     run = load_run(generated)
     texts = _continuations(generated)
@@ -85,7 +85,7 @@ def test_generation_report_shows_each_prompt_and_its_continuation(generated):
 def test_generation_report_truncates_long_text_and_says_how_much(generated, monkeypatch):
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("reports.render"), "SHOWN_CHARACTERS", 5)
+    monkeypatch.setattr(importlib.import_module("dpledger.reports.render"), "SHOWN_CHARACTERS", 5)
     run = load_run(generated)
     page = render([run], "html")
     hidden = len(PROMPTS[1]) - 5
@@ -160,7 +160,7 @@ def test_json_is_strict_and_every_null_has_a_reason(kinds):
     dpargmax = next(r for m, r in by_method.items() if "DPARGMAX" in m)
     assert math.isfinite(dpargmax["epsilon@1e-05"]) and dpargmax["yield"] is not None
     # as in every JSON file dpledger writes, each +inf is listed under "nulls" and reads back exactly
-    from accounting.strict_json import loads_json
+    from dpledger.accounting.strict_json import loads_json
 
     index = next(i for i, r in enumerate(payload["comparison"]) if "TARGMAX" in r["method"])
     assert payload["nulls"][f"/comparison/{index}/epsilon@1e-05"].startswith("+inf: no guarantee")
@@ -213,7 +213,7 @@ def test_every_json_dumps_in_reports_refuses_nan():
 
 
 def test_sweep_json_is_strict(tmp_path):
-    from reports.render import strict_json
+    from dpledger.reports.render import strict_json
 
     text = strict_json([{"point": "lam=1", "epsilon": math.inf, "perplexity": 3.0}], "sweep.json", "no guarantee")
     assert _strict_json(text) == [{"point": "lam=1", "epsilon": None, "epsilon_missing": "+inf: no guarantee",
@@ -285,7 +285,7 @@ def test_each_run_kind_states_what_the_ledger_charges(kind, params, extra, says,
 @pytest.fixture
 def figures(monkeypatch):
     """The figures the plot functions make, kept open instead of rendered to PNG."""
-    from reports import plots
+    from dpledger.reports import plots
 
     made = []
 
@@ -298,7 +298,7 @@ def figures(monkeypatch):
 
 
 def test_rdp_curve_marks_the_orders_where_it_is_infinite(kinds, figures):
-    from reports.plots import plot_rdp_curve
+    from dpledger.reports.plots import plot_rdp_curve
 
     run = load_run(kinds["pmixed"])  # Theorem 3.1 with the one-order ball: +inf above alpha
     orders = run.manifest["orders"]
@@ -312,7 +312,7 @@ def test_rdp_curve_marks_the_orders_where_it_is_infinite(kinds, figures):
 
 
 def test_titles_are_wrapped_inside_the_figure(kinds, figures):
-    from reports.plots import plot_cumulative_epsilon
+    from dpledger.reports.plots import plot_cumulative_epsilon
 
     class LongLabel(RunData):
         label = "Hot PATE DPARGMAX (Confident-GNMax) (T=32, a long method name that goes on and on)"
@@ -329,7 +329,7 @@ def test_titles_are_wrapped_inside_the_figure(kinds, figures):
 def test_sweep_points_are_joined_in_parameter_order_and_labelled_by_a_legend():
     import pandas as pd
 
-    from reports.sweep import sweep_plot, sweep_series
+    from dpledger.reports.sweep import sweep_plot, sweep_series
 
     group = pd.DataFrame({"point": ["lam=0.01, sigma=0.001", "lam=0.0001, sigma=0.01", "lam=0.01, sigma=0.01",
                                     "lam=0.001, sigma=0.01"],

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from audit import audit_run
-from audit.audit import audit_digest, audit_integrity
-from decoding.config import config_from_dict
-from decoding.run import run_decode
-from reports import load_run, render
-from reports.html_text import escaped
+from dpledger.audit import audit_run
+from dpledger.audit.audit import audit_digest, audit_integrity
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.run import run_decode
+from dpledger.reports import load_run, render
+from dpledger.reports.html_text import escaped
 from tests.micro import micro_config
 
 HOSTILE = "</td></table><script>alert('dpledger')</script><img src=x onerror=\"alert(1)\">&amp;<!--"
@@ -113,9 +113,9 @@ def test_hostile_strings_in_every_audit_field_never_reach_the_html_unescaped(aud
 
 
 def test_one_escaping_function_serves_every_html_string():
-    """reports/render.py and reports/hotpate.py build HTML only through reports.html_text.escaped."""
+    """reports/render.py and reports/hotpate.py build HTML only through dpledger.reports.html_text.escaped."""
     root = Path(__file__).resolve().parents[1] / "reports"
     for name in ("render.py", "hotpate.py"):
         source = (root / name).read_text()
         assert "html.escape" not in source and "import html\n" not in source
-        assert "from reports.html_text import escaped" in source
+        assert "from dpledger.reports.html_text import escaped" in source

@@ -1,17 +1,16 @@
 """Regression tests, with exactly the reported inputs, for numbers that were printed far below the
 truth (or returned where a ValueError belongs). Each test names the defect it pins down."""
 import json
-import math
 
 import mpmath
 import numpy as np
 import pytest
 import torch
 
-from accounting import (DEFAULT_ORDERS, DivergenceDirection, NeighbouringRelation, PrivacyLedger, RdpCurve,
+from dpledger.accounting import (DEFAULT_ORDERS, DivergenceDirection, NeighbouringRelation, PrivacyLedger, RdpCurve,
                         default_orders, delta_from_rdp, epsilon_from_rdp)
 from dpledger.cli import main
-from mechanisms import (GaussianMechanism, GNMax, PMixED, PoissonSubsampledGaussian, SubsampledPMixED,
+from dpledger.mechanisms import (GaussianMechanism, GNMax, PMixED, PoissonSubsampledGaussian, SubsampledPMixED,
                         SubsamplingVariant, ThresholdWeightedSampler, amplified_rdp, beta_from_budget,
                         data_dependent_gnmax_rdp, data_dependent_pmixed_curve, data_dependent_pmixed_values,
                         poisson_subsample, renyi_divergence, theorem_3_1_epsilon)
@@ -80,7 +79,7 @@ def test_amplification_at_rate_one_keeps_infinite_orders_infinite():
 
 
 def test_decode_runner_with_rate_one_charges_the_unsampled_curve():
-    from decoding.runners import pmixed_runner
+    from dpledger.decoding.runners import pmixed_runner
 
     rng = np.random.default_rng(0)
     runner = pmixed_runner(6.0, 0.01, 4, sample_rate=1.0)

@@ -2,17 +2,15 @@
 the HTML opens in headless Chromium with every image loaded."""
 import json
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from audit import audit_run
-from decoding.config import config_from_dict
-from decoding.run import run_decode
+from dpledger.audit import audit_run
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.run import run_decode
 from dpledger.cli import main
-from reports import load_run, render
-from reports.tables import breakdown_table, comparison_table
+from dpledger.reports import load_run, render
+from dpledger.reports.tables import breakdown_table, comparison_table
 from tests.micro import micro_config
 
 ADAPMIXED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.002, "lam": 0.05, "sigma": 0.01, "threshold": 5.0, "top_k": 20}
@@ -58,7 +56,7 @@ def test_breakdown_that_does_not_sum_is_refused(runs, tmp_path):
 
 
 def test_cumulative_plot_ends_at_the_ledger_epsilon(runs):
-    from reports.plots import _charged, cumulative_epsilon_series
+    from dpledger.reports.plots import _charged, cumulative_epsilon_series
 
     run = load_run(runs["adapmixed"])
     steps, epsilons = cumulative_epsilon_series(run, _charged(run))
@@ -110,7 +108,7 @@ def test_html_report_opens_in_headless_chromium_with_every_image_loaded(runs, tm
 
 def test_direction_labels_refuse_a_value_that_names_no_direction():
     """A tampered or unknown "direction" in ledger.json must not read as "both" (claiming more)."""
-    from reports.tables import direction_label
+    from dpledger.reports.tables import direction_label
 
     assert direction_label(None) == "both" and direction_label("both") == "both"
     assert direction_label("from_actual") == "D(M(D)||M(D')) only"

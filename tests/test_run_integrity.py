@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from audit import Status, audit_run, load_trace
-from decoding import trace
-from decoding.config import config_from_dict
-from decoding.run import run_decode
+from dpledger.audit import Status, audit_run, load_trace
+from dpledger.decoding import trace
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.run import run_decode
 from dpledger.cli import main
-from reports import load_run, render
+from dpledger.reports import load_run, render
 from tests.forging import copy, forge, point_models_nowhere, reissue_final
 from tests.micro import micro_config, write_toml
 from tests.test_audit import ADAPMIXED, PMIXED, make_run
@@ -106,7 +106,7 @@ def test_truncation_is_caught_and_a_consistent_rewrite_needs_the_published_head(
     def shorten(manifest):
         manifest.update(queries=32, n_blocks=1)
         manifest["config"]["queries"] = 32
-        from audit.consistency import _config_of
+        from dpledger.audit.consistency import _config_of
         manifest["config_fingerprint"] = _config_of(manifest).fingerprint()
     forge(consistent, keep_blocks=1, edit_manifest=shorten)
     # a consistent rewrite of a shorter run is a valid shorter run; only the published head tells
@@ -160,7 +160,7 @@ def test_manifest_edits_break_the_chain_or_contradict_the_config(runs, tmp_path)
     assert report.check("manifest").status is Status.FAIL and "mechanism.params" in report.check("manifest").detail
     for field, value in (("seeds", {"run": 8}), ("n_teachers", 2), ("queries", 63)):
         run = copy(runs["pmixed"], tmp_path / f"m-{field}")
-        forge(run, edit_manifest=lambda m: m.update({field: value}))
+        forge(run, edit_manifest=lambda m, field=field, value=value: m.update({field: value}))
         assert audit_run(run, **AUDIT).verdict == "FAIL", field
     # canaries and model hashes of your own models have no other source: the genesis binds them
     for field, value in (("canaries", []), ("models", [])):
@@ -521,8 +521,8 @@ def test_malformed_relations_and_fifos_fail_and_hand_edited_reports_are_one_line
 def test_api_junk_is_a_value_error():
     import numpy as np
 
-    from accounting import PrivacyLedger, RdpCurve
-    from mechanisms import PMixED
+    from dpledger.accounting import PrivacyLedger, RdpCurve
+    from dpledger.mechanisms import PMixED
 
     for call in (lambda: PrivacyLedger.from_dict(0),
                  lambda: PrivacyLedger.from_dict({"orders": [1.5], "relation": "add_one", "components": []}),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dpledger.cli import main
-from mechanisms.randomness import seed_commitment
+from dpledger.mechanisms.randomness import seed_commitment
 from tests.micro import micro_config, write_toml
 
 FIXED_SEED = 7_443_019_265_881_327_609

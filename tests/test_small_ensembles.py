@@ -22,9 +22,9 @@ import mpmath
 import numpy as np
 import pytest
 
-from accounting.conversion import epsilon_from_rdp
-from accounting.relation import NeighbouringRelation
-from mechanisms.pmixed import Ball, PMixED, SubsampledPMixED, SubsamplingVariant, beta_from_budget
+from dpledger.accounting.conversion import epsilon_from_rdp
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.mechanisms.pmixed import Ball, PMixED, SubsampledPMixED, SubsamplingVariant, beta_from_budget
 from tests.oracles import renyi_divergence, theorem_3_1_epsilon as oracle_theorem_3_1
 
 DPS = 50
@@ -282,7 +282,7 @@ def test_beta_from_budget_inverts_the_charged_bound(relation, teachers):
 
 
 def test_adapmixed_with_one_teacher_is_refused_with_the_reason():
-    from mechanisms import AdaPMixED, NoisyScreening
+    from dpledger.mechanisms import AdaPMixED, NoisyScreening
 
     with pytest.raises(ValueError, match="AdaPMixED needs at least 2 teachers, got 1"):
         AdaPMixED(PMixED(18.0, 0.2, 1), NoisyScreening(teachers=1, lam=1e-4, sigma=1e-2))

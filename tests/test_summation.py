@@ -8,10 +8,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from accounting import DEFAULT_ORDERS, PrivacyLedger, RdpCurve, compose_curves
-from accounting.budget import RenyiFilter
-from accounting.summation import ExactSum, UpperSum, up_add, up_multiply, upper_sum
-from decoding.budget import BudgetGate
+from dpledger.accounting import DEFAULT_ORDERS, PrivacyLedger, RdpCurve, compose_curves
+from dpledger.accounting.budget import RenyiFilter
+from dpledger.accounting.summation import ExactSum, UpperSum, up_add, up_multiply, upper_sum
+from dpledger.decoding.budget import BudgetGate
 
 EXACT = Fraction
 

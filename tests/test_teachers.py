@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from decoding.corpus import generate_corpus
-from decoding.ensemble import load_causal_lm, load_lora_teacher, model_content_hash
-from decoding.teachers import MANIFEST, Unit, assign_shards, read_units, split_documents
+from dpledger.decoding.corpus import generate_corpus
+from dpledger.decoding.ensemble import load_causal_lm, load_lora_teacher, model_content_hash
+from dpledger.decoding.teachers import MANIFEST, Unit, assign_shards, read_units, split_documents
 from tests.micro import MICRO_CORPUS
 
 FAST = ["--steps", "3", "--batch", "4", "--seq-len", "32", "--warmup", "1", "--no-progress"]
@@ -85,8 +85,7 @@ def test_the_partition_key_keeps_each_users_records_in_one_shard(private):
         owner = {}
         for index, shard in enumerate(shards):
             for unit in shard:
-                for doc in unit.documents:
-                    owner.setdefault(unit.key, set()).add(index)
+                owner.setdefault(unit.key, set()).add(index)
         assert len(owner) == 7 and all(len(s) == 1 for s in owner.values())
         covered = sorted(doc for shard in shards for unit in shard for doc in unit.documents)
         assert covered == sorted(documents)
@@ -115,9 +114,9 @@ def test_lora_teachers_from_text_decode_and_resume_identically(micro_models, pri
     assert len(set(expected)) == 3
 
     # interrupted while training teacher 1 (after teacher 0 was renamed into place), then resumed
-    import decoding.teachers
+    from dpledger.decoding import teachers
 
-    real = decoding.teachers.fine_tune_teacher
+    real = teachers.fine_tune_teacher
     calls = []
 
     def dies_on_the_second(*args, **kwargs):
@@ -126,7 +125,7 @@ def test_lora_teachers_from_text_decode_and_resume_identically(micro_models, pri
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(decoding.teachers, "fine_tune_teacher", dies_on_the_second)
+    monkeypatch.setattr(teachers, "fine_tune_teacher", dies_on_the_second)
     resumed = tmp_path / "resumed"
     code, _, err = run_cli(teachers_cmd(micro_models, root / "private.txt", resumed,
                                         "--heldout", str(micro_models.heldout_text)), capsys)
@@ -134,7 +133,7 @@ def test_lora_teachers_from_text_decode_and_resume_identically(micro_models, pri
     assert (resumed / "teacher-000").is_dir() and not (resumed / "teacher-001").exists()
     (resumed / ".teacher-001.partial").mkdir()  # what a kill during a save leaves
     (resumed / ".teacher-001.partial" / "adapter_model.safetensors").write_bytes(b"torn")
-    monkeypatch.setattr(decoding.teachers, "fine_tune_teacher", real)
+    monkeypatch.setattr(teachers, "fine_tune_teacher", real)
     code, out, err = run_cli(teachers_cmd(micro_models, root / "private.txt", resumed,
                                           "--heldout", str(micro_models.heldout_text)), capsys)
     assert code == 0, err
@@ -149,8 +148,8 @@ def test_lora_teachers_from_text_decode_and_resume_identically(micro_models, pri
     assert code == 0 and "0 trained" in out
 
     # decode.toml is ready to use: a few queries through the decode loop
-    from decoding.config import config_from_dict
-    from decoding.run import run_decode
+    from dpledger.decoding.config import config_from_dict
+    from dpledger.decoding.run import run_decode
 
     decode = tomllib.loads((reference / "decode.toml").read_text())
     decode["run"].update(out=str(tmp_path / "decoded"), queries=24)
@@ -183,7 +182,7 @@ def test_full_teachers_from_a_directory_load_in_decode(micro_models, private, tm
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["input"]["format"] == "dir" and [s["units"] for s in manifest["shards"]] == [2, 2, 2]
     assert (out / "teacher-000" / "model.safetensors").exists()
-    from decoding.ensemble import Ensemble
+    from dpledger.decoding.ensemble import Ensemble
 
     ensemble = Ensemble.from_pretrained(str(micro_models.public), [str(out / f"teacher-{i:03d}") for i in range(3)])
     public, teachers = ensemble.distributions(torch.tensor([[1, 2, 3, 4]]))
@@ -205,8 +204,8 @@ def test_jsonl_partition_key_end_to_end(micro_models, private, tmp_path, capsys)
 def test_lora_targets_are_detected_for_linear_models(micro_models, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from decoding.recipe import TeacherTraining, lora_target_modules
-    from decoding.teachers import train_teachers
+    from dpledger.decoding.recipe import TeacherTraining, lora_target_modules
+    from dpledger.decoding.teachers import train_teachers
 
     assert lora_target_modules(load_causal_lm(str(micro_models.public))) == (("c_attn", "c_proj", "c_fc"), True)
     torch.manual_seed(0)
@@ -226,8 +225,8 @@ def test_lora_targets_are_detected_for_linear_models(micro_models, tmp_path):
 def test_the_embedded_default_trains_lora_teachers_through_the_same_path(tmp_path, monkeypatch):
     from dataclasses import replace
 
-    from decoding.embedded import build_or_load, cache_key
-    from decoding.ensemble import Ensemble
+    from dpledger.decoding.embedded import build_or_load, cache_key
+    from dpledger.decoding.ensemble import Ensemble
     from tests.micro import MICRO_RECIPE
 
     monkeypatch.setenv("DPLEDGER_CACHE", str(tmp_path / "cache"))
@@ -299,7 +298,7 @@ def test_the_embedded_public_model_directory_is_complete_with_its_tokenizer(micr
 
 def test_public_embedded_uses_the_embedded_default_without_a_hub(micro_models, private, tmp_path, capsys,
                                                                  monkeypatch):
-    import decoding.embedded as embedded
+    import dpledger.decoding.embedded as embedded
     from tests.micro import MICRO_CORPUS, MICRO_RECIPE
 
     built = embedded.build_or_load(teachers=len(micro_models.teachers), recipe=MICRO_RECIPE, verbose=False,

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from accounting.relation import NeighbouringRelation
-from audit import audit_run
-from decoding import trace
-from decoding.config import config_from_dict
-from decoding.run import run_decode
-from mechanisms import ConfidentGNMax, GNMax
-from mechanisms.randomness import vote_seed
-from mechanisms.voting import (Aggregator, VoteCoordination, VotingMechanism, gnmax_log_output_law,
+from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.audit import audit_run
+from dpledger.decoding import trace
+from dpledger.decoding.config import config_from_dict
+from dpledger.decoding.run import run_decode
+from dpledger.mechanisms import ConfidentGNMax, GNMax
+from dpledger.mechanisms.randomness import vote_seed
+from dpledger.mechanisms.voting import (Aggregator, VoteCoordination, VotingMechanism, gnmax_log_output_law,
                                renyi_divergence_of_log_laws)
 from tests.micro import kill_and_resume, micro_config
 
@@ -121,8 +121,8 @@ def test_realised_path_dpargmax_is_labelled_ex_post_and_audited_like_with_like(m
     assert "decision's divergence plus" in ablation["measured_quantity"]
     # the released law's divergence is reported beside the like-with-like quantity
     assert math.isfinite(ablation["released_output_epsilon"]) and ablation["released_output_epsilon"] > 0
-    from reports import load_run
-    from reports.statement import privacy_statement
+    from dpledger.reports import load_run
+    from dpledger.reports.statement import privacy_statement
 
     text = " ".join(privacy_statement(load_run(result.directory)))
     assert "Papernot et al. 2018's convention" in text and "Flemings" not in text
@@ -188,7 +188,7 @@ def test_mixing_mechanisms_still_refuse_replace_one():
     ({"aggregator": "tws", "threshold": 2, "accounting": "realised-path"}, "realised-path' applies to dpargmax only"),
 ])
 def test_bad_voting_configs_are_one_line_value_errors(mechanism, message):
-    from decoding.runners import build_runner
+    from dpledger.decoding.runners import build_runner
 
     with pytest.raises(ValueError, match=message.replace("(", r"\(")) as error:
         build_runner({"type": "voting", "votes": "coordinated", **mechanism}, 3)
@@ -241,9 +241,9 @@ VOTING_FAULT_MECHANISMS = {"shared_seed_from_teacher": voting("targmax"), "gnmax
 
 @pytest.mark.parametrize("fault", sorted(VOTING_FAULT_MECHANISMS))
 def test_planted_voting_faults_are_caught_by_their_check(micro_models, tmp_path, fault):
-    from audit.checks import Status
-    from audit.selfcheck import FAULTS, VOTING_FAULTS, faulty_runner
-    from decoding.run import prepare
+    from dpledger.audit.checks import Status
+    from dpledger.audit.selfcheck import FAULTS, VOTING_FAULTS, faulty_runner
+    from dpledger.decoding.run import prepare
 
     assert set(VOTING_FAULTS) == set(VOTING_FAULT_MECHANISMS)
     config = config_from_dict(micro_config(micro_models, tmp_path / fault, VOTING_FAULT_MECHANISMS[fault], queries=48,
@@ -258,8 +258,8 @@ def test_planted_voting_faults_are_caught_by_their_check(micro_models, tmp_path,
 
 def test_a_guessable_run_seed_is_a_pitfall_and_a_secret_one_is_not(micro_models, tmp_path):
     """Every step's noise derives from the run seed: a small seed lets an adversary recompute it."""
-    from audit.lint import lint
-    from audit.loader import load_trace
+    from dpledger.audit.lint import lint
+    from dpledger.audit.loader import load_trace
 
     small = decode(micro_models, tmp_path / "small", voting("dpargmax"), queries=16)
     secret = decode(micro_models, tmp_path / "secret", voting("dpargmax"), queries=16, seed=2 ** 62 + 12345)

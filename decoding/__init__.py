@@ -1,0 +1,1 @@
+"""Model loading, query streams, the decode loop and the trace (dpledger.decoding)."""
