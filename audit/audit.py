@@ -212,7 +212,7 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
     is being written; a run whose files cannot be read (damaged, planted links or FIFOs, malformed
     or duplicate-key JSON, chunks missing or unreadable) FAILs the `files` check, naming the file.
 
-    `executor` (dpledger.audit.distributed.DaskWindowExecutor) computes the checks' per-window work on Dask
+    `executor` (dpledger.audit.dask_audit.DaskWindowExecutor) computes the checks' per-window work on Dask
     workers; the report is the same as without it (dpledger.audit.loader explains why)."""
     started = time.time()
     if expect_head is not None and not (isinstance(expect_head, str) and len(expect_head) == 64

@@ -9,7 +9,7 @@ structure against the manifest (trace_consistency reports what it found).
 The checks that read the per-step distributions do so through `LoadedTrace.map_windows`: a
 function of one window (its records and logits) returns a small partial result, and the check
 combines the partials in block and window order. Without an executor the windows are computed in
-this process; with one (dpledger.audit.distributed) on Dask workers. Either way the check combines the same
+this process; with one (dpledger.audit.dask_audit) on Dask workers. Either way the check combines the same
 partials in the same order, so its result does not depend on where they were computed.
 """
 from __future__ import annotations
@@ -96,7 +96,7 @@ class LoadedTrace:
     """Names this load of the trace: a worker keeps what it loaded for it (models, memo) under this id,
     so a later audit of the same directory never reuses state decided for an earlier one."""
     executor: object = None
-    """Computes `map_windows` elsewhere (dpledger.audit.distributed.DaskWindowExecutor); None: in this process."""
+    """Computes `map_windows` elsewhere (dpledger.audit.dask_audit.DaskWindowExecutor); None: in this process."""
     memo: dict = field(default_factory=dict)
     """Per-process memo of what the window functions rebuild (the runner, the re-encoded text, a block's
     model logits): built once per process, not once per window."""

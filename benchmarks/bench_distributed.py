@@ -48,7 +48,7 @@ def audit_bytes(report) -> bytes:
 
 def demo_scale(root: Path, queries: int, block: int, worker_counts: list[int]) -> dict:
     from dpledger.audit import audit_run
-    from dpledger.audit.distributed import DaskWindowExecutor
+    from dpledger.audit.dask_audit import DaskWindowExecutor
     from dpledger.decoding.cluster import ClusterSpec, dask_client
     from dpledger.decoding.config import DataConfig, ModelsConfig, RunConfig
     from dpledger.decoding.run import prepare, run_decode
@@ -99,7 +99,7 @@ def demo_scale(root: Path, queries: int, block: int, worker_counts: list[int]) -
 
 def paper_scale(root: Path, steps: int, block: int, workers: int) -> dict:
     from dpledger.audit import audit_run
-    from dpledger.audit.distributed import DaskWindowExecutor
+    from dpledger.audit.dask_audit import DaskWindowExecutor
     from dpledger.decoding.cluster import ClusterSpec, dask_client
     from dpledger.demo import PAPER_ADAPMIXED
     from tests.synthetic import write_synthetic_run

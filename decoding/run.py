@@ -700,9 +700,9 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
     nothing. A write failure (OSError) leaves the committed blocks for --resume.
 
     With a Dask `client`, a teacher-forced run's blocks are decoded on its workers and committed here
-    in block order (dpledger.decoding.distributed): the trace is the one this process would write."""
+    in block order (dpledger.decoding.dask_decode): the trace is the one this process would write."""
     if client is not None:
-        from dpledger.decoding.distributed import sequential_reason
+        from dpledger.decoding.dask_decode import sequential_reason
 
         reason = sequential_reason(config)
         if reason is not None:
@@ -766,7 +766,7 @@ def _decode_locked(prepared: PreparedRun, out: Path, progress: bool, client=None
                dynamic_ncols=True)
     started = time.time()
     if client is not None:
-        from dpledger.decoding.distributed import distributed_blocks
+        from dpledger.decoding.dask_decode import distributed_blocks
 
         blocks = distributed_blocks(prepared, client, done_blocks, progress)
     else:

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         executor = None
         if cluster is not None:
-            from dpledger.audit.distributed import DaskWindowExecutor
+            from dpledger.audit.dask_audit import DaskWindowExecutor
 
             client = stack.enter_context(dask_client(cluster, progress=not args.no_progress))
             executor = DaskWindowExecutor(client, progress=not args.no_progress)

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     from dpledger.decoding.cluster import ClusterSpec, dask_client, require_dask
     from dpledger.decoding.config import load_config
-    from dpledger.decoding.distributed import sequential_reason
+    from dpledger.decoding.dask_decode import sequential_reason
     from dpledger.decoding.run import prepare, run_decode
     from dpledger.decoding import trace
 

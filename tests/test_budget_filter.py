@@ -348,7 +348,7 @@ def test_a_nan_step_bound_is_refused_not_skipped():
 
 
 def test_a_worker_s_filter_decisions_are_checked_by_the_committing_process():
-    """dpledger.decoding.distributed: the driver advances its own filter over each block a worker decoded and
+    """dpledger.decoding.dask_decode: the driver advances its own filter over each block a worker decoded and
     refuses records whose decisions or charges differ."""
     from dpledger.decoding.budget import BudgetGate
 
@@ -436,7 +436,7 @@ def test_a_realised_path_filter_charge_edited_in_the_trace_fails_the_audit(micro
 
 
 def test_a_realised_path_filter_is_decoded_in_one_process(micro_models, tmp_path):
-    from dpledger.decoding.distributed import sequential_reason
+    from dpledger.decoding.dask_decode import sequential_reason
 
     config = micro_config(micro_models, tmp_path / "r", REALISED["adapmixed"], queries=8)
     config["budget"] = {"epsilon": 3.0, "delta": 1e-5}

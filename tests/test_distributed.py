@@ -1,5 +1,5 @@
-"""Audits and teacher-forced decoding on a 2-worker Dask LocalCluster (dpledger.audit.distributed,
-dpledger.decoding.distributed): the same audit.json, the same records, hashes and ledger as one process, and
+"""Audits and teacher-forced decoding on a 2-worker Dask LocalCluster (dpledger.audit.dask_audit,
+dpledger.decoding.dask_decode): the same audit.json, the same records, hashes and ledger as one process, and
 a worker killed mid-run changes nothing."""
 import json
 import os
@@ -19,7 +19,7 @@ from tests.micro import micro_config, write_toml
 
 pytest.importorskip("distributed")
 
-from dpledger.audit.distributed import DaskWindowExecutor  # noqa: E402
+from dpledger.audit.dask_audit import DaskWindowExecutor  # noqa: E402
 from dpledger.decoding.cluster import ClusterSpec, dask_client  # noqa: E402
 
 # the demo's audited mechanisms (dpledger.demo), on the micro models; DPARGMAX scaled to 3 teachers
