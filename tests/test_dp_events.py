@@ -144,7 +144,7 @@ def test_json_refuses_what_is_not_a_dp_accounting_event(payload, message):
     (dp_accounting.LaplaceDpEvent(1.0), "LaplaceDpEvent"),
     (dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.LaplaceDpEvent(1.0)), "LaplaceDpEvent"),
     (dp_accounting.SampledWithoutReplacementDpEvent(100, 10, dp_accounting.GaussianDpEvent(1.0)),
-     "SampledWithoutReplacementDpEvent"),   # (in every dp-accounting >= 0.4.4, the lower bound pyproject states)
+     "SampledWithoutReplacementDpEvent"),   # (in every dp-accounting since 0.4.4)
 ])
 def test_inverse_names_the_unsupported_event_type(event, name):
     with pytest.raises(ValueError, match=name):
