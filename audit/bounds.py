@@ -9,11 +9,12 @@ from dpledger.audit.checks import CheckResult, skipped, verdict
 from dpledger.audit.loader import LoadedTrace
 from dpledger.decoding.ensemble import Ensemble
 from dpledger.decoding.run import component_relations
-from dpledger.mechanisms.kernels import (add_one_divergence_bounds, leave_one_out_curve, max_divergence_symmetric,
-                                mixed_teachers, symmetric_renyi_orders)
+from dpledger.mechanisms.add_one import add_one_divergence_bounds
+from dpledger.mechanisms.kernels import (leave_one_out_curve, max_divergence_symmetric, mixed_teachers,
+                                         symmetric_renyi_orders)
 from dpledger.mechanisms.adapmixed import loss_covering
 from dpledger.mechanisms.step import as_ensemble
-from dpledger.mechanisms.pmixed import Ball, all_orders_ball_constraints
+from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints
 from dpledger.mechanisms.screening import NoisyScreening
 
 BALL_TOLERANCE = 1e-9
@@ -158,7 +159,7 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
     """The charged data-dependent loss is at least what covers its relation, recomputed from the
     replayed distributions in both directions: Flemings et al. 2024 (AdaPMixED), Eq. 3,
     max_i max(D(p||p_-i), D(p_-i||p)), for removing a teacher, and the add-one bound
-    (dpledger.mechanisms.kernels.add_one_divergence_bounds) for adding one; on every step (accounting
+    (dpledger.mechanisms.add_one.add_one_divergence_bounds) for adding one; on every step (accounting
     "released-output") or every step PMixED answered ("realised-path"). A NaN fails."""
     if "pmixed_data_dependent" not in trace.components:
         return skipped("data_dependent_eq3", "the run charges no data-dependent loss")

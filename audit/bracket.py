@@ -44,6 +44,13 @@ from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.audit.checks import CheckResult, failed, skipped, verdict
 from dpledger.audit.loader import LoadedTrace
 from dpledger.decoding.ensemble import Ensemble
+from dpledger.audit.ablation import clopper_pearson, ensemble_output, monte_carlo_seed, screen_pass_counts
+from dpledger.audit.voting import _candidates, _mechanism
+from dpledger.mechanisms.add_one import add_one_adversary
+from dpledger.mechanisms.kernels import sums_without_each
+from dpledger.mechanisms.pmixed import Ball, PMixED
+from dpledger.mechanisms.screening import NoisyScreening
+from dpledger.mechanisms.voting import renyi_divergence_of_log_laws
 
 VOTING_LAW_ALLOWANCE = 10.0
 """A voting law's stated relative numerical error is allowed for this many times over."""
@@ -83,8 +90,6 @@ def _mixed(public: torch.Tensor, teachers: torch.Tensor, lambdas: torch.Tensor) 
 
 def _projected(params: dict, laws: torch.Tensor, public: torch.Tensor) -> torch.Tensor:
     """Added teachers (L, A, V) projected as the mechanism projects any teacher (its own solver)."""
-    from dpledger.mechanisms.pmixed import Ball, PMixED
-
     projection = PMixED(params["alpha"], params["beta"], 1, ball=params.get("ball", Ball.PROJECTION_ORDER.value))
     lambdas = projection.mixing_weights_tensor(laws, public)
     return lambdas.unsqueeze(-1) * laws + (1 - lambdas.unsqueeze(-1)) * public.unsqueeze(-2)
@@ -120,9 +125,6 @@ ADVERSARY_LABELS = ("add-one: optimised adversary for D(p_+ || p) at the claim's
 def _adversary(params: dict, output: torch.Tensor, public: torch.Tensor, teachers: int, order: float) -> dict:
     """dpledger.mechanisms.add_one.add_one_adversary on the window's steps at one order (its cost is the
     dual's, which runs with add_one_dual = true charge anyway)."""
-    from dpledger.mechanisms.add_one import add_one_adversary
-    from dpledger.mechanisms.pmixed import Ball, PMixED
-
     pmixed = PMixED(params["alpha"], params["beta"], teachers, ball=params.get("ball", Ball.PROJECTION_ORDER.value))
     beta = pmixed.beta if pmixed.ball is Ball.ALL_ORDERS else None
     return add_one_adversary(output.numpy(), public.numpy(), teachers, np.asarray([order]), pmixed.alpha,
@@ -139,9 +141,6 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                    adversary_order: float | None = None) -> dict:
     """One window's composed loss distributions (forward, backward) per pair: a small partial, combined
     in step order by the caller."""
-    from dpledger.audit.ablation import clopper_pearson, ensemble_output, monte_carlo_seed, screen_pass_counts
-    from dpledger.mechanisms.kernels import sums_without_each
-
     public, teachers = Ensemble.split_distributions(logits)
     length, n = public.shape[0], teachers.shape[-2]
     lambdas = (torch.ones(teachers.shape[:-1], dtype=torch.float64) if trace.mechanism_type == "ensemble"
@@ -152,8 +151,6 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     output = ensemble_output(total, torch.full((length,), n), public, rate)
     screened = trace.mechanism_type == "adapmixed" and params.get("screening", True)
     if screened:
-        from dpledger.mechanisms.screening import NoisyScreening
-
         screening = NoisyScreening(teachers=1, lam=params["lam"], sigma=params["sigma"], alpha=params["alpha"],
                                    threshold=params["threshold"], top_k=int(params["top_k"]))
         top = screening.top_indices(public)
@@ -293,10 +290,6 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
     """One window's composed loss distributions (forward, backward) per voting pair (DPARGMAX and
     DPWS, released output): removed and replaced teachers by index, an added vote. DPWS's laws are
     bounded by Monte Carlo over dpws_draws(...) draws a step."""
-    from dpledger.audit.ablation import monte_carlo_seed
-    from dpledger.audit.voting import _candidates, _mechanism
-    from dpledger.mechanisms.voting import renyi_divergence_of_log_laws
-
     mechanism = _mechanism(trace)
     _, teachers = Ensemble.split_distributions(logits)
     votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])

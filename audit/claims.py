@@ -40,6 +40,7 @@ from dpledger.mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, Gaussi
                         realised_subsample_sizes)
 from dpledger.mechanisms.pmixed import SubsampledPMixED
 from dpledger.mechanisms.screening import BLIND_SCREEN_RATIO
+from dpledger.mechanisms import subsampled_pmixed_curve
 
 KINDS = ("gaussian", "subsampled-gaussian", "pmixed", "adapmixed", "screening", "gnmax", "confident-gnmax",
          "dpargmax", "dpws", "targmax", "tws")
@@ -498,7 +499,6 @@ def _pmixed_accounts(claim: Claim, orders) -> list[_Account]:
                 values = _realised_size_values(balls[ball], claim.sample_rate, variant, claim.queries, orders)
                 accounts.append(_Account(variant.value, level, text, declared, realised=(orders, values)))
             else:
-                from dpledger.mechanisms import subsampled_pmixed_curve
                 curve = subsampled_pmixed_curve(balls[ball], claim.sample_rate, variant, claim.queries, 0, orders)
                 accounts.append(_Account(variant.value, level, text, declared, curve=curve))
         return accounts

@@ -9,6 +9,7 @@ charges are right (that needs the replay, dpledger.audit.replay.check_replay).
 from __future__ import annotations
 
 import math
+import hashlib
 
 from dpledger.accounting import safe_files
 from dpledger.accounting.orders import default_orders
@@ -18,6 +19,7 @@ from dpledger.decoding import trace
 from dpledger.decoding.config import BudgetConfig, DataConfig, ModelsConfig, RunConfig
 from dpledger.decoding.run import component_relations
 from dpledger.decoding.runners import build_runner
+from dpledger.decoding.corpus import generate_corpus
 
 
 def check_files(loaded: LoadedTrace) -> CheckResult:
@@ -124,10 +126,6 @@ def check_manifest(loaded: LoadedTrace) -> CheckResult:
 def _embedded_data_problems(manifest: dict, config: RunConfig) -> list[str]:
     """The embedded default's corpus is regenerated from its seed: the planted canaries and the
     held-out text (teacher-forced data) the manifest records must be its own."""
-    import hashlib
-
-    from dpledger.decoding.corpus import generate_corpus
-
     corpus = generate_corpus(teachers=config.models.teachers)
     problems = []
     canaries = [{"teacher": c.shard, "text": c.text, "secret": c.secret} for c in corpus.canaries]

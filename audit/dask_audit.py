@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from tqdm.auto import tqdm
+import torch
 
 from dpledger.audit.loader import LoadedTrace, WindowTask
 from dpledger.decoding.cluster import require_single_threaded_workers, result_of, worker_count
@@ -37,8 +38,6 @@ def _compute_task(spec: LoadedTrace, key: str, compute: Callable, args: tuple, t
     """On a worker: the partials of the task's windows. The trace (and what its window functions
     memoise: models, runner, text) is kept per worker process for this audit's later tasks, under the
     audit's id: a later audit starts afresh from the state its driver sends."""
-    import torch
-
     torch.set_num_threads(torch_threads)  # the driver's: how torch splits a reduction must not differ
     trace = _WORKER_TRACES.get(key)
     if trace is None:
@@ -81,8 +80,6 @@ class DaskWindowExecutor:
         return trace.window_tasks(per_task)
 
     def map_windows(self, trace: LoadedTrace, compute: Callable, args: tuple, desc: str) -> Iterator[tuple[int, object]]:
-        import torch
-
         require_single_threaded_workers(self.client)
         spec, key = trace.for_workers(), trace.audit_id
         tasks = self.tasks_for(trace)

@@ -21,12 +21,18 @@ from typing import Callable, Iterator
 
 import numpy as np
 import torch
+from dataclasses import replace
 
 from dpledger.accounting import safe_files
 from dpledger.decoding import trace
 from dpledger.decoding.run import RunTotals
 from dpledger.decoding.runners import Runner, build_runner
 from dpledger.decoding.trace import TraceError
+from dpledger.decoding.budget import BudgetGate
+from dpledger.decoding.cluster import ClusterError
+from dpledger.decoding.corpus import generate_corpus
+from dpledger.decoding.ensemble import Ensemble, file_problems, identity_problems, tokenizer_files
+from dpledger.decoding.icl import load_icl_ensemble
 
 PAYLOAD_WINDOW_BYTES = 256 * 2 ** 20
 """Replay windows hold at most this much of a block's float64 work (N+1 distributions and the
@@ -229,12 +235,9 @@ class LoadedTrace:
         if not models or not all(isinstance(m, dict) and Path(str(m.get("source"))).exists()
                                  for m in (models[:1] if icl else models)) or (examples and not Path(examples).exists()):
             return "absent"
-        from dpledger.decoding.ensemble import Ensemble, file_problems, identity_problems, tokenizer_files
 
         try:
             if icl:  # the prompts again: from the regenerated embedded corpus, or the examples file re-read
-                from dpledger.decoding.corpus import generate_corpus
-                from dpledger.decoding.icl import load_icl_ensemble
 
                 ensemble = load_icl_ensemble(
                     models[0]["source"], str(self.manifest.get("tokenizer")), settings.get("teachers"),
@@ -300,7 +303,6 @@ class LoadedTrace:
         budget = self.manifest["config"].get("budget")
         if budget is None:
             return None
-        from dpledger.decoding.budget import BudgetGate
 
         runner = self.runner()
         return BudgetGate.plan(budget, runner.step_bound(self.orders), self.orders, runner.realised_path_bounds)
@@ -368,8 +370,6 @@ class LoadedTrace:
     def for_workers(self) -> "LoadedTrace":
         """A copy to send to workers: what the window functions read, without the recomputed totals,
         the loaded models (a worker loads its own, once) or the executor."""
-        from dataclasses import replace
-
         return replace(self, directory=self.directory.resolve(), totals=None, _ensemble=None, executor=None, memo={},
                        problems=[], _window_rows=self.window_rows(), _logits_source=self.logits_source)
 
@@ -377,8 +377,6 @@ class LoadedTrace:
         """On a worker, once: load the run's models where the driver found them (their content
         hashes are checked again here); ClusterError when this worker cannot (its environment, not
         the trace: never a verdict)."""
-        from dpledger.decoding.cluster import ClusterError
-
         if self._model_state == "available" and self._ensemble is None:
             self._model_state = None
             if self.model_state != "available":

@@ -9,14 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import hashlib
 
 from dpledger.accounting import safe_files
 from dpledger.accounting.conversion import ConversionMethod, epsilon_from_rdp
 from dpledger.accounting.summation import ExactSum
 from dpledger.audit.checks import CheckResult, failed, passed, skipped, verdict
 from dpledger.audit.loader import LoadedTrace
-from dpledger.decoding.run import replay_steps
+from dpledger.decoding.blocks import replay_steps
 from dpledger.decoding.trace import json_bytes, loads_json, read_chunk
+from dpledger.decoding.cluster import ClusterError
+from dpledger.decoding.recipe import encode_documents
 
 RTOL = 1e-9
 """Relative tolerance for recomputed floats: the same float64 code on the same inputs agrees to
@@ -141,8 +144,6 @@ def _compare_arrays(mismatches: list, worst: dict, key: str, where: str, recorde
 def _data_tokens(trace: LoadedTrace) -> np.ndarray | None:
     """The run's teacher-forced token stream re-encoded from its text file, when the text (with the
     recorded sha256) and the tokenizer are available; None otherwise."""
-    import hashlib
-
     config = trace.manifest["config"]
     text_path = config["data"].get("text")
     tokenizer = trace.manifest.get("tokenizer")
@@ -158,8 +159,6 @@ def _data_tokens(trace: LoadedTrace) -> np.ndarray | None:
     if hashlib.sha256(text.encode()).hexdigest() != trace.manifest["data"].get("sha256"):
         return None
     from transformers import AutoTokenizer
-
-    from dpledger.decoding.recipe import encode_documents
 
     return encode_documents(AutoTokenizer.from_pretrained(tokenizer), text)
 
@@ -188,7 +187,6 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
             memo["tokens_stream"] = _data_tokens(trace)
         tokens_stream = memo["tokens_stream"]
         if tokens_stream is None:  # a worker that cannot see the run's text must not skip what the driver checks
-            from dpledger.decoding.cluster import ClusterError
 
             raise ClusterError(f"a worker cannot re-encode the run's text {trace.manifest['config']['data'].get('text')}"
                                " (every worker must see the driver's files at the same paths)")

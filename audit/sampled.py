@@ -23,6 +23,8 @@ from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.audit.ablation import clopper_pearson
 from dpledger.audit.checks import CheckResult, skipped, verdict
 from dpledger.audit.loader import LoadedTrace
+from dpledger.decoding.ensemble import Ensemble, identity_problems
+from dpledger.decoding.runners import build_runner
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,6 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
                       chunk: int = 250) -> tuple[CheckResult, GameResult | None]:
     """The planted canary's teacher present vs removed, on the canary's own prefix: does the
     mechanism emit the secret's first token more often with the teacher than without it?"""
-    from dpledger.decoding.ensemble import Ensemble, identity_problems
-    from dpledger.decoding.runners import build_runner
     from transformers import AutoTokenizer
 
     canaries = trace.manifest.get("canaries") or []

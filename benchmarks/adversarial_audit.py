@@ -363,7 +363,7 @@ def forge_payload(run: Path, block: int, transform, recompute_records: bool) -> 
     import torch
 
     from dpledger.decoding import trace
-    from dpledger.decoding.run import _outcome_records, replay_steps
+    from dpledger.decoding.blocks import _outcome_records, replay_steps
     from dpledger.decoding.runners import build_runner
 
     manifest = read_json(run / "manifest.json")
@@ -2593,7 +2593,8 @@ def run_api_fuzz(bases: dict, models, work: Path, quick: bool, seed: int, env: d
 
 def make_base_run(models, out: Path, mechanism: dict, queries: int, **run) -> dict:
     from dpledger.decoding.config import config_from_dict
-    from dpledger.decoding.run import prepare, run_decode
+    from dpledger.decoding.blocks import prepare
+    from dpledger.decoding.run import run_decode
     from tests.micro import micro_config
 
     config = config_from_dict(micro_config(models, out, mechanism, queries=queries, **run))

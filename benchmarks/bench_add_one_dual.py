@@ -40,7 +40,7 @@ def measure(vocab: int, teachers: int, repetitions: int, alpha: float = 18.0, be
     from dpledger.accounting.orders import DEFAULT_ORDERS
     from dpledger.accounting.relation import NeighbouringRelation
     from benchmarks.bench_step import synthetic_ensemble
-    from dpledger.mechanisms.kernels import add_one_divergence_bounds
+    from dpledger.mechanisms.add_one import add_one_divergence_bounds
     from dpledger.mechanisms.pmixed import PMixED
     from dpledger.mechanisms.step import data_dependent_step_curve
 

@@ -51,7 +51,8 @@ def demo_scale(root: Path, queries: int, block: int, worker_counts: list[int]) -
     from dpledger.audit.dask_audit import DaskWindowExecutor
     from dpledger.decoding.cluster import ClusterSpec, dask_client
     from dpledger.decoding.config import DataConfig, ModelsConfig, RunConfig
-    from dpledger.decoding.run import prepare, run_decode
+    from dpledger.decoding.blocks import prepare
+    from dpledger.decoding.run import run_decode
     from dpledger.demo import PAPER_ADAPMIXED
 
     def config(name: str) -> RunConfig:

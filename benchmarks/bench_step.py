@@ -111,8 +111,8 @@ def median_seconds(function, repeats: int, warmup: int = 1) -> float:
 def step_section(vocab: int, teachers: int, repeats: int, baseline_repeats: int) -> dict:
     from dpledger.accounting.orders import DEFAULT_ORDERS
     from dpledger.mechanisms.adapmixed import AdaPMixED
-    from dpledger.mechanisms.kernels import (add_one_divergence_bounds, leave_one_out_curve, leave_one_out_divergences,
-                                    mixed_teachers, mixing_weights)
+    from dpledger.mechanisms.add_one import add_one_divergence_bounds
+    from dpledger.mechanisms.kernels import leave_one_out_curve, leave_one_out_divergences, mixed_teachers, mixing_weights
     from dpledger.mechanisms.pmixed import PMixED
 
     probs, public = synthetic_ensemble(vocab, teachers)

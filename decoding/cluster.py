@@ -21,6 +21,12 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
+from multiprocessing import resource_tracker
+import asyncio
+import concurrent.futures
+import os
+import signal
+import threading
 
 from dpledger.accounting.errors import require
 
@@ -31,8 +37,6 @@ LOCAL_HOST = "127.0.0.1"
 
 def max_local_workers() -> int:
     """The most local workers --workers starts: this machine's cores, at least 2."""
-    import os
-
     return max(2, os.cpu_count() or 1)
 
 
@@ -121,9 +125,6 @@ def _ignore_interrupt_plugin():
         name = "dpledger-ignore-interrupt"
 
         def setup(self, worker) -> None:
-            import signal
-            import threading
-
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -137,9 +138,6 @@ def quiet_resource_tracker() -> None:
     semaphore" warnings) when a worker dies mid-run, although Dask has replaced the worker and the
     result is unchanged; it still unlinks whatever is left when the last process exits. A tracker
     started earlier keeps its stderr (this process already shares it with its children)."""
-    import os
-    from multiprocessing import resource_tracker
-
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     try:
@@ -207,9 +205,6 @@ def result_of(future, what: str):
     """The future's result. A task whose worker died once is simply computed again elsewhere, by Dask;
     a task that kept killing its workers, a cancelled one (the scheduler lost) or a lost connection
     is a ClusterError."""
-    import asyncio
-    import concurrent.futures
-
     import distributed
     from distributed.comm.core import CommClosedError
 

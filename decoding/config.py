@@ -44,6 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import math
+import numpy as np
+import re
 
 from dpledger.accounting.errors import require, require_in_open, require_int_at_least
 from dpledger.accounting.orders import default_orders
@@ -127,8 +129,6 @@ def describe_orders(orders) -> str:
 def require_on_grid(name: str, order: float, orders) -> float:
     """The order of `orders` that `order` names (within 1e-9); ValueError naming the value, the grid
     (compactly) and the nearest orders otherwise."""
-    import numpy as np
-
     grid = np.asarray(orders, dtype=np.float64)
     close = np.flatnonzero(np.isclose(grid, order, rtol=0, atol=1e-9))
     if close.size:
@@ -316,8 +316,6 @@ def _check_type(where: str, value, kind) -> None:
 
 
 def _device_ok(device) -> bool:
-    import re
-
     return isinstance(device, str) and re.fullmatch(r"cpu|cuda(:\d+)?", device) is not None
 
 

@@ -22,10 +22,13 @@ from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
+import torch
 
 from dpledger.decoding import trace
+from dpledger.decoding.blocks import block_records, prepare
 from dpledger.decoding.cluster import ClusterError, require_single_threaded_workers, result_of, worker_count
 from dpledger.decoding.config import RunConfig
+from dpledger.decoding.runners import build_runner
 
 IN_FLIGHT_PER_WORKER = 2
 """Blocks submitted ahead per worker: enough to keep every worker busy while the driver commits,
@@ -41,8 +44,6 @@ def sequential_reason(config: RunConfig) -> str | None:
     if config.budget is not None and config.budget.data_dependent:
         return "a data-dependent privacy filter decides each step from the earlier steps' private charges"
     if config.budget is not None:
-        from dpledger.decoding.runners import build_runner
-
         if build_runner(config.mechanism, config.models.teachers, config.relation).realised_path_bounds is not None:
             return "a realised-path privacy filter decides each step from the earlier steps' screen decisions"
     return None
@@ -63,8 +64,6 @@ def config_for_workers(config: RunConfig) -> RunConfig:
 def _worker_run(config: RunConfig, model_hashes: list[str], data_sha256: str):
     """This worker's prepared run: models loaded once per worker process and run. The key holds what
     the driver loaded (model hashes, the data's sha256), so changed files are never served stale."""
-    from dpledger.decoding.run import prepare
-
     key = f"{config.out}|{config.fingerprint()}|{','.join(model_hashes)}|{data_sha256}"
     prepared = _WORKER_RUNS.get(key)
     if prepared is None:
@@ -84,10 +83,6 @@ def _worker_run(config: RunConfig, model_hashes: list[str], data_sha256: str):
 def decode_block_task(config: RunConfig, model_hashes: list[str], data_sha256: str, block: int,
                       torch_threads: int) -> list[dict]:
     """On a worker: one block decoded, its payload written, its records (not yet chained) returned."""
-    import torch
-
-    from dpledger.decoding.run import block_records
-
     prepared = _worker_run(config, model_hashes, data_sha256)  # prepare() sets its own thread count: override it after
     torch.set_num_threads(torch_threads)  # the driver's: how torch splits a reduction must not differ
     if prepared.budget is not None:
@@ -98,8 +93,6 @@ def decode_block_task(config: RunConfig, model_hashes: list[str], data_sha256: s
 def distributed_blocks(prepared, client, first_block: int, progress: bool) -> Iterator[tuple[int, list[dict]]]:
     """(block, records) for blocks first_block.. in order, decoded on the client's workers; each
     result's payload file is checked against the sha256 its records carry before it is yielded."""
-    import torch
-
     require_single_threaded_workers(client)
     config, worker_config = prepared.config, config_for_workers(prepared.config)
     hashes = [identity.content_hash for identity in prepared.ensemble.identities]

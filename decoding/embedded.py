@@ -14,6 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+import torch
 
 from dpledger.decoding.corpus import EmbeddedCorpus, generate_corpus
 from dpledger.decoding.recipe import (TinyModelRecipe, encode_documents, new_gpt2, perplexity, set_single_thread,
@@ -49,7 +50,6 @@ class EmbeddedDefault:
 
 def cache_key(corpus: EmbeddedCorpus, recipe: TinyModelRecipe) -> str:
     import tokenizers
-    import torch
     import transformers
 
     payload = json.dumps({"format": CACHE_FORMAT, "corpus": corpus.content_hash(), "recipe": recipe.to_dict(),

@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from dpledger.accounting.errors import require
+from dpledger.decoding.batched_gpt2 import StackedGPT2, forward_signature
 
 CONFIG, ADAPTER_CONFIG = "config.json", "adapter_config.json"
 MODEL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in from_pretrained's order of preference
@@ -379,8 +380,6 @@ class Ensemble:
 
     def __init__(self, public_model, teacher_models: Sequence, identities: Sequence[ModelIdentity],
                  device: str = "cpu"):
-        from dpledger.decoding.batched_gpt2 import StackedGPT2, forward_signature
-
         require(len(teacher_models) >= 1, "an ensemble needs at least one teacher")
         vocab = public_model.config.vocab_size
         for index, teacher in enumerate(teacher_models):
@@ -432,8 +431,6 @@ class Ensemble:
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """float32 logits (N+1, B, L, V) on the CPU (the mechanisms run there); index 0 is public."""
-        from dpledger.decoding.batched_gpt2 import StackedGPT2
-
         if len(self._forwards) == 1 and isinstance(self._forwards[0][1], StackedGPT2):
             return self._forwards[0][1].logits(input_ids).cpu()  # one group, in order: no copy
         out = torch.empty((self.n_teachers + 1, *input_ids.shape, self.vocab_size), dtype=torch.float32)

@@ -29,6 +29,8 @@ from dpledger.decoding.config import read_text_file
 from dpledger.decoding.corpus import EmbeddedCorpus
 from dpledger.decoding.ensemble import Ensemble, ModelIdentity, load_causal_lm, model_identity
 from dpledger.decoding.recipe import encode_documents
+from dpledger.decoding.corpus import generate_corpus
+from dpledger.decoding.embedded import build_or_load
 
 TOKENS_PER_FORWARD = 2 ** 12
 """At most this many tokens (rows x padded length) per forward: bounds the activations and logits a
@@ -92,9 +94,6 @@ def embedded_icl_default(teachers: int, verbose: bool = True):
     tokenizer, with the corpus generated for `teachers` shards. generate_corpus draws the public
     text before any private record, so that corpus's public part is the very text the model was
     trained on, and its held-out text and canaries are the ones the audit regenerates for N."""
-    from dpledger.decoding.corpus import generate_corpus
-    from dpledger.decoding.embedded import build_or_load
-
     base = build_or_load(teachers=8, verbose=verbose)
     return dataclasses.replace(base, corpus=generate_corpus(seed=base.corpus.seed, teachers=teachers))
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+import copy
 
 from dpledger.accounting.errors import require, require_int_at_least
 
@@ -260,8 +261,6 @@ def fine_tune_teacher(public_model, training: "TeacherTraining | TinyModelRecipe
     random state is seeded with training.seed + 1000 + index before the adapter is initialised and
     before training, so each teacher can be (re)trained alone. Returns the model (and the mean
     training loss of the last 10 steps with return_loss)."""
-    import copy
-
     if isinstance(training, TinyModelRecipe):
         training = training.teacher_training()
     seed = training.seed + 1000 + index

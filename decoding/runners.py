@@ -12,12 +12,14 @@ from typing import Callable
 
 import numpy as np
 import torch
+import inspect
 
 from dpledger.accounting.errors import require
 from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
 from dpledger.mechanisms.adapmixed import AdaPMixED
 from dpledger.mechanisms.kernels import leave_one_out_divergences, mixed_teachers, symmetric_renyi_orders
-from dpledger.mechanisms.pmixed import Ball, PMixED, SubsampledPMixED, SubsamplingVariant, ball_named
+from dpledger.mechanisms.ball import Ball, ball_named
+from dpledger.mechanisms.pmixed import PMixED, SubsampledPMixED, SubsamplingVariant
 from dpledger.mechanisms.pmixed import subsampling_variant as variant_named
 from dpledger.mechanisms.randomness import uniform
 from dpledger.mechanisms.screening import NoisyScreening
@@ -162,7 +164,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     screening=False, data_dependent=True: AdaPMixED with only data-dependence (Eq. 3 every step).
 
     The data-dependent charge covers the neighbours of `relation`, the run's claim: remove-one is
-    ibid. Eq. 3; add-one the add-one bound (dpledger.mechanisms.kernels.add_one_divergence_bounds);
+    ibid. Eq. 3; add-one the add-one bound (dpledger.mechanisms.add_one.add_one_divergence_bounds);
     add-or-remove-one the larger of the two at each order. add_one_dual=True tightens the add-one
     bound by the certified Lagrangian dual (dpledger.mechanisms.add_one; per step it costs about 500 times
     the whole data-dependent step at V = 1024 and minutes a step at V = 50257:
@@ -350,7 +352,6 @@ def build_runner(mechanism: dict, teachers: int,
         require(not params, f"mechanism {kind!r} takes no parameters, got {sorted(params)}")
         neighbouring_relation(relation)
         return _BUILDERS[kind](teachers)
-    import inspect
 
     accepted = set(inspect.signature(_PARAMETERISED[kind]).parameters) - {"teachers", "relation"}
     unknown = sorted(set(params) - accepted)

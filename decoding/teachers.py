@@ -44,6 +44,8 @@ from dpledger.accounting.errors import require
 from dpledger.accounting.strict_json import MAX_BYTES, loads_json, parse_json
 from dpledger.decoding.recipe import TeacherTraining, fine_tune_teacher, perplexity
 from dpledger.decoding.trace import atomic_write_json
+from dpledger.decoding.ensemble import load_causal_lm, load_tokenizer, require_matching_tokenizer
+from dpledger.decoding.recipe import lora_config
 
 MANIFEST = "teachers.json"
 TEACHER_INFO = "dpledger-teacher.json"  # inside each teacher directory, written before the rename
@@ -256,8 +258,6 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
     heldout_ids: token ids for each teacher's held-out perplexity (else only the training loss).
     Returns the manifest (also written to OUT/teachers.json).
     """
-    from dpledger.decoding.ensemble import load_causal_lm, load_tokenizer, require_matching_tokenizer
-
     say = log or (lambda message: None)
     started = time.time()
     out = Path(out)
@@ -278,8 +278,6 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
     require_matching_tokenizer(tokenizer, vocab, f"tokenizer {tokenizer_name}")
 
     if training.kind == "lora":
-        from dpledger.decoding.recipe import lora_config
-
         lora_config(public_model, training)  # the target modules exist (checked before anything is written)
     shard_ids = [encode_shard(tokenizer, shard) for shard in shards]
     for index, ids in enumerate(shard_ids):

@@ -38,6 +38,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import io
 
 from dpledger.accounting import safe_files
 from dpledger.accounting.errors import require
@@ -159,8 +160,6 @@ def write_chunk(run_dir: Path, index: int, records: list[dict]) -> None:
 
 def write_replay(run_dir: Path, index: int, logits: np.ndarray) -> str:
     """The block's logits as an uncompressed .npy (memory-mappable); returns its sha256."""
-    import io
-
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(logits), allow_pickle=False)
     data = buffer.getvalue()

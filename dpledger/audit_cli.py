@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from contextlib import ExitStack
+from dpledger.accounting.errors import require
 
 SEVERITY = (1, 2, 3, 0)  # worst first
 
@@ -48,9 +50,6 @@ def add_cluster_flags(parser, purpose: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from contextlib import ExitStack
-
-    from dpledger.accounting.errors import require
     from dpledger.audit import audit_run, render_summary
     from dpledger.decoding.cluster import ClusterError, ClusterSpec, dask_client, require_dask
     from dpledger.audit.audit import EXIT_UNUSABLE

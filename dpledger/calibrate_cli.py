@@ -13,6 +13,7 @@ from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, CALIBRATE_FLAG_SPECS, 
                                       add_mechanism_parser, add_mechanism_subcommands, option,
                                       require_queries_flag)
 from dpledger.mechanisms import calibration
+from dpledger.accounting.orders import default_orders
 
 MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax", "dpargmax", "dpws")
 
@@ -81,7 +82,6 @@ def calibrate(args: argparse.Namespace) -> calibration.Calibration:
         return calibration.calibrate_pmixed(*target, args.alpha, args.teachers, ball=args.ball,
                                             sampling_probability=args.sample_rate, variant=args.variant,
                                             seed=args.seed, orders=args.orders, **options)
-    from dpledger.accounting.orders import default_orders
 
     options.update(accountant=args.accountant, orders=default_orders(*(args.orders or ())), compare_pld=True)
     if kind == "gaussian":

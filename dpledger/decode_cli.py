@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from contextlib import ExitStack
 
 from dpledger.audit_cli import add_cluster_flags
 
@@ -29,12 +30,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from contextlib import ExitStack
-
     from dpledger.decoding.cluster import ClusterSpec, dask_client, require_dask
     from dpledger.decoding.config import load_config
     from dpledger.decoding.dask_decode import sequential_reason
-    from dpledger.decoding.run import prepare, run_decode
+    from dpledger.decoding.blocks import prepare
+    from dpledger.decoding.run import run_decode
     from dpledger.decoding import trace
 
     overrides = tuple(args.overrides) + (() if args.queries is None else (f"run.queries={args.queries}",))

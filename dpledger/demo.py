@@ -17,6 +17,7 @@ import pandas as pd
 
 from dpledger.decoding.config import BudgetConfig, DataConfig, ModelsConfig, RunConfig
 from dpledger.decoding.run import run_decode
+from dpledger.accounting.safe_files import write_atomic
 
 DEMO_TEACHERS = 8
 DEMO_QUERIES = 1024
@@ -165,7 +166,6 @@ def audit_and_report(root: Path, directories: list[Path], progress: bool, extra_
         for finding in report.findings:
             if finding.applies and finding.severity in ("medium", "high"):
                 print(f"      pitfall #{finding.pitfall} [{finding.severity}] {finding.title}")
-    from dpledger.accounting.safe_files import write_atomic
 
     out = root / "report.html"
     write_atomic(out, render([load_run(d) for d in directories], "html").replace(

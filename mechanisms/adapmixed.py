@@ -13,14 +13,18 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import torch
 
 from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders
 from dpledger.accounting.errors import require
 from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
+from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.distributions import validated_ensemble, validated_lambdas
+from dpledger.mechanisms.kernels import leave_one_out_curve, mixed_teachers
 from dpledger.mechanisms.pmixed import Ball, PMixED
 from dpledger.mechanisms.screening import NoisyScreening
+from dpledger.mechanisms.step import adapmixed_step
 
 
 def data_dependent_pmixed_values(teachers, public, lambdas, orders: Sequence[float]) -> np.ndarray:
@@ -29,10 +33,6 @@ def data_dependent_pmixed_values(teachers, public, lambdas, orders: Sequence[flo
     -> (..., K), K the number of distinct orders, in sorted order. Exact at every order, from the
     same kernel the decode loop charges with (dpledger.mechanisms.kernels.leave_one_out_curve), which mixes
     the teachers itself so that probabilities below the normal float range stay accurate."""
-    import torch
-
-    from dpledger.mechanisms.kernels import leave_one_out_curve
-
     teachers_np, public_np = validated_ensemble(teachers, public, None)
     lambdas_np = validated_lambdas(lambdas, teachers_np)
     values, _, _ = leave_one_out_curve(torch.from_numpy(teachers_np), torch.from_numpy(public_np),
@@ -45,12 +45,8 @@ def add_one_bound_values(pmixed: PMixED, teachers, public, lambdas, orders: Sequ
     the ensemble (p_+ = (N p + q) / (N + 1), q the added teacher after PMixED's projection), at each
     order: teachers (..., N, V), public (..., V), lambdas (..., N) -> (..., K), K distinct orders
     sorted. The derivation, step by step with the theorem behind each, is in
-    dpledger.mechanisms.kernels.add_one_divergence_bounds; tests/test_add_one_bound.py checks it against the
+    dpledger.mechanisms.add_one.add_one_divergence_bounds; tests/test_add_one_bound.py checks it against the
     worst case found by direct optimisation over the ball."""
-    import torch
-
-    from dpledger.mechanisms.kernels import add_one_divergence_bounds, mixed_teachers
-
     teachers_np, public_np = validated_ensemble(teachers, public, None)
     lambdas_np = validated_lambdas(lambdas, teachers_np)
     mixed = mixed_teachers(torch.from_numpy(teachers_np), torch.from_numpy(public_np), torch.from_numpy(lambdas_np))
@@ -125,8 +121,6 @@ class AdaPMixED:
         dpledger.mechanisms.step.StepResult: the distribution to sample from, lambdas, screening statistic
         and decision, and the charged curve by component on `orders` (default
         dpledger.accounting.orders.DEFAULT_ORDERS), covering `relation` (default: the mechanism's)."""
-        from dpledger.mechanisms.step import adapmixed_step
-
         return adapmixed_step(self, teachers, public, generator, orders, relation, accounting)
 
     @classmethod

@@ -70,6 +70,10 @@ import torch
 
 from dpledger.accounting.rounding import ROUNDING_ULPS
 from dpledger.mechanisms.fastmath import vexp  # noqa: F401  (first: it sets numba's vector width)
+from dpledger.mechanisms.ball import ALL_ORDERS_BALL_GRID, all_orders_ball_constraints
+from dpledger.mechanisms.kernels import _log, _set_threads, ball_mixing_weights, renyi_divergence_orders
+from dpledger.mechanisms.log_space import log_mean_with_one_exp
+from dpledger.mechanisms.fused import add_one_order_sums
 
 from numba import njit  # noqa: E402,I001
 
@@ -901,6 +905,152 @@ def _row_duals(p, p0, lo, hi, n, orders, gs, budgets, p_dev, p_err, p0_dev, p0_e
                 out_x[i, direction, j] = xs[j]
 
 
+# ----------------------------------------------------------------------------- the closed-form add-one bound
+
+def _knapsack_allocation(log_qmax: np.ndarray, log_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fractional-knapsack allocation of unit mass to tokens in decreasing order of log_t, each
+    capped at qmax_j = exp(log_qmax_j): (log of each token's allocation, -inf where none; log_t in the
+    same order). Rounded up: the mass placed is at least 1 (extra weight on the largest ratios only
+    raises a bound built on it). A ball around a law has qmax_j >= p0_j, so the caps hold unit mass."""
+    order = np.argsort(-log_t, axis=-1, kind="stable")
+    caps = np.take_along_axis(np.exp(log_qmax), order, axis=-1)
+    before = np.cumsum(caps, axis=-1) - caps
+    allocation = np.minimum(caps, np.clip(1.0 - before, 0.0, None) * (1.0 + 4.0 * ROUNDING_ULPS * caps.shape[-1]))
+    with np.errstate(divide="ignore"):
+        return np.log(allocation), np.take_along_axis(log_t, order, axis=-1)
+
+
+def _add_one_order_sums(log_allocation: np.ndarray, log_t: np.ndarray, orders: np.ndarray,
+                        teachers: float) -> tuple[np.ndarray, np.ndarray]:
+    """(log sum_j a_j t_j^(k-1), log of the chord bound's sum) per row of (..., V) and order k, by the
+    fused kernel (dpledger.mechanisms.fused.add_one_order_sums) over the allocated tokens only: (..., K) each.
+    A token with t_j = +inf (p_j = 0 < qmax_j) that receives mass makes both +inf."""
+    batch = log_t.shape[:-1]
+    flat_allocation = log_allocation.reshape(-1, log_t.shape[-1])
+    flat_t = log_t.reshape(-1, log_t.shape[-1])
+    u2 = np.empty((flat_t.shape[0], orders.size))
+    chord = np.empty((flat_t.shape[0], orders.size))
+    _set_threads()
+    for row in range(flat_t.shape[0]):
+        allocated = np.isfinite(flat_allocation[row])
+        if np.isposinf(flat_t[row][allocated]).any():
+            u2[row], chord[row] = np.inf, np.inf
+            continue
+        la, lt = flat_allocation[row][allocated], flat_t[row][allocated]
+        shift = np.logaddexp(np.log(teachers), lt) - np.log(teachers + 1.0)
+        add_one_order_sums(np.ascontiguousarray(la), np.ascontiguousarray(lt), np.ascontiguousarray(shift),
+                           orders, float(teachers), u2[row], chord[row])
+    return u2.reshape(*batch, orders.size), chord.reshape(*batch, orders.size)
+
+
+def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teachers: int, orders: torch.Tensor,
+                              alpha: float, radius: float, all_orders_beta: float | None = None,
+                              dual: bool = False) -> torch.Tensor:
+    """max(forward, reverse) of add_one_direction_bounds (its docstring has the derivation): (..., K).
+
+    dual=True takes, in each direction, the smaller of the closed-form bound and the Lagrangian dual
+    bound of dual_add_one_bounds (Boyd & Vandenberghe 2004, Section 5.1.3, weak
+    duality; certified in floating point). Both are upper bounds on the same maximum, so their minimum
+    is one, and it is never above the closed-form value. The dual costs far more per step (about a
+    thousand times the closed form at V = 1024: benchmarks/results/add_one_dual_cost.json), so it
+    is an option; a run records it (manifest params "add_one_dual") and the audit recomputes what
+    was charged.
+    """
+    forward, reverse = add_one_direction_bounds(output, public, teachers, orders, alpha, radius, all_orders_beta)
+    if dual:
+        dual_forward, dual_reverse = dual_add_one_bounds(output, public, teachers, orders, alpha, radius,
+                                                         all_orders_beta)
+        forward = np.minimum(forward, dual_forward.reshape(forward.shape))
+        reverse = np.minimum(reverse, dual_reverse.reshape(reverse.shape))
+    bound = np.maximum(forward, reverse)
+    if np.any(np.isnan(bound)):
+        raise ValueError("add-one bound is NaN: an input distribution holds NaN or inf")
+    return torch.from_numpy(bound)
+
+
+def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teachers: int, orders: torch.Tensor,
+                             alpha: float, radius: float, all_orders_beta: float | None = None
+                             ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, reverse), numpy (..., K): upper bounds, per order k, on the max of D_k(p_+ || p)
+    (forward) and of D_k(p || p_+) (reverse) over every teacher an adversary
+    can add: output (..., V) is p = mean of the N mixed teachers, public (..., V) is p0, and
+    p_+ = (N p + q) / (N + 1) with q any law PMixED's projection can produce, i.e. any q in the ball
+    B = {q : D<->_alpha(q, p0) <= radius} (q = lambda x + (1 - lambda) p0 lies in B whatever the
+    added teacher x is, and every q in B is reachable with x = q). With `all_orders_beta` the ball
+    also holds at every order (PMixED ball="all-orders"): D<->_k(q, p0) <= beta k for all k > 1.
+    Derivation (each step's source in brackets):
+
+    From the ball at order alpha, per token (each term of a sum is at most the sum), with
+    R = exp((alpha-1) radius):
+      q_j <= qmax_j = min(1, (R p0_j^(alpha-1))^(1/alpha))            [D_alpha(q || p0) <= radius]
+      q_j >= qmin_j = (p0_j^alpha / R)^(1/(alpha-1))                   [D_alpha(p0 || q) <= radius]
+    Forward, D_k(p_+ || p): (P, Q) -> sum_j P_j^k Q_j^(1-k) is jointly convex (perspective of x^k,
+    as in the proof of Flemings et al. 2024, Theorem C.1), and (p_+, p) = N/(N+1) (p, p) + 1/(N+1) (q, p):
+      exp((k-1) D_k(p_+ || p)) <= N/(N+1) + exp((k-1) D_k(q || p)) / (N+1),
+    with D_k(q || p) <= U_k = min(U1_k, U2):
+      U1_k = rho_k + max_j log(p0_j / p_j)     [q^k p^(1-k) = q^k p0^(1-k) (p0/p)^(k-1) termwise],
+      rho_k >= D_k(q || p0): radius for k <= alpha (monotone in the order, van Erven & Harremoes
+        2014, Theorem 3); ((alpha-1) radius + (k-alpha) log M) / (k-1) above, M = max_j qmax_j/p0_j
+        [sum p0 (q/p0)^k <= M^(k-alpha) sum p0 (q/p0)^alpha]; and beta k with the all-orders ball;
+      U2_k = log(sum_j qstar_j (qmax_j / p_j)^(k-1)) / (k-1): as q_j^k p_j^(1-k) = q_j (q_j/p_j)^(k-1)
+        <= q_j (qmax_j/p_j)^(k-1), sum_j q_j^k p_j^(1-k) is at most the linear programme
+        max {sum_j q_j c_j : 0 <= q_j <= qmax_j, sum_j q_j = 1}, c_j = (qmax_j/p_j)^(k-1), whose optimum
+        (a fractional knapsack) fills tokens in decreasing order of qmax_j / p_j (the same order for
+        every k) up to qmax_j until the mass reaches 1: that allocation is qstar.
+    The forward bound is also min'ed with a direct one over the box {0 <= q_j <= qmax_j, sum q = 1},
+    which contains the ball: sum_j p_j ((N + q_j/p_j)/(N+1))^k maximised through the chords of the
+    convex summand and a fractional knapsack (the "chord" bound below); it is nearly exact for the box
+    and much tighter than Jensen at low orders.
+    Reverse, D_k(p || p_+): min(B1, B2_k) with
+      B1 = log(1 + 1/N): p_+ >= N p / (N+1) termwise, so D_k <= D_inf(p || p_+) <= log((N+1)/N);
+      B2_k = W_k / (N+1): D_k is convex in its second argument (ibid. Theorem 12) and
+        D_k(p || p) = 0; W_k = log(sum_j p_j^k qmin_j^(1-k)) / (k-1) >= D_k(p || q) as 1-k < 0.
+    Every value is rounded up (the Renyi kernel's slack, ROUNDING_ULPS on the rest).
+    """
+    output = output.detach().cpu().double()
+    public = public.detach().cpu().double()
+    orders_np = orders.detach().cpu().double().numpy().reshape(-1)
+    n = float(teachers)
+    log_p = _log(output).numpy()
+    log_p0 = _log(public).numpy()
+    on_public = np.isfinite(log_p0)
+    log_r = (alpha - 1.0) * radius
+    with np.errstate(invalid="ignore"):
+        log_qmax = np.where(on_public, np.minimum(0.0, (log_r + (alpha - 1.0) * log_p0) / alpha), -np.inf)
+        log_qmin = np.where(on_public, (alpha * log_p0 - log_r) / (alpha - 1.0), -np.inf)
+        # tokens the public model never emits: every q in the ball is 0 there too (D_alpha(q||p0) finite)
+        ratio_p0_p = np.where(on_public, log_p0 - log_p, -np.inf)          # +inf where p_j = 0 < p0_j
+        log_m = np.where(on_public, log_qmax - log_p0, -np.inf).max(axis=-1)   # log M
+        ratio_q_p = np.where(on_public, log_qmax - log_p, -np.inf)          # log(qmax_j / p_j)
+    max_ratio = ratio_p0_p.max(axis=-1)
+    slack = ROUNDING_ULPS * (np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1)
+                             + np.abs(np.where(on_public, log_p0, 0.0)).max(axis=-1) + abs(log_r) + 4.0)
+    orders_col = orders_np.reshape((1,) * max_ratio.ndim + (-1,))
+    # One allocation serves U2 and the chord bound at every order: both fill tokens by decreasing
+    # t_j = qmax_j / p_j (the chord's slope (phi_k(t) - phi_k(0)) / t grows with t, phi_k being convex).
+    log_allocation, log_t = _knapsack_allocation(log_qmax, ratio_q_p)
+    u2_moment, chord_total = _add_one_order_sums(log_allocation, log_t, orders_np, n)
+    with np.errstate(invalid="ignore", over="ignore"):
+        above = ((alpha - 1.0) * radius + (orders_col - alpha) * log_m[..., None]) / (orders_col - 1.0)
+        rho = np.where(orders_col <= alpha, radius, above)
+        if all_orders_beta is not None:
+            rho = np.minimum(rho, all_orders_beta * orders_col)
+        u2 = u2_moment / (orders_col - 1.0)
+        u = np.minimum(rho + max_ratio[..., None], u2) + slack[..., None]
+        jensen = log_mean_with_one_exp((orders_col - 1.0) * u, n + 1.0) / (orders_col - 1.0)
+    magnitude = np.abs(np.where(np.isfinite(log_t), log_t, 0.0)).max(axis=-1)[..., None]
+    chord = (chord_total + ROUNDING_ULPS * (np.abs(np.where(np.isfinite(chord_total), chord_total, 0.0))
+                                            + orders_col * (magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0))
+             ) / (orders_col - 1.0)
+    forward = np.minimum(jensen, chord)
+    w = renyi_divergence_orders(torch.from_numpy(log_p), torch.from_numpy(log_qmin), orders.cpu()).numpy()
+    reverse = np.minimum(np.log1p(1.0 / n), w / (n + 1.0))
+    if np.any(np.isnan(forward)) or np.any(np.isnan(reverse)):
+        raise ValueError("add-one bound is NaN: an input distribution holds NaN or inf")
+    # the last divisions' rounding
+    return forward * (1.0 + ROUNDING_ULPS), reverse * (1.0 + ROUNDING_ULPS)
+
+
 # ----------------------------------------------------------------------------- the ball, the box, the orders
 
 def ball_constraints(alpha: float, radius: float, all_orders_beta: float | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -908,8 +1058,6 @@ def ball_constraints(alpha: float, radius: float, all_orders_beta: float | None 
     (alpha, radius), and with `all_orders_beta` also (a, beta a) at every order a of
     dpledger.mechanisms.pmixed.ALL_ORDERS_BALL_GRID (the all-orders ball holds D<->_k <= beta k at every k > 1;
     any finite subset of its constraints describes a superset of it)."""
-    from dpledger.mechanisms.pmixed import ALL_ORDERS_BALL_GRID
-
     orders, radii = [float(alpha)], [float(radius)]
     if all_orders_beta is not None:
         orders += [float(a) for a in ALL_ORDERS_BALL_GRID]
@@ -1053,7 +1201,7 @@ Above it the multipliers come from a few damped Newton steps only (from the best
 start and the chi-square start at four scales), and with a wide ball (e.g. beta = 0.2 at
 alpha = 18) they can be poor at some orders: the certified value is then valid but loose, the
 lower convex hull across orders (_interpolated) replaces it by a chord of its neighbours where
-that is smaller, and kernels.add_one_divergence_bounds keeps the closed form where that is.
+that is smaller, and add_one_divergence_bounds keeps the closed form where that is.
 Tiny changes of the input (its last bit) can move the chosen multipliers, and with them the
 bound by up to a few percent (measured: 8% at V = 320): the value is a deterministic function of
 the exact input bits, which is what the replay and the audit rely on."""
@@ -1068,8 +1216,6 @@ def dual_add_one_bounds(output, public, teachers: int, orders, alpha: float, rad
     where the dual gives no bound (above its last order, or a forward direction where p_j = 0 < p0_j:
     there the divergence itself is infinite). With details=True also a dict with the dual orders,
     the multipliers and the inner maximisers (the adversary starts from them)."""
-    from dpledger.mechanisms.kernels import _set_threads
-
     p_all = np.asarray(output.detach().cpu().double().numpy() if hasattr(output, "detach") else output, dtype=np.float64)
     p0_all = np.asarray(public.detach().cpu().double().numpy() if hasattr(public, "detach") else public,
                         dtype=np.float64)
@@ -1245,9 +1391,6 @@ def _project(candidates: np.ndarray, p0: np.ndarray, alpha: float, radius: float
     """PMixED's own projection of each candidate teacher x (C, V): q = lambda x + (1 - lambda) p0 with
     lambda the largest keeping q in the ball as the decode loop enforces it (Flemings et al. 2024,
     Algorithm 2; the all-orders ball through dpledger.mechanisms.pmixed.all_orders_ball_constraints)."""
-    from dpledger.mechanisms.kernels import ball_mixing_weights
-    from dpledger.mechanisms.pmixed import all_orders_ball_constraints
-
     x = torch.from_numpy(np.ascontiguousarray(candidates))
     public = torch.from_numpy(np.ascontiguousarray(p0))
     if all_orders_beta is None:
@@ -1338,13 +1481,11 @@ def add_one_gap(output, public, teachers: int, orders, alpha: float, radius: flo
                 all_orders_beta: float | None = None) -> dict:
     """Per step and order, the certified bounds beside the adversary's value: how much of the bound
     is proven slack. {"closed_forward", "closed_reverse": the closed-form bounds
-    (dpledger.mechanisms.kernels.add_one_direction_bounds); "dual_forward", "dual_reverse": the dual's;
+    (add_one_direction_bounds); "dual_forward", "dual_reverse": the dual's;
     "charged": max over directions of the smaller of the two (what add_one_divergence_bounds(dual=True)
     returns); "adversary_forward", "adversary_reverse", "adversary": max of the two (add_one_adversary);
     "ratio": charged / adversary (>= 1 up to the adversary's float rounding: the worst case lies
     between them)}, each (..., K)."""
-    from dpledger.mechanisms.kernels import add_one_direction_bounds
-
     p_all, p0_all = _as_rows(output), _as_rows(public)
     orders_np = _as_rows(orders).reshape(-1)
     forward, reverse, details = dual_add_one_bounds(p_all, p0_all, teachers, orders_np, alpha, radius,

@@ -101,23 +101,16 @@ class Mechanism(abc.ABC):
         """
         return None
 
-    @property
-    def pld_unavailable_reason(self) -> str | None:
-        """Why this mechanism has no PLD statement (None when it has one): no DpEvent in
-        dp-accounting (PMixED, data-dependent losses: RDP only), or a relation dp-accounting cannot
-        represent (one-sided remove-one / add-one)."""
+    def no_pld_reason(self) -> str | None:
+        """Why this mechanism itself has no PLD statement, or None when it may have one: a
+        data-dependent charge, or no DpEvent (PMixED: RDP only). Whether dp-accounting can represent
+        its event under its relation is the interop's question:
+        dpledger.mechanisms.pld.pld_unavailable_reason asks both."""
         if self.data_dependent:
             return (f"{type(self).__name__} charges a data-dependent loss (Papernot et al. 2018, Definition 5): "
                     "no PLD in dp-accounting; RDP only")
-        event = self.dp_event()
-        if event is None:
+        if self.dp_event() is None:
             return f"{type(self).__name__} has no DpEvent: no PLD in dp-accounting; RDP only"
-        from dpledger.mechanisms.dp_events import dp_accounting_relation
-
-        try:
-            dp_accounting_relation(self.relation, event)
-        except ValueError as error:
-            return str(error)
         return None
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
+import dataclasses
 
 from dpledger.accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
 from dpledger.accounting.curve import RdpCurve
@@ -44,8 +45,9 @@ from dpledger.mechanisms.hot_pate import DPWeightedSampler
 from dpledger.mechanisms.pate import ConfidentGNMax, GNMax
 from dpledger.mechanisms.pld import (PLD_NOISE_LIMIT, PLD_VALUE_DISCRETIZATION_INTERVAL, composed_event, pld_epsilon,
                            simplified_event)
-from dpledger.mechanisms.pmixed import (Ball, PMixED, SubsamplingVariant, ball_named, beta_from_budget, subsampled_pmixed_curve,
-                               subsampling_variant)
+from dpledger.mechanisms.ball import Ball, ball_named
+from dpledger.mechanisms.pmixed import (PMixED, SubsamplingVariant, beta_from_budget, subsampled_pmixed_curve,
+                                        subsampling_variant)
 from dpledger.mechanisms.screening import NoisyScreening
 
 ACCOUNTANTS = ("rdp", "pld")
@@ -615,8 +617,6 @@ def calibrate_dpws(epsilon: float, delta: float, queries: int, *, threshold: flo
 
 
 def _with_fixed(result: Calibration, **extra) -> Calibration:
-    import dataclasses
-
     return dataclasses.replace(result, fixed={**result.fixed, **extra})
 
 

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from dpledger.accounting.errors import require, require_bool, require_order
 from dpledger.mechanisms.distributions import as_float64_array, require_same_vocabulary
+from dpledger.mechanisms.kernels import renyi_divergence_orders, symmetric_renyi_orders
 
 
 def renyi_divergence(p, q, alpha, symmetric: bool = False):
@@ -16,9 +18,6 @@ def renyi_divergence(p, q, alpha, symmetric: bool = False):
     the broadcast batch shape) or a 1-D sequence of orders (result gains a trailing order axis).
     +inf where P puts mass outside Q's support. Torch inputs give a float64 torch tensor back.
     """
-    import torch
-
-    from dpledger.mechanisms.kernels import renyi_divergence_orders, symmetric_renyi_orders
 
     is_torch = isinstance(p, torch.Tensor) or isinstance(q, torch.Tensor)
     p_array = as_float64_array("p", p)
@@ -48,15 +47,3 @@ def renyi_divergence(p, q, alpha, symmetric: bool = False):
         return result
     result = result.numpy()
     return float(result) if result.ndim == 0 else result
-
-
-def log_mean_with_one_exp(x, n):
-    """log((n - 1 + e^x) / n) = log1p(expm1(x) / n), elementwise: exact 0 at x = 0 and no cancellation
-    for small x; for x > 700, where expm1 overflows, x - log n + log1p((n - 1) e^-x). The mean of
-    n - 1 ones and one e^x, in log space (Theorem 3.1's and the add-one bound's Jensen step)."""
-    x = np.asarray(x, dtype=np.float64)
-    n = np.asarray(n, dtype=np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        small = np.log1p(np.expm1(np.minimum(x, 700.0)) / n)
-        large = x - np.log(n) + np.log1p((n - 1.0) * np.exp(-np.maximum(x, 700.0)))
-    return np.where(x <= 700.0, small, large)

@@ -26,8 +26,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import torch
 
 from dpledger.accounting.errors import require, require_bool, require_finite, require_in_closed, require_int_at_least
+from dpledger.mechanisms.hot_pate import Targmax
+from dpledger.mechanisms.kernels import coordinated_votes
 
 TEACHER_SUM_TOLERANCE = 1e-6
 """|sum_j p_i[j] - 1| allowed per teacher."""
@@ -111,10 +114,6 @@ def vote_draws(teachers, coordinated: bool, samples: int, seed: int) -> np.ndarr
     p_i exactly. Draws come from one torch.Generator seeded by `seed`, in chunks of rounds that
     bound memory; the chunking depends on (N, V) only, so equal inputs give equal votes.
     """
-    import torch
-
-    from dpledger.mechanisms.kernels import coordinated_votes
-
     probs_np = validated_teachers(teachers)
     coordinated = require_bool("coordinated", coordinated)
     samples = require_int_at_least("samples", samples, 1)
@@ -411,8 +410,6 @@ def diversity_preservation(output_law, teachers, tau: int, beta: float, gamma: f
 def targmax_probabilities(counts, threshold: int) -> np.ndarray:
     """TARGMAX_T's output law on one histogram: one-hot at the plurality token (lowest id on ties,
     as `Targmax.aggregate`) when its count is >= T, all zeros (failure) otherwise."""
-    from dpledger.mechanisms.hot_pate import Targmax
-
     counts = np.asarray(counts)
     token = Targmax(threshold).aggregate(counts)
     out = np.zeros(counts.shape[-1] if counts.ndim else 0, dtype=np.float64)

@@ -23,10 +23,13 @@ import math
 from typing import Any
 
 import numpy as np
+import attr
 
 from dpledger.accounting.errors import require
 from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
 from dpledger.accounting.strict_json import loads_json, strict_json_text
+from dpledger.mechanisms.base import ComposedMechanism, SelfComposedMechanism
+from dpledger.mechanisms.gaussian import GaussianMechanism, PoissonSubsampledGaussian
 
 DP_EVENT_FILE_FORMAT = "dpledger.dp_event"
 DP_EVENT_FILE_VERSION = 1
@@ -137,8 +140,6 @@ def mechanism_from_dp_event(event, relation=NeighbouringRelation.ADD_OR_REMOVE_O
     replacement moving the sum by 2C, as its PLDAccountant reads it) must have its noise multiplier
     halved before it is read here at relation replace_one.
     """
-    from dpledger.mechanisms.base import ComposedMechanism, SelfComposedMechanism
-    from dpledger.mechanisms.gaussian import GaussianMechanism, PoissonSubsampledGaussian
 
     module = _dp_event_module()
     require_dp_event("event", event)
@@ -192,8 +193,6 @@ def dp_event_from_dict(payload, where: str = "dp_event"):
     """The DpEvent a dict from dp_event_to_dict names. Only classes of dp_accounting.dp_event are
     built (no other module is imported from a file); every attrs field must be given, no other key;
     leaves must be numbers. ValueError naming the path and the problem otherwise."""
-    import attr
-
     module = _dp_event_module()
     require(isinstance(payload, dict), f"{where} must be an object naming a DpEvent, got {type(payload).__name__}")
     module_name = payload.get("module_name", module.__name__)

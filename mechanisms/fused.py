@@ -490,7 +490,7 @@ def _renyi_row(lp, lq, orders, slack_ulps, out):
 
 @njit(**_FLAGS)
 def add_one_order_sums(log_allocation, log_t, shift, orders, teachers, out_u2, out_chord):
-    """The two order-dependent sums of the add-one bound (dpledger.mechanisms.kernels.add_one_divergence_bounds)
+    """The two order-dependent sums of the add-one bound (dpledger.mechanisms.add_one.add_one_divergence_bounds)
     over the allocated tokens of the fractional knapsack (log allocation a_j, log t_j, all finite),
     for every order k:
       out_u2 = log sum_j a_j t_j^(k-1)                                   (the U2 bound, times k - 1)

@@ -9,6 +9,7 @@ from dpledger.accounting.errors import require, require_in_closed, require_posit
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.rounding import positive_floor
 from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
+from dpledger.mechanisms.subsampling import amplified_rdp
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,6 @@ class PoissonSubsampledGaussian(Mechanism):
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         from dp_accounting.rdp import rdp_privacy_accountant
-
-        from dpledger.mechanisms.subsampling import amplified_rdp
 
         gaussian = GaussianMechanism(self.noise_multiplier)
         at_ceiling = amplified_rdp(self.sampling_probability, gaussian.rdp_values, np.ceil(orders), general=False)

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import log_ndtr, ndtr
+import math
+import torch
 
 from dpledger.accounting.errors import require, require_bool, require_finite, require_int_at_least, require_positive
 from dpledger.accounting.relation import NeighbouringRelation
@@ -17,6 +20,7 @@ from dpledger.accounting.rounding import positive_floor
 from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 from dpledger.mechanisms.distributions import as_float64_array
 from dpledger.mechanisms.pate import histogram_sensitivity_squared, require_generator, validated_counts
+from dpledger.mechanisms.kernels import coordinated_votes
 
 
 def vote_histogram(votes, vocabulary_size: int) -> np.ndarray:
@@ -37,10 +41,6 @@ def cast_votes(teachers, coordinated: bool, seed: int) -> np.ndarray:
 
     teachers (..., N, V). The shared randomness depends on `seed` only, never on private data.
     """
-    import torch
-
-    from dpledger.mechanisms.kernels import coordinated_votes
-
     probs = torch.from_numpy(as_float64_array("teachers", teachers, min_ndim=2))
     coordinated = require_bool("coordinated", coordinated)
     seed = require_int_at_least("seed", seed, 0)
@@ -149,8 +149,6 @@ class DPWeightedSampler(Mechanism):
     def dp_event(self):
         """GaussianDpEvent(sigma / s): RDP a s^2 / (2 sigma^2), the charge above (Mironov 2017,
         Corollary 3 at the histogram's L2 sensitivity s under the relation)."""
-        import math
-
         import dp_accounting
 
         return dp_accounting.GaussianDpEvent(self.sigma / math.sqrt(histogram_sensitivity_squared(self.relation)))
@@ -175,8 +173,6 @@ class DPWeightedSampler(Mechanism):
           E[exp(t g_j)] = Phi(u_j) + exp(t c_j + t^2 sigma^2 / 2) Q(u_j - t sigma).
         The failure's bounds are 1 minus the releases' sums. Each value carries a 1e-10 relative
         allowance for its floating-point evaluation (libm and scipy's log_ndtr err by a few ulps)."""
-        from scipy.special import log_ndtr, ndtr
-
         counts = validated_counts(counts)
         n = float(counts.sum()) if self.voters is None else float(self.voters)
         a = n / self.gamma

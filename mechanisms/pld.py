@@ -24,6 +24,7 @@ from dpledger.accounting.orders import DEFAULT_ORDERS
 from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
 from dpledger.mechanisms.base import Mechanism, require_mechanism
 from dpledger.mechanisms.dp_events import (dp_accounting_relation, effective_gaussian_noise_multiplier, require_dp_event)
+from dpledger.mechanisms.dp_events import mechanism_from_dp_event
 
 PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 """Width of the privacy-loss grid (dp-accounting's default): the pessimistic PLD epsilon is within
@@ -100,13 +101,26 @@ def rdp_epsilon_of_event(event, delta: float, relation=NeighbouringRelation.ADD_
                          orders: Sequence[float] = DEFAULT_ORDERS, method=ConversionMethod.IMPROVED) -> float:
     """Epsilon of `event` through dpledger's own RDP curve of the event's mechanism
     (dpledger.mechanisms.dp_events.mechanism_from_dp_event) and conversion (Balle et al. 2020, Theorem 21)."""
-    from dpledger.mechanisms.dp_events import mechanism_from_dp_event
-
     curve = mechanism_from_dp_event(event, relation).rdp_curve(orders)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GridEdgeWarning)
         return epsilon_from_rdp(curve, delta, method).epsilon
 
+
+
+def pld_unavailable_reason(mechanism: Mechanism) -> str | None:
+    """Why `mechanism` has no PLD statement (None when it has one): its own reason
+    (Mechanism.no_pld_reason: a data-dependent charge, no DpEvent, threshold privacy), or a relation
+    dp-accounting cannot represent for its event (one-sided remove-one / add-one; replace-one with a
+    sampling step), in dpledger.mechanisms.dp_events.dp_accounting_relation's words."""
+    reason = require_mechanism("mechanism", mechanism).no_pld_reason()
+    if reason is not None:
+        return reason
+    try:
+        dp_accounting_relation(mechanism.relation, mechanism.dp_event())
+    except ValueError as error:
+        return str(error)
+    return None
 
 @dataclass(frozen=True)
 class RdpPldComparison:
@@ -179,7 +193,7 @@ def compare_rdp_pld(mechanism: Mechanism, queries: int, delta: float, orders: Se
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GridEdgeWarning)
         rdp = epsilon_from_rdp(mechanism.rdp_curve(orders).composed(queries), delta, method)
-    reason = mechanism.pld_unavailable_reason or pld_out_of_range(composed_event(mechanism, queries))
+    reason = pld_unavailable_reason(mechanism) or pld_out_of_range(composed_event(mechanism, queries))
     pld = None if reason is not None else pld_epsilon(composed_event(mechanism, queries), delta, mechanism.relation,
                                                       value_discretization_interval)
     return RdpPldComparison(rdp.epsilon, rdp.order, pld, delta, queries, value_discretization_interval, reason)

@@ -11,6 +11,7 @@ from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
+import torch
 
 from dpledger.accounting.curve import RdpCurve, compose_curves
 from dpledger.accounting.errors import (require, require_in_closed, require_int_at_least, require_non_negative,
@@ -20,7 +21,10 @@ from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.rounding import ROUNDING_ULPS, SMALLEST_POSITIVE
 from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 from dpledger.mechanisms.distributions import validated_ensemble, validated_lambdas
-from dpledger.mechanisms.divergence import log_mean_with_one_exp
+from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints, ball_named
+from dpledger.mechanisms.kernels import ball_mixing_weights, mixing_weights
+from dpledger.mechanisms.log_space import log_mean_with_one_exp
+from dpledger.mechanisms.step import pmixed_step
 from dpledger.mechanisms.subsampling import amplified_rdp
 
 
@@ -134,49 +138,6 @@ def _tiny_beta_fits(beta: float, alpha: float, size: int, budget: Fraction) -> b
     return (c + c * c) / (size * (a - 1)) <= budget
 
 
-class Ball(enum.Enum):
-    """Which Renyi ball PMixED projects each teacher onto."""
-
-    PROJECTION_ORDER = "projection-order"
-    """Flemings et al. 2024, Algorithm 2: D<->_alpha(pbar_i, p0) <= beta alpha at the one order alpha.
-    Theorem 3.1's proof needs the ball at every order (Theorem A.5's hypothesis), so its bound is
-    reported "as claimed"; an input with extreme tails exceeds it (a data-dependent loss of 4.2
-    against 0.041; tests/test_all_orders_ball.py)."""
-
-    ALL_ORDERS = "all-orders"
-    """D<->_k(pbar_i, p0) <= beta k at every order k > 1, enforced on the grid ALL_ORDERS_BALL_GRID
-    with slack (for k in (k_j, k_j+1], D_k <= D_k_j+1 <= beta k_j, k_0 = 1) and above it through
-    D<->_inf <= beta k_max. This is the hypothesis of Theorem A.5 (Steinke 2022, Lemma 33.7) at every
-    order, so Theorem 3.1 is proven at every order and the curve is finite everywhere."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-ALL_ORDERS_BALL_GRID: tuple[float, ...] = tuple(float(1.2 ** i) for i in range(1, 39))
-"""Orders at which ball="all-orders" enforces its radii: 1.2, 1.44, ..., 1.2^38 ~ 1022 (38 orders).
-Between two of them the radius enforced is at least 1/1.2 of beta k; the ratio trades utility for
-projection cost (each root-finding step evaluates every order)."""
-
-
-def ball_named(value: "Ball | str") -> Ball:
-    """The Ball named by `value`; ValueError listing the names for anything else."""
-    try:
-        return Ball(value)
-    except ValueError:
-        raise ValueError(f"ball must be one of {[b.value for b in Ball]}, got {value!r}") from None
-
-
-def all_orders_ball_constraints(beta: float, grid: Sequence[float] = ALL_ORDERS_BALL_GRID):
-    """(orders, radii, max_radius) enforcing D<->_k <= beta k at every k > 1 through a finite grid
-    k_1 < ... < k_m: D<->_{k_j+1} <= beta k_j (k_0 = 1) and D<->_inf <= beta k_m. Since D_k is
-    non-decreasing in k (van Erven & Harremoes 2014, Theorem 3), for k in (k_j, k_j+1]:
-    D_k <= D_{k_j+1} <= beta k_j < beta k, and for k > k_m: D_k <= D_inf <= beta k_m < beta k."""
-    grid = tuple(sorted(float(k) for k in grid))
-    lower = (1.0,) + grid[:-1]
-    return grid, tuple(beta * k for k in lower), beta * grid[-1]
-
-
 @dataclass(frozen=True)
 class PMixED(Mechanism):
     """One PMixED query: N teachers, each projected onto a Renyi ball around p0, then averaged.
@@ -231,17 +192,11 @@ class PMixED(Mechanism):
         """lambda_i per teacher (vectorised over all N): largest lambda in [0, 1] keeping the mixed
         teacher within the ball (Flemings et al. 2024, Algorithm 2; every order for the all-orders
         ball). teachers (..., N, V), public (..., V)."""
-        import torch
-
         teachers_np, public_np = validated_ensemble(teachers, public, self.teachers)
         return self.mixing_weights_tensor(torch.from_numpy(teachers_np), torch.from_numpy(public_np)).numpy()
 
     def mixing_weights_tensor(self, teachers, public):
         """mixing_weights on float64 tensors, unvalidated (the decode loop's inner call)."""
-        import torch
-
-        from dpledger.mechanisms.kernels import ball_mixing_weights, mixing_weights
-
         if self.ball is Ball.ALL_ORDERS:
             if self.beta == 0.0:  # radius 0 at every order: only the public model itself is in the ball
                 return torch.zeros(teachers.shape[:-1], dtype=torch.float64)
@@ -254,8 +209,6 @@ class PMixED(Mechanism):
         distribution to sample from, the lambdas, Theorem 3.1's curve on `orders`, default
         dpledger.accounting.orders.DEFAULT_ORDERS). `generator` is accepted for symmetry with
         AdaPMixED.step; PMixED itself draws nothing before sampling."""
-        from dpledger.mechanisms.step import pmixed_step
-
         return pmixed_step(self, teachers, public, orders)
 
     def output_distribution(self, teachers, public, lambdas=None) -> np.ndarray:

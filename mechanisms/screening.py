@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from dpledger.accounting.errors import (require, require_bool, require_in_closed, require_int_at_least, require_non_negative,
                                require_not_nan, require_order, require_positive)
@@ -12,6 +13,8 @@ from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.rounding import positive_floor
 from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 from dpledger.mechanisms.distributions import validated_ensemble
+from dpledger.mechanisms.kernels import renyi_divergence_orders
+from dpledger.mechanisms.randomness import standard_normal
 
 
 @dataclass(frozen=True)
@@ -94,10 +97,6 @@ class NoisyScreening(Mechanism):
         is D_alpha(noisy || p0[K] renormalised) (Flemings et al. 2024, Algorithm 1 writes the symmetric form;
         either is post-processing of the noisy vector). An all-zero noisy vector gives +inf.
         """
-        import torch
-
-        from dpledger.mechanisms.randomness import standard_normal
-
         teachers = torch.as_tensor(teachers, dtype=torch.float64)
         public = torch.as_tensor(public, dtype=torch.float64)
         # the charge uses N = self.teachers: a smaller ensemble would be under-charged
@@ -114,17 +113,11 @@ class NoisyScreening(Mechanism):
 
     def top_indices(self, public):
         """K: the public model's top-k tokens per query (public, so choosing them costs nothing)."""
-        import torch
-
         return torch.topk(public, min(self.top_k, public.shape[-1]), dim=-1).indices
 
     def statistic_from_mean(self, mean, public_top, noise):
         """D_alpha(clip(mean + noise, 0) renormalised || public_top renormalised), broadcast over
         leading axes; +inf where the clipped noisy vector is all zero."""
-        import torch
-
-        from dpledger.mechanisms.kernels import renyi_divergence_orders
-
         noisy = (mean + noise).clamp_min(0.0)
         total = noisy.sum(dim=-1, keepdim=True)
         order = torch.tensor([self.alpha], dtype=torch.float64)
@@ -134,8 +127,6 @@ class NoisyScreening(Mechanism):
 
     def screen(self, teachers, public, generator) -> ScreeningOutcome:
         """One query: teachers (N, V), public (V,)."""
-        import torch
-
         teachers, public = validated_ensemble(teachers, public, self.teachers)
         require(isinstance(generator, torch.Generator), f"generator must be a torch.Generator, got {generator!r}")
         statistic = float(self.statistics(torch.from_numpy(teachers)[None], torch.from_numpy(public)[None], generator)[0])

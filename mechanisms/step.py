@@ -16,7 +16,10 @@ import torch
 from dpledger.accounting.errors import require
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
+from dpledger.mechanisms.add_one import add_one_divergence_bounds
+from dpledger.mechanisms.ball import Ball
 from dpledger.mechanisms.distributions import validated_ensemble
+from dpledger.mechanisms.kernels import leave_one_out_curve, mixed_teachers
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,6 @@ def mixed_output(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Te
                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the mixed teachers (..., N, V), their mean over the (masked) ensemble (..., V)); an empty
     subsample answers with the public model."""
-    from dpledger.mechanisms.kernels import mixed_teachers
-
     mixed = mixed_teachers(teachers, public, lambdas)
     if mask is None:
         return mixed, mixed.mean(dim=-2)
@@ -113,12 +114,9 @@ def data_dependent_step_curve(pmixed, teachers: torch.Tensor, public: torch.Tens
 
     Remove-one: Flemings et al. 2024, Eq. 3, max_i D<->(p, p_-i), exact on a sub-grid and a chord
     bound within `relative_tolerance` between (dpledger.mechanisms.kernels.leave_one_out_curve). Add-one:
-    dpledger.mechanisms.kernels.add_one_divergence_bounds at every order of the grid (one row per step, so
+    dpledger.mechanisms.add_one.add_one_divergence_bounds at every order of the grid (one row per step, so
     its fused kernel costs less than the sub-grid bookkeeping would save); add_one_dual=True also
     takes the certified Lagrangian dual bound there (dpledger.mechanisms.add_one), per direction the smaller."""
-    from dpledger.mechanisms.kernels import add_one_divergence_bounds, leave_one_out_curve
-    from dpledger.mechanisms.pmixed import Ball
-
     relation = neighbouring_relation(relation)
     removed, exact, output = leave_one_out_curve(teachers, public, lambdas, orders, relative_tolerance)
     output = output.to(public.device)

@@ -231,15 +231,14 @@ class VotingMechanism(Mechanism):
             return None
         return (self.dpws if self.aggregator is Aggregator.DPWS else self.confident_gnmax).dp_event()
 
-    @property
-    def pld_unavailable_reason(self) -> str | None:
+    def no_pld_reason(self) -> str | None:
         if self.threshold_private:
             return f"{self.aggregator.value} gives no DP guarantee (T-threshold privacy only): no PLD"
         if self.accounting != "released-output":
             return "realised-path accounting charges the answer only where the screen passed: an ex-post total, no PLD"
         if self.data_dependent_answer:
             return "the answer is charged Papernot et al. 2018's data-dependent Theorem 6: no PLD in dp-accounting"
-        return super().pld_unavailable_reason
+        return super().no_pld_reason()
 
     def rdp_values(self, orders: np.ndarray) -> np.ndarray:
         if self.threshold_private:

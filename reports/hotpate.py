@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 from scipy.stats import norm
+import json
+import torch
 
 from dpledger.accounting.conversion import epsilon_from_rdp
 from dpledger.accounting.errors import require, require_in_open, require_int_at_least
@@ -33,6 +35,7 @@ from dpledger.accounting.safe_files import write_atomic
 from dpledger.mechanisms.diversity import DiversityCurve, mean_diversity_curve, query_seed, vote_draws
 from dpledger.mechanisms.pate import ConfidentGNMax
 from dpledger.reports.html_text import escaped
+from dpledger.decoding.recipe import encode_documents, set_single_thread
 
 NOISE_PER_THRESHOLD = 0.25
 """The calibration rule of the matched-utility comparison: s1 = s2 = T * 0.25."""
@@ -108,8 +111,6 @@ def matched_privacy_cost(thresholds: tuple, yields: tuple, teachers: int, target
 def teacher_distributions(ensemble, token_ids: np.ndarray, queries: int, context: int = 16) -> np.ndarray:
     """(queries, N, V) teacher next-token distributions at consecutive positions of `token_ids`,
     each with at least `context` tokens before it, in windows the ensemble's context can hold."""
-    import torch
-
     window = min(ensemble.n_positions, 64)
     require(window > context, f"the ensemble's context ({ensemble.n_positions} tokens) is too short for queries")
     rows, start = [], 0
@@ -155,7 +156,6 @@ def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed:
     from transformers import AutoTokenizer
 
     from dpledger.decoding.icl import embedded_icl_default, load_icl_ensemble
-    from dpledger.decoding.recipe import encode_documents, set_single_thread
 
     teachers = require_int_at_least("teachers", teachers, 2)
     queries = require_int_at_least("queries", queries, 1)
@@ -266,8 +266,6 @@ def hotpate_html(result: HotPateResult) -> str:
 def write_hotpate(result: HotPateResult, out: str | Path) -> dict[str, Path]:
     """hotpate.json (strict), hotpate.png and hotpate.md under `out`, each written atomically and never
     through a link (dpledger.accounting.safe_files)."""
-    import json
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "hotpate.json", "png": out / "hotpate.png", "md": out / "hotpate.md"}

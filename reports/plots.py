@@ -16,6 +16,7 @@ from dpledger.accounting.curve import RdpCurve  # noqa: E402
 from dpledger.accounting.errors import require  # noqa: E402
 from dpledger.accounting.relation import NeighbouringRelation  # noqa: E402
 from dpledger.reports.run_data import RunData  # noqa: E402
+from dpledger.reports.tables import leakage_table
 
 
 TITLE_WIDTH = 58
@@ -214,8 +215,6 @@ def plot_rdp_curve(run: RunData) -> bytes | None:
 
 
 def plot_leakage(run: RunData) -> bytes | None:
-    from dpledger.reports.tables import leakage_table
-
     table = leakage_table(run)
     if table is None:
         return None

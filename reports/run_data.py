@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpledger.decoding import trace
+from dpledger.audit.audit import audit_binding, audit_integrity
 
 AUDIT_FILE = "audit.json"
 
@@ -82,8 +83,6 @@ def load_run(run_dir: str | Path) -> RunData:
     ledger = trace.read_ledger(run_dir)
     audit, stale, withheld = None, None, "STALE"
     if (run_dir / AUDIT_FILE).exists():
-        from dpledger.audit.audit import audit_binding, audit_integrity
-
         try:
             audit = trace.read_json_file(run_dir / AUDIT_FILE, "the run's audit")
             problem = audit_integrity(audit)

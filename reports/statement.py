@@ -6,6 +6,7 @@ import math
 from dpledger.accounting.errors import require
 from dpledger.reports.run_data import RunData, fmt
 from dpledger.reports.tables import direction_label
+from dpledger.mechanisms.pmixed import SubsamplingVariant
 
 _MECHANISMS = {
     "public": "The public model answers alone; the teachers are never read, so nothing private is used.",
@@ -74,7 +75,6 @@ def _pmixed(params: dict, manifest: dict) -> str:
     text = f" Here: alpha={params['alpha']:g}, beta={params['beta']:g}, N={manifest['n_teachers']}"
     if params.get("sample_rate") is None:
         return text + f". Every step is charged {_theorem_3_1(params)}."
-    from dpledger.mechanisms.pmixed import SubsamplingVariant
 
     variant = SubsamplingVariant(params["subsampling_variant"])
     return (text + f", each teacher Poisson-subsampled at every step with rate q={params['sample_rate']:g}. Every step "

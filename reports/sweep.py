@@ -20,6 +20,8 @@ import pandas as pd  # noqa: E402
 from dpledger.accounting.safe_files import write_atomic  # noqa: E402
 from dpledger.decoding.config import DataConfig, ModelsConfig, RunConfig  # noqa: E402
 from dpledger.decoding.run import run_decode  # noqa: E402
+from dpledger.decoding.embedded import build_or_load
+from dpledger.reports.render import strict_json
 
 PAPER_DEFAULTS = dict(alpha=18.0, beta=0.2, lam=1e-4, sigma=1e-2, threshold=4.5, top_k=60)
 SWEEPS: dict[str, list[dict]] = {
@@ -38,8 +40,6 @@ def _point_label(change: dict) -> str:
 
 def run_sweep(out: str | Path, queries: int = 256, teachers: int = 8, parameters: list[str] | None = None,
               progress: bool = False) -> pd.DataFrame:
-    from dpledger.decoding.embedded import build_or_load
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     embedded = build_or_load(teachers=teachers)
@@ -69,7 +69,6 @@ def run_sweep(out: str | Path, queries: int = 256, teachers: int = 8, parameters
     write_atomic(out / "sweep.csv", table.to_csv(index=False).encode())
     for parameter, group in table.groupby("parameter", sort=False):
         write_atomic(out / f"sweep_{parameter}.png", sweep_plot(parameter, group))
-    from dpledger.reports.render import strict_json
 
     write_atomic(out / "sweep.json", (strict_json(rows, "sweep.json", "no guarantee at any order") + "\n").encode())
     return table

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from dpledger.accounting.rounding import ROUNDING_ULPS
-from dpledger.mechanisms.divergence import log_mean_with_one_exp
+from dpledger.mechanisms.log_space import log_mean_with_one_exp
 
 _CHUNK_ELEMENTS = 1 << 16
 

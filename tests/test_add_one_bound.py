@@ -1,4 +1,4 @@
-"""dpledger.mechanisms.kernels.add_one_divergence_bounds against the brute-force worst case of the add-one
+"""dpledger.mechanisms.add_one.add_one_divergence_bounds against the brute-force worst case of the add-one
 neighbour (tests/oracles/add_one_worst_case.py, which shares no code with the package).
 
 The bound claims, at every order k, max over q in the ball B of max(D_k(p_+ || p), D_k(p || p_+)),
@@ -31,8 +31,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpledger.mechanisms.kernels import add_one_divergence_bounds
-from dpledger.mechanisms.pmixed import Ball, PMixED, all_orders_ball_constraints
+from dpledger.mechanisms.add_one import add_one_divergence_bounds
+from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints
+from dpledger.mechanisms.pmixed import PMixED
 from tests.oracles.add_one_worst_case import divergences_at, in_ball, worst_case, worst_cases
 from tests.oracles.renyi import symmetric_renyi_divergence
 

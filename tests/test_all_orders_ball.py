@@ -28,7 +28,8 @@ import numpy as np
 import pytest
 
 from dpledger.mechanisms.adapmixed import data_dependent_pmixed_values
-from dpledger.mechanisms.pmixed import Ball, PMixED, all_orders_ball_constraints
+from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints
+from dpledger.mechanisms.pmixed import PMixED
 from tests.oracles import renyi_divergence as oracle_renyi_divergence
 from tests.oracles import theorem_3_1_epsilon as oracle_theorem_3_1
 

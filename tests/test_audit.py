@@ -16,7 +16,8 @@ from dpledger.audit.sampled import distinguishing_game, epsilon_lower_bound
 from dpledger.audit.selfcheck import FAULTS, RUNNER_FAULTS, TRACE_FAULTS, faulty_runner, plant_trace_fault
 from dpledger.decoding import trace
 from dpledger.decoding.config import config_from_dict
-from dpledger.decoding.run import prepare, run_decode
+from dpledger.decoding.blocks import prepare
+from dpledger.decoding.run import run_decode
 from dpledger.cli import main
 from dpledger.mechanisms import renyi_divergence
 from tests.micro import micro_config

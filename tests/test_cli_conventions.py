@@ -32,7 +32,7 @@ def test_embedded_default_trains_the_teacher_kind_the_config_names(kind, monkeyp
     """embedded = true with teacher_kind = "lora" used to train full teachers while the manifest said lora."""
     from dpledger.decoding import embedded
     from dpledger.decoding.config import config_from_dict
-    from dpledger.decoding.run import prepare
+    from dpledger.decoding.blocks import prepare
 
     asked = {}
 

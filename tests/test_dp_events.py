@@ -16,7 +16,8 @@ from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.mechanisms import (ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
                         PoissonSubsampledGaussian, compare_rdp_pld, compose, dp_accounting_relation,
                         dp_event_from_dict, dp_event_from_json, dp_event_to_dict, dp_event_to_json,
-                        mechanism_from_dp_event, pld_epsilon, read_dp_event_json, self_compose)
+                        mechanism_from_dp_event, pld_epsilon, pld_unavailable_reason, read_dp_event_json,
+                        self_compose)
 
 ORDERS = np.asarray(DEFAULT_ORDERS)
 INTEGER = ORDERS == np.round(ORDERS)
@@ -96,7 +97,7 @@ def test_pld_of_composed_gaussians_matches_dp_accountings_pld():
 
 def test_pmixed_has_no_event_and_says_why():
     pmixed = PMixED(6.0, 0.05, 16)
-    assert pmixed.dp_event() is None and "RDP only" in pmixed.pld_unavailable_reason
+    assert pmixed.dp_event() is None and "RDP only" in pld_unavailable_reason(pmixed)
     comparison = compare_rdp_pld(pmixed, 10, 1e-5)
     assert comparison.pld_epsilon is None and comparison.tighter == "rdp"
     assert compose(GaussianMechanism(2.0), pmixed).dp_event() is None
@@ -158,7 +159,7 @@ def test_relations_dp_accounting_cannot_represent_are_refused():
     for one_sided in (NeighbouringRelation.REMOVE_ONE, NeighbouringRelation.ADD_ONE):
         with pytest.raises(ValueError, match="cannot be represented in dp-accounting"):
             dp_accounting_relation(one_sided)
-        assert "RDP only" in GaussianMechanism(2.0, relation=one_sided).pld_unavailable_reason
+        assert "RDP only" in pld_unavailable_reason(GaussianMechanism(2.0, relation=one_sided))
     with pytest.raises(ValueError, match="replace_one cannot be accounted with a subsampled"):
         dp_accounting_relation(REPLACE, PoissonSubsampledGaussian(1.0, 0.1).dp_event())
     with pytest.raises(ValueError, match="ambiguous"):

@@ -25,7 +25,7 @@ import torch
 from dpledger.accounting.orders import DEFAULT_ORDERS
 from dpledger.mechanisms.add_one import (_ball_certified, _f_certified, add_one_adversary, add_one_gap, dual_add_one_bounds,
                                 dual_orders, token_box)
-from dpledger.mechanisms.kernels import add_one_direction_bounds, add_one_divergence_bounds
+from dpledger.mechanisms.add_one import add_one_direction_bounds, add_one_divergence_bounds
 from dpledger.mechanisms.pmixed import Ball
 from tests.oracles.add_one_worst_case import divergences_at, in_ball, worst_cases
 from tests.test_add_one_bound import (ABSOLUTE_SLACK, FAST_EFFORT, RELATIVE_SLACK, Case, evaluated_seeded, make_case,

@@ -19,11 +19,13 @@ from tests.conftest import lm_like
 from dpledger.mechanisms.adapmixed import AdaPMixED
 from dpledger.mechanisms.divergence import renyi_divergence
 from dpledger.mechanisms.fastmath import vexp, vexpm1, vlog
-from dpledger.mechanisms.kernels import (add_one_divergence_bounds, ball_mixing_weights, ball_mixing_weights_torch,
+from dpledger.mechanisms.add_one import add_one_divergence_bounds
+from dpledger.mechanisms.kernels import (ball_mixing_weights, ball_mixing_weights_torch,
                                 leave_one_out_curve, leave_one_out_divergences, leave_one_out_divergences_torch,
                                 mixed_teachers, mixing_weights, renyi_divergence_orders,
                                 renyi_divergence_orders_torch)
-from dpledger.mechanisms.pmixed import Ball, PMixED, all_orders_ball_constraints
+from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints
+from dpledger.mechanisms.pmixed import PMixED
 from tests.straightforward import reference_add_one_bounds, reference_renyi_orders
 
 GRID = np.asarray(DEFAULT_ORDERS)

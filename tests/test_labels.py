@@ -5,7 +5,7 @@ quantity's own computation (tests/straightforward.py, which shares no code with 
   or a certified upper bound within leave_one_out_curve's 0.5% (data-dependent runs charge it on a
   sub-grid with chords between);
 - `add_one_bound`: an upper bound for any added teacher, never looser than the straightforward form
-  of the add-one theorem (dpledger.mechanisms.kernels.add_one_divergence_bounds' derivation);
+  of the add-one theorem (dpledger.mechanisms.add_one.add_one_divergence_bounds' derivation);
 - `observed_data_dependent`: the loss covering the run's relation (the larger of the two under
   add-or-remove-one, Eq. 3 alone under remove-one);
 - ledger.json's totals sum each field over the answered steps and say what they hold;

@@ -81,7 +81,7 @@ def test_a_decoding_run_refuses_replace_one_and_nan_reaches_no_add_one_bound():
     import torch
 
     from dpledger.decoding.config import config_from_dict
-    from dpledger.mechanisms.kernels import add_one_divergence_bounds
+    from dpledger.mechanisms.add_one import add_one_divergence_bounds
 
     with pytest.raises(ValueError, match=r"relation must be one of \['add_or_remove_one', 'remove_one', 'add_one'\] "
                                          r"for a mixing mechanism \(replace_one is for type = \"voting\"\), "

@@ -243,7 +243,7 @@ VOTING_FAULT_MECHANISMS = {"shared_seed_from_teacher": voting("targmax"), "gnmax
 def test_planted_voting_faults_are_caught_by_their_check(micro_models, tmp_path, fault):
     from dpledger.audit.checks import Status
     from dpledger.audit.selfcheck import FAULTS, VOTING_FAULTS, faulty_runner
-    from dpledger.decoding.run import prepare
+    from dpledger.decoding.blocks import prepare
 
     assert set(VOTING_FAULTS) == set(VOTING_FAULT_MECHANISMS)
     config = config_from_dict(micro_config(micro_models, tmp_path / fault, VOTING_FAULT_MECHANISMS[fault], queries=48,
