@@ -157,6 +157,18 @@ def epsilon_from_rdp(curve: RdpCurve, delta: float,
     positive term). A curve that is +inf at every order gives epsilon = +inf ("no guarantee").
     epsilon is rounded up by a bound on its floating-point error (8 ulps of RDP + |term| + 1,
     about 2e-15 relative), never down.
+
+    Args:
+        curve: the composed RDP curve of everything released.
+        delta: target delta, in (0, 1).
+        method: ConversionMethod.IMPROVED (default) or CLASSIC, or their names.
+
+    Returns:
+        An EpsilonConversion: epsilon, the optimal order, the RDP value and conversion term there,
+        and whether the optimum lies at the grid's edge (a GridEdgeWarning is issued then).
+
+    Raises:
+        ValueError: delta outside (0, 1), a method that does not exist, or a curve that is not an RdpCurve.
     """
     curve = require_curve(curve)
     delta = require_in_open("delta", delta, 0.0, 1.0)
@@ -205,6 +217,16 @@ def delta_from_rdp(curve: RdpCurve, epsilon: float) -> DeltaConversion:
     -expm1(-r), which keeps its digits for r down to the smallest float (log1p(-exp(-r)) returns
     -inf below r ~ 1e-16). delta is capped at 1 and rounded up by its floating-point error bound
     (`rdp_branch_rounding_slack`, `tv_branch_rounding_slack`), never down to 0.
+
+    Args:
+        curve: the composed RDP curve of everything released.
+        epsilon: target epsilon, a finite number >= 0.
+
+    Returns:
+        A DeltaConversion: delta and the order attaining it.
+
+    Raises:
+        ValueError: epsilon negative or not finite, or a curve that is not an RdpCurve.
     """
     curve = require_curve(curve)
     epsilon = require_non_negative("epsilon", epsilon)

@@ -161,7 +161,19 @@ def require_curve(curve, name: str = "curve") -> RdpCurve:
 
 
 def compose_curves(curves: Iterable[RdpCurve]) -> RdpCurve:
-    """Sum of a non-empty sequence of curves on one grid; it holds for the neighbours every curve covers."""
+    """The RDP curve of running the curves' mechanisms one after another, adaptively: their sum at
+    every order (Mironov 2017, Proposition 1), rounded upwards.
+
+    Args:
+        curves: a non-empty iterable of RdpCurve on one order grid.
+
+    Returns:
+        An RdpCurve on that grid, for the neighbours every curve covers (data-dependent when any is).
+
+    Raises:
+        ValueError: not an iterable of RdpCurve, empty, grids that differ, or relations with no
+            common neighbouring pair.
+    """
     if not hasattr(curves, "__iter__"):
         raise ValueError(f"compose_curves needs an iterable of RdpCurve, got {curves!r}")
     curves = list(curves)

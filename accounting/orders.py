@@ -63,7 +63,18 @@ def paired_orders(orders: Iterable[float]) -> tuple[tuple[float, ...], np.ndarra
 
 
 def default_orders(*extra: float) -> tuple[float, ...]:
-    """dp-accounting's default grid, plus any extra orders a mechanism is run at."""
+    """dp-accounting's default grid of Renyi orders (1.1 to 10.9 by 0.1, 11 to 63, 128, 256, 512,
+    1024), plus any extra orders a mechanism is run at.
+
+    Args:
+        *extra: further orders > 1 (e.g. PMixED's projection order).
+
+    Returns:
+        The sorted, de-duplicated orders.
+
+    Raises:
+        ValueError: an extra order that is not a finite number > 1.
+    """
     fine = np.linspace(1.1, 10.9, 99)
     integers = np.arange(11, 64, dtype=np.float64)
     large = np.array([128.0, 256.0, 512.0, 1024.0])

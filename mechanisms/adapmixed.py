@@ -46,7 +46,21 @@ def add_one_bound_values(pmixed: PMixED, teachers, public, lambdas, orders: Sequ
     order: teachers (..., N, V), public (..., V), lambdas (..., N) -> (..., K), K distinct orders
     sorted. The derivation, step by step with the theorem behind each, is in
     dpledger.mechanisms.add_one.add_one_divergence_bounds; tests/test_add_one_bound.py checks it against the
-    worst case found by direct optimisation over the ball."""
+    worst case found by direct optimisation over the ball.
+
+    Args:
+        pmixed: the PMixED spec whose ball the added teacher is projected onto.
+        teachers: next-token laws (..., N, V) of the N teachers.
+        public: the public model's laws (..., V).
+        lambdas: the mixing weights (..., N) the step used.
+        orders: Renyi orders > 1.
+
+    Returns:
+        The bound (..., K) over the K distinct orders, sorted.
+
+    Raises:
+        ValueError: laws that are not distributions, shapes that disagree, or orders not > 1.
+    """
     teachers_np, public_np = validated_ensemble(teachers, public, None)
     lambdas_np = validated_lambdas(lambdas, teachers_np)
     mixed = mixed_teachers(torch.from_numpy(teachers_np), torch.from_numpy(public_np), torch.from_numpy(lambdas_np))
@@ -74,7 +88,21 @@ def data_dependent_pmixed_curve(pmixed: PMixED, teachers, public, lambdas=None,
     """One step's data-dependent PMixED loss over the whole order grid, covering both divergence
     directions for the neighbours of `relation`: REMOVE_ONE is Flemings et al. 2024, Eq. 3
     (max over the N ensembles without one teacher); ADD_ONE the add-one bound
-    (add_one_bound_values); ADD_OR_REMOVE_ONE the larger of the two at each order."""
+    (add_one_bound_values); ADD_OR_REMOVE_ONE the larger of the two at each order.
+
+    Args:
+        pmixed: the PMixED spec (alpha, beta, N, ball).
+        teachers: next-token laws (N, V) of the teachers at this step.
+        public: the public model's law (V,).
+        lambdas: the mixing weights (N,); None computes them as the step does.
+        orders: Renyi orders > 1 (default: the default grid).
+        relation: which neighbours the loss covers (default remove-one, Eq. 3).
+
+    Returns:
+        A data-dependent RdpCurve covering both divergence directions.
+
+    Raises:
+        ValueError: laws that are not distributions, shapes that disagree, or orders not > 1."""
     relation = neighbouring_relation(relation)
     teachers_np, public_np = validated_ensemble(teachers, public, pmixed.teachers)
     if lambdas is None:

@@ -187,9 +187,35 @@ class SelfComposedMechanism(Mechanism):
 
 
 def compose(*mechanisms: Mechanism) -> ComposedMechanism:
-    """Composition of several mechanisms; refused when their neighbouring relations differ."""
+    """Adaptive composition of several mechanisms: RDP adds up order by order (Mironov 2017,
+    Proposition 1), rounded upwards.
+
+    Args:
+        *mechanisms: the mechanisms run one after another, each possibly chosen from the outputs
+            of the earlier ones.
+
+    Returns:
+        A ComposedMechanism whose curve is the sum of theirs, for their common neighbouring relation.
+
+    Raises:
+        ValueError: no mechanism, an argument that is not a Mechanism, or relations with no common
+            neighbouring pair.
+    """
     return ComposedMechanism(tuple(mechanisms))
 
 
 def self_compose(mechanism: Mechanism, times: int) -> SelfComposedMechanism:
+    """`times` adaptive runs of one mechanism: times * RDP at every order (Mironov 2017,
+    Proposition 1), rounded upwards.
+
+    Args:
+        mechanism: the mechanism run each time.
+        times: how many runs, an integer >= 0 (0 releases nothing: RDP 0).
+
+    Returns:
+        A SelfComposedMechanism with the same relation as `mechanism`.
+
+    Raises:
+        ValueError: `mechanism` is not a Mechanism, or `times` is not an integer >= 0.
+    """
     return SelfComposedMechanism(mechanism, times)

@@ -17,8 +17,21 @@ def renyi_divergence(p, q, alpha, symmetric: bool = False):
     axis is the vocabulary (broadcast over leading axes); `alpha` is one order > 1 (result shape:
     the broadcast batch shape) or a 1-D sequence of orders (result gains a trailing order axis).
     +inf where P puts mass outside Q's support. Torch inputs give a float64 torch tensor back.
-    """
 
+    Args:
+        p: distributions (..., V), numpy, torch or nested lists; rows must sum to 1 (within 1e-4).
+        q: distributions broadcastable against p, same vocabulary V.
+        alpha: one order > 1, or a 1-D sequence of orders > 1.
+        symmetric: take max(D_alpha(P||Q), D_alpha(Q||P)).
+
+    Returns:
+        The divergence in nats: a float, or an array (numpy or float64 torch, as the input) of the
+        broadcast batch shape, with a trailing order axis for a sequence of orders.
+
+    Raises:
+        ValueError: NaN, infinite or negative entries, rows not summing to 1, vocabularies that
+            differ, or an order that is not a finite number > 1.
+    """
     is_torch = isinstance(p, torch.Tensor) or isinstance(q, torch.Tensor)
     p_array = as_float64_array("p", p)
     q_array = as_float64_array("q", q)

@@ -37,8 +37,18 @@ def theorem_3_1_epsilon(alpha, beta: float, teachers) -> np.ndarray:
     Steinke) whose hypothesis is a bound at every order, while the projection enforces order a
     only; there are inputs with extreme tails whose data-dependent loss exceeds this value. It is
     reported "as claimed". N = 0 (an empty subsample: the output is the public model) costs 0.
-    ValueError unless every alpha is finite and > 1, beta is finite and >= 0, and every N is an
-    integer >= 0.
+
+    Args:
+        alpha: projection order(s) a > 1 (a number or an array).
+        beta: ball radius per order, finite and >= 0.
+        teachers: ensemble size(s) N >= 0 (a number or an array broadcast against alpha).
+
+    Returns:
+        The per-query RDP at order a, broadcast over alpha and N.
+
+    Raises:
+        ValueError: an alpha not finite and > 1, beta not finite and >= 0, or an N that is not an
+            integer >= 0.
     """
     alpha = np.asarray(alpha, dtype=np.float64)
     bad_alpha = ~(np.isfinite(alpha) & (alpha > 1))
@@ -86,6 +96,19 @@ def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers
     beta = log(M exp((a-1) eps_G / Q) + 1 - M) / (4 (a-1) a) for M > 1; eps_G / (Q a) for M = 1, where
     M is the ensemble size whose Theorem 3.1 value `pmixed_epsilon` charges (N, or 2 for a single
     teacher under a relation that adds one: Lemma C.1 inverts Theorem 3.1 at that size).
+
+    Args:
+        epsilon_budget: the RDP budget at order alpha over all queries, > 0.
+        queries: number of queries Q, an integer >= 1.
+        alpha: the projection order a > 1.
+        teachers: ensemble size N >= 1.
+        relation: the neighbouring relation the budget must hold for (default add-or-remove-one).
+
+    Returns:
+        The largest beta whose Q-fold Theorem 3.1 charge at order alpha is at most the budget.
+
+    Raises:
+        ValueError: a parameter outside the ranges above.
     """
     epsilon_budget = require_positive("epsilon_budget", epsilon_budget)
     queries = require_int_at_least("queries", queries, 1)
@@ -382,7 +405,25 @@ def realised_subsample_sizes(teachers: int, sampling_probability: float, queries
 
 def subsampled_pmixed_curve(pmixed: PMixED, sampling_probability: float, variant: SubsamplingVariant | str,
                             queries: int, seed: int = 0, orders: Sequence[float] = DEFAULT_ORDERS) -> RdpCurve:
-    """Composed curve of `queries` subsampled PMixED queries (realised variants draw sizes with `seed`)."""
+    """The composed RDP curve of `queries` PMixED queries, each over a Poisson subsample of the
+    teachers (Flemings et al. 2024, Theorem A.4), formed as `variant` says (SubsamplingVariant:
+    which amplification theorem and which ensemble size; realised-size variants draw the sizes with
+    `seed`; docs/soundness.md says which variants are sound).
+
+    Args:
+        pmixed: the PMixED spec (alpha, beta, N, ball).
+        sampling_probability: q in (0, 1].
+        variant: a SubsamplingVariant or its name.
+        queries: number of queries Q, an integer >= 1.
+        seed: seed of the simulated subsample sizes (realised-size variants only).
+        orders: the Renyi orders of the curve.
+
+    Returns:
+        The composed RdpCurve over `orders`.
+
+    Raises:
+        ValueError: a parameter outside its range, or a variant that needs the other ball.
+    """
     require(isinstance(pmixed, PMixED), f"pmixed must be a PMixED, got {type(pmixed).__name__}")
     variant = subsampling_variant(variant)
     queries = require_int_at_least("queries", queries, 1)

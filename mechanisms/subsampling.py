@@ -148,4 +148,20 @@ class PoissonSubsampledMechanism(Mechanism):
 
 
 def poisson_subsample(mechanism: Mechanism, sampling_probability: float, general: bool = True) -> PoissonSubsampledMechanism:
+    """`mechanism` run on a Poisson subsample of the data (each record kept with probability q).
+
+    Args:
+        mechanism: a data-independent mechanism stated for add-or-remove-one neighbours.
+        sampling_probability: q in [0, 1].
+        general: True (default) applies Zhu & Wang 2019, Theorem 9 (factor 3, sound for every
+            mechanism); False the tight form (Zhu & Wang 2019, Theorem 5; Steinke 2022), which
+            needs the mechanism to meet that theorem's extra condition.
+
+    Returns:
+        A PoissonSubsampledMechanism: the amplified RDP curve at every order.
+
+    Raises:
+        ValueError: q outside [0, 1], a data-dependent mechanism (amplification is not known to be
+            sound for it, Zhu et al. 2020), or a relation other than add-or-remove-one.
+    """
     return PoissonSubsampledMechanism(mechanism, sampling_probability, general)
