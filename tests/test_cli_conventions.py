@@ -30,9 +30,8 @@ def test_cli_version_closed_pipe_and_missing_mechanism_keys_at_once(tmp_path):
 @pytest.mark.parametrize("kind", ["full", "lora"])
 def test_embedded_default_trains_the_teacher_kind_the_config_names(kind, monkeypatch, tmp_path):
     """embedded = true with teacher_kind = "lora" used to train full teachers while the manifest said lora."""
-    from dpledger.decoding import embedded
+    from dpledger.decoding import blocks
     from dpledger.decoding.config import config_from_dict
-    from dpledger.decoding.blocks import prepare
 
     asked = {}
 
@@ -40,11 +39,11 @@ def test_embedded_default_trains_the_teacher_kind_the_config_names(kind, monkeyp
         asked["recipe"] = recipe
         raise RuntimeError("stop after the recipe is chosen")
 
-    monkeypatch.setattr(embedded, "build_or_load", capture)
+    monkeypatch.setattr(blocks, "build_or_load", capture)  # the name prepare() calls
     config = config_from_dict({"run": {"out": str(tmp_path / "run")}, "mechanism": {"type": "public"},
                                "models": {"embedded": True, "teachers": 2, "teacher_kind": kind}})
     with pytest.raises(RuntimeError, match="stop after"):
-        prepare(config, verbose=False)
+        blocks.prepare(config, verbose=False)
     assert asked["recipe"].teacher_kind == kind
 
 
