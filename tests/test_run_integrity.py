@@ -21,8 +21,7 @@ from dpledger.decoding.run import run_decode
 from dpledger.cli import main
 from dpledger.reports import load_run, render
 from tests.forging import copy, forge, point_models_nowhere, reissue_final
-from tests.micro import micro_config, write_toml
-from tests.test_audit import ADAPMIXED, PMIXED, make_run
+from tests.micro import ADAPMIXED, PMIXED, make_run, micro_config, write_toml
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
