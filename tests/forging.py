@@ -215,6 +215,14 @@ def edit_ledger(run_dir: Path, edit, refinal: bool = True) -> None:
         reissue_final(run_dir)
 
 
+def lower_epsilons(ledger: dict, factor: float = 10.0) -> None:
+    """An edit of ledger.json: every reported epsilon, and every breakdown row's, divided by `factor`."""
+    for entry in ledger["epsilon"]:
+        entry["epsilon"] = entry["epsilon"] / factor
+    for row in ledger["breakdown"]["rows"]:
+        row["epsilon"] = row["epsilon"] / factor
+
+
 def edit_final(run_dir: Path, edit, rehead: bool = True) -> None:
     """final.json edited (`edit(final)`, in place); with `rehead` its head recomputed to match."""
     final = read_json(Path(run_dir) / trace.FINAL)

@@ -466,7 +466,7 @@ def test_audit_of_a_100000_step_trace_with_100_teachers_streams(tmp_path):
 
 
 
-# -- regressions found by benchmarks/adversarial_audit.py ----------------------------------------
+# -- regressions found by the adversarial harness (now tests/adversarial/) -------------------------
 
 def test_models_with_other_hashes_fail_so_a_forged_payload_cannot_hide_from_them(runs, tmp_path):
     """A forger sets a model's recorded hash to something else so that the payload is no longer
