@@ -11,6 +11,14 @@ MICRO_RECIPE = TinyModelRecipe(vocab_size=320, n_layer=1, n_embd=32, n_head=2, n
 MICRO_CORPUS = dict(public_paragraphs=400, dialogues_per_shard=25, heldout_dialogues=120, canaries=1,
                     canary_repetitions=3)
 
+# The mechanisms the tests decode and audit, defined once here and imported everywhere.
+ADAPMIXED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.002, "lam": 0.05, "sigma": 0.01, "threshold": 5.0, "top_k": 20}
+"""AdaPMixED at micro scale: a screen that passes on the micro models, so every charge kind appears."""
+PMIXED = {"type": "pmixed", "alpha": 6.0, "beta": 0.05}
+PAPER_ADAPMIXED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.2, "lam": 1e-4, "sigma": 1e-2, "threshold": 4.5,
+                   "top_k": 60}
+"""AdaPMixED with the paper's parameters (Flemings et al., the ones `dpledger demo` runs)."""
+
 
 @dataclass(frozen=True)
 class MicroModels:
@@ -31,6 +39,22 @@ def build_micro_models(root: Path, teachers: int = 3) -> MicroModels:
     canaries = tuple({"teacher": c.shard, "text": c.text, "secret": c.secret} for c in embedded.corpus.canaries)
     return MicroModels(embedded.public_path, tuple(embedded.teacher_paths), embedded.tokenizer_path, text, root,
                        canaries)
+
+
+def make_run(models: MicroModels, out: Path, mechanism: dict, fault=None, queries: int = 64) -> Path:
+    """A finished run of `mechanism` on the micro models, with their canaries recorded (optionally
+    with a planted runner fault, dpledger.audit.selfcheck); returns its directory."""
+    from dpledger.audit.selfcheck import faulty_runner
+    from dpledger.decoding.config import config_from_dict
+    from dpledger.decoding.blocks import prepare
+    from dpledger.decoding.run import run_decode
+
+    config = config_from_dict(micro_config(models, out, mechanism, queries=queries))
+    prepared = prepare(config, verbose=False)
+    prepared.canaries = list(models.canaries)
+    if fault is not None:
+        prepared.runner = faulty_runner(prepared.runner, fault)
+    return run_decode(config, progress=False, verbose=False, prepared=prepared).directory
 
 
 def micro_config(models: MicroModels, out: Path, mechanism: dict, queries: int = 96, block_size: int = 32,

@@ -28,12 +28,13 @@ import mpmath
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints
 from dpledger.mechanisms.pmixed import PMixED
+from tests.conftest import examples
 from tests.oracles.add_one_worst_case import divergences_at, in_ball, worst_case, worst_cases
 from tests.oracles.renyi import symmetric_renyi_divergence
 
@@ -221,31 +222,16 @@ def test_bound_dominates_worst_case_slow(ball, index):
     assert_bound_holds(result)
 
 
-# hypothesis-driven twin (derandomised, as in tests/test_properties.py)
+# hypothesis-driven (derandomised; counts by profile: tests/conftest.py examples)
 
-def twins(*strategies):
-    def wrap(check):
-        def configured(examples):
-            return settings(max_examples=examples, deadline=None, derandomize=True, print_blob=True,
-                            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-
-        fast = configured(HYPOTHESIS_EXAMPLES)(given(*strategies)(check))
-        slow = pytest.mark.slow(configured(SLOW_HYPOTHESIS_EXAMPLES)(given(*strategies)(check)))
-        return fast, slow
-
-    return wrap
-
-
-def check_generated_ensemble(vocab, teachers, alpha, log_radius, public_kind, seed):
+@examples(HYPOTHESIS_EXAMPLES, SLOW_HYPOTHESIS_EXAMPLES)
+@given(st.integers(2, 6), st.integers(1, 8), st.sampled_from(ALPHAS),
+       st.floats(math.log(RADIUS_RANGE[0]), math.log(RADIUS_RANGE[1])), st.sampled_from(LAW_KINDS[:-1]),
+       st.integers(0, 2**32 - 1))
+def test_bound_dominates_worst_case_generated(vocab, teachers, alpha, log_radius, public_kind, seed):
     case = make_case(seed, Ball.PROJECTION_ORDER, vocab, teachers, alpha, math.exp(log_radius), public_kind,
                      label=f"hypothesis seed {seed}")
     assert_bound_holds(evaluate(case, effort=FAST_EFFORT, seed=seed))
-
-
-test_bound_dominates_worst_case_generated, test_bound_dominates_worst_case_generated_slow = twins(
-    st.integers(2, 6), st.integers(1, 8), st.sampled_from(ALPHAS),
-    st.floats(math.log(RADIUS_RANGE[0]), math.log(RADIUS_RANGE[1])), st.sampled_from(LAW_KINDS[:-1]),
-    st.integers(0, 2**32 - 1))(check_generated_ensemble)
 
 
 # ----------------------------------------------------------------------------- finiteness (no oracle)

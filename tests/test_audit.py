@@ -13,26 +13,13 @@ import torch
 from dpledger.audit import Status, audit_run, load_trace
 from dpledger.audit.ablation import ensemble_output, run_ablation
 from dpledger.audit.sampled import distinguishing_game, epsilon_lower_bound
-from dpledger.audit.selfcheck import FAULTS, RUNNER_FAULTS, TRACE_FAULTS, faulty_runner, plant_trace_fault
+from dpledger.audit.selfcheck import FAULTS, RUNNER_FAULTS, TRACE_FAULTS, plant_trace_fault
 from dpledger.decoding import trace
 from dpledger.decoding.config import config_from_dict
-from dpledger.decoding.blocks import prepare
 from dpledger.decoding.run import run_decode
 from dpledger.cli import main
 from dpledger.mechanisms import renyi_divergence
-from tests.micro import micro_config
-
-ADAPMIXED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.002, "lam": 0.05, "sigma": 0.01, "threshold": 5.0, "top_k": 20}
-PMIXED = {"type": "pmixed", "alpha": 6.0, "beta": 0.05}
-
-
-def make_run(models, out, mechanism, fault=None, queries=64):
-    config = config_from_dict(micro_config(models, out, mechanism, queries=queries))
-    prepared = prepare(config, verbose=False)
-    prepared.canaries = list(models.canaries)
-    if fault is not None:
-        prepared.runner = faulty_runner(prepared.runner, fault)
-    return run_decode(config, progress=False, verbose=False, prepared=prepared).directory
+from tests.micro import ADAPMIXED, PMIXED, make_run, micro_config
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from dpledger.audit.bracket import check_epsilon_bracket
 from dpledger.audit.loader import load_trace
 from dpledger.decoding.config import config_from_dict
 from dpledger.decoding.run import run_decode
-from tests.micro import micro_config
+from tests.micro import PAPER_ADAPMIXED, micro_config
 
 DPARGMAX = {"type": "voting", "aggregator": "dpargmax", "threshold": 2.0, "sigma": 1.0, "sigma_threshold": 1.0}
-SCREENED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.2, "lam": 1e-4, "sigma": 1e-2, "threshold": 4.5, "top_k": 60}
+SCREENED = PAPER_ADAPMIXED
 KINDS = {
     "pmixed": {"type": "pmixed", "alpha": 6.0, "beta": 0.01},
     "pmixed-all-orders": {"type": "pmixed", "alpha": 6.0, "beta": 0.05, "ball": "all-orders"},

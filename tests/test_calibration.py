@@ -14,9 +14,11 @@ from dpledger.cli import main
 from dpledger.mechanisms import (CALIBRATION_TOLERANCE, calibrate_confident_gnmax, calibrate_dpws, calibrate_gaussian,
                         calibrate_gnmax, calibrate_pmixed, calibrate_screening, calibrate_subsampled_gaussian,
                         compare_rdp_pld, subsampled_pmixed_curve)
+from tests.conftest import examples
 
 targets = dict(epsilon=st.floats(0.2, 30.0), delta=st.floats(1e-10, 1e-2), queries=st.integers(1, 100_000))
-FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CALIBRATIONS = examples(25, 250)
+"""The generated calibrations: 25 targets each in the default run, 250 in the slow run (tests/conftest.py)."""
 
 
 def rdp_epsilon(mechanism, queries, delta, orders=DEFAULT_ORDERS):
@@ -41,7 +43,7 @@ def reachable(call):
         return None
 
 
-@FAST
+@CALIBRATIONS
 @given(**targets, kind=st.sampled_from(["gaussian", "gnmax", "dpws", "confident", "screening"]),
        ratio=st.floats(0.25, 4.0), teachers=st.integers(1, 2048), lam=st.floats(1e-3, 1.0))
 def test_noise_calibration_accounts_to_at_most_the_target_and_within_one_percent(epsilon, delta, queries, kind, ratio,
@@ -67,7 +69,7 @@ def test_subsampled_gaussian_calibration(epsilon, delta, queries, q):
     assert_at_most_and_within(result, rdp_epsilon(result.mechanism, queries, delta))
 
 
-@FAST
+@CALIBRATIONS
 @given(**targets, alpha=st.floats(1.5, 40.0), teachers=st.integers(1, 512), ball=st.sampled_from(["projection-order",
                                                                                                    "all-orders"]))
 def test_pmixed_beta_is_the_largest_within_the_target(epsilon, delta, queries, alpha, teachers, ball):

@@ -77,8 +77,10 @@ def test_adapmixed_statements_describe_each_ablation(params, says, never):
     from dpledger.reports.run_data import RunData
     from dpledger.reports.statement import privacy_statement
 
-    manifest = {"mechanism": {"type": "adapmixed", "params": {"alpha": 18.0, "beta": 0.2, "lam": 1e-4, "sigma": 1e-2,
-                                                             "threshold": 4.5, "top_k": 60, **params}},
+    from tests.micro import PAPER_ADAPMIXED
+
+    paper = {key: value for key, value in PAPER_ADAPMIXED.items() if key != "type"}
+    manifest = {"mechanism": {"type": "adapmixed", "params": {**paper, **params}},
                 "orders": [1.5, 2.0], "n_teachers": 8, "relation": "add_or_remove_one", "config": {"deltas": [1e-5]}}
     ledger = {"epsilon": [{"method": "improved", "delta": 1e-5, "epsilon": 3.0, "order": 2.0}], "steps": 10,
               "data_dependent": params.get("data_dependent", True), "relation": "add_or_remove_one"}

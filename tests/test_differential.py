@@ -14,8 +14,8 @@ Inputs include extreme tails (probabilities down to 1e-300), point masses, disjo
 vocabularies of size 2, orders from 1.01 to 1024, q in {0, 1e-6, 1e-3, 0.03, 0.5, 0.999, 1},
 N in {1, 2, 3, 10, 100, 1000} and deltas in (1e-12 .. 0.5).
 
-Runs are deterministic (derandomize=True, no example database). Examples per property, fast run
-(default) / slow run (`pytest -m slow`, the `_slow` twin of each property). An explicit @example
+Runs are deterministic (derandomize=True, no example database). Examples per property, default run
+/ slow run (`pytest -m slow` loads the "slow" hypothesis profile: tests/conftest.py). An explicit @example
 runs first; while it fails (a defect still open) hypothesis reports it without generating more.
 
   renyi_divergence ................................  100 / 3000
@@ -48,7 +48,7 @@ import warnings
 import mpmath
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from dpledger import accounting
@@ -58,27 +58,11 @@ from dpledger.accounting import (ConversionMethod, DivergenceDirection, GridEdge
 from dpledger.mechanisms import SubsamplingVariant
 from dpledger.mechanisms.calibration import quiet_dp_accounting
 from tests import oracles as O
+from tests.conftest import examples
 
 INF = math.inf
 
-# ------------------------------------------------------------------ settings and comparison
-
-_BASE = settings(deadline=None, derandomize=True, database=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                        HealthCheck.filter_too_much])
-
-
-def fast_and_slow(fast: int, slow: int, **strategies):
-    """(fast test, slow twin) of one property: the same check under `given(**strategies)` with
-    `fast` examples in the default run and `slow` examples under `pytest -m slow`."""
-
-    def decorate(check):
-        fast_test = settings(_BASE, max_examples=fast)(given(**strategies)(check))
-        slow_test = pytest.mark.slow(settings(_BASE, max_examples=slow)(given(**strategies)(check)))
-        return fast_test, slow_test
-
-    return decorate
-
+# ------------------------------------------------------------------ comparison (example counts: tests/conftest.py examples)
 
 UNDER_REL = 1e-12
 """Default float64 noise allowed below the oracle, relative."""
@@ -254,8 +238,8 @@ def _renyi_divergence(pair, alpha, symmetric):
                  under_abs=slack, what=f"renyi_divergence(p={p!r}, q={q!r}, alpha={alpha!r}, symmetric={symmetric})")
 
 
-test_renyi_divergence, test_renyi_divergence_slow = fast_and_slow(
-    100, 3000, pair=distribution_pairs(), alpha=orders_st, symmetric=st.booleans())(_renyi_divergence)
+test_renyi_divergence = examples(100, 3000)(given(
+    pair=distribution_pairs(), alpha=orders_st, symmetric=st.booleans())(_renyi_divergence))
 
 
 # ------------------------------------------------------------------ Poisson subsampling
@@ -271,10 +255,9 @@ def _amplified_rdp(base, q, orders, general):
                      what=f"amplified_rdp(q={q!r}, base={description}, order={order!r}, general={general})")
 
 
-test_amplified_rdp, test_amplified_rdp_slow = fast_and_slow(
-    60, 1500, base=base_mechanisms(), q=q_st, general=st.booleans(),
-    orders=st.lists(st.one_of(integer_orders_st.map(float), orders_st), min_size=1, max_size=3).map(sorted_unique),
-)(_amplified_rdp)
+test_amplified_rdp = examples(60, 1500)(given(
+    base=base_mechanisms(), q=q_st, general=st.booleans(),
+    orders=st.lists(st.one_of(integer_orders_st.map(float), orders_st), min_size=1, max_size=3).map(sorted_unique))(_amplified_rdp))
 
 
 def suffix_minima(values):
@@ -296,10 +279,9 @@ def _poisson_subsampled_gaussian_mechanism(sigma, q, orders, general):
                           f"at order {order!r}")
 
 
-test_poisson_subsampled_gaussian_mechanism, test_poisson_subsampled_gaussian_mechanism_slow = fast_and_slow(
-    30, 1000, sigma=log_uniform(0.1, 1e3), q=q_st, general=st.booleans(),
-    orders=st.lists(integer_orders_st.map(float), min_size=1, max_size=3).map(sorted_unique),
-)(_poisson_subsampled_gaussian_mechanism)
+test_poisson_subsampled_gaussian_mechanism = examples(30, 1000)(given(
+    sigma=log_uniform(0.1, 1e3), q=q_st, general=st.booleans(),
+    orders=st.lists(integer_orders_st.map(float), min_size=1, max_size=3).map(sorted_unique))(_poisson_subsampled_gaussian_mechanism))
 
 
 quiet_absl = quiet_dp_accounting  # dp-accounting's absl warnings when its fractional-order series stops
@@ -322,11 +304,10 @@ def _poisson_subsampled_gaussian(sigma, q, orders):
                 f"UNDER-STATES {what}: {value!r} < value at floor(order) {lower}")
 
 
-test_poisson_subsampled_gaussian, test_poisson_subsampled_gaussian_slow = fast_and_slow(
-    30, 1000, sigma=log_uniform(0.3, 1e3), q=q_st,
+test_poisson_subsampled_gaussian = examples(30, 1000)(given(
+    sigma=log_uniform(0.3, 1e3), q=q_st,
     orders=st.lists(st.one_of(integer_orders_st.map(float), small_orders_st), min_size=1, max_size=3)
-    .map(sorted_unique),
-)(_poisson_subsampled_gaussian)
+    .map(sorted_unique))(_poisson_subsampled_gaussian))
 
 
 @pytest.mark.parametrize("sigma,q,order", [(1.0, 0.5, 1.01), (1.0, 0.5, 1.5), (10.0, 0.5, 1.1), (1.0, 0.03, 1.5),
@@ -356,8 +337,8 @@ def _gaussian_mechanism(sigma, orders):
                      under_rel=1e-13, under_abs=0.0, what=f"GNMax({sigma!r}).rdp_values at order {order!r}")
 
 
-test_gaussian_mechanism, test_gaussian_mechanism_slow = fast_and_slow(
-    100, 1000, sigma=log_uniform(1e-3, 1e9), orders=order_grid_st)(_gaussian_mechanism)
+test_gaussian_mechanism = examples(100, 1000)(given(
+    sigma=log_uniform(1e-3, 1e9), orders=order_grid_st)(_gaussian_mechanism))
 
 
 # ------------------------------------------------------------------ PMixED closed forms
@@ -372,9 +353,9 @@ def _theorem_3_1_epsilon(alpha, beta, teachers):
                  what=f"theorem_3_1_epsilon({alpha!r}, {beta!r}, {teachers!r})")
 
 
-test_theorem_3_1_epsilon, test_theorem_3_1_epsilon_slow = fast_and_slow(
-    200, 3000, alpha=orders_st, beta=st.one_of(st.just(0.0), log_uniform(1e-8, 10.0)),
-    teachers=st.one_of(st.just(0), teachers_st))(_theorem_3_1_epsilon)
+test_theorem_3_1_epsilon = examples(200, 3000)(given(
+    alpha=orders_st, beta=st.one_of(st.just(0.0), log_uniform(1e-8, 10.0)),
+    teachers=st.one_of(st.just(0), teachers_st))(_theorem_3_1_epsilon))
 
 
 def _beta_from_budget(epsilon_budget, queries, alpha, teachers, relation):
@@ -399,12 +380,12 @@ def _beta_from_budget(epsilon_budget, queries, alpha, teachers, relation):
 # 2.4752474011138695e-06 (rel +8.9e-7), so Theorem 3.1 at that beta exceeds eps_G / Q by rel 8.9e-7.
 _beta_from_budget = example(epsilon_budget=0.01, queries=10 ** 6, alpha=1.01, teachers=1000,
                             relation=NeighbouringRelation.REMOVE_ONE)(_beta_from_budget)
-test_beta_from_budget, test_beta_from_budget_slow = fast_and_slow(
-    200, 3000, epsilon_budget=log_uniform(1e-2, 100.0),
+test_beta_from_budget = examples(200, 3000)(given(
+    epsilon_budget=log_uniform(1e-2, 100.0),
     queries=st.one_of(st.sampled_from([1, 100, 1024, 9728, 100_000]), st.integers(1, 10 ** 6)),
     alpha=orders_st, teachers=st.one_of(st.just(1), teachers_st),
     relation=st.sampled_from([NeighbouringRelation.REMOVE_ONE, NeighbouringRelation.ADD_ONE,
-                              NeighbouringRelation.ADD_OR_REMOVE_ONE]))(_beta_from_budget)
+                              NeighbouringRelation.ADD_OR_REMOVE_ONE]))(_beta_from_budget))
 
 
 def _beta_from_budget_tiny(epsilon_budget, queries, alpha, teachers, relation):
@@ -423,11 +404,11 @@ def _beta_from_budget_tiny(epsilon_budget, queries, alpha, teachers, relation):
                                f"{mpmath.nstr(budget, 20)}")
 
 
-test_beta_from_budget_tiny, test_beta_from_budget_tiny_slow = fast_and_slow(
-    200, 3000, epsilon_budget=log_uniform(1e-323, 1e-280), queries=st.integers(1, 10 ** 6),
+test_beta_from_budget_tiny = examples(200, 3000)(given(
+    epsilon_budget=log_uniform(1e-323, 1e-280), queries=st.integers(1, 10 ** 6),
     alpha=st.one_of(orders_st, st.sampled_from([1.1, 2.0, 1024.0])), teachers=st.one_of(st.just(1), teachers_st),
     relation=st.sampled_from([NeighbouringRelation.REMOVE_ONE, NeighbouringRelation.ADD_ONE,
-                              NeighbouringRelation.ADD_OR_REMOVE_ONE]))(_beta_from_budget_tiny)
+                              NeighbouringRelation.ADD_OR_REMOVE_ONE]))(_beta_from_budget_tiny))
 
 
 def _noisy_screening(teachers, lam, sigma, orders):
@@ -441,9 +422,9 @@ def _noisy_screening(teachers, lam, sigma, orders):
                      what=f"NoisyScreening(teachers={teachers}, lam={lam!r}, sigma={sigma!r}) at order {order!r}")
 
 
-test_noisy_screening, test_noisy_screening_slow = fast_and_slow(
-    100, 1000, teachers=teachers_st, lam=st.one_of(st.sampled_from([0.0, 1e-4, 1.0]), st.floats(0.0, 1.0)),
-    sigma=log_uniform(1e-4, 10.0), orders=order_grid_st)(_noisy_screening)
+test_noisy_screening = examples(100, 1000)(given(
+    teachers=teachers_st, lam=st.one_of(st.sampled_from([0.0, 1e-4, 1.0]), st.floats(0.0, 1.0)),
+    sigma=log_uniform(1e-4, 10.0), orders=order_grid_st)(_noisy_screening))
 
 
 # ------------------------------------------------------------------ PMixED mixing weights and Eq. 3
@@ -479,9 +460,9 @@ def _pmixed_mixing_weights(ensemble, alpha, beta):
             f"{what}: lambda {lam!r} far below the largest feasible {mpmath.nstr(low, 17)}")
 
 
-test_pmixed_mixing_weights, test_pmixed_mixing_weights_slow = fast_and_slow(
-    25, 600, ensemble=ensembles(teacher_counts=(1, 2, 3)), alpha=small_orders_st,
-    beta=st.one_of(st.sampled_from([0.0, 0.01, 0.2]), log_uniform(1e-4, 2.0)))(_pmixed_mixing_weights)
+test_pmixed_mixing_weights = examples(25, 600)(given(
+    ensemble=ensembles(teacher_counts=(1, 2, 3)), alpha=small_orders_st,
+    beta=st.one_of(st.sampled_from([0.0, 0.01, 0.2]), log_uniform(1e-4, 2.0)))(_pmixed_mixing_weights))
 
 
 def mixture_kernel_rounding(mixed, order, ref):
@@ -528,9 +509,9 @@ def assert_matches_eq3(values, orders, teachers, public, lambdas, what):
 _data_dependent_pmixed_values = example(
     ensemble=([[0.5, 0.5], [1.0 - 6e-17, 6e-17]], [0.5, 0.5]), lambdas=[1.0], orders=[2.0],
 )(_data_dependent_pmixed_values)
-test_data_dependent_pmixed_values, test_data_dependent_pmixed_values_slow = fast_and_slow(
-    40, 1000, ensemble=ensembles(teacher_counts=(2, 3, 10)), lambdas=st.lists(lambda_st, min_size=1, max_size=10),
-    orders=st.lists(orders_st, min_size=1, max_size=3).map(sorted_unique))(_data_dependent_pmixed_values)
+test_data_dependent_pmixed_values = examples(40, 1000)(given(
+    ensemble=ensembles(teacher_counts=(2, 3, 10)), lambdas=st.lists(lambda_st, min_size=1, max_size=10),
+    orders=st.lists(orders_st, min_size=1, max_size=3).map(sorted_unique))(_data_dependent_pmixed_values))
 
 
 def _data_dependent_pmixed_curve(ensemble, alpha, beta, orders):
@@ -555,10 +536,10 @@ _data_dependent_pmixed_curve = example(
     ensemble=([[1.0, 0.0], [0.0, 1.0]], [9.999000099990002e-05, 0.9999000099990001]), alpha=1.01, beta=0.01,
     orders=[1.01],
 )(_data_dependent_pmixed_curve)
-test_data_dependent_pmixed_curve, test_data_dependent_pmixed_curve_slow = fast_and_slow(
-    20, 500, ensemble=ensembles(teacher_counts=(2, 3)), alpha=small_orders_st,
+test_data_dependent_pmixed_curve = examples(20, 500)(given(
+    ensemble=ensembles(teacher_counts=(2, 3)), alpha=small_orders_st,
     beta=st.one_of(st.sampled_from([0.01, 0.2]), log_uniform(1e-4, 2.0)),
-    orders=st.lists(orders_st, min_size=1, max_size=3).map(sorted_unique))(_data_dependent_pmixed_curve)
+    orders=st.lists(orders_st, min_size=1, max_size=3).map(sorted_unique))(_data_dependent_pmixed_curve))
 
 
 # ------------------------------------------------------------------ subsampled PMixED
@@ -623,13 +604,12 @@ def _subsampled_pmixed(case, alpha, beta, orders):
                           f"realised_size={size}) at order {order!r}")
 
 
-test_subsampled_pmixed, test_subsampled_pmixed_slow = fast_and_slow(
-    80, 1500, case=subsampled_pmixed_cases(),
+test_subsampled_pmixed = examples(80, 1500)(given(
+    case=subsampled_pmixed_cases(),
     alpha=st.one_of(st.sampled_from([2.0, 6.0, 18.0]), st.floats(1.5, 40.0).map(lambda a: round(a, 1))),
     beta=st.one_of(st.sampled_from([0.0, 0.01, 0.2]), log_uniform(1e-5, 1.0)),
     orders=st.lists(st.one_of(st.sampled_from([2.0, 3.0, 5.5, 6.0, 7.0, 18.0, 19.0, 64.0]), small_orders_st),
-                    min_size=1, max_size=3).map(sorted_unique),
-)(_subsampled_pmixed)
+                    min_size=1, max_size=3).map(sorted_unique))(_subsampled_pmixed))
 
 
 # ------------------------------------------------------------------ GNMax
@@ -655,8 +635,8 @@ def _log_q_gnmax(counts, sigma):
     assert float(got) <= ref + abs(ref) * 1e-10 + 1e-13, f"{what}: {got!r} far above {mpmath.nstr(ref, 20)}"
 
 
-test_log_q_gnmax, test_log_q_gnmax_slow = fast_and_slow(
-    100, 1500, counts=counts_st, sigma=gnmax_sigma_st)(_log_q_gnmax)
+test_log_q_gnmax = examples(100, 1500)(given(
+    counts=counts_st, sigma=gnmax_sigma_st)(_log_q_gnmax))
 
 
 def _data_dependent_gnmax_rdp(log_q, sigma, orders):
@@ -668,9 +648,9 @@ def _data_dependent_gnmax_rdp(log_q, sigma, orders):
                      under_abs=1e-12, what=f"data_dependent_gnmax_rdp({log_q!r}, {sigma!r}) at order {order!r}")
 
 
-test_data_dependent_gnmax_rdp, test_data_dependent_gnmax_rdp_slow = fast_and_slow(
-    150, 3000, log_q=st.one_of(st.sampled_from([0.0, -1e-12, -0.69, -1.0, -50.0, -1e4, -INF]), st.floats(-2e4, 0.0)),
-    sigma=gnmax_sigma_st, orders=order_grid_st)(_data_dependent_gnmax_rdp)
+test_data_dependent_gnmax_rdp = examples(150, 3000)(given(
+    log_q=st.one_of(st.sampled_from([0.0, -1e-12, -0.69, -1.0, -50.0, -1e4, -INF]), st.floats(-2e4, 0.0)),
+    sigma=gnmax_sigma_st, orders=order_grid_st)(_data_dependent_gnmax_rdp))
 
 
 def _gnmax_data_dependent_rdp(counts, sigma, orders):
@@ -688,8 +668,8 @@ def _gnmax_data_dependent_rdp(counts, sigma, orders):
                      over_abs=1e-12, under_rel=1e-9, under_abs=1e-12, what=what + " BOTH")
 
 
-test_gnmax_data_dependent_rdp, test_gnmax_data_dependent_rdp_slow = fast_and_slow(
-    80, 1500, counts=counts_st, sigma=gnmax_sigma_st, orders=order_grid_st)(_gnmax_data_dependent_rdp)
+test_gnmax_data_dependent_rdp = examples(80, 1500)(given(
+    counts=counts_st, sigma=gnmax_sigma_st, orders=order_grid_st)(_gnmax_data_dependent_rdp))
 
 
 def _gnmax_two_class_exact(counts, sigma, orders):
@@ -707,10 +687,9 @@ def _gnmax_two_class_exact(counts, sigma, orders):
         assert_not_above(max(forward, reverse), b_bound, rel=1e-9, abs_=1e-12, what=what + " BOTH vs exact")
 
 
-test_gnmax_two_class_exact, test_gnmax_two_class_exact_slow = fast_and_slow(
-    60, 1000, counts=st.tuples(st.integers(0, 300), st.integers(0, 300)).filter(lambda c: sum(c) > 0),
-    sigma=gnmax_sigma_st, orders=st.lists(small_orders_st, min_size=1, max_size=3).map(sorted_unique),
-)(_gnmax_two_class_exact)
+test_gnmax_two_class_exact = examples(60, 1000)(given(
+    counts=st.tuples(st.integers(0, 300), st.integers(0, 300)).filter(lambda c: sum(c) > 0),
+    sigma=gnmax_sigma_st, orders=st.lists(small_orders_st, min_size=1, max_size=3).map(sorted_unique))(_gnmax_two_class_exact))
 
 
 # ------------------------------------------------------------------ conversions, curves, ledger
@@ -744,8 +723,8 @@ def _epsilon_from_rdp(curve, delta, method):
                  what=f"epsilon_from_rdp(orders={orders!r}, values={values!r}, delta={delta!r}, {method})")
 
 
-test_epsilon_from_rdp, test_epsilon_from_rdp_slow = fast_and_slow(
-    150, 2000, curve=curves(), delta=delta_st, method=st.sampled_from(["improved", "classic"]))(_epsilon_from_rdp)
+test_epsilon_from_rdp = examples(150, 2000)(given(
+    curve=curves(), delta=delta_st, method=st.sampled_from(["improved", "classic"]))(_epsilon_from_rdp))
 
 
 def _delta_from_rdp(curve, epsilon):
@@ -761,9 +740,8 @@ def _delta_from_rdp(curve, epsilon):
                  what=f"delta_from_rdp(orders={orders!r}, values={values!r}, epsilon={epsilon!r})")
 
 
-test_delta_from_rdp, test_delta_from_rdp_slow = fast_and_slow(
-    150, 2000, curve=curves(), epsilon=st.one_of(st.sampled_from([0.0, 1.0, 8.0]), st.floats(0.0, 30.0)),
-)(_delta_from_rdp)
+test_delta_from_rdp = examples(150, 2000)(given(
+    curve=curves(), epsilon=st.one_of(st.sampled_from([0.0, 1.0, 8.0]), st.floats(0.0, 30.0)))(_delta_from_rdp))
 
 
 @st.composite
@@ -801,9 +779,9 @@ def _rdp_curve_composition(family, times, delta):
                  under_rel=1e-11, under_abs=1e-13, what=f"epsilon of composed {value_lists!r} on {orders!r}")
 
 
-test_rdp_curve_composition, test_rdp_curve_composition_slow = fast_and_slow(
-    80, 1000, family=curve_families(), times=st.one_of(st.sampled_from([0, 1, 9728]), st.integers(0, 10 ** 6)),
-    delta=delta_st)(_rdp_curve_composition)
+test_rdp_curve_composition = examples(80, 1000)(given(
+    family=curve_families(), times=st.one_of(st.sampled_from([0, 1, 9728]), st.integers(0, 10 ** 6)),
+    delta=delta_st)(_rdp_curve_composition))
 
 
 def _rdp_curve_unsorted_orders(pairs):
@@ -826,9 +804,9 @@ def _rdp_curve_unsorted_orders(pairs):
                      what=f"PrivacyLedger(orders={orders!r}).charge_many(values={values!r}) x2 at order {order!r}")
 
 
-test_rdp_curve_unsorted_orders, test_rdp_curve_unsorted_orders_slow = fast_and_slow(
-    80, 1000, pairs=st.lists(st.tuples(orders_st, log_uniform(1e-6, 100.0)), min_size=2, max_size=6,
-                             unique_by=lambda pair: pair[0]))(_rdp_curve_unsorted_orders)
+test_rdp_curve_unsorted_orders = examples(80, 1000)(given(
+    pairs=st.lists(st.tuples(orders_st, log_uniform(1e-6, 100.0)), min_size=2, max_size=6,
+                             unique_by=lambda pair: pair[0]))(_rdp_curve_unsorted_orders))
 
 
 @st.composite
@@ -867,8 +845,8 @@ def _privacy_ledger_total(case, delta, block):
                  under_rel=1e-11, under_abs=1e-13, what=f"PrivacyLedger epsilon of {steps!r} on {orders!r}")
 
 
-test_privacy_ledger_total, test_privacy_ledger_total_slow = fast_and_slow(
-    60, 1000, case=ledger_cases(), delta=delta_st, block=st.booleans())(_privacy_ledger_total)
+test_privacy_ledger_total = examples(60, 1000)(given(
+    case=ledger_cases(), delta=delta_st, block=st.booleans())(_privacy_ledger_total))
 
 
 # ------------------------------------------------------------------ the known defects, pinned

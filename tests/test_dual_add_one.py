@@ -272,7 +272,7 @@ def test_a_dual_run_replays_and_passes_the_audit(micro_models, tmp_path):
     import json
 
     from dpledger.audit import Status, audit_run
-    from tests.test_audit import ADAPMIXED, make_run
+    from tests.micro import ADAPMIXED, make_run
 
     run_dir = make_run(micro_models, tmp_path / "dual", {**ADAPMIXED, "add_one_dual": True}, queries=16)
     manifest = json.loads((run_dir / "manifest.json").read_text())

@@ -25,9 +25,8 @@ from dpledger.accounting.strict_json import MAX_DEPTH
 from dpledger.decoding import trace
 from dpledger.cli import main
 from tests.forging import copy, grow_sparse, reissue_final, replace_with_fifo, replace_with_link
-from tests.micro import micro_config, write_toml
+from tests.micro import PMIXED, micro_config, write_toml
 from tests.synthetic import write_synthetic_run
-from tests.test_audit import PMIXED
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

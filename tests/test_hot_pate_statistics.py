@@ -10,7 +10,8 @@ which equals (1 - TV) / (1 + TV) for two distributions uniform on supports of th
 
 Each statistical test function has overall false-alarm level ALPHA = 1e-3, split by Bonferroni
 over its generated examples and, within one, over teachers or pairs; every input and every seed is
-fixed (hypothesis runs derandomised), so the outcome is reproducible. Heavier twins of the generated tests run under `pytest -m slow`.
+fixed (hypothesis runs derandomised), so the outcome is reproducible. Under `pytest -m slow` the generated tests run
+with the slow hypothesis profile's example counts (tests/conftest.py).
 """
 import json
 import math
@@ -19,7 +20,7 @@ from itertools import combinations
 import mpmath
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from scipy.stats import binomtest, chisquare
 
@@ -29,44 +30,22 @@ from dpledger.mechanisms import (ConfidentGNMax, GNMax, Targmax, ThresholdWeight
 from dpledger.mechanisms.diversity import (DiversityCurve, DiversityPreservation, aggregator_output_law, diversity_curve,
                                   diversity_preservation, mean_diversity_curve, query_seed, targmax_probabilities,
                                   vote_draws)
+from tests.conftest import examples
 
 ALPHA = 1e-3
 """Overall false-alarm level of each statistical test function, split by Bonferroni over its
-generated examples (`statistical_twins`) and, within an example, over teachers or pairs."""
+generated examples (`statistical`) and, within an example, over teachers or pairs."""
 
 ORDERS = np.asarray(DEFAULT_ORDERS)
 
 
-def twins(examples: int, slow_examples: int, *strategies):
-    """(default test, slow twin) of one generated check, derandomised (reproducible)."""
-
-    def wrap(check):
-        def configured(count):
-            return settings(max_examples=count, deadline=None, derandomize=True, database=None,
-                            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-
-        fast = configured(examples)(given(*strategies)(check))
-        slow = pytest.mark.slow(configured(slow_examples)(given(*strategies)(check)))
-        return fast, slow
-
-    return wrap
-
-
-def statistical_twins(examples: int, slow_examples: int, *strategies):
-    """`twins` for a statistical check(level, ...): each example tests at level ALPHA / examples,
-    so the family-wise false-alarm rate of the whole test stays <= ALPHA (a generated search over
-    ~200 examples at a per-example level would otherwise find a chance rejection)."""
-
-    def wrap(check):
-        def configured(count):
-            return settings(max_examples=count, deadline=None, derandomize=True, database=None,
-                            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-
-        fast = configured(examples)(given(st.just(ALPHA / examples), *strategies)(check))
-        slow = pytest.mark.slow(configured(slow_examples)(given(st.just(ALPHA / slow_examples), *strategies)(check)))
-        return fast, slow
-
-    return wrap
+def statistical(examples_default: int, examples_slow: int, *strategies):
+    """@given(level, *strategies) for a statistical check(level, ...) with examples(examples_default,
+    examples_slow): each example tests at level ALPHA / (the profile's count), so the family-wise
+    false-alarm rate of the whole test stays <= ALPHA (a generated search over ~200 examples at a
+    per-example level would otherwise find a chance rejection)."""
+    chosen = examples(examples_default, examples_slow)
+    return lambda check: chosen(given(st.just(ALPHA / chosen.count), *strategies)(check))
 
 
 @st.composite
@@ -117,22 +96,22 @@ def marginals_fit(votes: np.ndarray, teachers: np.ndarray, level: float = ALPHA)
 # (a) coordinated votes keep every teacher's marginal
 
 
-@statistical_twins(12, 200, ensembles(), st.integers(0, 2 ** 32))
+@statistical(12, 200, ensembles(), st.integers(0, 2 ** 32))
 def _marginals_of_cast_votes(level, teachers, seed):
     samples = 4000
     batch = np.broadcast_to(teachers, (samples,) + teachers.shape)  # one shared Exp(1) vector per row
     marginals_fit(cast_votes(batch, True, seed), teachers, level)
 
 
-test_cast_votes_coordinated_marginals_chi_square, test_cast_votes_coordinated_marginals_chi_square_slow = _marginals_of_cast_votes
+test_cast_votes_coordinated_marginals_chi_square = _marginals_of_cast_votes
 
 
-@statistical_twins(12, 200, ensembles(), st.booleans(), st.integers(0, 2 ** 32))
+@statistical(12, 200, ensembles(), st.booleans(), st.integers(0, 2 ** 32))
 def _marginals_of_vote_draws(level, teachers, coordinated, seed):
     marginals_fit(vote_draws(teachers, coordinated, 4000, seed), teachers, level)
 
 
-test_vote_draws_marginals_chi_square, test_vote_draws_marginals_chi_square_slow = _marginals_of_vote_draws
+test_vote_draws_marginals_chi_square = _marginals_of_vote_draws
 
 
 def test_vote_draws_shape_determinism_and_batch_agreement_with_cast_votes():
@@ -177,7 +156,7 @@ def tv_bound(p, q):
     return (1.0 - tv) / (1.0 + tv)
 
 
-@statistical_twins(10, 150, ensembles(max_teachers=4), st.integers(0, 2 ** 32))
+@statistical(10, 150, ensembles(max_teachers=4), st.integers(0, 2 ** 32))
 def _coordinated_agreement(level, teachers, seed):
     votes = vote_draws(teachers, True, 6000, seed)
     # one-sided: agreement is not significantly below (1 - TV) / (1 + TV) ...
@@ -188,7 +167,7 @@ def _coordinated_agreement(level, teachers, seed):
         assert probability_jaccard(teachers[i], teachers[k]) >= tv_bound(teachers[i], teachers[k]) - 1e-12
 
 
-test_coordinated_agreement_at_least_tv_bound, test_coordinated_agreement_at_least_tv_bound_slow = _coordinated_agreement
+test_coordinated_agreement_at_least_tv_bound = _coordinated_agreement
 
 
 @st.composite
@@ -204,15 +183,14 @@ def uniform_pairs(draw, equal_sizes=True):
     return teachers
 
 
-@statistical_twins(12, 200, uniform_pairs(), st.integers(0, 2 ** 32))
+@statistical(12, 200, uniform_pairs(), st.integers(0, 2 ** 32))
 def _uniform_equality(level, teachers, seed):
     p, q = teachers
     assert probability_jaccard(p, q) == pytest.approx(tv_bound(p, q), rel=1e-12, abs=1e-15)
     pair_checks(vote_draws(teachers, True, 6000, seed), teachers, tv_bound, "two-sided", level)
 
 
-test_coordinated_agreement_equals_tv_bound_for_equal_size_uniform_supports, \
-    test_coordinated_agreement_equals_tv_bound_for_equal_size_uniform_supports_slow = _uniform_equality
+test_coordinated_agreement_equals_tv_bound_for_equal_size_uniform_supports = _uniform_equality
 
 
 def test_unequal_uniform_supports_agree_at_their_jaccard_index_above_the_tv_bound():
@@ -225,13 +203,13 @@ def test_unequal_uniform_supports_agree_at_their_jaccard_index_above_the_tv_boun
         pair_checks(vote_draws(teachers, True, 8000, 5), teachers, tv_bound, "two-sided")
 
 
-@statistical_twins(10, 150, ensembles(max_teachers=4), st.integers(0, 2 ** 32))
+@statistical(10, 150, ensembles(max_teachers=4), st.integers(0, 2 ** 32))
 def _cold_agreement(level, teachers, seed):
     votes = vote_draws(teachers, False, 6000, seed)
     pair_checks(votes, teachers, lambda p, q: float(np.dot(p, q)), "two-sided", level)
 
 
-test_cold_agreement_is_the_product_form, test_cold_agreement_is_the_product_form_slow = _cold_agreement
+test_cold_agreement_is_the_product_form = _cold_agreement
 
 
 def test_cast_votes_cold_agreement_is_the_product_form():
@@ -247,7 +225,8 @@ def test_cast_votes_cold_agreement_is_the_product_form():
 histograms = st.lists(st.integers(0, 40), min_size=2, max_size=12)
 
 
-@twins(80, 2000, histograms, st.integers(1, 50), st.floats(1.0, 20.0), st.integers(0, 2 ** 32))
+@examples(80, 2000)
+@given(histograms, st.integers(1, 50), st.floats(1.0, 20.0), st.integers(0, 2 ** 32))
 def _threshold_release(counts, threshold, gamma, seed):
     counts = np.asarray(counts)
     n = counts.sum()
@@ -269,7 +248,7 @@ def _threshold_release(counts, threshold, gamma, seed):
         assert released is None or counts[released] >= threshold
 
 
-test_targmax_and_tws_never_release_below_threshold, test_targmax_and_tws_never_release_below_threshold_slow = _threshold_release
+test_targmax_and_tws_never_release_below_threshold = _threshold_release
 
 
 # ------------------------------------------------------------------------------------------------
@@ -287,7 +266,8 @@ def dp_accounting_gaussian_rdp(*noise_multipliers):
     return np.asarray(accountant._orders, dtype=np.float64), np.asarray(accountant._rdp, dtype=np.float64)
 
 
-@twins(40, 500, st.floats(0.05, 1e4), st.floats(0.05, 1e4))
+@examples(40, 500)
+@given(st.floats(0.05, 1e4), st.floats(0.05, 1e4))
 def _gnmax_against_dp_accounting(sigma, sigma_threshold):
     # GNMax: the histogram's L2 sensitivity under replace-one is sqrt(2), so noise multiplier sigma / sqrt 2
     orders, expected = dp_accounting_gaussian_rdp(sigma / math.sqrt(2.0))
@@ -300,7 +280,7 @@ def _gnmax_against_dp_accounting(sigma, sigma_threshold):
     np.testing.assert_allclose(confident.rdp_values(orders), both, rtol=1e-12, atol=0)
 
 
-test_gnmax_curves_match_dp_accounting_gaussian, test_gnmax_curves_match_dp_accounting_gaussian_slow = _gnmax_against_dp_accounting
+test_gnmax_curves_match_dp_accounting_gaussian = _gnmax_against_dp_accounting
 
 
 def test_dp_accounting_grid_is_the_default_grid():
@@ -418,13 +398,14 @@ def check_theorem_6(counts, sigma, orders=ORDERS):
     return applied
 
 
-@twins(60, 1000, gnmax_cases())
+@examples(60, 1000)
+@given(gnmax_cases())
 def _theorem_6(case):
     counts, sigma = case
     check_theorem_6(counts, sigma)
 
 
-test_data_dependent_gnmax_matches_direct_theorem_6, test_data_dependent_gnmax_matches_direct_theorem_6_slow = _theorem_6
+test_data_dependent_gnmax_matches_direct_theorem_6 = _theorem_6
 
 
 @pytest.mark.parametrize("counts, sigma", [([250, 5, 0], 40.0), ([300, 20, 10, 0], 20.0), ([90, 10], 5.0),
@@ -459,7 +440,8 @@ def reference_curve(teachers, thresholds, coordinated, samples, seed):
     return out
 
 
-@twins(15, 200, ensembles(max_teachers=8, max_vocab=10), st.booleans(), st.integers(0, 2 ** 32))
+@examples(15, 200)
+@given(ensembles(max_teachers=8, max_vocab=10), st.booleans(), st.integers(0, 2 ** 32))
 def _curve_reference(teachers, coordinated, seed):
     thresholds = (1, 2, 3, 5, 8, 9)
     curve = diversity_curve(teachers, thresholds, coordinated, samples=60, seed=seed)
@@ -472,7 +454,7 @@ def _curve_reference(teachers, coordinated, seed):
     json.dumps(curve.to_dict(), allow_nan=False)
 
 
-test_diversity_curve_matches_reference_and_is_monotone, test_diversity_curve_matches_reference_and_is_monotone_slow = _curve_reference
+test_diversity_curve_matches_reference_and_is_monotone = _curve_reference
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -504,7 +486,8 @@ def test_mean_curve_is_paired_and_averages_queries():
     assert payload["thresholds"] == [2, 5, 10] and isinstance(payload["support_size"][0], float)
 
 
-@twins(10, 100, ensembles(max_teachers=6, max_vocab=10), st.integers(0, 2 ** 32), st.randoms(use_true_random=False))
+@examples(10, 100)
+@given(ensembles(max_teachers=6, max_vocab=10), st.integers(0, 2 ** 32), st.randoms(use_true_random=False))
 def _permutation(teachers, seed, random):
     order = list(range(teachers.shape[0]))
     random.shuffle(order)
@@ -516,7 +499,7 @@ def _permutation(teachers, seed, random):
             == mean_diversity_curve(stacked, thresholds, True, 30, seed))
 
 
-test_coordinated_metrics_invariant_to_permuting_teachers, test_coordinated_metrics_invariant_to_permuting_teachers_slow = _permutation
+test_coordinated_metrics_invariant_to_permuting_teachers = _permutation
 
 
 # ------------------------------------------------------------------------------------------------
@@ -546,7 +529,8 @@ def test_diversity_preservation_hand_example_and_planted_violations():
     assert isinstance(bad, DiversityPreservation)
 
 
-@twins(25, 300, ensembles(max_teachers=6, max_vocab=10), st.integers(1, 6), st.floats(0.05, 1.0),
+@examples(25, 300)
+@given(ensembles(max_teachers=6, max_vocab=10), st.integers(1, 6), st.floats(0.05, 1.0),
        st.integers(0, 2 ** 32))
 def _grid_agreement(teachers, tau, beta, seed):
     """The default grid (distinct teacher probabilities) equals the same grid given explicitly,
@@ -565,7 +549,7 @@ def _grid_agreement(teachers, tau, beta, seed):
         assert default.transfer_slack <= coarse.transfer_slack + 1e-15
 
 
-test_diversity_preservation_default_grid_matches_explicit, test_diversity_preservation_default_grid_matches_explicit_slow = _grid_agreement
+test_diversity_preservation_default_grid_matches_explicit = _grid_agreement
 
 
 def test_tws_on_coordinated_votes_transfers_diversity_and_cold_votes_do_not():

@@ -26,11 +26,10 @@ from dpledger.decoding.config import config_from_dict
 from dpledger.decoding.ensemble import Ensemble
 from dpledger.decoding.run import run_decode
 from dpledger.mechanisms.pmixed import PMixED
-from tests.micro import micro_config
+from tests.micro import PAPER_ADAPMIXED, micro_config
 from tests.straightforward import reference_add_one_bounds, reference_renyi_orders
 
-DATA_DEPENDENT = {"type": "adapmixed", "alpha": 18.0, "beta": 0.2, "lam": 1e-4, "sigma": 1e-2, "threshold": 4.5,
-                  "top_k": 60, "screening": False}
+DATA_DEPENDENT = {**PAPER_ADAPMIXED, "screening": False}
 KINDS = {
     "add-or-remove": (DATA_DEPENDENT, None),
     "remove-one": (DATA_DEPENDENT, "remove_one"),

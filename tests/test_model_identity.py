@@ -22,8 +22,7 @@ from dpledger.decoding.ensemble import (Ensemble, _is_hub_name, identity_problem
                                model_identity, tokenizer_files)
 from dpledger.decoding.run import run_decode
 from dpledger.cli import main
-from tests.micro import micro_config, write_toml
-from tests.test_audit import PMIXED, make_run
+from tests.micro import PMIXED, make_run, micro_config, write_toml
 from tests.test_run_integrity import forge
 
 LIMIT_S = 90

@@ -15,7 +15,7 @@ from dpledger.audit.sampled import canary_query, check_canary_game, epsilon_lowe
 from dpledger.reports import load_run, plots, render
 from dpledger.reports.run_data import fmt
 from dpledger.reports.statement import privacy_statement
-from tests.test_audit import ADAPMIXED, PMIXED, make_run
+from tests.micro import ADAPMIXED, PMIXED, make_run
 
 NAN = float("nan")
 

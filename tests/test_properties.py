@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from dpledger.accounting.conversion import rdp_branch_rounding_slack
@@ -23,27 +23,12 @@ from dpledger.accounting import (DEFAULT_ORDERS, ConversionMethod, GridEdgeWarni
 from dpledger.mechanisms import (Ball, ConfidentGNMax, GaussianMechanism, GNMax, NoisyScreening, PMixED, PoissonSubsampledGaussian,
                         SubsampledPMixED, SubsamplingVariant, amplified_rdp, data_dependent_pmixed_values,
                         poisson_subsample, self_compose, theorem_3_1_epsilon)
+from tests.conftest import examples
 
 EXAMPLES = 60
-"""Generated cases per property in the default run; the `_slow` twin of each (pytest -m slow) runs
-SLOW_EXAMPLES."""
+"""Generated cases per property in the default run; the slow run (pytest -m slow, the "slow"
+hypothesis profile: tests/conftest.py) runs SLOW_EXAMPLES."""
 SLOW_EXAMPLES = 1000
-
-
-def twins(*strategies, fraction: int = 1):
-    """(default test, slow twin) of one property: the same check under `given(*strategies)`, with
-    EXAMPLES // fraction cases by default and SLOW_EXAMPLES // fraction under the slow marker."""
-
-    def wrap(check):
-        def configured(examples):
-            return settings(max_examples=examples, deadline=None, derandomize=True,
-                            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-
-        fast = configured(EXAMPLES // fraction)(given(*strategies)(check))
-        slow = pytest.mark.slow(configured(SLOW_EXAMPLES // fraction)(given(*strategies)(check)))
-        return fast, slow
-
-    return wrap
 
 orders_st = st.lists(st.floats(1.01, 1024.0), min_size=1, max_size=12, unique_by=lambda o: round(o, 10))
 rdp_value_st = st.one_of(st.floats(0.0, 1e4), st.just(math.inf), st.just(0.0), st.floats(0.0, 1e-12))
@@ -104,7 +89,7 @@ def check_permuting_a_curves_orders_changes_no_value(curve, random):
                                "values": shuffled.to_dict()["values"]}).values.tolist() == curve.values.tolist()
 
 
-test_permuting_a_curves_orders_changes_no_value, test_permuting_a_curves_orders_changes_no_value_slow = twins(curves(), st.randoms(use_true_random=False))(check_permuting_a_curves_orders_changes_no_value)
+test_permuting_a_curves_orders_changes_no_value = examples(EXAMPLES, SLOW_EXAMPLES)(given(curves(), st.randoms(use_true_random=False))(check_permuting_a_curves_orders_changes_no_value))
 
 
 def check_permuting_the_grid_changes_no_mechanism_value(mechanism, orders, random):
@@ -117,7 +102,7 @@ def check_permuting_the_grid_changes_no_mechanism_value(mechanism, orders, rando
     assert [lookup[o] for o in orders] == values.tolist()
 
 
-test_permuting_the_grid_changes_no_mechanism_value, test_permuting_the_grid_changes_no_mechanism_value_slow = twins(mechanisms(), orders_st, st.randoms(use_true_random=False))(check_permuting_the_grid_changes_no_mechanism_value)
+test_permuting_the_grid_changes_no_mechanism_value = examples(EXAMPLES, SLOW_EXAMPLES)(given(mechanisms(), orders_st, st.randoms(use_true_random=False))(check_permuting_the_grid_changes_no_mechanism_value))
 
 
 def check_permuting_the_grid_changes_no_data_dependent_value(teachers, vocab, orders, random):
@@ -131,7 +116,7 @@ def check_permuting_the_grid_changes_no_data_dependent_value(teachers, vocab, or
     assert first.tolist() == second.tolist()  # both in sorted order of the grid
 
 
-test_permuting_the_grid_changes_no_data_dependent_value, test_permuting_the_grid_changes_no_data_dependent_value_slow = twins(st.integers(2, 6), st.integers(2, 9), orders_st, st.randoms(use_true_random=False))(check_permuting_the_grid_changes_no_data_dependent_value)
+test_permuting_the_grid_changes_no_data_dependent_value = examples(EXAMPLES, SLOW_EXAMPLES)(given(st.integers(2, 6), st.integers(2, 9), orders_st, st.randoms(use_true_random=False))(check_permuting_the_grid_changes_no_data_dependent_value))
 
 
 # q = 1 and q = 0 -----------------------------------------------------------------------------------
@@ -147,7 +132,7 @@ def check_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free(al
         assert not np.any(empty.rdp_curve(orders).values), variant
 
 
-test_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free, test_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free_slow = twins(st.floats(1.5, 64.0), st.floats(0.0, 1.0), teachers_st, orders_st)(check_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free)
+test_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free = examples(EXAMPLES, SLOW_EXAMPLES)(given(st.floats(1.5, 64.0), st.floats(0.0, 1.0), teachers_st, orders_st)(check_every_pmixed_variant_at_rate_one_is_pmixed_and_at_rate_zero_is_free))
 
 
 def check_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free(sigma, orders, general):
@@ -159,7 +144,7 @@ def check_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free(si
     assert not np.any(PoissonSubsampledGaussian(sigma, 0.0).rdp_curve(orders).values)
 
 
-test_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free, test_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free_slow = twins(st.floats(0.05, 100.0), orders_st, st.booleans())(check_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free)
+test_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free = examples(EXAMPLES, SLOW_EXAMPLES)(given(st.floats(0.05, 100.0), orders_st, st.booleans())(check_subsampled_gaussian_at_rate_one_is_the_gaussian_and_at_zero_is_free))
 
 
 # monotonicity ----------------------------------------------------------------------------------------
@@ -177,8 +162,8 @@ def check_amplification_is_non_decreasing_in_q(base_values, general, rates):
         assert np.all(lower <= higher * (1 + 1e-12) + 1e-15)
 
 
-test_amplification_is_non_decreasing_in_q, test_amplification_is_non_decreasing_in_q_slow = twins(st.lists(st.floats(0.0, 50.0), min_size=1, max_size=40), st.booleans(),
-       st.lists(st.floats(0.0, 1.0), min_size=2, max_size=6))(check_amplification_is_non_decreasing_in_q)
+test_amplification_is_non_decreasing_in_q = examples(EXAMPLES, SLOW_EXAMPLES)(given(st.lists(st.floats(0.0, 50.0), min_size=1, max_size=40), st.booleans(),
+       st.lists(st.floats(0.0, 1.0), min_size=2, max_size=6))(check_amplification_is_non_decreasing_in_q))
 
 
 def check_every_curve_is_non_decreasing_in_the_order(mechanism, orders):
@@ -195,7 +180,7 @@ def check_every_curve_is_non_decreasing_in_the_order(mechanism, orders):
     assert np.all(values <= formula)
 
 
-test_every_curve_is_non_decreasing_in_the_order, test_every_curve_is_non_decreasing_in_the_order_slow = twins(mechanisms(), orders_st)(check_every_curve_is_non_decreasing_in_the_order)
+test_every_curve_is_non_decreasing_in_the_order = examples(EXAMPLES, SLOW_EXAMPLES)(given(mechanisms(), orders_st)(check_every_curve_is_non_decreasing_in_the_order))
 
 
 def check_more_noise_never_costs_more(sigma_a, sigma_b, q, orders):
@@ -205,7 +190,7 @@ def check_more_noise_never_costs_more(sigma_a, sigma_b, q, orders):
         assert np.all(make(large).rdp_curve(orders).values <= make(small).rdp_curve(orders).values * (1 + 1e-9) + 1e-15)
 
 
-test_more_noise_never_costs_more, test_more_noise_never_costs_more_slow = twins(st.floats(0.05, 100.0), st.floats(0.05, 100.0), q_st, orders_st)(check_more_noise_never_costs_more)
+test_more_noise_never_costs_more = examples(EXAMPLES, SLOW_EXAMPLES)(given(st.floats(0.05, 100.0), st.floats(0.05, 100.0), q_st, orders_st)(check_more_noise_never_costs_more))
 
 
 def check_theorem_3_1_grows_with_beta_and_shrinks_with_n(alpha, beta_a, beta_b, n_a, n_b):
@@ -215,7 +200,7 @@ def check_theorem_3_1_grows_with_beta_and_shrinks_with_n(alpha, beta_a, beta_b, 
     assert theorem_3_1_epsilon(alpha, high_beta, many) <= theorem_3_1_epsilon(alpha, high_beta, few) * (1 + 1e-12)
 
 
-test_theorem_3_1_grows_with_beta_and_shrinks_with_n, test_theorem_3_1_grows_with_beta_and_shrinks_with_n_slow = twins(st.floats(1.01, 64.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.integers(2, 1000), st.integers(2, 1000))(check_theorem_3_1_grows_with_beta_and_shrinks_with_n)
+test_theorem_3_1_grows_with_beta_and_shrinks_with_n = examples(EXAMPLES, SLOW_EXAMPLES)(given(st.floats(1.01, 64.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.integers(2, 1000), st.integers(2, 1000))(check_theorem_3_1_grows_with_beta_and_shrinks_with_n))
 
 
 def check_screening_grows_with_lam_and_shrinks_with_n(n_a, n_b, lam_a, lam_b, sigma):
@@ -226,7 +211,7 @@ def check_screening_grows_with_lam_and_shrinks_with_n(n_a, n_b, lam_a, lam_b, si
     assert np.all(NoisyScreening(many, high, sigma).rdp_values(orders) <= NoisyScreening(few, high, sigma).rdp_values(orders))
 
 
-test_screening_grows_with_lam_and_shrinks_with_n, test_screening_grows_with_lam_and_shrinks_with_n_slow = twins(teachers_st, teachers_st, st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(0.01, 10.0))(check_screening_grows_with_lam_and_shrinks_with_n)
+test_screening_grows_with_lam_and_shrinks_with_n = examples(EXAMPLES, SLOW_EXAMPLES)(given(teachers_st, teachers_st, st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(0.01, 10.0))(check_screening_grows_with_lam_and_shrinks_with_n))
 
 
 def check_mixing_weights_grow_with_beta(teachers, vocab, alpha, beta_a, beta_b, seed):
@@ -240,8 +225,8 @@ def check_mixing_weights_grow_with_beta(teachers, vocab, alpha, beta_a, beta_b, 
     assert np.all(tight <= loose + 1e-9)
 
 
-test_mixing_weights_grow_with_beta, test_mixing_weights_grow_with_beta_slow = twins(st.integers(2, 5), st.integers(2, 8), st.floats(1.5, 20.0), st.floats(0.001, 0.5), st.floats(0.001, 0.5),
-       st.integers(0, 2 ** 32 - 1), fraction=2)(check_mixing_weights_grow_with_beta)
+test_mixing_weights_grow_with_beta = examples(EXAMPLES // 2, SLOW_EXAMPLES // 2)(given(st.integers(2, 5), st.integers(2, 8), st.floats(1.5, 20.0), st.floats(0.001, 0.5), st.floats(0.001, 0.5),
+       st.integers(0, 2 ** 32 - 1))(check_mixing_weights_grow_with_beta))
 
 
 # composition -----------------------------------------------------------------------------------------
@@ -267,7 +252,7 @@ def assert_smallest_float_at_or_above(rounded, values, times):
         assert result == 0.0 or Fraction(float(np.nextafter(result, -math.inf))) < exact
 
 
-test_k_fold_composition_is_k_times_one_step, test_k_fold_composition_is_k_times_one_step_slow = twins(curves(), st.integers(0, 50))(check_k_fold_composition_is_k_times_one_step)
+test_k_fold_composition_is_k_times_one_step = examples(EXAMPLES, SLOW_EXAMPLES)(given(curves(), st.integers(0, 50))(check_k_fold_composition_is_k_times_one_step))
 
 
 def check_self_composed_mechanism_is_k_times_its_curve(mechanism, times, orders):
@@ -279,7 +264,7 @@ def check_self_composed_mechanism_is_k_times_its_curve(mechanism, times, orders)
         assert_smallest_float_at_or_above(composed, values, times)
 
 
-test_self_composed_mechanism_is_k_times_its_curve, test_self_composed_mechanism_is_k_times_its_curve_slow = twins(mechanisms(), st.integers(0, 30), orders_st)(check_self_composed_mechanism_is_k_times_its_curve)
+test_self_composed_mechanism_is_k_times_its_curve = examples(EXAMPLES, SLOW_EXAMPLES)(given(mechanisms(), st.integers(0, 30), orders_st)(check_self_composed_mechanism_is_k_times_its_curve))
 
 
 def check_ledger_total_is_the_composition_of_its_charges_in_any_order(steps, random, delta):
@@ -301,8 +286,8 @@ def check_ledger_total_is_the_composition_of_its_charges_in_any_order(steps, ran
     assert sum(row.epsilon for row in breakdown.rows[:-1]) == pytest.approx(breakdown.total, rel=1e-12, abs=1e-12)
 
 
-test_ledger_total_is_the_composition_of_its_charges_in_any_order, test_ledger_total_is_the_composition_of_its_charges_in_any_order_slow = twins(st.lists(st.lists(st.floats(0.0, 100.0), min_size=4, max_size=4), min_size=1, max_size=12),
-       st.randoms(use_true_random=False), delta_st)(check_ledger_total_is_the_composition_of_its_charges_in_any_order)
+test_ledger_total_is_the_composition_of_its_charges_in_any_order = examples(EXAMPLES, SLOW_EXAMPLES)(given(st.lists(st.lists(st.floats(0.0, 100.0), min_size=4, max_size=4), min_size=1, max_size=12),
+       st.randoms(use_true_random=False), delta_st)(check_ledger_total_is_the_composition_of_its_charges_in_any_order))
 
 
 # conversions -----------------------------------------------------------------------------------------
@@ -312,7 +297,7 @@ def check_epsilon_is_non_increasing_in_delta(curve, delta_a, delta_b, method):
     assert quiet(epsilon_from_rdp, curve, large, method).epsilon <= quiet(epsilon_from_rdp, curve, small, method).epsilon
 
 
-test_epsilon_is_non_increasing_in_delta, test_epsilon_is_non_increasing_in_delta_slow = twins(curves(), delta_st, delta_st, st.sampled_from(list(ConversionMethod)))(check_epsilon_is_non_increasing_in_delta)
+test_epsilon_is_non_increasing_in_delta = examples(EXAMPLES, SLOW_EXAMPLES)(given(curves(), delta_st, delta_st, st.sampled_from(list(ConversionMethod)))(check_epsilon_is_non_increasing_in_delta))
 
 
 def check_delta_is_non_increasing_in_epsilon(curve, eps_a, eps_b):
@@ -320,7 +305,7 @@ def check_delta_is_non_increasing_in_epsilon(curve, eps_a, eps_b):
     assert quiet(delta_from_rdp, curve, large).delta <= quiet(delta_from_rdp, curve, small).delta
 
 
-test_delta_is_non_increasing_in_epsilon, test_delta_is_non_increasing_in_epsilon_slow = twins(curves(), st.floats(0.0, 1e3), st.floats(0.0, 1e3))(check_delta_is_non_increasing_in_epsilon)
+test_delta_is_non_increasing_in_epsilon = examples(EXAMPLES, SLOW_EXAMPLES)(given(curves(), st.floats(0.0, 1e3), st.floats(0.0, 1e3))(check_delta_is_non_increasing_in_epsilon))
 
 
 def check_delta_of_the_epsilon_of_delta_is_at_most_delta(curve, delta):
@@ -331,7 +316,7 @@ def check_delta_of_the_epsilon_of_delta_is_at_most_delta(curve, delta):
     assert quiet(delta_from_rdp, curve, conversion.epsilon).delta <= delta * math.exp(slack) * (1 + 1e-12)
 
 
-test_delta_of_the_epsilon_of_delta_is_at_most_delta, test_delta_of_the_epsilon_of_delta_is_at_most_delta_slow = twins(curves(), delta_st)(check_delta_of_the_epsilon_of_delta_is_at_most_delta)
+test_delta_of_the_epsilon_of_delta_is_at_most_delta = examples(EXAMPLES, SLOW_EXAMPLES)(given(curves(), delta_st)(check_delta_of_the_epsilon_of_delta_is_at_most_delta))
 
 
 def check_epsilon_of_the_delta_of_epsilon_round_trips(values, orders, epsilon):
@@ -346,5 +331,5 @@ def check_epsilon_of_the_delta_of_epsilon_round_trips(values, orders, epsilon):
     assert back >= epsilon - 1e-6 * (1 + epsilon)
 
 
-test_epsilon_of_the_delta_of_epsilon_round_trips, test_epsilon_of_the_delta_of_epsilon_round_trips_slow = twins(st.lists(st.floats(1.0, 1e3), min_size=1, max_size=8), orders_st, st.floats(0.0, 1e3))(check_epsilon_of_the_delta_of_epsilon_round_trips)
+test_epsilon_of_the_delta_of_epsilon_round_trips = examples(EXAMPLES, SLOW_EXAMPLES)(given(st.lists(st.floats(1.0, 1e3), min_size=1, max_size=8), orders_st, st.floats(0.0, 1e3))(check_epsilon_of_the_delta_of_epsilon_round_trips))
 

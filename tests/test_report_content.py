@@ -15,9 +15,8 @@ from dpledger.decoding.run import run_decode
 from dpledger.reports import load_run, render
 from dpledger.reports.run_data import RunData
 from dpledger.reports.statement import privacy_statement
-from tests.micro import micro_config
+from tests.micro import ADAPMIXED, PAPER_ADAPMIXED, micro_config
 
-ADAPMIXED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.002, "lam": 0.05, "sigma": 0.01, "threshold": 5.0, "top_k": 20}
 KINDS = {"public": {"type": "public"}, "pmixed": {"type": "pmixed", "alpha": 6.0, "beta": 0.01},
          "adapmixed": ADAPMIXED,
          "targmax": {"type": "voting", "votes": "coordinated", "aggregator": "targmax", "threshold": 2},
@@ -234,7 +233,7 @@ def _statement(kind: str, params: dict, relation: str = "add_or_remove_one", dat
     return " ".join(privacy_statement(RunData(Path("run"), manifest, ledger, None, [])))
 
 
-ADA = {"alpha": 18.0, "beta": 0.2, "lam": 1e-4, "sigma": 1e-2, "threshold": 4.5, "top_k": 60}
+ADA = {key: value for key, value in PAPER_ADAPMIXED.items() if key != "type"}
 
 
 @pytest.mark.parametrize("kind, params, extra, says, never", [

@@ -11,9 +11,8 @@ from dpledger.decoding.run import run_decode
 from dpledger.cli import main
 from dpledger.reports import load_run, render
 from dpledger.reports.tables import breakdown_table, comparison_table
-from tests.micro import micro_config
+from tests.micro import ADAPMIXED, micro_config
 
-ADAPMIXED = {"type": "adapmixed", "alpha": 18.0, "beta": 0.002, "lam": 0.05, "sigma": 0.01, "threshold": 5.0, "top_k": 20}
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,7 @@ from dpledger.decoding.run import run_decode
 from dpledger.cli import main
 from dpledger.reports import load_run, render
 from tests.forging import copy, forge, point_models_nowhere, reissue_final
-from tests.micro import micro_config, write_toml
-from tests.test_audit import ADAPMIXED, PMIXED, make_run
+from tests.micro import ADAPMIXED, PMIXED, make_run, micro_config, write_toml
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -467,7 +466,7 @@ def test_audit_of_a_100000_step_trace_with_100_teachers_streams(tmp_path):
 
 
 
-# -- regressions found by benchmarks/adversarial_audit.py ----------------------------------------
+# -- regressions found by the adversarial harness (now tests/adversarial/) -------------------------
 
 def test_models_with_other_hashes_fail_so_a_forged_payload_cannot_hide_from_them(runs, tmp_path):
     """A forger sets a model's recorded hash to something else so that the payload is no longer

@@ -16,7 +16,7 @@ import pytest
 
 from dpledger.cli import main
 from dpledger.mechanisms.randomness import seed_commitment
-from tests.micro import micro_config, write_toml
+from tests.micro import ADAPMIXED, micro_config, write_toml
 
 FIXED_SEED = 7_443_019_265_881_327_609
 """A fixed secret-looking seed: every output is deterministic for it, so the 8-character windows of
@@ -28,8 +28,7 @@ KINDS = {
     "ensemble": {"type": "ensemble"},
     "pmixed": {"type": "pmixed", "alpha": 6.0, "beta": 0.01},
     "pmixed-subsampled": {"type": "pmixed", "alpha": 6.0, "beta": 0.01, "sample_rate": 0.7},
-    "adapmixed": {"type": "adapmixed", "alpha": 18.0, "beta": 0.002, "lam": 0.05, "sigma": 0.01, "threshold": 5.0,
-                  "top_k": 20},
+    "adapmixed": ADAPMIXED,
     "hot-dpargmax": {**VOTING, "votes": "coordinated", "aggregator": "dpargmax", "sigma": 1.0, "sigma_threshold": 1.0},
     "cold-dpargmax": {**VOTING, "votes": "independent", "aggregator": "dpargmax", "sigma": 1.0,
                       "sigma_threshold": 1.0},
