@@ -308,6 +308,12 @@ def _voting_parameter_types() -> dict[str, str]:
     return types
 
 
+def _needed_by_every_aggregator() -> list[str]:
+    """The parameters every registered aggregator needs in a decode (in the first one's order)."""
+    required = [cls.required_parameters("decode") for cls in aggregators().values()]
+    return [name for name in required[0] if all(name in other for other in required[1:])] if required else []
+
+
 def runner_parameters(kind: str) -> set[str]:
     """The [mechanism] keys of `kind` besides `type` and `teachers` (docs/config.md documents each)."""
     if kind == "voting":
@@ -378,6 +384,8 @@ def build_runner(mechanism: dict, teachers: int,
                if parameter.default is inspect.Parameter.empty and name not in params and name not in ("teachers",
                                                                                                         "relation")
                and parameter.kind is not inspect.Parameter.VAR_KEYWORD]
+    if kind == "voting" and missing:   # with the aggregator unknown, the keys every aggregator needs, named too
+        missing += [name for name in _needed_by_every_aggregator() if name not in params]
     require(not missing, f"mechanism {kind!r} needs {', '.join(missing)} in the [mechanism] table "
                          f"(missing: {', '.join(missing)})")
     annotations = _voting_parameter_types() if kind == "voting" else {

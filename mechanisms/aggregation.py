@@ -47,16 +47,17 @@ _REGISTERED: dict[str, type["VoteAggregator"]] = {}
 
 
 def parameter(*, help: str, unit: str, default: Any = MISSING, type: type = float, symbol: str | None = None,
-              commands=COMMANDS, calibrate_default: Any = MISSING, metavar: str | None = None) -> Any:
+              commands=COMMANDS, calibrate_default: Any = MISSING, metavar: str | None = None,
+              decode_required: bool = False) -> Any:
     """A parameter field of an aggregator: `help` (one phrase: what it is), `unit` ("votes", "unitless", ...),
     `type` (float, int or bool: how a flag parses it and a config must spell it), `symbol` (its name in report
     labels, e.g. "T"; None keeps it out of them), `commands` (where it is read, a subset of COMMANDS),
     `calibrate_default` (its value when `dpledger calibrate` is not given it, where that differs from
-    `default`) and the flag's `metavar`."""
+    `default`), the flag's `metavar`, and `decode_required` (a decode needs it though accounting does not)."""
     commands = frozenset(commands)
     require(commands <= COMMANDS, f"commands must be a subset of {sorted(COMMANDS)}, got {sorted(commands)}")
     metadata = {"help": help, "unit": unit, "type": type, "symbol": symbol, "commands": commands,
-                "metavar": metavar or (symbol or "VALUE").upper()}
+                "metavar": metavar or (symbol or "VALUE").upper(), "decode_required": decode_required}
     if calibrate_default is not MISSING:
         metadata["calibrate_default"] = calibrate_default
     return field(default=default, metadata=metadata)
@@ -94,6 +95,11 @@ class VoteAggregator(Mechanism):
     description: ClassVar[str]             # one sentence: what it releases (the run's privacy statement)
     differentially_private: ClassVar[bool]
     calibrated: ClassVar[str | None] = None
+    data_dependent_charge: ClassVar[bool] = False
+    """Whether it may charge a data-dependent loss (a claim may then declare accounting.basis = data-dependent)."""
+    has_dp_event: ClassVar[bool] = False
+    """Whether `dp_event` gives a DpEvent (for released-output accounting): `dpledger account NAME` then
+    shows dp-accounting's PLD epsilon and offers --dp-event-out."""
     calibrate_summary: ClassVar[str] = ""  # one line: `dpledger calibrate NAME --help`
     supports_realised_path: ClassVar[bool] = False
     exact_law: ClassVar[bool] = True
@@ -138,19 +144,23 @@ class VoteAggregator(Mechanism):
 
     @classmethod
     def required_parameters(cls, command: str | None = None) -> tuple[str, ...]:
-        return tuple(name for name, f in cls.parameter_fields(command).items() if f.default is MISSING)
+        """The parameters `command` cannot do without (a decode also needs those marked decode_required)."""
+        return tuple(name for name, f in cls.parameter_fields(command).items()
+                     if f.default is MISSING or (command == "decode" and f.metadata["decode_required"]))
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Any], **context) -> "VoteAggregator":
-        """The aggregator of a parameter table (a config's [mechanism] or a run's recorded parameters):
-        None is "not given"; a key it does not read is refused unless at its `unused_defaults` value."""
+        """The aggregator of a decode's parameter table (a config's [mechanism] or a run's recorded parameters):
+        None is "not given", every missing one is named at once; a key it does not read is refused unless at
+        its `unused_defaults` value."""
         fields = cls.parameter_fields()
         for key, value in parameters.items():
             if key not in fields and value is not None:
                 require(key in cls.unused_defaults and _same(cls.unused_defaults[key], value),
                         f"{key} is not used for aggregator {cls.name}, got {value!r}")
-        for name in cls.required_parameters():
-            require(parameters.get(name) is not None, f"{name} is required for aggregator {cls.name}")
+        missing = [name for name in cls.required_parameters("decode") if parameters.get(name) is None]
+        require(not missing, f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required for aggregator "
+                             f"{cls.name}")
         return cls(**{key: value for key, value in parameters.items() if key in fields and value is not None},
                    **context)
 
@@ -248,9 +258,12 @@ class VoteAggregator(Mechanism):
         """What `dpledger account NAME --json` adds after the mechanism, the queries and the relation."""
         return {"dp_guarantee": math.isfinite(epsilon), **self.parameters("account"), "note": self.account_note}
 
-    def verify_accounts(self, orders, queries: int, answered: int | None, path: PathAccounting) -> list[AccountingVariant]:
-        """Every data-independent accounting `dpledger verify` compares a claim with."""
-        return [AccountingVariant(self.name, "proven", self.soundness, True, self.account_curve(orders, queries))]
+    def verify_accounts(self, orders, queries: int, answered: int | None, path: PathAccounting,
+                        relation: NeighbouringRelation) -> list[AccountingVariant]:
+        """Every data-independent accounting `dpledger verify` compares a claim for `relation` with: by default
+        this aggregator's curve under that relation, where it covers it (its natural relation's otherwise)."""
+        at = self.with_context(relation=relation) if relation in self.covered_relations() else self
+        return [AccountingVariant(self.name, "proven", self.soundness, True, at.account_curve(orders, queries))]
 
     def covered_relations(self) -> set[NeighbouringRelation]:
         """The claimed relations this aggregator's curve (at its natural relation) covers."""

@@ -120,8 +120,8 @@ class TargmaxAggregator(_ThresholdPrivate):
                "(Cohen et al. 2023)")
     description = "TARGMAX_T releases the plurality token if it has at least T votes"
 
-    threshold: float = parameter(help="TARGMAX threshold T: the top token is released only with >= T votes (an "
-                                      "integer >= 1)", unit="votes", symbol="T", commands={"account", "verify", "decode"})
+    threshold: float = parameter(help="TARGMAX threshold T, an integer >= 1: the top token is released only with >= T "
+                                      "votes", unit="votes", symbol="T", commands={"account", "verify", "decode"})
 
     def check(self) -> None:
         # without an ensemble (account, verify) T is validated as TARGMAX_T's own; in a decode, against N
@@ -202,13 +202,15 @@ class DpargmaxAggregator(_HotPateAggregator):
                    "then the noisy argmax")
     differentially_private = True
     calibrated = "sigma"
+    has_dp_event = True
     supports_realised_path = True
+    data_dependent_charge = True
     calibrate_flags = {"ratio": dict(type=float, default=1.0, metavar="R",
                                      help="screen noise over answer noise, s1 = R * s2 (> 0; default: 1, i.e. s1 = s2)")}
 
     threshold: float | None = parameter(
-        help="screen threshold T on the noisy top count (recorded; the RDP does not depend on it; default: 0 to "
-             "calibrate)", unit="votes", default=None, symbol="T")
+        help="screen threshold T on the noisy top count (recorded: the RDP does not depend on it)", unit="votes",
+        default=None, symbol="T", calibrate_default=0.0, decode_required=True)
     sigma: float = parameter(help=_ANSWER_NOISE, unit="votes", symbol="sigma", metavar="SIGMA")
     sigma_threshold: float = parameter(help="Confident-GNMax screen noise s1: standard deviation of the Gaussian "
                                             "added to the top vote count", unit="votes", symbol="sigma_threshold",
@@ -218,8 +220,7 @@ class DpargmaxAggregator(_HotPateAggregator):
                                      commands={"decode"})
 
     def check(self) -> None:
-        if self.teachers is not None:
-            require(self.threshold is not None, f"threshold is required for aggregator {self.name}")
+        if self.teachers is not None:   # a decode: T is required (decode_required) and a positive vote count
             threshold = require_positive("threshold", self.threshold)
         else:
             threshold = None if self.threshold is None else require_non_negative("threshold", self.threshold)
@@ -348,8 +349,10 @@ class DpargmaxAggregator(_HotPateAggregator):
                               "Proposition 1); T is recorded, the RDP does not depend on it")
         return record
 
-    def verify_accounts(self, orders, queries: int, answered: int | None, path: PathAccounting) -> list[AccountingVariant]:
-        screen, answer = self._screen_and_answer(orders)
+    def verify_accounts(self, orders, queries: int, answered: int | None, path: PathAccounting,
+                        relation: NeighbouringRelation) -> list[AccountingVariant]:
+        """At replace-one whatever the claim's relation (it covers them all: Papernot et al. 2018, Proposition 8)."""
+        screen, answer = self.with_context(relation=NeighbouringRelation.REPLACE_ONE)._screen_and_answer(orders)
         accounts = [AccountingVariant("released-output", "proven",
                                       "threshold check a/(2 s1^2) plus GNMax a/s2^2 on every query: a bound on the "
                                       "released (decision, token) pair (Papernot et al. 2018, Algorithm 1; Mironov "
@@ -395,6 +398,7 @@ class DpwsAggregator(_HotPateAggregator):
     description = "DPWS adds Gaussian noise to every count, then samples TWS-style among the noisy counts at least T"
     differentially_private = True
     calibrated = "sigma"
+    has_dp_event = True
     exact_law = False
     surrogate_measured = ("the noisy histogram's law (DPWS releases a post-processing of it, so this bounds the "
                           "released law)")
@@ -406,12 +410,13 @@ class DpwsAggregator(_HotPateAggregator):
     account_note = ("Gaussian N(0, sigma^2) on every count (L2 sensitivity sqrt 2 under replace-one): alpha / sigma^2 "
                     "per query; TWS on the clipped noisy counts is post-processing")
 
-    threshold: float = parameter(help="TWS threshold T: only tokens with a noisy count >= T can be released (default: "
-                                      "1 to calibrate)", unit="votes", symbol="T", calibrate_default=1.0)
-    gamma: float = parameter(help="TWS's gamma >= 1: no token gets more than gamma times its vote share",
-                             unit="unitless", default=1.0, symbol="gamma")
     sigma: float = parameter(help="standard deviation of the Gaussian added to each vote count before TWS",
                              unit="votes", symbol="sigma", metavar="SIGMA")
+    threshold: float = parameter(help="TWS threshold T: only tokens with a noisy count >= T can be released (recorded "
+                                      "by calibrate: the RDP does not depend on it)", unit="votes", symbol="T",
+                                 calibrate_default=1.0)
+    gamma: float = parameter(help="TWS's gamma >= 1: no token gets more than gamma times its vote share",
+                             unit="unitless", default=1.0, symbol="gamma")
 
     def check(self) -> None:
         threshold = require_positive("threshold", self.threshold)
@@ -472,8 +477,9 @@ class DpwsAggregator(_HotPateAggregator):
         return {"dp_guarantee": math.isfinite(epsilon), "sigma": self.sigma, "threshold": self.threshold,
                 "gamma": self.gamma, "note": self.account_note}
 
-    def verify_accounts(self, orders, queries: int, answered: int | None, path: PathAccounting) -> list[AccountingVariant]:
-        # the claim's voters make add/remove covered (covered_relations); the curve is replace-one's
+    def verify_accounts(self, orders, queries: int, answered: int | None, path: PathAccounting,
+                        relation: NeighbouringRelation) -> list[AccountingVariant]:
+        """At replace-one: the claim's voters make add/remove covered too (covered_relations)."""
         curve = DPWeightedSampler(self.sigma, self.threshold, self.gamma).rdp_curve(orders).composed(queries)
         return [AccountingVariant("gaussian-counts", "proven", self.soundness, True, curve)]
 
