@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from scipy.special import logsumexp
 
-from dpledger.accounting.errors import require, require_positive
+from dpledger.accounting.errors import require_positive
 from dpledger.accounting.orders import validated_orders
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.rounding import ROUNDING_ULPS, positive_floor
@@ -271,5 +271,3 @@ class LaplaceNoisyMaxAggregator(VoteAggregator):
         return (f"Every step is charged {cls.soundness}; it is also (Delta_1 / b, 0)-DP (Dwork & Roth 2014, "
                 "Theorem 3.6).")
 
-
-require(LaplaceNoisyMaxAggregator.calibrated == "scale", "internal: the calibrated parameter is the scale")
