@@ -105,3 +105,24 @@ class DivergenceDirection(enum.Enum):
     def composed_with(self, other: "DivergenceDirection") -> "DivergenceDirection":
         """The direction a composition covers: BOTH only when every part covers both."""
         return DivergenceDirection.BOTH if self is other is DivergenceDirection.BOTH else DivergenceDirection.FROM_ACTUAL
+
+
+class PathAccounting(enum.StrEnum):
+    """What a screened step is charged: the one choice behind every `accounting` key and flag.
+
+    A screened mechanism (AdaPMixED's noisy screen, Confident-GNMax's threshold check) releases the
+    pair (decision, token). Its Renyi divergence is at most the screen's plus the answer's whichever
+    branch is taken (adaptive composition, Mironov 2017, Proposition 1), which RELEASED_OUTPUT charges
+    at every step: a bound on the released output's law. REALISED_PATH charges the answer only where
+    the screen passed (Papernot et al. 2018's convention; Flemings et al. 2024, Theorem 4.2 as stated):
+    an ex-post statement about one run (an odometer, Feldman & Zrnic 2021), not an RDP bound
+    (docs/soundness.md). A str enum: a member equals its value, so manifests keep the plain string.
+    """
+
+    RELEASED_OUTPUT = "released-output"
+    REALISED_PATH = "realised-path"
+
+
+def path_accounting(value) -> PathAccounting:
+    """The accounting named by `value` (a member or its value); ValueError listing the names otherwise."""
+    return require_member(PathAccounting, "accounting", value)

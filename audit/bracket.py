@@ -47,6 +47,7 @@ from dpledger.decoding.ensemble import Ensemble
 from dpledger.audit.ablation import clopper_pearson, ensemble_output, monte_carlo_seed, screen_pass_counts
 from dpledger.audit.voting import _candidates, _mechanism
 from dpledger.mechanisms.add_one import add_one_adversary
+from dpledger.mechanisms.hot_pate import DPWS_MAX_SAMPLES, DPWS_SAMPLES, DPWS_WORK, dpws_draws, dpws_law_bounds  # noqa: F401
 from dpledger.mechanisms.kernels import sums_without_each
 from dpledger.mechanisms.pmixed import Ball, PMixED
 from dpledger.mechanisms.screening import NoisyScreening
@@ -221,70 +222,6 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     return partial
 
 
-DPWS_SAMPLES = 4000
-"""The fewest Gaussian draws per step for DPWS's Monte Carlo law bounds (common to the step's histograms)."""
-DPWS_WORK = 2 ** 25
-"""Noisy counts drawn per step: small vocabularies get more draws (up to DPWS_MAX_SAMPLES), since the
-empirical Bernstein width shrinks as 1/sqrt(draws) and a one-vote change moves DPWS's law by a few percent."""
-DPWS_MAX_SAMPLES = 100_000
-
-
-def dpws_draws(histograms: int, vocab: int) -> int:
-    """Gaussian draws a step for `histograms` laws over `vocab` tokens: DPWS_WORK noisy counts, within
-    [DPWS_SAMPLES, DPWS_MAX_SAMPLES]."""
-    return int(np.clip(DPWS_WORK // max(1, histograms * vocab), DPWS_SAMPLES, DPWS_MAX_SAMPLES))
-
-
-def _bernstein(total: np.ndarray, squares: np.ndarray, samples: int, eta: float) -> tuple[np.ndarray, np.ndarray]:
-    """(lower, upper) bounds on E[X] for X in [0, 1] from `samples` draws' sum and sum of squares,
-    each holding with probability >= 1 - eta (empirical Bernstein: Maurer & Pontil 2009, Theorem 4)."""
-    mean = total / samples
-    variance = np.maximum(squares - total * mean, 0.0) / (samples - 1)
-    log_term = math.log(2.0 / eta)
-    width = np.sqrt(2.0 * variance * log_term / samples) + 7.0 * log_term / (3.0 * (samples - 1))
-    return np.clip(mean - width, 0.0, 1.0), np.clip(mean + width, 0.0, 1.0)
-
-
-def dpws_law_bounds(sampler, histograms: np.ndarray, generator: torch.Generator, samples: int,
-                    eta: float) -> tuple[np.ndarray, np.ndarray]:
-    """(lower, upper) bounds (H, V + 1) on DPWS's released law (entry 0 the failure) on each of the
-    histograms (H, V): the certified analytic bounds (DPWeightedSampler.output_law_bounds) tightened
-    by Monte Carlo over common Gaussian draws, each Monte Carlo bound holding with probability
-    >= 1 - eta (empirical Bernstein on the per-draw law, whose entries lie in [0, 1])."""
-    histograms = np.asarray(histograms, dtype=np.float64)
-    count, vocab = histograms.shape
-    analytic = [sampler.output_law_bounds(h) for h in histograms]
-    low, high = np.stack([a[0] for a in analytic]), np.stack([a[1] for a in analytic])
-    # tokens with equal counts in a histogram are exchangeable (the draws are i.i.d.): their common
-    # release probability is estimated by each draw's average over them, still in [0, 1] and unbiased
-    groups = [np.unique(h, return_inverse=True)[1] for h in histograms]
-    sizes = [np.bincount(g) for g in groups]
-    members = [np.eye(size.size)[g] / size for g, size in zip(groups, sizes)]   # (V, groups): each group's mean
-    total = [np.zeros(size.size + 1) for size in sizes]
-    squares = [np.zeros(size.size + 1) for size in sizes]
-    n = float(histograms[0].sum()) if sampler.voters is None else float(sampler.voters)
-    for start in range(0, samples, 500):
-        draws = min(500, samples - start)
-        noise = sampler.sigma * torch.randn((draws, vocab), generator=generator, dtype=torch.float64).numpy()
-        noisy = np.maximum(histograms[:, None, :] + noise[None], 0.0)                    # (H, S, V)
-        passing = np.where(noisy >= sampler.threshold, noisy, 0.0)
-        normaliser = np.maximum(n / sampler.gamma, passing.sum(-1, keepdims=True))
-        law = np.where(normaliser > 0, passing / np.where(normaliser > 0, normaliser, 1.0), 0.0)
-        fail = np.clip(1.0 - law.sum(-1), 0.0, 1.0)                                       # (H, S)
-        for index in range(count):
-            means = law[index] @ members[index]                                          # (S, groups)
-            values = np.concatenate([fail[index][:, None], np.clip(means, 0.0, 1.0)], axis=1)
-            total[index] += values.sum(axis=0)
-            squares[index] += (values * values).sum(axis=0)
-    mc_low, mc_high = np.empty((count, vocab + 1)), np.empty((count, vocab + 1))
-    for index in range(count):
-        group_low, group_high = _bernstein(total[index], squares[index], samples, eta)
-        columns = np.concatenate([[0], 1 + groups[index]])
-        mc_low[index], mc_high[index] = group_low[columns], group_high[columns]
-    # a sum of draws carries rounding: 1e-12 relative covers it many times over
-    return np.maximum(low, mc_low * (1 - 1e-12)), np.minimum(high, mc_high * (1 + 1e-12) + 1e-300)
-
-
 def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, pairs: list[Pair],
                           intervals: list[float], seed: int, steps_total: int) -> dict:
     """One window's composed loss distributions (forward, backward) per voting pair (DPARGMAX and
@@ -295,14 +232,15 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
     votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
     steps = {pair: (RunningComposition(), RunningComposition()) for pair in pairs}   # O(log steps) alive
     two = np.array([2.0])
-    dpws = trace.params.get("aggregator") == "dpws"
+    aggregator = mechanism.aggregator
+    sampled = not aggregator.exact_law   # DPWS: its law bounded analytically and by Monte Carlo
 
     def bounds(histogram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(log lower, log upper) bounds on the released law: DPWS's analytic bounds (the neighbour's
         choice only), or DPARGMAX's law with its stated numerical error allowed for
         VOTING_LAW_ALLOWANCE times over."""
-        if dpws:
-            low, high = mechanism.dpws.output_law_bounds(histogram)
+        if sampled:
+            low, high = aggregator.output_law_bounds(histogram)
             return _log(torch.from_numpy(low)), _log(torch.from_numpy(high))
         log_fail, log_release, error = mechanism.log_output_law(histogram)
         allowance = math.log1p(VOTING_LAW_ALLOWANCE * error + 1e-12)
@@ -312,7 +250,7 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
     def law(histogram: np.ndarray) -> np.ndarray:
         """The law a neighbour is chosen by (any choice gives a valid bound): DPWS's bounds' midpoint."""
         low, high = bounds(histogram)
-        if not dpws:
+        if not sampled:
             return 0.5 * (low + high)
         middle = 0.5 * (np.exp(low) + np.exp(high))
         with np.errstate(divide="ignore"):
@@ -352,12 +290,11 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
             else:
                 neighbour = moved(counts[row], None)
             neighbours.append(neighbour)
-        if dpws:  # every law of the step bounded at once, over the same draws
+        if sampled:  # every law of the step bounded at once, over the same draws
             histograms = np.stack([counts[row], *neighbours])
             generator = torch.Generator().manual_seed(monte_carlo_seed(seed, int(record["step"])))
             eta = (1.0 - CONFIDENCE) / (steps_total * histograms.shape[0] * (histograms.shape[1] + 1) * 2)
-            low, high = dpws_law_bounds(mechanism.dpws, histograms, generator,
-                                        dpws_draws(histograms.shape[0], histograms.shape[1]), eta)
+            low, high = aggregator.sampled_law_bounds(histograms, generator, eta)
             laws = [(_log(torch.from_numpy(lo)), _log(torch.from_numpy(hi))) for lo, hi in zip(low, high)]
         else:
             laws = [bounds(h) for h in [counts[row], *neighbours]]
@@ -454,7 +391,7 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
     if kind == "public":
         return skipped("epsilon_bracket", "the public model alone reads no teacher: its epsilon is 0 exactly")
     voting = kind == "voting"
-    if voting and trace.params.get("aggregator") not in ("dpargmax", "dpws"):
+    if voting and not _mechanism(trace).aggregator.differentially_private:
         return skipped("epsilon_bracket", f"no certified lower bound for {trace.params.get('aggregator')}: it claims "
                                           "no DP epsilon (T-threshold privacy only)")
     if trace.params.get("accounting") == "realised-path" and (voting or trace.params.get("screening", True)):
@@ -497,7 +434,7 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
     intervals = [float(np.clip(BIAS_FRACTION * max(estimate, 1.0) / steps, 1e-6, 1e-2))
                  if math.isfinite(estimate) else 1e-2 for estimate in estimates]
     composed = {pair: (RunningComposition(), RunningComposition()) for pair in pairs}  # memory: O(log windows)
-    dpws = voting and trace.params.get("aggregator") == "dpws"
+    dpws = voting and not _mechanism(trace).aggregator.exact_law   # its law bounded by Monte Carlo
     windows = (trace.map_windows(voting_bracket_window, pairs, intervals, seed, steps,
                                  desc="epsilon bracket") if voting else
                trace.map_windows(bracket_window, pairs, intervals, mc_samples, seed, steps, adversary_order,
@@ -529,7 +466,8 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
     confidence = (f"; with probability >= {CONFIDENCE:g} over the audit's screening Monte Carlo ({mc_samples} draws "
                   "a step, Clopper-Pearson with a union bound over the steps)") if screened else \
         (f"; with probability >= {CONFIDENCE:g} over the audit's Monte Carlo of DPWS's law "
-         f"({dpws_draws(len(pairs) + 1, int(trace.manifest['vocab_size']))} draws a step, empirical Bernstein "
+         f"({_mechanism(trace).aggregator.sampled_law_draws(len(pairs) + 1, int(trace.manifest['vocab_size']))} "
+         "draws a step, empirical Bernstein "
          "with a union bound over steps, laws and outcomes)") if dpws else ""
     text = "; ".join(f"delta {r['delta']:g}: epsilon in [{r['lower']:.4g}, {r['upper']:.4g}] (ratio "
                      f"{r['ratio']:.3g}, lower bound from {r['neighbour'] or 'no pair'})" for r in rows)

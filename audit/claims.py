@@ -35,20 +35,27 @@ from dpledger.accounting.errors import (require, require_finite, require_in_clos
 from dpledger.accounting.orders import default_orders
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.safe_files import read_text
-from dpledger.mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
-                        PoissonSubsampledGaussian, SubsamplingVariant, Targmax, ThresholdWeightedSampler,
-                        realised_subsample_sizes)
+from dpledger.accounting.relation import PathAccounting
+from dpledger.mechanisms import (Ball, ConfidentGNMax, GaussianMechanism, GNMax, NoisyScreening, PMixED, PoissonSubsampledGaussian,
+                                 SubsamplingVariant, realised_subsample_sizes)
+from dpledger.mechanisms.aggregation import VoteAggregator
+from dpledger.mechanisms.aggregators import aggregators
 from dpledger.mechanisms.pmixed import SubsampledPMixED
 from dpledger.mechanisms.screening import BLIND_SCREEN_RATIO
 from dpledger.mechanisms import subsampled_pmixed_curve
 
+AGGREGATORS = aggregators()
+"""The registered vote aggregators (dpledger.mechanisms.aggregators): each a claim's mechanism.type, its keys its
+parameters."""
 KINDS = ("gaussian", "subsampled-gaussian", "pmixed", "adapmixed", "screening", "gnmax", "confident-gnmax",
-         "dpargmax", "dpws", "targmax", "tws")
-THRESHOLD_ONLY = ("targmax", "tws")
-DATA_DEPENDENT_KINDS = ("pmixed", "adapmixed", "gnmax", "confident-gnmax", "dpargmax")
+         *AGGREGATORS)
+THRESHOLD_ONLY = tuple(name for name, cls in AGGREGATORS.items() if not cls.differentially_private)
+DATA_DEPENDENT_KINDS = ("pmixed", "adapmixed", "gnmax", "confident-gnmax",
+                        *(name for name, cls in AGGREGATORS.items() if cls.data_dependent_charge))
+REALISED_PATH_KINDS = ("confident-gnmax", *(name for name, cls in AGGREGATORS.items() if cls.supports_realised_path))
 SAMPLINGS = ("poisson", "with-replacement")
 BASES = ("data-independent", "data-dependent")
-PATHS = ("released-output", "realised-path")
+PATHS = tuple(member.value for member in PathAccounting)
 
 REALISED_SEEDS = 200
 MAX_CLAIM_BYTES = 2 ** 20
@@ -67,10 +74,13 @@ _MECHANISM_KEYS = {
     "screening": (("teachers", "lam", "sigma"), ("alpha", "threshold", "top_k")),
     "gnmax": (("sigma",), ()),
     "confident-gnmax": (("sigma", "sigma_threshold"), ("threshold", "answered")),
-    "dpargmax": (("sigma", "sigma_threshold"), ("threshold", "answered")),
-    "dpws": (("sigma", "threshold"), ("gamma", "voters")),
-    "targmax": (("threshold",), ()),
-    "tws": (("threshold",), ("gamma",)),
+    # an aggregator's: its parameters (required: those without a default), the public voter count where it reads
+    # one, the answered count where it has realised-path accounting
+    **{name: (cls.required_parameters("verify"),
+              tuple(key for key, field in cls.parameter_fields("verify").items() if key not in
+                    cls.required_parameters("verify"))
+              + (("voters",) if cls.claim_voters else ()) + (("answered",) if cls.supports_realised_path else ()))
+       for name, cls in AGGREGATORS.items()},
 }
 _CLAIM_KEYS = (("epsilon", "delta", "queries"), ("source", "relation", "tolerance"))
 _ACCOUNTING_KEYS = ("conversion", "subsampling_variant", "ball", "basis", "path")
@@ -127,6 +137,8 @@ class Claim:
     ball: Ball | None = None
     basis: str = "data-independent"
     path: str = "released-output"
+    parameters: dict = field(default_factory=dict)
+    """An aggregator's parameters that are none of the fields above (name -> value)."""
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -138,9 +150,11 @@ class Claim:
         if self.tolerance is not None:
             put("tolerance", require_positive("claim.tolerance", self.tolerance))
         required, optional = _MECHANISM_KEYS[self.kind]
-        for name in ("alpha", "beta", "teachers", "sample_rate", "noise_multiplier", "sigma", "sigma_threshold",
-                     "lam", "threshold", "top_k", "gamma", "voters", "answered"):
-            value = getattr(self, name)
+        require(isinstance(self.parameters, dict), f"parameters must be a dict, got {self.parameters!r}")
+        names = ("alpha", "beta", "teachers", "sample_rate", "noise_multiplier", "sigma", "sigma_threshold", "lam",
+                 "threshold", "top_k", "gamma", "voters", "answered")
+        for name in dict.fromkeys(names + required + optional + tuple(self.parameters)):
+            value = getattr(self, name) if name in _FIELDS else self.parameters.get(name)
             if name in required:
                 require(value is not None, f"mechanism.{name} is required for mechanism {self.kind}")
             elif value is not None:
@@ -166,13 +180,8 @@ class Claim:
                 put(name, check(getattr(self, name)))
         if self.gamma is not None:
             require(self.gamma >= 1.0, f"mechanism.gamma must be >= 1, got {self.gamma:g}")
-        if self.kind in ("targmax", "tws", "dpws"):
-            require(self.threshold >= 1 or self.kind == "dpws",
-                    f"mechanism.threshold must be >= 1 for {self.kind}, got {self.threshold:g}")
-            require(self.threshold > 0, f"mechanism.threshold must be > 0, got {self.threshold:g}")
-        if self.kind in ("targmax", "tws"):
-            require(float(self.threshold).is_integer(),
-                    f"mechanism.threshold must be an integer vote count for {self.kind}, got {self.threshold:g}")
+        if self.kind in AGGREGATORS:
+            claim_aggregator(self)   # the aggregator validates its own parameters
         put("sampling", _choice("mechanism.sampling", self.sampling, SAMPLINGS))
         require(self.sampling == "poisson" or self.sample_rate is not None,
                 "mechanism.sampling applies only with mechanism.sample_rate")
@@ -203,8 +212,8 @@ class Claim:
                     "(amplification of the screened, data-dependent mechanism is not accounted)")
         put("path", _choice("accounting.path", self.path, PATHS))
         if self.path == "realised-path":
-            require(self.kind in ("confident-gnmax", "dpargmax"),
-                    f"accounting.path = 'realised-path' applies to confident-gnmax and dpargmax, not {self.kind}")
+            require(self.kind in REALISED_PATH_KINDS, "accounting.path = 'realised-path' applies to "
+                                                      f"{' and '.join(REALISED_PATH_KINDS)}, not {self.kind}")
             require(self.answered is not None, "accounting.path = 'realised-path' needs mechanism.answered")
         if self.answered is not None:
             require(self.path == "realised-path", "mechanism.answered applies only with accounting.path = 'realised-path'")
@@ -233,6 +242,23 @@ class Claim:
         else:
             below, above = self.unit, self.unit / 2.0
         return bool(low <= self.epsilon + above + slack and high > self.epsilon - below - slack)
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Claim))
+
+
+def claim_aggregator(claim: Claim) -> VoteAggregator:
+    """The registered aggregator a claim names, with its parameters, at its natural relation, the claim's
+    voters (where it reads them) and path; a ValueError from its validation names the claim's key."""
+    cls = AGGREGATORS[claim.kind]
+    values = {name: (getattr(claim, name) if name in _FIELDS else claim.parameters.get(name))
+              for name in cls.parameter_fields("verify")}
+    context = dict(teachers=claim.voters if cls.claim_voters else None, relation=cls.natural_relation,
+                   accounting=claim.path if cls.supports_realised_path else PathAccounting.RELEASED_OUTPUT)
+    try:
+        return cls(**{name: value for name, value in values.items() if value is not None}, **context)
+    except ValueError as error:
+        raise ValueError(f"mechanism.{error}") from None
 
 
 def _refuse(unknown: list, message_if_any) -> None:
@@ -272,17 +298,23 @@ def claim_from_mapping(data: dict) -> Claim:
                          + ", ".join(f"mechanism.{k}" for k in ("type",) + required + optional))
     unknown = sorted(set(accounting) - set(_ACCOUNTING_KEYS))
     _refuse(unknown, lambda: f"unknown key accounting.{unknown[0]}; [accounting] reads " + ", ".join(_ACCOUNTING_KEYS))
+    typed = {key: field.metadata["type"] for key, field in AGGREGATORS[kind].parameter_fields("verify").items()} \
+        if kind in AGGREGATORS else {}
     for table, values in (("claim", claim), ("mechanism", mechanism), ("accounting", accounting)):
         for key, value in values.items():
             require(not isinstance(value, (dict, list)), f"{table}.{key} must be a single value, got {value!r}")
-            if key in ("teachers", "top_k", "voters", "answered", "queries"):
+            if table == "mechanism" and typed.get(key) is bool:
+                require(isinstance(value, bool), f"{table}.{key} must be true or false, got {value!r}")
+            elif key in ("teachers", "top_k", "voters", "answered", "queries") or (
+                    table == "mechanism" and typed.get(key) is int):
                 require(isinstance(value, int) and not isinstance(value, bool),
                         f"{table}.{key} must be an integer, got {value!r}")
             elif key not in ("type", "source", "relation", "sampling") and table != "accounting":
                 require(isinstance(value, (int, float)) and not isinstance(value, bool),
                         f"{table}.{key} must be a number, got {value!r}")
-    fields = {key: value for key, value in mechanism.items() if key != "type"}
-    return Claim(kind=kind, **claim, **fields, **accounting)
+    fields = {key: value for key, value in mechanism.items() if key != "type" and key in _FIELDS}
+    parameters = {key: value for key, value in mechanism.items() if key != "type" and key not in _FIELDS}
+    return Claim(kind=kind, **claim, **fields, **accounting, parameters=parameters)
 
 
 def load_claim(path: str | Path) -> Claim:
@@ -397,7 +429,9 @@ class ClaimVerdict:
 
 
 def _natural_relation(kind: str) -> NeighbouringRelation:
-    if kind in ("gnmax", "confident-gnmax", "dpargmax", "dpws", "targmax", "tws"):
+    if kind in AGGREGATORS:
+        return AGGREGATORS[kind].natural_relation
+    if kind in ("gnmax", "confident-gnmax"):
         return NeighbouringRelation.REPLACE_ONE
     return NeighbouringRelation.ADD_OR_REMOVE_ONE
 
@@ -414,17 +448,18 @@ def _covered_relations(claim: Claim) -> set[NeighbouringRelation]:
     2024, Theorem 4.1): L2 sensitivity lam sqrt(2)/N for replacing as for adding/removing a teacher.
     GNMax / Confident-GNMax (Papernot et al. 2018, Proposition 8): alpha/sigma^2 is the replace-one
     charge (L2 sensitivity sqrt 2); adding or removing a teacher moves one vote (L2 sensitivity 1),
-    which it covers. DPWS: replace-one; add/remove only with a public voter count (its normaliser).
+    which it covers. A registered aggregator says which (VoteAggregator.covered_relations; DPWS:
+    replace-one, add/remove only with a public voter count, its normaliser).
     """
     kind = claim.kind
+    if kind in AGGREGATORS:
+        return claim_aggregator(claim).covered_relations()
     if kind == "gaussian":
         return set(NeighbouringRelation)
     if kind in ("subsampled-gaussian", "pmixed", "adapmixed"):
         return set(_ADD_REMOVE)
-    if kind in ("screening", "gnmax", "confident-gnmax", "dpargmax"):
+    if kind in ("screening", "gnmax", "confident-gnmax"):
         return set(NeighbouringRelation)
-    if kind == "dpws":
-        return {NeighbouringRelation.REPLACE_ONE} | (_ADD_REMOVE if claim.voters is not None else set())
     return set()
 
 
@@ -551,7 +586,7 @@ def _accounts(claim: Claim) -> list[_Account]:
     if kind == "gnmax":
         return [_Account("gnmax", "proven", "a / sigma^2 per query (Papernot et al. 2018, Proposition 8)", True,
                          curve=GNMax(claim.sigma).rdp_curve(orders).composed(queries))]
-    if kind in ("confident-gnmax", "dpargmax"):
+    if kind == "confident-gnmax":
         mechanism = ConfidentGNMax(claim.threshold or 0.0, claim.sigma_threshold, claim.sigma)
         grid = np.asarray(orders)
         screen = RdpCurve(orders, mechanism.screen_rdp(grid), mechanism.relation)
@@ -567,12 +602,11 @@ def _accounts(claim: Claim) -> list[_Account]:
                                      "(Feldman & Zrnic 2021; docs/soundness.md)", claim.path == "realised-path",
                                      curve=screen.composed(queries) + answer.composed(claim.answered)))
         return accounts
-    if kind == "dpws":
-        mechanism = DPWeightedSampler(claim.sigma, claim.threshold, claim.gamma or 1.0)
-        return [_Account("gaussian-counts", "proven",
-                         "N(0, sigma^2) on every count, a / sigma^2 per query (Mironov 2017, Corollary 3); TWS on "
-                         "the noisy counts is post-processing (Mironov 2017, Proposition 9)", True,
-                         curve=mechanism.rdp_curve(orders).composed(queries))]
+    if kind in AGGREGATORS and kind not in THRESHOLD_ONLY:
+        relation = claim.relation or _natural_relation(kind)
+        return [_Account(*variant) for variant in
+                claim_aggregator(claim).verify_accounts(orders, queries, claim.answered, PathAccounting(claim.path),
+                                                        relation)]
     raise AssertionError(f"no accounting for {kind}")  # threshold-only kinds never get here
 
 
@@ -747,8 +781,7 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
     relation = claim.relation or _natural_relation(claim.kind)
     findings = tuple(lint_claim(claim))
     if claim.kind in THRESHOLD_ONLY:
-        mechanism = (Targmax(int(claim.threshold)) if claim.kind == "targmax"
-                     else ThresholdWeightedSampler(int(claim.threshold), claim.gamma or 1.0))
+        mechanism = claim_aggregator(claim)
         require(not np.any(np.isfinite(mechanism.rdp_curve().values)), f"{claim.kind} has a finite RDP curve")
         statement = (f"NO DP GUARANTEE: {claim.kind} is T-threshold private only (Cohen et al. 2023); the claimed "
                      f"epsilon {claim.epsilon:g} is not supported by any accounting. Use dpargmax or dpws for a DP "

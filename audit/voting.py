@@ -7,10 +7,11 @@ rebuild the neighbouring histogram and the aggregator's exact output law on it:
   adversary's choosing (the worst one, every step); replace teacher i: its vote moves to the worst
   token. Candidate tokens are the voted ones and the lowest-index unvoted one (every unvoted token
   is alike to the aggregators, except TARGMAX's tie-break towards the lowest index).
-- TARGMAX and TWS have closed-form laws; DPARGMAX's answer law is GNMax's, a one-dimensional
-  integral (dpledger.mechanisms.voting.gnmax_log_output_law, error stated); DPWS's law is a V-dimensional
-  integral, so its ablation measures the Gaussian noisy histogram it post-processes (an upper
-  bound on the released law's divergence) and the sampled audit estimates the released law.
+- every aggregator with an exact law (VoteAggregator.exact_law) gives it on any histogram: TARGMAX and
+  TWS in closed form, DPARGMAX's answer law is GNMax's, a one-dimensional integral
+  (dpledger.mechanisms.pate.gnmax_log_output_law, error stated); one without (DPWS's is a V-dimensional
+  integral) is measured on what it post-processes (VoteAggregator.surrogate_divergence, an upper bound
+  on the released law's divergence), and the sampled audit estimates the released law.
 Per-step divergences (both directions) are composed per neighbour and converted like the claim.
 """
 from __future__ import annotations
@@ -30,7 +31,8 @@ from dpledger.audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
 from dpledger.decoding.ensemble import Ensemble
 from dpledger.decoding.runners import voting_mechanism
 from dpledger.mechanisms.randomness import seed_commitment, vote_seed
-from dpledger.mechanisms.voting import Aggregator, VotingMechanism, renyi_divergence_of_log_laws
+from dpledger.accounting.relation import PathAccounting
+from dpledger.mechanisms.voting import VotingMechanism, renyi_divergence_of_log_laws
 
 def _mechanism(trace: LoadedTrace) -> VotingMechanism:
     return voting_mechanism(trace.params, trace.n_teachers, trace.manifest["relation"])
@@ -53,13 +55,15 @@ def check_shared_randomness(trace: LoadedTrace) -> CheckResult:
 
 
 def check_vote_threshold(trace: LoadedTrace) -> CheckResult:
-    """TARGMAX and TWS: every released token had at least T votes in its step's histogram (T-threshold
-    privacy, Cohen et al. 2023); the replay check verifies the histograms themselves."""
+    """TARGMAX and TWS (every aggregator with a vote floor, VoteAggregator.vote_floor): every released token
+    had at least T votes in its step's histogram (T-threshold privacy, Cohen et al. 2023); the replay check
+    verifies the histograms themselves."""
     params = trace.params
-    if params["aggregator"] not in ("targmax", "tws"):
+    threshold = _mechanism(trace).aggregator.vote_floor()
+    if threshold is None:
         return skipped("vote_threshold", f"{params['aggregator']} is differentially private: its noise may release "
                                          "a token below the threshold, and its guarantee is the charged curve")
-    threshold, below, released = params["threshold"], [], 0
+    below, released = [], 0
     for record in trace.iter_records():
         if record["answered_by"] != "mechanism":
             continue
@@ -113,16 +117,16 @@ class _StepLaws:
     def law(self, counts: np.ndarray) -> tuple:
         key = counts.tobytes()
         if key not in self.cache:
-            mechanism = self.mechanism
-            if mechanism.aggregator is Aggregator.DPWS:
+            aggregator = self.mechanism.aggregator
+            if not aggregator.exact_law:
                 self.cache[key] = (counts,)
             elif self.realised_path:  # the decision's law, then the answer's law given a pass
-                log_fail, log_pass = mechanism.log_screen_law(counts)
-                answer, error = mechanism.log_answer_law(counts)
+                log_fail, log_pass = aggregator.log_screen_law(counts)
+                answer, error = aggregator.log_answer_law(counts)
                 self.error = max(self.error, error)
                 self.cache[key] = (np.array([log_fail, log_pass]), answer)
             else:
-                log_fail, log_release, error = mechanism.log_output_law(counts)
+                log_fail, log_release, error = aggregator.log_output_law(counts)
                 self.error = max(self.error, error)
                 self.cache[key] = (np.concatenate([[log_fail], log_release]),)
         return self.cache[key]
@@ -131,9 +135,8 @@ class _StepLaws:
         """(the measured per-step divergence at every order, max of both directions; for realised-path
         claims also the released law's divergence, reported beside it)."""
         other, mine = self.law(neighbour), self.actual
-        if self.mechanism.aggregator is Aggregator.DPWS:
-            squared = float(np.sum((self.counts - neighbour) ** 2))
-            return self.orders * squared / (2.0 * self.mechanism.sigma ** 2), None
+        if not self.mechanism.aggregator.exact_law:
+            return self.mechanism.aggregator.surrogate_divergence(self.counts, neighbour, self.orders), None
         both = lambda p, q: np.maximum(renyi_divergence_of_log_laws(p, q, self.orders),  # noqa: E731
                                        renyi_divergence_of_log_laws(q, p, self.orders))
         if not self.realised_path:
@@ -200,7 +203,7 @@ def run_voting_ablation(trace: LoadedTrace, delta: float) -> dict:
     teacher, and the numerical error; needs the payload or the models. Each window's sums are added
     in window order."""
     mechanism = _mechanism(trace)
-    realised_path = mechanism.aggregator is Aggregator.DPARGMAX and mechanism.accounting == "realised-path"
+    realised_path = mechanism.accounting is PathAccounting.REALISED_PATH
     replace = "replace" in NeighbouringRelation(trace.manifest["relation"]).moves
     totals = None
     for _, window in trace.map_windows(_voting_ablation_window, realised_path, replace, desc="neighbour ablation"):
@@ -266,8 +269,8 @@ def check_voting_ablation(trace: LoadedTrace) -> CheckResult:
     claimed_rows = [e for e in relations.values() if e["claimed"]]
     exceeded = [e for e in claimed_rows if not e["within_claim"]]
     worst = max(claimed_rows, key=lambda e: e["empirical_epsilon"])
-    measured = ("the noisy histogram's law (DPWS releases a post-processing of it, so this bounds the released law)"
-                if trace.params["aggregator"] == "dpws" else
+    aggregator = _mechanism(trace).aggregator
+    measured = (aggregator.surrogate_measured if not aggregator.exact_law else
                 "the screen decision's divergence plus, where it passed, the answer's given the decision (like the "
                 "realised-path claim)" if result["realised_path"] else
                 "the released output's law per step: fail (then the public model answers, alike on both sides) or "
@@ -282,8 +285,7 @@ def check_voting_ablation(trace: LoadedTrace) -> CheckResult:
     if result["released_removed"] is not None:
         evidence["released_output_epsilon"] = max(_epsilon(v, orders, delta)[0] for v in result["released_removed"])
     no_dp = math.isinf(claimed)
-    bound_only = (" (DPWS: measured on the Gaussian noisy histogram, the same formula as the charge; this checks the "
-                  "charge's arithmetic, not the released law)" if trace.params["aggregator"] == "dpws" else "")
+    bound_only = f" ({aggregator.surrogate_note})" if not aggregator.exact_law else ""
     summary = (f"teacher {leakiest} leaks most when removed ({per_teacher[leakiest]:.4g}); "
                + "; ".join(f"{e['relation']}{'' if e['claimed'] else ' (not claimed)'}: {e['empirical_epsilon']:.4g}"
                            for e in relations.values()) + bound_only)
@@ -294,21 +296,6 @@ def check_voting_ablation(trace: LoadedTrace) -> CheckResult:
                    f"{claimed_relation.label} (claimed): " + "; ".join(
                        f"{e['worst_neighbour']} reaches empirical epsilon {e['empirical_epsilon']:.4g} > claimed "
                        f"{claimed:.4g}" for e in exceeded), **evidence)
-
-
-def _aggregator_outputs(mechanism: VotingMechanism, counts: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
-    """`draws` outputs of a DP aggregator on one histogram (-1 = fail), vectorised over draws."""
-    counts = counts.astype(np.float64)
-    if mechanism.aggregator is Aggregator.DPARGMAX:
-        passes = counts.max() + rng.normal(0.0, mechanism.sigma_threshold, draws) >= mechanism.threshold
-        tokens = np.argmax(counts + rng.normal(0.0, mechanism.sigma, (draws, counts.size)), axis=1)
-        return np.where(passes, tokens, -1)
-    noisy = np.maximum(counts + rng.normal(0.0, mechanism.sigma, (draws, counts.size)), 0.0)
-    passing = np.where(noisy >= mechanism.threshold, noisy, 0.0)
-    normaliser = np.maximum(mechanism.teachers / mechanism.gamma, passing.sum(axis=1, keepdims=True))
-    cumulative = np.cumsum(passing / normaliser, axis=1)
-    index = (cumulative < rng.random((draws, 1))).sum(axis=1)
-    return np.where(index < counts.size, index, -1)
 
 
 def _clopper_pearson(successes: int, trials: int, confidence: float) -> tuple[float, float]:
@@ -326,7 +313,8 @@ def _narrowest_margin_window(trace: LoadedTrace, records: list[dict], logits: to
     _, teachers = Ensemble.split_distributions(logits)
     votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
     for row, record in enumerate(records):
-        if (mechanism.accounting == "realised-path" and not record["screen_passed"]) or record.get("budget_refused"):
+        if (mechanism.accounting is PathAccounting.REALISED_PATH and not record["screen_passed"]) \
+                or record.get("budget_refused"):
             continue
         top = int(np.argmax(counts[row]))
         runner_up = int(np.sort(counts[row])[-2])
@@ -349,7 +337,7 @@ def check_sampled_aggregator(trace: LoadedTrace, draws: int = 20000, seed: int =
     whose screen passed are sampled (a failed step's charge is the screen's alone)."""
     mechanism = _mechanism(trace)
     if not mechanism.aggregator.differentially_private:
-        return skipped("sampled_aggregator", f"{mechanism.aggregator.value} makes no DP claim to sample")
+        return skipped("sampled_aggregator", f"{mechanism.aggregator.name} makes no DP claim to sample")
     if not trace.has_payload:
         return skipped("sampled_aggregator", "needs the per-step distributions (the exact-replay payload or the models)")
     delta, orders = trace.manifest["config"]["deltas"][0], trace.orders
@@ -364,8 +352,8 @@ def check_sampled_aggregator(trace: LoadedTrace, draws: int = 20000, seed: int =
     neighbour[top] -= 1
     rng = np.random.default_rng(seed)
     half = draws // 2
-    first = [_aggregator_outputs(mechanism, c, half, rng) for c in (counts, neighbour)]
-    second = [_aggregator_outputs(mechanism, c, half, rng) for c in (counts, neighbour)]
+    first = [mechanism.aggregator.sample_outputs(c, half, rng) for c in (counts, neighbour)]
+    second = [mechanism.aggregator.sample_outputs(c, half, rng) for c in (counts, neighbour)]
     best_bound, event = -math.inf, None
     for forward in (True, False):
         a, b = (0, 1) if forward else (1, 0)

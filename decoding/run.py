@@ -31,6 +31,7 @@ from dpledger.decoding.config import RunConfig
 from dpledger.decoding.ensemble import (file_problems, identity_problems, tokenizer_files)
 from dpledger.decoding.blocks import PreparedRun, block_records, build_manifest, prepare
 from dpledger.decoding.dask_decode import distributed_blocks, sequential_reason
+from dpledger.mechanisms.aggregators import aggregator_class
 from dpledger.mechanisms.pld import pld_unavailable_reason
 from dpledger.accounting.budget import RenyiFilter
 from dpledger.accounting.curve import RdpCurve
@@ -177,23 +178,23 @@ class RunTotals:
 
     def _add_votes(self, records: list[dict]) -> None:
         """Released steps, the votes each released token had, and the teacher-forced accuracy."""
-        threshold = self.manifest["mechanism"]["params"]["threshold"]
+        threshold = self.manifest["mechanism"]["params"].get("threshold")   # None: the aggregator has no T
         for record in records:
             self.correct += record["output_token"] == record["true_token"]
             if record["answered_by"] != "mechanism":
                 continue
             votes = dict(zip(record["vote_tokens"], record["vote_counts"])).get(record["output_token"], 0)
             self.released += 1
-            self.below_threshold += votes < threshold
+            self.below_threshold += threshold is not None and votes < threshold
             self.min_released_votes = votes if self.min_released_votes is None else min(self.min_released_votes, votes)
 
     def voting_summary(self) -> dict:
         """What a voting run released and the guarantee it has: T-threshold privacy for TARGMAX and
         TWS (Cohen et al. 2023; robustness, not DP: the ledger's epsilon is +inf), the RDP curve
-        charged for DPARGMAX and DPWS."""
+        charged for the differentially private aggregators (DPARGMAX, DPWS, ...)."""
         params, steps = self.manifest["mechanism"]["params"], self.ledger.steps
-        threshold = params["threshold"]
-        threshold_private = params["aggregator"] in ("targmax", "tws")
+        threshold = params.get("threshold")
+        threshold_private = not aggregator_class(params["aggregator"]).differentially_private
         filtered = (self.budget or {}).get("charging") == "realised-path"
         if params["accounting"] == "realised-path" and filtered:
             guarantee = ("differential privacy by the privacy filter: realised-path charges (a failed step is charged "

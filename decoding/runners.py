@@ -15,7 +15,7 @@ import torch
 import inspect
 
 from dpledger.accounting.errors import require
-from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
+from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, neighbouring_relation, path_accounting
 from dpledger.mechanisms.adapmixed import AdaPMixED
 from dpledger.mechanisms.kernels import leave_one_out_divergences, mixed_teachers, symmetric_renyi_orders
 from dpledger.mechanisms.ball import Ball, ball_named
@@ -24,10 +24,8 @@ from dpledger.mechanisms.pmixed import subsampling_variant as variant_named
 from dpledger.mechanisms.randomness import uniform
 from dpledger.mechanisms.screening import NoisyScreening
 from dpledger.mechanisms.step import adapmixed_step, pmixed_step
-from dpledger.mechanisms.voting import Aggregator, VotingMechanism
-
-ACCOUNTING_CHOICES = ("released-output", "realised-path")
-"""How a screened mechanism is charged (adapmixed_runner's docstring has the analysis)."""
+from dpledger.mechanisms.aggregators import aggregator_class, aggregators
+from dpledger.mechanisms.voting import VotingMechanism
 
 
 @dataclass
@@ -196,7 +194,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     require(screening or data_dependent, "at least one of screening / data_dependent must be enabled "
                                          "(with neither, use type = \"pmixed\")")
     require(isinstance(add_one_dual, bool), f"add_one_dual must be true or false, got {add_one_dual!r}")
-    require(accounting in ACCOUNTING_CHOICES, f"accounting must be one of {list(ACCOUNTING_CHOICES)}, got {accounting!r}")
+    accounting = path_accounting(accounting).value   # how a screened step is charged (the analysis below)
     relation = neighbouring_relation(relation)
     require(relation is not NeighbouringRelation.REPLACE_ONE,
             "AdaPMixED's bounds are for adding or removing a teacher; relation replace_one is not covered")
@@ -250,18 +248,17 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
                   realised_path_bounds if screening and data_dependent and accounting == "realised-path" else None)
 
 
-def voting_runner(teachers: int, votes: str, aggregator: str, threshold: float, gamma: float = 1.0,
-                  sigma: float | None = None, sigma_threshold: float | None = None, data_dependent: bool = False,
-                  accounting: str = "released-output",
-                  relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> Runner:
-    """Hot PATE voting (Cohen et al. 2023): `votes` coordinated (hot) or independent (cold),
-    aggregated by targmax, tws, dpargmax (Confident-GNMax) or dpws; on fail the public model
-    answers. The output distribution of a step is a point mass on the released token, or the public
-    distribution on fail. What each aggregator is charged is dpledger.mechanisms.voting's docstring. Every
-    bound covers one vote moved, added or removed, so any claimed relation is covered."""
+def voting_runner(teachers: int, votes: str, aggregator: str, accounting: str = PathAccounting.RELEASED_OUTPUT.value,
+                  relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE, **parameters) -> Runner:
+    """Hot PATE voting (Cohen et al. 2023): `votes` coordinated (hot) or independent (cold), aggregated by
+    the registered aggregator `aggregator` with its `parameters` (dpledger.mechanisms.aggregators: targmax,
+    tws, dpargmax = Confident-GNMax, dpws, ...); on fail the public model answers. The output distribution
+    of a step is a point mass on the released token, or the public distribution on fail. What each
+    aggregator is charged is its class's docstring. Every bound covers one vote moved, added or removed,
+    so any claimed relation is covered."""
     relation = neighbouring_relation(relation)
-    mechanism = VotingMechanism(votes, aggregator, teachers, threshold, gamma, sigma, sigma_threshold, data_dependent,
-                                accounting, relation)
+    mechanism = VotingMechanism.build(votes, aggregator, teachers, relation=relation, accounting=accounting,
+                                      **parameters)
 
     def process(public, teacher_probs, generator, orders):
         require(hasattr(generator, "vote_seeds"), "voting needs per-step generators (dpledger.mechanisms.randomness.StepGenerators)")
@@ -279,24 +276,49 @@ def voting_runner(teachers: int, votes: str, aggregator: str, threshold: float, 
                             screen_passed=passed, vote_seeds=np.asarray(seeds, dtype=np.int64), vote_counts=counts,
                             aggregator_noise=[noise for _, _, noise in decisions])
 
-    params = dict(votes=mechanism.coordination.value, aggregator=mechanism.aggregator.value, teachers=teachers,
-                  threshold=threshold, gamma=gamma, sigma=sigma, sigma_threshold=sigma_threshold,
-                  data_dependent=data_dependent, accounting=accounting)
+    rule = mechanism.aggregator
+    params = dict(votes=mechanism.coordination.value, aggregator=rule.name, teachers=teachers,
+                  **type(rule).recorded_parameters(parameters), accounting=mechanism.accounting.value)
     components = mechanism.components()
-    realised = None
-    if accounting == "realised-path" and mechanism.aggregator is Aggregator.DPARGMAX:
-        def realised(orders):
-            """Confident-GNMax's screen (every step) and its answer (passed steps only), data-independent."""
-            return mechanism.confident_gnmax.screen_rdp(orders), mechanism.confident_gnmax.answer_rdp(orders)
+    realised = rule.realised_path_bounds if mechanism.accounting is PathAccounting.REALISED_PATH else None
     return Runner("voting", params, components, process, {name: relation for name in components},
                   mechanism.rdp_values, realised)
 
 
+VOTING_KEYS = {"votes": str, "aggregator": str, "accounting": str}
+"""The [mechanism] keys of type = "voting" besides the aggregator's own parameters."""
+
+
 def voting_mechanism(params: dict, teachers: int, relation) -> VotingMechanism:
     """The VotingMechanism of a voting run's recorded [mechanism] parameters."""
-    return VotingMechanism(params["votes"], params["aggregator"], teachers, params["threshold"], params["gamma"],
-                           params["sigma"], params["sigma_threshold"], params["data_dependent"], params["accounting"],
-                           neighbouring_relation(relation))
+    parameters = {key: value for key, value in params.items() if key not in VOTING_KEYS and key != "teachers"}
+    return VotingMechanism.build(params["votes"], params["aggregator"], teachers,
+                                 relation=neighbouring_relation(relation), accounting=params["accounting"], **parameters)
+
+
+def _voting_parameter_types() -> dict[str, str]:
+    """Every key a voting [mechanism] may hold -> its type as an annotation (None: not given): the voting
+    keys, every registered aggregator's parameters and the keys a recorded table keeps unused."""
+    types = {name: kind.__name__ for name, kind in VOTING_KEYS.items()}
+    for cls in aggregators().values():
+        for name, spec in cls.parameter_fields("decode").items():
+            types.setdefault(name, f"{spec.metadata['type'].__name__} | None")
+        for name, value in cls.unused_defaults.items():
+            types.setdefault(name, f"{type(value).__name__} | None")
+    return types
+
+
+def _needed_by_every_aggregator() -> list[str]:
+    """The parameters every registered aggregator needs in a decode (in the first one's order)."""
+    required = [cls.required_parameters("decode") for cls in aggregators().values()]
+    return [name for name in required[0] if all(name in other for other in required[1:])] if required else []
+
+
+def runner_parameters(kind: str) -> set[str]:
+    """The [mechanism] keys of `kind` besides `type` and `teachers` (docs/config.md documents each)."""
+    if kind == "voting":
+        return set(_voting_parameter_types())
+    return set(inspect.signature(_PARAMETERISED[kind]).parameters) - {"teachers", "relation"}
 
 
 _BUILDERS = {
@@ -312,7 +334,7 @@ MECHANISM_TYPES = tuple(sorted([*_BUILDERS, *_PARAMETERISED]))
 def unknown_type_message(kind) -> str:
     """The one line for an unknown [mechanism] type; PATE aggregator names point to type = "voting"."""
     hint = (f" (PATE aggregators are type = \"voting\" with aggregator = \"{kind}\")"
-            if kind in ("targmax", "tws", "dpargmax", "dpws") else
+            if kind in aggregators() else
             " (PATE aggregators are type = \"voting\" with aggregator = \"dpargmax\", Confident-GNMax)"
             if kind in ("gnmax", "confident-gnmax", "confident_gnmax", "pate", "hotpate", "hot_pate") else "")
     return f"unknown mechanism type {kind!r}; known: {', '.join(MECHANISM_TYPES)}{hint}"
@@ -353,18 +375,25 @@ def build_runner(mechanism: dict, teachers: int,
         neighbouring_relation(relation)
         return _BUILDERS[kind](teachers)
 
-    accepted = set(inspect.signature(_PARAMETERISED[kind]).parameters) - {"teachers", "relation"}
+    accepted = runner_parameters(kind)
     unknown = sorted(set(params) - accepted)
     require(not unknown, f"unknown parameters for mechanism {kind!r}: {unknown}; accepted: {sorted(accepted)} "
                          "(the claimed neighbouring relation is [run] relation)")
     signature = inspect.signature(_PARAMETERISED[kind])
     missing = [name for name, parameter in signature.parameters.items()
                if parameter.default is inspect.Parameter.empty and name not in params and name not in ("teachers",
-                                                                                                        "relation")]
+                                                                                                        "relation")
+               and parameter.kind is not inspect.Parameter.VAR_KEYWORD]
+    if kind == "voting" and missing:   # with the aggregator unknown, the keys every aggregator needs, named too
+        missing += [name for name in _needed_by_every_aggregator() if name not in params]
     require(not missing, f"mechanism {kind!r} needs {', '.join(missing)} in the [mechanism] table "
                          f"(missing: {', '.join(missing)})")
+    annotations = _voting_parameter_types() if kind == "voting" else {
+        name: str(parameter.annotation) for name, parameter in signature.parameters.items()}
     for name, value in params.items():
-        _check_parameter(kind, name, value, str(signature.parameters[name].annotation))
+        _check_parameter(kind, name, value, annotations[name])
+    if kind == "voting":
+        aggregator_class(params["aggregator"])   # an unknown name: the registry's one line
     try:
         return _PARAMETERISED[kind](teachers=teachers, relation=relation, **params)
     except TypeError as error:

@@ -1,6 +1,7 @@
 """`dpledger account`: (epsilon, delta) of Q queries of a data-independent mechanism.
 
-Hot PATE's aggregators (Cohen et al. 2023): dpargmax (Confident-GNMax, Papernot et al. 2018,
+Every registered vote aggregator (dpledger.mechanisms.aggregators) is a subcommand whose flags are its
+parameters. Hot PATE's (Cohen et al. 2023): dpargmax (Confident-GNMax, Papernot et al. 2018,
 Algorithm 1) and dpws (Gaussian-noised counts, then TWS) are DP; targmax and tws are only
 T-threshold private (a robustness notion) and are reported as giving no DP guarantee."""
 from __future__ import annotations
@@ -12,27 +13,28 @@ import warnings
 import numpy as np
 
 from dpledger.accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
-from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.errors import require, require_in_open
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.safe_files import read_text, write_atomic
 from dpledger.accounting.strict_json import MAX_BYTES, loads_json, strict_json_text
 from dpledger.accounting.orders import default_orders
-from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, SIGMA_HELP, THRESHOLD_HELP, add_conversion_flags,
-                                      add_mechanism_parser, add_mechanism_subcommands, require_queries_flag)
+from dpledger.accounting.relation import PathAccounting
+from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, SIGMA_HELP, add_conversion_flags, add_mechanism_parser,
+                                      add_mechanism_subcommands, aggregator_flag_spec, require_queries_flag)
 from dpledger.mechanism_flags import option as _option
-from dpledger.mechanisms import (Ball, ConfidentGNMax, DPWeightedSampler, GaussianMechanism, GNMax, NoisyScreening, PMixED,
-                        PoissonSubsampledGaussian, SubsamplingVariant, Targmax, ThresholdWeightedSampler,
-                        subsampled_pmixed_curve)
+from dpledger.mechanisms import (Ball, ConfidentGNMax, GaussianMechanism, GNMax, NoisyScreening, PMixED,
+                                 PoissonSubsampledGaussian, SubsamplingVariant, subsampled_pmixed_curve)
+from dpledger.mechanisms.aggregators import aggregators
 from dpledger.mechanisms.dp_events import (dp_accounting_relation, dp_event_to_json, mechanism_from_dp_event,
                                   read_dp_event_json)
 from dpledger.mechanisms.calibration import pld_cost_reason, quiet_dp_accounting, require_subsampling_work
 from dpledger.mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, RdpPldComparison, pld_epsilon
 
-MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax",
-              "dpargmax", "dpws", "targmax", "tws")
+AGGREGATORS = aggregators()
+"""The registered vote aggregators, name -> class: one subcommand each, its flags its parameters'."""
+MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax", *AGGREGATORS)
 # T-threshold private only (Cohen et al. 2023): no DP guarantee, no epsilon
-THRESHOLD_PRIVATE = ("targmax", "tws")
+THRESHOLD_PRIVATE = tuple(name for name, cls in AGGREGATORS.items() if not cls.differentially_private)
 
 _SUMMARY = {
     "gaussian": "Gaussian mechanism (Mironov 2017, Proposition 7)",
@@ -43,19 +45,13 @@ _SUMMARY = {
     "gnmax": "GNMax, Gaussian noisy argmax of vote counts (Papernot et al. 2018, Proposition 8)",
     "confident-gnmax": "Confident-GNMax, screen then GNMax, both charged every query (Papernot et al. 2018, "
                        "Algorithm 1)",
-    "dpargmax": "Hot PATE's DP argmax = Confident-GNMax (Cohen et al. 2023; Papernot et al. 2018)",
-    "dpws": "Hot PATE's DP weighted sampler: Gaussian-noised counts, then TWS (Cohen et al. 2023)",
-    "targmax": "Hot PATE's TARGMAX_T: T-threshold private only, no DP guarantee, so no epsilon and no --delta "
-               "(Cohen et al. 2023)",
-    "tws": "Hot PATE's TWS_{T,gamma}: T-threshold private only, no DP guarantee, so no epsilon and no --delta "
-           "(Cohen et al. 2023)",
+    **{name: cls.summary for name, cls in AGGREGATORS.items()},
 }
 
-# every flag a mechanism may read, and the per-mechanism help of --sigma and --threshold: shared with
-# `dpledger calibrate` (dpledger/mechanism_flags.py)
+# every flag a mechanism may read, and the per-mechanism help of --sigma: shared with `dpledger calibrate`
+# (dpledger/mechanism_flags.py); an aggregator's flags are its parameters' (aggregator_flag_spec)
 _FLAG_SPECS = ACCOUNT_FLAG_SPECS
 _SIGMA_HELP = SIGMA_HELP
-_THRESHOLD_HELP = THRESHOLD_HELP
 
 # which flags each mechanism needs; a missing one is refused by name, all at once
 _REQUIRED = {
@@ -65,10 +61,7 @@ _REQUIRED = {
     "screening": ("teachers", "lam", "sigma"),
     "gnmax": ("sigma",),
     "confident-gnmax": ("sigma", "sigma_threshold"),
-    "dpargmax": ("sigma", "sigma_threshold"),
-    "dpws": ("sigma", "threshold"),
-    "targmax": ("threshold",),
-    "tws": ("threshold",),
+    **{name: cls.required_parameters("account") for name, cls in AGGREGATORS.items()},
 }
 # every DP mechanism is composed Q times and converted at delta
 for _kind in MECHANISMS:
@@ -78,15 +71,19 @@ for _kind in MECHANISMS:
 _OPTIONAL = {
     "gaussian": (), "subsampled-gaussian": (), "gnmax": (), "confident-gnmax": (), "screening": (),
     "pmixed": ("ball", "sample_rate", "seed"),
-    "dpargmax": ("threshold", "accounting", "answered"), "dpws": ("gamma",),
-    # any Q: still no DP guarantee; T-threshold privacy has no delta, so --delta is refused as a flag they do not read
-    "targmax": ("queries",), "tws": ("queries", "gamma"),
+    # an aggregator's optional parameters; a screened one's accounting; a threshold-private one reads any Q (still
+    # no DP guarantee) and no --delta (T-threshold privacy has none), so --delta is refused as a flag it does not read
+    **{name: (() if cls.differentially_private else ("queries",))
+       + tuple(flag for flag in cls.parameter_fields("account") if flag not in _REQUIRED[name])
+       + (("accounting", "answered") if cls.supports_realised_path else ())
+       for name, cls in AGGREGATORS.items()},
 }
 # the RDP-to-(epsilon, delta) conversion and the order grid apply to every DP mechanism
 CONVERSION_FLAGS = ("method", "orders")
 # mechanisms with a dp_accounting DpEvent: their PLD epsilon is shown beside the RDP one, and
 # --dp-event-out writes the composed event (dpledger.mechanisms.dp_events)
-EVENT_MECHANISMS = ("gaussian", "subsampled-gaussian", "screening", "gnmax", "confident-gnmax", "dpargmax", "dpws")
+EVENT_MECHANISMS = ("gaussian", "subsampled-gaussian", "screening", "gnmax", "confident-gnmax",
+                    *(name for name, cls in AGGREGATORS.items() if cls.has_dp_event))
 # `dpledger account from-event FILE`: account a DpEvent file (dp-accounting interop)
 FROM_EVENT = "from-event"
 _DP_EVENT_OUT_HELP = ("write the Q-fold composed dp_accounting DpEvent to this file as strict JSON (unit-sensitivity "
@@ -116,13 +113,14 @@ def add_parser(subparsers) -> None:
                                            __doc__)
     for mechanism in MECHANISMS:
         sub, required, optional = add_mechanism_parser(mechanisms, mechanism, _SUMMARY[mechanism])
+        aggregator = AGGREGATORS.get(mechanism)
         for flag in _REQUIRED[mechanism] + _OPTIONAL[mechanism]:
-            spec = dict(_FLAG_SPECS[flag])
-            if flag == "sigma":
+            spec = dict(_FLAG_SPECS.get(flag, {}))
+            if aggregator is not None and flag in aggregator.parameter_fields("account"):
+                spec = aggregator_flag_spec(aggregator, flag, "account")
+            elif flag == "sigma":
                 spec["help"] = _SIGMA_HELP[mechanism]
-            elif flag == "threshold":
-                spec["help"] = _THRESHOLD_HELP[mechanism]
-            elif flag in ("queries", "delta") and mechanism in THRESHOLD_PRIVATE:
+            if flag in ("queries", "delta") and mechanism in THRESHOLD_PRIVATE:
                 spec["help"] = "recorded only: no number of queries gives a DP guarantee"
             if flag == "sample_rate" and mechanism == "pmixed":
                 spec["help"] = ("Poisson subsampling of teachers with probability q in (0, 1]; every accounting "
@@ -158,6 +156,8 @@ def _add_from_event_parser(mechanisms) -> None:
 def _with_every_flag(args: argparse.Namespace) -> argparse.Namespace:
     """args with the flags this mechanism's subcommand does not have set to their unset value."""
     values = {flag: spec.get("default") for flag, spec in _FLAG_SPECS.items()}
+    for cls in AGGREGATORS.values():  # an aggregator's parameters: None where it does not read them
+        values.update({flag: None for flag in cls.parameter_fields("account") if flag not in values})
     values.update(method=ConversionMethod.IMPROVED.value, orders=None, json=False, dp_event_out=None)
     values.update(vars(args))
     return argparse.Namespace(**values)
@@ -193,12 +193,20 @@ def _mechanism(args: argparse.Namespace):
         return NoisyScreening(teachers=args.teachers, lam=args.lam, sigma=args.sigma)
     if kind == "gnmax":
         return GNMax(args.sigma)
-    if kind in ("confident-gnmax", "dpargmax"):
-        threshold = 0.0 if args.threshold is None else args.threshold
-        return ConfidentGNMax(threshold=threshold, sigma_threshold=args.sigma_threshold, sigma=args.sigma)
-    if kind == "dpws":
-        return DPWeightedSampler(sigma=args.sigma, threshold=args.threshold, gamma=args.gamma)
+    if kind == "confident-gnmax":
+        return ConfidentGNMax(threshold=0.0, sigma_threshold=args.sigma_threshold, sigma=args.sigma)
+    if kind in AGGREGATORS:
+        return _aggregator(args)
     return PMixED(args.alpha, args.beta, args.teachers, ball=args.ball)
+
+
+def _aggregator(args: argparse.Namespace):
+    """The registered aggregator the flags name, at its natural relation, without an ensemble (it
+    validates its own parameters)."""
+    cls = AGGREGATORS[args.mechanism]
+    parameters = {flag: getattr(args, flag) for flag in cls.parameter_fields("account")
+                  if getattr(args, flag, None) is not None}
+    return cls(**parameters, relation=cls.natural_relation, accounting=args.accounting)
 
 
 def account(args: argparse.Namespace) -> dict:
@@ -208,10 +216,10 @@ def account(args: argparse.Namespace) -> dict:
     if record["mechanism"] in THRESHOLD_PRIVATE:
         return record
     args = _with_every_flag(args)
-    if args.mechanism in EVENT_MECHANISMS and args.accounting == "released-output":
+    mechanism = _mechanism(args) if args.mechanism in EVENT_MECHANISMS or args.mechanism in AGGREGATORS else None
+    if mechanism is not None and args.accounting == PathAccounting.RELEASED_OUTPUT and mechanism.dp_event() is not None:
         from dp_accounting import SelfComposedDpEvent
 
-        mechanism = _mechanism(args)
         event = SelfComposedDpEvent(mechanism.dp_event(), args.queries)
         too_little_noise = pld_cost_reason(event, record["epsilon"])
         if too_little_noise is not None:  # --dp-event-out still writes the event; only its PLD is not computed
@@ -227,7 +235,8 @@ def account(args: argparse.Namespace) -> dict:
     else:
         reason = ("PMixED has no DpEvent: no PLD in dp-accounting; RDP only" if args.mechanism == "pmixed" else
                   "realised-path charges GNMax on the answered queries only, a count that depends on the data: "
-                  "no DpEvent; RDP only")
+                  "no DpEvent; RDP only" if args.accounting == PathAccounting.REALISED_PATH else
+                  mechanism.no_pld_reason() or "no DpEvent: no PLD in dp-accounting; RDP only")
         require(getattr(args, "dp_event_out", None) is None, f"--dp-event-out: {reason}")
         record.update(pld_epsilon=None, tighter="rdp", pld_unavailable=reason)
     return record
@@ -240,14 +249,13 @@ def _account_rdp(args: argparse.Namespace) -> dict:
     if args.queries is not None:
         require_queries_flag(args.queries)
     kind = args.mechanism
-    require(args.accounting == "released-output" or kind == "dpargmax",
-            f"--accounting {args.accounting} applies to dpargmax only, not {kind}")
-    require(args.answered is None or args.accounting == "realised-path",
+    screened = [name for name, cls in AGGREGATORS.items() if cls.supports_realised_path]
+    require(args.accounting == PathAccounting.RELEASED_OUTPUT or kind in screened,
+            f"--accounting {args.accounting} applies to {', '.join(screened)} only, not {kind}")
+    require(args.answered is None or args.accounting == PathAccounting.REALISED_PATH,
             "--answered applies only with --accounting realised-path")
-    if kind in THRESHOLD_PRIVATE:
-        return _threshold_private(args)
-    if kind == "dpargmax":
-        return _dpargmax(args)
+    if kind in AGGREGATORS:
+        return _aggregator_record(args)
     mechanism = _mechanism(args)
     # the mechanism validated its own parameters; now its order joins the grid
     orders = _grid(args, *([args.alpha] if kind == "pmixed" else []))
@@ -272,11 +280,6 @@ def _account_rdp(args: argparse.Namespace) -> dict:
         return record
     record = _conversion_record(mechanism.rdp_curve(orders).composed(args.queries), args.delta, args.method)
     record.update(mechanism=kind, queries=args.queries, relation=mechanism.relation.value)
-    if kind == "dpws":
-        record.update(dp_guarantee=math.isfinite(record["epsilon"]), sigma=mechanism.sigma, threshold=mechanism.threshold,
-                      gamma=mechanism.gamma,
-                      note="Gaussian N(0, sigma^2) on every count (L2 sensitivity sqrt 2 under replace-one): "
-                           "alpha / sigma^2 per query; TWS on the clipped noisy counts is post-processing")
     if kind == "pmixed":
         record["ball"] = mechanism.ball.value
         record["label"] = _pmixed_label(mechanism, None)
@@ -297,64 +300,28 @@ def _pmixed_label(mechanism: PMixED, variant: str | None) -> str:
             "needs the ball at every order, which the one-order projection does not enforce (docs/soundness.md)")
 
 
-def _dpargmax(args: argparse.Namespace) -> dict:
-    """Hot PATE's DP argmax = Confident-GNMax: screen (alpha / (2 s1^2)) on every query plus GNMax
-    (alpha / s2^2) on every query (released-output) or on the K answered ones (realised-path)."""
-    threshold = 0.0 if args.threshold is None else args.threshold
-    mechanism = ConfidentGNMax(threshold=threshold, sigma_threshold=args.sigma_threshold, sigma=args.sigma)
-    queries = args.queries
-    realised = args.accounting == "realised-path"
-    if realised:
-        require(args.answered is not None, "mechanism dpargmax with --accounting realised-path needs --answered")
+def _aggregator_record(args: argparse.Namespace) -> dict:
+    """A registered aggregator: Q steps of its curve (VoteAggregator.account_curve; for realised-path
+    accounting the screen on every query and the answer on the K answered ones) converted at --delta,
+    and what it adds (VoteAggregator.account_details). One that is not DP (targmax, tws: T-threshold
+    private only) states no epsilon: its own curve, +inf at every order, says it has no guarantee."""
+    aggregator = _aggregator(args)
+    kind, queries = args.mechanism, args.queries
+    if not aggregator.differentially_private:
+        require(not bool(np.any(np.isfinite(aggregator.rdp_curve().values))),
+                f"{kind} has a finite RDP curve; it is not threshold-private only")
+        return {"mechanism": kind, "dp_guarantee": False, "epsilon": None, "delta": None, "queries": queries,
+                "relation": aggregator.relation.value, **aggregator.account_details(math.inf, queries)}
+    answered = None
+    if aggregator.accounting is PathAccounting.REALISED_PATH:
+        require(args.answered is not None, f"mechanism {kind} with --accounting realised-path needs --answered")
         require(0 <= args.answered <= queries, f"--answered must be in [0, --queries = {queries}], got {args.answered}")
-    charged_answers = args.answered if realised else queries
-    orders = _grid(args)
-    grid = np.asarray(orders, dtype=np.float64)
-    screen = RdpCurve(orders, mechanism.screen_rdp(grid), mechanism.relation)
-    answer = RdpCurve(orders, mechanism.answer_rdp(grid), mechanism.relation)
-    # adaptive composition (Mironov 2017, Proposition 1): Q screens, and GNMax on Q (or K) queries
-    curve = screen.composed(queries) + answer.composed(charged_answers)
-    if realised:
-        # K depends on the private data through the screen: an ex-post statement about one run
-        curve = RdpCurve(curve.orders, curve.values, curve.relation, True, curve.direction)
+        answered = args.answered
+    curve = aggregator.account_curve(_grid(args), queries, answered)
     record = _conversion_record(curve, args.delta, args.method)
-    record.update(mechanism="dpargmax", queries=queries, relation=mechanism.relation.value,
-                  accounting=args.accounting, dp_guarantee=not realised and math.isfinite(record["epsilon"]),
-                  sigma=mechanism.sigma,
-                  sigma_threshold=mechanism.sigma_threshold, threshold=args.threshold,
-                  charged={"screen_queries": queries, "gnmax_queries": charged_answers})
-    if realised:
-        record.update(answered=args.answered, data_dependent=True)
-        record["label"] = (f"realised-path: an ex-post statement about one run with {args.answered} answered "
-                           "queries, not an RDP guarantee of the mechanism")
-        record["note"] = ("screen alpha/(2 s1^2) on all queries, GNMax alpha/s2^2 on the answered ones only "
-                          "(Papernot et al. 2018's convention)")
-    else:
-        record["note"] = ("released-output: every query charged screen alpha/(2 s1^2) + GNMax alpha/s2^2, which "
-                          "bounds the released (decision, token) pair whichever branch is taken (Mironov 2017, "
-                          "Proposition 1); T is recorded, the RDP does not depend on it")
+    record.update(mechanism=kind, queries=queries, relation=aggregator.relation.value,
+                  **aggregator.account_details(record["epsilon"], queries, answered))
     return record
-
-
-def _threshold_private(args: argparse.Namespace) -> dict:
-    """targmax / tws: T-threshold private only; no DP guarantee, so no epsilon is computed or shown."""
-    if args.mechanism == "targmax":
-        mechanism = Targmax(threshold=args.threshold)
-        name, parameters = "TARGMAX_T", {"threshold": mechanism.threshold}
-    else:
-        mechanism = ThresholdWeightedSampler(threshold=args.threshold, gamma=args.gamma)
-        name, parameters = "TWS_{T,gamma}", {"threshold": mechanism.threshold, "gamma": mechanism.gamma}
-    # the mechanism's own curve says it: +inf at every order ("no guarantee")
-    require(not bool(np.any(np.isfinite(mechanism.rdp_curve().values))),
-            f"{args.mechanism} has a finite RDP curve; it is not threshold-private only")
-    statement = (f"no DP guarantee: {name} releases only tokens with at least T votes (T-threshold privacy, a "
-                 "robustness notion; Cohen et al. 2023)")
-    return {"mechanism": args.mechanism, "dp_guarantee": False, "epsilon": None, "delta": None,
-            "queries": args.queries, "relation": mechanism.relation.value, **parameters,
-            "guarantee": (f"T-threshold privacy with T = {mechanism.threshold:g}: every released token had at least "
-                          "T teacher votes; a robustness notion, not differential privacy (Cohen et al. 2023)"),
-            "statement": statement,
-            "note": "for a DP guarantee use dpargmax (Confident-GNMax) or dpws (Gaussian-noised counts, then TWS)"}
 
 
 def _format(value) -> str:

@@ -1,21 +1,26 @@
 """`dpledger calibrate`: the parameter an (epsilon, delta) budget over Q queries allows.
 
-PMixED: the largest beta; the Gaussian-noise mechanisms: the smallest noise. Each answer is
+PMixED: the largest beta; the Gaussian-noise mechanisms and every registered DP vote aggregator
+(dpledger.mechanisms.aggregators; its `calibrated` parameter): the smallest noise. Each answer is
 accounted forward and accounts to at most --epsilon and within 1% of it (docs/calibration.md)."""
 from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import MISSING
 
 from dpledger.accounting.conversion import ConversionMethod
 from dpledger.accounting.strict_json import strict_json_text
 from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, CALIBRATE_FLAG_SPECS, add_conversion_flags,
-                                      add_mechanism_parser, add_mechanism_subcommands, option,
+                                      add_mechanism_parser, add_mechanism_subcommands, aggregator_flag_spec, option,
                                       require_queries_flag)
 from dpledger.mechanisms import calibration
+from dpledger.mechanisms.aggregators import aggregators
 from dpledger.accounting.orders import default_orders
 
-MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax", "dpargmax", "dpws")
+AGGREGATORS = {name: cls for name, cls in aggregators().items() if cls.calibrated is not None}
+"""The registered vote aggregators with a noise to calibrate: one subcommand each."""
+MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax", *AGGREGATORS)
 
 _SUMMARY = {
     "gaussian": "smallest Gaussian noise multiplier (Mironov 2017, Proposition 7)",
@@ -25,24 +30,40 @@ _SUMMARY = {
     "screening": "smallest sigma of AdaPMixED's noisy screening (Flemings et al. 2024, Theorem 4.1)",
     "gnmax": "smallest GNMax sigma (Papernot et al. 2018, Proposition 8)",
     "confident-gnmax": "smallest Confident-GNMax sigma s2 with s1 = R * s2 (Papernot et al. 2018, Algorithm 1)",
-    "dpargmax": "smallest sigma s2 of Hot PATE's DP argmax = Confident-GNMax, s1 = R * s2 (Cohen et al. 2023)",
-    "dpws": "smallest sigma of Hot PATE's DP weighted sampler (Gaussian-noised counts, then TWS)",
+    **{name: cls.calibrate_summary or f"smallest {cls.calibrated} of {cls.title}" for name, cls in AGGREGATORS.items()},
 }
 _TARGET = ("epsilon", "delta", "queries")
 _REQUIRED = {
     "gaussian": (), "subsampled-gaussian": ("sample_rate",), "pmixed": ("alpha", "teachers"),
-    "screening": ("teachers", "lam"), "gnmax": (), "confident-gnmax": (), "dpargmax": (), "dpws": (),
+    "screening": ("teachers", "lam"), "gnmax": (), "confident-gnmax": (),
 }
 _OPTIONAL = {
     "gaussian": ("accountant",), "subsampled-gaussian": ("accountant",),
     "pmixed": ("ball", "sample_rate", "variant", "seed"), "screening": ("accountant",), "gnmax": ("accountant",),
-    "confident-gnmax": ("ratio", "accountant"), "dpargmax": ("ratio", "threshold", "accountant"),
-    "dpws": ("threshold", "gamma", "accountant"),
+    "confident-gnmax": ("ratio", "accountant"),
 }
+
+
+def _fixed_parameters(cls) -> dict:
+    """An aggregator's parameters `dpledger calibrate` holds fixed: name -> field (the calibrated one aside)."""
+    return {name: field for name, field in cls.parameter_fields("calibrate").items() if name != cls.calibrated}
+
+
+for _name, _cls in AGGREGATORS.items():   # a fixed parameter without a default is required; the others optional
+    _fields = _fixed_parameters(_cls)
+    _REQUIRED[_name] = tuple(name for name, field in _fields.items()
+                             if field.default is MISSING and "calibrate_default" not in field.metadata)
+    _OPTIONAL[_name] = (tuple(_cls.calibrate_flags) + tuple(name for name in _fields if name not in _REQUIRED[_name])
+                        + ("accountant",))
 _PARAMETER = {"pmixed": "beta", "gaussian": "noise_multiplier", "subsampled-gaussian": "noise_multiplier"}
 
 
 def _spec(flag: str, mechanism: str) -> dict:
+    aggregator = AGGREGATORS.get(mechanism)
+    if aggregator is not None and flag in aggregator.calibrate_flags:
+        return dict(aggregator.calibrate_flags[flag])
+    if aggregator is not None and flag in _fixed_parameters(aggregator):
+        return aggregator_flag_spec(aggregator, flag, "calibrate")
     spec = dict(CALIBRATE_FLAG_SPECS.get(flag) or ACCOUNT_FLAG_SPECS[flag])
     if flag == "queries":
         spec["help"] = "number of queries Q the budget covers, composed adaptively (Mironov 2017, Proposition 1); >= 1"
@@ -92,12 +113,20 @@ def calibrate(args: argparse.Namespace) -> calibration.Calibration:
         return calibration.calibrate_screening(*target, args.teachers, args.lam, **options)
     if kind == "gnmax":
         return calibration.calibrate_gnmax(*target, **options)
-    if kind in ("confident-gnmax", "dpargmax"):
-        threshold = 0.0 if getattr(args, "threshold", None) is None else args.threshold
-        return calibration.calibrate_confident_gnmax(*target, ratio=args.ratio, threshold=threshold,
-                                                     mechanism_name=kind, **options)
-    threshold = 1.0 if args.threshold is None else args.threshold
-    return calibration.calibrate_dpws(*target, threshold=threshold, gamma=args.gamma, **options)
+    if kind == "confident-gnmax":
+        return calibration.calibrate_confident_gnmax(*target, ratio=args.ratio, threshold=0.0, mechanism_name=kind,
+                                                     **options)
+    return _calibrate_aggregator(AGGREGATORS[kind], args, target, options)
+
+
+def _calibrate_aggregator(cls, args: argparse.Namespace, target: tuple, options: dict) -> calibration.Calibration:
+    """A registered aggregator's noise (VoteAggregator.calibrate), its other parameters fixed by the flags
+    (a parameter's `calibrate_default` where its flag is not given)."""
+    fixed = {flag: getattr(args, flag) for flag in cls.calibrate_flags}
+    for name, field in _fixed_parameters(cls).items():
+        value = getattr(args, name, None)
+        fixed[name] = field.metadata.get("calibrate_default") if value is None else value
+    return cls.calibrate(*target, fixed, **options)
 
 
 def _format(value) -> str:

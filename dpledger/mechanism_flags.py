@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import math
 
+from dataclasses import MISSING
+
 from dpledger.accounting.conversion import ConversionMethod
 from dpledger.accounting.errors import require
+from dpledger.accounting.relation import PathAccounting
 from dpledger.mechanisms import Ball, SubsamplingVariant
+from dpledger.mechanisms.aggregation import VoteAggregator
 from dpledger.mechanisms.calibration import MAX_QUERIES
 
-ACCOUNTING = ("released-output", "realised-path")
+ACCOUNTING = tuple(member.value for member in PathAccounting)
 
 # every flag a mechanism may read: argparse keyword arguments (help names units and defaults)
 ACCOUNT_FLAG_SPECS = {
@@ -47,14 +51,6 @@ SIGMA_HELP = {
                  "(probability units, > 0)",
     "gnmax": "standard deviation of the Gaussian added to each vote count, in votes (> 0)",
     "confident-gnmax": "GNMax noise s2: standard deviation of the Gaussian added to each vote count, in votes",
-    "dpargmax": "GNMax noise s2: standard deviation of the Gaussian added to each vote count, in votes",
-    "dpws": "standard deviation of the Gaussian added to each vote count before TWS, in votes (> 0)",
-}
-THRESHOLD_HELP = {
-    "dpargmax": "screen threshold T on the noisy top count, in votes (recorded; the RDP does not depend on it)",
-    "dpws": "TWS threshold T: only tokens with a noisy count >= T can be released, in votes",
-    "targmax": "TARGMAX threshold T: the top token is released only with >= T votes (an integer >= 1)",
-    "tws": "TWS threshold T: only tokens with >= T votes can be released, in votes",
 }
 
 
@@ -77,10 +73,33 @@ CALIBRATE_FLAG_SPECS = {
                  help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
                       "(proven at every order; docs/soundness.md) (default: projection-order, all-orders with "
                       "--sample-rate)"),
-    "threshold": dict(type=float, metavar="T", default=None,
-                      help="screen / TWS threshold T in votes, recorded (the RDP does not depend on it; default: "
-                           "0 for the screen, 1 for TWS)"),
 }
+
+
+def _shown(value) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def aggregator_flag_spec(aggregator: type[VoteAggregator], name: str, command: str) -> dict:
+    """argparse keyword arguments of an aggregator parameter's flag, from its field's metadata: its type,
+    metavar, help with its unit, and its default (`calibrate_default` for `dpledger calibrate`, where the
+    flag's own default stays None and the command fills it in, as the help says)."""
+    field = aggregator.parameter_fields()[name]
+    metadata = field.metadata
+    unit = "" if metadata["unit"] in ("unitless", "true or false") else f", in {metadata['unit']}"
+    default = None if field.default is MISSING else field.default
+    help_text = f"{metadata['help']}{unit}"
+    if default not in (None, False) and "default" not in help_text:
+        help_text += f" (default: {_shown(default)})"
+    if metadata["type"] is bool:
+        return dict(action="store_true", help=help_text)
+    spec = dict(type=metadata["type"], metavar=metadata["metavar"], help=help_text)
+    if command == "calibrate" and "calibrate_default" in metadata:
+        spec["help"] += f" (default: {_shown(metadata['calibrate_default'])})"
+        return spec   # default None: the command applies calibrate_default
+    if default is not None:
+        spec["default"] = default
+    return spec
 
 
 def require_queries_flag(queries: int) -> None:

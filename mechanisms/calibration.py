@@ -616,6 +616,51 @@ def calibrate_dpws(epsilon: float, delta: float, queries: int, *, threshold: flo
                            fixed={"threshold": threshold, "gamma": gamma, "voters": voters}, **options)
 
 
+def calibrate_scale(factory: Callable[[float], Mechanism], epsilon: float, delta: float, queries: int, *,
+                    mechanism_name: str, parameter: str, fixed: dict | None = None, accountant: str = "rdp",
+                    orders: Sequence[float] = DEFAULT_ORDERS, method=ConversionMethod.IMPROVED,
+                    compare_pld: bool = False, **options) -> Calibration:
+    """The smallest noise scale `parameter` (epsilon decreases as it grows) for which `factory(value)`
+    composed `queries` times accounts to at most `epsilon` at `delta`.
+
+    A mechanism with a Gaussian DpEvent goes to `calibrate_noise` (dp-accounting's calibration, then
+    dpledger's forward check). Any other is solved by bisection on dpledger's own RDP accounting: its
+    curve composed Q times (Mironov 2017, Proposition 1) and converted (Balle et al. 2020, Theorem 21,
+    or Mironov 2017, Proposition 3), bracketed by factors of 2 from 1 and bisected until
+    target (1 - 1e-7) <= forward <= target; RDP only (no DpEvent, no PLD). ValueError when no scale
+    can meet the target (the conversion term at the grid's largest order is a floor)."""
+    probe = factory(1.0)
+    with np.errstate(over="ignore", divide="ignore"):
+        event = probe.dp_event()
+    if event is not None and _noise_per_unit(event) is not None:
+        return calibrate_noise(factory, epsilon, delta, queries, mechanism_name=mechanism_name, parameter=parameter,
+                               accountant=accountant, orders=orders, method=method, compare_pld=compare_pld,
+                               fixed=fixed, **options)
+    require(not options, f"unknown calibration options {sorted(options)} for {mechanism_name}")
+    epsilon, delta, queries = _target(epsilon, delta, queries)
+    reason = probe.no_pld_reason() or f"{mechanism_name} has no Gaussian DpEvent: RDP only"
+    require(_accountant(accountant) == "rdp", f"{reason} (calibrate with the rdp accountant)")
+    method = require_member(ConversionMethod, "method", method)
+    orders = canonical_orders(orders)
+    floor = _rdp_floor(orders, delta, method, probe.relation)
+    require(epsilon > floor, f"epsilon = {epsilon:g} is out of reach: on this order grid (largest order "
+                             f"{orders[-1]:g}) no noise accounts below {floor:.6g} at delta = {delta:g} (the RDP -> "
+                             "DP conversion term); add larger orders")
+
+    @functools.lru_cache(maxsize=None)
+    def forward(value: float) -> float:
+        return _rdp_forward(factory(value), queries, delta, orders, method)[0]
+
+    bracket = _bracket(forward, epsilon, 1.0, False, 1e-300, 1e300)
+    require(bracket is not None, f"epsilon = {epsilon:g} is out of reach for {mechanism_name}")
+    value = _finish(forward, epsilon, *bracket)
+    mechanism = factory(value)
+    rdp_epsilon, rdp_order, grid_warnings = _rdp_forward(mechanism, queries, delta, orders, method)
+    notes = (f"no PLD epsilon beside the RDP one: {reason}",) if compare_pld else ()
+    return Calibration(mechanism_name, parameter, value, epsilon, delta, queries, "rdp", rdp_epsilon, rdp_epsilon,
+                       rdp_order, None, mechanism, dict(fixed or {}), notes, grid_warnings)
+
+
 def _with_fixed(result: Calibration, **extra) -> Calibration:
     return dataclasses.replace(result, fixed={**result.fixed, **extra})
 

@@ -220,3 +220,67 @@ class DPWeightedSampler(Mechanism):
         probs = self.probabilities_given_noise(counts, rng.normal(0.0, self.sigma, size=counts.shape))
         index = int(np.searchsorted(np.cumsum(probs), rng.random(), side="right"))
         return index if index < counts.size else None
+
+
+DPWS_SAMPLES = 4000
+"""The fewest Gaussian draws per step for DPWS's Monte Carlo law bounds (common to the step's histograms)."""
+DPWS_WORK = 2 ** 25
+"""Noisy counts drawn per step: small vocabularies get more draws (up to DPWS_MAX_SAMPLES), since the
+empirical Bernstein width shrinks as 1/sqrt(draws) and a one-vote change moves DPWS's law by a few percent."""
+DPWS_MAX_SAMPLES = 100_000
+
+
+def dpws_draws(histograms: int, vocab: int) -> int:
+    """Gaussian draws a step for `histograms` laws over `vocab` tokens: DPWS_WORK noisy counts, within
+    [DPWS_SAMPLES, DPWS_MAX_SAMPLES]."""
+    return int(np.clip(DPWS_WORK // max(1, histograms * vocab), DPWS_SAMPLES, DPWS_MAX_SAMPLES))
+
+
+def _bernstein(total: np.ndarray, squares: np.ndarray, samples: int, eta: float) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) bounds on E[X] for X in [0, 1] from `samples` draws' sum and sum of squares,
+    each holding with probability >= 1 - eta (empirical Bernstein: Maurer & Pontil 2009, Theorem 4)."""
+    mean = total / samples
+    variance = np.maximum(squares - total * mean, 0.0) / (samples - 1)
+    log_term = math.log(2.0 / eta)
+    width = np.sqrt(2.0 * variance * log_term / samples) + 7.0 * log_term / (3.0 * (samples - 1))
+    return np.clip(mean - width, 0.0, 1.0), np.clip(mean + width, 0.0, 1.0)
+
+
+def dpws_law_bounds(sampler, histograms: np.ndarray, generator: torch.Generator, samples: int,
+                    eta: float) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) bounds (H, V + 1) on DPWS's released law (entry 0 the failure) on each of the
+    histograms (H, V): the certified analytic bounds (DPWeightedSampler.output_law_bounds) tightened
+    by Monte Carlo over common Gaussian draws, each Monte Carlo bound holding with probability
+    >= 1 - eta (empirical Bernstein on the per-draw law, whose entries lie in [0, 1])."""
+    histograms = np.asarray(histograms, dtype=np.float64)
+    count, vocab = histograms.shape
+    analytic = [sampler.output_law_bounds(h) for h in histograms]
+    low, high = np.stack([a[0] for a in analytic]), np.stack([a[1] for a in analytic])
+    # tokens with equal counts in a histogram are exchangeable (the draws are i.i.d.): their common
+    # release probability is estimated by each draw's average over them, still in [0, 1] and unbiased
+    groups = [np.unique(h, return_inverse=True)[1] for h in histograms]
+    sizes = [np.bincount(g) for g in groups]
+    members = [np.eye(size.size)[g] / size for g, size in zip(groups, sizes)]   # (V, groups): each group's mean
+    total = [np.zeros(size.size + 1) for size in sizes]
+    squares = [np.zeros(size.size + 1) for size in sizes]
+    n = float(histograms[0].sum()) if sampler.voters is None else float(sampler.voters)
+    for start in range(0, samples, 500):
+        draws = min(500, samples - start)
+        noise = sampler.sigma * torch.randn((draws, vocab), generator=generator, dtype=torch.float64).numpy()
+        noisy = np.maximum(histograms[:, None, :] + noise[None], 0.0)                    # (H, S, V)
+        passing = np.where(noisy >= sampler.threshold, noisy, 0.0)
+        normaliser = np.maximum(n / sampler.gamma, passing.sum(-1, keepdims=True))
+        law = np.where(normaliser > 0, passing / np.where(normaliser > 0, normaliser, 1.0), 0.0)
+        fail = np.clip(1.0 - law.sum(-1), 0.0, 1.0)                                       # (H, S)
+        for index in range(count):
+            means = law[index] @ members[index]                                          # (S, groups)
+            values = np.concatenate([fail[index][:, None], np.clip(means, 0.0, 1.0)], axis=1)
+            total[index] += values.sum(axis=0)
+            squares[index] += (values * values).sum(axis=0)
+    mc_low, mc_high = np.empty((count, vocab + 1)), np.empty((count, vocab + 1))
+    for index in range(count):
+        group_low, group_high = _bernstein(total[index], squares[index], samples, eta)
+        columns = np.concatenate([[0], 1 + groups[index]])
+        mc_low[index], mc_high[index] = group_low[columns], group_high[columns]
+    # a sum of draws carries rounding: 1e-12 relative covers it many times over
+    return np.maximum(low, mc_low * (1 - 1e-12)), np.minimum(high, mc_high * (1 + 1e-12) + 1e-300)

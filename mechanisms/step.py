@@ -15,7 +15,7 @@ import torch
 
 from dpledger.accounting.errors import require
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
-from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
+from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, neighbouring_relation, path_accounting
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.ball import Ball
 from dpledger.mechanisms.distributions import validated_ensemble
@@ -156,8 +156,7 @@ def adapmixed_step(mechanism, teachers, public, generator=None, orders=None,
     relation = neighbouring_relation(mechanism.relation if relation is None else relation)
     require(relation is not NeighbouringRelation.REPLACE_ONE,
             "AdaPMixED's bounds are for adding or removing a teacher; relation replace_one is not covered")
-    require(accounting in ("released-output", "realised-path"),
-            f"accounting must be one of ['released-output', 'realised-path'], got {accounting!r}")
+    accounting = path_accounting(accounting)
     require(screening or data_dependent, "at least one of screening / data_dependent must be enabled")
     teachers, public = as_ensemble(teachers, public, pmixed.teachers)
     orders = step_orders(orders)
@@ -183,7 +182,7 @@ def adapmixed_step(mechanism, teachers, public, generator=None, orders=None,
     if screening:
         charged["screen"] = np.broadcast_to(screen.rdp_values(orders), batch + (orders.size,)).copy()
     if data_dependent:
-        every = accounting == "released-output"
+        every = accounting is PathAccounting.RELEASED_OUTPUT
         charged["pmixed_data_dependent"] = np.where(np.ones(batch + (1,), dtype=bool) if every
                                                     else passed.numpy()[..., None], covering, 0.0)
     else:

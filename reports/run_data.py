@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dpledger.decoding import trace
 from dpledger.audit.audit import audit_binding, audit_integrity
+from dpledger.mechanisms.aggregators import aggregator_class
 
 AUDIT_FILE = "audit.json"
 
@@ -66,15 +67,12 @@ class RunData:
         return bool(self.ledger["data_dependent"])
 
 
-_AGGREGATOR_NAMES = {"targmax": "TARGMAX_T", "tws": "TWS_{T,gamma}", "dpargmax": "DPARGMAX (Confident-GNMax)",
-                     "dpws": "DPWS"}
-
-
 def voting_label(params: dict) -> str:
-    """"Hot PATE TARGMAX_T (T=32)" for coordinated votes, "Cold PATE ..." for independent ones."""
+    """"Hot PATE TARGMAX_T (T=32)" for coordinated votes, "Cold PATE ..." for independent ones: the
+    registered aggregator's title and its label (dpledger.mechanisms.aggregation.VoteAggregator.label)."""
     temperature = "Hot" if params["votes"] == "coordinated" else "Cold"
-    gamma = f", gamma={params['gamma']:g}" if params["aggregator"] in ("tws", "dpws") else ""
-    return f"{temperature} PATE {_AGGREGATOR_NAMES[params['aggregator']]} (T={params['threshold']:g}{gamma})"
+    aggregator = aggregator_class(params["aggregator"])
+    return f"{temperature} PATE {aggregator.title} ({aggregator.label(params)})"
 
 
 def load_run(run_dir: str | Path) -> RunData:

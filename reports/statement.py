@@ -6,6 +6,7 @@ import math
 from dpledger.accounting.errors import require
 from dpledger.reports.run_data import RunData, fmt
 from dpledger.reports.tables import direction_label
+from dpledger.mechanisms.aggregators import aggregator_class
 from dpledger.mechanisms.pmixed import SubsamplingVariant
 
 _MECHANISMS = {
@@ -18,13 +19,6 @@ _MECHANISMS = {
     "voting": ("PATE voting (Cohen et al. 2023): every teacher casts one vote from its next-token distribution, "
                "the histogram of votes goes to an aggregator, which releases a token or fails (then the public model "
                "answers)."),
-}
-_AGGREGATORS = {
-    "targmax": "TARGMAX_T releases the plurality token if it has at least T votes",
-    "tws": "TWS_{T,gamma} samples among the tokens with at least T votes in proportion to their counts",
-    "dpargmax": ("DPARGMAX is Confident-GNMax (Papernot et al. 2018): a noisy check of the largest count against T, "
-                 "then the noisy argmax"),
-    "dpws": "DPWS adds Gaussian noise to every count, then samples TWS-style among the noisy counts at least T",
 }
 _THEOREM_3_1 = {
     "all-orders": "Theorem 3.1 (Flemings et al. 2024), proven at every order: this run's ball holds at every order",
@@ -84,25 +78,14 @@ def _pmixed(params: dict, manifest: dict) -> str:
 
 
 def _voting(params: dict, manifest: dict) -> str:
+    """The votes, the registered aggregator's description and parameters, and what every step is charged
+    (dpledger.mechanisms.aggregation.VoteAggregator.charge_statement)."""
     votes = ("coordinated (Hot PATE): one shared random vector per step, a function of the public seed and the step "
              "only" if params["votes"] == "coordinated" else "independent (cold PATE)")
-    noise = "".join(f", {name}={params[name]:g}" for name in ("gamma", "sigma", "sigma_threshold")
-                    if params.get(name) is not None and (name != "gamma" or params["aggregator"] in ("tws", "dpws")))
-    text = (f" Here: N={manifest['n_teachers']} teachers, votes {votes}; {_AGGREGATORS[params['aggregator']]}"
-            f" (T={params['threshold']:g}{noise}).")
-    aggregator, realised = params["aggregator"], params.get("accounting") == "realised-path"
-    if aggregator in ("targmax", "tws"):
-        return text + " Every step is charged +inf: the aggregator is not differentially private (docs/hotpate.md)."
-    if aggregator == "dpws":
-        return text + (" Every step is charged a / sigma^2 at order a: the Gaussian mechanism on the histogram, whose "
-                       "L2 sensitivity is at most sqrt(2); sampling from the noisy counts is post-processing "
-                       "(docs/hotpate.md).")
-    answer = ("the noisy argmax's data-dependent RDP at the step's histogram (Papernot et al. 2018, Theorem 6)"
-              if params.get("data_dependent") else "the noisy argmax's a / sigma^2 (Papernot et al. 2018, Proposition 8)")
-    return text + (f" Every step is charged the screen's a / (2 sigma_threshold^2) plus {answer}, "
-                   + ("only where the screen passed (Papernot et al. 2018's convention)." if realised else
-                      "the screen passed or not: a step releases the decision and the token (Mironov 2017, "
-                      "Proposition 1; docs/hotpate.md)."))
+    aggregator = aggregator_class(params["aggregator"])
+    text = (f" Here: N={manifest['n_teachers']} teachers, votes {votes}; {aggregator.description} "
+            f"({aggregator.statement_parameters(params)}).")
+    return text + " " + aggregator.charge_statement(params)
 
 
 _RELATIONS = {"add_or_remove_one": "adding or removing one teacher", "remove_one": "removing one teacher",
@@ -117,7 +100,7 @@ def _realised_path_applies(kind: str, params: dict) -> bool:
         return False
     if kind == "adapmixed":
         return params.get("screening", True) and params.get("data_dependent", True)
-    return kind == "voting" and params.get("aggregator") == "dpargmax"
+    return kind == "voting" and aggregator_class(params.get("aggregator")).supports_realised_path
 
 
 def privacy_statement(run: RunData) -> list[str]:

@@ -6,6 +6,7 @@ import pandas as pd
 
 from dpledger.accounting.errors import require
 from dpledger.accounting.relation import DivergenceDirection
+from dpledger.mechanisms.aggregators import aggregators
 from dpledger.reports.run_data import RunData
 
 
@@ -87,7 +88,8 @@ def no_guarantee_reason(run: RunData) -> str:
         return "no guarantee: the non-private ensemble reads the teachers directly"
     voting = run.ledger.get("voting") or {}
     if voting.get("threshold_private"):
-        name = {"targmax": "TARGMAX_T", "tws": "TWS_{T,gamma}"}.get(voting.get("aggregator"), "the aggregator")
+        known = aggregators()
+        name = known[voting["aggregator"]].title if voting.get("aggregator") in known else "the aggregator"
         return f"no DP guarantee: {name} gives T-threshold privacy only, a robustness notion (Cohen et al. 2023)"
     return "no guarantee: the composed RDP curve is +inf at every order"
 

@@ -23,8 +23,10 @@ def test_cli_version_closed_pipe_and_missing_mechanism_keys_at_once(tmp_path):
     assert piped.stderr == "" and "Traceback" not in piped.stderr
     with pytest.raises(ValueError, match=r"mechanism 'adapmixed' needs beta, lam, sigma, threshold, top_k"):
         build_runner({"type": "adapmixed", "alpha": 18.0}, 3)
-    with pytest.raises(ValueError, match=r"mechanism 'voting' needs votes, aggregator, threshold"):
-        build_runner({"type": "voting"}, 3)
+    with pytest.raises(ValueError, match=r"mechanism 'voting' needs votes, aggregator"):
+        build_runner({"type": "voting"}, 3)   # and the keys every registered aggregator needs (threshold today)
+    with pytest.raises(ValueError, match=r"sigma, threshold are required for aggregator dpws"):
+        build_runner({"type": "voting", "votes": "coordinated", "aggregator": "dpws"}, 3)
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])

@@ -14,8 +14,8 @@ from dpledger.decoding.config import config_from_dict
 from dpledger.decoding.run import run_decode
 from dpledger.mechanisms import ConfidentGNMax, GNMax
 from dpledger.mechanisms.randomness import vote_seed
-from dpledger.mechanisms.voting import (Aggregator, VoteCoordination, VotingMechanism, gnmax_log_output_law,
-                               renyi_divergence_of_log_laws)
+from dpledger.mechanisms.voting import (VoteCoordination, VotingMechanism, gnmax_log_output_law,
+                                        renyi_divergence_of_log_laws)
 from tests.micro import kill_and_resume, micro_config
 
 AGGREGATORS = {
@@ -221,17 +221,19 @@ def test_renyi_divergence_of_laws_is_infinite_off_support_and_symmetric_on_swaps
 def test_voting_mechanism_charges_and_worst_case():
     orders = np.array([2.0, 8.0, 32.0])
     # add-or-remove-one (the default): one vote moves one count, L2 sensitivity 1 for both Gaussians
-    dp = VotingMechanism(VoteCoordination.COORDINATED, Aggregator.DPARGMAX, 16, 8.0, sigma=2.0, sigma_threshold=4.0)
+    dp = VotingMechanism.build(VoteCoordination.COORDINATED, "dpargmax", 16, threshold=8.0, sigma=2.0,
+                               sigma_threshold=4.0)
     np.testing.assert_allclose(dp.rdp_values(orders), orders / 32 + orders / 8)
-    assert np.all(np.isinf(VotingMechanism("coordinated", "tws", 16, 8, gamma=2.0).rdp_values(orders)))
-    dpws = VotingMechanism("independent", "dpws", 16, 8, sigma=3.0)
+    assert np.all(np.isinf(VotingMechanism.build("coordinated", "tws", 16, threshold=8, gamma=2.0).rdp_values(orders)))
+    dpws = VotingMechanism.build("independent", "dpws", 16, threshold=8, sigma=3.0)
     np.testing.assert_allclose(dpws.rdp_values(orders), orders / 18)
     # replace-one: a vote moves between two counts, sensitivity sqrt(2) for the answer and DPWS
     replace = NeighbouringRelation.REPLACE_ONE
-    np.testing.assert_allclose(VotingMechanism("coordinated", "dpargmax", 16, 8.0, sigma=2.0, sigma_threshold=4.0,
-                                               relation=replace).rdp_values(orders), orders / 32 + orders / 4)
-    np.testing.assert_allclose(VotingMechanism("independent", "dpws", 16, 8, sigma=3.0, relation=replace)
-                               .rdp_values(orders), orders / 9)
+    np.testing.assert_allclose(VotingMechanism.build("coordinated", "dpargmax", 16, threshold=8.0, sigma=2.0,
+                                                     sigma_threshold=4.0, relation=replace).rdp_values(orders),
+                               orders / 32 + orders / 4)
+    np.testing.assert_allclose(VotingMechanism.build("independent", "dpws", 16, threshold=8, sigma=3.0,
+                                                     relation=replace).rdp_values(orders), orders / 9)
 
 
 VOTING_FAULT_MECHANISMS = {"shared_seed_from_teacher": voting("targmax"), "gnmax_sensitivity": voting("dpargmax"),
