@@ -32,8 +32,6 @@ ACCOUNT_FLAG_SPECS = {
     "sigma_threshold": dict(type=float, metavar="S1", help="Confident-GNMax screen noise s1: standard deviation of "
                                                            "the Gaussian added to the top vote count, in votes"),
     "lam": dict(type=float, metavar="LAMBDA", help="screening mixing weight lambda, in (0, 1]"),
-    "threshold": dict(type=float, metavar="T"),  # help per mechanism
-    "gamma": dict(type=float, default=1.0, metavar="GAMMA", help="TWS's gamma >= 1 (default: 1)"),
     "ball": dict(choices=[b.value for b in Ball], default=Ball.PROJECTION_ORDER.value,
                  help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
                       "(Theorem 3.1 proven at every order; docs/soundness.md) (default: projection-order)"),
