@@ -481,6 +481,7 @@ def report_looseness(counts: dict, effort: float, write: bool, note: str = "") -
         LOOSENESS_JSON.write_text(json.dumps(report, indent=2) + "\n")
 
 
+@pytest.mark.slow  # the fast cases' soundness is test_bound_dominates_worst_case_*; this adds the summary
 def test_looseness_summary():
     """Prints the ratios over the fast seeded cases (cached: no second oracle run); writes nothing."""
     report_looseness(FAST_CASES, FAST_EFFORT, write=False)

@@ -304,6 +304,7 @@ print(json.dumps({"features": os.environ.get("NUMBA_CPU_FEATURES", ""), "lambdas
 """
 
 
+@pytest.mark.slow  # spawns fresh interpreters that compile the numba kernels twice: ~20 s
 def test_wide_vectors_are_chosen_before_numba_loads_and_do_not_change_the_numbers():
     import json
     import os

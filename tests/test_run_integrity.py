@@ -441,6 +441,7 @@ def _audit_peak_mib(run_dir: Path) -> tuple[str, float]:
     return verdict, peak
 
 
+@pytest.mark.slow  # a scale test (two synthetic runs of different lengths): ~50 s; make test-slow runs it
 def test_audit_memory_does_not_follow_the_run_length(tmp_path):
     """The same trace shape at 1x and 8x the length: the audit's peak memory stays put (records
     stream chunk by chunk, logits window by window)."""
