@@ -63,15 +63,12 @@ def parameter(*, help: str, unit: str, default: Any = MISSING, type: type = floa
     return field(default=default, metadata=metadata)
 
 
-class AccountingVariant(NamedTuple):
-    """One accounting of Q steps of an aggregator, as `dpledger verify` lists it: its name, its level
-    ("proven" or "not-a-guarantee"), the theorem it rests on, whether the claim declared it, its curve."""
-
-    name: str
-    level: str
-    soundness: str
-    declared: bool
-    curve: RdpCurve
+# the functional form: its field types are objects, not the strings `from __future__ import annotations`
+# makes, which the generated constructor could not resolve (the API reference reads them)
+AccountingVariant = NamedTuple("AccountingVariant", [("name", str), ("level", str), ("soundness", str),
+                                                     ("declared", bool), ("curve", RdpCurve)])
+AccountingVariant.__doc__ = """One accounting of Q steps of an aggregator, as `dpledger verify` lists it: its name, its
+level ("proven" or "not-a-guarantee"), the theorem it rests on, whether the claim declared it, its curve."""
 
 
 def pick_token(probabilities: np.ndarray, draw: float) -> int | None:
