@@ -315,3 +315,33 @@ def test_a_replace_one_run_is_charged_twice_the_moved_counts_and_audited(micro_m
     assert report.verdict == "PASS", [c.to_dict() for c in report.failed]
     relations = report.check("neighbour_ablation").evidence["relations"]
     assert relations["replace_one"]["claimed"] and relations["replace_one"]["within_claim"]
+
+
+@pytest.mark.parametrize("scale, queries, relation", [(20.0, 100, NeighbouringRelation.REPLACE_ONE),
+                                                      (3.0, 50, NeighbouringRelation.ADD_OR_REMOVE_ONE),
+                                                      (0.7, 10, NeighbouringRelation.REPLACE_ONE)])
+def test_the_composed_curve_matches_dp_accountings_laplace_rdp(scale, queries, relation):
+    """An independent reference: dp-accounting's RdpAccountant on Delta_1 x Q LaplaceDpEvent(b) (the
+    noisy histogram's per-count Laplace mechanisms) gives the same epsilon as our curve, which
+    therefore is not below it; its PLD, a tighter accounting of the same events, is never above ours."""
+    import warnings
+
+    import dp_accounting
+
+    from dpledger.accounting.conversion import ConversionMethod, epsilon_from_rdp
+    from dpledger.accounting.orders import DEFAULT_ORDERS
+
+    moves = histogram_l1_sensitivity(relation)
+    event = dp_accounting.SelfComposedDpEvent(dp_accounting.LaplaceDpEvent(scale), moves * queries)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        accountant = dp_accounting.rdp.RdpAccountant(list(DEFAULT_ORDERS))
+        accountant.compose(event)
+        reference = accountant.get_epsilon(1e-5)
+        pld = dp_accounting.pld.PLDAccountant()
+        pld.compose(event)
+        pld_epsilon = pld.get_epsilon(1e-5)
+        ours = epsilon_from_rdp(LaplaceNoisyMaxAggregator(scale=scale, relation=relation)
+                                .rdp_curve(DEFAULT_ORDERS).composed(queries), 1e-5, ConversionMethod.IMPROVED)
+    assert ours.epsilon >= reference * (1 - 1e-9) and ours.epsilon <= reference * (1 + 1e-6)
+    assert pld_epsilon <= ours.epsilon
