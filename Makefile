@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-slow lint docs wheel-check demo bench clean
+.PHONY: install test test-slow lint typecheck docs wheel-check demo bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ test-slow: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+# mypy: strict on accounting/ and mechanisms/, the default level elsewhere (pyproject.toml, [tool.mypy])
+typecheck: install
+	.ci/typecheck $(VENV)/bin/mypy
 
 # the API reference from the docstrings (pdoc), into build/api
 docs: install
