@@ -11,11 +11,9 @@ import errno
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from dpledger.accounting import safe_files
 from dpledger.accounting.strict_json import MAX_DEPTH
 from dpledger.decoding import trace
 from dpledger.cli import main
+from tests.deadline import deadline
 from tests.forging import copy, grow_sparse, reissue_final, replace_with_fifo, replace_with_link
 from tests.micro import PMIXED, micro_config, write_toml
 from tests.synthetic import write_synthetic_run
@@ -34,21 +33,8 @@ DEADLINE = 60
 """Seconds any one command may take here (an audit of the test run takes about 2 s)."""
 
 
-@contextmanager
-def deadline(seconds: int = DEADLINE):
-    def expire(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: it blocks")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    with deadline():
+    with deadline(DEADLINE):
         status = main(list(argv))
     captured = capsys.readouterr()
     return status, captured.out, captured.err

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.adversarial.verdicts import Hang
+from tests.deadline import Hang
 from tests.forging import load_chunks, read_json, rechain, reissue_final, save_chunks
 from tests.micro import ADAPMIXED, PMIXED
 

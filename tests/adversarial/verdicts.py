@@ -11,34 +11,15 @@ warnings a fresh interpreter prints), judged as the adversarial harness judged i
 from __future__ import annotations
 
 import re
-import signal
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from dpledger.cli import main
+from tests.deadline import deadline
 
 AUDIT_FLAGS = ("--no-game", "--mc-samples", "10")
 GAME_FLAGS = ("--mc-samples", "10", "--trials", "200")
 VERDICTS = {0: "PASS", 1: "FAIL", 2: "unusable", 3: "UNVERIFIED", 4: "internal error"}
-
-
-class Hang(BaseException):
-    """A call still running at its deadline (a BaseException, so that no `except Exception` or
-    `except OSError` of the code under test turns a hang into an answer)."""
-
-
-@contextmanager
-def deadline(seconds: int):
-    def expire(signum, frame):
-        raise Hang(f"still running after {seconds} s: it blocks")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass
@@ -82,7 +63,7 @@ def run_cli(capfd, *argv, seconds: int = 60) -> Outcome:
 
 def problem_of(outcome: Outcome) -> str | None:
     """What is wrong with a CLI answer whatever the case expects: a traceback, exit 4, or exit 2
-    without exactly one stderr line (a hang raises TimeoutError, a crash ends the test)."""
+    without exactly one stderr line (a hang raises Hang, a crash ends the test)."""
     if "Traceback (most recent call last)" in outcome.err:
         return "traceback on stderr: " + outcome.lines[-1][:300]
     if outcome.rc == 4:
