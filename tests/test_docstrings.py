@@ -152,7 +152,7 @@ def test_every_public_function_has_google_style_sections(package):
     assert problems == [], f"{len(problems)} public functions lack docstring sections:\n" + "\n".join(problems)
 
 
-def test_the_checker_finds_what_it_should():
+def test_the_checker_finds_what_it_should(tmp_path):
     """The rules on made-up functions: it must flag a missing Args, Returns and Raises, and accept a
     complete docstring, a property and a private helper."""
     code = '''
@@ -185,8 +185,7 @@ class Thing:
     def act(self) -> None:
         """Does nothing, takes nothing."""
 '''
-    path = ROOT / "build" / "docstring_checker_case" / "case.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "case.py"
     path.write_text(code)
     problems = missing_sections(path, ({}, {}))
     assert [p.split(" ", 1)[1] for p in problems] == ["undocumented: no docstring", "no_args: lacks Args:"]
