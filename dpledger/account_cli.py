@@ -19,8 +19,9 @@ from dpledger.accounting.safe_files import read_text, write_atomic
 from dpledger.accounting.strict_json import MAX_BYTES, loads_json, strict_json_text
 from dpledger.accounting.orders import default_orders
 from dpledger.accounting.relation import PathAccounting
-from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, SIGMA_HELP, add_conversion_flags, add_mechanism_parser,
-                                      add_mechanism_subcommands, aggregator_flag_spec, require_queries_flag)
+from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, SIGMA_HELP, FlagSpec, add_conversion_flags,
+                                      add_mechanism_parser, add_mechanism_subcommands, aggregator_flag_spec,
+                                      require_queries_flag)
 from dpledger.mechanism_flags import option as _option
 from dpledger.mechanisms import (Ball, ConfidentGNMax, GaussianMechanism, GNMax, NoisyScreening, PMixED,
                                  PoissonSubsampledGaussian, SubsamplingVariant, subsampled_pmixed_curve)
@@ -115,7 +116,7 @@ def add_parser(subparsers) -> None:
         sub, required, optional = add_mechanism_parser(mechanisms, mechanism, _SUMMARY[mechanism])
         aggregator = AGGREGATORS.get(mechanism)
         for flag in _REQUIRED[mechanism] + _OPTIONAL[mechanism]:
-            spec = dict(_FLAG_SPECS.get(flag, {}))
+            spec = _FLAG_SPECS[flag].copy() if flag in _FLAG_SPECS else FlagSpec()
             if aggregator is not None and flag in aggregator.parameter_fields("account"):
                 spec = aggregator_flag_spec(aggregator, flag, "account")
             elif flag == "sigma":
@@ -236,7 +237,8 @@ def account(args: argparse.Namespace) -> dict:
         reason = ("PMixED has no DpEvent: no PLD in dp-accounting; RDP only" if args.mechanism == "pmixed" else
                   "realised-path charges GNMax on the answered queries only, a count that depends on the data: "
                   "no DpEvent; RDP only" if args.accounting == PathAccounting.REALISED_PATH else
-                  mechanism.no_pld_reason() or "no DpEvent: no PLD in dp-accounting; RDP only")
+                  (mechanism.no_pld_reason() if mechanism is not None else None)
+                  or "no DpEvent: no PLD in dp-accounting; RDP only")
         require(getattr(args, "dp_event_out", None) is None, f"--dp-event-out: {reason}")
         record.update(pld_epsilon=None, tighter="rdp", pld_unavailable=reason)
     return record

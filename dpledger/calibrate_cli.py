@@ -8,13 +8,15 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import MISSING
+from typing import TypedDict
 
 from dpledger.accounting.conversion import ConversionMethod
 from dpledger.accounting.strict_json import strict_json_text
-from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, CALIBRATE_FLAG_SPECS, add_conversion_flags,
+from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, CALIBRATE_FLAG_SPECS, FlagSpec, add_conversion_flags,
                                       add_mechanism_parser, add_mechanism_subcommands, aggregator_flag_spec, option,
                                       require_queries_flag)
 from dpledger.mechanisms import calibration
+from dpledger.mechanisms.aggregation import VoteAggregator
 from dpledger.mechanisms.aggregators import aggregators
 from dpledger.accounting.orders import default_orders
 
@@ -58,13 +60,13 @@ for _name, _cls in AGGREGATORS.items():   # a fixed parameter without a default 
 _PARAMETER = {"pmixed": "beta", "gaussian": "noise_multiplier", "subsampled-gaussian": "noise_multiplier"}
 
 
-def _spec(flag: str, mechanism: str) -> dict:
+def _spec(flag: str, mechanism: str) -> FlagSpec:
     aggregator = AGGREGATORS.get(mechanism)
     if aggregator is not None and flag in aggregator.calibrate_flags:
-        return dict(aggregator.calibrate_flags[flag])
+        return FlagSpec(**aggregator.calibrate_flags[flag])
     if aggregator is not None and flag in _fixed_parameters(aggregator):
         return aggregator_flag_spec(aggregator, flag, "calibrate")
-    spec = dict(CALIBRATE_FLAG_SPECS.get(flag) or ACCOUNT_FLAG_SPECS[flag])
+    spec = (CALIBRATE_FLAG_SPECS.get(flag) or ACCOUNT_FLAG_SPECS[flag]).copy()
     if flag == "queries":
         spec["help"] = "number of queries Q the budget covers, composed adaptively (Mironov 2017, Proposition 1); >= 1"
     if flag == "sample_rate":
@@ -73,6 +75,15 @@ def _spec(flag: str, mechanism: str) -> dict:
     if flag == "lam":
         spec["help"] = "screening mixing weight lambda, in (0, 1] (fixed)"
     return spec
+
+
+class _Options(TypedDict):
+    """The accounting options every calibration but PMixED's takes as keywords."""
+
+    method: ConversionMethod
+    accountant: str
+    orders: tuple[float, ...]
+    compare_pld: bool
 
 
 def accepted_flags(mechanism: str) -> tuple[str, ...]:
@@ -98,13 +109,14 @@ def calibrate(args: argparse.Namespace) -> calibration.Calibration:
     """The Calibration the flags ask for."""
     kind = args.mechanism
     target = (args.epsilon, args.delta, args.queries)
-    options = dict(method=ConversionMethod(args.method))
+    method = ConversionMethod(args.method)
     if kind == "pmixed":
         return calibration.calibrate_pmixed(*target, args.alpha, args.teachers, ball=args.ball,
                                             sampling_probability=args.sample_rate, variant=args.variant,
-                                            seed=args.seed, orders=args.orders, **options)
+                                            seed=args.seed, orders=args.orders, method=method)
 
-    options.update(accountant=args.accountant, orders=default_orders(*(args.orders or ())), compare_pld=True)
+    options = _Options(method=method, accountant=args.accountant, orders=default_orders(*(args.orders or ())),
+                       compare_pld=True)
     if kind == "gaussian":
         return calibration.calibrate_gaussian(*target, **options)
     if kind == "subsampled-gaussian":
@@ -119,7 +131,8 @@ def calibrate(args: argparse.Namespace) -> calibration.Calibration:
     return _calibrate_aggregator(AGGREGATORS[kind], args, target, options)
 
 
-def _calibrate_aggregator(cls, args: argparse.Namespace, target: tuple, options: dict) -> calibration.Calibration:
+def _calibrate_aggregator(cls: type[VoteAggregator], args: argparse.Namespace, target: tuple[float, float, int],
+                          options: _Options) -> calibration.Calibration:
     """A registered aggregator's noise (VoteAggregator.calibrate), its other parameters fixed by the flags
     (a parameter's `calibrate_default` where its flag is not given)."""
     fixed = {flag: getattr(args, flag) for flag in cls.calibrate_flags}

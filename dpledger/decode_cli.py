@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         if result is None:  # an interrupt while the cluster closed after the run finished changes nothing
             started = (Path(config.out) / trace.MANIFEST).exists()
-            committed = len(trace.committed_chunk_indices(config.out)) if started else 0
+            committed = len(trace.committed_chunk_indices(Path(config.out))) if started else 0
             print(f"\ninterrupted: {committed} block{'' if committed == 1 else 's'} committed in {config.out}; "
                   "continue with --resume", file=sys.stderr)
             return 130

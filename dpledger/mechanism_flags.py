@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
-
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING
+from typing import TypedDict
 
 from dpledger.accounting.conversion import ConversionMethod
 from dpledger.accounting.errors import require
@@ -16,32 +17,44 @@ from dpledger.mechanisms.calibration import MAX_QUERIES
 
 ACCOUNTING = tuple(member.value for member in PathAccounting)
 
+
+class FlagSpec(TypedDict, total=False):
+    """The argparse keyword arguments of one flag (those of `ArgumentParser.add_argument` the tables use)."""
+
+    type: Callable[[str], object]
+    metavar: str
+    help: str
+    default: object
+    choices: Sequence[str]
+    action: str
+
+
 # every flag a mechanism may read: argparse keyword arguments (help names units and defaults)
-ACCOUNT_FLAG_SPECS = {
-    "queries": dict(type=int, metavar="Q", help="number of queries Q, composed adaptively (Mironov 2017, "
+ACCOUNT_FLAG_SPECS: dict[str, FlagSpec] = {
+    "queries": FlagSpec(type=int, metavar="Q", help="number of queries Q, composed adaptively (Mironov 2017, "
                                                 "Proposition 1); an integer >= 1"),
-    "delta": dict(type=float, metavar="DELTA", help="target delta of the (epsilon, delta) guarantee, in (0, 1)"),
-    "noise_multiplier": dict(type=float, metavar="Z", help="Gaussian noise standard deviation divided by the L2 "
+    "delta": FlagSpec(type=float, metavar="DELTA", help="target delta of the (epsilon, delta) guarantee, in (0, 1)"),
+    "noise_multiplier": FlagSpec(type=float, metavar="Z", help="Gaussian noise standard deviation divided by the L2 "
                                                            "sensitivity (unitless, > 0)"),
-    "sample_rate": dict(type=float, metavar="Q_RATE", help="Poisson sampling probability q, in (0, 1]"),
-    "alpha": dict(type=float, metavar="A", help="PMixED projection order a (> 1; Flemings et al. 2024 use 6)"),
-    "beta": dict(type=float, metavar="BETA", help="Renyi-ball radius per unit of order: each mixed teacher keeps "
+    "sample_rate": FlagSpec(type=float, metavar="Q_RATE", help="Poisson sampling probability q, in (0, 1]"),
+    "alpha": FlagSpec(type=float, metavar="A", help="PMixED projection order a (> 1; Flemings et al. 2024 use 6)"),
+    "beta": FlagSpec(type=float, metavar="BETA", help="Renyi-ball radius per unit of order: each mixed teacher keeps "
                                                   "D_a(mixed || public) <= beta * a, in nats (> 0)"),
-    "teachers": dict(type=int, metavar="N", help="ensemble size N (number of teachers, >= 1)"),
-    "sigma": dict(type=float, metavar="SIGMA"),  # help per mechanism: its unit differs
-    "sigma_threshold": dict(type=float, metavar="S1", help="Confident-GNMax screen noise s1: standard deviation of "
+    "teachers": FlagSpec(type=int, metavar="N", help="ensemble size N (number of teachers, >= 1)"),
+    "sigma": FlagSpec(type=float, metavar="SIGMA"),  # help per mechanism: its unit differs
+    "sigma_threshold": FlagSpec(type=float, metavar="S1", help="Confident-GNMax screen noise s1: standard deviation of "
                                                            "the Gaussian added to the top vote count, in votes"),
-    "lam": dict(type=float, metavar="LAMBDA", help="screening mixing weight lambda, in (0, 1]"),
-    "ball": dict(choices=[b.value for b in Ball], default=Ball.PROJECTION_ORDER.value,
+    "lam": FlagSpec(type=float, metavar="LAMBDA", help="screening mixing weight lambda, in (0, 1]"),
+    "ball": FlagSpec(choices=[b.value for b in Ball], default=Ball.PROJECTION_ORDER.value,
                  help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
                       "(Theorem 3.1 proven at every order; docs/soundness.md) (default: projection-order)"),
-    "seed": dict(type=int, default=0, help="seed of the simulated subsample sizes of the realised-size variants "
+    "seed": FlagSpec(type=int, default=0, help="seed of the simulated subsample sizes of the realised-size variants "
                                            "(default: 0)"),
-    "accounting": dict(choices=ACCOUNTING, default="released-output",
+    "accounting": FlagSpec(choices=ACCOUNTING, default="released-output",
                        help="released-output (default) charges screen + GNMax on every query, a bound on the "
                             "released (decision, token) pair; realised-path charges GNMax only on the --answered "
                             "queries (Papernot et al. 2018's convention; ex post, not a guarantee)"),
-    "answered": dict(type=int, metavar="K", help="with --accounting realised-path: the number K of answered "
+    "answered": FlagSpec(type=int, metavar="K", help="with --accounting realised-path: the number K of answered "
                                                  "queries, in [0, Q]"),
 }
 SIGMA_HELP = {
@@ -53,21 +66,21 @@ SIGMA_HELP = {
 
 
 # the flags `dpledger calibrate` adds: the target, and the fixed parameters only calibration has
-CALIBRATE_FLAG_SPECS = {
-    "epsilon": dict(type=float, metavar="EPSILON", help="target epsilon of the (epsilon, delta) guarantee over all "
+CALIBRATE_FLAG_SPECS: dict[str, FlagSpec] = {
+    "epsilon": FlagSpec(type=float, metavar="EPSILON", help="target epsilon of the (epsilon, delta) guarantee over all "
                                                         "Q queries (> 0); the answer accounts to at most it and "
                                                         "within 1%% of it"),
-    "ratio": dict(type=float, default=1.0, metavar="R", help="screen noise over answer noise, s1 = R * s2 (> 0; "
+    "ratio": FlagSpec(type=float, default=1.0, metavar="R", help="screen noise over answer noise, s1 = R * s2 (> 0; "
                                                               "default: 1, i.e. s1 = s2)"),
-    "accountant": dict(choices=("rdp", "pld"), default="rdp",
+    "accountant": FlagSpec(choices=("rdp", "pld"), default="rdp",
                        help="rdp (default: dpledger's ledgers are RDP) or pld (dp-accounting's PLD, pessimistic "
                             "estimate: a PLD-calibrated noise is only as good as the PLD accounting that will report "
                             "it)"),
-    "variant": dict(choices=[v.value for v in SubsamplingVariant], default=None,
+    "variant": FlagSpec(choices=[v.value for v in SubsamplingVariant], default=None,
                     help="with --sample-rate: how the subsampled bound is formed (default: all-orders-ball, the "
                          "proven one, which implies --ball all-orders; worst-case-size-general with --ball "
                          "projection-order)"),
-    "ball": dict(choices=[b.value for b in Ball], default=None,
+    "ball": FlagSpec(choices=[b.value for b in Ball], default=None,
                  help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
                       "(proven at every order; docs/soundness.md) (default: projection-order, all-orders with "
                       "--sample-rate)"),
@@ -78,7 +91,7 @@ def _shown(value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
-def aggregator_flag_spec(aggregator: type[VoteAggregator], name: str, command: str) -> dict:
+def aggregator_flag_spec(aggregator: type[VoteAggregator], name: str, command: str) -> FlagSpec:
     """argparse keyword arguments of an aggregator parameter's flag, from its field's metadata: its type,
     metavar, help with its unit, and its default (`calibrate_default` for `dpledger calibrate`, where the
     flag's own default stays None and the command fills it in, as the help says)."""
@@ -90,8 +103,8 @@ def aggregator_flag_spec(aggregator: type[VoteAggregator], name: str, command: s
     if default not in (None, False) and "default" not in help_text:
         help_text += f" (default: {_shown(default)})"
     if metadata["type"] is bool:
-        return dict(action="store_true", help=help_text)
-    spec = dict(type=metadata["type"], metavar=metadata["metavar"], help=help_text)
+        return FlagSpec(action="store_true", help=help_text)
+    spec = FlagSpec(type=metadata["type"], metavar=metadata["metavar"], help=help_text)
     if command == "calibrate" and "calibrate_default" in metadata:
         spec["help"] += f" (default: {_shown(metadata['calibrate_default'])})"
         return spec   # default None: the command applies calibrate_default

@@ -113,7 +113,8 @@ def teacher_distributions(ensemble, token_ids: np.ndarray, queries: int, context
     each with at least `context` tokens before it, in windows the ensemble's context can hold."""
     window = min(ensemble.n_positions, 64)
     require(window > context, f"the ensemble's context ({ensemble.n_positions} tokens) is too short for queries")
-    rows, start = [], 0
+    rows: list[np.ndarray] = []
+    start = 0
     while sum(r.shape[0] for r in rows) < queries:
         require(start + window <= token_ids.size, f"the text has too few tokens for {queries} queries")
         ids = torch.from_numpy(np.asarray(token_ids[start:start + window], dtype=np.int64)).unsqueeze(0)
@@ -136,15 +137,15 @@ def hot_vs_cold(distributions: np.ndarray, samples: int = 200, seed: int = 0, ta
     thresholds = tuple(sorted({max(1, round(f * teachers)) for f in FRACTIONS}))
     hot = mean_diversity_curve(distributions, thresholds, True, samples, seed)
     cold = mean_diversity_curve(distributions, thresholds, False, samples, seed)
+    costs = {name: matched_privacy_cost(thresholds, dpargmax_yields(distributions, thresholds, name == "hot",
+                                                                    samples, seed),
+                                        teachers, target_yield, budget_queries, delta)
+             for name in ("hot", "cold")}
+    hot_eps, cold_eps = costs["hot"]["epsilon"], costs["cold"]["epsilon"]
     matched = {"target_yield": target_yield, "budget_queries": budget_queries, "delta": delta,
                "calibration": f"DPARGMAX with s1 = s2 = {NOISE_PER_THRESHOLD:g} T, released-output accounting; the "
                               "yield is DPARGMAX's expected pass rate of its noisy screen",
-               **{name: matched_privacy_cost(thresholds, dpargmax_yields(distributions, thresholds, name == "hot",
-                                                                         samples, seed),
-                                             teachers, target_yield, budget_queries, delta)
-                  for name in ("hot", "cold")}}
-    hot_eps, cold_eps = matched["hot"]["epsilon"], matched["cold"]["epsilon"]
-    matched["cold_over_hot"] = cold_eps / hot_eps if hot_eps and cold_eps is not None else None
+               **costs, "cold_over_hot": cold_eps / hot_eps if hot_eps and cold_eps is not None else None}
     return HotPateResult(teachers, queries, samples, seed, thresholds, hot, cold, target_yield, budget_queries, delta,
                          matched, time.time() - started, source or {})
 

@@ -216,7 +216,7 @@ def plot_rdp_curve(run: RunData) -> bytes | None:
 
 def plot_leakage(run: RunData) -> bytes | None:
     table = leakage_table(run)
-    if table is None:
+    if table is None or run.audit is None:  # a leakage table comes from an audit: never the second
         return None
     figure, axis = _figure(7.5, 0.35 * len(table) + 1.6)
     colours = ["tab:blue" if claimed else "tab:gray" for claimed in table["claimed"]]

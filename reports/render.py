@@ -166,11 +166,12 @@ def _checked(value, where: str, inf_reason: str):
     or an "inf" string) stays a float, given a sibling "<key>_missing" reason; a list holding
     infinities gets one reason for its entries. `strict_json` then writes each infinity as null."""
     if isinstance(value, dict):
-        out = {}
+        out: dict[str, object] = {}
         for key, item in value.items():
             if _is_inf(item):
-                out[key] = _as_float(item)
-                sign = "-inf" if out[key] < 0 else "+inf"
+                number = _as_float(item)
+                out[key] = number
+                sign = "-inf" if number < 0 else "+inf"
                 out.setdefault(f"{key}_missing", f"{sign}: {inf_reason}")
             elif isinstance(item, (list, tuple)) and any(_is_inf(v) for v in item):
                 out[key] = _checked(item, f"{where}.{key}", inf_reason)
