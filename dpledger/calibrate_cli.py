@@ -87,11 +87,29 @@ class _Options(TypedDict):
 
 
 def accepted_flags(mechanism: str) -> tuple[str, ...]:
+    """The flags `dpledger calibrate MECHANISM` reads, as typed on the command line: the target, the
+    mechanism's required and optional flags, --method, --orders and --json.
+
+    Args:
+        mechanism: a name in MECHANISMS.
+
+    Returns:
+        The flags, e.g. ("--epsilon", "--delta", "--queries", ..., "--json").
+
+    Raises:
+        KeyError: if `mechanism` is not in MECHANISMS.
+    """
     flags = _TARGET + _REQUIRED[mechanism] + _OPTIONAL[mechanism] + ("method", "orders")
     return tuple(option(flag) for flag in flags) + ("--json",)
 
 
 def add_parser(subparsers) -> None:
+    """Add `dpledger calibrate` to the command line: one subcommand per mechanism in MECHANISMS, with
+    the target flags (--epsilon, --delta, --queries), the mechanism's fixed parameters and the conversion flags.
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+    """
     mechanisms = add_mechanism_subcommands(subparsers, "calibrate",
                                            "the parameter an (epsilon, delta) budget over Q queries allows", __doc__)
     for mechanism in MECHANISMS:
@@ -106,7 +124,18 @@ def add_parser(subparsers) -> None:
 
 
 def calibrate(args: argparse.Namespace) -> calibration.Calibration:
-    """The Calibration the flags ask for."""
+    """The Calibration the flags ask for.
+
+    Args:
+        args: the parsed flags of one `dpledger calibrate MECHANISM` subcommand.
+
+    Returns:
+        The Calibration: the parameter (beta for PMixED, else the noise), its forward accounting and slack.
+
+    Raises:
+        ValueError: if a target or fixed parameter is out of range, --method names no conversion, or no
+            parameter meets the budget.
+    """
     kind = args.mechanism
     target = (args.epsilon, args.delta, args.queries)
     method = ConversionMethod(args.method)
@@ -161,6 +190,19 @@ def _printed(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`dpledger calibrate MECHANISM`: print the calibrated parameter, rounded towards privacy at 8
+    significant digits, its forward accounting (RDP and, where there is one, PLD), notes and warnings;
+    with --json one strict JSON object with the exact value.
+
+    Args:
+        args: the parsed flags of the subcommand.
+
+    Returns:
+        The exit status: 0 once the result is printed (bad input raises instead; `main` maps it to 2).
+
+    Raises:
+        ValueError: if --queries is not in [1, 2^53], or as `calibrate` does.
+    """
     require_queries_flag(args.queries)
     result = calibrate(args)
     record = result.to_record()

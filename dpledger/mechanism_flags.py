@@ -94,7 +94,21 @@ def _shown(value) -> str:
 def aggregator_flag_spec(aggregator: type[VoteAggregator], name: str, command: str) -> FlagSpec:
     """argparse keyword arguments of an aggregator parameter's flag, from its field's metadata: its type,
     metavar, help with its unit, and its default (`calibrate_default` for `dpledger calibrate`, where the
-    flag's own default stays None and the command fills it in, as the help says)."""
+    flag's own default stays None and the command fills it in, as the help says).
+
+    Args:
+        aggregator: the registered vote aggregator class.
+        name: the parameter's field name (a key of `aggregator.parameter_fields()`).
+        command: "account" or "calibrate".
+
+    Returns:
+        The FlagSpec: store_true for a boolean parameter, else type, metavar, help and, where there is
+        one and the command applies it itself, default.
+
+    Raises:
+        KeyError: if `name` is not a parameter field of `aggregator`, or its metadata lacks unit, help,
+            type or metavar.
+    """
     field = aggregator.parameter_fields()[name]
     metadata = field.metadata
     unit = "" if metadata["unit"] in ("unitless", "true or false") else f", in {metadata['unit']}"
@@ -115,13 +129,27 @@ def aggregator_flag_spec(aggregator: type[VoteAggregator], name: str, command: s
 
 def require_queries_flag(queries: int) -> None:
     """--queries in [1, 2^53]; ValueError naming the flag, the range and the value otherwise (MAX_QUERIES:
-    counts above 2^53 are not exact in double precision)."""
+    counts above 2^53 are not exact in double precision).
+
+    Args:
+        queries: the --queries value.
+
+    Raises:
+        ValueError: if `queries` is not in [1, MAX_QUERIES].
+    """
     require(1 <= queries <= MAX_QUERIES, f"--queries must be in [1, 2^53 = {MAX_QUERIES}] (a larger count is not exact "
                                          f"in double precision and could be rounded down), got {queries}")
 
 
 def option(flag: str) -> str:
-    """--flag-name of the table key flag_name."""
+    """--flag-name of the table key flag_name.
+
+    Args:
+        flag: a key of the flag tables, e.g. "noise_multiplier".
+
+    Returns:
+        The flag as typed, e.g. "--noise-multiplier".
+    """
     return "--" + flag.replace("_", "-")
 
 
@@ -134,7 +162,18 @@ a terms at order a (an order of 1e308 failed inside them)."""
 
 
 def parse_orders(text: str) -> tuple[float, ...]:
-    """--orders "2,4.5,2048": extra Renyi orders in (1, MAX_EXTRA_ORDER] added to the default grid."""
+    """--orders "2,4.5,2048": extra Renyi orders in (1, MAX_EXTRA_ORDER] added to the default grid.
+
+    Args:
+        text: the --orders value: comma-separated numbers (empty items are skipped).
+
+    Returns:
+        The orders, in the order given.
+
+    Raises:
+        argparse.ArgumentTypeError: if an item is not a number, no order is given, or an order is not in
+            (1, MAX_EXTRA_ORDER] (argparse reports it as a usage error, exit status 2).
+    """
     try:
         values = [float(item) for item in text.split(",") if item.strip()]
     except ValueError:
@@ -147,7 +186,11 @@ def parse_orders(text: str) -> tuple[float, ...]:
 
 
 def add_conversion_flags(group) -> None:
-    """--method and --orders: the RDP -> (epsilon, delta) conversion and the order grid."""
+    """--method and --orders: the RDP -> (epsilon, delta) conversion and the order grid.
+
+    Args:
+        group: the parser or argument group the two flags are added to.
+    """
     group.add_argument("--method", choices=[m.value for m in ConversionMethod], default="improved",
                        help="RDP to (epsilon, delta): improved (Balle et al. 2020, Theorem 21) or classic "
                             "(Mironov 2017, Proposition 3) (default: improved)")
@@ -157,14 +200,34 @@ def add_conversion_flags(group) -> None:
 
 
 def add_mechanism_subcommands(subparsers, command: str, help: str, description: str):
-    """`dpledger COMMAND MECHANISM`: the command's parser and its one-subcommand-per-mechanism action."""
+    """`dpledger COMMAND MECHANISM`: the command's parser and its one-subcommand-per-mechanism action.
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+        command: the command's name, e.g. "account".
+        help: the command's one-line help.
+        description: the command's --help description.
+
+    Returns:
+        The command's subcommands action, to which each mechanism's parser is added (dest "mechanism",
+        required).
+    """
     parser = subparsers.add_parser(command, help=help, description=description)
     return parser.add_subparsers(dest="mechanism", required=True, metavar="MECHANISM",
                                  title=f"mechanisms (dpledger {command} MECHANISM --help lists its flags)")
 
 
 def add_mechanism_parser(mechanisms, mechanism: str, summary: str):
-    """One mechanism's subcommand: (parser, its "required" group, its "optional" group)."""
+    """One mechanism's subcommand: (parser, its "required" group, its "optional" group).
+
+    Args:
+        mechanisms: the command's subcommands action (`add_mechanism_subcommands`).
+        mechanism: the mechanism's subcommand name.
+        summary: its one-line help; its description is the same with a full stop.
+
+    Returns:
+        (the subcommand's parser, its "required" argument group, its "optional" argument group).
+    """
     sub = mechanisms.add_parser(mechanism, help=summary, description=summary + ".")
     return sub, sub.add_argument_group("required"), sub.add_argument_group("optional")
 
