@@ -227,7 +227,7 @@ def _nulled(value):
     return None if isinstance(value, float) and math.isinf(value) else value
 
 
-def strict_json(value, where: str = "report", inf_reason: str = "no finite bound") -> str:
+def strict_json(value: object, where: str = "report", inf_reason: str = "no finite bound") -> str:
     """Strict JSON text of `value` (json.dumps with allow_nan=False): a NaN raises ValueError naming
     `where`; every missing or infinite value is null beside a "<key>_missing" reason, and, for an
     object, each infinity's JSON Pointer is listed in the top-level `nulls` map as every JSON file

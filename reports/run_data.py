@@ -130,7 +130,7 @@ def load_run(run_dir: str | Path) -> RunData:
     return RunData(run_dir, manifest, ledger, audit, trace.read_records(run_dir, verify=False), stale, withheld)
 
 
-def fmt(value, digits: int = 4, name: str = "a report value") -> str:
+def fmt(value: object, digits: int = 4, name: str = "a report value") -> str:
     """A number as a report prints it ("inf" for +inf), "n/a" for a missing value (None); ValueError
     naming `name` for a NaN, which would otherwise print as a number-like "nan".
 

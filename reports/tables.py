@@ -184,7 +184,7 @@ def missing_order_reason(run: RunData, epsilon: float) -> str:
     return no_guarantee_reason(run) + " (no order gives a finite bound)"
 
 
-def perplexity_reason(run: RunData, value) -> str | None:
+def perplexity_reason(run: RunData, value: float | None) -> str | None:
     """Why the perplexity is missing or +inf; None when it is a finite number.
 
     Args:
