@@ -19,8 +19,9 @@ from dpledger.accounting.safe_files import read_text, write_atomic
 from dpledger.accounting.strict_json import MAX_BYTES, loads_json, strict_json_text
 from dpledger.accounting.orders import default_orders
 from dpledger.accounting.relation import PathAccounting
-from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, SIGMA_HELP, add_conversion_flags, add_mechanism_parser,
-                                      add_mechanism_subcommands, aggregator_flag_spec, require_queries_flag)
+from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, SIGMA_HELP, FlagSpec, add_conversion_flags,
+                                      add_mechanism_parser, add_mechanism_subcommands, aggregator_flag_spec,
+                                      require_queries_flag)
 from dpledger.mechanism_flags import option as _option
 from dpledger.mechanisms import (Ball, ConfidentGNMax, GaussianMechanism, GNMax, NoisyScreening, PMixED,
                                  PoissonSubsampledGaussian, SubsamplingVariant, subsampled_pmixed_curve)
@@ -91,7 +92,17 @@ _DP_EVENT_OUT_HELP = ("write the Q-fold composed dp_accounting DpEvent to this f
 
 
 def accepted_flags(mechanism: str) -> tuple[str, ...]:
-    """The flags `dpledger account MECHANISM` reads, as typed on the command line."""
+    """The flags `dpledger account MECHANISM` reads, as typed on the command line.
+
+    Args:
+        mechanism: a subcommand of `dpledger account`: a name in MECHANISMS, or FROM_EVENT.
+
+    Returns:
+        The flags, e.g. ("--queries", "--delta", "--noise-multiplier", ..., "--json"), in help order.
+
+    Raises:
+        KeyError: if `mechanism` is not a subcommand of `dpledger account`.
+    """
     if mechanism == FROM_EVENT:
         return ("--delta", "--relation") + tuple(_option(flag) for flag in CONVERSION_FLAGS) + ("--json",)
     flags = _REQUIRED[mechanism] + _OPTIONAL[mechanism]
@@ -109,13 +120,19 @@ def _refuse_missing_flags(args: argparse.Namespace) -> None:
 
 
 def add_parser(subparsers) -> None:
+    """Add `dpledger account` to the command line: one subcommand per mechanism in MECHANISMS, whose
+    required and optional flags are the ones it reads (`accepted_flags`), and `from-event`.
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+    """
     mechanisms = add_mechanism_subcommands(subparsers, "account", "epsilon of Q queries of a data-independent mechanism",
                                            __doc__)
     for mechanism in MECHANISMS:
         sub, required, optional = add_mechanism_parser(mechanisms, mechanism, _SUMMARY[mechanism])
         aggregator = AGGREGATORS.get(mechanism)
         for flag in _REQUIRED[mechanism] + _OPTIONAL[mechanism]:
-            spec = dict(_FLAG_SPECS.get(flag, {}))
+            spec = _FLAG_SPECS[flag].copy() if flag in _FLAG_SPECS else FlagSpec()
             if aggregator is not None and flag in aggregator.parameter_fields("account"):
                 spec = aggregator_flag_spec(aggregator, flag, "account")
             elif flag == "sigma":
@@ -211,7 +228,21 @@ def _aggregator(args: argparse.Namespace):
 
 def account(args: argparse.Namespace) -> dict:
     """Build the mechanism from the flags, compose it Q times and convert; returns the JSON object,
-    with dp-accounting's PLD epsilon beside the RDP one where the mechanism has a DpEvent."""
+    with dp-accounting's PLD epsilon beside the RDP one where the mechanism has a DpEvent.
+
+    Args:
+        args: the parsed flags of one `dpledger account MECHANISM` subcommand (flags it does not have
+            are read as unset).
+
+    Returns:
+        The JSON object: epsilon, delta, order, method, mechanism, queries, relation, the RDP
+        conversion's warnings, and pld_epsilon with the tighter accountant ("rdp" or "pld"), or
+        pld_unavailable saying why there is none; a threshold-private aggregator's states no epsilon.
+
+    Raises:
+        ValueError: if a required flag is missing, a value is out of range (each mechanism validates its
+            own parameters), or --dp-event-out is given for a mechanism without a DpEvent.
+    """
     record = _account_rdp(args)
     if record["mechanism"] in THRESHOLD_PRIVATE:
         return record
@@ -236,7 +267,8 @@ def account(args: argparse.Namespace) -> dict:
         reason = ("PMixED has no DpEvent: no PLD in dp-accounting; RDP only" if args.mechanism == "pmixed" else
                   "realised-path charges GNMax on the answered queries only, a count that depends on the data: "
                   "no DpEvent; RDP only" if args.accounting == PathAccounting.REALISED_PATH else
-                  mechanism.no_pld_reason() or "no DpEvent: no PLD in dp-accounting; RDP only")
+                  (mechanism.no_pld_reason() if mechanism is not None else None)
+                  or "no DpEvent: no PLD in dp-accounting; RDP only")
         require(getattr(args, "dp_event_out", None) is None, f"--dp-event-out: {reason}")
         record.update(pld_epsilon=None, tighter="rdp", pld_unavailable=reason)
     return record
@@ -345,6 +377,20 @@ def _write_dp_event(record: dict, args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     # a value past double range (an overflow, or a division by a noise whose square underflows to 0) is +inf,
     # "no guarantee", and is reported so
+    """`dpledger account MECHANISM`: print the accounting of `account` (one strict JSON object with
+    --json) and, with --dp-event-out, write the composed DpEvent. dp-accounting's absl warnings are off
+    while it runs; an overflow is +inf, reported as no guarantee.
+
+    Args:
+        args: the parsed flags of the subcommand.
+
+    Returns:
+        The exit status: 0 once the result is printed (bad input raises instead; `main` maps it to 2).
+
+    Raises:
+        ValueError: as `account` does, or if the DpEvent file cannot be written safely.
+        OSError: if --dp-event-out cannot be written.
+    """
     with np.errstate(over="ignore", divide="ignore"):
         record = account(args)
     if getattr(args, "dp_event_out", None) is not None:
@@ -383,7 +429,22 @@ def run(args: argparse.Namespace) -> int:
 
 def account_event(args: argparse.Namespace) -> dict:
     """`account from-event`: dpledger's RDP epsilon of the event's mechanism (mechanism_from_dp_event)
-    and dp-accounting's PLD epsilon of the event, at --delta; returns the JSON object."""
+    and dp-accounting's PLD epsilon of the event, at --delta; returns the JSON object.
+
+    Args:
+        args: the parsed flags of `dpledger account from-event`: file, delta, and optionally relation,
+            method and orders.
+
+    Returns:
+        The JSON object: epsilon, delta, order and method of dpledger's RDP accounting, mechanism
+        "from-event", file, event (its class name), relation, and pld_epsilon with the tighter accountant,
+        or pld_unavailable saying why there is none.
+
+    Raises:
+        ValueError: if the file is not a strict JSON DpEvent (or a run's ledger.json with one), --relation
+            contradicts the file's, --delta is not in (0, 1), or the event has no dpledger mechanism.
+        OSError: if the file cannot be read.
+    """
     text = read_text(args.file, MAX_BYTES, follow=True, what="an event or ledger file")  # never a FIFO or a device
     ledger = loads_json(text, args.file) if text.lstrip().startswith("{") else None
     if isinstance(ledger, dict) and isinstance(ledger.get("pld"), dict):  # a run's ledger.json: its exported event
@@ -415,6 +476,19 @@ def account_event(args: argparse.Namespace) -> dict:
 
 @quiet_dp_accounting()
 def run_from_event(args: argparse.Namespace) -> int:
+    """`dpledger account from-event FILE`: print `account_event`'s result (one strict JSON object
+    with --json). dp-accounting's absl warnings are off while it runs.
+
+    Args:
+        args: the parsed flags of the subcommand.
+
+    Returns:
+        The exit status: 0 once the result is printed (bad input raises instead; `main` maps it to 2).
+
+    Raises:
+        ValueError: as `account_event` does.
+        OSError: if the file cannot be read.
+    """
     record = account_event(args)
     if args.json:
         print(strict_json_text(record, sort_keys=False))

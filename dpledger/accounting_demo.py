@@ -6,6 +6,10 @@ from dpledger.mechanisms import Ball, NoisyScreening, PMixED, SubsamplingVariant
 
 
 def run_accounting_demo() -> None:
+    """Print the paper's accounting numbers computed from the mechanism specs: PMixED
+    (alpha = 6, beta = 0.01, N = 100, q = 0.03, 9728 queries) under every subsampling variant at delta = 1e-5
+    (Flemings et al. 2024, Table 2a: 4.399), and noisy screening's RDP at order 18 over 9728 queries (Table 2b: 0.002).
+    """
     print("== PMixED, alpha=6, beta=0.01, N=100, q=0.03, 9728 queries, delta=1e-5 (Flemings et al. 2024, Table 2a: 4.399) ==")
     pmixed = PMixED(alpha=6, beta=0.01, teachers=100)
     for variant in SubsamplingVariant:

@@ -21,6 +21,12 @@ SEVERITY = (1, 2, 3, 0)  # worst first
 
 
 def add_parser(subparsers) -> None:
+    """Add `dpledger audit` to the command line: its run directories and flags (the module docstring
+    is its help).
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+    """
     parser = subparsers.add_parser("audit", help="audit a run trace (exit 0 PASS, 1 FAIL, 2 unusable, 3 UNVERIFIED)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", nargs="+", help="run directories, or folders holding runs (each run below is audited)")
@@ -40,7 +46,13 @@ def add_parser(subparsers) -> None:
 
 
 def add_cluster_flags(parser, purpose: str) -> None:
-    """--workers / --scheduler: where distributed work runs (dpledger.decoding.cluster; needs dpledger[dask])."""
+    """--workers / --scheduler: where distributed work runs (dpledger.decoding.cluster; needs dpledger[dask]).
+
+    Args:
+        parser: the subcommand's parser; the two flags are added as a mutually exclusive group.
+        purpose: what the cluster does, the start of each flag's help (e.g. "decode a teacher-forced
+            run's blocks on").
+    """
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--workers", type=int, metavar="N",
                        help=f"{purpose} N local Dask worker processes (needs the extra: pip install 'dpledger[dask]')")
@@ -50,6 +62,25 @@ def add_cluster_flags(parser, purpose: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`dpledger audit`: audit each run directory (those below a folder too), print its summary (or its
+    audit.json with --json) and write audit.json into the run or to --audit-out. A run that cannot be
+    audited is reported on stderr and the others are still audited.
+
+    Args:
+        args: the parsed flags of `dpledger audit`.
+
+    Returns:
+        The worst exit status over the runs (module docstring): 1 FAIL, then 2 unusable, 3 UNVERIFIED,
+        0 PASS.
+
+    Raises:
+        ValueError: if a flag is out of range, --workers / --scheduler is given without Dask installed,
+            --expect-head or --audit-out is given with several runs,
+            or --audit-out names a directory or a file in a missing directory (a run that cannot be
+            audited is not an error: its status is 2).
+        dpledger.decoding.cluster.ClusterError: (an OSError) if the Dask cluster fails: not a property of
+            any run, so the audit stops.
+    """
     from dpledger.audit import audit_run, render_summary
     from dpledger.decoding.cluster import ClusterError, ClusterSpec, dask_client, require_dask
     from dpledger.audit.audit import EXIT_UNUSABLE

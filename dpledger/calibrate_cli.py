@@ -8,13 +8,15 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import MISSING
+from typing import TypedDict
 
 from dpledger.accounting.conversion import ConversionMethod
 from dpledger.accounting.strict_json import strict_json_text
-from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, CALIBRATE_FLAG_SPECS, add_conversion_flags,
+from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, CALIBRATE_FLAG_SPECS, FlagSpec, add_conversion_flags,
                                       add_mechanism_parser, add_mechanism_subcommands, aggregator_flag_spec, option,
                                       require_queries_flag)
 from dpledger.mechanisms import calibration
+from dpledger.mechanisms.aggregation import VoteAggregator
 from dpledger.mechanisms.aggregators import aggregators
 from dpledger.accounting.orders import default_orders
 
@@ -58,13 +60,13 @@ for _name, _cls in AGGREGATORS.items():   # a fixed parameter without a default 
 _PARAMETER = {"pmixed": "beta", "gaussian": "noise_multiplier", "subsampled-gaussian": "noise_multiplier"}
 
 
-def _spec(flag: str, mechanism: str) -> dict:
+def _spec(flag: str, mechanism: str) -> FlagSpec:
     aggregator = AGGREGATORS.get(mechanism)
     if aggregator is not None and flag in aggregator.calibrate_flags:
-        return dict(aggregator.calibrate_flags[flag])
+        return FlagSpec(**aggregator.calibrate_flags[flag])
     if aggregator is not None and flag in _fixed_parameters(aggregator):
         return aggregator_flag_spec(aggregator, flag, "calibrate")
-    spec = dict(CALIBRATE_FLAG_SPECS.get(flag) or ACCOUNT_FLAG_SPECS[flag])
+    spec = (CALIBRATE_FLAG_SPECS.get(flag) or ACCOUNT_FLAG_SPECS[flag]).copy()
     if flag == "queries":
         spec["help"] = "number of queries Q the budget covers, composed adaptively (Mironov 2017, Proposition 1); >= 1"
     if flag == "sample_rate":
@@ -75,12 +77,39 @@ def _spec(flag: str, mechanism: str) -> dict:
     return spec
 
 
+class _Options(TypedDict):
+    """The accounting options every calibration but PMixED's takes as keywords."""
+
+    method: ConversionMethod
+    accountant: str
+    orders: tuple[float, ...]
+    compare_pld: bool
+
+
 def accepted_flags(mechanism: str) -> tuple[str, ...]:
+    """The flags `dpledger calibrate MECHANISM` reads, as typed on the command line: the target, the
+    mechanism's required and optional flags, --method, --orders and --json.
+
+    Args:
+        mechanism: a name in MECHANISMS.
+
+    Returns:
+        The flags, e.g. ("--epsilon", "--delta", "--queries", ..., "--json").
+
+    Raises:
+        KeyError: if `mechanism` is not in MECHANISMS.
+    """
     flags = _TARGET + _REQUIRED[mechanism] + _OPTIONAL[mechanism] + ("method", "orders")
     return tuple(option(flag) for flag in flags) + ("--json",)
 
 
 def add_parser(subparsers) -> None:
+    """Add `dpledger calibrate` to the command line: one subcommand per mechanism in MECHANISMS, with
+    the target flags (--epsilon, --delta, --queries), the mechanism's fixed parameters and the conversion flags.
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+    """
     mechanisms = add_mechanism_subcommands(subparsers, "calibrate",
                                            "the parameter an (epsilon, delta) budget over Q queries allows", __doc__)
     for mechanism in MECHANISMS:
@@ -95,16 +124,28 @@ def add_parser(subparsers) -> None:
 
 
 def calibrate(args: argparse.Namespace) -> calibration.Calibration:
-    """The Calibration the flags ask for."""
+    """The Calibration the flags ask for.
+
+    Args:
+        args: the parsed flags of one `dpledger calibrate MECHANISM` subcommand.
+
+    Returns:
+        The Calibration: the parameter (beta for PMixED, else the noise), its forward accounting and slack.
+
+    Raises:
+        ValueError: if a target or fixed parameter is out of range, --method names no conversion, or no
+            parameter meets the budget.
+    """
     kind = args.mechanism
     target = (args.epsilon, args.delta, args.queries)
-    options = dict(method=ConversionMethod(args.method))
+    method = ConversionMethod(args.method)
     if kind == "pmixed":
         return calibration.calibrate_pmixed(*target, args.alpha, args.teachers, ball=args.ball,
                                             sampling_probability=args.sample_rate, variant=args.variant,
-                                            seed=args.seed, orders=args.orders, **options)
+                                            seed=args.seed, orders=args.orders, method=method)
 
-    options.update(accountant=args.accountant, orders=default_orders(*(args.orders or ())), compare_pld=True)
+    options = _Options(method=method, accountant=args.accountant, orders=default_orders(*(args.orders or ())),
+                       compare_pld=True)
     if kind == "gaussian":
         return calibration.calibrate_gaussian(*target, **options)
     if kind == "subsampled-gaussian":
@@ -119,7 +160,8 @@ def calibrate(args: argparse.Namespace) -> calibration.Calibration:
     return _calibrate_aggregator(AGGREGATORS[kind], args, target, options)
 
 
-def _calibrate_aggregator(cls, args: argparse.Namespace, target: tuple, options: dict) -> calibration.Calibration:
+def _calibrate_aggregator(cls: type[VoteAggregator], args: argparse.Namespace, target: tuple[float, float, int],
+                          options: _Options) -> calibration.Calibration:
     """A registered aggregator's noise (VoteAggregator.calibrate), its other parameters fixed by the flags
     (a parameter's `calibrate_default` where its flag is not given)."""
     fixed = {flag: getattr(args, flag) for flag in cls.calibrate_flags}
@@ -148,6 +190,19 @@ def _printed(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`dpledger calibrate MECHANISM`: print the calibrated parameter, rounded towards privacy at 8
+    significant digits, its forward accounting (RDP and, where there is one, PLD), notes and warnings;
+    with --json one strict JSON object with the exact value.
+
+    Args:
+        args: the parsed flags of the subcommand.
+
+    Returns:
+        The exit status: 0 once the result is printed (bad input raises instead; `main` maps it to 2).
+
+    Raises:
+        ValueError: if --queries is not in [1, 2^53], or as `calibrate` does.
+    """
     require_queries_flag(args.queries)
     result = calibrate(args)
     record = result.to_record()

@@ -7,6 +7,7 @@ import os
 import sys
 import warnings
 from importlib.metadata import version
+from typing import NoReturn
 
 from dpledger import account_cli, audit_cli, decode_cli, demo_cli, hotpate_cli, report_cli, sweep_cli
 from dpledger import verify_cli
@@ -21,11 +22,25 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """argparse with its usage errors on one line (the usage block is in --help), exit status 2.
     Subcommand parsers inherit the class (argparse's add_subparsers uses type(self))."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
+        """Print the usage error on one line, with a pointer to --help, and exit with status 2.
+
+        Args:
+            message: argparse's message (its whitespace collapsed to single spaces).
+
+        Raises:
+            SystemExit: always, with status EXIT_BAD_INPUT (2).
+        """
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `dpledger` parser: --version and one subcommand per command module (account, decode, audit,
+    report, sweep, hotpate, demo, verify, teachers, calibrate), each with its handler as `handler`.
+
+    Returns:
+        The parser (a OneLineErrorParser: usage errors on one line, exit status 2).
+    """
     parser = OneLineErrorParser(prog="dpledger", description="Privacy accounting and auditing of private LLM decoding")
     parser.add_argument("--version", action="version", version=f"dpledger {version('dpledger')}")
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -50,6 +65,23 @@ def quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the `dpledger` command line: parse `argv`, run the subcommand's handler and turn its errors
+    into one line on stderr and an exit status.
+
+    Args:
+        argv: the arguments after the program name (default: sys.argv[1:]).
+
+    Returns:
+        The exit status: the handler's (0 success; `audit` and `verify` also 1 FAIL, 3 UNVERIFIED),
+        EXIT_BAD_INPUT (2) for an unknown argument, a ValueError (bad input) or an OSError (a path that
+        cannot be read or written), 130 on an interrupt, and EXIT_INTERNAL (4) for any other exception,
+        a bug in dpledger. A closed stdout (`| head`) ends quietly with 0.
+
+    Raises:
+        SystemExit: from argparse, for --help, --version or a usage error (status 2).
+        Exception: any exception a handler raises other than those above, re-raised when the
+            DPLEDGER_DEBUG environment variable is set.
+    """
     quiet_libraries()
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -82,7 +114,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def unknown_arguments_message(args: argparse.Namespace, unknown: list[str]) -> str:
     """One line naming the arguments the command does not take and, where the command has a fixed
-    set of flags (each `account` mechanism), the flags it does read."""
+    set of flags (each `account` mechanism), the flags it does read.
+
+    Args:
+        args: the parsed arguments of the command (its `command`, and `mechanism` and `accepted_flags`
+            where it has them).
+        unknown: the arguments argparse did not recognise, as typed.
+
+    Returns:
+        The message, "dpledger COMMAND: error: ... (see dpledger COMMAND --help)".
+    """
     command = " ".join(part for part in (args.command, getattr(args, "mechanism", None)) if part)
     flags = [item.split("=")[0] for item in unknown if item.startswith("-") and not _is_number(item)]
     if flags and getattr(args, "accepted_flags", None):

@@ -15,6 +15,12 @@ from dpledger.audit_cli import add_cluster_flags
 
 
 def add_parser(subparsers) -> None:
+    """Add `dpledger decode` to the command line: the run configuration, its overrides, --resume and
+    the cluster flags (the module docstring is its help).
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+    """
     parser = subparsers.add_parser("decode", help="run a mechanism over a query stream and write the trace",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="TOML run configuration: every key is in docs/config.md, examples in examples/")
@@ -30,6 +36,22 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`dpledger decode`: load the configuration (with --out, --queries and --set applied), decode the
+    query stream (on a Dask cluster where the run allows it), write the trace and print its summary:
+    epsilon, the public model's share of the answers, utility, and the chain head to publish.
+
+    Args:
+        args: the parsed flags of `dpledger decode`.
+
+    Returns:
+        The exit status: 0 once the run is written, 130 when interrupted before it finished (the
+        committed blocks are kept; --resume continues).
+
+    Raises:
+        ValueError: if the configuration or a flag is invalid, or --workers / --scheduler is given
+            without Dask installed.
+        OSError: if the run's files cannot be written, or the cluster fails.
+    """
     from dpledger.decoding.cluster import ClusterSpec, dask_client, require_dask
     from dpledger.decoding.config import load_config
     from dpledger.decoding.dask_decode import sequential_reason
@@ -60,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         if result is None:  # an interrupt while the cluster closed after the run finished changes nothing
             started = (Path(config.out) / trace.MANIFEST).exists()
-            committed = len(trace.committed_chunk_indices(config.out)) if started else 0
+            committed = len(trace.committed_chunk_indices(Path(config.out))) if started else 0
             print(f"\ninterrupted: {committed} block{'' if committed == 1 else 's'} committed in {config.out}; "
                   "continue with --resume", file=sys.stderr)
             return 130

@@ -26,7 +26,13 @@ PAPER_PMIXED = dict(alpha=6.0, beta=0.01)
 
 
 def demo_methods() -> dict[str, dict]:
-    """Method label -> [mechanism] table (paper parameters, Flemings et al. 2024, Tables 2 and 4)."""
+    """Method label -> [mechanism] table (paper parameters, Flemings et al. 2024, Tables 2 and 4).
+
+    Returns:
+        Method label -> the [mechanism] table of its run, in the order the demo runs them: the public
+        model, the non-private ensemble, PMixED, AdaPMixED's Table 2a ablations, AdaPMixED, and
+        PMixED with a budget (BUDGET_LABEL, run with DEMO_BUDGET).
+    """
     return {
         "Public model": {"type": "public"},
         "Non-private ensemble": {"type": "ensemble"},
@@ -44,7 +50,17 @@ DEMO_BUDGET = BudgetConfig(epsilon=8.0, delta=1e-5)  # a Renyi filter: the publi
 
 def demo_seed(directory: Path) -> int:
     """A secret random run seed (secrets.randbits(63)), or the one an unfinished run in `directory`
-    recorded, so that the demo resumes it. Never printed: outputs show its commitment."""
+    recorded, so that the demo resumes it. Never printed: outputs show its commitment.
+
+    Args:
+        directory: the run's trace directory (it need not exist).
+
+    Returns:
+        The seed, an integer in [0, 2^63).
+
+    Raises:
+        dpledger.decoding.trace.TraceError: (a ValueError) if `directory` has a manifest that cannot be read.
+    """
     from dpledger.decoding import trace
 
     if (directory / trace.MANIFEST).exists():
@@ -53,10 +69,30 @@ def demo_seed(directory: Path) -> int:
 
 
 def slug(label: str) -> str:
+    """A method label as a directory name: lower case, every character other than a letter or digit
+    written "-", with no "-" at either end ("PMixED with a budget" -> "pmixed-with-a-budget").
+
+    Args:
+        label: the method label.
+
+    Returns:
+        The directory name.
+    """
     return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
 
 
 def summary_row(label: str, directory: Path, summary: dict) -> dict:
+    """One row of the demo's summary table, from a finished run's summary (ledger.json's numbers).
+
+    Args:
+        label: the method label.
+        directory: the run's trace directory (its manifest's seed is read for the commitment).
+        summary: the run's summary (`run_decode(...).summary`).
+
+    Returns:
+        {method, queries, epsilon and order at the first delta, data_dependent, perplexity,
+        answered_by_public, trace, seed_commitment}: the secret seed is never in it, only its commitment.
+    """
     from dpledger.decoding import trace
     from dpledger.mechanisms.randomness import seed_commitment
 
@@ -69,6 +105,23 @@ def summary_row(label: str, directory: Path, summary: dict) -> dict:
 
 def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int = DEMO_TEACHERS,
              progress: bool = True) -> tuple[pd.DataFrame, dict, Path]:
+    """The end-to-end demo (module docstring): every method of `demo_methods` on the same queries,
+    the hot vs cold voting runs, the audit of the private runs and one HTML report, printing the
+    summary tables as it goes. Finished runs under `out` are resumed, not rerun.
+
+    Args:
+        out: the output directory (default runs/demo/<UTC time>).
+        queries: teacher-forced queries per run (>= 1).
+        teachers: the embedded default's ensemble size N.
+        progress: whether each run shows a progress bar.
+
+    Returns:
+        (the summary table, one row per method, without the voting runs; method label -> its run's
+        summary; the output directory).
+
+    Raises:
+        ValueError: if a run's configuration is invalid (e.g. `queries` or `teachers` out of range).
+    """
     started = time.time()
     root = Path(out) if out else Path("runs") / "demo" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     rows, summaries = [], {}
@@ -117,7 +170,15 @@ VOTING_DEMO = {"threshold": 32.0, "sigma": 8.0, "sigma_threshold": 8.0}
 
 def run_voting_demo(root: Path, progress: bool) -> list[dict]:
     """Hot and cold DPARGMAX (Confident-GNMax) decoding with 64 in-context teachers: the same
-    queries, the same noise; hot votes pass the threshold far more often."""
+    queries, the same noise; hot votes pass the threshold far more often.
+
+    Args:
+        root: the demo's output directory; each run's trace goes to root/<slug of its label>.
+        progress: whether each run shows a progress bar.
+
+    Returns:
+        The summary rows of the hot and the cold run (`summary_row`).
+    """
     rows = []
     print(f"\n== Hot PATE decoding: {VOTING_QUERIES} teacher-forced queries, N={HOTPATE_TEACHERS} in-context "
           f"teachers, DPARGMAX T={VOTING_DEMO['threshold']:g}, s1=s2={VOTING_DEMO['sigma']:g} ==")
@@ -142,7 +203,20 @@ AUDITED = ("pmixed", "adapmixed", "pmixed-with-a-budget", "hot-pate-dpargmax", "
 
 def audit_and_report(root: Path, directories: list[Path], progress: bool, extra_html: str = "") -> Path:
     """Audit the PMixED, AdaPMixED and voting traces, then write one HTML report of every run
-    (with `extra_html`, e.g. the hot-vs-cold section, before its end)."""
+    (with `extra_html`, e.g. the hot-vs-cold section, before its end).
+
+    Args:
+        root: the demo's output directory; the report is root/report.html.
+        directories: every run's trace directory, in the report's order; those named in AUDITED are audited.
+        progress: not read: the audits run without a progress option (audit_run has none).
+        extra_html: HTML inserted before the report's closing tags.
+
+    Returns:
+        The path of the report written.
+
+    Raises:
+        ValueError: if a run cannot be read or its report has a NaN value.
+    """
     from dpledger.audit import audit_run
     from dpledger.reports import load_run, render
 

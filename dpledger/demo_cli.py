@@ -1,8 +1,16 @@
 """`dpledger demo`: the end-to-end demo on the embedded default."""
 from __future__ import annotations
 
+import argparse
+
 
 def add_parser(subparsers) -> None:
+    """Add `dpledger demo` to the command line: --out, --queries, --teachers, --accounting-only and
+    --no-progress.
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+    """
     parser = subparsers.add_parser("demo", help="run the end-to-end demo on the embedded default")
     parser.add_argument("--out", help="directory for the demo's traces (default runs/demo/<time>)")
     parser.add_argument("--queries", type=int, default=1024)
@@ -12,7 +20,20 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
+    """`dpledger demo`: print the accounting demo (`run_accounting_demo`) and, unless --accounting-only,
+    run the end-to-end demo on the embedded default (`dpledger.demo.run_demo`).
+
+    Args:
+        args: the parsed flags of `dpledger demo`.
+
+    Returns:
+        The exit status: 0 once the demo has finished.
+
+    Raises:
+        ValueError: if a demo run's configuration is invalid (e.g. --queries or --teachers out of range).
+        OSError: if the demo's files cannot be written.
+    """
     from dpledger.accounting_demo import run_accounting_demo
 
     run_accounting_demo()

@@ -8,6 +8,11 @@ from pathlib import Path
 
 
 def add_parser(subparsers) -> None:
+    """Add `dpledger hotpate` to the command line: --out and the parameters of `run_hotpate`.
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+    """
     parser = subparsers.add_parser("hotpate", help="hot vs cold voting with N in-context teachers of the embedded "
                                                    "default", description=__doc__)
     parser.add_argument("--out", help="directory for hotpate.json, hotpate.png, hotpate.md (default runs/hotpate/<time>)")
@@ -23,6 +28,20 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`dpledger hotpate`: run hot vs cold voting (dpledger.reports.hotpate.run_hotpate), write
+    hotpate.json, hotpate.png and hotpate.md under --out (default runs/hotpate/<UTC time>) and print
+    the Markdown summary.
+
+    Args:
+        args: the parsed flags of `dpledger hotpate`.
+
+    Returns:
+        The exit status: 0 once the files are written.
+
+    Raises:
+        ValueError: if a parameter is out of range.
+        OSError: if a file cannot be written.
+    """
     from dpledger.reports.hotpate import hotpate_markdown, run_hotpate, write_hotpate
 
     out = Path(args.out or Path("runs") / "hotpate" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
-
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING
+from typing import TypedDict
 
 from dpledger.accounting.conversion import ConversionMethod
 from dpledger.accounting.errors import require
@@ -16,32 +17,44 @@ from dpledger.mechanisms.calibration import MAX_QUERIES
 
 ACCOUNTING = tuple(member.value for member in PathAccounting)
 
+
+class FlagSpec(TypedDict, total=False):
+    """The argparse keyword arguments of one flag (those of `ArgumentParser.add_argument` the tables use)."""
+
+    type: Callable[[str], object]
+    metavar: str
+    help: str
+    default: object
+    choices: Sequence[str]
+    action: str
+
+
 # every flag a mechanism may read: argparse keyword arguments (help names units and defaults)
-ACCOUNT_FLAG_SPECS = {
-    "queries": dict(type=int, metavar="Q", help="number of queries Q, composed adaptively (Mironov 2017, "
+ACCOUNT_FLAG_SPECS: dict[str, FlagSpec] = {
+    "queries": FlagSpec(type=int, metavar="Q", help="number of queries Q, composed adaptively (Mironov 2017, "
                                                 "Proposition 1); an integer >= 1"),
-    "delta": dict(type=float, metavar="DELTA", help="target delta of the (epsilon, delta) guarantee, in (0, 1)"),
-    "noise_multiplier": dict(type=float, metavar="Z", help="Gaussian noise standard deviation divided by the L2 "
+    "delta": FlagSpec(type=float, metavar="DELTA", help="target delta of the (epsilon, delta) guarantee, in (0, 1)"),
+    "noise_multiplier": FlagSpec(type=float, metavar="Z", help="Gaussian noise standard deviation divided by the L2 "
                                                            "sensitivity (unitless, > 0)"),
-    "sample_rate": dict(type=float, metavar="Q_RATE", help="Poisson sampling probability q, in (0, 1]"),
-    "alpha": dict(type=float, metavar="A", help="PMixED projection order a (> 1; Flemings et al. 2024 use 6)"),
-    "beta": dict(type=float, metavar="BETA", help="Renyi-ball radius per unit of order: each mixed teacher keeps "
+    "sample_rate": FlagSpec(type=float, metavar="Q_RATE", help="Poisson sampling probability q, in (0, 1]"),
+    "alpha": FlagSpec(type=float, metavar="A", help="PMixED projection order a (> 1; Flemings et al. 2024 use 6)"),
+    "beta": FlagSpec(type=float, metavar="BETA", help="Renyi-ball radius per unit of order: each mixed teacher keeps "
                                                   "D_a(mixed || public) <= beta * a, in nats (> 0)"),
-    "teachers": dict(type=int, metavar="N", help="ensemble size N (number of teachers, >= 1)"),
-    "sigma": dict(type=float, metavar="SIGMA"),  # help per mechanism: its unit differs
-    "sigma_threshold": dict(type=float, metavar="S1", help="Confident-GNMax screen noise s1: standard deviation of "
+    "teachers": FlagSpec(type=int, metavar="N", help="ensemble size N (number of teachers, >= 1)"),
+    "sigma": FlagSpec(type=float, metavar="SIGMA"),  # help per mechanism: its unit differs
+    "sigma_threshold": FlagSpec(type=float, metavar="S1", help="Confident-GNMax screen noise s1: standard deviation of "
                                                            "the Gaussian added to the top vote count, in votes"),
-    "lam": dict(type=float, metavar="LAMBDA", help="screening mixing weight lambda, in (0, 1]"),
-    "ball": dict(choices=[b.value for b in Ball], default=Ball.PROJECTION_ORDER.value,
+    "lam": FlagSpec(type=float, metavar="LAMBDA", help="screening mixing weight lambda, in (0, 1]"),
+    "ball": FlagSpec(choices=[b.value for b in Ball], default=Ball.PROJECTION_ORDER.value,
                  help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
                       "(Theorem 3.1 proven at every order; docs/soundness.md) (default: projection-order)"),
-    "seed": dict(type=int, default=0, help="seed of the simulated subsample sizes of the realised-size variants "
+    "seed": FlagSpec(type=int, default=0, help="seed of the simulated subsample sizes of the realised-size variants "
                                            "(default: 0)"),
-    "accounting": dict(choices=ACCOUNTING, default="released-output",
+    "accounting": FlagSpec(choices=ACCOUNTING, default="released-output",
                        help="released-output (default) charges screen + GNMax on every query, a bound on the "
                             "released (decision, token) pair; realised-path charges GNMax only on the --answered "
                             "queries (Papernot et al. 2018's convention; ex post, not a guarantee)"),
-    "answered": dict(type=int, metavar="K", help="with --accounting realised-path: the number K of answered "
+    "answered": FlagSpec(type=int, metavar="K", help="with --accounting realised-path: the number K of answered "
                                                  "queries, in [0, Q]"),
 }
 SIGMA_HELP = {
@@ -53,21 +66,21 @@ SIGMA_HELP = {
 
 
 # the flags `dpledger calibrate` adds: the target, and the fixed parameters only calibration has
-CALIBRATE_FLAG_SPECS = {
-    "epsilon": dict(type=float, metavar="EPSILON", help="target epsilon of the (epsilon, delta) guarantee over all "
+CALIBRATE_FLAG_SPECS: dict[str, FlagSpec] = {
+    "epsilon": FlagSpec(type=float, metavar="EPSILON", help="target epsilon of the (epsilon, delta) guarantee over all "
                                                         "Q queries (> 0); the answer accounts to at most it and "
                                                         "within 1%% of it"),
-    "ratio": dict(type=float, default=1.0, metavar="R", help="screen noise over answer noise, s1 = R * s2 (> 0; "
+    "ratio": FlagSpec(type=float, default=1.0, metavar="R", help="screen noise over answer noise, s1 = R * s2 (> 0; "
                                                               "default: 1, i.e. s1 = s2)"),
-    "accountant": dict(choices=("rdp", "pld"), default="rdp",
+    "accountant": FlagSpec(choices=("rdp", "pld"), default="rdp",
                        help="rdp (default: dpledger's ledgers are RDP) or pld (dp-accounting's PLD, pessimistic "
                             "estimate: a PLD-calibrated noise is only as good as the PLD accounting that will report "
                             "it)"),
-    "variant": dict(choices=[v.value for v in SubsamplingVariant], default=None,
+    "variant": FlagSpec(choices=[v.value for v in SubsamplingVariant], default=None,
                     help="with --sample-rate: how the subsampled bound is formed (default: all-orders-ball, the "
                          "proven one, which implies --ball all-orders; worst-case-size-general with --ball "
                          "projection-order)"),
-    "ball": dict(choices=[b.value for b in Ball], default=None,
+    "ball": FlagSpec(choices=[b.value for b in Ball], default=None,
                  help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
                       "(proven at every order; docs/soundness.md) (default: projection-order, all-orders with "
                       "--sample-rate)"),
@@ -78,10 +91,24 @@ def _shown(value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
-def aggregator_flag_spec(aggregator: type[VoteAggregator], name: str, command: str) -> dict:
+def aggregator_flag_spec(aggregator: type[VoteAggregator], name: str, command: str) -> FlagSpec:
     """argparse keyword arguments of an aggregator parameter's flag, from its field's metadata: its type,
     metavar, help with its unit, and its default (`calibrate_default` for `dpledger calibrate`, where the
-    flag's own default stays None and the command fills it in, as the help says)."""
+    flag's own default stays None and the command fills it in, as the help says).
+
+    Args:
+        aggregator: the registered vote aggregator class.
+        name: the parameter's field name (a key of `aggregator.parameter_fields()`).
+        command: "account" or "calibrate".
+
+    Returns:
+        The FlagSpec: store_true for a boolean parameter, else type, metavar, help and, where there is
+        one and the command applies it itself, default.
+
+    Raises:
+        KeyError: if `name` is not a parameter field of `aggregator`, or its metadata lacks unit, help,
+            type or metavar.
+    """
     field = aggregator.parameter_fields()[name]
     metadata = field.metadata
     unit = "" if metadata["unit"] in ("unitless", "true or false") else f", in {metadata['unit']}"
@@ -90,8 +117,8 @@ def aggregator_flag_spec(aggregator: type[VoteAggregator], name: str, command: s
     if default not in (None, False) and "default" not in help_text:
         help_text += f" (default: {_shown(default)})"
     if metadata["type"] is bool:
-        return dict(action="store_true", help=help_text)
-    spec = dict(type=metadata["type"], metavar=metadata["metavar"], help=help_text)
+        return FlagSpec(action="store_true", help=help_text)
+    spec = FlagSpec(type=metadata["type"], metavar=metadata["metavar"], help=help_text)
     if command == "calibrate" and "calibrate_default" in metadata:
         spec["help"] += f" (default: {_shown(metadata['calibrate_default'])})"
         return spec   # default None: the command applies calibrate_default
@@ -102,13 +129,27 @@ def aggregator_flag_spec(aggregator: type[VoteAggregator], name: str, command: s
 
 def require_queries_flag(queries: int) -> None:
     """--queries in [1, 2^53]; ValueError naming the flag, the range and the value otherwise (MAX_QUERIES:
-    counts above 2^53 are not exact in double precision)."""
+    counts above 2^53 are not exact in double precision).
+
+    Args:
+        queries: the --queries value.
+
+    Raises:
+        ValueError: if `queries` is not in [1, MAX_QUERIES].
+    """
     require(1 <= queries <= MAX_QUERIES, f"--queries must be in [1, 2^53 = {MAX_QUERIES}] (a larger count is not exact "
                                          f"in double precision and could be rounded down), got {queries}")
 
 
 def option(flag: str) -> str:
-    """--flag-name of the table key flag_name."""
+    """--flag-name of the table key flag_name.
+
+    Args:
+        flag: a key of the flag tables, e.g. "noise_multiplier".
+
+    Returns:
+        The flag as typed, e.g. "--noise-multiplier".
+    """
     return "--" + flag.replace("_", "-")
 
 
@@ -121,7 +162,18 @@ a terms at order a (an order of 1e308 failed inside them)."""
 
 
 def parse_orders(text: str) -> tuple[float, ...]:
-    """--orders "2,4.5,2048": extra Renyi orders in (1, MAX_EXTRA_ORDER] added to the default grid."""
+    """--orders "2,4.5,2048": extra Renyi orders in (1, MAX_EXTRA_ORDER] added to the default grid.
+
+    Args:
+        text: the --orders value: comma-separated numbers (empty items are skipped).
+
+    Returns:
+        The orders, in the order given.
+
+    Raises:
+        argparse.ArgumentTypeError: if an item is not a number, no order is given, or an order is not in
+            (1, MAX_EXTRA_ORDER] (argparse reports it as a usage error, exit status 2).
+    """
     try:
         values = [float(item) for item in text.split(",") if item.strip()]
     except ValueError:
@@ -134,7 +186,11 @@ def parse_orders(text: str) -> tuple[float, ...]:
 
 
 def add_conversion_flags(group) -> None:
-    """--method and --orders: the RDP -> (epsilon, delta) conversion and the order grid."""
+    """--method and --orders: the RDP -> (epsilon, delta) conversion and the order grid.
+
+    Args:
+        group: the parser or argument group the two flags are added to.
+    """
     group.add_argument("--method", choices=[m.value for m in ConversionMethod], default="improved",
                        help="RDP to (epsilon, delta): improved (Balle et al. 2020, Theorem 21) or classic "
                             "(Mironov 2017, Proposition 3) (default: improved)")
@@ -144,14 +200,34 @@ def add_conversion_flags(group) -> None:
 
 
 def add_mechanism_subcommands(subparsers, command: str, help: str, description: str):
-    """`dpledger COMMAND MECHANISM`: the command's parser and its one-subcommand-per-mechanism action."""
+    """`dpledger COMMAND MECHANISM`: the command's parser and its one-subcommand-per-mechanism action.
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+        command: the command's name, e.g. "account".
+        help: the command's one-line help.
+        description: the command's --help description.
+
+    Returns:
+        The command's subcommands action, to which each mechanism's parser is added (dest "mechanism",
+        required).
+    """
     parser = subparsers.add_parser(command, help=help, description=description)
     return parser.add_subparsers(dest="mechanism", required=True, metavar="MECHANISM",
                                  title=f"mechanisms (dpledger {command} MECHANISM --help lists its flags)")
 
 
 def add_mechanism_parser(mechanisms, mechanism: str, summary: str):
-    """One mechanism's subcommand: (parser, its "required" group, its "optional" group)."""
+    """One mechanism's subcommand: (parser, its "required" group, its "optional" group).
+
+    Args:
+        mechanisms: the command's subcommands action (`add_mechanism_subcommands`).
+        mechanism: the mechanism's subcommand name.
+        summary: its one-line help; its description is the same with a full stop.
+
+    Returns:
+        (the subcommand's parser, its "required" argument group, its "optional" argument group).
+    """
     sub = mechanisms.add_parser(mechanism, help=summary, description=summary + ".")
     return sub, sub.add_argument_group("required"), sub.add_argument_group("optional")
 

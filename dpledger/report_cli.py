@@ -6,6 +6,11 @@ from pathlib import Path
 
 
 def add_parser(subparsers) -> None:
+    """Add `dpledger report` to the command line: the run directories, --format and --out.
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+    """
     parser = subparsers.add_parser("report", help="render a privacy report of one or more runs", description=__doc__)
     parser.add_argument("run_dir", nargs="+", help="run directories, or folders holding runs (each run below is read)")
     parser.add_argument("--format", default="html", choices=["html", "md", "json", "latex", "csv"])
@@ -14,6 +19,19 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`dpledger report`: render a report of the runs (dpledger.reports.render) and print it, or write it
+    to --out (an HTML report defaults to report.html in the first run directory), written atomically.
+
+    Args:
+        args: the parsed flags of `dpledger report`.
+
+    Returns:
+        The exit status: 0 once the report is printed or written.
+
+    Raises:
+        ValueError: if a run cannot be read, its ledger.json or audit.json lacks a field a report reads
+            (a hand-edited file), a value is NaN, or --out cannot be written.
+    """
     from dpledger.decoding.trace import atomic_write_bytes, run_directories
     from dpledger.reports import load_run, render
 

@@ -7,6 +7,11 @@ from pathlib import Path
 
 
 def add_parser(subparsers) -> None:
+    """Add `dpledger sweep` to the command line: --out, --queries and --parameters.
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+    """
     parser = subparsers.add_parser("sweep", help="privacy-loss vs perplexity sweeps on the embedded default",
                                    description=__doc__)
     parser.add_argument("--out", help="directory (default runs/sweep/<time>)")
@@ -16,6 +21,19 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`dpledger sweep`: run the ablation sweeps (dpledger.reports.sweep.run_sweep) under --out (default
+    runs/sweep/<UTC time>) and say where the table and plots are.
+
+    Args:
+        args: the parsed flags of `dpledger sweep`.
+
+    Returns:
+        The exit status: 0 once every sweep has run.
+
+    Raises:
+        ValueError: if --parameters names an unknown sweep, or a run's configuration is invalid.
+        OSError: if a file cannot be written.
+    """
     from dpledger.reports.sweep import run_sweep
 
     out = args.out or str(Path("runs") / "sweep" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))

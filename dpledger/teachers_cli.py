@@ -20,6 +20,12 @@ LR_DEFAULT = {"lora": 1e-3, "full": 5e-5}
 
 
 def add_parser(subparsers) -> None:
+    """Add `dpledger teachers` to the command line: the input and sharding, model and training flags
+    (the module docstring is its help).
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+    """
     parser = subparsers.add_parser(
         "teachers", help="fine-tune N teachers on disjoint shards of your private text (LoRA or full)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -83,6 +89,20 @@ def _check(ok: bool, flag: str, value, rule: str) -> None:
 
 
 def training_from_args(args: argparse.Namespace):
+    """The per-teacher training recipe the flags ask for, each flag checked first: --lr defaults to
+    LR_DEFAULT[--kind], --lora-alpha to 2 * --lora-rank.
+
+    Args:
+        args: the parsed flags of `dpledger teachers`.
+
+    Returns:
+        The dpledger.decoding.recipe.TeacherTraining.
+
+    Raises:
+        ValueError: naming the flag, its value and the rule, for a flag out of range (e.g. --teachers
+            not in [1, MAX_TEACHERS], --lr not a finite number > 0, --lora-dropout not in [0, 1)) or
+            --target-modules that names no module or is given without --kind lora.
+    """
     from dpledger.decoding.config import MAX_TEACHERS
     from dpledger.decoding.recipe import TeacherTraining
 
@@ -121,6 +141,19 @@ EMBEDDED = "embedded"
 
 
 def decode_toml(models_block: str, heldout: str | None, seq_len: int, positions: int | None) -> str:
+    """The decode.toml `dpledger teachers` writes: a PMixED run (Flemings et al. 2024) with a fresh
+    secret seed (secrets.randbits(63)), the teachers' [models] table and a teacher-forced [data] table.
+
+    Args:
+        models_block: the [models] table's TOML text.
+        heldout: the held-out text file (written as an absolute path), or None for a placeholder to replace.
+        seq_len: the training sequence length, in tokens.
+        positions: the public model's context length in tokens, or None when unknown; the block size is
+            min(128, positions or seq_len).
+
+    Returns:
+        The TOML text.
+    """
     text = (f'"{Path(heldout).resolve()}"' if heldout else
             '"heldout.txt"   # REPLACE: held-out private text (UTF-8); relative paths are from where you run decode')
     block = min(128, seq_len if positions is None else positions)
@@ -135,6 +168,21 @@ def decode_toml(models_block: str, heldout: str | None, seq_len: int, positions:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`dpledger teachers`: read and shard the private input, fine-tune one teacher per shard (resuming
+    finished ones), write OUT/teachers.json and OUT/decode.toml, and print a table of the shards.
+
+    Args:
+        args: the parsed flags of `dpledger teachers`.
+
+    Returns:
+        The exit status: 0 once every teacher is written, 130 when interrupted (finished teachers are
+        kept; re-running the command resumes).
+
+    Raises:
+        ValueError: if a flag is invalid, --device names CUDA where it is unavailable, the input cannot
+            be read or sharded, --heldout is not a file, or --public is not a loadable model.
+        OSError: if a file cannot be read or written.
+    """
     from dpledger.decoding import teachers as lib
     from dpledger.decoding.trace import atomic_write_bytes
     from dpledger.decoding.ensemble import load_causal_lm, load_tokenizer, require_matching_tokenizer

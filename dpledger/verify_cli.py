@@ -14,6 +14,12 @@ import math
 
 
 def add_parser(subparsers) -> None:
+    """Add `dpledger verify` to the command line: the claim file and --json (the module docstring is
+    its help).
+
+    Args:
+        subparsers: the `dpledger` parser's subcommands (ArgumentParser.add_subparsers' action).
+    """
     parser = subparsers.add_parser("verify", help="check a published (epsilon, delta) claim without a trace",
                                    description=__doc__)
     parser.add_argument("claim", help="claim TOML file (docs/verify.md; examples in examples/claims/)")
@@ -23,7 +29,18 @@ def add_parser(subparsers) -> None:
 
 def strict_json(record: dict) -> str:
     """One strict JSON object (json.dumps(allow_nan=False)): +inf is written as null and each such
-    field is named in `null_reason`."""
+    field is named in `null_reason`.
+
+    Args:
+        record: a verdict's JSON object (`ClaimVerdict.to_dict`): dicts, lists, numbers (numpy scalars
+            too), strings, booleans and None.
+
+    Returns:
+        The JSON text, indented by 2; `null_reason` is added only when some value was infinite.
+
+    Raises:
+        ValueError: if `record` holds a NaN (json.dumps with allow_nan=False).
+    """
     nulled = []
 
     def clean(value, path):
@@ -54,7 +71,15 @@ def _format(value) -> str:
 
 
 def render(verdict) -> str:
-    """A short table of the variants, the lint findings and the three answers."""
+    """A short table of the variants, the lint findings and the three answers.
+
+    Args:
+        verdict: the claim's verdict (dpledger.audit.claims.ClaimVerdict).
+
+    Returns:
+        The text, one line per row, finding and note, ending with the reproduced, sound, sound epsilon
+        and verdict lines (no trailing newline).
+    """
     claim = verdict.claim
     lines = [f"claim: {claim.source or claim.kind}",
              f"  {claim.kind}, {claim.queries} queries, delta = {claim.delta:g}, claimed epsilon = {claim.epsilon:g}, "
@@ -89,6 +114,20 @@ def render(verdict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`dpledger verify CLAIM.toml`: verify the claim (dpledger.audit.claims.verify_file) and print the
+    verdict's table, or one strict JSON object with --json.
+
+    Args:
+        args: the parsed flags of `dpledger verify`.
+
+    Returns:
+        The exit status of the verdict: 0 reproduced and proven sound; 1 conditional, not sound, not
+        reproduced, or not checkable without a trace.
+
+    Raises:
+        ValueError: if the claim file is not a valid claim (docs/verify.md); `main` maps it to 2.
+        OSError: if the claim file cannot be read.
+    """
     from dpledger.audit.claims import verify_file
 
     verdict = verify_file(args.claim)

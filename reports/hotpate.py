@@ -65,6 +65,13 @@ class HotPateResult:
                    if t >= self.teachers / 4)
 
     def to_dict(self) -> dict:
+        """The result as the JSON object hotpate.json holds ("format": "dpledger-hotpate").
+
+        Returns:
+            A dict of JSON values: the parameters, the thresholds T and T/N, both curves, whether hot
+            coverage is higher at every T >= N/4, the matched-utility costs, the run time in seconds
+            (rounded to 0.1) and the source description.
+        """
         return {"format": "dpledger-hotpate", "teachers": self.teachers, "queries": self.queries,
                 "samples": self.samples, "seed": self.seed, "thresholds": list(self.thresholds),
                 "threshold_fractions": [t / self.teachers for t in self.thresholds],
@@ -77,7 +84,18 @@ def dpargmax_yields(distributions: np.ndarray, thresholds: tuple, coordinated: b
                     seed: int) -> tuple[float, ...]:
     """DPARGMAX's expected yield at each threshold: the mean over queries and voting rounds of
     Pr[max count + N(0, s1^2) >= T] = Phi((max count - T) / s1), s1 = NOISE_PER_THRESHOLD * T, on the
-    rounds `mean_diversity_curve` draws (same seeds)."""
+    rounds `mean_diversity_curve` draws (same seeds).
+
+    Args:
+        distributions: (Q, N, V) teacher next-token distributions (Q queries, N teachers, V tokens).
+        thresholds: the vote thresholds T, each > 0.
+        coordinated: True for hot (coordinated) votes, False for cold (independent) ones.
+        samples: voting rounds per query (>= 1).
+        seed: the seed `mean_diversity_curve` was given.
+
+    Returns:
+        The expected yield at each threshold, in [0, 1], in the order of `thresholds`.
+    """
     levels = np.asarray(thresholds, dtype=np.float64)
     total = np.zeros(levels.size)
     for index, query in enumerate(distributions):
@@ -93,7 +111,21 @@ def matched_privacy_cost(thresholds: tuple, yields: tuple, teachers: int, target
                          delta: float) -> dict:
     """The largest threshold at which DPARGMAX's expected yield (`dpargmax_yields`) reaches
     `target_yield`, the yield reached there, and DPARGMAX's epsilon for `budget_queries` queries,
-    noise s1 = s2 = NOISE_PER_THRESHOLD * T (module docstring)."""
+    noise s1 = s2 = NOISE_PER_THRESHOLD * T (module docstring).
+
+    Args:
+        thresholds: the vote thresholds T (votes), in the order of `yields`.
+        yields: DPARGMAX's expected yield at each threshold, in [0, 1].
+        teachers: the ensemble size N.
+        target_yield: the yield to reach, in (0, 1).
+        budget_queries: the queries charged (>= 1), composed with released-output accounting.
+        delta: the delta of the (epsilon, delta) conversion, in (0, 1).
+
+    Returns:
+        {threshold, threshold_fraction (T/N), dpargmax_yield, at_ceiling (T = N), sigma_threshold,
+        sigma (votes), epsilon, order, at_grid_edge}, or {threshold: None, epsilon: None, note} when no
+        threshold reaches `target_yield`.
+    """
     reached = [(t, y) for t, y in zip(thresholds, yields) if y >= target_yield]
     if not reached:
         return {"threshold": None, "epsilon": None, "note": f"no threshold reaches DPARGMAX yield {target_yield:g}"}
@@ -110,10 +142,26 @@ def matched_privacy_cost(thresholds: tuple, yields: tuple, teachers: int, target
 
 def teacher_distributions(ensemble, token_ids: np.ndarray, queries: int, context: int = 16) -> np.ndarray:
     """(queries, N, V) teacher next-token distributions at consecutive positions of `token_ids`,
-    each with at least `context` tokens before it, in windows the ensemble's context can hold."""
+    each with at least `context` tokens before it, in windows the ensemble's context can hold.
+
+    Args:
+        ensemble: an in-context ensemble (dpledger.decoding.icl): `n_positions` and `distributions(ids)`
+            giving (1, L, N, V) teacher distributions.
+        token_ids: the token ids of the held-out text, 1-D.
+        queries: the number of query positions (>= 1).
+        context: the fewest tokens before a query position in its window.
+
+    Returns:
+        A (queries, N, V) array of next-token distributions.
+
+    Raises:
+        ValueError: if the ensemble's context is not longer than `context`, or the text has too few
+            tokens for `queries` positions.
+    """
     window = min(ensemble.n_positions, 64)
     require(window > context, f"the ensemble's context ({ensemble.n_positions} tokens) is too short for queries")
-    rows, start = [], 0
+    rows: list[np.ndarray] = []
+    start = 0
     while sum(r.shape[0] for r in rows) < queries:
         require(start + window <= token_ids.size, f"the text has too few tokens for {queries} queries")
         ids = torch.from_numpy(np.asarray(token_ids[start:start + window], dtype=np.int64)).unsqueeze(0)
@@ -126,7 +174,24 @@ def teacher_distributions(ensemble, token_ids: np.ndarray, queries: int, context
 def hot_vs_cold(distributions: np.ndarray, samples: int = 200, seed: int = 0, target_yield: float = 0.5,
                 budget_queries: int = 1000, delta: float = 1e-5, source: dict | None = None,
                 started: float | None = None) -> HotPateResult:
-    """Both voting schemes on teacher distributions (Q, N, V), at T/N = 0.05, 0.10, ..., 1."""
+    """Both voting schemes on teacher distributions (Q, N, V), at T/N = 0.05, 0.10, ..., 1.
+
+    Args:
+        distributions: (Q, N, V) teacher next-token distributions.
+        samples: voting rounds per query and scheme (>= 2).
+        seed: the seed of the voting rounds.
+        target_yield: the matched utility, DPARGMAX's expected yield, in (0, 1).
+        budget_queries: the queries charged for the matched cost (>= 1).
+        delta: the delta of the matched cost's epsilon, in (0, 1).
+        source: a description of where the distributions came from, recorded in the result.
+        started: the time.time() the run started (default: now), for the recorded run time.
+
+    Returns:
+        The HotPateResult: both diversity curves and the matched-utility costs of hot and cold.
+
+    Raises:
+        ValueError: if `samples`, `target_yield`, `budget_queries` or `delta` is out of range.
+    """
     samples = require_int_at_least("samples", samples, 2)
     target_yield = require_in_open("target_yield", target_yield, 0.0, 1.0)
     budget_queries = require_int_at_least("budget_queries", budget_queries, 1)
@@ -136,15 +201,15 @@ def hot_vs_cold(distributions: np.ndarray, samples: int = 200, seed: int = 0, ta
     thresholds = tuple(sorted({max(1, round(f * teachers)) for f in FRACTIONS}))
     hot = mean_diversity_curve(distributions, thresholds, True, samples, seed)
     cold = mean_diversity_curve(distributions, thresholds, False, samples, seed)
+    costs = {name: matched_privacy_cost(thresholds, dpargmax_yields(distributions, thresholds, name == "hot",
+                                                                    samples, seed),
+                                        teachers, target_yield, budget_queries, delta)
+             for name in ("hot", "cold")}
+    hot_eps, cold_eps = costs["hot"]["epsilon"], costs["cold"]["epsilon"]
     matched = {"target_yield": target_yield, "budget_queries": budget_queries, "delta": delta,
                "calibration": f"DPARGMAX with s1 = s2 = {NOISE_PER_THRESHOLD:g} T, released-output accounting; the "
                               "yield is DPARGMAX's expected pass rate of its noisy screen",
-               **{name: matched_privacy_cost(thresholds, dpargmax_yields(distributions, thresholds, name == "hot",
-                                                                         samples, seed),
-                                             teachers, target_yield, budget_queries, delta)
-                  for name in ("hot", "cold")}}
-    hot_eps, cold_eps = matched["hot"]["epsilon"], matched["cold"]["epsilon"]
-    matched["cold_over_hot"] = cold_eps / hot_eps if hot_eps and cold_eps is not None else None
+               **costs, "cold_over_hot": cold_eps / hot_eps if hot_eps and cold_eps is not None else None}
     return HotPateResult(teachers, queries, samples, seed, thresholds, hot, cold, target_yield, budget_queries, delta,
                          matched, time.time() - started, source or {})
 
@@ -152,7 +217,25 @@ def hot_vs_cold(distributions: np.ndarray, samples: int = 200, seed: int = 0, ta
 def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed: int = 0, prompt_tokens: int = 48,
                 target_yield: float = 0.5, budget_queries: int = 1000, delta: float = 1e-5,
                 verbose: bool = True) -> HotPateResult:
-    """Hot vs cold voting with `teachers` in-context teachers of the embedded default (module docstring)."""
+    """Hot vs cold voting with `teachers` in-context teachers of the embedded default (module docstring).
+
+    Args:
+        teachers: the number N of in-context teachers (>= 2).
+        queries: the teacher-forced query positions (>= 1).
+        samples: voting rounds per query and scheme (>= 2).
+        seed: the seed of the voting rounds (>= 0).
+        prompt_tokens: each teacher's private prompt budget, in tokens.
+        target_yield: the matched utility, DPARGMAX's expected yield, in (0, 1).
+        budget_queries: the queries charged for the matched cost (>= 1).
+        delta: the delta of the matched cost's epsilon, in (0, 1).
+        verbose: whether building or loading the embedded default prints progress.
+
+    Returns:
+        The HotPateResult (`hot_vs_cold`), its source naming the ensemble and text.
+
+    Raises:
+        ValueError: if a parameter is out of range (checked before the teachers run).
+    """
     from transformers import AutoTokenizer
 
     from dpledger.decoding.icl import embedded_icl_default, load_icl_ensemble
@@ -177,7 +260,14 @@ def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed:
 
 
 def hotpate_figure(result: HotPateResult) -> bytes:
-    """Yield, coverage and transferred support size against T/N, hot and cold."""
+    """Yield, coverage and transferred support size against T/N, hot and cold.
+
+    Args:
+        result: the hot vs cold result to plot.
+
+    Returns:
+        The three-panel figure as PNG bytes.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,6 +298,16 @@ def hotpate_figure(result: HotPateResult) -> bytes:
 
 
 def hotpate_table(result: HotPateResult):
+    """One row per threshold T: T, T/N and the yield, coverage and transferred support size of hot
+    and cold voting.
+
+    Args:
+        result: the hot vs cold result.
+
+    Returns:
+        A pandas DataFrame with the columns T, T/N, yield hot, yield cold, coverage hot, coverage cold,
+        support hot and support cold.
+    """
     import pandas as pd
 
     return pd.DataFrame({"T": result.thresholds,
@@ -237,6 +337,15 @@ def _matched_lines(result: HotPateResult) -> list[str]:
 
 
 def hotpate_markdown(result: HotPateResult) -> str:
+    """The hot vs cold section as Markdown: the setting, the table, whether hot coverage is higher
+    at every T >= N/4, and the privacy cost at a matched utility.
+
+    Args:
+        result: the hot vs cold result.
+
+    Returns:
+        The Markdown text, ending in a newline.
+    """
     from dpledger.reports.render import markdown_table
 
     verdict = "higher" if result.hot_coverage_higher_from_quarter else "NOT higher"
@@ -248,6 +357,15 @@ def hotpate_markdown(result: HotPateResult) -> str:
 
 
 def hotpate_html(result: HotPateResult) -> str:
+    """The hot vs cold section as HTML for a report's page: the setting, the figure inline, the
+    privacy cost at a matched utility and the table; every line from the result is escaped.
+
+    Args:
+        result: the hot vs cold result.
+
+    Returns:
+        The HTML fragment.
+    """
     from dpledger.reports.render import _html_table
 
     encoded = base64.b64encode(hotpate_figure(result)).decode()
@@ -265,7 +383,19 @@ def hotpate_html(result: HotPateResult) -> str:
 
 def write_hotpate(result: HotPateResult, out: str | Path) -> dict[str, Path]:
     """hotpate.json (strict), hotpate.png and hotpate.md under `out`, each written atomically and never
-    through a link (dpledger.accounting.safe_files)."""
+    through a link (dpledger.accounting.safe_files).
+
+    Args:
+        result: the hot vs cold result.
+        out: the output directory (created if missing).
+
+    Returns:
+        "json", "png", "md" -> the path written.
+
+    Raises:
+        ValueError: if the result holds a NaN or an infinity (strict JSON).
+        OSError: if a file cannot be written.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "hotpate.json", "png": out / "hotpate.png", "md": out / "hotpate.md"}

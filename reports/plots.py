@@ -29,6 +29,15 @@ def _figure(width: float, height: float):
 
 
 def wrapped(title: str, width: int = TITLE_WIDTH) -> str:
+    """A figure title wrapped into lines of at most `width` characters (never broken at a hyphen).
+
+    Args:
+        title: the title text.
+        width: the most characters per line (>= 1).
+
+    Returns:
+        The wrapped title, lines joined by newlines; `title` itself when it has no words to wrap.
+    """
     return "\n".join(textwrap.wrap(title, width, break_on_hyphens=False)) or title
 
 
@@ -54,7 +63,17 @@ def _charged(run: RunData) -> np.ndarray:
 
 
 def cumulative_epsilon_series(run: RunData, per_step: np.ndarray, points: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    """epsilon (improved, at the run's delta) of the running sum of per-step curves, at `points` steps."""
+    """epsilon (improved, at the run's delta) of the running sum of per-step curves, at `points` steps.
+
+    Args:
+        run: the run (its manifest's orders and relation, and its first delta, are read).
+        per_step: (steps, orders) per-step RDP values in nats, on the manifest's order grid.
+        points: the most steps evaluated, evenly spaced from the first to the last (>= 1).
+
+    Returns:
+        (steps, epsilons): the 1-based step numbers evaluated, increasing, and epsilon after each of
+        those steps (improved conversion, Balle et al. 2020, Theorem 21; +inf where no order is finite).
+    """
     orders = run.manifest["orders"]
     relation = NeighbouringRelation(run.manifest["relation"])
     running = np.cumsum(per_step, axis=0)
@@ -69,7 +88,15 @@ def cumulative_epsilon_series(run: RunData, per_step: np.ndarray, points: int = 
 
 def comparison_series(run: RunData) -> tuple[str, np.ndarray] | None:
     """The other bound to draw beside the charged one: the data-independent bound (Theorem 3.1 as
-    claimed, plus screening) for a data-dependent run, the observed data-dependent loss otherwise."""
+    claimed, plus screening) for a data-dependent run, the observed data-dependent loss otherwise.
+
+    Args:
+        run: the run whose per-step records are read.
+
+    Returns:
+        (legend label, (steps, orders) per-step RDP values in nats, the screen's charge included), or
+        None when the records carry no data-independent bound.
+    """
     components = run.manifest["mechanism"]["components"]
     if not run.records or not run.records[0]["data_independent"]:
         return None
@@ -84,7 +111,17 @@ def comparison_series(run: RunData) -> tuple[str, np.ndarray] | None:
 
 
 def plot_cumulative_epsilon(run: RunData) -> bytes | None:
-    """Cumulative epsilon of the charged curve and of the other bound; None when epsilon is 0 or inf."""
+    """Cumulative epsilon of the charged curve and of the other bound; None when epsilon is 0 or inf.
+
+    Args:
+        run: the run to plot (its ledger.json, records and, if set, its budget).
+
+    Returns:
+        The figure as PNG bytes, or None.
+
+    Raises:
+        ValueError: if a per-step charge is NaN.
+    """
     if run.ledger["breakdown"]["order"] is None:
         return None
     figure, axis = _figure(6.4, 3.6)
@@ -117,7 +154,17 @@ def plot_cumulative_epsilon(run: RunData) -> bytes | None:
 
 
 def plot_step_loss_distribution(run: RunData) -> bytes | None:
-    """Histogram of per-step charges at the optimal order; None when there is no optimal order."""
+    """Histogram of per-step charges at the optimal order; None when there is no optimal order.
+
+    Args:
+        run: the run to plot (ledger.json's optimal order, the per-step records).
+
+    Returns:
+        The figure as PNG bytes, or None.
+
+    Raises:
+        ValueError: if a per-step charge is NaN.
+    """
     order = run.ledger["breakdown"]["order"]
     if order is None:
         return None
@@ -135,6 +182,17 @@ def plot_step_loss_distribution(run: RunData) -> bytes | None:
 
 
 def plot_mixing_weights(run: RunData) -> bytes | None:
+    """Histogram of PMixED's per-teacher mixing weights lambda over every step, in [0, 1].
+
+    Args:
+        run: the run whose per-step records' `lambdas` are plotted.
+
+    Returns:
+        The figure as PNG bytes, or None when the records hold no mixing weight.
+
+    Raises:
+        ValueError: if a mixing weight is NaN (naming the first steps where one is).
+    """
     nan_steps = [r["step"] for r in run.records if np.isnan(np.asarray(r["lambdas"], dtype=np.float64)).any()]
     require(not nan_steps, f"{run.directory}: the mixing weights are NaN at steps {nan_steps[:5]}")
     lambdas = np.concatenate([np.asarray(r["lambdas"], dtype=np.float64) for r in run.records])
@@ -149,6 +207,15 @@ def plot_mixing_weights(run: RunData) -> bytes | None:
 
 
 def plot_screening_pass_rate(run: RunData, window: int = 64) -> bytes | None:
+    """The rolling fraction of queries that passed AdaPMixED's noisy screen (Flemings et al. 2024).
+
+    Args:
+        run: the run whose per-step `screen_passed` records are plotted.
+        window: the rolling window in queries (>= 1), shrunk so that a run has at least four windows.
+
+    Returns:
+        The figure as PNG bytes, or None when the mechanism has no screen.
+    """
     if "screen" not in run.manifest["mechanism"]["components"]:
         return None
     passed = np.asarray([r["screen_passed"] for r in run.records], dtype=np.float64)
@@ -164,7 +231,16 @@ def plot_screening_pass_rate(run: RunData, window: int = 64) -> bytes | None:
 
 
 def infinite_orders_label(orders: np.ndarray, infinite: np.ndarray) -> str:
-    """The legend entry for the orders where the composed curve is +inf."""
+    """The legend entry for the orders where the composed curve is +inf.
+
+    Args:
+        orders: the Renyi orders of the curve, increasing.
+        infinite: a boolean mask over `orders`, True where the curve is +inf.
+
+    Returns:
+        "+inf: no guarantee at orders >= A" when every order from the first infinite one up is
+        infinite, else the number of infinite orders.
+    """
     if infinite.any() and infinite[np.argmax(infinite):].all():  # every order from the first +inf one up
         return f"+inf: no guarantee at orders >= {orders[infinite][0]:g}"
     return f"+inf: no guarantee at {int(infinite.sum())} orders (marked)"
@@ -172,7 +248,17 @@ def infinite_orders_label(orders: np.ndarray, infinite: np.ndarray) -> str:
 
 def plot_rdp_curve(run: RunData) -> bytes | None:
     """The composed curve from ledger.json, with the orders where it is +inf shaded and marked at the
-    top of the plot; None when it is 0 or +inf everywhere (nothing finite to draw)."""
+    top of the plot; None when it is 0 or +inf everywhere (nothing finite to draw).
+
+    Args:
+        run: the run whose manifest's order grid and ledger.json's components are plotted.
+
+    Returns:
+        The figure as PNG bytes, or None.
+
+    Raises:
+        ValueError: if the composed curve is NaN at some order.
+    """
     orders = np.asarray(run.manifest["orders"], dtype=np.float64)
     components = run.ledger["ledger"]["components"]
     total = np.sum([[np.inf if v == "inf" else v for v in c["values"]] for c in components.values()], axis=0)
@@ -215,8 +301,17 @@ def plot_rdp_curve(run: RunData) -> bytes | None:
 
 
 def plot_leakage(run: RunData) -> bytes | None:
+    """The audit's empirical epsilon per neighbour (dpledger.audit's neighbour ablation), the claimed
+    epsilon as a line; neighbours the claim does not cover in grey.
+
+    Args:
+        run: the run whose current audit.json is read.
+
+    Returns:
+        The figure as PNG bytes, or None when no audit is shown or it has no per-neighbour ablation.
+    """
     table = leakage_table(run)
-    if table is None:
+    if table is None or run.audit is None:  # a leakage table comes from an audit: never the second
         return None
     figure, axis = _figure(7.5, 0.35 * len(table) + 1.6)
     colours = ["tab:blue" if claimed else "tab:gray" for claimed in table["claimed"]]
@@ -233,6 +328,19 @@ def plot_leakage(run: RunData) -> bytes | None:
 
 
 def run_figures(run: RunData) -> dict[str, bytes]:
+    """Every figure a report shows for one run; a figure that does not apply is left out.
+
+    Args:
+        run: the run to plot.
+
+    Returns:
+        Caption -> PNG bytes, in the report's order: cumulative privacy loss, per-step loss
+        distribution, mixing weights, screening pass rate, RDP curve over orders, audit leakage per
+        neighbour.
+
+    Raises:
+        ValueError: if a charge, a mixing weight or the composed curve is NaN.
+    """
     figures = {"cumulative privacy loss": plot_cumulative_epsilon(run),
                "per-step loss distribution": plot_step_loss_distribution(run),
                "mixing weights": plot_mixing_weights(run),

@@ -85,6 +85,19 @@ def _md(text) -> str:
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
+    """A table as Markdown: a header, a rule and one line per row; a missing value is "n/a" and a
+    missing or infinite one carries a numbered note, the notes listed below the table. Every cell is
+    HTML-escaped (Markdown renders raw HTML) and its "|" escaped.
+
+    Args:
+        frame: the table; `frame.attrs["reasons"]` (optional) holds one {column: reason} per row.
+
+    Returns:
+        The Markdown text, without a trailing newline.
+
+    Raises:
+        ValueError: if a cell is a float NaN.
+    """
     rows, notes = _cells(frame, "md")
     header = "| " + " | ".join(_md(c) for c in frame.columns) + " |"
     rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
@@ -104,6 +117,20 @@ def _latex_escape(text: str) -> str:
 
 
 def latex_table(frame: pd.DataFrame, caption: str) -> str:
+    """A table as a LaTeX `table` environment with a `tabular` of left-aligned columns: a missing value
+    is "--", +inf "$\\infty$", each with a superscript note number; the notes end the caption. Every text
+    is escaped for LaTeX.
+
+    Args:
+        frame: the table; `frame.attrs["reasons"]` (optional) holds one {column: reason} per row.
+        caption: the caption's text (escaped here).
+
+    Returns:
+        The LaTeX source, without a trailing newline.
+
+    Raises:
+        ValueError: if a cell is a float NaN.
+    """
     rows, notes = _cells(frame, "latex")
 
     def cell(text: str, note: int | None) -> str:
@@ -166,11 +193,12 @@ def _checked(value, where: str, inf_reason: str):
     or an "inf" string) stays a float, given a sibling "<key>_missing" reason; a list holding
     infinities gets one reason for its entries. `strict_json` then writes each infinity as null."""
     if isinstance(value, dict):
-        out = {}
+        out: dict[str, object] = {}
         for key, item in value.items():
             if _is_inf(item):
-                out[key] = _as_float(item)
-                sign = "-inf" if out[key] < 0 else "+inf"
+                number = _as_float(item)
+                out[key] = number
+                sign = "-inf" if number < 0 else "+inf"
                 out.setdefault(f"{key}_missing", f"{sign}: {inf_reason}")
             elif isinstance(item, (list, tuple)) and any(_is_inf(v) for v in item):
                 out[key] = _checked(item, f"{where}.{key}", inf_reason)
@@ -199,11 +227,24 @@ def _nulled(value):
     return None if isinstance(value, float) and math.isinf(value) else value
 
 
-def strict_json(value, where: str = "report", inf_reason: str = "no finite bound") -> str:
+def strict_json(value: object, where: str = "report", inf_reason: str = "no finite bound") -> str:
     """Strict JSON text of `value` (json.dumps with allow_nan=False): a NaN raises ValueError naming
     `where`; every missing or infinite value is null beside a "<key>_missing" reason, and, for an
     object, each infinity's JSON Pointer is listed in the top-level `nulls` map as every JSON file
-    of dpledger does (dpledger.accounting.strict_json: `loads_json` restores the exact value)."""
+    of dpledger does (dpledger.accounting.strict_json: `loads_json` restores the exact value).
+
+    Args:
+        value: a JSON-like value: dicts, lists, tuples, numbers (numpy scalars too), strings, None;
+            an infinity may be a float or an "inf" / "Infinity" string; anything else is written as str().
+        where: the value's name in error messages.
+        inf_reason: the reason written beside each infinity.
+
+    Returns:
+        The JSON text, indented by 2.
+
+    Raises:
+        ValueError: if `value` holds a NaN.
+    """
     checked = _checked(value, where, inf_reason)
     if isinstance(checked, dict):
         return strict_json_text(checked, default=str, sort_keys=False)
@@ -242,6 +283,20 @@ def _generation_json(run: RunData) -> dict:
 
 
 def render_json(runs: list[RunData]) -> str:
+    """The report as one strict JSON object: when it was generated, the comparison table, and for
+    each run its breakdown, privacy statement, current audit (None when absent or withheld) and, for a
+    free-generation run, its generations. Missing values are null beside a `<field>_missing` reason.
+
+    Args:
+        runs: the runs to report, at least one.
+
+    Returns:
+        The JSON text (`strict_json`).
+
+    Raises:
+        ValueError: if a value is NaN, a breakdown does not sum to its total, or a run has no improved
+            epsilon at its first delta.
+    """
     payload = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "missing_values": "null, with the reason in the field named <field>_missing",
                "comparison": _records(comparison_table(runs), "report.comparison"),
@@ -268,7 +323,18 @@ def _csv_value(value, where: str):
 
 def render_csv(runs: list[RunData]) -> str:
     """One row per breakdown row of every run, then one per run of the comparison table (with every
-    epsilon@delta column); missing cells are empty and the `notes` column says why."""
+    epsilon@delta column); missing cells are empty and the `notes` column says why.
+
+    Args:
+        runs: the runs to report, at least one.
+
+    Returns:
+        The CSV text with a header row; the `notes` column last.
+
+    Raises:
+        ValueError: if a value is NaN, a breakdown does not sum to its total, or a run has no improved
+            epsilon at its first delta.
+    """
     rows = []
     for run in runs:
         frame = breakdown_table(run)
@@ -355,6 +421,19 @@ AUDIT_VERDICT_MEANING = ("The audit verdict says whether the charges, the ledger
                          "necessarily small.")
 
 def render_markdown(runs: list[RunData]) -> str:
+    """The report as Markdown: the method comparison, then per run its breakdown (Table 2b shape),
+    privacy statement, a free-generation run's prompts and text, and its audit's verdict and checks.
+
+    Args:
+        runs: the runs to report, at least one.
+
+    Returns:
+        The Markdown text.
+
+    Raises:
+        ValueError: if a value is NaN, a breakdown does not sum to its total, or a run has no improved
+            epsilon at its first delta.
+    """
     parts = ["# dpledger privacy report", "", "## Method comparison (Table 1 / Table 2a shape)", "",
              markdown_table(comparison_table(runs)), "",
              "epsilon@delta: improved RDP->DP conversion (Balle et al. 2020, Theorem 21) at that delta; order@delta: "
@@ -373,6 +452,18 @@ def render_markdown(runs: list[RunData]) -> str:
 
 
 def render_latex(runs: list[RunData]) -> str:
+    """The report's tables as LaTeX: the method comparison, then each run's breakdown.
+
+    Args:
+        runs: the runs to report, at least one.
+
+    Returns:
+        The LaTeX source of the tables, separated by blank lines, ending in a newline.
+
+    Raises:
+        ValueError: if a value is NaN, a breakdown does not sum to its total, or a run has no improved
+            epsilon at its first delta.
+    """
     parts = [latex_table(comparison_table(runs), "Method comparison (Table 2a shape); epsilon@delta: improved "
                                                  "conversion at that delta.")]
     parts += [latex_table(breakdown_table(run), _breakdown_caption(run)) for run in runs]
@@ -420,6 +511,21 @@ def _html_generations(run: RunData) -> list[str]:
 
 
 def render_html(runs: list[RunData]) -> str:
+    """The report as one self-contained HTML page (styles inline, figures as data: PNG images): the
+    method comparison, then per run its audit verdict, breakdown, privacy statement, a free-generation
+    run's prompts and text, the audit's checks and the figures (`run_figures`). Every string read from
+    the runs is escaped (`escaped`).
+
+    Args:
+        runs: the runs to report, at least one.
+
+    Returns:
+        The HTML text.
+
+    Raises:
+        ValueError: if a value is NaN, a breakdown does not sum to its total, or a run has no improved
+            epsilon at its first delta.
+    """
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>dpledger privacy report</title>"
              f"<style>{_STYLE}</style></head><body>", "<h1>dpledger privacy report</h1>",
              f"<p class='note'>Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "
@@ -461,6 +567,19 @@ def render_html(runs: list[RunData]) -> str:
 
 
 def render(runs: list[RunData], output_format: str) -> str:
+    """Render a report of `runs` in one of FORMATS (module docstring: how each spells a missing value).
+
+    Args:
+        runs: the runs to report, at least one (`load_run`).
+        output_format: "html", "md", "json", "latex" or "csv".
+
+    Returns:
+        The report's text.
+
+    Raises:
+        ValueError: if `output_format` is not in FORMATS, `runs` is empty, or a run's files hold a NaN,
+            a breakdown that does not sum to its total, or no improved epsilon at the run's first delta.
+    """
     require(output_format in FORMATS, f"format must be one of {', '.join(FORMATS)}, got {output_format!r}")
     require(len(runs) > 0, "a report needs at least one run directory")
     return {"html": render_html, "md": render_markdown, "json": render_json, "latex": render_latex,

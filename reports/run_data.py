@@ -56,6 +56,19 @@ class RunData:
         return self.manifest["config"]["deltas"][0]
 
     def epsilon(self, method: str = "improved") -> dict:
+        """The ledger's epsilon entry for `method` at the run's first delta (manifest config.deltas[0]).
+
+        Args:
+            method: the RDP-to-DP conversion: "improved" (Balle et al. 2020, Theorem 21) or "classic"
+                (Mironov 2017, Proposition 3).
+
+        Returns:
+            The ledger.json entry: a dict with epsilon, delta, order (None when no order gives a finite,
+            nonzero bound) and method.
+
+        Raises:
+            ValueError: if ledger.json has no `method` epsilon at the run's delta.
+        """
         entry = next((e for e in self.ledger["epsilon"] if isinstance(e, dict) and e.get("method") == method
                       and e.get("delta") == self.delta), None)
         if entry is None:
@@ -69,13 +82,38 @@ class RunData:
 
 def voting_label(params: dict) -> str:
     """"Hot PATE TARGMAX_T (T=32)" for coordinated votes, "Cold PATE ..." for independent ones: the
-    registered aggregator's title and its label (dpledger.mechanisms.aggregation.VoteAggregator.label)."""
+    registered aggregator's title and its label (dpledger.mechanisms.aggregation.VoteAggregator.label).
+
+    Args:
+        params: the manifest's mechanism params of a voting run (votes, aggregator and its parameters).
+
+    Returns:
+        The label, e.g. "Hot PATE TARGMAX_T (T=32)".
+
+    Raises:
+        ValueError: if params names no registered aggregator (`aggregator_class`).
+    """
     temperature = "Hot" if params["votes"] == "coordinated" else "Cold"
     aggregator = aggregator_class(params["aggregator"])
     return f"{temperature} PATE {aggregator.title} ({aggregator.label(params)})"
 
 
 def load_run(run_dir: str | Path) -> RunData:
+    """Read a run directory: its manifest, ledger.json, per-step records and, if present and current,
+    audit.json. An audit made for other files, changed after it was made (dpledger.audit.audit.audit_integrity)
+    or unreadable is withheld: `audit` is None and `stale_audit` says why.
+
+    Args:
+        run_dir: the run directory (written by `dpledger decode`).
+
+    Returns:
+        The RunData; its records are read without verifying the hash chain (`dpledger audit` does that).
+
+    Raises:
+        dpledger.decoding.trace.UnusableRunError: if `run_dir` is not a dpledger run directory.
+        dpledger.decoding.trace.TraceError: (a ValueError) if the manifest, ledger.json or records cannot
+            be read: the run is unfinished, or a file is damaged, a link or too large.
+    """
     run_dir = Path(run_dir)
     manifest = trace.read_manifest(run_dir)
     ledger = trace.read_ledger(run_dir)
@@ -92,9 +130,21 @@ def load_run(run_dir: str | Path) -> RunData:
     return RunData(run_dir, manifest, ledger, audit, trace.read_records(run_dir, verify=False), stale, withheld)
 
 
-def fmt(value, digits: int = 4, name: str = "a report value") -> str:
+def fmt(value: object, digits: int = 4, name: str = "a report value") -> str:
     """A number as a report prints it ("inf" for +inf), "n/a" for a missing value (None); ValueError
-    naming `name` for a NaN, which would otherwise print as a number-like "nan"."""
+    naming `name` for a NaN, which would otherwise print as a number-like "nan".
+
+    Args:
+        value: a number, or None for a missing value.
+        digits: significant digits of a float (%g format).
+        name: what the value is, for the error message.
+
+    Returns:
+        The text: "n/a", the float to `digits` significant digits ("inf" for +inf), or str(value).
+
+    Raises:
+        ValueError: if `value` is a float NaN.
+    """
     if value is None:
         return "n/a"
     if isinstance(value, float) and math.isnan(value):
@@ -123,7 +173,14 @@ def generations(run: RunData) -> tuple[list[Generation], str | None]:
     Block b continues prompt b mod (number of prompts) (dpledger.decoding.run.run_block); the prompts are
     manifest.json's config.data.prompts, the tokens each record's output_token. The manifest names
     the tokenizer by path only (no content hash), so the text is decoded with whatever is at that
-    path now; without a loadable tokenizer the token ids are given instead."""
+    path now; without a loadable tokenizer the token ids are given instead.
+
+    Args:
+        run: the run whose manifest and records are read.
+
+    Returns:
+        (one Generation per block in block order, the note), or ([], None) for a teacher-forced run.
+    """
     if run.manifest["data"].get("stream", "teacher-forced") == "teacher-forced":
         return [], None
     prompts = run.manifest["config"]["data"]["prompts"]
@@ -166,10 +223,25 @@ _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0, 9), *range(11, 32), 127)}
 
 def printable(text: str) -> str:
     """`text` with control characters other than newline and tab written as \\xNN,
-    so a report shows them instead of dropping or interpreting them."""
+    so a report shows them instead of dropping or interpreting them.
+
+    Args:
+        text: any text.
+
+    Returns:
+        The text with characters 0-8, 11-31 and 127 replaced by their \\xNN escapes.
+    """
     return text.translate(_CONTROL)
 
 
 def truncated(text: str, limit: int) -> tuple[str, int]:
-    """(the first `limit` characters of `text`, the number of characters left out)."""
+    """(the first `limit` characters of `text`, the number of characters left out).
+
+    Args:
+        text: any text.
+        limit: the most characters kept (>= 0).
+
+    Returns:
+        (`text` or its first `limit` characters, how many characters were cut: 0 when none).
+    """
     return (text, 0) if len(text) <= limit else (text[:limit], len(text) - limit)

@@ -105,7 +105,18 @@ def _realised_path_applies(kind: str, params: dict) -> bool:
 
 def privacy_statement(run: RunData) -> list[str]:
     """Paragraphs: mechanism, neighbouring relation, unit of privacy, grid, conversion, delta, what is
-    data-dependent, the audit verdict and its evidence."""
+    data-dependent, the audit verdict and its evidence.
+
+    Args:
+        run: the run to describe (its manifest, ledger.json and current audit.json).
+
+    Returns:
+        The paragraphs, each one string starting with its topic ("Mechanism.", "Unit of privacy.", ...).
+
+    Raises:
+        ValueError: if the run's epsilon at its first delta is NaN, or ledger.json has no improved
+            epsilon there (`RunData.epsilon`).
+    """
     manifest, ledger = run.manifest, run.ledger
     kind, params = manifest["mechanism"]["type"], manifest["mechanism"]["params"]
     epsilon = run.epsilon()

@@ -40,6 +40,24 @@ def _point_label(change: dict) -> str:
 
 def run_sweep(out: str | Path, queries: int = 256, teachers: int = 8, parameters: list[str] | None = None,
               progress: bool = False) -> pd.DataFrame:
+    """Decode one AdaPMixED run per sweep point (the others at PAPER_DEFAULTS) on the embedded
+    default's held-out text, and write sweep.csv, sweep.json and one sweep_<parameter>.png per parameter
+    under `out`. Points already finished are resumed, not rerun.
+
+    Args:
+        out: the output directory (created if missing); each point's trace is in out/<parameter>/<point>.
+        queries: teacher-forced queries per run (>= 1).
+        teachers: the embedded default's ensemble size N; the `teachers` sweep uses its first n teachers.
+        parameters: the sweeps to run, a subset of SWEEPS's keys (default: all, in SWEEPS's order).
+        progress: whether each run shows a progress bar.
+
+    Returns:
+        One row per point: parameter, point, epsilon (data-dependent, at the run's first delta), its
+        order, perplexity, answered_by_public and the trace directory.
+
+    Raises:
+        ValueError: if `parameters` names an unknown sweep.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     embedded = build_or_load(teachers=teachers)
@@ -75,7 +93,14 @@ def run_sweep(out: str | Path, queries: int = 256, teachers: int = 8, parameters
 
 
 def point_values(point: str) -> dict[str, float]:
-    """{"lam": 0.001, "sigma": 0.01} from a point label "lam=0.001, sigma=0.01" (`_point_label`)."""
+    """{"lam": 0.001, "sigma": 0.01} from a point label "lam=0.001, sigma=0.01" (`_point_label`).
+
+    Args:
+        point: a point label, "key=value" pairs joined by ", ".
+
+    Returns:
+        Parameter name -> value, in the label's order.
+    """
     return {key: float(value) for key, value in (part.split("=", 1) for part in point.split(", "))}
 
 
@@ -84,7 +109,15 @@ def sweep_series(group: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
     One parameter: one line through every point, in the parameter's order. Several (lam and
     sigma): the first one varies along a line and each value of the others gets its own line, so a
-    line never joins points that differ in two parameters."""
+    line never joins points that differ in two parameters.
+
+    Args:
+        group: the sweep rows of one parameter (`run_sweep`'s table), with their `point` labels.
+
+    Returns:
+        (legend label: "" for one parameter, else the fixed values; the rows, with value_<key> columns
+        added, sorted by the varied parameter), one per line.
+    """
     values = pd.DataFrame([point_values(p) for p in group["point"]], index=group.index)
     keys = list(values.columns)
     frame = pd.concat([group, values.add_prefix("value_")], axis=1)
@@ -102,7 +135,15 @@ def sweep_series(group: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 def sweep_plot(parameter: str, group: pd.DataFrame) -> bytes:
     """Privacy loss against perplexity, one marker per point joined in the order of the varied
     parameter; the points are told apart by the legend (marker colour and shape), never by text
-    written beside them, which overlaps when points lie close."""
+    written beside them, which overlaps when points lie close.
+
+    Args:
+        parameter: the swept parameter's name (its "_" shown as " and ").
+        group: the sweep rows of that parameter, with epsilon, perplexity and point columns.
+
+    Returns:
+        The figure as PNG bytes.
+    """
     figure, axis = plt.subplots(figsize=(7.2, 4.0), layout="constrained")
     markers = "osD^v<>pPX*h"
     cmap = plt.get_cmap("viridis")

@@ -14,7 +14,18 @@ def breakdown_table(run: RunData) -> pd.DataFrame:
     """Table 2b: each component's RDP at the chosen order, the conversion term, the total
     (`frame.attrs["reasons"]`: why a row is +inf).
 
-    Raises ValueError if the rows do not sum to the total (the report must never show that)."""
+    Raises ValueError if the rows do not sum to the total (the report must never show that).
+
+    Args:
+        run: the run whose ledger.json breakdown is tabulated.
+
+    Returns:
+        One row per breakdown component (the last the total) with columns component, epsilon (nats),
+        data_dependent and direction; `frame.attrs["reasons"]` holds one {column: reason} per row.
+
+    Raises:
+        ValueError: if the component rows do not sum to a finite total (relative tolerance 1e-9).
+    """
     breakdown = run.ledger["breakdown"]
     rows = breakdown["rows"]
     frame = pd.DataFrame([{"component": r["component"], "epsilon": r["epsilon"],
@@ -31,19 +42,44 @@ def breakdown_table(run: RunData) -> pd.DataFrame:
 
 def direction_label(direction: str | None) -> str:
     """How a table names the divergence direction(s) a row bounds (records before it existed: both);
-    ValueError for a value that names no direction."""
+    ValueError for a value that names no direction.
+
+    Args:
+        direction: a DivergenceDirection value ("both", ...) or None (a record made before the field).
+
+    Returns:
+        "both", or "D(M(D)||M(D')) only" for a one-direction bound.
+
+    Raises:
+        ValueError: if `direction` is not a DivergenceDirection value.
+    """
     covers = DivergenceDirection(direction or DivergenceDirection.BOTH.value)
     return "both" if covers is DivergenceDirection.BOTH else "D(M(D)||M(D')) only"
 
 
 def relation_label(run: RunData) -> str:
     """The relation the charged total covers ("remove-one", ...); a ledger that predates the field
-    holds the run's claim only."""
+    holds the run's claim only.
+
+    Args:
+        run: the run whose ledger.json (or, failing that, manifest) names the relation.
+
+    Returns:
+        The neighbouring relation's value with "_" written as "-".
+    """
     return str(run.ledger.get("relation", run.manifest["relation"])).replace("_", "-")
 
 
 def audit_headline(run: RunData) -> str:
-    """The audit's verdict with the relation it is for and every other relation tested."""
+    """The audit's verdict with the relation it is for and every other relation tested.
+
+    Args:
+        run: the run whose audit.json is summarised.
+
+    Returns:
+        The audit's headline (its verdict when the audit has no headline), "not audited", or the
+        withheld audit's label and why it is not shown.
+    """
     if run.stale_audit:
         return f"{run.audit_withheld} audit, not shown: {run.stale_audit}"
     if not run.audit:
@@ -52,18 +88,41 @@ def audit_headline(run: RunData) -> str:
 
 
 def epsilon_column(delta: float) -> str:
-    """The comparison table's column of the improved epsilon at `delta`: "epsilon@1e-05"."""
+    """The comparison table's column of the improved epsilon at `delta`: "epsilon@1e-05".
+
+    Args:
+        delta: the delta of the column, in (0, 1).
+
+    Returns:
+        The column name, "epsilon@" followed by `delta` in %g format.
+    """
     return f"epsilon@{delta:g}"
 
 
 def lower_bound_column(delta: float) -> str:
-    """The comparison table's column of the audit's certified lower bound at `delta`: "lower@1e-05"."""
+    """The comparison table's column of the audit's certified lower bound at `delta`: "lower@1e-05".
+
+    Args:
+        delta: the delta of the column, in (0, 1).
+
+    Returns:
+        The column name, "lower@" followed by `delta` in %g format.
+    """
     return f"lower@{delta:g}"
 
 
 def certified_lower_bound(run: RunData, delta: float) -> tuple[float | None, str | None]:
     """(the audit's certified lower bound on epsilon(delta) for the claimed relation, None) or
-    (None, why there is none): the epsilon_bracket check of a current audit (dpledger.audit.bracket)."""
+    (None, why there is none): the epsilon_bracket check of a current audit (dpledger.audit.bracket).
+
+    Args:
+        run: the run whose current audit.json is read.
+        delta: the delta at which the bracket's lower bound is wanted (matched exactly).
+
+    Returns:
+        (lower bound on epsilon at `delta`, None), or (None, a reason in a few words) when the run is
+        not audited, its audit is withheld, has no bracket, skipped it, or bracketed other deltas.
+    """
     if run.audit is None:
         return None, "not audited" if not run.stale_audit else f"{run.audit_withheld} audit, not shown"
     bracket = next((c for c in run.audit.get("checks", []) if c.get("name") == "epsilon_bracket"), None)
@@ -78,11 +137,27 @@ def certified_lower_bound(run: RunData, delta: float) -> tuple[float | None, str
 
 
 def order_column(delta: float) -> str:
+    """The comparison table's column of the optimal Renyi order at `delta`: "order@1e-05".
+
+    Args:
+        delta: the delta of the column, in (0, 1).
+
+    Returns:
+        The column name, "order@" followed by `delta` in %g format.
+    """
     return f"order@{delta:g}"
 
 
 def no_guarantee_reason(run: RunData) -> str:
-    """Why the run's epsilon is +inf, in a few words."""
+    """Why the run's epsilon is +inf, in a few words.
+
+    Args:
+        run: a run whose epsilon is +inf (its manifest's mechanism and ledger.json's voting record are read).
+
+    Returns:
+        A one-line reason: a non-private ensemble, a T-threshold-private aggregator (Cohen et al.
+        2023), or a composed RDP curve that is +inf at every order.
+    """
     kind = run.manifest["mechanism"]["type"]
     if kind == "ensemble":
         return "no guarantee: the non-private ensemble reads the teachers directly"
@@ -95,13 +170,30 @@ def no_guarantee_reason(run: RunData) -> str:
 
 
 def missing_order_reason(run: RunData, epsilon: float) -> str:
+    """Why the run has no optimal Renyi order: epsilon is 0 at every order, or +inf at every order.
+
+    Args:
+        run: the run (read for the +inf reason, `no_guarantee_reason`).
+        epsilon: the run's epsilon at its first delta: 0 or +inf.
+
+    Returns:
+        A one-line reason.
+    """
     if epsilon == 0:
         return "epsilon = 0 at every order: the output does not depend on the teachers"
     return no_guarantee_reason(run) + " (no order gives a finite bound)"
 
 
-def perplexity_reason(run: RunData, value) -> str | None:
-    """Why the perplexity is missing or +inf; None when it is a finite number."""
+def perplexity_reason(run: RunData, value: float | None) -> str | None:
+    """Why the perplexity is missing or +inf; None when it is a finite number.
+
+    Args:
+        run: the run the perplexity belongs to (its manifest's mechanism type and data stream are read).
+        value: the perplexity from ledger.json: a number, +inf or None.
+
+    Returns:
+        The reason, or None for a finite perplexity.
+    """
     if value is None:
         if run.manifest["mechanism"]["type"] == "voting":
             return "voting runs release a point mass per step: no perplexity (see token_accuracy)"
@@ -123,7 +215,17 @@ def comparison_table(runs: list[RunData]) -> pd.DataFrame:
     accuracy.
 
     Every missing value is None (never NaN) and every missing or +inf value has a reason:
-    `frame.attrs["reasons"]` holds one {column: reason} per row."""
+    `frame.attrs["reasons"]` holds one {column: reason} per row.
+
+    Args:
+        runs: the runs to compare, one row each, in this order.
+
+    Returns:
+        A DataFrame of object dtype, one row per run, with the columns above (the audit's headline last).
+
+    Raises:
+        ValueError: if a run's ledger.json has no improved epsilon at its first delta (`RunData.epsilon`).
+    """
     deltas = list(dict.fromkeys(d for run in runs for d in run.manifest["config"]["deltas"]))
     voting_columns = any("voting" in r.ledger for r in runs)
     rows, reasons = [], []
@@ -183,7 +285,15 @@ def comparison_table(runs: list[RunData]) -> pd.DataFrame:
 
 
 def leakage_table(run: RunData) -> pd.DataFrame | None:
-    """The audit's per-neighbour empirical epsilon (None when the run has no ablation)."""
+    """The audit's per-neighbour empirical epsilon (None when the run has no ablation).
+
+    Args:
+        run: the run whose current audit.json is read.
+
+    Returns:
+        The neighbour_ablation check's per_neighbour rows (one per neighbour: its empirical epsilon and
+        whether the claim covers it), or None.
+    """
     if not run.audit:
         return None
     ablation = next((c for c in run.audit["checks"] if c["name"] == "neighbour_ablation"), None)
@@ -193,6 +303,14 @@ def leakage_table(run: RunData) -> pd.DataFrame | None:
 
 
 def checks_table(run: RunData) -> pd.DataFrame | None:
+    """The audit's checks, one row each: its name, status (PASS, FAIL, SKIPPED, ...) and detail.
+
+    Args:
+        run: the run whose current audit.json is read.
+
+    Returns:
+        A DataFrame with the columns check, status and evidence, or None when no audit is shown.
+    """
     if not run.audit:
         return None
     return pd.DataFrame([{"check": c["name"], "status": c["status"], "evidence": c["detail"]}
