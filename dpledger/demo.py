@@ -159,7 +159,7 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
     hotpate = run_hotpate(HOTPATE_TEACHERS, queries=32, samples=100, verbose=False)
     write_hotpate(hotpate, root / "hotpate")
     print(hotpate_markdown(hotpate))
-    audit_and_report(root, [Path(row["trace"]) for row in rows], progress, extra_html=hotpate_html(hotpate))
+    audit_and_report(root, [Path(row["trace"]) for row in rows], extra_html=hotpate_html(hotpate))
     return table, summaries, root
 
 
@@ -201,14 +201,13 @@ def run_voting_demo(root: Path, progress: bool) -> list[dict]:
 AUDITED = ("pmixed", "adapmixed", "pmixed-with-a-budget", "hot-pate-dpargmax", "cold-pate-dpargmax")
 
 
-def audit_and_report(root: Path, directories: list[Path], progress: bool, extra_html: str = "") -> Path:
+def audit_and_report(root: Path, directories: list[Path], extra_html: str = "") -> Path:
     """Audit the PMixED, AdaPMixED and voting traces, then write one HTML report of every run
     (with `extra_html`, e.g. the hot-vs-cold section, before its end).
 
     Args:
         root: the demo's output directory; the report is root/report.html.
         directories: every run's trace directory, in the report's order; those named in AUDITED are audited.
-        progress: not read: the audits run without a progress option (audit_run has none).
         extra_html: HTML inserted before the report's closing tags.
 
     Returns:

@@ -132,7 +132,7 @@ def test_the_demo_prints_each_audited_runs_bracket(audited, tmp_path, capsys):
     from dpledger.demo import audit_and_report
 
     directory, report = audited["pmixed"]
-    audit_and_report(tmp_path, [directory], progress=False)
+    audit_and_report(tmp_path, [directory])
     out = capsys.readouterr().out
     row = report.bracket["rows"][0]
     assert f"pmixed     PASS: epsilon(1e-05) in [{row['lower']:.4g}, {row['upper']:.4g}], ratio {row['ratio']:.3g}" in out
