@@ -9,9 +9,10 @@ with `allow_data_dependent=True`, which the ledger records.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from dpledger.accounting.conversion import ConversionMethod, conversion_method, conversion_terms, epsilon_from_rdp
 from dpledger.accounting.curve import RdpCurve, require_curve
@@ -27,7 +28,7 @@ class RdpBudget:
 
     def __init__(self, epsilon: float, delta: float, orders: Sequence[float] = DEFAULT_ORDERS,
                  relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE,
-                 method: ConversionMethod = ConversionMethod.IMPROVED, allow_data_dependent: bool = False):
+                 method: ConversionMethod | str = ConversionMethod.IMPROVED, allow_data_dependent: bool = False) -> None:
         self.epsilon = require_positive("epsilon", epsilon)
         self.delta = require_in_open("delta", delta, 0.0, 1.0)
         self.method = conversion_method(method)
@@ -80,7 +81,7 @@ class RenyiFilter:
     restored from its records (`restore`) continues exactly.
     """
 
-    def __init__(self, epsilon: float, delta: float, order: float, spent=()):
+    def __init__(self, epsilon: float, delta: float, order: float, spent: Iterable[float] = ()) -> None:
         self.epsilon = require_positive("budget epsilon", epsilon)
         self.delta = require_in_open("budget delta", delta, 0.0, 1.0)
         require(math.isfinite(order) and order > 1, f"budget order must be finite and > 1, got {order!r}")
@@ -93,26 +94,25 @@ class RenyiFilter:
         self.restore(spent)
 
     @classmethod
-    def plan(cls, epsilon: float, delta: float, step_bound: np.ndarray, orders, order: float | None = None
-             ) -> "RenyiFilter":
+    def plan(cls, epsilon: float, delta: float, step_bound: npt.ArrayLike, orders: npt.ArrayLike,
+             order: float | None = None) -> "RenyiFilter":
         """The filter for a mechanism whose steps each cost at most `step_bound` (one value per order,
         data-independent): at `order` if given, else at the order of `orders` that affords the most
         such steps (ties: the lowest such order). Depends on the configuration only, never on data."""
-        orders = np.asarray(orders, dtype=np.float64)
-        step_bound = np.asarray(step_bound, dtype=np.float64)
-        require(step_bound.shape == orders.shape, f"step_bound has shape {step_bound.shape}, orders {orders.shape}")
-        require(not np.any(np.isnan(step_bound)) and not np.any(step_bound < 0),
-                f"step_bound must be >= 0 at every order (+inf for no guarantee), got {step_bound[:8].tolist()}...")
+        grid = np.asarray(orders, dtype=np.float64)
+        bound = np.asarray(step_bound, dtype=np.float64)
+        require(bound.shape == grid.shape, f"step_bound has shape {bound.shape}, orders {grid.shape}")
+        require(not np.any(np.isnan(bound)) and not np.any(bound < 0),
+                f"step_bound must be >= 0 at every order (+inf for no guarantee), got {bound[:8].tolist()}...")
         if order is None:
-            budgets = epsilon - conversion_terms(orders, require_in_open("budget delta", delta, 0.0, 1.0),
+            budgets = epsilon - conversion_terms(grid, require_in_open("budget delta", delta, 0.0, 1.0),
                                                  ConversionMethod.IMPROVED)
             with np.errstate(divide="ignore", invalid="ignore"):
                 affordable = np.where(budgets <= 0, -1.0,
-                                      np.where(step_bound > 0, np.floor(budgets * (1 - FILTER_MARGIN) / step_bound),
-                                               np.inf))
-            require(np.any(budgets > 0), f"budget epsilon = {epsilon:g} at delta = {delta:g} leaves no RDP budget at "
-                                         "any order of the grid")
-            order = float(orders[int(np.argmax(affordable))])
+                                      np.where(bound > 0, np.floor(budgets * (1 - FILTER_MARGIN) / bound), np.inf))
+            require(bool(np.any(budgets > 0)), f"budget epsilon = {epsilon:g} at delta = {delta:g} leaves no RDP "
+                                               "budget at any order of the grid")
+            order = float(grid[int(np.argmax(affordable))])
         return cls(epsilon, delta, order)
 
     @property
@@ -129,7 +129,7 @@ class RenyiFilter:
         require(isinstance(state, ExactSum), f"a filter state must be an ExactSum, got {type(state).__name__}")
         self._spent = state.copy()
 
-    def restore(self, charges) -> None:
+    def restore(self, charges: Iterable[float]) -> None:
         """Start again from nothing and spend `charges` in order (each must fit)."""
         self._spent = ExactSum()
         for charge in charges:
@@ -181,6 +181,6 @@ class RenyiFilter:
         # rounded up like dpledger.accounting.conversion.epsilon_from_rdp: by a bound on the error of spent + term
         return max(0.0, self.spent + term + ROUNDING_ULPS * (self.spent + abs(term) + 1.0))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, float]:
         return {"epsilon": self.epsilon, "delta": self.delta, "order": self.order, "rdp_budget": self.rdp_budget,
                 "spent": self.spent}

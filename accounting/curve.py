@@ -9,13 +9,15 @@ rounded upwards, never below the exact sum (dpledger.accounting.summation).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from dpledger.accounting.errors import require, require_bool, require_int_at_least
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, paired_orders
 from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelation
+from dpledger.accounting.strict_json import JsonObject
 from dpledger.accounting.summation import up_add, up_multiply, upper_sum
 
 
@@ -35,11 +37,11 @@ class RdpCurve:
     """
 
     orders: tuple[float, ...]
-    values: np.ndarray
+    values: npt.NDArray[np.float64]
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
     data_dependent: bool = False
     direction: DivergenceDirection = DivergenceDirection.BOTH
-    _order_index: dict = field(init=False, repr=False, compare=False)
+    _order_index: dict[float, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         orders, permutation, index = _validated_grid(self.orders)
@@ -105,7 +107,7 @@ class RdpCurve:
                 f"finite at {int(finite.sum())}, relation={self.relation}, data_dependent={self.data_dependent}, "
                 f"direction={self.direction})")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> JsonObject:
         """JSON-safe form; +inf is written as the string "inf" so JSON stays standard."""
         return {
             "orders": list(self.orders),
@@ -116,7 +118,7 @@ class RdpCurve:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RdpCurve":
+    def from_dict(cls, data: JsonObject) -> "RdpCurve":
         """Inverse of to_dict. A record without "direction" predates it and was always BOTH."""
         require(isinstance(data, dict), f"an RDP curve record must be a mapping, got {type(data).__name__}")
         try:
@@ -131,7 +133,11 @@ class RdpCurve:
             raise ValueError(f"RDP curve record is malformed: {wrong}") from None
 
 
-def _validated_grid(orders) -> tuple[tuple[float, ...], np.ndarray | None, dict]:
+_Grid: TypeAlias = tuple[tuple[float, ...], "npt.NDArray[np.intp] | None", dict[float, int]]
+"""(sorted orders, the permutation that sorts the given ones or None, order -> position)."""
+
+
+def _validated_grid(orders: Iterable[float]) -> _Grid:
     """(sorted orders, the permutation that sorts the given ones or None, order -> position). A grid
     tuple seen before (every curve's own `orders`, DEFAULT_ORDERS) is found by identity and not
     validated again, so building the many per-step curves of a run costs microseconds."""
@@ -149,14 +155,14 @@ def _validated_grid(orders) -> tuple[tuple[float, ...], np.ndarray | None, dict]
     return result
 
 
-_KNOWN_GRIDS: dict[int, tuple] = {}
+_KNOWN_GRIDS: dict[int, tuple[tuple[float, ...], _Grid]] = {}
 _smallest = np.minimum.reduce   # the ufunc itself: ndarray.min's Python wrapper costs as much as the rest
 
 
-def require_curve(curve, name: str = "curve") -> RdpCurve:
+def require_curve(curve: object, name: str = "curve") -> RdpCurve:
     """curve itself, or ValueError naming `name` when it is not an RdpCurve."""
-    require(isinstance(curve, RdpCurve),
-            f"{name} must be an RdpCurve (e.g. RdpCurve(orders, values)), got {type(curve).__name__}")
+    if not isinstance(curve, RdpCurve):
+        raise ValueError(f"{name} must be an RdpCurve (e.g. RdpCurve(orders, values)), got {type(curve).__name__}")
     return curve
 
 
@@ -185,8 +191,8 @@ def compose_curves(curves: Iterable[RdpCurve]) -> RdpCurve:
     require(all(curve.orders is first.orders or curve.orders == first.orders for curve in curves),
             "cannot compose curves on different order grids")
     relation, direction = first.relation, first.direction
-    for curve in {(c.relation, c.direction) for c in curves[1:]}:   # folding distinct pairs is enough
-        relation, direction = relation.composed_with(curve[0]), direction.composed_with(curve[1])
+    for pair in {(c.relation, c.direction) for c in curves[1:]}:   # folding distinct pairs is enough
+        relation, direction = relation.composed_with(pair[0]), direction.composed_with(pair[1])
     # one sum over the stacked values (Mironov 2017, Proposition 1), rounded upwards
     total = upper_sum(np.stack([c.values for c in curves]))
     return RdpCurve(first.orders, total, relation, any(c.data_dependent for c in curves), direction)

@@ -9,16 +9,24 @@ keeps whether it is data-dependent and which divergence direction(s) it bounds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from dpledger.accounting.conversion import ConversionMethod, EpsilonConversion, epsilon_from_rdp
 from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.errors import require, require_bool, require_int_at_least, require_member, require_not_nan, require_str
 from dpledger.accounting.orders import DEFAULT_ORDERS, paired_orders
 from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelation
+from dpledger.accounting.strict_json import JsonObject
 from dpledger.accounting.summation import UpperSum
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported only by to_frame at run time: the accounting needs numpy and scipy only
+
+BlockEntry: TypeAlias = (tuple[npt.ArrayLike, bool] | tuple[npt.ArrayLike, bool, NeighbouringRelation])
+"""What `PrivacyLedger.charge_many` takes per component: (values[steps, orders], data_dependent[, relation])."""
 
 
 @dataclass(frozen=True)
@@ -69,13 +77,13 @@ class Breakdown:
     def total(self) -> float:
         return self.conversion.epsilon
 
-    def to_frame(self):
+    def to_frame(self) -> "pd.DataFrame":
         import pandas as pd
 
         return pd.DataFrame([{"component": r.component, "epsilon": r.epsilon, "data_dependent": r.data_dependent,
                               "direction": r.direction.value, "relation": r.relation.value} for r in self.rows])
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> JsonObject:
         return {
             "order": self.conversion.order,
             "delta": self.conversion.delta,
@@ -101,7 +109,7 @@ class PrivacyLedger:
     """
 
     def __init__(self, orders: Sequence[float] = DEFAULT_ORDERS,
-                 relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE):
+                 relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> None:
         self.orders, self._permutation = paired_orders(orders)
         require(isinstance(relation, NeighbouringRelation), f"relation must be a NeighbouringRelation, got {relation!r}")
         self.relation = relation
@@ -111,7 +119,7 @@ class PrivacyLedger:
         self._relation: dict[str, NeighbouringRelation] = {}
         self.steps = 0
 
-    def _add(self, name: str, rows: np.ndarray, data_dependent: bool,
+    def _add(self, name: str, rows: npt.NDArray[np.float64], data_dependent: bool,
              direction: DivergenceDirection = DivergenceDirection.BOTH,
              relation: NeighbouringRelation | None = None) -> None:
         """Add `rows` (one row of values per order, or (steps, orders)) to component `name`."""
@@ -156,14 +164,14 @@ class PrivacyLedger:
             self._add(name, curve.values, curve.data_dependent, curve.direction, curve.relation)
         self.steps += 1
 
-    def charge_many(self, components: Mapping[str, tuple]) -> None:
+    def charge_many(self, components: Mapping[str, BlockEntry]) -> None:
         """Charge a block of steps: each component maps to (values[steps, orders], data_dependent) or
         (values, data_dependent, relation), the columns in the order the ledger's orders were given;
         without a relation the ledger's own is assumed. The values bound both divergence directions;
         a one-direction curve is charged with `charge`, which reads its direction."""
         require(isinstance(components, Mapping) and len(components) > 0,
                 f"a block must charge a non-empty mapping of component name to (values, data_dependent), got {components!r}")
-        steps = None
+        steps = -1  # the block's step count, set by the first component
         for name, entry in components.items():
             require(isinstance(entry, tuple) and len(entry) in (2, 3),
                     f"component {name!r} must be (values[steps, orders], data_dependent[, relation]), got {entry!r}")
@@ -177,7 +185,7 @@ class PrivacyLedger:
                     f"component {name!r} values must have shape (steps, {len(self.orders)}), got {values.shape}")
             require(not bool(np.any(np.isnan(values))), f"component {name!r} has NaN RDP values")
             require(bool(np.all(values >= 0)), f"component {name!r} has negative RDP values")
-            require(steps is None or values.shape[0] == steps, "every component must cover the same steps")
+            require(steps == -1 or values.shape[0] == steps, "every component must cover the same steps")
             steps = values.shape[0]
         relations = {name: self.relation if len(entry) == 2 else entry[2] for name, entry in components.items()}
         self.total_relation_with(*relations.values())
@@ -224,7 +232,7 @@ class PrivacyLedger:
                                  conversion.relation))
         return Breakdown(tuple(rows), conversion)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> JsonObject:
         return {
             "orders": list(self.orders),
             "relation": self.relation.value,
@@ -234,7 +242,7 @@ class PrivacyLedger:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "PrivacyLedger":
+    def from_dict(cls, data: JsonObject) -> "PrivacyLedger":
         """Inverse of to_dict; ValueError when a component is on another grid or its relation shares no
         neighbouring pair with the others'."""
         require(isinstance(data, dict), f"a ledger record must be a mapping, got {type(data).__name__}")

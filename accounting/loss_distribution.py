@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 from scipy.signal import fftconvolve
 
 from dpledger.accounting.errors import require, require_in_open, require_positive
@@ -74,39 +76,40 @@ class LossDistribution:
 
     interval: float
     offset: int
-    mass: np.ndarray
+    mass: npt.NDArray[np.float64]
     infinite: float = 0.0
     error: float = 0.0
     steps: int = 1
     rounding: float = 0.0
 
     @classmethod
-    def from_log_laws(cls, log_p, log_q, interval: float, truncation: float = TRUNCATION) -> "LossDistribution":
+    def from_log_laws(cls, log_p: npt.ArrayLike, log_q: npt.ArrayLike, interval: float,
+                      truncation: float = TRUNCATION) -> "LossDistribution":
         """The loss of one step whose outcome has log-probabilities `log_p` under the first law and
         `log_q` under the second (same outcomes; -inf for probability 0). ValueError for NaN."""
         interval = require_positive("interval", interval)
-        log_p = np.asarray(log_p, dtype=np.float64).reshape(-1)
-        log_q = np.asarray(log_q, dtype=np.float64).reshape(-1)
-        require(log_p.shape == log_q.shape, f"the two laws must have the same outcomes, got {log_p.shape} and "
-                                            f"{log_q.shape}")
-        require(not (np.isnan(log_p).any() or np.isnan(log_q).any()), "a law holds NaN")
-        require(not ((log_p > 0).any() or (log_q > 0).any()), "a log-probability is above 0")
-        possible = log_p > -np.inf
-        impossible = possible & (log_q == -np.inf)
+        all_p = np.asarray(log_p, dtype=np.float64).reshape(-1)
+        all_q = np.asarray(log_q, dtype=np.float64).reshape(-1)
+        require(all_p.shape == all_q.shape, f"the two laws must have the same outcomes, got {all_p.shape} and "
+                                            f"{all_q.shape}")
+        require(not (np.isnan(all_p).any() or np.isnan(all_q).any()), "a law holds NaN")
+        require(not ((all_p > 0).any() or (all_q > 0).any()), "a log-probability is above 0")
+        possible = all_p > -np.inf
+        impossible = possible & (all_q == -np.inf)
         lower = 1.0 - LAW_RELATIVE_ERROR
-        infinite = float(np.exp(log_p[impossible]).sum() * lower) if impossible.any() else 0.0
+        infinite = float(np.exp(all_p[impossible]).sum() * lower) if impossible.any() else 0.0
         finite = possible & ~impossible
-        log_p, log_q = log_p[finite], log_q[finite]
-        loss = log_p - log_q
+        p, q = all_p[finite], all_q[finite]
+        loss = p - q
         # each log off by up to its own rounding and the laws' error: lower the loss by a bound on both
-        loss = loss - (2 * LAW_RELATIVE_ERROR + LOSS_ABSOLUTE_ERROR * (np.abs(log_p) + np.abs(log_q) + 1.0))
+        loss = loss - (2 * LAW_RELATIVE_ERROR + LOSS_ABSOLUTE_ERROR * (np.abs(p) + np.abs(q) + 1.0))
         index = np.floor(loss / interval)
         index = np.where(index * interval > loss, index - 1, index)   # floor never rounds up, even at an edge
-        masses = np.exp(log_p) * lower
+        masses = np.exp(p) * lower
         if index.size == 0:
             return cls(interval, 0, np.zeros(1), min(1.0, infinite), rounding=interval)
         low = int(index.min())
-        mass = np.bincount((index - low).astype(np.int64), weights=masses)
+        mass = _binned((index - low).astype(np.int64), masses)
         # bincount adds masses: a relative rounding of the count's size, covered by the masses' allowance
         return cls(interval, low, mass, min(1.0, infinite), 0.0, rounding=interval)._trimmed(truncation)
 
@@ -115,7 +118,7 @@ class LossDistribution:
         new grid (a cell k goes to floor(k / factor)): still a lower bound."""
         first = self.offset // factor
         cells = (self.offset + np.arange(self.mass.size)) // factor - first
-        mass = np.bincount(cells, weights=self.mass)
+        mass = _binned(cells, self.mass)
         return LossDistribution(self.interval * factor, first, mass, self.infinite, self.error, self.steps,
                                 self.rounding + self.interval * factor)
 
@@ -145,7 +148,7 @@ class LossDistribution:
             # indices pairwise (no FFT of mostly empty arrays); each cell sums at most min(nnz) products
             index = (cells_self[:, None] + cells_other[None, :]).reshape(-1)
             products = (self.mass[cells_self][:, None] * other.mass[cells_other][None, :]).reshape(-1)
-            mass = np.bincount(index, weights=products, minlength=self.mass.size + other.mass.size - 1)
+            mass = _binned(index, products, self.mass.size + other.mass.size - 1)
             error = min(cells_self.size, cells_other.size) * _UNIT_ROUNDOFF * total_self * total_other
         elif min(self.mass.size, other.mass.size) <= 64:
             mass = np.convolve(self.mass, other.mass)   # direct sums: errors within the masses' allowance
@@ -165,7 +168,7 @@ class LossDistribution:
         return composed
 
     @staticmethod
-    def composed(parts: list["LossDistribution"], truncation: float = TRUNCATION) -> "LossDistribution":
+    def composed(parts: Sequence["LossDistribution"], truncation: float = TRUNCATION) -> "LossDistribution":
         """All of `parts` composed, pairwise in a balanced tree (sizes grow evenly: cheaper FFTs)."""
         require(len(parts) > 0, "nothing to compose")
         level = list(parts)
@@ -213,6 +216,13 @@ class LossDistribution:
         return float(np.sum(self.mass * losses) / total) if total > 0 else 0.0
 
 
+def _binned(cells: npt.NDArray[np.integer], weights: npt.NDArray[np.float64], minlength: int = 0
+            ) -> npt.NDArray[np.float64]:
+    """np.bincount(cells, weights, minlength): the summed weights per cell, float64 (numpy's stubs type
+    every bincount as integer counts; with weights it returns float64, so astype copies nothing)."""
+    return np.bincount(cells, weights=weights, minlength=minlength).astype(np.float64, copy=False)
+
+
 def _mass_below(mass: np.ndarray, truncation: float) -> int:
     """How many leading cells of `mass` hold at most `truncation` together. Only the cells before
     the first one above `truncation` can qualify, so only those are summed."""
@@ -226,7 +236,7 @@ class RunningComposition:
     balanced tree as `LossDistribution.composed` but holding only O(log n) of them: two of equal
     weight are merged as soon as both are there (a binary counter)."""
 
-    def __init__(self, truncation: float = TRUNCATION):
+    def __init__(self, truncation: float = TRUNCATION) -> None:
         self.truncation = truncation
         self._stack: list[tuple[int, LossDistribution]] = []   # (weight, distribution), weights decreasing
 

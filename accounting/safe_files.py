@@ -30,6 +30,7 @@ import secrets
 import shutil
 import stat
 from pathlib import Path
+from typing import Iterator
 
 TEMPORARY_NAME = re.compile(r"\..+\.tmp-\d+(?:-[0-9a-f]{8})?")
 """Names of the temporary files of writes that did not finish (older dpledgers wrote no random part)."""
@@ -130,7 +131,7 @@ def open_regular(path: str | Path, limit: int | None, *, root: str | Path | None
         os.close(directory)
 
 
-def _chunks(fd: int, limit: int | None, path: Path, what: str):
+def _chunks(fd: int, limit: int | None, path: Path, what: str) -> Iterator[bytes]:
     """The file's bytes in pieces; UnsafeFileError if it grows past `limit` while being read."""
     total = 0
     while piece := os.read(fd, 1 << 22):
@@ -255,6 +256,7 @@ def open_lock(path: str | Path, *, root: str | Path | None = None, create: bool 
     directory = _open_directory(base, components[:-1])
     flags = os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     try:
+        mode: int | None
         try:
             mode = os.stat(components[-1], dir_fd=directory, follow_symlinks=False).st_mode
         except FileNotFoundError:
