@@ -72,12 +72,34 @@ class RdpCurve:
     @classmethod
     def zero(cls, orders: Sequence[float] = DEFAULT_ORDERS,
              relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> "RdpCurve":
-        """The curve of a mechanism that reveals nothing (the identity of composition)."""
+        """The curve of a mechanism that reveals nothing (the identity of composition).
+
+        Args:
+            orders: Renyi orders, each finite and > 1 (default: dp-accounting's grid, DEFAULT_ORDERS).
+            relation: the neighbouring relation the curve is stated for.
+
+        Returns:
+            A data-independent curve, 0 at every order, on the sorted distinct orders.
+
+        Raises:
+            ValueError: an order that is not a finite number > 1, or a relation that is not a
+                NeighbouringRelation.
+        """
         orders = canonical_orders(orders)
         return cls(orders, np.zeros(len(orders)), relation, False)
 
     def value_at(self, order: float) -> float:
-        """epsilon at `order`, which must lie on the grid (no interpolation: RDP is not linear)."""
+        """epsilon at `order`, which must lie on the grid (no interpolation: RDP is not linear).
+
+        Args:
+            order: a Renyi order of this curve's grid (rounded to 10 decimals before the look-up).
+
+        Returns:
+            The RDP epsilon at that order, a float >= 0 (+inf: no guarantee there).
+
+        Raises:
+            ValueError: order is not a finite number > 1, or is not on the grid.
+        """
         key = canonical_orders([order])[0]
         require(key in self._order_index, f"order {order:g} is not on this curve's grid")
         return float(self.values[self._order_index[key]])
@@ -95,7 +117,18 @@ class RdpCurve:
                         self.data_dependent or other.data_dependent, self.direction.composed_with(other.direction))
 
     def composed(self, times: int) -> "RdpCurve":
-        """k-fold composition of this curve with itself: k * epsilon(order), rounded upwards."""
+        """k-fold composition of this curve with itself: k * epsilon(order), rounded upwards.
+
+        Args:
+            times: how many runs, an integer >= 0 (0 gives the zero curve, +inf values included).
+
+        Returns:
+            A curve on the same grid, relation, direction and data dependence, each value the
+            smallest float >= times * value (Mironov 2017, Proposition 1).
+
+        Raises:
+            ValueError: times is not an integer >= 0.
+        """
         times = require_int_at_least("times", times, 0)
         with np.errstate(invalid="ignore"):
             values = np.where(np.isinf(self.values) & (times == 0), 0.0, up_multiply(self.values, times))
@@ -108,7 +141,12 @@ class RdpCurve:
                 f"direction={self.direction})")
 
     def to_dict(self) -> JsonObject:
-        """JSON-safe form; +inf is written as the string "inf" so JSON stays standard."""
+        """JSON-safe form; +inf is written as the string "inf" so JSON stays standard.
+
+        Returns:
+            A dict with "orders" (list of floats), "values" (floats, "inf" for +inf), "relation",
+            "data_dependent" and "direction" (the enums' values).
+        """
         return {
             "orders": list(self.orders),
             "values": [float(v) if np.isfinite(v) else "inf" for v in self.values],
@@ -119,7 +157,19 @@ class RdpCurve:
 
     @classmethod
     def from_dict(cls, data: JsonObject) -> "RdpCurve":
-        """Inverse of to_dict. A record without "direction" predates it and was always BOTH."""
+        """Inverse of to_dict. A record without "direction" predates it and was always BOTH.
+
+        Args:
+            data: a record as to_dict writes it (parsed from JSON).
+
+        Returns:
+            The curve the record describes.
+
+        Raises:
+            ValueError: data is not a dict, lacks a field, holds a malformed one (data_dependent not a
+                bool, an unknown relation or direction, values that are not numbers), or describes an
+                invalid curve (see RdpCurve).
+        """
         require(isinstance(data, dict), f"an RDP curve record must be a mapping, got {type(data).__name__}")
         try:
             values = [float("inf") if v == "inf" else float(v) for v in data["values"]]
@@ -160,7 +210,18 @@ _smallest = np.minimum.reduce   # the ufunc itself: ndarray.min's Python wrapper
 
 
 def require_curve(curve: object, name: str = "curve") -> RdpCurve:
-    """curve itself, or ValueError naming `name` when it is not an RdpCurve."""
+    """curve itself, or ValueError naming `name` when it is not an RdpCurve.
+
+    Args:
+        curve: the value to check.
+        name: what the value is, for the error message.
+
+    Returns:
+        curve, an RdpCurve.
+
+    Raises:
+        ValueError: curve is not an RdpCurve.
+    """
     if not isinstance(curve, RdpCurve):
         raise ValueError(f"{name} must be an RdpCurve (e.g. RdpCurve(orders, values)), got {type(curve).__name__}")
     return curve
