@@ -106,7 +106,20 @@ def _unique_keys(where: str) -> Callable[[list[tuple[str, Any]]], JsonObject]:
 def parse_json(text: str, where: str = "JSON text") -> Any:  # as json.loads: any JSON value
     """The value `text` holds, as json.loads reads it, but ValueError naming `where` for text nested
     deeper than MAX_DEPTH or an object with a duplicate key (json.JSONDecodeError, a ValueError, for
-    text that is not JSON). For JSON somebody else wrote (user input: JSONL records, examples)."""
+    text that is not JSON). For JSON somebody else wrote (user input: JSONL records, examples).
+
+    Args:
+        text: the JSON text.
+        where: what the text is (a file name, "line 3 of events.jsonl"), for the error messages.
+
+    Returns:
+        The parsed value: a dict, list, str, int, float, bool or None (Infinity and NaN literals read
+        as floats, as json.loads reads them).
+
+    Raises:
+        ValueError: nesting deeper than MAX_DEPTH, a key repeated in one object, or text that is not
+            JSON (json.JSONDecodeError).
+    """
     depth = _nesting_depth(text)
     if depth > MAX_DEPTH:
         raise ValueError(f"{where}: arrays and objects nest {depth} deep, more than the {MAX_DEPTH} a file dpledger "
@@ -117,7 +130,20 @@ def parse_json(text: str, where: str = "JSON text") -> Any:  # as json.loads: an
 def loads_json(text: str, where: str = "JSON text") -> Any:  # as json.loads: any JSON value
     """A value parsed from `text` (parse_json's checks), non-finite floats restored from its NULLS map
     (strict_json_text's inverse). Files written before strict JSON (with Infinity literals) read the
-    same."""
+    same.
+
+    Args:
+        text: the JSON text, as strict_json_text writes it.
+        where: what the text is, for the error messages.
+
+    Returns:
+        The parsed value; for an object with a NULLS map, the object without it, each null it names
+        replaced by +inf, -inf or NaN.
+
+    Raises:
+        ValueError: parse_json refuses the text, or the NULLS map names an entry that is not there,
+            is not null, or gives an unknown reason.
+    """
     value = parse_json(text, where)
     if isinstance(value, dict) and isinstance(value.get(NULLS), dict):
         value = _restored(value, value.pop(NULLS), where)
@@ -127,7 +153,21 @@ def loads_json(text: str, where: str = "JSON text") -> Any:  # as json.loads: an
 def strict_json_text(payload: JsonObject, default: Callable[[Any], Any] | None = None, sort_keys: bool = True,
                      indent: int | None = 2) -> str:
     """Strict JSON text of `payload`: non-finite floats become null, each listed under NULLS with
-    its reason; `default` serialises other types as in json.dumps."""
+    its reason; `default` serialises other types as in json.dumps.
+
+    Args:
+        payload: the object to write; numpy arrays in it are written as lists.
+        default: called on a value json cannot serialise, returns one it can (as json.dumps' default).
+        sort_keys: write each object's keys sorted.
+        indent: spaces per nesting level; None for one line.
+
+    Returns:
+        JSON text with no NaN or Infinity literal, readable by any strict parser.
+
+    Raises:
+        ValueError: payload is not a dict, or already uses the reserved key NULLS.
+        TypeError: a value that neither json nor `default` can serialise.
+    """
     require(isinstance(payload, dict), f"a JSON payload must be a dict, got {type(payload).__name__}")
     require(NULLS not in payload, f"a JSON payload may not use the reserved key {NULLS!r}")
     nulls: dict[str, str] = {}
