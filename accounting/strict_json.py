@@ -171,7 +171,7 @@ def strict_json_text(payload: JsonObject, default: Callable[[Any], Any] | None =
     require(isinstance(payload, dict), f"a JSON payload must be a dict, got {type(payload).__name__}")
     require(NULLS not in payload, f"a JSON payload may not use the reserved key {NULLS!r}")
     nulls: dict[str, str] = {}
-    # what _nulled(payload, "", nulls) gives, built here so that the result is typed as an object
+    # what _nulled(payload, "", nulls) gives, built here so that its type is a dict (_nulled's is object)
     body = {key: _nulled(item, f"/{_pointer_token(key)}", nulls) for key, item in payload.items()}
     if nulls:
         body[NULLS] = nulls
