@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from dpledger.accounting.curve import RdpCurve, require_curve
 from dpledger.accounting.errors import (require, require_bool, require_finite, require_in_closed, require_in_open, require_member,
@@ -76,13 +77,13 @@ class EpsilonConversion:
              relation=require_member(NeighbouringRelation, "relation", self.relation))
 
 
-def _set(instance, **values) -> None:
+def _set(instance: object, **values: object) -> None:
     """Store validated, normalised field values on a frozen dataclass instance."""
     for name, value in values.items():
         object.__setattr__(instance, name, value)
 
 
-def _optional_order(order) -> float | None:
+def _optional_order(order: object) -> float | None:
     """None (no optimal order) or a finite Renyi order > 1."""
     return None if order is None else require_order("order", order)
 
@@ -113,7 +114,7 @@ class DeltaConversion:
              direction=require_member(DivergenceDirection, "direction", self.direction))
 
 
-def conversion_terms(orders: np.ndarray, delta: float, method: ConversionMethod) -> np.ndarray:
+def conversion_terms(orders: npt.NDArray[np.float64], delta: float, method: ConversionMethod) -> npt.NDArray[np.float64]:
     """The part of epsilon(order) beyond RDP(order), for each order.
 
     improved (Balle et al. 2020, Theorem 21):
@@ -121,14 +122,30 @@ def conversion_terms(orders: np.ndarray, delta: float, method: ConversionMethod)
         (a - 1 is exact; log1p(-1/a) loses the digits of 1 - 1/a for orders near 1)
     classic (Mironov 2017, Proposition 3):
         log(1/delta) / (a-1)
+
+    Args:
+        orders: Renyi orders a, each > 1, an array (any shape).
+        delta: target delta, in (0, 1).
+        method: ConversionMethod.IMPROVED or CLASSIC (a member, not its name).
+
+    Returns:
+        A float64 array of orders' shape: epsilon(a) - RDP(a) at each order (the improved term is
+        negative where a * delta >= 1).
+
+    Raises:
+        ValueError: an order <= 1 (or NaN), delta outside (0, 1), or a method that is not a
+            ConversionMethod member.
     """
-    orders = np.asarray(orders, dtype=np.float64)
-    require(bool(np.all(orders > 1)), f"every Renyi order must be > 1, got {orders.min():g}")
+    a = np.asarray(orders, dtype=np.float64)
+    require(bool(np.all(a > 1)), f"every Renyi order must be > 1, got {a.min():g}")
     delta = require_in_open("delta", delta, 0.0, 1.0)
+    terms: npt.NDArray[np.float64]
     if method is ConversionMethod.IMPROVED:
-        return np.log(orders - 1.0) - np.log(orders) - (math.log(delta) + np.log(orders)) / (orders - 1.0)
+        terms = np.log(a - 1.0) - np.log(a) - (math.log(delta) + np.log(a)) / (a - 1.0)
+        return terms
     if method is ConversionMethod.CLASSIC:
-        return -math.log(delta) / (orders - 1.0)
+        terms = -math.log(delta) / (a - 1.0)
+        return terms
     raise ValueError(f"method must be one of {[m.value for m in ConversionMethod]}, got {method!r}")
 
 
@@ -141,7 +158,17 @@ def _warn_if_edge(at_edge: bool, order: float | None, curve: RdpCurve) -> None:
 
 
 def conversion_method(method: ConversionMethod | str) -> ConversionMethod:
-    """The method named by `method`; ValueError listing the names for anything else."""
+    """The method named by `method`; ValueError listing the names for anything else.
+
+    Args:
+        method: a ConversionMethod or its value ("improved", "classic").
+
+    Returns:
+        The ConversionMethod member.
+
+    Raises:
+        ValueError: when method names no conversion.
+    """
     return require_member(ConversionMethod, "method", method)
 
 
@@ -194,15 +221,33 @@ def epsilon_from_rdp(curve: RdpCurve, delta: float,
                              curve.data_dependent, curve.direction, curve.relation)
 
 
-def rdp_branch_rounding_slack(order, rdp, epsilon):
+def rdp_branch_rounding_slack(order: npt.NDArray[np.float64], rdp: npt.NDArray[np.float64], epsilon: float
+                              ) -> npt.NDArray[np.float64]:
     """Bound on the floating-point error of log delta(a) = (a-1)(r - eps + log(1-1/a)) - log a:
-    8 ulps of the magnitudes that enter it (the subtraction r - eps is where digits are lost)."""
-    order = np.asarray(order, dtype=np.float64)
-    return ROUNDING_ULPS * ((order - 1.0) * (np.asarray(rdp, dtype=np.float64) + epsilon + 1.0) + np.log(order) + 1.0)
+    8 ulps of the magnitudes that enter it (the subtraction r - eps is where digits are lost).
+
+    Args:
+        order: Renyi orders a, each > 1, an array.
+        rdp: RDP values r at those orders, finite and >= 0, an array broadcastable against `order`.
+        epsilon: the target epsilon, finite and >= 0.
+
+    Returns:
+        A float64 array of the broadcast shape: the amount to add to log delta(a) so that it is
+        never below the exact value.
+    """
+    a = np.asarray(order, dtype=np.float64)
+    return ROUNDING_ULPS * ((a - 1.0) * (np.asarray(rdp, dtype=np.float64) + epsilon + 1.0) + np.log(a) + 1.0)
 
 
-def tv_branch_rounding_slack(log_delta_tv):
-    """Bound on the floating-point error of 0.5 log(-expm1(-r)): 8 ulps of its magnitude."""
+def tv_branch_rounding_slack(log_delta_tv: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Bound on the floating-point error of 0.5 log(-expm1(-r)): 8 ulps of its magnitude.
+
+    Args:
+        log_delta_tv: the computed total-variation branch of log delta at each order, finite, an array.
+
+    Returns:
+        A float64 array of its shape: the amount to add so that it is never below the exact value.
+    """
     return ROUNDING_ULPS * (np.abs(np.asarray(log_delta_tv, dtype=np.float64)) + 1.0)
 
 

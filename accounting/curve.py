@@ -9,13 +9,15 @@ rounded upwards, never below the exact sum (dpledger.accounting.summation).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from dpledger.accounting.errors import require, require_bool, require_int_at_least
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, paired_orders
 from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelation
+from dpledger.accounting.strict_json import JsonObject
 from dpledger.accounting.summation import up_add, up_multiply, upper_sum
 
 
@@ -35,11 +37,11 @@ class RdpCurve:
     """
 
     orders: tuple[float, ...]
-    values: np.ndarray
+    values: npt.NDArray[np.float64]
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
     data_dependent: bool = False
     direction: DivergenceDirection = DivergenceDirection.BOTH
-    _order_index: dict = field(init=False, repr=False, compare=False)
+    _order_index: dict[float, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         orders, permutation, index = _validated_grid(self.orders)
@@ -70,12 +72,34 @@ class RdpCurve:
     @classmethod
     def zero(cls, orders: Sequence[float] = DEFAULT_ORDERS,
              relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> "RdpCurve":
-        """The curve of a mechanism that reveals nothing (the identity of composition)."""
+        """The curve of a mechanism that reveals nothing (the identity of composition).
+
+        Args:
+            orders: Renyi orders, each finite and > 1 (default: dp-accounting's grid, DEFAULT_ORDERS).
+            relation: the neighbouring relation the curve is stated for.
+
+        Returns:
+            A data-independent curve, 0 at every order, on the sorted distinct orders.
+
+        Raises:
+            ValueError: an order that is not a finite number > 1, or a relation that is not a
+                NeighbouringRelation.
+        """
         orders = canonical_orders(orders)
         return cls(orders, np.zeros(len(orders)), relation, False)
 
     def value_at(self, order: float) -> float:
-        """epsilon at `order`, which must lie on the grid (no interpolation: RDP is not linear)."""
+        """epsilon at `order`, which must lie on the grid (no interpolation: RDP is not linear).
+
+        Args:
+            order: a Renyi order of this curve's grid (rounded to 10 decimals before the look-up).
+
+        Returns:
+            The RDP epsilon at that order, a float >= 0 (+inf: no guarantee there).
+
+        Raises:
+            ValueError: order is not a finite number > 1, or is not on the grid.
+        """
         key = canonical_orders([order])[0]
         require(key in self._order_index, f"order {order:g} is not on this curve's grid")
         return float(self.values[self._order_index[key]])
@@ -93,7 +117,18 @@ class RdpCurve:
                         self.data_dependent or other.data_dependent, self.direction.composed_with(other.direction))
 
     def composed(self, times: int) -> "RdpCurve":
-        """k-fold composition of this curve with itself: k * epsilon(order), rounded upwards."""
+        """k-fold composition of this curve with itself: k * epsilon(order), rounded upwards.
+
+        Args:
+            times: how many runs, an integer >= 0 (0 gives the zero curve, +inf values included).
+
+        Returns:
+            A curve on the same grid, relation, direction and data dependence, each value the
+            smallest float >= times * value (Mironov 2017, Proposition 1).
+
+        Raises:
+            ValueError: times is not an integer >= 0.
+        """
         times = require_int_at_least("times", times, 0)
         with np.errstate(invalid="ignore"):
             values = np.where(np.isinf(self.values) & (times == 0), 0.0, up_multiply(self.values, times))
@@ -105,8 +140,13 @@ class RdpCurve:
                 f"finite at {int(finite.sum())}, relation={self.relation}, data_dependent={self.data_dependent}, "
                 f"direction={self.direction})")
 
-    def to_dict(self) -> dict:
-        """JSON-safe form; +inf is written as the string "inf" so JSON stays standard."""
+    def to_dict(self) -> JsonObject:
+        """JSON-safe form; +inf is written as the string "inf" so JSON stays standard.
+
+        Returns:
+            A dict with "orders" (list of floats), "values" (floats, "inf" for +inf), "relation",
+            "data_dependent" and "direction" (the enums' values).
+        """
         return {
             "orders": list(self.orders),
             "values": [float(v) if np.isfinite(v) else "inf" for v in self.values],
@@ -116,8 +156,20 @@ class RdpCurve:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RdpCurve":
-        """Inverse of to_dict. A record without "direction" predates it and was always BOTH."""
+    def from_dict(cls, data: JsonObject) -> "RdpCurve":
+        """Inverse of to_dict. A record without "direction" predates it and was always BOTH.
+
+        Args:
+            data: a record as to_dict writes it (parsed from JSON).
+
+        Returns:
+            The curve the record describes.
+
+        Raises:
+            ValueError: data is not a dict, lacks a field, holds a malformed one (data_dependent not a
+                bool, an unknown relation or direction, values that are not numbers), or describes an
+                invalid curve (see RdpCurve).
+        """
         require(isinstance(data, dict), f"an RDP curve record must be a mapping, got {type(data).__name__}")
         try:
             values = [float("inf") if v == "inf" else float(v) for v in data["values"]]
@@ -131,7 +183,11 @@ class RdpCurve:
             raise ValueError(f"RDP curve record is malformed: {wrong}") from None
 
 
-def _validated_grid(orders) -> tuple[tuple[float, ...], np.ndarray | None, dict]:
+_Grid: TypeAlias = tuple[tuple[float, ...], "npt.NDArray[np.intp] | None", dict[float, int]]
+"""(sorted orders, the permutation that sorts the given ones or None, order -> position)."""
+
+
+def _validated_grid(orders: Iterable[float]) -> _Grid:
     """(sorted orders, the permutation that sorts the given ones or None, order -> position). A grid
     tuple seen before (every curve's own `orders`, DEFAULT_ORDERS) is found by identity and not
     validated again, so building the many per-step curves of a run costs microseconds."""
@@ -149,14 +205,25 @@ def _validated_grid(orders) -> tuple[tuple[float, ...], np.ndarray | None, dict]
     return result
 
 
-_KNOWN_GRIDS: dict[int, tuple] = {}
+_KNOWN_GRIDS: dict[int, tuple[tuple[float, ...], _Grid]] = {}
 _smallest = np.minimum.reduce   # the ufunc itself: ndarray.min's Python wrapper costs as much as the rest
 
 
-def require_curve(curve, name: str = "curve") -> RdpCurve:
-    """curve itself, or ValueError naming `name` when it is not an RdpCurve."""
-    require(isinstance(curve, RdpCurve),
-            f"{name} must be an RdpCurve (e.g. RdpCurve(orders, values)), got {type(curve).__name__}")
+def require_curve(curve: object, name: str = "curve") -> RdpCurve:
+    """curve itself, or ValueError naming `name` when it is not an RdpCurve.
+
+    Args:
+        curve: the value to check.
+        name: what the value is, for the error message.
+
+    Returns:
+        curve, an RdpCurve.
+
+    Raises:
+        ValueError: curve is not an RdpCurve.
+    """
+    if not isinstance(curve, RdpCurve):
+        raise ValueError(f"{name} must be an RdpCurve (e.g. RdpCurve(orders, values)), got {type(curve).__name__}")
     return curve
 
 
@@ -185,8 +252,8 @@ def compose_curves(curves: Iterable[RdpCurve]) -> RdpCurve:
     require(all(curve.orders is first.orders or curve.orders == first.orders for curve in curves),
             "cannot compose curves on different order grids")
     relation, direction = first.relation, first.direction
-    for curve in {(c.relation, c.direction) for c in curves[1:]}:   # folding distinct pairs is enough
-        relation, direction = relation.composed_with(curve[0]), direction.composed_with(curve[1])
+    for pair in {(c.relation, c.direction) for c in curves[1:]}:   # folding distinct pairs is enough
+        relation, direction = relation.composed_with(pair[0]), direction.composed_with(pair[1])
     # one sum over the stacked values (Mironov 2017, Proposition 1), rounded upwards
     total = upper_sum(np.stack([c.values for c in curves]))
     return RdpCurve(first.orders, total, relation, any(c.data_dependent for c in curves), direction)

@@ -9,16 +9,24 @@ keeps whether it is data-dependent and which divergence direction(s) it bounds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from dpledger.accounting.conversion import ConversionMethod, EpsilonConversion, epsilon_from_rdp
 from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.errors import require, require_bool, require_int_at_least, require_member, require_not_nan, require_str
 from dpledger.accounting.orders import DEFAULT_ORDERS, paired_orders
 from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelation
+from dpledger.accounting.strict_json import JsonObject
 from dpledger.accounting.summation import UpperSum
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported only by to_frame at run time: the accounting needs numpy and scipy only
+
+BlockEntry: TypeAlias = (tuple[npt.ArrayLike, bool] | tuple[npt.ArrayLike, bool, NeighbouringRelation])
+"""What `PrivacyLedger.charge_many` takes per component: (values[steps, orders], data_dependent[, relation])."""
 
 
 @dataclass(frozen=True)
@@ -69,13 +77,26 @@ class Breakdown:
     def total(self) -> float:
         return self.conversion.epsilon
 
-    def to_frame(self):
+    def to_frame(self) -> "pd.DataFrame":
+        """The rows as a pandas DataFrame (pandas is imported here, only when this is called).
+
+        Returns:
+            One line per row, columns "component", "epsilon", "data_dependent", "direction" and
+            "relation" (the enums' values).
+        """
         import pandas as pd
 
         return pd.DataFrame([{"component": r.component, "epsilon": r.epsilon, "data_dependent": r.data_dependent,
                               "direction": r.direction.value, "relation": r.relation.value} for r in self.rows])
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> JsonObject:
+        """JSON-ready form of the table (+inf stays a float: strict_json_text writes it).
+
+        Returns:
+            A dict with the conversion's "order", "delta", "method", "data_dependent", "direction" and
+            "relation", and "rows": one dict per row (component, epsilon, data_dependent, direction,
+            relation).
+        """
         return {
             "order": self.conversion.order,
             "delta": self.conversion.delta,
@@ -101,7 +122,7 @@ class PrivacyLedger:
     """
 
     def __init__(self, orders: Sequence[float] = DEFAULT_ORDERS,
-                 relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE):
+                 relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> None:
         self.orders, self._permutation = paired_orders(orders)
         require(isinstance(relation, NeighbouringRelation), f"relation must be a NeighbouringRelation, got {relation!r}")
         self.relation = relation
@@ -111,7 +132,7 @@ class PrivacyLedger:
         self._relation: dict[str, NeighbouringRelation] = {}
         self.steps = 0
 
-    def _add(self, name: str, rows: np.ndarray, data_dependent: bool,
+    def _add(self, name: str, rows: npt.NDArray[np.float64], data_dependent: bool,
              direction: DivergenceDirection = DivergenceDirection.BOTH,
              relation: NeighbouringRelation | None = None) -> None:
         """Add `rows` (one row of values per order, or (steps, orders)) to component `name`."""
@@ -132,7 +153,17 @@ class PrivacyLedger:
     def total_relation_with(self, *relations: NeighbouringRelation) -> NeighbouringRelation:
         """The relation the total would hold for with components for `relations` added; ValueError
         when they share no neighbouring pair with the ledger's relation and the other components'.
-        Called before anything is charged, so that a refused charge leaves the ledger as it was."""
+        Called before anything is charged, so that a refused charge leaves the ledger as it was.
+
+        Args:
+            *relations: the relations of the components about to be charged.
+
+        Returns:
+            The relation whose moves the ledger's relation, every component's and every one given cover.
+
+        Raises:
+            ValueError: they share no neighbouring move.
+        """
         total = self.relation
         for relation in (*self._relation.values(), *relations):
             total = total.composed_with(relation)
@@ -145,7 +176,16 @@ class PrivacyLedger:
         return self.total_relation_with()
 
     def charge(self, components: Mapping[str, RdpCurve]) -> None:
-        """Charge one step: every named component's curve is added to its running total."""
+        """Charge one step: every named component's curve is added to its running total.
+
+        Args:
+            components: a non-empty mapping of component name to the step's RdpCurve for it, each on
+                the ledger's order grid; its relation, direction and data dependence are kept.
+
+        Raises:
+            ValueError: an empty mapping, a value that is not an RdpCurve or is on another grid, or
+                relations that share no neighbouring pair with the ledger's (nothing is charged then).
+        """
         require(isinstance(components, Mapping) and len(components) > 0,
                 f"a step must charge a non-empty mapping of component name to RdpCurve, got {components!r}")
         for name, curve in components.items():
@@ -156,14 +196,25 @@ class PrivacyLedger:
             self._add(name, curve.values, curve.data_dependent, curve.direction, curve.relation)
         self.steps += 1
 
-    def charge_many(self, components: Mapping[str, tuple]) -> None:
+    def charge_many(self, components: Mapping[str, BlockEntry]) -> None:
         """Charge a block of steps: each component maps to (values[steps, orders], data_dependent) or
         (values, data_dependent, relation), the columns in the order the ledger's orders were given;
         without a relation the ledger's own is assumed. The values bound both divergence directions;
-        a one-direction curve is charged with `charge`, which reads its direction."""
+        a one-direction curve is charged with `charge`, which reads its direction.
+
+        Args:
+            components: a non-empty mapping of component name to (values, data_dependent) or
+                (values, data_dependent, relation): values a (steps, orders) array of RDP values
+                >= 0 (+inf: no guarantee), the same number of steps for every component.
+
+        Raises:
+            ValueError: an empty mapping, a malformed entry, values that are not numbers, of the wrong
+                shape, NaN or negative, components covering different numbers of steps, or
+                relations that share no neighbouring pair (nothing is charged then).
+        """
         require(isinstance(components, Mapping) and len(components) > 0,
                 f"a block must charge a non-empty mapping of component name to (values, data_dependent), got {components!r}")
-        steps = None
+        steps = -1  # the block's step count, set by the first component
         for name, entry in components.items():
             require(isinstance(entry, tuple) and len(entry) in (2, 3),
                     f"component {name!r} must be (values[steps, orders], data_dependent[, relation]), got {entry!r}")
@@ -177,7 +228,7 @@ class PrivacyLedger:
                     f"component {name!r} values must have shape (steps, {len(self.orders)}), got {values.shape}")
             require(not bool(np.any(np.isnan(values))), f"component {name!r} has NaN RDP values")
             require(bool(np.all(values >= 0)), f"component {name!r} has negative RDP values")
-            require(steps is None or values.shape[0] == steps, "every component must cover the same steps")
+            require(steps == -1 or values.shape[0] == steps, "every component must cover the same steps")
             steps = values.shape[0]
         relations = {name: self.relation if len(entry) == 2 else entry[2] for name, entry in components.items()}
         self.total_relation_with(*relations.values())
@@ -187,22 +238,62 @@ class PrivacyLedger:
         self.steps += steps
 
     def component_curve(self, name: str) -> RdpCurve:
+        """One component's running total as a curve.
+
+        Args:
+            name: the component's name, as charged.
+
+        Returns:
+            The sum of its charges at each order, rounded up, with its relation, data dependence and
+            direction.
+
+        Raises:
+            ValueError: no component of that name was charged.
+        """
         require(name in self._totals, f"no component named {name!r}; have {list(self._totals)}")
         return RdpCurve(self.orders, self._totals[name].upper(), self._relation[name], self._data_dependent[name],
                         self._direction[name])
 
     def total_curve(self) -> RdpCurve:
-        """The composed curve: the sum of every component's total (zero if nothing was charged)."""
+        """The composed curve: the sum of every component's total (zero if nothing was charged).
+
+        Returns:
+            An RdpCurve on the ledger's grid (Mironov 2017, Proposition 1), for the total relation,
+            data-dependent when any component is, FROM_ACTUAL when any component is.
+        """
         total = RdpCurve.zero(self.orders, self.total_relation)
         for name in self._totals:
             total = total + self.component_curve(name)
         return total
 
     def epsilon(self, delta: float, method: ConversionMethod | str = ConversionMethod.IMPROVED) -> EpsilonConversion:
+        """The (epsilon, delta) guarantee of the composed curve (conversion.epsilon_from_rdp).
+
+        Args:
+            delta: target delta, in (0, 1).
+            method: ConversionMethod.IMPROVED (default, Balle et al. 2020, Theorem 21) or CLASSIC
+                (Mironov 2017, Proposition 3), or their names.
+
+        Returns:
+            The EpsilonConversion of total_curve() (a GridEdgeWarning is issued when its optimal
+            order is at the grid's edge).
+        """
         return epsilon_from_rdp(self.total_curve(), delta, method)
 
     def breakdown(self, delta: float, method: ConversionMethod | str = ConversionMethod.IMPROVED) -> Breakdown:
-        """Table 2b at the composed curve's optimal order; rows sum to the total epsilon."""
+        """Table 2b at the composed curve's optimal order; rows sum to the total epsilon.
+
+        Where there is no optimal order (epsilon +inf, or 0 for a curve that is 0 everywhere), every
+        component row holds the total epsilon and there is no conversion row.
+
+        Args:
+            delta: target delta, in (0, 1).
+            method: ConversionMethod.IMPROVED (default) or CLASSIC, or their names.
+
+        Returns:
+            A Breakdown: one row per component (its RDP at the optimal order), the "RDP to DP
+            (<method>)" row (total minus the components' sum), and the "total" row.
+        """
         conversion = self.epsilon(delta, method)
         rows = []
         if conversion.order is None:  # no guarantee anywhere (inf) or a data-free mechanism (0)
@@ -224,7 +315,13 @@ class PrivacyLedger:
                                  conversion.relation))
         return Breakdown(tuple(rows), conversion)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> JsonObject:
+        """JSON-ready form of the ledger (from_dict reads it back).
+
+        Returns:
+            A dict with "orders", "relation", "total_relation" (the enums' values), "steps" and
+            "components": each component's running total as RdpCurve.to_dict gives it.
+        """
         return {
             "orders": list(self.orders),
             "relation": self.relation.value,
@@ -234,9 +331,20 @@ class PrivacyLedger:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "PrivacyLedger":
+    def from_dict(cls, data: JsonObject) -> "PrivacyLedger":
         """Inverse of to_dict; ValueError when a component is on another grid or its relation shares no
-        neighbouring pair with the others'."""
+        neighbouring pair with the others'.
+
+        Args:
+            data: a record as to_dict writes it (parsed from JSON).
+
+        Returns:
+            A ledger holding each component's total as one charge, and the recorded step count.
+
+        Raises:
+            ValueError: data or its components not a dict, a missing or malformed field, a component
+                on another grid, relations with no common neighbouring pair, or steps not an integer >= 0.
+        """
         require(isinstance(data, dict), f"a ledger record must be a mapping, got {type(data).__name__}")
         require(isinstance(data.get("components"), dict),
                 f"a ledger record's components must be a mapping, got {type(data.get('components')).__name__}")

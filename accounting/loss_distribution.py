@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 from scipy.signal import fftconvolve
 
 from dpledger.accounting.errors import require, require_in_open, require_positive
@@ -74,48 +76,73 @@ class LossDistribution:
 
     interval: float
     offset: int
-    mass: np.ndarray
+    mass: npt.NDArray[np.float64]
     infinite: float = 0.0
     error: float = 0.0
     steps: int = 1
     rounding: float = 0.0
 
     @classmethod
-    def from_log_laws(cls, log_p, log_q, interval: float, truncation: float = TRUNCATION) -> "LossDistribution":
+    def from_log_laws(cls, log_p: npt.ArrayLike, log_q: npt.ArrayLike, interval: float,
+                      truncation: float = TRUNCATION) -> "LossDistribution":
         """The loss of one step whose outcome has log-probabilities `log_p` under the first law and
-        `log_q` under the second (same outcomes; -inf for probability 0). ValueError for NaN."""
+        `log_q` under the second (same outcomes; -inf for probability 0). ValueError for NaN.
+
+        Args:
+            log_p: natural-log probabilities of the outcomes under the first law P, each <= 0
+                (flattened to 1-D).
+            log_q: the same outcomes' log-probabilities under the second law Q, same size.
+            interval: the grid width in nats, finite and > 0.
+            truncation: mass below which the ends of the distribution are dropped.
+
+        Returns:
+            The one-step loss distribution: losses log(P/Q), lowered by their floating-point
+            allowance and rounded down to the grid; masses lowered by LAW_RELATIVE_ERROR; the mass
+            of outcomes Q cannot produce as `infinite`.
+
+        Raises:
+            ValueError: interval not a finite number > 0, laws of different sizes, a NaN, or a
+                log-probability above 0.
+        """
         interval = require_positive("interval", interval)
-        log_p = np.asarray(log_p, dtype=np.float64).reshape(-1)
-        log_q = np.asarray(log_q, dtype=np.float64).reshape(-1)
-        require(log_p.shape == log_q.shape, f"the two laws must have the same outcomes, got {log_p.shape} and "
-                                            f"{log_q.shape}")
-        require(not (np.isnan(log_p).any() or np.isnan(log_q).any()), "a law holds NaN")
-        require(not ((log_p > 0).any() or (log_q > 0).any()), "a log-probability is above 0")
-        possible = log_p > -np.inf
-        impossible = possible & (log_q == -np.inf)
+        all_p = np.asarray(log_p, dtype=np.float64).reshape(-1)
+        all_q = np.asarray(log_q, dtype=np.float64).reshape(-1)
+        require(all_p.shape == all_q.shape, f"the two laws must have the same outcomes, got {all_p.shape} and "
+                                            f"{all_q.shape}")
+        require(not (np.isnan(all_p).any() or np.isnan(all_q).any()), "a law holds NaN")
+        require(not ((all_p > 0).any() or (all_q > 0).any()), "a log-probability is above 0")
+        possible = all_p > -np.inf
+        impossible = possible & (all_q == -np.inf)
         lower = 1.0 - LAW_RELATIVE_ERROR
-        infinite = float(np.exp(log_p[impossible]).sum() * lower) if impossible.any() else 0.0
+        infinite = float(np.exp(all_p[impossible]).sum() * lower) if impossible.any() else 0.0
         finite = possible & ~impossible
-        log_p, log_q = log_p[finite], log_q[finite]
-        loss = log_p - log_q
+        p, q = all_p[finite], all_q[finite]
+        loss = p - q
         # each log off by up to its own rounding and the laws' error: lower the loss by a bound on both
-        loss = loss - (2 * LAW_RELATIVE_ERROR + LOSS_ABSOLUTE_ERROR * (np.abs(log_p) + np.abs(log_q) + 1.0))
+        loss = loss - (2 * LAW_RELATIVE_ERROR + LOSS_ABSOLUTE_ERROR * (np.abs(p) + np.abs(q) + 1.0))
         index = np.floor(loss / interval)
         index = np.where(index * interval > loss, index - 1, index)   # floor never rounds up, even at an edge
-        masses = np.exp(log_p) * lower
+        masses = np.exp(p) * lower
         if index.size == 0:
             return cls(interval, 0, np.zeros(1), min(1.0, infinite), rounding=interval)
         low = int(index.min())
-        mass = np.bincount((index - low).astype(np.int64), weights=masses)
+        mass = _binned((index - low).astype(np.int64), masses)
         # bincount adds masses: a relative rounding of the count's size, covered by the masses' allowance
         return cls(interval, low, mass, min(1.0, infinite), 0.0, rounding=interval)._trimmed(truncation)
 
     def coarsened(self, factor: int) -> "LossDistribution":
         """The same distribution on a grid `factor` times wider, each cell's loss rounded down to the
-        new grid (a cell k goes to floor(k / factor)): still a lower bound."""
+        new grid (a cell k goes to floor(k / factor)): still a lower bound.
+
+        Args:
+            factor: how many times wider the new grid is, an integer >= 1.
+
+        Returns:
+            A distribution with interval * factor as its grid width and that width added to `rounding`.
+        """
         first = self.offset // factor
         cells = (self.offset + np.arange(self.mass.size)) // factor - first
-        mass = np.bincount(cells, weights=self.mass)
+        mass = _binned(cells, self.mass)
         return LossDistribution(self.interval * factor, first, mass, self.infinite, self.error, self.steps,
                                 self.rounding + self.interval * factor)
 
@@ -130,7 +157,20 @@ class LossDistribution:
                                 self.error, self.steps, self.rounding)
 
     def compose(self, other: "LossDistribution", truncation: float = TRUNCATION) -> "LossDistribution":
-        """The loss of both pairs run independently: losses add, so masses convolve."""
+        """The loss of both pairs run independently: losses add, so masses convolve.
+
+        Args:
+            other: the other pair's loss distribution, on a grid of this one's width times or divided
+                by a whole number (the finer is coarsened to the wider).
+            truncation: mass below which the ends of the result are dropped.
+
+        Returns:
+            The composed distribution (coarsened until it has at most MAX_CELLS cells), its error
+            bound covering the convolution's floating-point error.
+
+        Raises:
+            ValueError: other is not a LossDistribution, or the grids are not nested.
+        """
         require(isinstance(other, LossDistribution), f"only a LossDistribution composes, got {type(other).__name__}")
         if other.interval != self.interval:  # grids of one base interval times powers of 2: coarsen the finer
             finer, coarser = (self, other) if self.interval < other.interval else (other, self)
@@ -145,7 +185,7 @@ class LossDistribution:
             # indices pairwise (no FFT of mostly empty arrays); each cell sums at most min(nnz) products
             index = (cells_self[:, None] + cells_other[None, :]).reshape(-1)
             products = (self.mass[cells_self][:, None] * other.mass[cells_other][None, :]).reshape(-1)
-            mass = np.bincount(index, weights=products, minlength=self.mass.size + other.mass.size - 1)
+            mass = _binned(index, products, self.mass.size + other.mass.size - 1)
             error = min(cells_self.size, cells_other.size) * _UNIT_ROUNDOFF * total_self * total_other
         elif min(self.mass.size, other.mass.size) <= 64:
             mass = np.convolve(self.mass, other.mass)   # direct sums: errors within the masses' allowance
@@ -165,8 +205,19 @@ class LossDistribution:
         return composed
 
     @staticmethod
-    def composed(parts: list["LossDistribution"], truncation: float = TRUNCATION) -> "LossDistribution":
-        """All of `parts` composed, pairwise in a balanced tree (sizes grow evenly: cheaper FFTs)."""
+    def composed(parts: Sequence["LossDistribution"], truncation: float = TRUNCATION) -> "LossDistribution":
+        """All of `parts` composed, pairwise in a balanced tree (sizes grow evenly: cheaper FFTs).
+
+        Args:
+            parts: the loss distributions of independent steps, on nested grids.
+            truncation: mass below which the ends of each intermediate result are dropped.
+
+        Returns:
+            The distribution of the summed loss.
+
+        Raises:
+            ValueError: no parts, or parts that compose refuses.
+        """
         require(len(parts) > 0, "nothing to compose")
         level = list(parts)
         while len(level) > 1:
@@ -176,7 +227,17 @@ class LossDistribution:
 
     def delta(self, epsilon: float) -> float:
         """A lower bound on the pair's delta at `epsilon`: E[(1 - e^(eps - L))_+] over the rounded-down
-        losses, plus the infinite-loss mass, minus the floating-point error bound (never below 0)."""
+        losses, plus the infinite-loss mass, minus the floating-point error bound (never below 0).
+
+        Args:
+            epsilon: the epsilon to evaluate the profile at, a real number (+-inf allowed).
+
+        Returns:
+            A lower bound on delta(epsilon), >= 0.
+
+        Raises:
+            ValueError: epsilon is NaN.
+        """
         epsilon = float(epsilon)
         require(not math.isnan(epsilon), "epsilon must be a number, got nan")
         losses = (self.offset + np.arange(self.mass.size)) * self.interval
@@ -187,7 +248,18 @@ class LossDistribution:
     def epsilon(self, delta: float) -> float:
         """A lower bound on the pair's epsilon(delta): the largest grid epsilon whose `delta` lower
         bound exceeds `delta` (then every smaller epsilon fails too), or 0 when none does. +inf when
-        the infinite-loss mass alone exceeds delta."""
+        the infinite-loss mass alone exceeds delta.
+
+        Args:
+            delta: the target delta, in (0, 1).
+
+        Returns:
+            A lower bound on epsilon(delta), >= 0 (found by bisection to a relative width of 1e-12),
+            or +inf.
+
+        Raises:
+            ValueError: delta outside (0, 1).
+        """
         delta = require_in_open("delta", delta, 0.0, 1.0)
         if self.infinite * (1.0 - 1e-12) - self.error > delta:
             return math.inf
@@ -213,6 +285,13 @@ class LossDistribution:
         return float(np.sum(self.mass * losses) / total) if total > 0 else 0.0
 
 
+def _binned(cells: npt.NDArray[np.integer], weights: npt.NDArray[np.float64], minlength: int = 0
+            ) -> npt.NDArray[np.float64]:
+    """np.bincount(cells, weights, minlength): the summed weights per cell, float64 (numpy's stubs type
+    every bincount as integer counts; with weights it returns float64, so astype copies nothing)."""
+    return np.bincount(cells, weights=weights, minlength=minlength).astype(np.float64, copy=False)
+
+
 def _mass_below(mass: np.ndarray, truncation: float) -> int:
     """How many leading cells of `mass` hold at most `truncation` together. Only the cells before
     the first one above `truncation` can qualify, so only those are summed."""
@@ -226,11 +305,19 @@ class RunningComposition:
     balanced tree as `LossDistribution.composed` but holding only O(log n) of them: two of equal
     weight are merged as soon as both are there (a binary counter)."""
 
-    def __init__(self, truncation: float = TRUNCATION):
+    def __init__(self, truncation: float = TRUNCATION) -> None:
         self.truncation = truncation
         self._stack: list[tuple[int, LossDistribution]] = []   # (weight, distribution), weights decreasing
 
     def add(self, distribution: LossDistribution) -> None:
+        """Compose one more distribution in (merging equal-weight partial results as a binary counter).
+
+        Args:
+            distribution: the next step's (or window's) loss distribution, on a grid nested with the others'.
+
+        Raises:
+            ValueError: a distribution that LossDistribution.compose refuses.
+        """
         weight = 1
         while self._stack and self._stack[-1][0] == weight:
             _, previous = self._stack.pop()
@@ -239,7 +326,11 @@ class RunningComposition:
         self._stack.append((weight, distribution))
 
     def result(self) -> LossDistribution | None:
-        """Everything added, composed (None when nothing was)."""
+        """Everything added, composed (None when nothing was).
+
+        Returns:
+            The composed LossDistribution of every distribution added, or None.
+        """
         total = None
         for _, distribution in reversed(self._stack):
             total = distribution if total is None else distribution.compose(total, self.truncation)
@@ -248,5 +339,17 @@ class RunningComposition:
 
 def pair_epsilon_lower_bound(forward: LossDistribution, backward: LossDistribution, delta: float) -> float:
     """epsilon(delta) of a neighbouring pair, both directions: a DP claim must cover the larger, so
-    the larger lower bound is a lower bound on the claim's epsilon."""
+    the larger lower bound is a lower bound on the claim's epsilon.
+
+    Args:
+        forward: the loss distribution of (M(D), M(D')).
+        backward: the loss distribution of (M(D'), M(D)).
+        delta: the target delta, in (0, 1).
+
+    Returns:
+        The larger of the two epsilon(delta) lower bounds (+inf possible).
+
+    Raises:
+        ValueError: delta outside (0, 1).
+    """
     return max(forward.epsilon(delta), backward.epsilon(delta))

@@ -8,15 +8,27 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
+import numpy.typing as npt
 
 from dpledger.accounting.errors import require
 
 _GRID_DECIMALS = 10  # orders are rounded so that 6.000000001 and 6 name the same order
 
 
-def validated_orders(orders) -> np.ndarray:
+def validated_orders(orders: Iterable[float]) -> npt.NDArray[np.float64]:
     """orders as a non-empty 1-D float64 array, each finite and > 1 (any order, repeats allowed);
-    ValueError naming the first bad entry otherwise."""
+    ValueError naming the first bad entry otherwise.
+
+    Args:
+        orders: Renyi orders, a sequence or 1-D array of real numbers.
+
+    Returns:
+        The orders as a new 1-D float64 array, in the order given.
+
+    Raises:
+        ValueError: a string, a non-sequence, non-numeric entries, an empty or multi-dimensional
+            array, or an order that is not finite and > 1.
+    """
     if isinstance(orders, (str, bytes)) or not hasattr(orders, "__len__") and not hasattr(orders, "__iter__"):
         raise ValueError(f"orders must be a non-empty 1-D sequence of numbers, got {orders!r}")
     raw = np.asarray(list(orders) if not hasattr(orders, "dtype") else orders)
@@ -29,7 +41,7 @@ def validated_orders(orders) -> np.ndarray:
     return values
 
 
-def _on_grid(values: np.ndarray, downward: bool = False) -> np.ndarray:
+def _on_grid(values: npt.NDArray[np.float64], downward: bool = False) -> npt.NDArray[np.float64]:
     """Orders kept to 10 decimals; with `downward`, never moved up by more than float noise (a
     value stated at order a holds at every order below it, not above: moving 1.00000000016 up to
     1.0000000002 would lower the converted epsilon by 20%)."""
@@ -47,14 +59,36 @@ def _on_grid(values: np.ndarray, downward: bool = False) -> np.ndarray:
 
 
 def canonical_orders(orders: Iterable[float]) -> tuple[float, ...]:
-    """Return orders as a sorted tuple of unique floats, each finite and > 1; ValueError otherwise."""
+    """Return orders as a sorted tuple of unique floats, each finite and > 1; ValueError otherwise.
+
+    Args:
+        orders: Renyi orders, each finite and > 1, in any order, repeats allowed.
+
+    Returns:
+        The distinct orders, each rounded to 10 decimals (so 6.000000001 and 6 name one order), sorted
+        ascending, as Python floats.
+
+    Raises:
+        ValueError: an order that is not a finite number > 1, or within 1e-10 of 1.
+    """
     return tuple(float(v) for v in np.unique(_on_grid(validated_orders(orders))))
 
 
-def paired_orders(orders: Iterable[float]) -> tuple[tuple[float, ...], np.ndarray]:
+def paired_orders(orders: Iterable[float]) -> tuple[tuple[float, ...], npt.NDArray[np.intp]]:
     """Sorted orders and the permutation that sorts them, so values given beside `orders` can be
     reordered with them; ValueError for a repeated order (two values for one order is ambiguous).
-    Orders are kept to 10 decimals, never rounded upward (see _on_grid)."""
+    Orders are kept to 10 decimals, never rounded upward (see _on_grid).
+
+    Args:
+        orders: distinct Renyi orders, each finite and > 1, in any order.
+
+    Returns:
+        (the orders sorted ascending as a tuple of floats, the index array that sorts the given
+        orders): values given beside `orders` are reordered by indexing them with it.
+
+    Raises:
+        ValueError: an order that is not a finite number > 1, or two orders that name the same order.
+    """
     values = _on_grid(validated_orders(orders), downward=True)
     sorted_orders = canonical_orders(values)
     require(len(sorted_orders) == values.size,

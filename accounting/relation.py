@@ -55,12 +55,29 @@ class NeighbouringRelation(enum.Enum):
         return _MOVES[self]
 
     def covers(self, other: "NeighbouringRelation") -> bool:
-        """True when every neighbour of `other` is a neighbour this relation covers."""
+        """True when every neighbour of `other` is a neighbour this relation covers.
+
+        Args:
+            other: the relation a bound is needed for.
+
+        Returns:
+            Whether other's moves are a subset of this relation's.
+        """
         return other.moves <= self.moves
 
     def composed_with(self, other: "NeighbouringRelation") -> "NeighbouringRelation":
         """The relation a composition of a bound for self and one for other holds for (the common
-        moves); ValueError when they share none (replace-one with add or remove)."""
+        moves); ValueError when they share none (replace-one with add or remove).
+
+        Args:
+            other: the relation of the other part of the composition.
+
+        Returns:
+            The relation whose moves are the moves both relations cover.
+
+        Raises:
+            ValueError: other is not a NeighbouringRelation, or the two share no move.
+        """
         if not isinstance(other, NeighbouringRelation):
             raise ValueError(f"relation must be a NeighbouringRelation, got {other!r}")
         common = self.moves & other.moves
@@ -78,9 +95,20 @@ _MOVES = {
 }
 
 
-def neighbouring_relation(value) -> NeighbouringRelation:
+def neighbouring_relation(value: object) -> NeighbouringRelation:
     """The relation named by `value` (an enum member or its value, e.g. "remove_one"); ValueError
-    listing the names for anything else."""
+    listing the names for anything else.
+
+    Args:
+        value: a NeighbouringRelation or its value ("add_or_remove_one", "remove_one", "add_one",
+            "replace_one").
+
+    Returns:
+        The NeighbouringRelation member.
+
+    Raises:
+        ValueError: when value names no relation.
+    """
     return require_member(NeighbouringRelation, "neighbouring relation", value)
 
 
@@ -103,7 +131,14 @@ class DivergenceDirection(enum.Enum):
         return self.value
 
     def composed_with(self, other: "DivergenceDirection") -> "DivergenceDirection":
-        """The direction a composition covers: BOTH only when every part covers both."""
+        """The direction a composition covers: BOTH only when every part covers both.
+
+        Args:
+            other: the direction of the other part of the composition.
+
+        Returns:
+            BOTH when self and other are both BOTH, else FROM_ACTUAL.
+        """
         return DivergenceDirection.BOTH if self is other is DivergenceDirection.BOTH else DivergenceDirection.FROM_ACTUAL
 
 
@@ -123,6 +158,16 @@ class PathAccounting(enum.StrEnum):
     REALISED_PATH = "realised-path"
 
 
-def path_accounting(value) -> PathAccounting:
-    """The accounting named by `value` (a member or its value); ValueError listing the names otherwise."""
+def path_accounting(value: object) -> PathAccounting:
+    """The accounting named by `value` (a member or its value); ValueError listing the names otherwise.
+
+    Args:
+        value: a PathAccounting or its value ("released-output", "realised-path").
+
+    Returns:
+        The PathAccounting member.
+
+    Raises:
+        ValueError: when value names no accounting.
+    """
     return require_member(PathAccounting, "accounting", value)

@@ -30,6 +30,7 @@ import secrets
 import shutil
 import stat
 from pathlib import Path
+from typing import Iterator
 
 TEMPORARY_NAME = re.compile(r"\..+\.tmp-\d+(?:-[0-9a-f]{8})?")
 """Names of the temporary files of writes that did not finish (older dpledgers wrote no random part)."""
@@ -47,7 +48,14 @@ class UnsafeFileError(ValueError):
 
 
 def kind_of(mode: int) -> str:
-    """"a regular file", "a FIFO", "a symbolic link", ... for an st_mode."""
+    """"a regular file", "a FIFO", "a symbolic link", ... for an st_mode.
+
+    Args:
+        mode: an st_mode from stat/lstat/fstat.
+
+    Returns:
+        A short English phrase naming the kind of file, "a special file" for a kind without a name here.
+    """
     return "a regular file" if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "a special file")
 
 
@@ -106,7 +114,25 @@ def open_regular(path: str | Path, limit: int | None, *, root: str | Path | None
     """A read-only descriptor of a regular file of at most `limit` bytes (None: unbounded), opened
     without blocking; the caller closes it. `follow`: a path the user named (links followed);
     otherwise no component below `root` (default: the file's directory) may be a link.
-    FileNotFoundError when nothing is there; UnsafeFileError for anything but such a file."""
+    FileNotFoundError when nothing is there; UnsafeFileError for anything but such a file.
+
+    Args:
+        path: the file.
+        limit: the largest size accepted, in bytes; None for no bound.
+        root: the directory the caller trusts (default: the file's own directory); no component
+            of the path below it may be a link.
+        follow: True for a path the user named (links followed, the opened file still checked).
+        what: what the file is, for the size error's message.
+
+    Returns:
+        An open read-only, non-blocking file descriptor (an int) of the checked file.
+
+    Raises:
+        FileNotFoundError: nothing at path (or a missing directory on the way).
+        UnsafeFileError: a link below root, something other than a regular file, or a file over limit.
+        ValueError: path is not below root.
+        OSError: any other failure of the open.
+    """
     path = Path(path)
     if follow:
         mode = os.stat(path).st_mode
@@ -130,7 +156,7 @@ def open_regular(path: str | Path, limit: int | None, *, root: str | Path | None
         os.close(directory)
 
 
-def _chunks(fd: int, limit: int | None, path: Path, what: str):
+def _chunks(fd: int, limit: int | None, path: Path, what: str) -> Iterator[bytes]:
     """The file's bytes in pieces; UnsafeFileError if it grows past `limit` while being read."""
     total = 0
     while piece := os.read(fd, 1 << 22):
@@ -142,7 +168,23 @@ def _chunks(fd: int, limit: int | None, path: Path, what: str):
 
 def read_bytes(path: str | Path, limit: int, *, root: str | Path | None = None, follow: bool = False,
                what: str = "this file") -> bytes:
-    """The whole content of a regular file of at most `limit` bytes (open_regular's checks)."""
+    """The whole content of a regular file of at most `limit` bytes (open_regular's checks).
+
+    Args:
+        path: the file.
+        limit: the largest size accepted, in bytes.
+        root: the directory the caller trusts (default: the file's own directory); no component
+            of the path below it may be a link.
+        follow: True for a path the user named (links followed).
+        what: what the file is, for the size error's message.
+
+    Returns:
+        The file's bytes.
+
+    Raises:
+        FileNotFoundError: nothing at path.
+        UnsafeFileError: open_regular refuses the file, or it grew past limit while read.
+    """
     fd = open_regular(path, limit, root=root, follow=follow, what=what)
     try:
         return b"".join(_chunks(fd, limit, Path(path), what))
@@ -152,7 +194,24 @@ def read_bytes(path: str | Path, limit: int, *, root: str | Path | None = None, 
 
 def read_text(path: str | Path, limit: int, *, root: str | Path | None = None, follow: bool = False,
               what: str = "this file") -> str:
-    """read_bytes decoded as UTF-8; ValueError naming the file and the byte for other bytes."""
+    """read_bytes decoded as UTF-8; ValueError naming the file and the byte for other bytes.
+
+    Args:
+        path: the file.
+        limit: the largest size accepted, in bytes.
+        root: the directory the caller trusts (default: the file's own directory); no component
+            of the path below it may be a link.
+        follow: True for a path the user named (links followed).
+        what: what the file is, for the size error's message.
+
+    Returns:
+        The file's text.
+
+    Raises:
+        ValueError: the content is not UTF-8.
+        FileNotFoundError: nothing at path.
+        UnsafeFileError: open_regular refuses the file, or it grew past limit while read.
+    """
     data = read_bytes(path, limit, root=root, follow=follow, what=what)
     try:
         return data.decode("utf-8")
@@ -162,7 +221,22 @@ def read_text(path: str | Path, limit: int, *, root: str | Path | None = None, f
 
 def file_sha256(path: str | Path, limit: int | None = None, *, root: str | Path | None = None,
                 what: str = "this file") -> str:
-    """sha256 of a regular file of at most `limit` bytes (open_regular's checks), read in pieces."""
+    """sha256 of a regular file of at most `limit` bytes (open_regular's checks), read in pieces.
+
+    Args:
+        path: the file.
+        limit: the largest size accepted, in bytes; None for no bound.
+        root: the directory the caller trusts (default: the file's own directory); no component
+            of the path below it may be a link.
+        what: what the file is, for the size error's message.
+
+    Returns:
+        The SHA-256 digest of the content as 64 lowercase hex digits.
+
+    Raises:
+        FileNotFoundError: nothing at path.
+        UnsafeFileError: open_regular refuses the file, or it grew past limit while read.
+    """
     digest = hashlib.sha256()
     fd = open_regular(path, limit, root=root, what=what)
     try:
@@ -175,7 +249,22 @@ def file_sha256(path: str | Path, limit: int | None = None, *, root: str | Path 
 
 def regular_size(path: str | Path, limit: int | None, *, root: str | Path | None = None,
                  what: str = "this file") -> int:
-    """The size of a regular file of at most `limit` bytes (open_regular's checks, nothing read)."""
+    """The size of a regular file of at most `limit` bytes (open_regular's checks, nothing read).
+
+    Args:
+        path: the file.
+        limit: the largest size accepted, in bytes; None for no bound.
+        root: the directory the caller trusts (default: the file's own directory); no component
+            of the path below it may be a link.
+        what: what the file is, for the size error's message.
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        FileNotFoundError: nothing at path.
+        UnsafeFileError: open_regular refuses the file.
+    """
     fd = open_regular(path, limit, root=root, what=what)
     try:
         return os.fstat(fd).st_size
@@ -186,7 +275,20 @@ def regular_size(path: str | Path, limit: int | None, *, root: str | Path | None
 def entries(directory: str | Path, *, root: str | Path | None = None) -> list[tuple[str, int]]:
     """(name, st_mode of the entry itself, links not followed) of a directory's entries, sorted;
     the directory and every component below `root` must not be links. FileNotFoundError when
-    the directory is not there."""
+    the directory is not there.
+
+    Args:
+        directory: the directory to list.
+        root: the directory the caller trusts (default: directory's parent); directory itself may be
+            root.
+
+    Returns:
+        (name, st_mode) pairs of the entries, sorted by name.
+
+    Raises:
+        FileNotFoundError: the directory is not there.
+        UnsafeFileError: the directory or a component below root is a link or not a directory.
+    """
     directory = Path(directory)
     if root is not None and Path(os.path.abspath(directory)) == Path(os.path.abspath(root)):
         fd = os.open(directory, _DIRECTORY)
@@ -202,7 +304,14 @@ def entries(directory: str | Path, *, root: str | Path | None = None) -> list[tu
 
 def special_entries(root: str | Path) -> list[tuple[str, str]]:
     """(path relative to root, what it is) of every entry below `root` that is neither a regular
-    file nor a directory (links, FIFOs, devices, sockets); links are listed, never followed."""
+    file nor a directory (links, FIFOs, devices, sockets); links are listed, never followed.
+
+    Args:
+        root: the directory to walk.
+
+    Returns:
+        (relative path, kind_of phrase) pairs, in walk order (names sorted within each directory).
+    """
     found = []
     root = Path(root)
     for directory, subdirectories, files in os.walk(root):  # os.walk does not descend into links
@@ -214,7 +323,14 @@ def special_entries(root: str | Path) -> list[tuple[str, str]]:
 
 
 def temporary_name(name: str) -> str:
-    """A new temporary file's name beside `name` (TEMPORARY_NAME): the pid and 32 random bits."""
+    """A new temporary file's name beside `name` (TEMPORARY_NAME): the pid and 32 random bits.
+
+    Args:
+        name: the target file's name (no directory).
+
+    Returns:
+        ".<name>.tmp-<pid>-<8 hex digits>".
+    """
     return f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
 
 
@@ -222,7 +338,19 @@ def write_atomic(path: str | Path, data: bytes, *, root: str | Path | None = Non
     """Write `data` to `path` atomically: a new temporary file beside it (exclusive creation, no
     link followed), fsynced, then renamed over `path` (replacing a link there, never writing through
     it). No component below `root` (default: the file's directory) may be a link. A failed write
-    leaves `path` as it was and no temporary file behind."""
+    leaves `path` as it was and no temporary file behind.
+
+    Args:
+        path: the file to write.
+        data: its new content.
+        root: the directory the caller trusts (default: the file's own directory); no component
+            of the path below it may be a link.
+
+    Raises:
+        UnsafeFileError: a component below root is a link or not a directory.
+        ValueError: path is not below root.
+        OSError: the write, fsync or rename failed (path is left as it was).
+    """
     base, components = _split(path, root)
     directory = _open_directory(base, components[:-1])
     temporary = temporary_name(components[-1])
@@ -250,11 +378,27 @@ def write_atomic(path: str | Path, data: bytes, *, root: str | Path | None = Non
 def open_lock(path: str | Path, *, root: str | Path | None = None, create: bool = True) -> int:
     """A read-write descriptor of a lock file (created if absent and `create`), opened without
     blocking or following a link: it must be a regular file with one link (writing the holder's
-    pid into a hard link would change another file). The caller closes it."""
+    pid into a hard link would change another file). The caller closes it.
+
+    Args:
+        path: the lock file.
+        root: the directory the caller trusts (default: the file's own directory); no component
+            of the path below it may be a link.
+        create: create the file when it is absent.
+
+    Returns:
+        An open read-write file descriptor (an int) of the lock file.
+
+    Raises:
+        FileNotFoundError: the file is absent and create is False.
+        UnsafeFileError: a link, something other than a regular file, or a file with several hard links.
+        OSError: any other failure of the open.
+    """
     base, components = _split(path, root)
     directory = _open_directory(base, components[:-1])
     flags = os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     try:
+        mode: int | None
         try:
             mode = os.stat(components[-1], dir_fd=directory, follow_symlinks=False).st_mode
         except FileNotFoundError:
@@ -281,7 +425,17 @@ def open_lock(path: str | Path, *, root: str | Path | None = None, create: bool 
 
 
 def unlink(path: str | Path, *, root: str | Path | None = None) -> None:
-    """Remove the entry at `path` (a link itself, never its target); no component below `root` may be a link."""
+    """Remove the entry at `path` (a link itself, never its target); no component below `root` may be a link.
+
+    Args:
+        path: the entry to remove (not a directory).
+        root: the directory the caller trusts (default: the file's own directory); no component
+            of the path below it may be a link.
+
+    Raises:
+        FileNotFoundError: nothing at path.
+        UnsafeFileError: a component below root is a link or not a directory.
+    """
     base, components = _split(path, root)
     directory = _open_directory(base, components[:-1])
     try:
@@ -292,7 +446,14 @@ def unlink(path: str | Path, *, root: str | Path | None = None) -> None:
 
 def remove_entry(path: str | Path) -> None:
     """Remove whatever is at `path`: a directory with its content (links inside removed, not
-    followed), anything else (a link included) by unlinking it; nothing there is fine."""
+    followed), anything else (a link included) by unlinking it; nothing there is fine.
+
+    Args:
+        path: the entry to remove.
+
+    Raises:
+        OSError: the removal failed (permissions, a busy entry).
+    """
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -304,6 +465,14 @@ def remove_entry(path: str | Path) -> None:
 
 
 def fresh_directory(path: str | Path) -> None:
-    """An empty directory at `path` that this process created (whatever was there removed first)."""
+    """An empty directory at `path` that this process created (whatever was there removed first).
+
+    Args:
+        path: where the directory goes.
+
+    Raises:
+        FileExistsError: something was created at path between the removal and the mkdir.
+        OSError: the removal or the mkdir failed otherwise.
+    """
     remove_entry(path)
     os.mkdir(path)  # fails on anything created meanwhile (a link included) instead of following it

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any, Callable, TypeAlias
 
 import numpy as np
 
 from dpledger.accounting.errors import require
 
+JsonObject: TypeAlias = dict[str, Any]
+"""A JSON object as json.loads returns it (its values are whatever the text held): the functions that
+read one check each field's type where they read it, and refuse a malformed record with ValueError."""
 NULLS = "nulls"
 MAX_BYTES = 64 * 2 ** 20
 """A JSON file dpledger reads (a run's manifest, ledger, final record and audit, an event file) is
@@ -25,11 +29,11 @@ _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _NON_FINITE_REASONS = {"+inf": "+inf: no guarantee (an unbounded privacy loss)", "-inf": "-inf", "nan": "NaN: undefined"}
 
 
-def _pointer_token(key) -> str:
+def _pointer_token(key: object) -> str:
     return str(key).replace("~", "~0").replace("/", "~1")
 
 
-def _nulled(value, pointer: str, nulls: dict):
+def _nulled(value: object, pointer: str, nulls: dict[str, str]) -> object:
     """value with every non-finite float replaced by None, each recorded in `nulls` by pointer."""
     if isinstance(value, np.ndarray):
         value = value.tolist()
@@ -47,14 +51,14 @@ def _unescape(token: str) -> str:
     return token.replace("~1", "/").replace("~0", "~")
 
 
-def _restored(value: dict, nulls: dict, where: str) -> dict:
+def _restored(value: JsonObject, nulls: JsonObject, where: str) -> JsonObject:
     """`value` with the non-finite floats its NULLS map names put back (the inverse of strict_json_text)."""
     values = {reason: number for reason, number in
               zip(_NON_FINITE_REASONS.values(), (float("inf"), float("-inf"), float("nan")))}
     for pointer, reason in nulls.items():
         tokens = [_unescape(token) for token in str(pointer).split("/")[1:]]
         require(bool(tokens) and reason in values, f"{where}: bad {NULLS} entry {pointer!r}: {reason!r}")
-        parent = value
+        parent: Any = value  # any JSON value: the lookups below refuse what it cannot index
         try:
             for token in tokens[:-1]:
                 parent = parent[int(token)] if isinstance(parent, list) else parent[token]
@@ -82,24 +86,40 @@ def _nesting_depth(text: str) -> int:
     return deepest
 
 
-def _unique_keys(where: str):
+def _unique_keys(where: str) -> Callable[[list[tuple[str, Any]]], JsonObject]:
     """An object_pairs_hook refusing an object that names a key twice: readers that keep the first
     value and readers that keep the last would see different files."""
-    def build(pairs):
+    def build(pairs: list[tuple[str, Any]]) -> JsonObject:
         value = dict(pairs)
         if len(value) != len(pairs):
-            seen = set()
-            key = next(k for k, _ in pairs if k in seen or seen.add(k))
+            seen: set[str] = set()
+            for key, _ in pairs:  # stops at the first key named twice
+                if key in seen:
+                    break
+                seen.add(key)
             raise ValueError(f"{where}: the key {key!r} appears twice in one object (readers that keep the first "
                              "value and readers that keep the last would disagree)")
         return value
     return build
 
 
-def parse_json(text: str, where: str = "JSON text"):
+def parse_json(text: str, where: str = "JSON text") -> Any:  # as json.loads: any JSON value
     """The value `text` holds, as json.loads reads it, but ValueError naming `where` for text nested
     deeper than MAX_DEPTH or an object with a duplicate key (json.JSONDecodeError, a ValueError, for
-    text that is not JSON). For JSON somebody else wrote (user input: JSONL records, examples)."""
+    text that is not JSON). For JSON somebody else wrote (user input: JSONL records, examples).
+
+    Args:
+        text: the JSON text.
+        where: what the text is (a file name, "line 3 of events.jsonl"), for the error messages.
+
+    Returns:
+        The parsed value: a dict, list, str, int, float, bool or None (Infinity and NaN literals read
+        as floats, as json.loads reads them).
+
+    Raises:
+        ValueError: nesting deeper than MAX_DEPTH, a key repeated in one object, or text that is not
+            JSON (json.JSONDecodeError).
+    """
     depth = _nesting_depth(text)
     if depth > MAX_DEPTH:
         raise ValueError(f"{where}: arrays and objects nest {depth} deep, more than the {MAX_DEPTH} a file dpledger "
@@ -107,23 +127,52 @@ def parse_json(text: str, where: str = "JSON text"):
     return json.loads(text, object_pairs_hook=_unique_keys(where))
 
 
-def loads_json(text: str, where: str = "JSON text"):
+def loads_json(text: str, where: str = "JSON text") -> Any:  # as json.loads: any JSON value
     """A value parsed from `text` (parse_json's checks), non-finite floats restored from its NULLS map
     (strict_json_text's inverse). Files written before strict JSON (with Infinity literals) read the
-    same."""
+    same.
+
+    Args:
+        text: the JSON text, as strict_json_text writes it.
+        where: what the text is, for the error messages.
+
+    Returns:
+        The parsed value; for an object with a NULLS map, the object without it, each null it names
+        replaced by +inf, -inf or NaN.
+
+    Raises:
+        ValueError: parse_json refuses the text, or the NULLS map names an entry that is not there,
+            is not null, or gives an unknown reason.
+    """
     value = parse_json(text, where)
     if isinstance(value, dict) and isinstance(value.get(NULLS), dict):
         value = _restored(value, value.pop(NULLS), where)
     return value
 
 
-def strict_json_text(payload: dict, default=None, sort_keys: bool = True, indent: int | None = 2) -> str:
+def strict_json_text(payload: JsonObject, default: Callable[[Any], Any] | None = None, sort_keys: bool = True,
+                     indent: int | None = 2) -> str:
     """Strict JSON text of `payload`: non-finite floats become null, each listed under NULLS with
-    its reason; `default` serialises other types as in json.dumps."""
+    its reason; `default` serialises other types as in json.dumps.
+
+    Args:
+        payload: the object to write; numpy arrays in it are written as lists.
+        default: called on a value json cannot serialise, returns one it can (as json.dumps' default).
+        sort_keys: write each object's keys sorted.
+        indent: spaces per nesting level; None for one line.
+
+    Returns:
+        JSON text with no NaN or Infinity literal, readable by any strict parser.
+
+    Raises:
+        ValueError: payload is not a dict, or already uses the reserved key NULLS.
+        TypeError: a value that neither json nor `default` can serialise.
+    """
     require(isinstance(payload, dict), f"a JSON payload must be a dict, got {type(payload).__name__}")
     require(NULLS not in payload, f"a JSON payload may not use the reserved key {NULLS!r}")
     nulls: dict[str, str] = {}
-    body = _nulled(payload, "", nulls)
+    # what _nulled(payload, "", nulls) gives, built here so that its type is a dict (_nulled's is object)
+    body = {key: _nulled(item, f"/{_pointer_token(key)}", nulls) for key, item in payload.items()}
     if nulls:
         body[NULLS] = nulls
     return json.dumps(body, indent=indent, sort_keys=sort_keys, default=default, allow_nan=False)

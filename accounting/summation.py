@@ -24,8 +24,13 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Iterable, TypeVar
 
 import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+_Floats = TypeVar("_Floats", np.float64, FloatArray)
 
 UNIT_ROUNDOFF = 2.0 ** -53
 """u: round-to-nearest float64 arithmetic errs by at most u times the exact result's magnitude."""
@@ -35,7 +40,7 @@ _PRODUCT_EXACT_ABOVE = 2.0 ** -969  # above this TwoProduct's error term cannot 
 _SCALE_BITS = 1074  # every finite float64 is an integer multiple of 2^-1074
 
 
-def _two_sum(a, b):
+def _two_sum(a: FloatArray, b: FloatArray) -> tuple[FloatArray, FloatArray]:
     """(s, e) with s = fl(a + b) and a + b = s + e exactly (Knuth's TwoSum; exact for finite
     results, subnormal ones included, since the error of a float addition is itself a float)."""
     s = a + b
@@ -43,42 +48,57 @@ def _two_sum(a, b):
     return s, (a - (s - bb)) + (b - bb)
 
 
-def up_add(a, b):
-    """a + b rounded upwards, elementwise: the smallest float >= the exact sum (+inf stays +inf)."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+def up_add(a: npt.ArrayLike, b: npt.ArrayLike) -> FloatArray:
+    """a + b rounded upwards, elementwise: the smallest float >= the exact sum (+inf stays +inf).
+
+    Args:
+        a: float or array of floats (NaN is refused by the callers before it gets here).
+        b: float or array of floats, broadcastable against `a`.
+
+    Returns:
+        A float64 array of the broadcast shape (0-d for two scalars).
+    """
     with np.errstate(invalid="ignore", over="ignore"):
-        s, e = _two_sum(a, b)
+        s, e = _two_sum(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
         # e > 0: the rounded sum is below the exact one by e; e is NaN where s is infinite
         return np.where(e > 0, np.nextafter(s, np.inf), s)
 
 
-def up_multiply(values, factor: float):
+def up_multiply(values: npt.ArrayLike, factor: float) -> FloatArray:
     """values * factor rounded upwards, elementwise, for values >= 0 (or +inf) and factor >= 0: the
     smallest float >= the exact product. TwoProduct decides where its error term is exact; where it
     could overflow or underflow (products near the ends of the float range), exact rational
-    arithmetic does."""
+    arithmetic does.
+
+    Args:
+        values: a float or an array of floats, each >= 0 or +inf.
+        factor: the multiplier, >= 0 (e.g. a repeat count).
+
+    Returns:
+        A float64 array of values' shape (0-d for a scalar, as up_add's): each entry the smallest
+        float >= the exact product, +inf where no finite float holds it.
+    """
     scalar = np.ndim(values) == 0
-    values = np.atleast_1d(np.asarray(values, dtype=np.float64))
+    array = np.atleast_1d(np.asarray(values, dtype=np.float64))
     factor = float(factor)
     with np.errstate(invalid="ignore", over="ignore"):
-        product = values * factor
-        a_hi, a_lo = _split(values)
+        product = array * factor
+        a_hi, a_lo = _split(array)
         b_hi, b_lo = _split(np.float64(factor))
         error = ((a_hi * b_hi - product) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo  # exact - product
-    safe = (np.abs(values) < _SPLIT_SAFE) & (abs(factor) < _SPLIT_SAFE) & (np.abs(product) > _PRODUCT_EXACT_ABOVE)
+    safe = (np.abs(array) < _SPLIT_SAFE) & (abs(factor) < _SPLIT_SAFE) & (np.abs(product) > _PRODUCT_EXACT_ABOVE)
     result = np.where(safe & (error > 0), np.nextafter(product, np.inf), product)
-    for index in zip(*np.nonzero(~safe & np.isfinite(values))):
-        exact = Fraction(float(values[index])) * Fraction(factor)
+    for index in zip(*np.nonzero(~safe & np.isfinite(array))):
+        exact = Fraction(float(array[index])) * Fraction(factor)
         if exact > Fraction(np.finfo(np.float64).max):
             result[index] = math.inf  # no float holds it: +inf is the only upward rounding
             continue
         nearest = float(exact)
         result[index] = math.nextafter(nearest, math.inf) if Fraction(nearest) < exact else nearest
-    return result[0] if scalar else result
+    return result.reshape(()) if scalar else result  # a scalar gives a 0-d array, as in up_add
 
 
-def _split(x):
+def _split(x: _Floats) -> tuple[_Floats, _Floats]:
     c = _SPLITTER * x
     high = c - (c - x)
     return high, x - high
@@ -107,7 +127,7 @@ class ExactSum:
 
     __slots__ = ("_scaled", "_infinite", "_limit", "_limit_scaled")
 
-    def __init__(self, terms=()):
+    def __init__(self, terms: Iterable[float] = ()) -> None:
         self._scaled = 0
         self._infinite = False
         self._limit, self._limit_scaled = math.nan, 0  # the last finite limit compared with, scaled
@@ -115,7 +135,14 @@ class ExactSum:
             self.add(term)
 
     def add(self, term: float) -> None:
-        """Add one float term; ValueError for NaN or -inf (a charge is never negative infinity)."""
+        """Add one float term; ValueError for NaN or -inf (a charge is never negative infinity).
+
+        Args:
+            term: a finite float or +inf (then the sum is +inf for good).
+
+        Raises:
+            ValueError: term is NaN or -inf (nothing is added).
+        """
         term = float(term)
         if math.isfinite(term):
             self._scaled += _scaled(term)
@@ -125,7 +152,15 @@ class ExactSum:
             raise ValueError(f"a summed charge must be a number or +inf, got {term!r}")
 
     def add_repeated(self, term: float, times: int) -> None:
-        """Add `times` copies of one float term (times an integer >= 0)."""
+        """Add `times` copies of one float term (times an integer >= 0).
+
+        Args:
+            term: a finite float or +inf.
+            times: how many copies, an integer >= 0 (0 adds nothing, whatever the term).
+
+        Raises:
+            ValueError: times negative or not an integer, or term NaN or -inf (nothing is added).
+        """
         if times < 0 or int(times) != times:
             raise ValueError(f"times must be an integer >= 0, got {times!r}")
         if times:
@@ -134,16 +169,37 @@ class ExactSum:
                 self._scaled += _scaled(float(term)) * (int(times) - 1)
 
     def copy(self) -> "ExactSum":
+        """An independent ExactSum holding the same exact sum (the limit cache is not copied).
+
+        Returns:
+            A new ExactSum equal to this one.
+        """
         copy = ExactSum()
         copy._scaled, copy._infinite = self._scaled, self._infinite
         return copy
 
     def at_most(self, limit: float, plus: float = 0.0) -> bool:
-        """Whether the exact sum, with `plus` added, is <= `limit` (False for a NaN limit or term)."""
+        """Whether the exact sum, with `plus` added, is <= `limit` (False for a NaN limit or term).
+
+        Args:
+            limit: the bound, a float (+inf: everything fits; -inf: nothing does).
+            plus: a term to count in without adding it, a float >= 0 or +inf (-inf never fits).
+
+        Returns:
+            True when sum + plus <= limit in exact arithmetic.
+        """
         return self._scaled_with(plus, limit) is not None
 
     def add_if_at_most(self, term: float, limit: float) -> bool:
-        """Add `term` if the exact sum with it stays <= `limit`; whether it was added."""
+        """Add `term` if the exact sum with it stays <= `limit`; whether it was added.
+
+        Args:
+            term: a float >= 0, or +inf (added only under an infinite limit); NaN never fits.
+            limit: the bound, a float.
+
+        Returns:
+            True when the term was added (sum + term <= limit exactly), False when nothing changed.
+        """
         total = self._scaled_with(term, limit)
         if total is None:
             return False
@@ -167,21 +223,29 @@ class ExactSum:
         return total if total <= self._limit_scaled else None
 
     def upper(self) -> float:
-        """The smallest float >= the exact sum."""
+        """The smallest float >= the exact sum.
+
+        Returns:
+            A float >= the exact sum, +inf once an infinite term was added or beyond the largest float.
+        """
         return math.inf if self._infinite else _float_at_least(self._scaled)
 
     def exact(self) -> Fraction | float:
-        """The exact sum as a Fraction (+inf as a float)."""
+        """The exact sum as a Fraction (+inf as a float).
+
+        Returns:
+            The exact rational sum (a Fraction with a power-of-two denominator), or math.inf.
+        """
         return math.inf if self._infinite else Fraction(self._scaled, 1 << _SCALE_BITS)
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, ExactSum) and (self._scaled, self._infinite) == (other._scaled, other._infinite)
 
     def __repr__(self) -> str:
         return f"ExactSum(upper={self.upper()!r})"
 
 
-def _block_sum(rows: np.ndarray):
+def _block_sum(rows: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
     """(s, e_sum, e_bound) for a finite (n, k) block: the exact column sums are s + E where E is the
     sum of the pairwise tree's TwoSum errors, |E - e_sum| <= e_bound."""
     total_errors = np.zeros(rows.shape[1])
@@ -206,34 +270,46 @@ class UpperSum:
     State: hi + lo (an unevaluated sum of two floats per column) and err, with |exact - (hi + lo)|
     <= err in exact arithmetic; columns that received +inf (or overflowed) are +inf."""
 
-    def __init__(self, columns: int):
-        self.hi = np.zeros(columns)
-        self.lo = np.zeros(columns)
-        self.err = np.zeros(columns)
-        self.infinite = np.zeros(columns, dtype=bool)
+    def __init__(self, columns: int) -> None:
+        self.hi: FloatArray = np.zeros(columns)
+        self.lo: FloatArray = np.zeros(columns)
+        self.err: FloatArray = np.zeros(columns)
+        self.infinite: npt.NDArray[np.bool_] = np.zeros(columns, dtype=bool)
 
     def copy(self) -> "UpperSum":
+        """An independent UpperSum with the same state (hi, lo, err and the infinite columns copied).
+
+        Returns:
+            A new UpperSum equal in state to this one.
+        """
         copy = UpperSum(self.hi.shape[0])
         copy.hi, copy.lo, copy.err, copy.infinite = self.hi.copy(), self.lo.copy(), self.err.copy(), self.infinite.copy()
         return copy
 
-    def add_rows(self, rows) -> None:
+    def add_rows(self, rows: npt.ArrayLike) -> None:
         """Add each row of `rows` (shape (n, columns), or one row of shape (columns,)) to the sums;
-        ValueError for NaN or -inf (a privacy loss is a number or +inf), nothing added then."""
-        rows = np.asarray(rows, dtype=np.float64)
-        if rows.ndim == 1:
-            rows = rows[None, :]
-        if rows.shape != (rows.shape[0], self.hi.shape[0]):
-            raise ValueError(f"rows must have shape (n, {self.hi.shape[0]}), got {rows.shape}")
-        if rows.shape[0] == 0:
+        ValueError for NaN or -inf (a privacy loss is a number or +inf), nothing added then.
+
+        Args:
+            rows: the terms, shape (n, columns) or (columns,); finite or +inf.
+
+        Raises:
+            ValueError: rows of another width, or a NaN or -inf term (nothing is added).
+        """
+        block_rows = np.asarray(rows, dtype=np.float64)
+        if block_rows.ndim == 1:
+            block_rows = block_rows[None, :]
+        if block_rows.shape != (block_rows.shape[0], self.hi.shape[0]):
+            raise ValueError(f"rows must have shape (n, {self.hi.shape[0]}), got {block_rows.shape}")
+        if block_rows.shape[0] == 0:
             return
-        finite = np.isfinite(rows)
+        finite = np.isfinite(block_rows)
         if not finite.all():
-            if np.any(np.isnan(rows) | (rows == -np.inf)):
+            if np.any(np.isnan(block_rows) | (block_rows == -np.inf)):
                 raise ValueError("a summed privacy loss must be a number or +inf, got NaN or -inf")
             self.infinite |= ~finite.all(axis=0)
-            rows = np.where(finite, rows, 0.0)
-        block, block_errors, block_bound = _block_sum(rows)
+            block_rows = np.where(finite, block_rows, 0.0)
+        block, block_errors, block_bound = _block_sum(block_rows)
         with np.errstate(invalid="ignore", over="ignore"):
             hi, carry = _two_sum(self.hi, block)               # exact: old hi + block = hi + carry
             low, dropped = _two_sum(self.lo, carry)            # exact: old lo + carry = low + dropped
@@ -243,17 +319,31 @@ class UpperSum:
             self.hi, self.lo = _two_sum(hi, low)               # exact renormalisation
         self.infinite |= ~np.isfinite(self.hi) | ~np.isfinite(self.err)
 
-    def upper(self) -> np.ndarray:
+    def upper(self) -> FloatArray:
         """Each column's sum rounded upwards: a float >= hi + lo + err >= the exact sum (the correctly
-        rounded-up sum whenever every addition was exact, err = 0); +inf where a term was +inf."""
+        rounded-up sum whenever every addition was exact, err = 0); +inf where a term was +inf.
+
+        Returns:
+            A float64 array of shape (columns,), each entry >= the exact column sum.
+        """
         with np.errstate(invalid="ignore", over="ignore"):
             total = up_add(self.hi, up_add(self.lo, self.err))
         return np.where(self.infinite | ~np.isfinite(total), np.inf, total)
 
 
-def upper_sum(rows) -> np.ndarray:
-    """Column sums of a (n, k) array of terms, each rounded up (never below the exact sum)."""
-    rows = np.asarray(rows, dtype=np.float64)
-    total = UpperSum(rows.shape[-1])
-    total.add_rows(rows)
+def upper_sum(rows: npt.ArrayLike) -> FloatArray:
+    """Column sums of a (n, k) array of terms, each rounded up (never below the exact sum).
+
+    Args:
+        rows: an (n, k) array of terms (or one row of k), each finite or +inf.
+
+    Returns:
+        A float64 array of shape (k,), each entry >= the exact column sum (+inf where a term is).
+
+    Raises:
+        ValueError: a NaN or -inf term (from UpperSum.add_rows).
+    """
+    array = np.asarray(rows, dtype=np.float64)
+    total = UpperSum(array.shape[-1])
+    total.add_rows(array)
     return total.upper()

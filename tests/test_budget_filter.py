@@ -347,6 +347,19 @@ def test_a_nan_step_bound_is_refused_not_skipped():
         RenyiFilter.plan(1.0, 1e-5, bound, orders)
 
 
+@pytest.mark.parametrize("charge, times", [(0.01, 2.5), (0.0, float("inf")), (0.01, -1)])
+def test_spend_repeated_refuses_a_count_that_is_not_a_whole_number_of_steps(charge, times):
+    """spend_repeated(charge, 2.5) used to spend int(2.5) = 2 charges silently, and a zero charge an
+    infinite number of times raised OverflowError: either is a caller's bug, refused as ValueError
+    with nothing spent."""
+    renyi = RenyiFilter(2.0, 1e-5, 8.0)
+    with pytest.raises(ValueError, match="times must be an integer >= 0"):
+        renyi.spend_repeated(charge, times)
+    assert renyi.state == RenyiFilter(2.0, 1e-5, 8.0).state
+    renyi.spend_repeated(0.01, 3.0)   # an integral float is a whole number of steps
+    assert renyi.state == RenyiFilter(2.0, 1e-5, 8.0, [0.01, 0.01, 0.01]).state
+
+
 def test_a_worker_s_filter_decisions_are_checked_by_the_committing_process():
     """dpledger.decoding.dask_decode: the driver advances its own filter over each block a worker decoded and
     refuses records whose decisions or charges differ."""

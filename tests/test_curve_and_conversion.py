@@ -151,3 +151,17 @@ def test_epsilon_is_non_decreasing_in_composition(sigma, k1, k2):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GridEdgeWarning)
         assert epsilon_from_rdp(one.composed(fewer), 1e-5).epsilon <= epsilon_from_rdp(one.composed(more), 1e-5).epsilon + 1e-12
+
+
+@pytest.mark.parametrize("text", ["1e-5", b"1e-5", bytearray(b"1e-5"), memoryview(b"1e-5")])
+def test_a_delta_given_as_text_is_refused_whatever_its_string_type(text):
+    """A number given as text hides a caller's parsing bug. str and bytes were refused, but float()
+    also parses a bytearray or memoryview, which were taken as numbers; each is refused alike."""
+    with pytest.raises(ValueError, match="delta must be a real number"):
+        epsilon_from_rdp(gaussian_curve(1.0), text)
+
+
+@pytest.mark.parametrize("text", ["3", b"3", bytearray(b"3")])
+def test_a_repeat_count_given_as_text_is_refused(text):
+    with pytest.raises(ValueError, match="times must be an integer >= 0"):
+        gaussian_curve(1.0).composed(text)
