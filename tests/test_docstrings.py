@@ -3,6 +3,7 @@ renders it): an `Args:` section when it takes arguments, `Returns:` (or `Yields:
 value and `Raises:` when its body raises. Read from the source (AST), so that nothing is imported.
 
 Exempt, by rule rather than by list: names starting with `_`, properties (documented as attributes),
+`@overload` signatures (the implementation's docstring covers them),
 `main`-style CLI entry points with no arguments, and a method that overrides a method of a base class in
 the package without a docstring of its own (it inherits the base's, as pdoc shows it)."""
 from __future__ import annotations
@@ -51,6 +52,11 @@ def returns_value(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
             continue
         stack.extend(ast.iter_child_nodes(node))
     return False
+
+
+def is_overload(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """An `@overload` signature: the API reference shows the implementation's docstring for it."""
+    return any(ast.unparse(decorator) in ("overload", "typing.overload") for decorator in function.decorator_list)
 
 
 def is_property(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
@@ -114,7 +120,7 @@ def missing_sections(path: Path, classes: tuple[dict[str, set[str]], dict[str, l
     module = f"{path.parent.name}/{path.name}"
 
     def check(function: ast.FunctionDef | ast.AsyncFunctionDef, owner: ast.ClassDef | None) -> None:
-        if function.name.startswith("_") or is_property(function):
+        if function.name.startswith("_") or is_property(function) or is_overload(function):
             return
         doc = ast.get_docstring(function)
         where = f"{module}:{function.lineno} {owner.name + '.' if owner else ''}{function.name}"
@@ -179,6 +185,8 @@ def complete(x) -> int:
         raise ValueError("x")
     return x
 def _private(x): return x
+@overload
+def typed(x: int) -> int: ...
 class Thing:
     @property
     def size(self) -> int: return 1
