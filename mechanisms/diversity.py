@@ -29,8 +29,7 @@ import numpy as np
 import torch
 
 from dpledger.accounting.errors import require, require_bool, require_finite, require_in_closed, require_int_at_least
-from dpledger.mechanisms.hot_pate import Targmax
-from dpledger.mechanisms.kernels import coordinated_votes
+from dpledger.mechanisms.hot_pate import Targmax, coordinated_votes
 
 TEACHER_SUM_TOLERANCE = 1e-6
 """|sum_j p_i[j] - 1| allowed per teacher."""
@@ -109,7 +108,7 @@ def vote_draws(teachers, coordinated: bool, samples: int, seed: int) -> np.ndarr
     """`samples` independent rounds of voting: int64 votes of shape (samples, N).
 
     Coordinated (Cohen et al. 2023, coordinated ensembles): one shared u ~ Exp(1)^V per round and
-    y_i = argmax_j p_i[j] / u_j (`dpledger.mechanisms.kernels.coordinated_votes`). Independent: an Exp(1)
+    y_i = argmax_j p_i[j] / u_j (`dpledger.mechanisms.hot_pate.coordinated_votes`). Independent: an Exp(1)
     per teacher and token, y_i = argmax_j p_i[j] / u_ij, the exponential race, which samples
     p_i exactly. Draws come from one torch.Generator seeded by `seed`, in chunks of rounds that
     bound memory; the chunking depends on (N, V) only, so equal inputs give equal votes.
