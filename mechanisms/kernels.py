@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Sequence
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from dpledger.accounting.rounding import ROUNDING_ULPS
 
@@ -24,6 +26,11 @@ _SLACK_PER_ULP = 1.0
 which covers the fused kernels' exp and log (within dpledger.mechanisms.fastmath.MAX_ULPS = 2 ulps of the
 true value) as it covered the C library's; tests/test_differential.py holds both to mpmath."""
 _SLACK_ULPS = ROUNDING_ULPS * _SLACK_PER_ULP
+
+FloatArray = NDArray[np.float64]
+"""A float64 numpy array (the kernels' arithmetic is float64 throughout)."""
+IntArray = NDArray[np.int64]
+"""An int64 numpy array (row indices)."""
 
 
 def _set_threads() -> None:
@@ -47,16 +54,21 @@ def _log(x: torch.Tensor) -> torch.Tensor:
 
 def kernel_threads() -> int:
     """Worker threads for the fused kernels: $DPLEDGER_KERNEL_THREADS, default 1 (robust on shared
-    2-core machines; set 2 for long audits on an otherwise idle machine), at most the cores numba has."""
+    2-core machines; set 2 for long audits on an otherwise idle machine), at most the cores numba has.
+
+    Returns:
+        The number of threads, >= 1 and at most numba's NUMBA_NUM_THREADS.
+    """
     from dpledger.mechanisms.fastmath import prefer_wide_vectors
 
     prefer_wide_vectors()   # before numba is first imported (a no-op after)
     from numba import config
 
-    return max(1, min(int(os.environ.get("DPLEDGER_KERNEL_THREADS", "1")), config.NUMBA_NUM_THREADS))
+    cores: int = config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba.config sets it at import, unannotated
+    return max(1, min(int(os.environ.get("DPLEDGER_KERNEL_THREADS", "1")), cores))
 
 
-def _row_source(shape: tuple[int, ...], batch_shape: tuple[int, ...], rows: np.ndarray) -> np.ndarray:
+def _row_source(shape: tuple[int, ...], batch_shape: tuple[int, ...], rows: IntArray) -> IntArray:
     """Row numbers, in an array of batch shape `shape` (broadcastable to batch_shape), of flat rows."""
     full = np.unravel_index(rows, batch_shape) if batch_shape else ()
     offset = len(batch_shape) - len(shape)
@@ -72,8 +84,22 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
     (dpledger.mechanisms.fused.renyi_log_moments: one pass per order, rows gathered from the broadcast inputs
     without materialising the broadcast); tensors on another device run the same arithmetic in
     torch there (renyi_divergence_orders_torch). Both round up by the same bound.
+
+    Args:
+        log_p: log P, float (any dtype; computed in float64), shape (..., V); -inf marks P_j = 0.
+        log_q: log Q, shape (..., V), broadcastable against log_p over the leading axes.
+        orders: the Renyi orders a > 1, shape (K,) (any shape; flattened).
+
+    Returns:
+        float64 tensor of shape broadcast(P, Q)[:-1] + (K,): D_a(P||Q) in nats, rounded up, >= 0;
+        +inf where P has mass outside Q's support.
+
+    Raises:
+        ValueError: if P and Q have vocabularies of different sizes, or a divergence is NaN (an
+            input holds NaN or inf).
     """
-    batch_shape = tuple(torch.broadcast_shapes(tuple(log_p.shape[:-1]), tuple(log_q.shape[:-1])))
+    # torch.broadcast_shapes is declared without annotations
+    batch_shape = tuple(torch.broadcast_shapes(tuple(log_p.shape[:-1]), tuple(log_q.shape[:-1])))  # type: ignore[no-untyped-call]
     vocab = log_p.shape[-1]
     if log_q.shape[-1] != vocab:
         raise ValueError(f"P and Q must share the vocabulary axis, got {vocab} and {log_q.shape[-1]}")
@@ -94,7 +120,7 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
     return torch.from_numpy(_divergences_from_moments(moments, orders_np).reshape(*batch_shape, orders_np.size))
 
 
-def _divergences_from_moments(moments: np.ndarray, orders: np.ndarray) -> np.ndarray:
+def _divergences_from_moments(moments: FloatArray, orders: FloatArray) -> FloatArray:
     """D_a = g / (a - 1) from g = (a - 1) D_a, rounded up; ValueError for a NaN (a NaN or inf input)."""
     nan = np.isnan(moments)
     if np.any(nan):
@@ -106,8 +132,21 @@ def _divergences_from_moments(moments: np.ndarray, orders: np.ndarray) -> np.nda
 def renyi_divergence_orders_torch(log_p: torch.Tensor, log_q: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
     """renyi_divergence_orders in torch on the inputs' device (a GPU's): one logsumexp per order,
     the same special cases and the same rounding up as the fused kernel. Also the straightforward
-    form the tests hold the fused kernel to."""
-    log_p, log_q = torch.broadcast_tensors(log_p.double(), log_q.double())
+    form the tests hold the fused kernel to.
+
+    Args:
+        log_p: log P, shape (..., V); -inf marks P_j = 0.
+        log_q: log Q, shape (..., V), broadcastable against log_p.
+        orders: the Renyi orders a > 1 (flattened to (K,)).
+
+    Returns:
+        float64 tensor on the inputs' device, shape broadcast(P, Q)[:-1] + (K,): D_a(P||Q) in nats,
+        rounded up, >= 0.
+
+    Raises:
+        ValueError: if a divergence is NaN (an input holds NaN or inf).
+    """
+    log_p, log_q = torch.broadcast_tensors(log_p.double(), log_q.double())  # type: ignore[no-untyped-call]  # unannotated
     orders = orders.to(log_p.device).double().reshape(-1)
     p_zero, q_zero = torch.isneginf(log_p), torch.isneginf(log_q)
     ratio = torch.where(p_zero, -torch.inf, log_p - log_q)
@@ -129,14 +168,35 @@ def renyi_divergence_orders_torch(log_p: torch.Tensor, log_q: torch.Tensor, orde
 
 
 def symmetric_renyi_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
-    """max(D_a(P||Q), D_a(Q||P)) per order (the symmetric divergence of Flemings et al. 2024)."""
+    """max(D_a(P||Q), D_a(Q||P)) per order (the symmetric divergence of Flemings et al. 2024).
+
+    Args:
+        log_p: log P, shape (..., V).
+        log_q: log Q, shape (..., V), broadcastable against log_p.
+        orders: the Renyi orders a > 1, shape (K,).
+
+    Returns:
+        float64 tensor of shape broadcast(P, Q)[:-1] + (K,): D<->_a(P, Q) in nats, rounded up.
+
+    Raises:
+        ValueError: as renyi_divergence_orders (different vocabularies, or NaN).
+    """
     return torch.maximum(renyi_divergence_orders(log_p, log_q, orders), renyi_divergence_orders(log_q, log_p, orders))
 
 
 def max_divergence_symmetric(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
     """max(D_inf(P||Q), D_inf(Q||P)) with D_inf(P||Q) = log max_j P_j / Q_j over P's support
     (van Erven & Harremoes 2014, Theorem 6): shape broadcast(P, Q)[:-1]. +inf where one law has
-    mass outside the other's support. Rounded up by a few ulps of the logs' magnitude."""
+    mass outside the other's support. Rounded up by a few ulps of the logs' magnitude.
+
+    Args:
+        log_p: log P (float64), shape (..., V); -inf marks P_j = 0.
+        log_q: log Q (float64), shape (..., V), broadcastable against log_p.
+
+    Returns:
+        Tensor of shape broadcast(P, Q)[:-1]: D<->_inf(P, Q) in nats, >= 0, rounded up; +inf where a
+        law has mass outside the other's support.
+    """
     p_zero, q_zero = torch.isneginf(log_p), torch.isneginf(log_q)
     # a token outside one law's support counts for the other direction only (log 0 - log 0 is masked)
     forward = torch.where(p_zero, -torch.inf, log_p - log_q)
@@ -153,12 +213,26 @@ def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, r
 
     PMixED projection (Flemings et al. 2024, Algorithm 2 and Appendix C): the ball at one order.
     teachers: (..., N, V); public: (..., V). Returns lambdas (..., N) in float64.
+
+    Args:
+        teachers: the teachers' next-token probabilities, shape (..., N, V).
+        public: the public model's probabilities, shape (..., V).
+        order: the Renyi order alpha > 1 of the ball.
+        radius: the ball's radius in nats (beta alpha in the paper's notation), > 0.
+        relative_tolerance: how close, relative to the radius, the returned lambda's divergence must
+            come to the boundary before the solver stops.
+
+    Returns:
+        float64 tensor (..., N): each teacher's lambda in [0, 1].
+
+    Raises:
+        ValueError: if an input distribution holds NaN (CPU tensors).
     """
     return ball_mixing_weights(teachers, public, (order,), (radius,), None, relative_tolerance)
 
 
-def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, radii, max_radius: float | None = None,
-                        relative_tolerance: float = 1e-10) -> torch.Tensor:
+def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Sequence[float], radii: Sequence[float],
+                        max_radius: float | None = None, relative_tolerance: float = 1e-10) -> torch.Tensor:
     """Largest lambda in [0, 1] per teacher such that the mixed teacher lambda p_i + (1-lambda) p0
     satisfies D<->_k(., p0) <= radius_k at every order k of `orders` and, when `max_radius` is
     given, D<->_inf(., p0) <= max_radius (Flemings et al. 2024, Algorithm 2 and Appendix C).
@@ -172,6 +246,21 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, ra
     `relative_tolerance` * radius of its boundary (or 1e-12 in lambda).
 
     teachers: (..., N, V); public: (..., V). Returns lambdas (..., N) in float64.
+
+    Args:
+        teachers: the teachers' next-token probabilities, shape (..., N, V).
+        public: the public model's probabilities, shape (..., V).
+        orders: the constrained Renyi orders k > 1.
+        radii: the radius in nats at each order of `orders` (same length), > 0.
+        max_radius: the radius of D<->_inf in nats, or None for no such constraint.
+        relative_tolerance: how close, relative to the smallest radius, the returned lambda's
+            constraint must come to the boundary before the solver stops.
+
+    Returns:
+        float64 tensor (..., N): each teacher's lambda in [0, 1].
+
+    Raises:
+        ValueError: if an input distribution holds NaN (CPU tensors).
     """
     if teachers.device.type != "cpu":
         return ball_mixing_weights_torch(teachers, public, orders, radii, max_radius, relative_tolerance=relative_tolerance)
@@ -196,14 +285,30 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, ra
     return torch.from_numpy(lambdas.reshape(teachers.shape[:-1]))
 
 
-def ball_mixing_weights_torch(teachers: torch.Tensor, public: torch.Tensor, orders, radii,
-                              max_radius: float | None = None, max_iterations: int = 60,
+def ball_mixing_weights_torch(teachers: torch.Tensor, public: torch.Tensor, orders: Sequence[float],
+                              radii: Sequence[float], max_radius: float | None = None, max_iterations: int = 60,
                               relative_tolerance: float = 1e-10) -> torch.Tensor:
     """ball_mixing_weights by the Illinois variant of regula falsi in torch, on the inputs' device,
     for all teachers at once (only teachers infeasible at lambda = 1 are iterated): the form a GPU
     runs, and the straightforward one the tests hold the fused solver to. The largest constraint
     excess is non-decreasing in lambda, so its root is bracketed by [0, 1]; the returned value is
     the feasible end of the bracket ("err on the small side").
+
+    Args:
+        teachers: the teachers' next-token probabilities, shape (..., N, V).
+        public: the public model's probabilities, shape (..., V).
+        orders: the constrained Renyi orders k > 1.
+        radii: the radius in nats at each order of `orders` (same length), > 0.
+        max_radius: the radius of D<->_inf in nats, or None for no such constraint.
+        max_iterations: the most regula falsi steps.
+        relative_tolerance: how close, relative to the smallest radius, the returned lambda's
+            constraint must come to the boundary before the iteration stops.
+
+    Returns:
+        float64 tensor (..., N) on the inputs' device: each teacher's lambda in [0, 1].
+
+    Raises:
+        ValueError: if a divergence evaluated on the way is NaN (an input holds NaN or inf).
     """
     teachers = teachers.double()
     public = public.double()
@@ -260,7 +365,16 @@ def ball_mixing_weights_torch(teachers: torch.Tensor, public: torch.Tensor, orde
 
 
 def mixed_teachers(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor) -> torch.Tensor:
-    """pbar_i = lambda_i p_i + (1 - lambda_i) p0, shape (..., N, V)."""
+    """pbar_i = lambda_i p_i + (1 - lambda_i) p0, shape (..., N, V).
+
+    Args:
+        teachers: the teachers' probabilities p_i, shape (..., N, V).
+        public: the public model's probabilities p0, shape (..., V).
+        lambdas: the mixing weights lambda_i in [0, 1], shape (..., N).
+
+    Returns:
+        float64 tensor (..., N, V): the mixed teachers pbar_i.
+    """
     lam = lambdas.double().unsqueeze(-1)
     return lam * teachers.double() + (1.0 - lam) * public.double().unsqueeze(-2)
 
@@ -272,6 +386,12 @@ def sums_without_each(values: torch.Tensor) -> torch.Tensor:
     loses every digit when teacher i holds almost all of a token's mass (1 - 0.9999999999999999),
     which under-stated Eq. 3 (33.96 against 34.58 for teachers (0.5, 0.5) and (1 - 1e-16, 6e-17)).
     All terms are non-negative, so the sums are accurate to N ulps relative.
+
+    Args:
+        values: non-negative values, shape (..., N, V) (N along axis -2).
+
+    Returns:
+        Tensor of the same shape and dtype: entry i holds the sum over the other N - 1 rows.
     """
     zeros = torch.zeros_like(values[..., :1, :])
     before = torch.cat([zeros, torch.cumsum(values[..., :-1, :], dim=-2)], dim=-2)
@@ -299,8 +419,17 @@ class _LeaveOneOut:
     normal range (dpledger.mechanisms.fused.RATIO_RANGE) gets its log from log p_-i - log p. In either case
     the log-moments read logs only (`shifted_only`), never the unscaled p or such a ratio."""
 
-    def __init__(self, teachers: np.ndarray, public: np.ndarray, lambdas: np.ndarray,
-                 reuse: "_LeaveOneOut | None" = None):
+    scaled: bool
+    output: FloatArray
+    log_output: FloatArray
+    ratios: FloatArray
+    log_ratios: FloatArray
+    spans: FloatArray
+    shifted_only: bool
+    magnitude: float
+
+    def __init__(self, teachers: FloatArray, public: FloatArray, lambdas: FloatArray,
+                 reuse: "_LeaveOneOut | None" = None) -> None:
         from dpledger.mechanisms.fused import RATIO_RANGE, leave_one_out_log_ratios
 
         teachers = np.ascontiguousarray(teachers, dtype=np.float64)
@@ -336,12 +465,12 @@ class _LeaveOneOut:
             raise ValueError("Renyi divergence is NaN: a mixed teacher holds NaN")
 
     @classmethod
-    def of_mixed(cls, mixed: np.ndarray) -> "_LeaveOneOut":
+    def of_mixed(cls, mixed: FloatArray) -> "_LeaveOneOut":
         """From already mixed teachers (lambda 1 on each, so pbar_i = mixed_i)."""
         return cls(mixed, np.zeros(mixed.shape[1]), np.ones(mixed.shape[0]))
 
-    def moments(self, rows: np.ndarray, orders: np.ndarray,
-                wanted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def moments(self, rows: IntArray, orders: FloatArray,
+                wanted: NDArray[np.bool_] | None = None) -> tuple[FloatArray, FloatArray]:
         """(g, dg/da) for teachers `rows` at `orders`: g = (a - 1) D<->_a(p, p_-i), rounded up; with
         `wanted` (rows x orders, bool) only those pairs are computed (the rest are NaN)."""
         from dpledger.mechanisms.fused import leave_one_out_log_moments
@@ -357,14 +486,27 @@ class _LeaveOneOut:
         return values, slopes
 
 
-def _has_tiny_positive(values: np.ndarray) -> bool:
+def _has_tiny_positive(values: FloatArray) -> bool:
     return bool(np.any((values > 0.0) & (values < _SCALE_BELOW)))
 
 
 def leave_one_out_divergences_torch(mixed: torch.Tensor, orders: torch.Tensor, mask: torch.Tensor | None = None,
                                     public: torch.Tensor | None = None) -> torch.Tensor:
     """leave_one_out_divergences in torch on the inputs' device (and with a Poisson mask): the GPU
-    form, and the straightforward one the tests hold the fused kernels to."""
+    form, and the straightforward one the tests hold the fused kernels to.
+
+    Args:
+        mixed: the mixed teachers pbar_i, shape (..., N, V).
+        orders: the Renyi orders a > 1, shape (K,).
+        mask: which teachers are in the ensemble, bool shape (..., N), or None for all of them.
+        public: the public model's probabilities, shape (..., V); required with a mask.
+
+    Returns:
+        float64 tensor (..., N, K): D<->_a(p, p_{-i}) in nats, rounded up (0 for an unmasked teacher).
+
+    Raises:
+        ValueError: if N < 2 without a mask, a mask comes without `public`, or a divergence is NaN.
+    """
     n = mixed.shape[-2]
     if mask is None:
         if n < 2:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike, NDArray
 
 from dpledger.accounting.rounding import ROUNDING_ULPS
-from dpledger.mechanisms.kernels import (_SLACK_ULPS, _divergences_from_moments, _LeaveOneOut,
+from dpledger.mechanisms.kernels import (_SLACK_ULPS, FloatArray, IntArray, _divergences_from_moments, _LeaveOneOut,
                                          leave_one_out_divergences_torch, mixed_teachers)
 
 
@@ -27,6 +28,19 @@ def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: t
     removing an unsampled teacher changes nothing (divergence 0), and removing the only sampled
     teacher leaves the public model `public` (..., V), PMixED's answer for an empty ensemble.
     Unmasked CPU input runs the fused kernels (dpledger.mechanisms.fused); the rest runs in torch.
+
+    Args:
+        mixed: the mixed teachers pbar_i, shape (..., N, V).
+        orders: the Renyi orders a > 1, shape (K,).
+        mask: which teachers are in the ensemble, bool shape (..., N), or None for all of them.
+        public: the public model's probabilities, shape (..., V); required with a mask.
+
+    Returns:
+        float64 tensor (..., N, K): D<->_a(p, p_{-i}) in nats for every teacher i, rounded up.
+
+    Raises:
+        ValueError: if N < 2 without a mask, a mask comes without `public`, or a divergence is NaN
+            (an input holds NaN).
     """
     n = mixed.shape[-2]
     if mask is None and mixed.device.type == "cpu":
@@ -43,8 +57,9 @@ def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: t
 
 
 
-def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor, orders,
-                        relative_tolerance: float | None = 0.005) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor, orders: ArrayLike,
+                        relative_tolerance: float | None = 0.005
+                        ) -> tuple[FloatArray, NDArray[np.bool_], torch.Tensor]:
     """max_i D<->_a(p, p_{-i}) (Flemings et al. 2024, Eq. 3) at every order of the sorted grid
     `orders`, for the ensemble of mixed teachers lambda_i p_i + (1 - lambda_i) p0: exact on a
     sub-grid, a sound upper bound within `relative_tolerance` of the exact value everywhere else.
@@ -62,6 +77,23 @@ def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: t
     chord value stands in, still an upper bound). relative_tolerance=None evaluates every teacher at
     every order (exact everywhere, in the same arithmetic). Tensors on a GPU get exact values at
     every order (leave_one_out_divergences there), all marked exact.
+
+    Args:
+        teachers: the teachers' probabilities p_i, shape (..., N, V), N >= 2.
+        public: the public model's probabilities p0, shape (..., V).
+        lambdas: the mixing weights lambda_i in [0, 1], shape (..., N).
+        orders: the Renyi orders a > 1, strictly increasing, shape (K,).
+        relative_tolerance: the certificate's relative gap between the chord bound and the tangent
+            lower bound (0.005: within 0.5%); None evaluates every teacher at every order.
+
+    Returns:
+        (values, exact, p): values float64 (..., K), max_i D<->_a(p, p_{-i}) in nats (exact or an
+        upper bound); exact bool (..., K), True where the value was evaluated exactly; p the mixed
+        teachers' mean, float64 tensor (..., V).
+
+    Raises:
+        ValueError: if the orders are not strictly increasing, N < 2, or a divergence is NaN (an
+            input holds NaN).
     """
     grid = np.asarray(orders, dtype=np.float64).reshape(-1)
     if not np.all(np.diff(grid) > 0):
@@ -71,8 +103,8 @@ def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: t
         raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
     if teachers.device.type != "cpu":
         mixed = mixed_teachers(teachers, public, lambdas)
-        exact = leave_one_out_divergences(mixed, torch.from_numpy(grid).to(mixed.device)).amax(dim=-2)
-        values = exact.cpu().numpy()
+        exact_values = leave_one_out_divergences(mixed, torch.from_numpy(grid).to(mixed.device)).amax(dim=-2)
+        values = exact_values.cpu().numpy()
         return values, np.ones(values.shape, dtype=bool), mixed.mean(dim=-2)
     vocab = teachers.shape[-1]
     flat_teachers = teachers.detach().double().reshape(-1, n, vocab).numpy()
@@ -95,13 +127,14 @@ def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: t
             torch.from_numpy(output.reshape(*batch, vocab)))
 
 
-def _seed_indices(grid: np.ndarray) -> list[int]:
+def _seed_indices(grid: FloatArray) -> list[int]:
     """The first sub-grid, where every teacher is evaluated: both ends and the orders nearest 4 and 32."""
     seeds = {0, grid.size - 1} | {int(np.argmin(np.abs(grid - a))) for a in (4.0, 32.0)}
     return sorted(seeds)
 
 
-def _refined_curve(ratios: "_LeaveOneOut", n: int, grid: np.ndarray, tolerance: float):
+def _refined_curve(ratios: _LeaveOneOut, n: int, grid: FloatArray,
+                   tolerance: float) -> tuple[FloatArray, NDArray[np.bool_]]:
     """leave_one_out_curve for one step: (D values (K,), exact mask (K,)). Each round bisects every
     interval whose certificate fails, evaluating the new orders in one kernel call."""
     size = grid.size
@@ -143,7 +176,8 @@ def _refined_curve(ratios: "_LeaveOneOut", n: int, grid: np.ndarray, tolerance: 
     return _divergences_from_moments(moments[None], grid)[0], done.copy()
 
 
-def _chord_and_tangent_bounds(grid: np.ndarray, anchors: np.ndarray, upper: np.ndarray, slope: np.ndarray):
+def _chord_and_tangent_bounds(grid: FloatArray, anchors: IntArray, upper: FloatArray,
+                              slope: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
     """(every teacher's chord between the sub-grid orders enclosing each grid order (n, K), rounded
     up; their max over teachers (K,), the exact max at sub-grid orders; the max over evaluated
     teachers of their tangents at those two orders (K,), a lower bound, the max itself at sub-grid orders)."""
