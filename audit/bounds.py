@@ -10,8 +10,8 @@ from dpledger.audit.loader import LoadedTrace
 from dpledger.decoding.ensemble import Ensemble
 from dpledger.decoding.run import component_relations
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
-from dpledger.mechanisms.kernels import (leave_one_out_curve, max_divergence_symmetric, mixed_teachers,
-                                         symmetric_renyi_orders)
+from dpledger.mechanisms.kernels import max_divergence_symmetric, mixed_teachers, symmetric_renyi_orders
+from dpledger.mechanisms.leave_one_out import leave_one_out_curve
 from dpledger.mechanisms.adapmixed import loss_covering
 from dpledger.mechanisms.step import as_ensemble
 from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints

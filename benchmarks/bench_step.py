@@ -112,7 +112,8 @@ def step_section(vocab: int, teachers: int, repeats: int, baseline_repeats: int)
     from dpledger.accounting.orders import DEFAULT_ORDERS
     from dpledger.mechanisms.adapmixed import AdaPMixED
     from dpledger.mechanisms.add_one import add_one_divergence_bounds
-    from dpledger.mechanisms.kernels import leave_one_out_curve, leave_one_out_divergences, mixed_teachers, mixing_weights
+    from dpledger.mechanisms.kernels import mixed_teachers, mixing_weights
+    from dpledger.mechanisms.leave_one_out import leave_one_out_curve, leave_one_out_divergences
     from dpledger.mechanisms.pmixed import PMixED
 
     probs, public = synthetic_ensemble(vocab, teachers)

@@ -17,7 +17,8 @@ import inspect
 from dpledger.accounting.errors import require
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, neighbouring_relation, path_accounting
 from dpledger.mechanisms.adapmixed import AdaPMixED
-from dpledger.mechanisms.kernels import leave_one_out_divergences, mixed_teachers, symmetric_renyi_orders
+from dpledger.mechanisms.kernels import mixed_teachers, symmetric_renyi_orders
+from dpledger.mechanisms.leave_one_out import leave_one_out_divergences
 from dpledger.mechanisms.ball import Ball, ball_named
 from dpledger.mechanisms.pmixed import PMixED, SubsampledPMixED, SubsamplingVariant
 from dpledger.mechanisms.pmixed import subsampling_variant as variant_named

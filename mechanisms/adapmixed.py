@@ -21,7 +21,8 @@ from dpledger.accounting.errors import require
 from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.distributions import validated_ensemble, validated_lambdas
-from dpledger.mechanisms.kernels import leave_one_out_curve, mixed_teachers
+from dpledger.mechanisms.kernels import mixed_teachers
+from dpledger.mechanisms.leave_one_out import leave_one_out_curve
 from dpledger.mechanisms.pmixed import Ball, PMixED
 from dpledger.mechanisms.screening import NoisyScreening
 from dpledger.mechanisms.step import adapmixed_step

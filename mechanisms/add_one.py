@@ -64,18 +64,22 @@ certified bounds beside it, so the gap between them brackets the bound's remaini
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike, NDArray
 
 from dpledger.accounting.rounding import ROUNDING_ULPS
-from dpledger.mechanisms.fastmath import vexp  # noqa: F401  (first: it sets numba's vector width)
+from dpledger.mechanisms.fastmath import JitOptions, jit  # first: it sets numba's vector width
 from dpledger.mechanisms.ball import ALL_ORDERS_BALL_GRID, all_orders_ball_constraints
-from dpledger.mechanisms.kernels import _log, _set_threads, ball_mixing_weights, renyi_divergence_orders
+from dpledger.mechanisms.kernels import FloatArray, _log, _set_threads, ball_mixing_weights, renyi_divergence_orders
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
 from dpledger.mechanisms.fused import add_one_order_sums
 
-from numba import njit  # noqa: E402,I001
+BoolArray = NDArray[np.bool_]
+Laws = torch.Tensor | ArrayLike
+"""Probabilities or orders as a torch tensor or anything numpy reads as an array (read as float64)."""
 
 _U = 2.0 ** -53
 """Unit roundoff of float64 (a correctly rounded operation errs by at most _U relative)."""
@@ -84,7 +88,7 @@ _ALLOW = ROUNDING_ULPS / 2.0 ** -52 * _U
 quantity below has a derived first-order error of at most ~7 u per unit of its magnitude (libm's
 exp, expm1, log and log1p err by at most 1 ulp = 2 u), so the allowance holds with a factor 2."""
 
-_EXACT = dict(fastmath=False, error_model="numpy", cache=False, nogil=True)
+_EXACT: JitOptions = dict(fastmath=False, error_model="numpy", cache=False, nogil=True)
 """IEEE semantics for everything certified (no reassociation: the error analysis assumes it)."""
 
 DUAL_SUBGRID_RATIO = 1.35
@@ -95,8 +99,8 @@ MAX_DUAL_ORDERS = 24
 
 # ----------------------------------------------------------------------------- certified pieces
 
-@njit(**_EXACT)
-def _f_certified(x, p, n, s):
+@jit(**_EXACT)
+def _f_certified(x: float, p: float, n: float, s: float) -> tuple[float, float]:
     """(f(x), error bound) for f(x) = p psi(x / p), psi(t) = ((n + t)/(n + 1))^s - 1 - s (t - 1)/(n + 1),
     evaluated as p (expm1(s log1p(u)) - s u), u = (x - p) / (p (n + 1)) (no cancellation near t = 1).
     p = 0 (a reverse-direction token the output never emits): the perspective's limit -s x / (n + 1).
@@ -117,8 +121,8 @@ def _f_certified(x, p, n, s):
     return value, error
 
 
-@njit(**_EXACT)
-def _ball_certified(x, p0, g):
+@jit(**_EXACT)
+def _ball_certified(x: float, p0: float, g: float) -> tuple[float, float, float, float, float, float, float, float]:
     """(W1, e1, W2, e2, D1, f1, D2, f2): W1 = p0 omega_g(y), W2 = p0 omega_(1-g)(y), y = x / p0, and
     their derivatives in x, D1 = g (y^(g-1) - 1), D2 = (1 - g)(y^(-g) - 1), each with an error bound.
     omega_c(y) = expm1(c log y) - c (y - 1): y errs by u, log y by u + 2 u |log y|, c log y by
@@ -132,11 +136,11 @@ def _ball_certified(x, p0, g):
     z1 = g * ly
     e1 = math.expm1(z1)
     w1 = p0 * (e1 - g * d)
-    err1 = _ALLOW * p0 * ((g + abs(z1)) * (abs(e1) + 1.0) + abs(e1) + abs(g * d) + abs(e1 - g * d))
+    err1: float = _ALLOW * p0 * ((g + abs(z1)) * (abs(e1) + 1.0) + abs(e1) + abs(g * d) + abs(e1 - g * d))
     z2 = (1.0 - g) * ly
     e2 = math.expm1(z2)
     w2 = p0 * (e2 - (1.0 - g) * d)
-    err2 = _ALLOW * p0 * ((g + abs(z2)) * (abs(e2) + 1.0) + abs(e2) + abs((1.0 - g) * d) + abs(e2 - (1.0 - g) * d))
+    err2: float = _ALLOW * p0 * ((g + abs(z2)) * (abs(e2) + 1.0) + abs(e2) + abs((1.0 - g) * d) + abs(e2 - (1.0 - g) * d))
     z3 = (g - 1.0) * ly
     e3 = math.expm1(z3)
     d1 = g * e3
@@ -152,8 +156,9 @@ def _ball_certified(x, p0, g):
     return w1, err1, w2, err2, d1, errd1, d2, errd2
 
 
-@njit(**_EXACT)
-def _combine(nu, mu1, mu2, x, w1, e1, w2, e2):
+@jit(**_EXACT)
+def _combine(nu: float, mu1: float, mu2: float, x: float, w1: float, e1: float, w2: float,
+             e2: float) -> tuple[float, float]:
     """(g, error) for g = nu x + mu1 W1 + mu2 W2 (a zero multiplier drops its term, also an infinite one)."""
     value = nu * x
     magnitude = abs(value)
@@ -171,8 +176,9 @@ def _combine(nu, mu1, mu2, x, w1, e1, w2, e2):
     return value, error + 4.0 * _U * magnitude
 
 
-@njit(**_EXACT)
-def _piece_bound(s, t, fs, efs, gs, egs, ds, eds, ft, eft, gt, egt, dt, edt):
+@jit(**_EXACT)
+def _piece_bound(s: float, t: float, fs: float, efs: float, gs: float, egs: float, ds: float, eds: float, ft: float,
+                 eft: float, gt: float, egt: float, dt: float, edt: float) -> tuple[float, float]:
     """(upper bound on max of f - g over [s, t], a point of (s, t) to split at). f convex with
     values fs, ft (errors efs, eft); g convex with values gs, gt and derivatives ds, dt (errors e..).
     With F+ = f + error at each end, the chord l of F+ lies above f on [s, t], so f - g <= k = l - g,
@@ -225,8 +231,9 @@ def _piece_bound(s, t, fs, efs, gs, egs, ds, eds, ft, eft, gt, egt, dt, edt):
 
 # ----------------------------------------------------------------------------- approximate inner problems
 
-@njit(**_EXACT)
-def _phi_all(x, p, p0, n, s, g, nu, mu1, mu2):
+@jit(**_EXACT)
+def _phi_all(x: float, p: float, p0: float, n: float, s: float, g: float, nu: float, mu1: float,
+             mu2: float) -> tuple[float, float, float, float, float, float, float]:
     """At x > 0, the Lagrangian term phi = f - nu x - mu1 W1 - mu2 W2, phi' and phi'' (plain float
     arithmetic: used to choose the multipliers, never as a bound), and W1, W2, W1', W2'."""
     ly = math.log(x / p0)
@@ -262,8 +269,10 @@ def _phi_all(x, p, p0, n, s, g, nu, mu1, mu2):
     return phi, phi1, phi2, w1, w2, d1, d2
 
 
-@njit(**_EXACT)
-def _evaluate(nu, mu1, mu2, p, p0, n, s, g, xg, fg, w1g, w2g, newton, xs, hessian):
+@jit(**_EXACT)
+def _evaluate(nu: float, mu1: float, mu2: float, p: FloatArray, p0: FloatArray, n: float, s: float, g: float,
+              xg: FloatArray, fg: FloatArray, w1g: FloatArray, w2g: FloatArray, newton: int, xs: FloatArray,
+              hessian: FloatArray) -> tuple[float, float, float, float]:
     """Approximate dual value G - (C + nu + mu1 B1 + mu2 B2) = sum_j S_j, with the inner maximisers
     in xs, and sums of x, W1, W2 (the gradient's parts) and the Hessian of G in (nu, mu1, mu2)
     (interior maximisers: sum v v^T / -phi'', v = (1, W1', W2'), by the implicit function theorem).
@@ -328,8 +337,9 @@ def _evaluate(nu, mu1, mu2, p, p0, n, s, g, xg, fg, w1g, w2g, newton, xs, hessia
     return total, sx, s1, s2
 
 
-@njit(**_EXACT)
-def _initial_multipliers(p, p0, n, s, g, budget):
+@jit(**_EXACT)
+def _initial_multipliers(p: FloatArray, p0: FloatArray, n: float, s: float, g: float,
+                         budget: float) -> tuple[float, float]:
     """Multipliers of the chi-square approximation: f_j(x) ~ a_j (x - p_j)^2 / 2, a_j = s (s - 1) /
     ((n + 1)^2 p_j), and W1_j ~ W2_j ~ c (x - p0_j)^2 / (2 p0_j), c = g (g - 1) (second-order Taylor
     at x = p_j and x = p0_j). The inner maximiser is then x_j = (mu c - a_j p_j - nu) / (mu c / p0_j - a_j)
@@ -371,8 +381,8 @@ def _initial_multipliers(p, p0, n, s, g, budget):
     return nu_found, mu_found
 
 
-@njit(**_EXACT)
-def _linear(nu, mu1, mu2, b1, b2):
+@jit(**_EXACT)
+def _linear(nu: float, mu1: float, mu2: float, b1: float, b2: float) -> float:
     """nu + mu1 b1 + mu2 b2, a zero multiplier dropping its term (whose budget may be +inf)."""
     value = nu
     if mu1 != 0.0:
@@ -382,8 +392,8 @@ def _linear(nu, mu1, mu2, b1, b2):
     return value
 
 
-@njit(**_EXACT)
-def _solve_small(h, grad, free, out):
+@jit(**_EXACT)
+def _solve_small(h: FloatArray, grad: FloatArray, free: BoolArray, out: FloatArray) -> None:
     """out = -(h_ff + ridge)^-1 grad_f on the free coordinates (0 elsewhere): Gaussian elimination
     with partial pivoting on at most 3 unknowns; a ridge of 1e-9 of the diagonal keeps it solvable."""
     idx = np.empty(3, dtype=np.int64)
@@ -423,8 +433,10 @@ def _solve_small(h, grad, free, out):
         out[idx[r]] = total / a[r, r]
 
 
-@njit(**_EXACT)
-def _min_over_nu(mu1, mu2, p, p0, n, s, g, base, b1, b2, xg, fg, w1g, w2g, newton, xs, h):
+@jit(**_EXACT)
+def _min_over_nu(mu1: float, mu2: float, p: FloatArray, p0: FloatArray, n: float, s: float, g: float, base: float,
+                 b1: float, b2: float, xg: FloatArray, fg: FloatArray, w1g: FloatArray, w2g: FloatArray, newton: int,
+                 xs: FloatArray, h: FloatArray) -> tuple[float, float]:
     """(min over nu of the approximate G at (mu1, mu2), the nu attaining it): G is convex in nu with
     derivative 1 - sum_j x_j(nu), and its minimiser lies between the smallest and the largest slope
     of f_j - mu1 W1_j - mu2 W2_j between neighbouring grid points (beyond them every maximiser sits
@@ -464,8 +476,10 @@ def _min_over_nu(mu1, mu2, p, p0, n, s, g, base, b1, b2, xg, fg, w1g, w2g, newto
     return best_value, best_nu
 
 
-@njit(**_EXACT)
-def _nm_value(z, p, p0, n, s, g, base, b1, b2, xg, fg, w1g, w2g, newton, xs, h):
+@jit(**_EXACT)
+def _nm_value(z: FloatArray, p: FloatArray, p0: FloatArray, n: float, s: float, g: float, base: float, b1: float,
+              b2: float, xg: FloatArray, fg: FloatArray, w1g: FloatArray, w2g: FloatArray, newton: int, xs: FloatArray,
+              h: FloatArray) -> float:
     mu1 = math.exp(z[1]) if z[1] > -700.0 else 0.0
     mu2 = math.exp(z[2]) if z[2] > -700.0 else 0.0
     if not (b1 < np.inf):
@@ -477,8 +491,10 @@ def _nm_value(z, p, p0, n, s, g, base, b1, b2, xg, fg, w1g, w2g, newton, xs, h):
     return value if value == value else np.inf
 
 
-@njit(**_EXACT)
-def _nelder_mead(start, width, budget, p, p0, n, s, g, base, b1, b2, xg, fg, w1g, w2g, newton, xs, h):
+@jit(**_EXACT)
+def _nelder_mead(start: FloatArray, width: float, budget: int, p: FloatArray, p0: FloatArray, n: float, s: float,
+                 g: float, base: float, b1: float, b2: float, xg: FloatArray, fg: FloatArray, w1g: FloatArray,
+                 w2g: FloatArray, newton: int, xs: FloatArray, h: FloatArray) -> tuple[float, float, float, float]:
     """Nelder & Mead 1965 (standard coefficients) on z = (nu, log mu1, log mu2): returns (value, nu,
     mu1, mu2) of the best vertex after `budget` evaluations (or a simplex of relative size 1e-10)."""
     simplex = np.empty((4, 3))
@@ -544,8 +560,10 @@ def _nelder_mead(start, width, budget, p, p0, n, s, g, base, b1, b2, xg, fg, w1g
     return values[best], z[0], mu1, mu2
 
 
-@njit(**_EXACT)
-def _optimise(p, p0, n, s, g, base, b1, b2, xg, fg, w1g, w2g, newton, lam, xs, iterations, search):
+@jit(**_EXACT)
+def _optimise(p: FloatArray, p0: FloatArray, n: float, s: float, g: float, base: float, b1: float, b2: float,
+              xg: FloatArray, fg: FloatArray, w1g: FloatArray, w2g: FloatArray, newton: int, lam: FloatArray,
+              xs: FloatArray, iterations: int, search: int) -> float:
     """Multipliers (nu, mu1, mu2) that (nearly) minimise G over nu real and mu >= 0, from the better of
     `lam` (a warm start; NaN for none) and the chi-square start: damped Newton steps with a
     backtracking line search (mu moves by at most a factor 16 per step), then, for small
@@ -643,8 +661,8 @@ def _optimise(p, p0, n, s, g, base, b1, b2, xg, fg, w1g, w2g, newton, lam, xs, i
         for kind in range(3):
             if (kind != 2 and not (b1 < np.inf)) or (kind != 1 and not (b2 < np.inf)):
                 continue
-            for step in range(10):
-                mu = scale * math.exp(-13.5 + 1.5 * step)
+            for scan in range(10):
+                mu = scale * math.exp(-13.5 + 1.5 * scan)
                 cm1 = mu if kind == 1 else (0.5 * mu if kind == 0 else 0.0)
                 cm2 = mu if kind == 2 else (0.5 * mu if kind == 0 else 0.0)
                 cvalue, cnu = _min_over_nu(cm1, cm2, p, p0, n, s, g, base, b1, b2, xg, fg, w1g, w2g, newton, trial_x,
@@ -677,9 +695,11 @@ def _optimise(p, p0, n, s, g, base, b1, b2, xg, fg, w1g, w2g, newton, lam, xs, i
 
 # ----------------------------------------------------------------------------- certification
 
-@njit(**_EXACT)
-def _certify_token(nu, mu1, mu2, j, p, p0, lo, hi, n, s, g, flo, eflo, fhi, efhi, ball_lo, ball_hi, x_best, tol,
-                   max_points, px, pv):
+@jit(**_EXACT)
+def _certify_token(nu: float, mu1: float, mu2: float, j: int, p: FloatArray, p0: FloatArray, lo: FloatArray,
+                   hi: FloatArray, n: float, s: float, g: float, flo: float, eflo: float, fhi: float, efhi: float,
+                   ball_lo: FloatArray, ball_hi: FloatArray, x_best: float, tol: float, max_points: int, px: FloatArray,
+                   pv: FloatArray) -> tuple[float, float]:
     """Upper bound on S_j = sup over [lo_j, hi_j] of f - nu x - mu1 W1 - mu2 W2 (and the best value
     seen), by branch and bound on pieces bounded by _piece_bound: the piece of largest bound is split
     until it is within `tol` of the best value or max_points points are used. px (max_points,) and
@@ -731,8 +751,9 @@ def _certify_token(nu, mu1, mu2, j, p, p0, lo, hi, n, s, g, flo, eflo, fhi, efhi
             best_low = low
 
 
-@njit(**_EXACT)
-def _certified_point(nu, mu1, mu2, x, p, p0, n, s, g, pv, row):
+@jit(**_EXACT)
+def _certified_point(nu: float, mu1: float, mu2: float, x: float, p: float, p0: float, n: float, s: float, g: float,
+                     pv: FloatArray, row: int) -> None:
     f, ef = _f_certified(x, p, n, s)
     w1, e1, w2, e2, d1, f1, d2, f2 = _ball_certified(x, p0, g)
     gv, eg = _combine(nu, mu1, mu2, x, w1, e1, w2, e2)
@@ -740,8 +761,10 @@ def _certified_point(nu, mu1, mu2, x, p, p0, n, s, g, pv, row):
     pv[row, 0], pv[row, 1], pv[row, 2], pv[row, 3], pv[row, 4], pv[row, 5] = f, ef, gv, eg, dv, ed
 
 
-@njit(**_EXACT)
-def _certify(nu, mu1, mu2, p, p0, lo, hi, n, s, g, flo, fhi, ball_lo, ball_hi, xs, target, max_points):
+@jit(**_EXACT)
+def _certify(nu: float, mu1: float, mu2: float, p: FloatArray, p0: FloatArray, lo: FloatArray, hi: FloatArray, n: float,
+             s: float, g: float, flo: FloatArray, fhi: FloatArray, ball_lo: FloatArray, ball_hi: FloatArray,
+             xs: FloatArray, target: float, max_points: int) -> tuple[float, int]:
     """(upper bound on sum_j S_j, its float error bound included, and the number of tokens refined).
     A first pass bounds every S_j on the pieces [lo, x*], [x*, hi] (x* the optimiser's maximiser);
     if the bounds exceed the best values found by more than `target` in total, the tokens with the
@@ -789,8 +812,8 @@ def _certify(nu, mu1, mu2, p, p0, lo, hi, n, s, g, flo, fhi, ball_lo, ball_hi, x
 
 # ----------------------------------------------------------------------------- one step, every dual order
 
-@njit(**_EXACT)
-def _grid(lo, hi, p, p0, points, xg):
+@jit(**_EXACT)
+def _grid(lo: FloatArray, hi: FloatArray, p: FloatArray, p0: FloatArray, points: int, xg: FloatArray) -> None:
     """Per token, `points` points from lo to hi, geometric in between (from hi 2^-40 when lo is
     tinier), with p and p0 put in place of the nearest inner points when they lie inside."""
     m = lo.size
@@ -821,10 +844,12 @@ def _grid(lo, hi, p, p0, points, xg):
             xg[j, q + 1] = value
 
 
-@njit(**_EXACT)
-def _row_duals(p, p0, lo, hi, n, orders, gs, budgets, p_dev, p_err, p0_dev, p0_err, outside, outside_err,
-               forward_finite, points, newton, iterations, search, tolerance, max_points, out_g, out_lam, out_x,
-               out_approx):
+@jit(**_EXACT)
+def _row_duals(p: FloatArray, p0: FloatArray, lo: FloatArray, hi: FloatArray, n: float, orders: FloatArray,
+               gs: FloatArray, budgets: FloatArray, p_dev: float, p_err: float, p0_dev: float, p0_err: float,
+               outside: float, outside_err: float, forward_finite: bool, points: int, newton: int, iterations: int,
+               search: int, tolerance: float, max_points: int, out_g: FloatArray, out_lam: FloatArray,
+               out_x: FloatArray, out_approx: FloatArray) -> None:
     """For one step: at each order of `orders` (ascending) and each direction (0 forward, 1 reverse),
     a certified upper bound on max over the ball of sum_j p_j h(t_j) - 1 (out_g), the multipliers
     used (out_lam) and the inner maximisers (out_x, for the adversary). gs[i] is the order of the
@@ -955,11 +980,28 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
     thousand times the closed form at V = 1024: benchmarks/results/add_one_dual_cost.json), so it
     is an option; a run records it (manifest params "add_one_dual") and the audit recomputes what
     was charged.
+
+    Args:
+        output: the ensemble's output law p (the mean of the N mixed teachers), shape (..., V).
+        public: the public model's law p0, shape (..., V).
+        teachers: the ensemble size N >= 1.
+        orders: the Renyi orders k > 1, shape (K,).
+        alpha: the projection order of PMixED's ball (> 1).
+        radius: the ball's radius in nats at order alpha (>= 0).
+        all_orders_beta: beta of the all-orders ball (D<->_k <= beta k at every k > 1), or None for the
+            ball at order alpha only.
+        dual: also compute the certified Lagrangian dual bound and keep the smaller per direction.
+
+    Returns:
+        float64 tensor (..., K): an upper bound in nats on the add-one divergence at each order.
+
+    Raises:
+        ValueError: if the bound is NaN (an input distribution holds NaN or inf), or (dual=True) the
+            inputs fail dual_add_one_bounds' checks.
     """
     forward, reverse = add_one_direction_bounds(output, public, teachers, orders, alpha, radius, all_orders_beta)
     if dual:
-        dual_forward, dual_reverse = dual_add_one_bounds(output, public, teachers, orders, alpha, radius,
-                                                         all_orders_beta)
+        dual_forward, dual_reverse, _ = _dual_add_one(output, public, teachers, orders, alpha, radius, all_orders_beta)
         forward = np.minimum(forward, dual_forward.reshape(forward.shape))
         reverse = np.minimum(reverse, dual_reverse.reshape(reverse.shape))
     bound = np.maximum(forward, reverse)
@@ -1006,6 +1048,22 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
       B2_k = W_k / (N+1): D_k is convex in its second argument (ibid. Theorem 12) and
         D_k(p || p) = 0; W_k = log(sum_j p_j^k qmin_j^(1-k)) / (k-1) >= D_k(p || q) as 1-k < 0.
     Every value is rounded up (the Renyi kernel's slack, ROUNDING_ULPS on the rest).
+
+    Args:
+        output: the ensemble's output law p, shape (..., V).
+        public: the public model's law p0, shape (..., V).
+        teachers: the ensemble size N >= 1.
+        orders: the Renyi orders k > 1, shape (K,).
+        alpha: the projection order of PMixED's ball (> 1).
+        radius: the ball's radius in nats at order alpha (>= 0).
+        all_orders_beta: beta of the all-orders ball, or None for the ball at order alpha only.
+
+    Returns:
+        (forward, reverse), float64 numpy arrays (..., K): upper bounds in nats on D_k(p_+ || p) and
+        D_k(p || p_+).
+
+    Raises:
+        ValueError: if a bound is NaN (an input distribution holds NaN or inf).
     """
     output = output.detach().cpu().double()
     public = public.detach().cpu().double()
@@ -1057,7 +1115,16 @@ def ball_constraints(alpha: float, radius: float, all_orders_beta: float | None 
     """(orders, radii) of the constraints D<->_a(q, p0) <= r_a that every q of the ball satisfies:
     (alpha, radius), and with `all_orders_beta` also (a, beta a) at every order a of
     dpledger.mechanisms.pmixed.ALL_ORDERS_BALL_GRID (the all-orders ball holds D<->_k <= beta k at every k > 1;
-    any finite subset of its constraints describes a superset of it)."""
+    any finite subset of its constraints describes a superset of it).
+
+    Args:
+        alpha: the projection order (> 1).
+        radius: the radius in nats at order alpha.
+        all_orders_beta: beta of the all-orders ball, or None.
+
+    Returns:
+        (orders, radii): float64 arrays of the same length (1, or 1 + len(ALL_ORDERS_BALL_GRID)).
+    """
     orders, radii = [float(alpha)], [float(radius)]
     if all_orders_beta is not None:
         orders += [float(a) for a in ALL_ORDERS_BALL_GRID]
@@ -1065,8 +1132,9 @@ def ball_constraints(alpha: float, radius: float, all_orders_beta: float | None 
     return np.asarray(orders), np.asarray(radii)
 
 
-@njit(**_EXACT)
-def _merged_box(p0, rest, lo, hi, a, r, iterations):
+@jit(**_EXACT)
+def _merged_box(p0: FloatArray, rest: FloatArray, lo: FloatArray, hi: FloatArray, a: float, r: float,
+                iterations: int) -> None:
     """Tighten [lo_j, hi_j] (in place) by the ball at order a seen through the two-cell partition
     {j, not j}: merging cells never increases a Renyi divergence (data processing, van Erven &
     Harremoes 2014, Theorem 9), so every q of the ball has A(q_j) <= R and B(q_j) <= R,
@@ -1126,7 +1194,17 @@ def token_box(public: np.ndarray, alpha: float, radius: float, all_orders_beta: 
     order a and radius r: sum_j q_j^a p0_j^(1-a) <= R = exp((a-1) r) bounds each term, so
     q_j <= (R p0_j^(a-1))^(1/a); sum_j p0_j^a q_j^(1-a) <= R gives q_j >= (p0_j^a / R)^(1/(a-1));
     with several constraints the tightest of each. Computed in logs and rounded outwards (the
-    box may only grow); q_j = 0 where p0_j = 0 (D_a(q || p0) is infinite otherwise), q_j <= 1."""
+    box may only grow); q_j = 0 where p0_j = 0 (D_a(q || p0) is infinite otherwise), q_j <= 1.
+
+    Args:
+        public: the public law p0, shape (..., V).
+        alpha: the projection order (> 1).
+        radius: the radius in nats at order alpha.
+        all_orders_beta: beta of the all-orders ball, or None.
+
+    Returns:
+        (lo, hi): float64 arrays of public's shape, 0 <= lo_j <= hi_j <= 1.
+    """
     orders, radii = ball_constraints(alpha, radius, all_orders_beta)
     with np.errstate(divide="ignore"):
         log_p0 = np.log(public)
@@ -1168,7 +1246,16 @@ def token_box(public: np.ndarray, alpha: float, radius: float, all_orders_beta: 
 def dual_orders(orders: np.ndarray, ratio: float = DUAL_SUBGRID_RATIO, limit: int = MAX_DUAL_ORDERS) -> np.ndarray:
     """Indices into the sorted `orders` where the dual is computed: every order when there are at most
     `limit`, else the first, the last, and in between the largest order whose k - 1 is at most `ratio`
-    times that of the previous one chosen (always at least the next order). Depends on the grid only."""
+    times that of the previous one chosen (always at least the next order). Depends on the grid only.
+
+    Args:
+        orders: the sorted Renyi orders k > 1, shape (K,).
+        ratio: the growth factor of k - 1 between chosen orders (> 1).
+        limit: the grid size up to which every order is chosen.
+
+    Returns:
+        int array of increasing indices into `orders`, the first 0 and the last K - 1.
+    """
     size = orders.size
     if size <= limit:
         return np.arange(size)
@@ -1183,7 +1270,17 @@ def dual_orders(orders: np.ndarray, ratio: float = DUAL_SUBGRID_RATIO, limit: in
 def dualised_constraint(order: float, alpha: float, radius: float, all_orders_beta: float | None) -> tuple[float, float]:
     """(g, r_g): the ball constraint the dual at `order` puts a multiplier on (both directions). The
     order-alpha ball has one; the all-orders ball holds D<->_g <= beta g at every g, and the dual
-    takes g = the order itself (the others enter through the box only)."""
+    takes g = the order itself (the others enter through the box only).
+
+    Args:
+        order: the Renyi order k > 1 the dual bounds.
+        alpha: the projection order (> 1).
+        radius: the radius in nats at order alpha.
+        all_orders_beta: beta of the all-orders ball, or None.
+
+    Returns:
+        (g, r_g): the constraint's order and its radius in nats.
+    """
     if all_orders_beta is None:
         return float(alpha), float(radius)
     g = min(float(order), float(alpha))
@@ -1192,8 +1289,39 @@ def dualised_constraint(order: float, alpha: float, radius: float, all_orders_be
 
 # ----------------------------------------------------------------------------- public entry point
 
-SETTINGS = {"points": 16, "newton": 3, "iterations": 12, "tolerance": 1e-4, "max_points": 24,
-            "small_vocabulary": 64, "small_points": 48, "small_search": 800}
+class DualSettings(TypedDict):
+    """The dual's effort (SETTINGS has the meaning of each entry)."""
+
+    points: int
+    newton: int
+    iterations: int
+    tolerance: float
+    max_points: int
+    small_vocabulary: int
+    small_points: int
+    small_search: int
+
+
+class DualDetails(TypedDict):
+    """What dual_add_one_bounds(..., details=True) reports beside its bounds (batch shape flattened to
+    rows in `maximisers`)."""
+
+    orders: FloatArray
+    """The dual orders (sorted), (S,)."""
+    constraints: list[tuple[float, float]]
+    """Per dual order, the dualised ball constraint (g, r_g) (dualised_constraint)."""
+    multipliers: FloatArray
+    """(nu, mu1, mu2) per step, dual order and direction: (..., S, 2, 3); NaN where none certifies."""
+    maximisers: list[FloatArray | None]
+    """Per row of the flattened batch, the inner maximisers (S, 2, V), or None for a public law with no support."""
+    g: FloatArray
+    """The certified G per step, dual order and direction: (..., S, 2)."""
+    approximate_g: FloatArray
+    """The optimiser's approximate G, same shape."""
+
+
+SETTINGS: DualSettings = {"points": 16, "newton": 3, "iterations": 12, "tolerance": 1e-4, "max_points": 24,
+                          "small_vocabulary": 64, "small_points": 48, "small_search": 800}
 """Effort of the dual: grid points per token, Newton steps per inner problem, Newton steps on the
 multipliers, the certified tolerance (relative to G) and the branch-and-bound cap per token; at most
 `small_vocabulary` tokens, a denser grid and a compass search of `small_search` evaluations.
@@ -1207,15 +1335,42 @@ bound by up to a few percent (measured: 8% at V = 320): the value is a determini
 the exact input bits, which is what the replay and the audit rely on."""
 
 
-def dual_add_one_bounds(output, public, teachers: int, orders, alpha: float, radius: float,
-                        all_orders_beta: float | None = None, details: bool = False):
+def dual_add_one_bounds(output: Laws, public: Laws, teachers: int, orders: Laws, alpha: float, radius: float,
+                        all_orders_beta: float | None = None, details: bool = False
+                        ) -> tuple[FloatArray, FloatArray] | tuple[FloatArray, FloatArray, DualDetails]:
     """Certified upper bounds, per order k, on max over the ball of D_k(p_+ || p) (forward) and of
     D_k(p || p_+) (reverse), p_+ = (N p + q) / (N + 1), from the Lagrangian dual (module docstring):
     output p (..., V), public p0 (..., V), teachers N, orders (K,), the ball (alpha, radius, and
     all_orders_beta for the all-orders ball). Returns (forward, reverse) numpy arrays (..., K); +inf
     where the dual gives no bound (above its last order, or a forward direction where p_j = 0 < p0_j:
     there the divergence itself is infinite). With details=True also a dict with the dual orders,
-    the multipliers and the inner maximisers (the adversary starts from them)."""
+    the multipliers and the inner maximisers (the adversary starts from them).
+
+    Args:
+        output: the ensemble's output law p, shape (..., V) (a tensor or an array).
+        public: the public model's law p0, shape (..., V).
+        teachers: the ensemble size N, an integer >= 1.
+        orders: the Renyi orders k > 1, finite, shape (K,).
+        alpha: the projection order of PMixED's ball (> 1, finite).
+        radius: the ball's radius in nats at order alpha (>= 0, finite).
+        all_orders_beta: beta of the all-orders ball, or None for the ball at order alpha only.
+        details: also return the DualDetails.
+
+    Returns:
+        (forward, reverse) float64 arrays (..., K) of upper bounds in nats, and with details=True
+        (forward, reverse, DualDetails).
+
+    Raises:
+        ValueError: if output and public differ in shape, hold NaN, inf or a negative entry, an order
+            is not finite and > 1, alpha or radius is out of range, or teachers is not an integer >= 1.
+    """
+    forward, reverse, found = _dual_add_one(output, public, teachers, orders, alpha, radius, all_orders_beta)
+    return (forward, reverse, found) if details else (forward, reverse)
+
+
+def _dual_add_one(output: Laws, public: Laws, teachers: int, orders: Laws, alpha: float, radius: float,
+                  all_orders_beta: float | None) -> tuple[FloatArray, FloatArray, DualDetails]:
+    """dual_add_one_bounds with its details (typed for the callers in this module)."""
     p_all = np.asarray(output.detach().cpu().double().numpy() if hasattr(output, "detach") else output, dtype=np.float64)
     p0_all = np.asarray(public.detach().cpu().double().numpy() if hasattr(public, "detach") else public,
                         dtype=np.float64)
@@ -1255,7 +1410,7 @@ def dual_add_one_bounds(output, public, teachers: int, orders, alpha: float, rad
     g_sub = np.full((rows, sub.size, 2), np.inf)
     lam_sub = np.full((rows, sub.size, 2, 3), np.nan)
     approx_sub = np.full((rows, sub.size, 2), np.nan)
-    x_sub = [None] * rows
+    x_sub: list[FloatArray | None] = [None] * rows
     at_one = np.zeros(rows)
     _set_threads()
     for row in range(rows):
@@ -1271,7 +1426,7 @@ def dual_add_one_bounds(output, public, teachers: int, orders, alpha: float, rad
         outside = math.fsum(p[~support])
         outside_err = 2.0 * _U * outside
         forward_finite = not bool(np.any((p == 0) & support))
-        settings = dict(SETTINGS)
+        settings = SETTINGS.copy()
         small = int(support.sum()) <= settings["small_vocabulary"]
         out_g = np.full((sub.size, 2), np.inf)
         out_lam = np.full((sub.size, 2, 3), np.nan)
@@ -1294,8 +1449,6 @@ def dual_add_one_bounds(output, public, teachers: int, orders, alpha: float, rad
     unsort[order_sort] = np.arange(order_sort.size)
     forward = forward[:, unsort].reshape(*batch, orders_np.size)
     reverse = reverse[:, unsort].reshape(*batch, orders_np.size)
-    if not details:
-        return forward, reverse
     return forward, reverse, {"orders": sub, "constraints": constraints, "multipliers": lam_sub.reshape(*batch, *lam_sub.shape[1:]),
                               "maximisers": x_sub, "g": g_sub.reshape(*batch, *g_sub.shape[1:]),
                               "approximate_g": approx_sub.reshape(*batch, *approx_sub.shape[1:])}
@@ -1359,7 +1512,7 @@ ADVERSARY_TILTS = (0.5, 2.0, 4.0)
 """Tilts x^t p0^(1-t) (renormalised) of each dual maximiser, also tried by the adversary."""
 
 
-def _as_rows(value) -> np.ndarray:
+def _as_rows(value: Laws) -> FloatArray:
     array = value.detach().cpu().double().numpy() if hasattr(value, "detach") else value
     return np.asarray(array, dtype=np.float64)
 
@@ -1397,7 +1550,8 @@ def _project(candidates: np.ndarray, p0: np.ndarray, alpha: float, radius: float
         lambdas = ball_mixing_weights(x, public, (float(alpha),), (float(radius),)).numpy()
     else:
         lambdas = ball_mixing_weights(x, public, *all_orders_ball_constraints(float(all_orders_beta))).numpy()
-    return lambdas[:, None] * candidates + (1.0 - lambdas[:, None]) * p0[None, :]
+    projected: FloatArray = lambdas[:, None] * candidates + (1.0 - lambdas[:, None]) * p0[None, :]
+    return projected
 
 
 def _candidates(p: np.ndarray, p0: np.ndarray, hi: np.ndarray, maximisers: np.ndarray, direction: int) -> np.ndarray:
@@ -1432,8 +1586,8 @@ def _candidates(p: np.ndarray, p0: np.ndarray, hi: np.ndarray, maximisers: np.nd
     return np.stack(rows)
 
 
-def add_one_adversary(output, public, teachers: int, orders, alpha: float, radius: float,
-                      all_orders_beta: float | None = None, details: dict | None = None) -> dict:
+def add_one_adversary(output: Laws, public: Laws, teachers: int, orders: Laws, alpha: float, radius: float,
+                      all_orders_beta: float | None = None, details: DualDetails | None = None) -> dict[str, FloatArray]:
     """A primal adversary for the add-one neighbour: per step and order, an explicit added teacher's
     projected law q (so q is in PMixED's ball by construction: the decode loop's own projection,
     dpledger.mechanisms.kernels.ball_mixing_weights, 1e-12 inside) and its divergences. Its value is a LOWER
@@ -1443,12 +1597,28 @@ def add_one_adversary(output, public, teachers: int, orders, alpha: float, radiu
 
     output, public (..., V); returns {"forward", "reverse": (..., K) plain-float64 divergences of the
     best candidate, "q_forward", "q_reverse": (..., K, V) those candidates}. `details` reuses a
-    dual_add_one_bounds(..., details=True) result for the same inputs."""
+    dual_add_one_bounds(..., details=True) result for the same inputs.
+
+    Args:
+        output: the ensemble's output law p, shape (..., V).
+        public: the public model's law p0, shape (..., V).
+        teachers: the ensemble size N >= 1.
+        orders: the Renyi orders k > 1, shape (K,).
+        alpha: the projection order of PMixED's ball (> 1).
+        radius: the ball's radius in nats at order alpha (>= 0).
+        all_orders_beta: beta of the all-orders ball, or None.
+        details: a DualDetails for the same inputs, or None to compute it.
+
+    Returns:
+        The dict described above: divergences in nats (..., K) and the laws q (..., K, V).
+
+    Raises:
+        ValueError: as dual_add_one_bounds, when `details` is computed here.
+    """
     p_all, p0_all = _as_rows(output), _as_rows(public)
     orders_np = _as_rows(orders).reshape(-1)
     if details is None:
-        _, _, details = dual_add_one_bounds(p_all, p0_all, teachers, orders_np, alpha, radius, all_orders_beta,
-                                            details=True)
+        _, _, details = _dual_add_one(p_all, p0_all, teachers, orders_np, alpha, radius, all_orders_beta)
     n = float(teachers)
     batch, vocab = p_all.shape[:-1], p_all.shape[-1]
     p_rows, p0_rows = p_all.reshape(-1, vocab), p0_all.reshape(-1, vocab)
@@ -1477,19 +1647,34 @@ def add_one_adversary(output, public, teachers: int, orders, alpha: float, radiu
             "q_reverse": best_q[:, 1].reshape(*batch, size, vocab)}
 
 
-def add_one_gap(output, public, teachers: int, orders, alpha: float, radius: float,
-                all_orders_beta: float | None = None) -> dict:
+def add_one_gap(output: Laws, public: Laws, teachers: int, orders: Laws, alpha: float, radius: float,
+                all_orders_beta: float | None = None) -> dict[str, FloatArray]:
     """Per step and order, the certified bounds beside the adversary's value: how much of the bound
     is proven slack. {"closed_forward", "closed_reverse": the closed-form bounds
     (add_one_direction_bounds); "dual_forward", "dual_reverse": the dual's;
     "charged": max over directions of the smaller of the two (what add_one_divergence_bounds(dual=True)
     returns); "adversary_forward", "adversary_reverse", "adversary": max of the two (add_one_adversary);
     "ratio": charged / adversary (>= 1 up to the adversary's float rounding: the worst case lies
-    between them)}, each (..., K)."""
+    between them)}, each (..., K).
+
+    Args:
+        output: the ensemble's output law p, shape (..., V).
+        public: the public model's law p0, shape (..., V).
+        teachers: the ensemble size N >= 1.
+        orders: the Renyi orders k > 1, shape (K,).
+        alpha: the projection order of PMixED's ball (> 1).
+        radius: the ball's radius in nats at order alpha (>= 0).
+        all_orders_beta: beta of the all-orders ball, or None.
+
+    Returns:
+        The dict described above, each value a float64 array (..., K) (divergences in nats; ratio unitless).
+
+    Raises:
+        ValueError: as dual_add_one_bounds and add_one_direction_bounds.
+    """
     p_all, p0_all = _as_rows(output), _as_rows(public)
     orders_np = _as_rows(orders).reshape(-1)
-    forward, reverse, details = dual_add_one_bounds(p_all, p0_all, teachers, orders_np, alpha, radius,
-                                                    all_orders_beta, details=True)
+    forward, reverse, details = _dual_add_one(p_all, p0_all, teachers, orders_np, alpha, radius, all_orders_beta)
     closed_forward, closed_reverse = add_one_direction_bounds(torch.from_numpy(p_all), torch.from_numpy(p0_all),
                                                               teachers, torch.from_numpy(orders_np), alpha, radius,
                                                               all_orders_beta)

@@ -32,18 +32,38 @@ projection cost (each root-finding step evaluates every order)."""
 
 
 def ball_named(value: "Ball | str") -> Ball:
-    """The Ball named by `value`; ValueError listing the names for anything else."""
+    """The Ball named by `value`; ValueError listing the names for anything else.
+
+    Args:
+        value: a Ball, or its name ("projection-order" or "all-orders").
+
+    Returns:
+        The Ball.
+
+    Raises:
+        ValueError: if `value` names no Ball.
+    """
     try:
         return Ball(value)
     except ValueError:
         raise ValueError(f"ball must be one of {[b.value for b in Ball]}, got {value!r}") from None
 
 
-def all_orders_ball_constraints(beta: float, grid: Sequence[float] = ALL_ORDERS_BALL_GRID):
+def all_orders_ball_constraints(beta: float, grid: Sequence[float] = ALL_ORDERS_BALL_GRID
+                                ) -> tuple[tuple[float, ...], tuple[float, ...], float]:
     """(orders, radii, max_radius) enforcing D<->_k <= beta k at every k > 1 through a finite grid
     k_1 < ... < k_m: D<->_{k_j+1} <= beta k_j (k_0 = 1) and D<->_inf <= beta k_m. Since D_k is
     non-decreasing in k (van Erven & Harremoes 2014, Theorem 3), for k in (k_j, k_j+1]:
-    D_k <= D_{k_j+1} <= beta k_j < beta k, and for k > k_m: D_k <= D_inf <= beta k_m < beta k."""
+    D_k <= D_{k_j+1} <= beta k_j < beta k, and for k > k_m: D_k <= D_inf <= beta k_m < beta k.
+
+    Args:
+        beta: the all-orders ball's beta (D<->_k <= beta k), > 0.
+        grid: the orders k_1 < ... < k_m > 1 to enforce (sorted here).
+
+    Returns:
+        (orders, radii, max_radius): the sorted grid, the radius in nats enforced at each of its orders
+        (beta k_(j-1), k_0 = 1) and the radius of D<->_inf (beta k_m).
+    """
     grid = tuple(sorted(float(k) for k in grid))
     lower = (1.0,) + grid[:-1]
     return grid, tuple(beta * k for k in lower), beta * grid[-1]

@@ -27,12 +27,12 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypedDict, Unpack
 
 import numpy as np
 import dataclasses
 
-from dpledger.accounting.conversion import ConversionMethod, GridEdgeWarning, epsilon_from_rdp
+from dpledger.accounting.conversion import ConversionMethod, EpsilonConversion, GridEdgeWarning, epsilon_from_rdp
 from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.errors import (require, require_finite, require_in_closed, require_in_open, require_int_at_least,
                              require_member, require_not_nan, require_order, require_positive, require_str)
@@ -49,6 +49,11 @@ from dpledger.mechanisms.ball import Ball, ball_named
 from dpledger.mechanisms.pmixed import (PMixED, SubsamplingVariant, beta_from_budget, subsampled_pmixed_curve,
                                         subsampling_variant)
 from dpledger.mechanisms.screening import NoisyScreening
+
+if TYPE_CHECKING:   # annotations only: dp-accounting is imported where it is used (~1 s)
+    from dp_accounting import DpEvent
+    from dp_accounting.pld import PLDAccountant
+    from dp_accounting.rdp import RdpAccountant
 
 ACCOUNTANTS = ("rdp", "pld")
 CALIBRATION_TOLERANCE = 0.01
@@ -79,6 +84,22 @@ _PLD_SEARCH_GAP = 1e-4
 _MAX_STEPS = 4000
 
 
+class NoiseOptions(TypedDict, total=False):
+    """The options of calibrate_noise that its wrappers pass on (calibrate_noise's docstring has their meaning)."""
+
+    accountant: str
+    orders: Sequence[float]
+    method: ConversionMethod | str
+    value_discretization_interval: float
+    compare_pld: bool
+
+
+class PldOptions(TypedDict, total=False):
+    """The PLD option calibrate_scale passes on to calibrate_noise for a Gaussian mechanism."""
+
+    value_discretization_interval: float
+
+
 @dataclass(frozen=True)
 class Calibration:
     """One calibrated parameter and its forward check.
@@ -102,7 +123,7 @@ class Calibration:
     rdp_order: float | None
     pld_epsilon: float | None
     mechanism: Mechanism
-    fixed: dict = field(default_factory=dict)
+    fixed: dict[str, object] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -113,7 +134,7 @@ class Calibration:
         delta = require_in_open("delta", self.delta, 0.0, 1.0)
         queries = require_query_count("queries", self.queries)
 
-        def epsilon(name, value):  # +inf is "no guarantee"; NaN and negative values are not epsilons
+        def epsilon(name: str, value: float) -> float:  # +inf is "no guarantee"; NaN and negative values are not epsilons
             value = require_not_nan(name, value)
             require(value >= 0, f"{name} must be >= 0 (+inf: no guarantee), got {value:g}")
             return value
@@ -145,8 +166,13 @@ class Calibration:
     def relative_slack(self) -> float:
         return self.slack / self.target_epsilon
 
-    def to_record(self) -> dict:
-        """A JSON-ready dict (strict_json_text turns +inf into null with a reason)."""
+    def to_record(self) -> dict[str, object]:
+        """A JSON-ready dict (strict_json_text turns +inf into null with a reason).
+
+        Returns:
+            A dict of JSON-ready values: the calibration's fields, its slack, the relation's name, the
+            tolerance, and lists for notes and warnings (+inf stays a float).
+        """
         return {"mechanism": self.mechanism_name, "parameter": self.parameter, "value": self.value,
                 "target_epsilon": self.target_epsilon, "delta": self.delta, "queries": self.queries,
                 "accountant": self.accountant, "forward_epsilon": self.forward_epsilon, "slack": self.slack,
@@ -157,7 +183,7 @@ class Calibration:
 
 # ---- validation ----
 
-def _target(epsilon, delta, queries) -> tuple[float, float, int]:
+def _target(epsilon: float, delta: float, queries: int) -> tuple[float, float, int]:
     epsilon = require_positive("epsilon", epsilon)
     require(epsilon <= MAX_TARGET_EPSILON,
             f"epsilon must be <= {MAX_TARGET_EPSILON:g} (a guarantee bounds probabilities by a factor e^epsilon, "
@@ -167,8 +193,19 @@ def _target(epsilon, delta, queries) -> tuple[float, float, int]:
     return epsilon, delta, queries
 
 
-def require_query_count(name: str, value) -> int:
-    """value as an int in [1, MAX_QUERIES] (exact in double precision); ValueError naming `name` otherwise."""
+def require_query_count(name: str, value: object) -> int:
+    """value as an int in [1, MAX_QUERIES] (exact in double precision); ValueError naming `name` otherwise.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the query count (an integer, or a float with an integer value).
+
+    Returns:
+        The count as an int.
+
+    Raises:
+        ValueError: if it is not an integer in [1, MAX_QUERIES].
+    """
     queries = require_int_at_least(name, value, 1)
     require(queries <= MAX_QUERIES, f"{name} must be at most 2^53 = {MAX_QUERIES} (counts above it are not exact in "
                                     f"double precision and could be rounded down), got {queries}")
@@ -178,7 +215,18 @@ def require_query_count(name: str, value) -> int:
 def require_subsampling_work(teachers: int, queries: int, realised_sizes: bool, teachers_name: str = "teachers",
                              queries_name: str = "queries") -> None:
     """ValueError naming the value and the limit when PMixED's subsampled accounting of `teachers` over
-    `queries` would exceed MAX_SUBSAMPLED_TEACHERS or (for the realised-size variants) MAX_REALISED_DRAWS."""
+    `queries` would exceed MAX_SUBSAMPLED_TEACHERS or (for the realised-size variants) MAX_REALISED_DRAWS.
+
+    Args:
+        teachers: the ensemble size N.
+        queries: the number of queries Q.
+        realised_sizes: whether the variant draws a subsample size per query.
+        teachers_name: the name of N in the message.
+        queries_name: the name of Q in the message.
+
+    Raises:
+        ValueError: if N > MAX_SUBSAMPLED_TEACHERS, or realised_sizes and Q > MAX_REALISED_DRAWS.
+    """
     require(teachers <= MAX_SUBSAMPLED_TEACHERS,
             f"{teachers_name} must be at most {MAX_SUBSAMPLED_TEACHERS} with Poisson subsampling of teachers (its "
             f"bound evaluates Theorem 3.1 at every subsample size 1..N and order: an N x 1024 array), got {teachers}")
@@ -188,11 +236,15 @@ def require_subsampling_work(teachers: int, queries: int, realised_sizes: bool, 
 
 
 @contextlib.contextmanager
-def quiet_dp_accounting():
+def quiet_dp_accounting() -> Iterator[None]:
     """dp-accounting's warnings through absl logging off for the block (restored after): at extreme noise its
     fractional-order series logs one line per order it drops ("failed to converge ... Excluding this
     order"), hundreds per search. What it drops costs nothing here: dp-accounting only steers a
-    search, and dpledger's own curve charges a sound value at every order (PoissonSubsampledGaussian)."""
+    search, and dpledger's own curve charges a sound value at every order (PoissonSubsampledGaussian).
+
+    Yields:
+        Nothing: the block runs with the "absl" logger at level ERROR (also usable as a decorator).
+    """
     logger = logging.getLogger("absl")
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -209,7 +261,8 @@ def _accountant(accountant: str) -> str:
 
 # ---- forward accounting ----
 
-def _rdp_forward(mechanism: Mechanism, queries: int, delta: float, orders, method):
+def _rdp_forward(mechanism: Mechanism, queries: int, delta: float, orders: Sequence[float],
+                 method: ConversionMethod | str) -> tuple[float, float | None, tuple[str, ...]]:
     """(epsilon, its order, the grid-edge warnings) of `queries` compositions of `mechanism` at `delta`.
     A search's noise can be so large that its square overflows: RDP 0 there is right (the true value is
     below 1e-300), so numpy's overflow warning is not shown."""
@@ -268,7 +321,7 @@ def _bracket(forward: Callable[[float], float], target: float, guess: float, inc
     return good, bad
 
 
-def _finish(forward, target, good, bad, gap: float = _SEARCH_GAP) -> float:
+def _finish(forward: Callable[[float], float], target: float, good: float, bad: float, gap: float = _SEARCH_GAP) -> float:
     value = _search(forward, target, good, bad, gap)
     achieved = forward(value)
     require(achieved <= target, "internal: the calibrated parameter accounts over the target")
@@ -312,31 +365,39 @@ step's losses up to the grid, so the composed distribution's support grows with 
 minutes for 10^9)."""
 
 
-def _pld_steps(event) -> int:
+def _pld_steps(event: "DpEvent") -> int:
     """How many steps dp-accounting's PLD composes for `event` (a composition of Gaussians is one)."""
     from dp_accounting import ComposedDpEvent, SelfComposedDpEvent
 
     if effective_gaussian_noise_multiplier(event) is not None:
         return 1
     if isinstance(event, SelfComposedDpEvent):
-        return event.count * _pld_steps(event.event)
+        count: int = event.count
+        return count * _pld_steps(event.event)
     if isinstance(event, ComposedDpEvent):
         return sum(_pld_steps(part) for part in event.events)
     return 1
 
 
-def pld_grid_noise(event) -> tuple[float, str] | None:
+def pld_grid_noise(event: "DpEvent") -> tuple[float, str] | None:
     """(z, what z is): the Gaussian noise multiplier that sets how far the PLD's privacy-loss grid spans
     for `event`. A composition of Gaussians is one Gaussian (Dong, Roth & Su 2022, Corollary 3.3): its
     composed noise multiplier. Otherwise the smallest noise multiplier one step adds (a
-    Poisson-subsampled Gaussian's loss reaches as far as its Gaussian's). None when no Gaussian is inside."""
+    Poisson-subsampled Gaussian's loss reaches as far as its Gaussian's). None when no Gaussian is inside.
+
+    Args:
+        event: a dp-accounting DpEvent.
+
+    Returns:
+        (z, "composed noise multiplier" or "noise multiplier per step"), or None.
+    """
     from dp_accounting import ComposedDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
 
     composed = effective_gaussian_noise_multiplier(simplified_event(event))
     if composed is not None:
         return composed, "composed noise multiplier"
 
-    def per_step(part) -> float | None:
+    def per_step(part: "DpEvent") -> float | None:
         z = effective_gaussian_noise_multiplier(part)
         if z is not None:
             return z
@@ -351,11 +412,19 @@ def pld_grid_noise(event) -> tuple[float, str] | None:
     return None if z is None else (z, "noise multiplier per step")
 
 
-def pld_cost_reason(event, rdp_epsilon: float) -> str | None:
+def pld_cost_reason(event: "DpEvent", rdp_epsilon: float) -> str | None:
     """Why dp-accounting's PLD of `event` is not computed (None when it is): too little noise for its
     loss grid (pld_grid_noise below dpledger.mechanisms.pld.PLD_NOISE_LIMIT) or, for an event that is not one
     Gaussian, more than PLD_MAX_STEPS steps or an RDP epsilon above PLD_RDP_CUTOFF; each would take
-    minutes and gigabytes."""
+    minutes and gigabytes.
+
+    Args:
+        event: a dp-accounting DpEvent (the composed run).
+        rdp_epsilon: dpledger's RDP epsilon of the same run.
+
+    Returns:
+        A sentence saying why the PLD is skipped (ending "RDP only"), or None when it is affordable.
+    """
     grid = pld_grid_noise(event)
     if grid is None:
         return None
@@ -380,9 +449,9 @@ def pld_cost_reason(event, rdp_epsilon: float) -> str | None:
 @quiet_dp_accounting()
 def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta: float, queries: int, *,
                     mechanism_name: str, parameter: str, accountant: str = "rdp",
-                    orders: Sequence[float] = DEFAULT_ORDERS, method=ConversionMethod.IMPROVED,
+                    orders: Sequence[float] = DEFAULT_ORDERS, method: ConversionMethod | str = ConversionMethod.IMPROVED,
                     value_discretization_interval: float = PLD_VALUE_DISCRETIZATION_INTERVAL,
-                    compare_pld: bool = False, fixed: dict | None = None) -> Calibration:
+                    compare_pld: bool = False, fixed: dict[str, object] | None = None) -> Calibration:
     """The smallest value of `parameter` (a noise scale: epsilon decreases as it grows) for which
     `factory(value)` composed `queries` times accounts to at most `epsilon` at `delta`.
 
@@ -394,6 +463,27 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
     conversion term at the largest order of the grid is a floor; with PLD, the limits of its grid).
     With compare_pld, the PLD epsilon of the answer is computed too where it is affordable
     (pld_cost_reason; otherwise a note says why not).
+
+    Args:
+        factory: builds the mechanism from a value of the parameter (> 0).
+        epsilon: the target epsilon of the whole run (> 0, <= MAX_TARGET_EPSILON).
+        delta: the target delta, in (0, 1).
+        queries: the number of queries Q composed, in [1, MAX_QUERIES].
+        mechanism_name: the mechanism's name, for records and messages.
+        parameter: the parameter's name (e.g. "sigma").
+        accountant: "rdp" (dpledger's RDP curve and conversion) or "pld" (dp-accounting's PLD).
+        orders: the RDP orders (> 1).
+        method: the RDP -> (epsilon, delta) conversion (ConversionMethod or its name).
+        value_discretization_interval: the PLD's loss grid interval.
+        compare_pld: also compute the PLD epsilon of the answer (RDP accountant) where affordable.
+        fixed: the other parameters, recorded as they are.
+
+    Returns:
+        The Calibration: the value, its forward epsilon (<= epsilon, >= (1 - CALIBRATION_TOLERANCE)
+        epsilon) and the mechanism built with it.
+
+    Raises:
+        ValueError: if a target or option is out of range, or no value meets the target.
     """
     from dp_accounting import SelfComposedDpEvent, mechanism_calibration
     from dp_accounting.pld import PLDAccountant
@@ -410,7 +500,8 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
         require(event is not None, f"{mechanism_name} has no DpEvent: calibrate it by bisection instead")
         unit = _noise_per_unit(event)  # the event's z per unit of the parameter
     relation = dp_accounting_relation(probe.relation, event)  # ValueError for a one-sided relation
-    require(unit is not None, f"internal: {mechanism_name} is not a Gaussian-noise mechanism")
+    if unit is None:
+        raise ValueError(f"internal: {mechanism_name} is not a Gaussian-noise mechanism")
     require(1e-300 < unit < 1e300,
             f"{mechanism_name} with " + ", ".join(f"{k} = {v:g}" for k, v in fixed.items()
                                                  if isinstance(v, (int, float)) and not isinstance(v, bool))
@@ -476,15 +567,16 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
                     f"{PLD_NOISE_LIMIT:g}) accounts below it, so the smallest noise is out of the PLD accountant's "
                     "range; use the RDP accountant")
             bracket = (bracket[0], lowest)
-    require(bracket is not None, f"epsilon = {epsilon:g} is out of reach for {mechanism_name}")
+    if bracket is None:
+        raise ValueError(f"epsilon = {epsilon:g} is out of reach for {mechanism_name}")
     good, bad = bracket
 
-    def fresh_accountant():
+    def fresh_accountant() -> "RdpAccountant | PLDAccountant":
         if accountant == "rdp":
             return RdpAccountant(list(orders), relation)
         return PLDAccountant(relation, value_discretization_interval)
 
-    def event_of(value: float):
+    def event_of(value: float) -> "DpEvent":
         return SelfComposedDpEvent(simplified_event(factory(value).dp_event()), queries)
 
     if bad in pld_skipped:  # dp-accounting would compute the PLD the guard skipped there: bisect here instead
@@ -508,9 +600,10 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
     mechanism = factory(value)
     rdp_epsilon, rdp_order, grid_warnings = _rdp_forward(mechanism, queries, delta, orders, method)
     notes = []
-    pld = None
+    pld: float | None = None
+    forward_epsilon = rdp_epsilon
     if accountant == "pld":
-        pld = pld_forward(value)
+        pld = forward_epsilon = pld_forward(value)
     elif compare_pld:
         too_costly = pld_cost_reason(composed_event(mechanism, queries), rdp_epsilon)
         if too_costly is None:
@@ -522,18 +615,18 @@ def calibrate_noise(factory: Callable[[float], Mechanism], epsilon: float, delta
                      f"{value_discretization_interval:g}): only as good as the PLD accounting that will report it; "
                      f"dpledger's RDP ledger states epsilon = {rdp_epsilon:.6g} for this noise")
     return Calibration(mechanism_name, parameter, value, epsilon, delta, queries, accountant,
-                       pld if accountant == "pld" else rdp_epsilon, rdp_epsilon, rdp_order, pld, mechanism,
-                       fixed, tuple(notes), grid_warnings)
+                       forward_epsilon, rdp_epsilon, rdp_order, pld, mechanism, fixed, tuple(notes), grid_warnings)
 
 
-def _noise_per_unit(event) -> float | None:
+def _noise_per_unit(event: "DpEvent") -> float | None:
     """The Gaussian noise multiplier of `event` (through a Poisson-sampling step) at parameter 1."""
     from dp_accounting import PoissonSampledDpEvent
 
     return effective_gaussian_noise_multiplier(event.event if isinstance(event, PoissonSampledDpEvent) else event)
 
 
-def _rdp_floor(orders, delta, method, relation) -> float:
+def _rdp_floor(orders: tuple[float, ...], delta: float, method: ConversionMethod | str,
+               relation: NeighbouringRelation) -> float:
     """The epsilon an RDP curve of (almost) 0 converts to on `orders`: the infimum over all noise
     levels, the conversion term at the best order (Balle et al. 2020, Theorem 21: log((a-1)/a) -
     (log delta + log a) / (a - 1); Mironov 2017, Proposition 3 for the classic method), below which
@@ -545,18 +638,51 @@ def _rdp_floor(orders, delta, method, relation) -> float:
 
 
 def calibrate_gaussian(epsilon: float, delta: float, queries: int, *,
-                       relation=NeighbouringRelation.ADD_OR_REMOVE_ONE, **options) -> Calibration:
+                       relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
+                       **options: Unpack[NoiseOptions]) -> Calibration:
     """Smallest Gaussian noise multiplier (noise std / L2 sensitivity): RDP a / (2 z^2) per query
-    (Mironov 2017, Proposition 7 / Corollary 3)."""
+    (Mironov 2017, Proposition 7 / Corollary 3).
+
+    Args:
+        epsilon: the target epsilon of the whole run (> 0, <= MAX_TARGET_EPSILON).
+        delta: the target delta, in (0, 1).
+        queries: the number of queries Q composed, in [1, MAX_QUERIES].
+        relation: the neighbouring relation (a NeighbouringRelation or its name).
+        **options: calibrate_noise's options (NoiseOptions: accountant, orders, method,
+            value_discretization_interval, compare_pld).
+
+    Returns:
+        The Calibration: the value, its forward epsilon (<= epsilon, >= (1 - CALIBRATION_TOLERANCE)
+        epsilon) and the mechanism built with it.
+
+    Raises:
+        ValueError: if a target or option is out of range, or no value meets the target (calibrate_noise).
+    """
     relation = neighbouring_relation(relation)
     return calibrate_noise(lambda z: GaussianMechanism(z, relation=relation), epsilon, delta, queries,
                            mechanism_name="gaussian", parameter="noise_multiplier", **options)
 
 
 def calibrate_subsampled_gaussian(epsilon: float, delta: float, queries: int, sampling_probability: float,
-                                  **options) -> Calibration:
+                                  **options: Unpack[NoiseOptions]) -> Calibration:
     """Smallest noise multiplier of the Poisson-subsampled Gaussian with rate q (Mironov, Talwar &
-    Zhang 2019; add-or-remove-one), the DP-SGD / Opacus setting."""
+    Zhang 2019; add-or-remove-one), the DP-SGD / Opacus setting.
+
+    Args:
+        epsilon: the target epsilon of the whole run (> 0, <= MAX_TARGET_EPSILON).
+        delta: the target delta, in (0, 1).
+        queries: the number of queries Q composed, in [1, MAX_QUERIES].
+        sampling_probability: the Poisson sampling rate q, in (0, 1].
+        **options: calibrate_noise's options (NoiseOptions: accountant, orders, method,
+            value_discretization_interval, compare_pld).
+
+    Returns:
+        The Calibration: the value, its forward epsilon (<= epsilon, >= (1 - CALIBRATION_TOLERANCE)
+        epsilon) and the mechanism built with it.
+
+    Raises:
+        ValueError: if a target or option is out of range, or no value meets the target (calibrate_noise).
+    """
     q = require_finite("sampling_probability", sampling_probability)
     require(0.0 < q <= 1.0, f"sampling_probability must be in (0, 1], got {q:g}")
     return calibrate_noise(lambda z: PoissonSubsampledGaussian(z, q), epsilon, delta, queries,
@@ -565,9 +691,26 @@ def calibrate_subsampled_gaussian(epsilon: float, delta: float, queries: int, sa
 
 
 def calibrate_screening(epsilon: float, delta: float, queries: int, teachers: int, lam: float,
-                        **options) -> Calibration:
+                        **options: Unpack[NoiseOptions]) -> Calibration:
     """Smallest sigma of AdaPMixED's noisy screening: RDP (lam / (N sigma))^2 a per query
-    (Flemings et al. 2024, Theorem 4.1), a Gaussian with noise multiplier N sigma / (lam sqrt 2)."""
+    (Flemings et al. 2024, Theorem 4.1), a Gaussian with noise multiplier N sigma / (lam sqrt 2).
+
+    Args:
+        epsilon: the target epsilon of the whole run (> 0, <= MAX_TARGET_EPSILON).
+        delta: the target delta, in (0, 1).
+        queries: the number of queries Q composed, in [1, MAX_QUERIES].
+        teachers: the ensemble size N.
+        lam: the screen's lambda (> 0).
+        **options: calibrate_noise's options (NoiseOptions: accountant, orders, method,
+            value_discretization_interval, compare_pld).
+
+    Returns:
+        The Calibration: the value, its forward epsilon (<= epsilon, >= (1 - CALIBRATION_TOLERANCE)
+        epsilon) and the mechanism built with it.
+
+    Raises:
+        ValueError: if a target or option is out of range, or no value meets the target (calibrate_noise).
+    """
     probe = NoisyScreening(teachers=teachers, lam=lam, sigma=1.0)
     require(probe.lam > 0, "lam must be > 0 to calibrate the screen (lam = 0 reads no teacher and costs nothing)")
     return calibrate_noise(lambda s: NoisyScreening(teachers=probe.teachers, lam=probe.lam, sigma=s), epsilon, delta,
@@ -575,17 +718,50 @@ def calibrate_screening(epsilon: float, delta: float, queries: int, teachers: in
                            fixed={"teachers": probe.teachers, "lam": probe.lam}, **options)
 
 
-def calibrate_gnmax(epsilon: float, delta: float, queries: int, **options) -> Calibration:
-    """Smallest GNMax sigma (votes): RDP a / sigma^2 per query (Papernot et al. 2018, Proposition 8)."""
+def calibrate_gnmax(epsilon: float, delta: float, queries: int, **options: Unpack[NoiseOptions]) -> Calibration:
+    """Smallest GNMax sigma (votes): RDP a / sigma^2 per query (Papernot et al. 2018, Proposition 8).
+
+    Args:
+        epsilon: the target epsilon of the whole run (> 0, <= MAX_TARGET_EPSILON).
+        delta: the target delta, in (0, 1).
+        queries: the number of queries Q composed, in [1, MAX_QUERIES].
+        **options: calibrate_noise's options (NoiseOptions: accountant, orders, method,
+            value_discretization_interval, compare_pld).
+
+    Returns:
+        The Calibration: the value, its forward epsilon (<= epsilon, >= (1 - CALIBRATION_TOLERANCE)
+        epsilon) and the mechanism built with it.
+
+    Raises:
+        ValueError: if a target or option is out of range, or no value meets the target (calibrate_noise).
+    """
     return calibrate_noise(GNMax, epsilon, delta, queries, mechanism_name="gnmax", parameter="sigma", **options)
 
 
 def calibrate_confident_gnmax(epsilon: float, delta: float, queries: int, *, ratio: float = 1.0,
                               threshold: float = 0.0, mechanism_name: str = "confident-gnmax",
-                              **options) -> Calibration:
+                              **options: Unpack[NoiseOptions]) -> Calibration:
     """Smallest GNMax sigma s2 with the screen's s1 = ratio * s2 (default s1 = s2), every query charged
     a / (2 s1^2) + a / s2^2 (Papernot et al. 2018, Algorithm 1 and Proposition 8; released-output
-    accounting). Hot PATE's DP argmax (Cohen et al. 2023) is this mechanism."""
+    accounting). Hot PATE's DP argmax (Cohen et al. 2023) is this mechanism.
+
+    Args:
+        epsilon: the target epsilon of the whole run (> 0, <= MAX_TARGET_EPSILON).
+        delta: the target delta, in (0, 1).
+        queries: the number of queries Q composed, in [1, MAX_QUERIES].
+        ratio: s1 / s2, in [1 / MAX_NOISE_RATIO, MAX_NOISE_RATIO].
+        threshold: the screen's threshold T on the noisy largest count.
+        mechanism_name: the name recorded.
+        **options: calibrate_noise's options (NoiseOptions: accountant, orders, method,
+            value_discretization_interval, compare_pld).
+
+    Returns:
+        The Calibration: the value, its forward epsilon (<= epsilon, >= (1 - CALIBRATION_TOLERANCE)
+        epsilon) and the mechanism built with it; `fixed` also records sigma_threshold.
+
+    Raises:
+        ValueError: if a target or option is out of range, or no value meets the target (calibrate_noise).
+    """
     ratio = require_positive("ratio", ratio)
     require(1.0 / MAX_NOISE_RATIO <= ratio <= MAX_NOISE_RATIO,
             f"ratio must be in [{1.0 / MAX_NOISE_RATIO:g}, {MAX_NOISE_RATIO:g}] (s1 = ratio * s2: beyond it one noise's "
@@ -598,14 +774,34 @@ def calibrate_confident_gnmax(epsilon: float, delta: float, queries: int, *, rat
 
     result = calibrate_noise(factory, epsilon, delta, queries, mechanism_name=mechanism_name, parameter="sigma",
                              fixed={"ratio": ratio, "threshold": threshold}, **options)
-    return _with_fixed(result, sigma_threshold=result.mechanism.sigma_threshold)
+    return _with_fixed(result, sigma_threshold=factory(result.value).sigma_threshold)
 
 
 def calibrate_dpws(epsilon: float, delta: float, queries: int, *, threshold: float = 1.0, gamma: float = 1.0,
-                   voters: int | None = None, relation=NeighbouringRelation.REPLACE_ONE, **options) -> Calibration:
+                   voters: int | None = None, relation: NeighbouringRelation | str = NeighbouringRelation.REPLACE_ONE,
+                   **options: Unpack[NoiseOptions]) -> Calibration:
     """Smallest DPWS sigma (votes): Gaussian-noised counts, RDP a / sigma^2 per query (Mironov 2017,
     Corollary 3 at L2 sensitivity sqrt 2); TWS is post-processing. threshold and gamma do not enter
-    the RDP (recorded)."""
+    the RDP (recorded).
+
+    Args:
+        epsilon: the target epsilon of the whole run (> 0, <= MAX_TARGET_EPSILON).
+        delta: the target delta, in (0, 1).
+        queries: the number of queries Q composed, in [1, MAX_QUERIES].
+        threshold: the TWS threshold (recorded).
+        gamma: the TWS gamma (recorded).
+        voters: the number of voters, or None.
+        relation: the neighbouring relation (a NeighbouringRelation or its name).
+        **options: calibrate_noise's options (NoiseOptions: accountant, orders, method,
+            value_discretization_interval, compare_pld).
+
+    Returns:
+        The Calibration: the value, its forward epsilon (<= epsilon, >= (1 - CALIBRATION_TOLERANCE)
+        epsilon) and the mechanism built with it.
+
+    Raises:
+        ValueError: if a target or option is out of range, or no value meets the target (calibrate_noise).
+    """
     relation = neighbouring_relation(relation)
     DPWeightedSampler(1.0, threshold, gamma, relation, voters)  # validates the fixed parameters
 
@@ -617,9 +813,9 @@ def calibrate_dpws(epsilon: float, delta: float, queries: int, *, threshold: flo
 
 
 def calibrate_scale(factory: Callable[[float], Mechanism], epsilon: float, delta: float, queries: int, *,
-                    mechanism_name: str, parameter: str, fixed: dict | None = None, accountant: str = "rdp",
-                    orders: Sequence[float] = DEFAULT_ORDERS, method=ConversionMethod.IMPROVED,
-                    compare_pld: bool = False, **options) -> Calibration:
+                    mechanism_name: str, parameter: str, fixed: dict[str, object] | None = None, accountant: str = "rdp",
+                    orders: Sequence[float] = DEFAULT_ORDERS, method: ConversionMethod | str = ConversionMethod.IMPROVED,
+                    compare_pld: bool = False, **options: Unpack[PldOptions]) -> Calibration:
     """The smallest noise scale `parameter` (epsilon decreases as it grows) for which `factory(value)`
     composed `queries` times accounts to at most `epsilon` at `delta`.
 
@@ -628,7 +824,29 @@ def calibrate_scale(factory: Callable[[float], Mechanism], epsilon: float, delta
     curve composed Q times (Mironov 2017, Proposition 1) and converted (Balle et al. 2020, Theorem 21,
     or Mironov 2017, Proposition 3), bracketed by factors of 2 from 1 and bisected until
     target (1 - 1e-7) <= forward <= target; RDP only (no DpEvent, no PLD). ValueError when no scale
-    can meet the target (the conversion term at the grid's largest order is a floor)."""
+    can meet the target (the conversion term at the grid's largest order is a floor).
+
+    Args:
+        factory: builds the mechanism from a value of the parameter (> 0).
+        epsilon: the target epsilon of the whole run (> 0, <= MAX_TARGET_EPSILON).
+        delta: the target delta, in (0, 1).
+        queries: the number of queries Q composed, in [1, MAX_QUERIES].
+        mechanism_name: the mechanism's name, for records and messages.
+        parameter: the parameter's name.
+        fixed: the other parameters, recorded as they are.
+        accountant: "rdp", or "pld" for a mechanism with a Gaussian DpEvent.
+        orders: the RDP orders (> 1).
+        method: the RDP -> (epsilon, delta) conversion (ConversionMethod or its name).
+        compare_pld: also compute (or say why not) the PLD epsilon of the answer.
+        **options: value_discretization_interval, for a Gaussian mechanism (calibrate_noise).
+
+    Returns:
+        The Calibration (forward epsilon <= epsilon, >= (1 - CALIBRATION_TOLERANCE) epsilon).
+
+    Raises:
+        ValueError: if a target or option is out of range, an option is given that a non-Gaussian
+            mechanism does not take, the accountant is "pld" for one, or no scale meets the target.
+    """
     probe = factory(1.0)
     with np.errstate(over="ignore", divide="ignore"):
         event = probe.dp_event()
@@ -652,7 +870,8 @@ def calibrate_scale(factory: Callable[[float], Mechanism], epsilon: float, delta
         return _rdp_forward(factory(value), queries, delta, orders, method)[0]
 
     bracket = _bracket(forward, epsilon, 1.0, False, 1e-300, 1e300)
-    require(bracket is not None, f"epsilon = {epsilon:g} is out of reach for {mechanism_name}")
+    if bracket is None:
+        raise ValueError(f"epsilon = {epsilon:g} is out of reach for {mechanism_name}")
     value = _finish(forward, epsilon, *bracket)
     mechanism = factory(value)
     rdp_epsilon, rdp_order, grid_warnings = _rdp_forward(mechanism, queries, delta, orders, method)
@@ -661,7 +880,7 @@ def calibrate_scale(factory: Callable[[float], Mechanism], epsilon: float, delta
                        rdp_order, None, mechanism, dict(fixed or {}), notes, grid_warnings)
 
 
-def _with_fixed(result: Calibration, **extra) -> Calibration:
+def _with_fixed(result: Calibration, **extra: object) -> Calibration:
     return dataclasses.replace(result, fixed={**result.fixed, **extra})
 
 
@@ -670,7 +889,7 @@ def _with_fixed(result: Calibration, **extra) -> Calibration:
 def calibrate_pmixed(epsilon: float, delta: float, queries: int, alpha: float, teachers: int, *,
                      ball: Ball | str | None = None, sampling_probability: float | None = None,
                      variant: SubsamplingVariant | str | None = None, seed: int = 0,
-                     orders: Sequence[float] | None = None, method=ConversionMethod.IMPROVED,
+                     orders: Sequence[float] | None = None, method: ConversionMethod | str = ConversionMethod.IMPROVED,
                      accountant: str = "rdp") -> Calibration:
     """The largest PMixED beta whose Q-query curve converts to at most `epsilon` at `delta`.
 
@@ -683,6 +902,28 @@ def calibrate_pmixed(epsilon: float, delta: float, queries: int, alpha: float, t
     at order alpha starts a bisection on beta (epsilon is increasing in beta). The grid is the
     default one plus alpha. ValueError when even beta -> 0 accounts over the target (the conversion
     term at the orders the ball covers), and for accountant "pld": PMixED has no PLD in dp-accounting.
+
+    Args:
+        epsilon: the target epsilon of the whole run (> 0, <= MAX_TARGET_EPSILON).
+        delta: the target delta, in (0, 1).
+        queries: the number of queries Q, in [1, MAX_QUERIES].
+        alpha: PMixED's projection order (> 1).
+        teachers: the ensemble size N.
+        ball: the Ball (or its name); None: all-orders with subsampling (or with the all-orders-ball
+            variant), the projection-order ball otherwise.
+        sampling_probability: the Poisson sampling rate of teachers, in [0, 1], or None for none.
+        variant: the SubsamplingVariant (or its name); needs sampling_probability.
+        seed: the seed of the realised-size variants' draws (>= 0).
+        orders: orders added to the default grid (alpha is always added).
+        method: the RDP -> (epsilon, delta) conversion (ConversionMethod or its name).
+        accountant: "rdp" (the only one PMixED has).
+
+    Returns:
+        The Calibration of beta (forward epsilon <= epsilon, >= (1 - CALIBRATION_TOLERANCE) epsilon).
+
+    Raises:
+        ValueError: if a target or parameter is out of range, a variant comes without a sampling
+            probability, the accountant is not "rdp", or even beta -> 0 accounts over the target.
     """
     epsilon, delta, queries = _target(epsilon, delta, queries)
     require(_accountant(accountant) == "rdp", "PMixED has no DpEvent: no PLD in dp-accounting; RDP only "
@@ -700,10 +941,10 @@ def calibrate_pmixed(epsilon: float, delta: float, queries: int, alpha: float, t
         else:
             ball = Ball.ALL_ORDERS if sampling_probability is not None else Ball.PROJECTION_ORDER
     ball = ball_named(ball)
-    if sampling_probability is not None and variant is None:
-        variant = (SubsamplingVariant.ALL_ORDERS_BALL if ball is Ball.ALL_ORDERS
-                   else SubsamplingVariant.WORST_CASE_SIZE_GENERAL)
     if sampling_probability is not None:
+        if variant is None:
+            variant = (SubsamplingVariant.ALL_ORDERS_BALL if ball is Ball.ALL_ORDERS
+                       else SubsamplingVariant.WORST_CASE_SIZE_GENERAL)
         sampling_probability = require_in_closed("sampling_probability", sampling_probability, 0.0, 1.0)
         require_subsampling_work(teachers, queries, variant.uses_realised_sizes)
     grid = default_orders(alpha, *(orders or ()))
@@ -714,9 +955,11 @@ def calibrate_pmixed(epsilon: float, delta: float, queries: int, alpha: float, t
     def curve(beta: float) -> RdpCurve:
         if sampling_probability is None:
             return mechanism(beta).rdp_curve(grid).composed(queries)
+        if variant is None:   # set above whenever sampling_probability is
+            raise ValueError("internal: Poisson subsampling of teachers without a variant")
         return subsampled_pmixed_curve(mechanism(beta), sampling_probability, variant, queries, seed, grid)
 
-    def forward_result(beta: float):
+    def forward_result(beta: float) -> tuple[EpsilonConversion, tuple[str, ...]]:
         # a beta the bracket doubles past double range overflows Theorem 3.1's exponent: +inf, no guarantee, is right
         with warnings.catch_warnings(record=True) as caught, np.errstate(over="ignore"):
             warnings.simplefilter("always", GridEdgeWarning)
@@ -735,13 +978,14 @@ def calibrate_pmixed(epsilon: float, delta: float, queries: int, alpha: float, t
             f"alpha = {alpha:g} for the projection-order ball); raise epsilon, delta or alpha")
     guess = beta_from_budget(epsilon, queries, alpha, teachers)  # Lemma C.1: the RDP budget at order alpha
     bracket = _bracket(forward, epsilon, guess, True, lowest, 1e300)
-    require(bracket is not None, f"epsilon = {epsilon:g} is out of reach for PMixED")
+    if bracket is None:
+        raise ValueError(f"epsilon = {epsilon:g} is out of reach for PMixED")
     beta = _finish(forward, epsilon, *bracket)
     result, grid_warnings = forward_result(beta)
     notes = [] if (ball is Ball.ALL_ORDERS and (variant is None or variant.proven)) else [
         "Theorem 3.1 as claimed (projection-order ball): ball = all-orders is the proven projection "
         "(docs/soundness.md)" if variant is None else f"variant {variant}: {variant.soundness}"]
-    fixed = {"alpha": alpha, "teachers": teachers, "ball": ball.value, "sample_rate": sampling_probability,
+    fixed: dict[str, object] = {"alpha": alpha, "teachers": teachers, "ball": ball.value, "sample_rate": sampling_probability,
              "variant": None if variant is None else variant.value}
     if variant is not None and variant.uses_realised_sizes:
         fixed["seed"] = seed

@@ -1,15 +1,21 @@
 """Validation of next-token distributions given to mechanisms (arrays whose last axis is V)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from dpledger.accounting.errors import require
+
+if TYPE_CHECKING:   # annotations only: this module does not need torch at run time
+    import torch
 
 SUM_TOLERANCE = 1e-4
 """|sum - 1| allowed per distribution: float32 softmax over ~50k tokens errs by up to ~1e-5."""
 
 
-def as_float64_array(name: str, values, min_ndim: int = 1) -> np.ndarray:
+def as_float64_array(name: str, values: "torch.Tensor | ArrayLike", min_ndim: int = 1) -> NDArray[np.float64]:
     """Convert numpy / torch / list input to a float64 numpy array and validate it as distributions.
 
     ValueError names the constraint: NaN or infinite entries, negative entries, fewer than
@@ -17,6 +23,18 @@ def as_float64_array(name: str, values, min_ndim: int = 1) -> np.ndarray:
     Rows are returned renormalised to sum to 1: a sampler draws from the normalised law, and the
     divergence of two rows that each sum to c < 1 is lower by -log(c)/(a-1) than that of the laws
     they stand for (0 instead of 7.5e-5 at order 1.5 for c = 1 - 0.99e-4).
+
+    Args:
+        name: the argument's name, for the messages.
+        values: distributions (..., V) as a numpy array, a torch tensor or nested lists.
+        min_ndim: the fewest axes allowed (the last is the vocabulary).
+
+    Returns:
+        float64 array of the same shape, each row renormalised to sum to 1.
+
+    Raises:
+        ValueError: if `values` is not numeric, has fewer than min_ndim axes or no entries, holds
+            NaN, inf or a negative entry, or a row's sum is off 1 by more than SUM_TOLERANCE.
     """
     if hasattr(values, "detach"):
         values = values.detach().cpu().double().numpy()
@@ -33,16 +51,39 @@ def as_float64_array(name: str, values, min_ndim: int = 1) -> np.ndarray:
     sums = array.sum(axis=-1)
     worst = float(np.max(np.abs(sums - 1.0)))
     require(worst <= SUM_TOLERANCE, f"{name} must sum to 1 along the last axis within {SUM_TOLERANCE:g}, off by {worst:g}")
-    return array / sums[..., None]
+    normalised: NDArray[np.float64] = array / sums[..., None]
+    return normalised
 
 
-def require_same_vocabulary(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
+def require_same_vocabulary(name_a: str, a: NDArray[np.float64], name_b: str, b: NDArray[np.float64]) -> None:
+    """Check that two arrays of distributions share the vocabulary axis (the last).
+
+    Args:
+        name_a: the first array's name, for the message.
+        a: distributions (..., V).
+        name_b: the second array's name, for the message.
+        b: distributions (..., V').
+
+    Raises:
+        ValueError: if V != V'.
+    """
     require(a.shape[-1] == b.shape[-1],
             f"{name_a} and {name_b} must share the vocabulary axis, got {a.shape[-1]} and {b.shape[-1]}")
 
 
-def validated_lambdas(lambdas, teachers: np.ndarray) -> np.ndarray:
-    """Mixing weights as float64, one per teacher (shape teachers.shape[:-1]), each in [0, 1]."""
+def validated_lambdas(lambdas: "torch.Tensor | ArrayLike", teachers: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Mixing weights as float64, one per teacher (shape teachers.shape[:-1]), each in [0, 1].
+
+    Args:
+        lambdas: the mixing weights (numpy, torch or lists), one per teacher.
+        teachers: the teachers' distributions (..., N, V) they belong to.
+
+    Returns:
+        float64 array of shape teachers.shape[:-1], each weight in [0, 1].
+
+    Raises:
+        ValueError: if the shape is not teachers.shape[:-1], or a weight is outside [0, 1] or NaN.
+    """
     lam = np.asarray(lambdas.detach().cpu().numpy() if hasattr(lambdas, "detach") else lambdas, dtype=np.float64)
     require(lam.shape == teachers.shape[:-1],
             f"lambdas must have one weight per teacher, shape {teachers.shape[:-1]}, got {lam.shape}")
@@ -52,9 +93,23 @@ def validated_lambdas(lambdas, teachers: np.ndarray) -> np.ndarray:
     return lam
 
 
-def validated_ensemble(teachers, public, expected_teachers: int | None) -> tuple[np.ndarray, np.ndarray]:
+def validated_ensemble(teachers: "torch.Tensor | ArrayLike", public: "torch.Tensor | ArrayLike",
+                       expected_teachers: int | None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """teachers (..., N, V) and public (..., V) as validated float64 distributions with matching
-    batch and vocabulary axes (and N = expected_teachers when given)."""
+    batch and vocabulary axes (and N = expected_teachers when given).
+
+    Args:
+        teachers: the teachers' distributions (..., N, V).
+        public: the public model's distributions (..., V).
+        expected_teachers: the ensemble size N the mechanism was built for, or None for any.
+
+    Returns:
+        (teachers, public) as validated float64 arrays, rows renormalised to sum to 1.
+
+    Raises:
+        ValueError: if either fails as_float64_array's checks, the vocabularies or batch shapes
+            differ, or N != expected_teachers.
+    """
     teachers_np = as_float64_array("teachers", teachers, min_ndim=2)
     public_np = as_float64_array("public", public)
     require_same_vocabulary("teachers", teachers_np, "public", public_np)

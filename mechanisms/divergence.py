@@ -1,15 +1,19 @@
 """Renyi divergence between next-token distributions (van Erven & Harremoes 2014), numpy or torch in, same out."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import torch
+from numpy.typing import ArrayLike, NDArray
 
 from dpledger.accounting.errors import require, require_bool, require_order
 from dpledger.mechanisms.distributions import as_float64_array, require_same_vocabulary
 from dpledger.mechanisms.kernels import renyi_divergence_orders, symmetric_renyi_orders
 
 
-def renyi_divergence(p, q, alpha, symmetric: bool = False):
+def renyi_divergence(p: torch.Tensor | ArrayLike, q: torch.Tensor | ArrayLike, alpha: float | Sequence[float] | ArrayLike,
+                     symmetric: bool = False) -> float | NDArray[np.float64] | torch.Tensor:
     """D_alpha(P||Q) = 1/(alpha-1) log sum_j P_j^alpha Q_j^(1-alpha), in float64 log space.
 
     van Erven & Harremoes 2014, Definition 2; symmetric=True gives
@@ -58,5 +62,5 @@ def renyi_divergence(p, q, alpha, symmetric: bool = False):
         result = result[..., 0]
     if is_torch:
         return result
-    result = result.numpy()
-    return float(result) if result.ndim == 0 else result
+    values: NDArray[np.float64] = result.numpy()
+    return float(values) if values.ndim == 0 else values

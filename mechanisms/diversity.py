@@ -23,14 +23,17 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike, NDArray
 
 from dpledger.accounting.errors import require, require_bool, require_finite, require_in_closed, require_int_at_least
-from dpledger.mechanisms.hot_pate import Targmax
-from dpledger.mechanisms.kernels import coordinated_votes
+from dpledger.mechanisms.hot_pate import Targmax, coordinated_votes
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
 
 TEACHER_SUM_TOLERANCE = 1e-6
 """|sum_j p_i[j] - 1| allowed per teacher."""
@@ -47,9 +50,22 @@ MAX_OFFENDING = 10
 # validation
 
 
-def validated_teachers(teachers, name: str = "teachers", ndim: int = 2) -> np.ndarray:
+def validated_teachers(teachers: torch.Tensor | ArrayLike, name: str = "teachers", ndim: int = 2) -> FloatArray:
     """teachers as float64 of exactly `ndim` axes (last = vocabulary), finite, >= 0, each row
-    summing to 1 within TEACHER_SUM_TOLERANCE (rows are not renormalised)."""
+    summing to 1 within TEACHER_SUM_TOLERANCE (rows are not renormalised).
+
+    Args:
+        teachers: teacher distributions (numpy, torch or nested lists), `ndim` axes, last = vocabulary.
+        name: the argument's name, for the messages.
+        ndim: the exact number of axes required.
+
+    Returns:
+        float64 array of the same values (not renormalised).
+
+    Raises:
+        ValueError: if `teachers` is not numeric, has another number of axes, is empty, holds NaN,
+            inf or a negative entry, or a row's sum is off 1 by more than TEACHER_SUM_TOLERANCE.
+    """
     if hasattr(teachers, "detach"):
         teachers = teachers.detach().cpu().double().numpy()
     try:
@@ -67,13 +83,13 @@ def validated_teachers(teachers, name: str = "teachers", ndim: int = 2) -> np.nd
     return array
 
 
-def _validated_seed(seed) -> int:
-    seed = require_int_at_least("seed", seed, 0)
-    require(seed < 2 ** 63, f"seed must be < 2**63, got {seed}")
-    return seed
+def _validated_seed(seed: object) -> int:
+    value: int = require_int_at_least("seed", seed, 0)
+    require(value < 2 ** 63, f"seed must be < 2**63, got {value}")
+    return value
 
 
-def _validated_thresholds(thresholds) -> tuple[int, ...]:
+def _validated_thresholds(thresholds: Iterable[int]) -> tuple[int, ...]:
     if isinstance(thresholds, (str, bytes)) or not hasattr(thresholds, "__iter__"):
         raise ValueError(f"thresholds must be a non-empty sequence of integers >= 1, got {thresholds!r}")
     values = tuple(require_int_at_least("threshold", t, 1) for t in np.asarray(list(thresholds), dtype=object).ravel())
@@ -82,15 +98,35 @@ def _validated_thresholds(thresholds) -> tuple[int, ...]:
     return values
 
 
-def mean_teacher(teachers: np.ndarray) -> np.ndarray:
+def mean_teacher(teachers: FloatArray) -> FloatArray:
     """pbar = (1/N) sum_i p_i, summed over each token's sorted column: bit-for-bit the same for any
-    order of the teachers (so permuting teachers leaves every metric exactly unchanged)."""
-    return np.sort(teachers, axis=0).sum(axis=0) / teachers.shape[0]
+    order of the teachers (so permuting teachers leaves every metric exactly unchanged).
+
+    Args:
+        teachers: teacher distributions (N, V), float64.
+
+    Returns:
+        pbar, float64 (V,).
+    """
+    mean: FloatArray = np.sort(teachers, axis=0).sum(axis=0) / teachers.shape[0]
+    return mean
 
 
 def query_seed(seed: int, index: int) -> int:
     """The voting seed of query `index` in `mean_diversity_curve` (a hash of the public seed and
-    the index; the same for hot and cold curves, so their comparisons are paired)."""
+    the index; the same for hot and cold curves, so their comparisons are paired).
+
+    Args:
+        seed: the public seed, in [0, 2^63).
+        index: the query's index (>= 0).
+
+    Returns:
+        A seed in [0, 2^63): the first 8 bytes, little-endian, of SHA-256 of
+        "dpledger-diversity:<seed>:<index>".
+
+    Raises:
+        ValueError: if seed or index is out of range.
+    """
     seed = _validated_seed(seed)
     index = require_int_at_least("index", index, 0)
     digest = hashlib.sha256(f"dpledger-diversity:{seed}:{index}".encode()).digest()
@@ -105,14 +141,27 @@ def _chunk_rows(teachers: int, vocabulary: int) -> int:
     return max(1, CHUNK_BYTES // (8 * teachers * vocabulary))
 
 
-def vote_draws(teachers, coordinated: bool, samples: int, seed: int) -> np.ndarray:
+def vote_draws(teachers: torch.Tensor | ArrayLike, coordinated: bool, samples: int, seed: int) -> IntArray:
     """`samples` independent rounds of voting: int64 votes of shape (samples, N).
 
     Coordinated (Cohen et al. 2023, coordinated ensembles): one shared u ~ Exp(1)^V per round and
-    y_i = argmax_j p_i[j] / u_j (`dpledger.mechanisms.kernels.coordinated_votes`). Independent: an Exp(1)
+    y_i = argmax_j p_i[j] / u_j (`dpledger.mechanisms.hot_pate.coordinated_votes`). Independent: an Exp(1)
     per teacher and token, y_i = argmax_j p_i[j] / u_ij, the exponential race, which samples
     p_i exactly. Draws come from one torch.Generator seeded by `seed`, in chunks of rounds that
     bound memory; the chunking depends on (N, V) only, so equal inputs give equal votes.
+
+    Args:
+        teachers: teacher distributions (N, V), rows summing to 1 (validated_teachers).
+        coordinated: one shared Exp(1) vector per round (True) or independent draws (False).
+        samples: the number of rounds (>= 1).
+        seed: the torch.Generator's seed, in [0, 2^63).
+
+    Returns:
+        int64 array (samples, N): each teacher's vote (a token id) in each round.
+
+    Raises:
+        ValueError: if an argument fails its check (teachers as validated_teachers; thresholds not a
+            strictly increasing non-empty sequence of integers >= 1; samples < 1; seed not in [0, 2^63)).
     """
     probs_np = validated_teachers(teachers)
     coordinated = require_bool("coordinated", coordinated)
@@ -139,14 +188,14 @@ def vote_draws(teachers, coordinated: bool, samples: int, seed: int) -> np.ndarr
     return out
 
 
-def _histograms(votes: np.ndarray, vocabulary: int) -> np.ndarray:
+def _histograms(votes: IntArray, vocabulary: int) -> IntArray:
     """(rows, N) votes -> (rows, V) int64 counts, by one bincount."""
     rows = votes.shape[0]
     flat = (np.arange(rows, dtype=np.int64)[:, None] * vocabulary + votes).ravel()
     return np.bincount(flat, minlength=rows * vocabulary).reshape(rows, vocabulary)
 
 
-def _histogram_chunks(votes: np.ndarray, vocabulary: int):
+def _histogram_chunks(votes: IntArray, vocabulary: int) -> Iterator[IntArray]:
     rows = max(1, CHUNK_BYTES // (8 * vocabulary))
     for start in range(0, votes.shape[0], rows):
         yield _histograms(votes[start:start + rows], vocabulary)
@@ -178,17 +227,25 @@ class DiversityCurve:
     coordinated: bool
     teachers: int
     samples: int
-    thresholds: tuple
-    yield_: tuple
-    yield_stderr: tuple
-    coverage: tuple
-    support_size: tuple
-    passing_mass: tuple
-    passing_mass_stderr: tuple
+    thresholds: tuple[int, ...]
+    yield_: tuple[float, ...]
+    yield_stderr: tuple[float, ...]
+    coverage: tuple[float, ...]
+    support_size: tuple[float, ...]
+    passing_mass: tuple[float, ...]
+    passing_mass_stderr: tuple[float, ...]
     queries: int = 1
 
-    def to_dict(self) -> dict:
-        """Strict JSON-safe dict: plain bools, ints, lists of floats (json.dumps(allow_nan=False) works)."""
+    def to_dict(self) -> dict[str, object]:
+        """Strict JSON-safe dict: plain bools, ints, lists of floats (json.dumps(allow_nan=False) works).
+
+        Returns:
+            A dict of the fields: coordinated as a bool, counts as ints, thresholds as a list of ints,
+            every metric as a list of floats.
+
+        Raises:
+            ValueError: if a metric is not finite.
+        """
         return {
             "coordinated": bool(self.coordinated),
             "teachers": int(self.teachers),
@@ -201,7 +258,8 @@ class DiversityCurve:
         }
 
 
-def _curve_arrays(teachers: np.ndarray, thresholds: tuple, coordinated: bool, samples: int, seed: int) -> dict:
+def _curve_arrays(teachers: FloatArray, thresholds: tuple[int, ...], coordinated: bool, samples: int,
+                  seed: int) -> dict[str, FloatArray]:
     """Per-query metrics as float64 arrays over thresholds."""
     n, vocabulary = teachers.shape
     pbar = mean_teacher(teachers)
@@ -239,39 +297,76 @@ def _curve_arrays(teachers: np.ndarray, thresholds: tuple, coordinated: bool, sa
     }
 
 
-def diversity_curve(teachers, thresholds, coordinated: bool, samples: int = 200, seed: int = 0) -> DiversityCurve:
+def diversity_curve(teachers: torch.Tensor | ArrayLike, thresholds: Iterable[int], coordinated: bool, samples: int = 200,
+                    seed: int = 0) -> DiversityCurve:
     """Yield, coverage, transferred-support size and passing mass of one query's votes (teachers
-    (N, V)) at each threshold, from `samples` rounds of voting seeded by `seed` (see DiversityCurve)."""
-    teachers = validated_teachers(teachers)
-    thresholds = _validated_thresholds(thresholds)
+    (N, V)) at each threshold, from `samples` rounds of voting seeded by `seed` (see DiversityCurve).
+
+    Args:
+        teachers: one query's teacher distributions (N, V).
+        thresholds: the thresholds T_k, strictly increasing integers >= 1.
+        coordinated: coordinated (hot) or independent (cold) votes.
+        samples: the number of voting rounds (>= 1).
+        seed: the votes' seed, in [0, 2^63).
+
+    Returns:
+        The DiversityCurve (queries = 1; support_size as integers).
+
+    Raises:
+        ValueError: if an argument fails its check (teachers as validated_teachers; thresholds not a
+            strictly increasing non-empty sequence of integers >= 1; samples < 1; seed not in [0, 2^63)).
+    """
+    teachers_np = validated_teachers(teachers)
+    levels = _validated_thresholds(thresholds)
     coordinated = require_bool("coordinated", coordinated)
     samples = require_int_at_least("samples", samples, 1)
     seed = _validated_seed(seed)
-    arrays = _curve_arrays(teachers, thresholds, coordinated, samples, seed)
-    return DiversityCurve(coordinated=coordinated, teachers=teachers.shape[0], samples=samples, thresholds=thresholds,
-                          support_size=tuple(int(v) for v in arrays.pop("support_size")),
-                          **{k: tuple(float(v) for v in a) for k, a in arrays.items()})
+    arrays = _curve_arrays(teachers_np, levels, coordinated, samples, seed)
+
+    def floats(name: str) -> tuple[float, ...]:
+        return tuple(float(v) for v in arrays[name])
+
+    return DiversityCurve(coordinated=coordinated, teachers=teachers_np.shape[0], samples=samples, thresholds=levels,
+                          support_size=tuple(int(v) for v in arrays["support_size"]), yield_=floats("yield_"),
+                          yield_stderr=floats("yield_stderr"), coverage=floats("coverage"),
+                          passing_mass=floats("passing_mass"), passing_mass_stderr=floats("passing_mass_stderr"))
 
 
-def mean_diversity_curve(queries, thresholds, coordinated: bool, samples: int = 200, seed: int = 0) -> DiversityCurve:
+def mean_diversity_curve(queries: torch.Tensor | ArrayLike, thresholds: Iterable[int], coordinated: bool,
+                         samples: int = 200, seed: int = 0) -> DiversityCurve:
     """`diversity_curve` averaged over queries (Q, N, V); query q votes with seed query_seed(seed, q)
-    whether coordinated or not (paired hot/cold comparisons). support_size is the mean size."""
-    queries = validated_teachers(queries, name="queries", ndim=3)
-    thresholds = _validated_thresholds(thresholds)
+    whether coordinated or not (paired hot/cold comparisons). support_size is the mean size.
+
+    Args:
+        queries: the queries' teacher distributions (Q, N, V).
+        thresholds: the thresholds T_k, strictly increasing integers >= 1.
+        coordinated: coordinated (hot) or independent (cold) votes.
+        samples: the number of voting rounds per query (>= 1).
+        seed: the public seed the per-query seeds derive from, in [0, 2^63).
+
+    Returns:
+        The DiversityCurve of the means over the Q queries (queries = Q).
+
+    Raises:
+        ValueError: if an argument fails its check (teachers as validated_teachers; thresholds not a
+            strictly increasing non-empty sequence of integers >= 1; samples < 1; seed not in [0, 2^63)).
+    """
+    queries_np = validated_teachers(queries, name="queries", ndim=3)
+    levels = _validated_thresholds(thresholds)
     coordinated = require_bool("coordinated", coordinated)
     samples = require_int_at_least("samples", samples, 1)
     seed = _validated_seed(seed)
-    per_query = [_curve_arrays(query, thresholds, coordinated, samples, query_seed(seed, index))
-                 for index, query in enumerate(queries)]
+    per_query = [_curve_arrays(query, levels, coordinated, samples, query_seed(seed, index))
+                 for index, query in enumerate(queries_np)]
     count = len(per_query)
 
-    def mean(name: str) -> tuple:
+    def mean(name: str) -> tuple[float, ...]:
         return tuple(float(v) for v in np.mean([m[name] for m in per_query], axis=0))
 
-    def pooled_stderr(name: str) -> tuple:
+    def pooled_stderr(name: str) -> tuple[float, ...]:
         return tuple(float(v) for v in np.sqrt(np.sum([m[name] ** 2 for m in per_query], axis=0)) / count)
 
-    return DiversityCurve(coordinated=coordinated, teachers=queries.shape[1], samples=samples, thresholds=thresholds,
+    return DiversityCurve(coordinated=coordinated, teachers=queries_np.shape[1], samples=samples, thresholds=levels,
                           yield_=mean("yield_"), yield_stderr=pooled_stderr("yield_stderr"),
                           coverage=mean("coverage"), support_size=mean("support_size"),
                           passing_mass=mean("passing_mass"), passing_mass_stderr=pooled_stderr("passing_mass_stderr"),
@@ -301,8 +396,8 @@ class DiversityPreservation:
     correlation_holds: bool
     transfer_slack: float | None
     correlation_slack: float
-    transfer_offending: tuple
-    correlation_offending: tuple
+    transfer_offending: tuple[int, ...]
+    correlation_offending: tuple[int, ...]
     transfer_violations: int
     correlation_violations: int
 
@@ -310,7 +405,16 @@ class DiversityPreservation:
     def holds(self) -> bool:
         return self.transfer_holds and self.correlation_holds
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
+        """Strict JSON-safe dict of the check (json.dumps(allow_nan=False) works).
+
+        Returns:
+            The fields and `holds`; slacks as finite floats (transfer_slack None when nothing is
+            constrained), offending token ids as lists.
+
+        Raises:
+            ValueError: if a slack is not finite.
+        """
         return {"tau": self.tau, "beta": self.beta, "gamma": self.gamma, "holds": self.holds,
                 "transfer_holds": self.transfer_holds, "correlation_holds": self.correlation_holds,
                 "transfer_slack": None if self.transfer_slack is None else _json_float(self.transfer_slack),
@@ -320,7 +424,7 @@ class DiversityPreservation:
                 "transfer_violations": self.transfer_violations, "correlation_violations": self.correlation_violations}
 
 
-def _validated_law(output_law, vocabulary: int, name: str = "output_law") -> np.ndarray:
+def _validated_law(output_law: torch.Tensor | ArrayLike, vocabulary: int, name: str = "output_law") -> FloatArray:
     if hasattr(output_law, "detach"):
         output_law = output_law.detach().cpu().double().numpy()
     try:
@@ -335,7 +439,7 @@ def _validated_law(output_law, vocabulary: int, name: str = "output_law") -> np.
     return law
 
 
-def _required_transfer(teachers: np.ndarray, tau: int, beta: float, q_grid: np.ndarray | None) -> np.ndarray:
+def _required_transfer(teachers: FloatArray, tau: int, beta: float, q_grid: FloatArray | None) -> FloatArray:
     """max over grid q with c_{j,q} >= tau of beta * c_{j,q} / n * q, per token; -inf where none."""
     n, vocabulary = teachers.shape
     if q_grid is None:
@@ -349,7 +453,8 @@ def _required_transfer(teachers: np.ndarray, tau: int, beta: float, q_grid: np.n
         ks = np.arange(1, n + 1, dtype=np.float64)[:, None]
         candidates = beta * ks / n * ordered
         candidates[ordered <= 0.0] = -np.inf  # q must be a (positive) teacher probability
-        return candidates[tau - 1:].max(axis=0)
+        largest: FloatArray = candidates[tau - 1:].max(axis=0)
+        return largest
     grid = np.unique(q_grid)  # ascending
     # idx[i, j] = number of grid values <= p_i[j]: teacher i counts towards c_{j, grid[k]} for k < idx
     idx = np.searchsorted(grid, teachers, side="right")
@@ -366,14 +471,33 @@ def _required_transfer(teachers: np.ndarray, tau: int, beta: float, q_grid: np.n
     return required
 
 
-def diversity_preservation(output_law, teachers, tau: int, beta: float, gamma: float, q_grid=None,
+def diversity_preservation(output_law: torch.Tensor | ArrayLike, teachers: torch.Tensor | ArrayLike, tau: int,
+                           beta: float, gamma: float, q_grid: ArrayLike | None = None,
                            tolerance: float = 1e-12) -> DiversityPreservation:
     """Check (tau, beta, gamma)-diversity preservation (Cohen et al. 2023) of `output_law` (V,),
     the aggregator's output probabilities (they may sum to < 1: the rest is failure), for teachers
     (n, V). q ranges over `q_grid` (values in (0, 1]) or, by default, the distinct teacher
-    probabilities. See DiversityPreservation for the conditions and the reported slacks."""
-    teachers = validated_teachers(teachers)
-    n, vocabulary = teachers.shape
+    probabilities. See DiversityPreservation for the conditions and the reported slacks.
+
+    Args:
+        output_law: the aggregator's output probabilities (V,), summing to <= 1 (within
+            TEACHER_SUM_TOLERANCE).
+        teachers: the teacher distributions (n, V).
+        tau: the count threshold (an integer >= 1).
+        beta: the transfer factor, in (0, 1].
+        gamma: the correlation factor, >= 1.
+        q_grid: the grid of q values, each in (0, 1], or None for the distinct teacher probabilities.
+        tolerance: how far below 0 a slack may be and the condition still hold, in [0, 1].
+
+    Returns:
+        The DiversityPreservation with both conditions, their slacks and the offending tokens.
+
+    Raises:
+        ValueError: if an argument is out of range (teachers as validated_teachers; output_law of
+            the wrong shape, not finite, negative or summing to more than 1).
+    """
+    teachers_np = validated_teachers(teachers)
+    n, vocabulary = teachers_np.shape
     law = _validated_law(output_law, vocabulary)
     tau = require_int_at_least("tau", tau, 1)
     beta = require_finite("beta", beta)
@@ -381,17 +505,16 @@ def diversity_preservation(output_law, teachers, tau: int, beta: float, gamma: f
     gamma = require_finite("gamma", gamma)
     require(gamma >= 1.0, f"gamma must be >= 1, got {gamma:g}")
     tolerance = require_in_closed("tolerance", tolerance, 0.0, 1.0)
+    grid: FloatArray | None = None
     if q_grid is not None:
         grid = np.asarray(q_grid, dtype=np.float64).ravel()
         require(grid.size > 0, "q_grid must be non-empty")
         require(bool(np.all(np.isfinite(grid) & (grid > 0.0) & (grid <= 1.0))), "q_grid values must be in (0, 1]")
-    else:
-        grid = None
-    required = _required_transfer(teachers, tau, beta, grid)
+    required = _required_transfer(teachers_np, tau, beta, grid)
     constrained = np.isfinite(required)
     transfer_gap = np.where(constrained, law - np.where(constrained, required, 0.0), np.inf)
     transfer_bad = np.flatnonzero(transfer_gap < -tolerance)
-    correlation_gap = gamma * mean_teacher(teachers) - law
+    correlation_gap = gamma * mean_teacher(teachers_np) - law
     correlation_bad = np.flatnonzero(correlation_gap < -tolerance)
     return DiversityPreservation(
         tau=tau, beta=beta, gamma=gamma,
@@ -407,19 +530,30 @@ def diversity_preservation(output_law, teachers, tau: int, beta: float, gamma: f
 # aggregator output laws
 
 
-def targmax_probabilities(counts, threshold: int) -> np.ndarray:
+def targmax_probabilities(counts: ArrayLike, threshold: int) -> FloatArray:
     """TARGMAX_T's output law on one histogram: one-hot at the plurality token (lowest id on ties,
-    as `Targmax.aggregate`) when its count is >= T, all zeros (failure) otherwise."""
-    counts = np.asarray(counts)
-    token = Targmax(threshold).aggregate(counts)
-    out = np.zeros(counts.shape[-1] if counts.ndim else 0, dtype=np.float64)
+    as `Targmax.aggregate`) when its count is >= T, all zeros (failure) otherwise.
+
+    Args:
+        counts: one vote histogram (V,), integer counts.
+        threshold: TARGMAX's threshold T (an integer >= 1).
+
+    Returns:
+        float64 (V,): one-hot at the plurality token, or all zeros when its count is below T.
+
+    Raises:
+        ValueError: if the counts or the threshold fail Targmax's checks.
+    """
+    histogram = np.asarray(counts)
+    token = Targmax(threshold).aggregate(histogram)
+    out = np.zeros(histogram.shape[-1] if histogram.ndim else 0, dtype=np.float64)
     if token is not None:
         out[token] = 1.0
     return out
 
 
-def aggregator_output_law(aggregate_probabilities: Callable[[np.ndarray], np.ndarray], teachers, coordinated: bool,
-                          samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def aggregator_output_law(aggregate_probabilities: Callable[[IntArray], ArrayLike], teachers: torch.Tensor | ArrayLike,
+                          coordinated: bool, samples: int, seed: int) -> tuple[FloatArray, FloatArray]:
     """The output law E_votes[aggregate_probabilities(c)] of a histogram aggregator over the votes'
     randomness, and its Monte Carlo standard errors, from `samples` rounds of `vote_draws`.
 
@@ -427,14 +561,28 @@ def aggregator_output_law(aggregate_probabilities: Callable[[np.ndarray], np.nda
     summing to <= 1 (e.g. ThresholdWeightedSampler(T, gamma).probabilities, or
     lambda c: targmax_probabilities(c, T)). Returns (law (V,), stderr (V,)), stderr the sample
     standard deviation / sqrt(samples) (zero when samples = 1).
+
+    Args:
+        aggregate_probabilities: maps a histogram (V,) int64 to output probabilities (V,) summing to <= 1.
+        teachers: teacher distributions (N, V).
+        coordinated: coordinated (hot) or independent (cold) votes.
+        samples: the number of voting rounds (>= 1).
+        seed: the votes' seed, in [0, 2^63).
+
+    Returns:
+        (law, stderr): float64 (V,) each.
+
+    Raises:
+        ValueError: if aggregate_probabilities is not callable or returns an invalid law, or an
+            argument fails its check (as vote_draws).
     """
     require(callable(aggregate_probabilities), f"aggregate_probabilities must be callable, got {aggregate_probabilities!r}")
-    teachers = validated_teachers(teachers)
+    teachers_np = validated_teachers(teachers)
     coordinated = require_bool("coordinated", coordinated)
     samples = require_int_at_least("samples", samples, 1)
     seed = _validated_seed(seed)
-    vocabulary = teachers.shape[1]
-    votes = vote_draws(teachers, coordinated, samples, seed)
+    vocabulary = teachers_np.shape[1]
+    votes = vote_draws(teachers_np, coordinated, samples, seed)
     total = np.zeros(vocabulary)
     total_sq = np.zeros(vocabulary)
     for counts in _histogram_chunks(votes, vocabulary):

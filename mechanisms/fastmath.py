@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Callable, Literal, TypedDict, TypeVar, Unpack, cast
 
 
 def prefer_wide_vectors() -> None:
@@ -37,7 +38,48 @@ import numpy as np  # noqa: E402 (numba reads the CPU features when it is import
 from llvmlite import ir  # noqa: E402
 from numba import njit, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
+from numba.core.base import BaseContext  # noqa: E402
+from numba.core.typing import Signature  # noqa: E402
+from numba.core.typing.context import Context  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
+
+F = TypeVar("F", bound=Callable[..., object])
+"""A function compiled by `jit`: it keeps its annotated signature."""
+
+
+class JitOptions(TypedDict, total=False):
+    """The options of numba.njit that dpledger's kernels set (numba's documentation defines them)."""
+
+    parallel: bool
+    inline: Literal["never", "always"]
+    fastmath: bool | set[str]
+    error_model: Literal["python", "numpy"]
+    cache: bool
+    nogil: bool
+
+
+def jit(**options: Unpack[JitOptions]) -> Callable[[F], F]:
+    """numba.njit(function, **options), typed: the compiled function keeps the signature it is annotated with.
+
+    Every fused kernel is compiled through this one decorator, so that mypy checks its callers against
+    its annotations (numba's stubs give a Dispatcher, whose calls they do not type). Only the options
+    given are passed on: `@jit()` compiles exactly as a bare `@njit` does.
+
+    Args:
+        **options: numba.njit's keyword options (JitOptions), passed on unchanged.
+
+    Returns:
+        A decorator that compiles a function lazily, on its first call, for the argument types of that call.
+    """
+    def compile_function(function: F) -> F:
+        # numba's stubs type njit(function) as Dispatcher[F], which mypy cannot call with F's arguments;
+        # at run time the dispatcher takes exactly those arguments (and compiled callers call it natively)
+        return cast(F, njit(function, **options))
+    return compile_function
+
+
+_Codegen = Callable[[BaseContext, ir.IRBuilder, Signature, list[ir.Value]], ir.Value]
+"""An intrinsic's code generator: (target context, LLVM builder, signature, argument values) -> value."""
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 6.93147180369123816490e-01  # ln 2 split so that k * _LN2_HI is exact for |k| < 2^20
@@ -50,39 +92,47 @@ MAX_ULPS = 2.0
 (tests/test_fused_kernels.py), in units in the last place; callers round up by more."""
 
 
-@intrinsic
-def _bits_as_float(typingctx, bits):
-    def codegen(context, builder, signature, args):
+def _bits_as_float_typer(typingctx: Context, bits: types.Type) -> tuple[Signature, _Codegen]:
+    def codegen(context: BaseContext, builder: ir.IRBuilder, signature: Signature, args: list[ir.Value]) -> ir.Value:
         return builder.bitcast(args[0], ir.DoubleType())
     return types.float64(types.int64), codegen
 
 
-@intrinsic
-def _float_as_bits(typingctx, value):
-    def codegen(context, builder, signature, args):
+def _float_as_bits_typer(typingctx: Context, value: types.Type) -> tuple[Signature, _Codegen]:
+    def codegen(context: BaseContext, builder: ir.IRBuilder, signature: Signature, args: list[ir.Value]) -> ir.Value:
         return builder.bitcast(args[0], ir.IntType(64))
     return types.int64(types.float64), codegen
 
 
-@intrinsic
-def _fused_multiply_add(typingctx, a, b, c):
+def _fused_multiply_add_typer(typingctx: Context, a: types.Type, b: types.Type,
+                              c: types.Type) -> tuple[Signature, _Codegen]:
     """a * b + c rounded once (llvm.fma): an intrinsic call, so a caller compiled with fastmath
     "reassoc" cannot regroup it (regrouping x - k ln2_hi - k ln2_lo costs 200 ulps)."""
-    def codegen(context, builder, signature, args):
+    def codegen(context: BaseContext, builder: ir.IRBuilder, signature: Signature, args: list[ir.Value]) -> ir.Value:
         return builder.fma(*args)
     return types.float64(types.float64, types.float64, types.float64), codegen
 
 
-def _min_max_intrinsic(name: str, doc: str):
-    def typer(typingctx, a, b):
-        def codegen(context, builder, signature, args):
+# An intrinsic is called from compiled code only, without the typing context its typer takes first; numba's
+# stubs type the Python-level call (which raises). Each is cast to the call compiled code makes.
+_bits_as_float = cast(Callable[[int | np.int64], float], intrinsic(_bits_as_float_typer))
+_float_as_bits = cast(Callable[[float], int], intrinsic(_float_as_bits_typer))
+_fused_multiply_add = cast(Callable[[float, float, float], float], intrinsic(_fused_multiply_add_typer))
+
+
+def _min_max_intrinsic(name: str, doc: str) -> Callable[[float, float], float]:
+    def typer(typingctx: Context, a: types.Type, b: types.Type) -> tuple[Signature, _Codegen]:
+        def codegen(context: BaseContext, builder: ir.IRBuilder, signature: Signature,
+                    args: list[ir.Value]) -> ir.Value:
             double = ir.DoubleType()
-            function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(double, [double, double]),
-                                                      f"llvm.{name}.f64")
+            # numba.core.cgutils has no annotations
+            function = cgutils.get_or_insert_function(  # type: ignore[no-untyped-call]
+                builder.module, ir.FunctionType(double, [double, double]), f"llvm.{name}.f64")
             return builder.call(function, args)
         return types.float64(types.float64, types.float64), codegen
     typer.__doc__ = doc
-    return intrinsic(typer)
+    # called from compiled code only, as (a, b) (see _bits_as_float)
+    return cast(Callable[[float, float], float], intrinsic(typer))
 
 
 vmax = _min_max_intrinsic("maxnum", """llvm.maxnum: a maximum whose reductions vectorise (numba's max() does
@@ -96,8 +146,16 @@ lam * p + (1 - lam) * p0 are formed with it, since "reassoc" would otherwise rew
 p0 + lam (p - p0), which loses every digit of a small p next to a large p0."""
 
 
-@njit
-def vexp(x):
+@jit()
+def vexp(x: float) -> float:
+    """exp(x) in compiled code, vectorisable (the module docstring has the method), within MAX_ULPS ulps.
+
+    Args:
+        x: the exponent (any float64).
+
+    Returns:
+        exp(x); 0 below -708.39 (no subnormals), +inf above 709.78, NaN for NaN.
+    """
     clamped = min(max(x, -709.0), 709.79)
     k = np.floor(clamped * _LOG2E)           # r in [0, ln 2): 2^k stays a normal number for x in range
     r = _fused_multiply_add(-k, _LN2_LO, _fused_multiply_add(-k, _LN2_HI, clamped))
@@ -108,8 +166,16 @@ def vexp(x):
     return value if x == x else x
 
 
-@njit(inline="always")
-def vlog(x):
+@jit(inline="always")
+def vlog(x: float) -> float:
+    """log(x) in compiled code, vectorisable (the module docstring has the method), within MAX_ULPS ulps.
+
+    Args:
+        x: the argument (any float64; subnormals are scaled by 2^54 first).
+
+    Returns:
+        log(x); -inf at 0, +inf at +inf, NaN for a negative or NaN argument.
+    """
     subnormal = x < _SMALLEST_NORMAL
     bits = _float_as_bits(x * (18014398509481984.0 if subnormal else 1.0))   # 2^54 lifts a subnormal
     # the biased exponent as a float through the bits of 2^52 + n (a cast from int64 does not vectorise on AVX2)
@@ -127,10 +193,17 @@ def vlog(x):
     return value if (x > 0.0 and x < np.inf) else special
 
 
-@njit(inline="always")
-def vexpm1(x):
+@jit(inline="always")
+def vexpm1(x: float) -> float:
     """exp(x) - 1 without cancellation near 0: the Taylor series x (1 + x/2 + ... + x^14/15!) for
-    |x| < 1/2 (truncation < 2e-18 relative), vexp(x) - 1 elsewhere (within 5 ulps there)."""
+    |x| < 1/2 (truncation < 2e-18 relative), vexp(x) - 1 elsewhere (within 5 ulps there).
+
+    Args:
+        x: the exponent (any float64).
+
+    Returns:
+        exp(x) - 1 (-1 below -708.39, as vexp gives 0 there).
+    """
     series = x * (1.0 + x * (0.5 + x * (1.0 / 6 + x * (1.0 / 24 + x * (1.0 / 120 + x * (1.0 / 720 + x * (
         1.0 / 5040 + x * (1.0 / 40320 + x * (1.0 / 362880 + x * (1.0 / 3628800 + x * (1.0 / 39916800 + x * (
             1.0 / 479001600 + x * (1.0 / 6227020800 + x * (1.0 / 87178291200 + x * (1.0 / 1307674368000)))))))))))))))

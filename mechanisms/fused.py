@@ -14,24 +14,30 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import NDArray
 
-from dpledger.mechanisms.fastmath import fma, vexp, vexpm1, vlog, vmax, vmin  # first: it sets numba's vector width
+from dpledger.mechanisms.fastmath import JitOptions, fma, jit, vexp, vexpm1, vlog, vmax, vmin  # first: numba's vector width
 
-from numba import njit, prange  # noqa: E402,I001
+from numba import prange  # noqa: E402,I001
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
 
 # reassociation lets sums and maxima vectorise; no "nnan"/"ninf": infinities carry meaning here
 # cache=False: see the module docstring (cached and fresh code gave lambdas 1e-12 apart)
-_FLAGS = dict(fastmath={"reassoc", "contract", "arcp", "nsz"}, error_model="numpy", cache=False, nogil=True)
+_FLAGS: JitOptions = dict(fastmath={"reassoc", "contract", "arcp", "nsz"}, error_model="numpy", cache=False, nogil=True)
+_PARALLEL_FLAGS: JitOptions = {**_FLAGS, "parallel": True}
 
 
-@njit(**_FLAGS)
-def _log_public(public, out):
+@jit(**_FLAGS)
+def _log_public(public: FloatArray, out: FloatArray) -> None:
     for j in range(public.size):
         out[j] = vlog(public[j])
 
 
-@njit(**_FLAGS)
-def _ratios(teacher, public, ratio):
+@jit(**_FLAGS)
+def _ratios(teacher: FloatArray, public: FloatArray, ratio: FloatArray) -> tuple[float, float, float, bool]:
     """ratio_j = p_j / p0_j (1 where p0_j = 0 = p_j); returns (min, max, chi-square, outside):
     chi-square = sum_j p0_j (ratio_j - 1)^2, and `outside` says p puts mass where p0 has none
     (every lambda > 0 is then infinitely far from p0)."""
@@ -52,9 +58,11 @@ _FAST_RANGE = 600.0
 overflows: every shifted power lies in [e^-600, 1])."""
 
 
-@njit(**_FLAGS)
-def _ball_residual(lam, teacher, public, log_public, ratio, low, high, orders, log_targets, max_log_ratio, log_r,
-                   slope, mixed_ratio, public_magnitude, slack_ulps):
+@jit(**_FLAGS)
+def _ball_residual(lam: float, teacher: FloatArray, public: FloatArray, log_public: FloatArray, ratio: FloatArray,
+                   low: float, high: float, orders: FloatArray, log_targets: FloatArray, max_log_ratio: float,
+                   log_r: FloatArray, slope: FloatArray, mixed_ratio: FloatArray, public_magnitude: float,
+                   slack_ulps: float) -> tuple[float, float]:
     """The largest constraint residual of the mixed teacher m = lam p + (1 - lam) p0 and its
     derivative in lam, each residual <= 0 exactly when its constraint holds. Order constraint k, both
     directions: sqrt(log sum_j p0_j r_j^c) - sqrt((a - 1) radius_k), r_j = m_j / p0_j with m_j
@@ -138,8 +146,8 @@ def _ball_residual(lam, teacher, public, log_public, ratio, low, high, orders, l
     return worst, derivative
 
 
-@njit(**_FLAGS)
-def _secant_root(lo, residual_lo, hi, residual_hi):
+@jit(**_FLAGS)
+def _secant_root(lo: float, residual_lo: float, hi: float, residual_hi: float) -> float:
     """Root of the line through (lo, residual_lo < 0) and (hi, residual_hi > 0): on the feasible
     side when the residual is convex in lam, nearly exact when it is nearly linear."""
     if not math.isfinite(residual_hi):
@@ -147,9 +155,11 @@ def _secant_root(lo, residual_lo, hi, residual_hi):
     return lo + (-residual_lo) / (residual_hi - residual_lo) * (hi - lo)
 
 
-@njit(**_FLAGS)
-def _solve_teacher(teacher, public, log_public, orders, log_targets, max_log_ratio, tolerance, max_evaluations,
-                   slack_ulps, public_magnitude, smallest_target, curvature):
+@jit(**_FLAGS)
+def _solve_teacher(teacher: FloatArray, public: FloatArray, log_public: FloatArray, orders: FloatArray,
+                   log_targets: FloatArray, max_log_ratio: float, tolerance: float, max_evaluations: int,
+                   slack_ulps: float, public_magnitude: float, smallest_target: float,
+                   curvature: float) -> tuple[float, int]:
     """One teacher's lambda and the evaluations it took (solve_mixing_weights has the method)."""
     size = public.size
     ratio = np.empty(size)
@@ -202,9 +212,10 @@ def _solve_teacher(teacher, public, log_public, orders, log_targets, max_log_rat
     return (answer if answer >= 0.0 else lo), count
 
 
-@njit(**_FLAGS)
-def solve_mixing_weights(teachers, public, orders, log_targets, max_log_ratio, tolerance, max_evaluations,
-                         slack_ulps, lambdas, evaluations):
+@jit(**_FLAGS)
+def solve_mixing_weights(teachers: FloatArray, public: FloatArray, orders: FloatArray, log_targets: FloatArray,
+                         max_log_ratio: float, tolerance: float, max_evaluations: int, slack_ulps: float,
+                         lambdas: FloatArray, evaluations: IntArray) -> None:
     """Largest lam in [0, 1] per teacher with every residual of _ball_residual <= 0.
 
     Safeguarded Newton on the largest residual R(lam), inside the bracket [lo, hi] (R(lo) <= 0 < R(hi)),
@@ -215,6 +226,18 @@ def solve_mixing_weights(teachers, public, orders, log_targets, max_log_ratio, t
     side, so the bracket closes from both ends. The answer is always the feasible end lo, as
     evaluated; it stops when R(lo) >= -tolerance * (smallest target) or hi - lo <= 1e-12. Writes
     lambdas (N,) and the evaluations made per teacher.
+
+    Args:
+        teachers: the teachers' next-token probabilities p_i, shape (N, V), float64, C-contiguous.
+        public: the public model's probabilities p0, shape (V,).
+        orders: the constrained Renyi orders a_k > 1, shape (K,).
+        log_targets: per order, (a_k - 1) times its radius: the largest log sum_j p0_j r_j^c allowed, > 0, shape (K,).
+        max_log_ratio: the max-divergence radius (a bound on |log r_j|), or +inf for no such constraint.
+        tolerance: stop once R(lo) >= -tolerance * (smallest target): relative closeness to the boundary.
+        max_evaluations: the most residual evaluations per teacher (>= 1).
+        slack_ulps: the rounding-up allowance, in ulps per unit of magnitude (kernels._SLACK_ULPS).
+        lambdas: output, shape (N,): each teacher's lambda in [0, 1], the feasible end of its bracket.
+        evaluations: output, int64 shape (N,): the residual evaluations each teacher took.
     """
     n, size = teachers.shape
     log_public = np.empty(size)
@@ -233,8 +256,10 @@ def solve_mixing_weights(teachers, public, orders, log_targets, max_log_ratio, t
                                                     public_magnitude, smallest_target, curvature)
 
 
-@njit(**_FLAGS)
-def leave_one_out_log_ratios(teachers, public, lambdas, output, log_output, ratios, log_ratios, spans):
+@jit(**_FLAGS)
+def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: FloatArray, output: FloatArray,
+                             log_output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
+                             spans: FloatArray) -> None:
     """The mixed teachers pbar_i = lambda_i p_i + (1 - lambda_i) p0 (never stored), their mean p and
     rho_ij = p_-i,j / p_j for every teacher i, p_-i = sum_{k != i} pbar_k / (N-1) formed from
     exclusive prefix and suffix sums (no subtraction: dpledger.mechanisms.kernels.sums_without_each says
@@ -242,7 +267,18 @@ def leave_one_out_log_ratios(teachers, public, lambdas, output, log_output, rati
     pbar_i is the same law (e.g. every lambda 0) every rho is exactly 1, although sum / N and
     sum / (N - 1) can differ in the last ulp. Writes output (V,) = p, log_output (V,), ratios and
     log_ratios (N, V) (ratios holds the sums first), and spans (N, 2): each row's smallest and
-    largest log rho."""
+    largest log rho.
+
+    Args:
+        teachers: the teachers' probabilities p_i, shape (N, V), N >= 2.
+        public: the public model's probabilities p0, shape (V,).
+        lambdas: each teacher's mixing weight lambda_i in [0, 1], shape (N,).
+        output: output, shape (V,): the mean p of the mixed teachers.
+        log_output: output, shape (V,): log p (-inf where p_j = 0).
+        ratios: output, shape (N, V): rho_ij = p_-i,j / p_j.
+        log_ratios: output, shape (N, V): log rho_ij.
+        spans: output, shape (N, 2): each row's smallest and largest log rho.
+    """
     n, size = teachers.shape
     ratios[0, :] = 0.0
     for i in range(1, n):
@@ -266,22 +302,24 @@ def leave_one_out_log_ratios(teachers, public, lambdas, output, log_output, rati
             spans[i, 0], spans[i, 1] = _ratio_row(ratios[i], log_ratios[i], output, log_output, n - 1.0)
 
 
-@njit(**_FLAGS)
-def _accumulate_mixed(out, before, teacher, public, lam):
+@jit(**_FLAGS)
+def _accumulate_mixed(out: FloatArray, before: FloatArray, teacher: FloatArray, public: FloatArray,
+                      lam: float) -> None:
     """out = before + lam * teacher + (1 - lam) * public, elementwise (out may be before)."""
     keep = 1.0 - lam
     for j in range(out.size):
         out[j] = before[j] + fma(lam, teacher[j], keep * public[j])
 
 
-@njit(**_FLAGS)
-def _add_into(out, values):
+@jit(**_FLAGS)
+def _add_into(out: FloatArray, values: FloatArray) -> None:
     for j in range(out.size):
         out[j] += values[j]
 
 
-@njit(**_FLAGS)
-def _same_mixture(teacher, lam, other, other_lam, public):
+@jit(**_FLAGS)
+def _same_mixture(teacher: FloatArray, lam: float, other: FloatArray, other_lam: float,
+                  public: FloatArray) -> bool:
     for j in range(public.size):
         if fma(lam, teacher[j], (1.0 - lam) * public[j]) != fma(other_lam, other[j], (1.0 - other_lam) * public[j]):
             return False
@@ -293,8 +331,9 @@ RATIO_RANGE = (2.0 ** -1000, 2.0 ** 1000)
 ratio has lost digits (subnormal) or overflowed, and its log is taken as log p_-i - log p."""
 
 
-@njit(**_FLAGS)
-def _ratio_row(sums, log_ratios, output, log_output, others):
+@jit(**_FLAGS)
+def _ratio_row(sums: FloatArray, log_ratios: FloatArray, output: FloatArray, log_output: FloatArray,
+               others: float) -> tuple[float, float]:
     """sums (the other teachers' total) -> rho = (sums / others) / p in place, its logs; (min, max) log."""
     low_ratio, high_ratio = RATIO_RANGE
     for j in range(sums.size):
@@ -314,8 +353,9 @@ _CHUNK = 2048
 """Tokens per cache-resident chunk: every order's pass over a row reads the chunk from L1/L2."""
 
 
-@njit(**_FLAGS)
-def _fast_moments(a, high, output, ratios, log_ratios, start, stop, sums):
+@jit(**_FLAGS)
+def _fast_moments(a: float, high: float, output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
+                  start: int, stop: int, sums: FloatArray) -> None:
     """One exp per token: y = (rho / rho_max)^a; reverse += p y, forward += p rho / y, and the
     a-derivative moments; sums = (forward, forward moment, reverse, reverse moment)."""
     forward, forward_moment, reverse, reverse_moment = 0.0, 0.0, 0.0, 0.0
@@ -333,8 +373,9 @@ def _fast_moments(a, high, output, ratios, log_ratios, start, stop, sums):
     sums[3] += reverse_moment
 
 
-@njit(**_FLAGS)
-def _shifted_moments(a, top_forward, top_reverse, log_output, log_ratios, start, stop, sums):
+@jit(**_FLAGS)
+def _shifted_moments(a: float, top_forward: float, top_reverse: float, log_output: FloatArray,
+                     log_ratios: FloatArray, start: int, stop: int, sums: FloatArray) -> None:
     """Two exps per token, each shifted by its direction's largest exponent."""
     forward, forward_moment, reverse, reverse_moment = 0.0, 0.0, 0.0, 0.0
     for j in range(start, stop):
@@ -350,8 +391,8 @@ def _shifted_moments(a, top_forward, top_reverse, log_output, log_ratios, start,
     sums[3] += reverse_moment
 
 
-@njit(**_FLAGS)
-def _largest_magnitude(values):
+@jit(**_FLAGS)
+def _largest_magnitude(values: FloatArray) -> float:
     """max_j |values_j| over the finite entries."""
     largest = 0.0
     for j in range(values.size):
@@ -359,8 +400,8 @@ def _largest_magnitude(values):
     return largest
 
 
-@njit(**_FLAGS)
-def _largest_exponents(a, log_output, log_ratios):
+@jit(**_FLAGS)
+def _largest_exponents(a: float, log_output: FloatArray, log_ratios: FloatArray) -> tuple[float, float]:
     top_forward, top_reverse = -np.inf, -np.inf
     for j in range(log_ratios.size):
         top_forward = vmax(top_forward, log_output[j] + (1.0 - a) * log_ratios[j])
@@ -368,9 +409,10 @@ def _largest_exponents(a, log_output, log_ratios):
     return top_forward, top_reverse
 
 
-@njit(parallel=True, **_FLAGS)
-def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, rows, orders, wanted, shifted_only,
-                              slack_ulps, moments, slopes):
+@jit(**_PARALLEL_FLAGS)
+def leave_one_out_log_moments(output: FloatArray, log_output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
+                              spans: FloatArray, rows: IntArray, orders: FloatArray, wanted: BoolArray,
+                              shifted_only: bool, slack_ulps: float, moments: FloatArray, slopes: FloatArray) -> None:
     """For each teacher in `rows` and order a: max over the two directions of
     g = log sum_j p_j^a q_j^(1-a) and log sum_j q_j^a p_j^(1-a) (q = p_-i), i.e. (a - 1) D<->_a(p, p_-i),
     rounded up, and the derivative in a of the larger one (a subgradient of the convex max).
@@ -383,7 +425,23 @@ def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, row
     ~(a + 1) ulps of its terms, the N-term sums behind rho by N ulps. Only the (row, order) pairs
     marked in `wanted` (rows x orders) are computed; the others are left as they are. With
     `shifted_only` every order takes the log-sum-exp path, which reads log p only (for inputs whose
-    p itself is not accurate as a float: dpledger.mechanisms.kernels._LeaveOneOut)."""
+    p itself is not accurate as a float: dpledger.mechanisms.kernels._LeaveOneOut).
+
+    Args:
+        output: the ensemble's output law p, shape (V,) (leave_one_out_log_ratios' `output`).
+        log_output: log p, shape (V,).
+        ratios: rho = p_-i / p, shape (N, V).
+        log_ratios: log rho, shape (N, V).
+        spans: each row's smallest and largest log rho, shape (N, 2).
+        rows: the teachers i to compute, int64 indices into the N rows, shape (R,).
+        orders: Renyi orders a > 1, shape (K,).
+        wanted: which (row, order) pairs to compute, bool shape (R, K).
+        shifted_only: take the log-sum-exp path at every order (reads log p and log rho only).
+        slack_ulps: the rounding-up allowance, in ulps per unit of magnitude (kernels._SLACK_ULPS).
+        moments: output, shape (R, K): g = (a - 1) D<->_a(p, p_-i), rounded up, >= 0 (+inf where
+            q_j = 0 < p_j).
+        slopes: output, shape (R, K): dg/da of the larger direction.
+    """
     n, size = log_ratios.shape
     count = orders.size
     magnitude = _largest_magnitude(log_output) + n + 2.0
@@ -435,20 +493,31 @@ def leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, row
             moments[r, k] = max(value + slack, 0.0)
 
 
-@njit(parallel=True, **_FLAGS)
-def renyi_log_moments(log_p, log_q, p_rows, q_rows, orders, slack_ulps, out):
+@jit(**_PARALLEL_FLAGS)
+def renyi_log_moments(log_p: FloatArray, log_q: FloatArray, p_rows: IntArray, q_rows: IntArray, orders: FloatArray,
+                      slack_ulps: float, out: FloatArray) -> None:
     """(a - 1) D_a(P || Q) = log sum_j Q_j exp(a (log P_j - log Q_j)) for row pairs (p_rows[r], q_rows[r])
     and every order (van Erven & Harremoes 2014, Definition 2), rounded up by
     slack_ulps * ((a + 1) (max_j |log P_j| + max_j |log Q_j| + 2) + log2 V + 2 + |g|): each exponent
     is off by ~(a + 1) ulps of its terms. Terms with P_j = 0 add 0; P_j > 0 = Q_j gives +inf;
     identical rows give exactly 0; a NaN input gives NaN. (The per-row work is in helper
-    functions: loops written directly in a prange body do not vectorise.)"""
+    functions: loops written directly in a prange body do not vectorise.)
+
+    Args:
+        log_p: log P, one law per row, shape (Rp, V).
+        log_q: log Q, one law per row, shape (Rq, V).
+        p_rows: for each output row r, the row of log_p to read, int64 shape (R,).
+        q_rows: for each output row r, the row of log_q to read, int64 shape (R,).
+        orders: Renyi orders a > 1, shape (K,).
+        slack_ulps: the rounding-up allowance, in ulps per unit of magnitude (kernels._SLACK_ULPS).
+        out: output, shape (R, K): (a - 1) D_a(P || Q) rounded up, >= 0 (+inf or NaN as above).
+    """
     for r in prange(p_rows.size):
         _renyi_row(log_p[p_rows[r]], log_q[q_rows[r]], orders, slack_ulps, out[r])
 
 
-@njit(**_FLAGS)
-def _renyi_row(lp, lq, orders, slack_ulps, out):
+@jit(**_FLAGS)
+def _renyi_row(lp: FloatArray, lq: FloatArray, orders: FloatArray, slack_ulps: float, out: FloatArray) -> None:
     size = lp.size
     nan, identical, outside = False, True, False
     for j in range(size):
@@ -488,15 +557,26 @@ def _renyi_row(lp, lq, orders, slack_ulps, out):
         out[k] = max(value + slack, 0.0)
 
 
-@njit(**_FLAGS)
-def add_one_order_sums(log_allocation, log_t, shift, orders, teachers, out_u2, out_chord):
+@jit(**_FLAGS)
+def add_one_order_sums(log_allocation: FloatArray, log_t: FloatArray, shift: FloatArray, orders: FloatArray,
+                       teachers: float, out_u2: FloatArray, out_chord: FloatArray) -> None:
     """The two order-dependent sums of the add-one bound (dpledger.mechanisms.add_one.add_one_divergence_bounds)
     over the allocated tokens of the fractional knapsack (log allocation a_j, log t_j, all finite),
     for every order k:
       out_u2 = log sum_j a_j t_j^(k-1)                                   (the U2 bound, times k - 1)
       out_chord = log(phi_k(0) + sum_j a_j (phi_k(t_j) - phi_k(0)) / t_j),  phi_k(t) = ((N + t)/(N + 1))^k,
     with shift_j = log((N + t_j) / (N + 1)) given, log phi_k(0) = k log(N / (N + 1)); the difference
-    phi_k(t) - phi_k(0) = phi_k(t) (1 - exp(k (log phi(0) - shift_j))) uses vexpm1 (no cancellation)."""
+    phi_k(t) - phi_k(0) = phi_k(t) (1 - exp(k (log phi(0) - shift_j))) uses vexpm1 (no cancellation).
+
+    Args:
+        log_allocation: log a_j of the allocated tokens (all finite), shape (M,).
+        log_t: log t_j = log(qmax_j / p_j) of the same tokens (all finite), shape (M,).
+        shift: log((N + t_j) / (N + 1)), shape (M,).
+        orders: Renyi orders k > 1, shape (K,).
+        teachers: the ensemble size N (> 0), as a float.
+        out_u2: output, shape (K,): log sum_j a_j t_j^(k-1).
+        out_chord: output, shape (K,): the log of the chord bound's sum.
+    """
     zero_shift = math.log(teachers) - math.log(teachers + 1.0)
     size = log_t.size
     for index in range(orders.size):

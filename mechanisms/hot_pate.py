@@ -20,7 +20,7 @@ from dpledger.accounting.rounding import positive_floor
 from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 from dpledger.mechanisms.distributions import as_float64_array
 from dpledger.mechanisms.pate import histogram_sensitivity_squared, require_generator, validated_counts
-from dpledger.mechanisms.kernels import coordinated_votes
+from dpledger.mechanisms.kernels import _log
 
 
 def vote_histogram(votes, vocabulary_size: int) -> np.ndarray:
@@ -34,6 +34,25 @@ def vote_histogram(votes, vocabulary_size: int) -> np.ndarray:
     counts = np.zeros((flat.shape[0], vocabulary_size), dtype=np.int64)
     np.add.at(counts, (np.arange(flat.shape[0])[:, None], flat), 1)
     return counts.reshape(votes.shape[:-1] + (vocabulary_size,))
+
+
+def coordinated_votes(teachers: torch.Tensor, generator: torch.Generator | None = None,
+                      log_uniform_exp: torch.Tensor | None = None) -> torch.Tensor:
+    """Hot PATE coordinated votes: y_i = argmax_j p_i[j] / u_j with one shared u_j ~ Exp(1).
+
+    Hot PATE (Cohen et al. 2023), coordinated ensembles: the shared exponential draws make each
+    vote's marginal exactly p_i (exponential race) while teachers that agree on the support vote
+    alike. teachers: (..., N, V); returns votes (..., N) as token indices. `log_uniform_exp` may
+    pass log u explicitly (shape (..., V)) for replay.
+    """
+    if log_uniform_exp is None:
+        shape = teachers.shape[:-2] + teachers.shape[-1:]
+        exp_draws = torch.empty(shape, dtype=torch.float64, device=teachers.device).exponential_(generator=generator)
+        log_uniform_exp = torch.log(exp_draws)
+    # a log draw of -inf beside a zero probability would score NaN, which argmax takes as the maximum
+    log_uniform_exp = log_uniform_exp.clamp_min(math.log(torch.finfo(torch.float64).tiny))
+    scores = _log(teachers.double()) - log_uniform_exp.unsqueeze(-2)
+    return torch.argmax(scores, dim=-1)
 
 
 def cast_votes(teachers, coordinated: bool, seed: int) -> np.ndarray:

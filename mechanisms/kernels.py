@@ -1,6 +1,9 @@
-"""Vectorised kernels (torch interfaces): log-space Renyi divergences, PMixED mixing weights,
-leave-one-out losses and their order curves, the add-one bound, coordinated votes. CPU tensors run
-the fused numba kernels of dpledger.mechanisms.fused; tensors on a GPU run torch forms on their device.
+"""Vectorised kernels (torch interfaces): log-space Renyi divergences, PMixED mixing weights (the
+solver dispatch), the mixed teachers and their leave-one-out sums, and the numerics of the
+leave-one-out losses. CPU tensors run the fused numba kernels of dpledger.mechanisms.fused; tensors on
+a GPU run torch forms on their device. The bounds built on them are in modules of their own: Eq. 3
+with its chord certificates in dpledger.mechanisms.leave_one_out, the add-one bound in
+dpledger.mechanisms.add_one; Hot PATE's coordinated votes are in dpledger.mechanisms.hot_pate.
 
 All arithmetic is float64 in log space (float32 underflows at high orders): D_a(P||Q) is
 1/(a-1) * logsumexp_j(log Q_j + a (log P_j - log Q_j)); P_j^a is never formed. Terms with
@@ -10,9 +13,11 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Sequence
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from dpledger.accounting.rounding import ROUNDING_ULPS
 
@@ -21,6 +26,11 @@ _SLACK_PER_ULP = 1.0
 which covers the fused kernels' exp and log (within dpledger.mechanisms.fastmath.MAX_ULPS = 2 ulps of the
 true value) as it covered the C library's; tests/test_differential.py holds both to mpmath."""
 _SLACK_ULPS = ROUNDING_ULPS * _SLACK_PER_ULP
+
+FloatArray = NDArray[np.float64]
+"""A float64 numpy array (the kernels' arithmetic is float64 throughout)."""
+IntArray = NDArray[np.int64]
+"""An int64 numpy array (row indices)."""
 
 
 def _set_threads() -> None:
@@ -44,16 +54,21 @@ def _log(x: torch.Tensor) -> torch.Tensor:
 
 def kernel_threads() -> int:
     """Worker threads for the fused kernels: $DPLEDGER_KERNEL_THREADS, default 1 (robust on shared
-    2-core machines; set 2 for long audits on an otherwise idle machine), at most the cores numba has."""
+    2-core machines; set 2 for long audits on an otherwise idle machine), at most the cores numba has.
+
+    Returns:
+        The number of threads, >= 1 and at most numba's NUMBA_NUM_THREADS.
+    """
     from dpledger.mechanisms.fastmath import prefer_wide_vectors
 
     prefer_wide_vectors()   # before numba is first imported (a no-op after)
     from numba import config
 
-    return max(1, min(int(os.environ.get("DPLEDGER_KERNEL_THREADS", "1")), config.NUMBA_NUM_THREADS))
+    cores: int = config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba.config sets it at import, unannotated
+    return max(1, min(int(os.environ.get("DPLEDGER_KERNEL_THREADS", "1")), cores))
 
 
-def _row_source(shape: tuple[int, ...], batch_shape: tuple[int, ...], rows: np.ndarray) -> np.ndarray:
+def _row_source(shape: tuple[int, ...], batch_shape: tuple[int, ...], rows: IntArray) -> IntArray:
     """Row numbers, in an array of batch shape `shape` (broadcastable to batch_shape), of flat rows."""
     full = np.unravel_index(rows, batch_shape) if batch_shape else ()
     offset = len(batch_shape) - len(shape)
@@ -69,8 +84,22 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
     (dpledger.mechanisms.fused.renyi_log_moments: one pass per order, rows gathered from the broadcast inputs
     without materialising the broadcast); tensors on another device run the same arithmetic in
     torch there (renyi_divergence_orders_torch). Both round up by the same bound.
+
+    Args:
+        log_p: log P, float (any dtype; computed in float64), shape (..., V); -inf marks P_j = 0.
+        log_q: log Q, shape (..., V), broadcastable against log_p over the leading axes.
+        orders: the Renyi orders a > 1, shape (K,) (any shape; flattened).
+
+    Returns:
+        float64 tensor of shape broadcast(P, Q)[:-1] + (K,): D_a(P||Q) in nats, rounded up, >= 0;
+        +inf where P has mass outside Q's support.
+
+    Raises:
+        ValueError: if P and Q have vocabularies of different sizes, or a divergence is NaN (an
+            input holds NaN or inf).
     """
-    batch_shape = tuple(torch.broadcast_shapes(tuple(log_p.shape[:-1]), tuple(log_q.shape[:-1])))
+    # torch.broadcast_shapes is declared without annotations
+    batch_shape = tuple(torch.broadcast_shapes(tuple(log_p.shape[:-1]), tuple(log_q.shape[:-1])))  # type: ignore[no-untyped-call]
     vocab = log_p.shape[-1]
     if log_q.shape[-1] != vocab:
         raise ValueError(f"P and Q must share the vocabulary axis, got {vocab} and {log_q.shape[-1]}")
@@ -91,7 +120,7 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
     return torch.from_numpy(_divergences_from_moments(moments, orders_np).reshape(*batch_shape, orders_np.size))
 
 
-def _divergences_from_moments(moments: np.ndarray, orders: np.ndarray) -> np.ndarray:
+def _divergences_from_moments(moments: FloatArray, orders: FloatArray) -> FloatArray:
     """D_a = g / (a - 1) from g = (a - 1) D_a, rounded up; ValueError for a NaN (a NaN or inf input)."""
     nan = np.isnan(moments)
     if np.any(nan):
@@ -103,8 +132,21 @@ def _divergences_from_moments(moments: np.ndarray, orders: np.ndarray) -> np.nda
 def renyi_divergence_orders_torch(log_p: torch.Tensor, log_q: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
     """renyi_divergence_orders in torch on the inputs' device (a GPU's): one logsumexp per order,
     the same special cases and the same rounding up as the fused kernel. Also the straightforward
-    form the tests hold the fused kernel to."""
-    log_p, log_q = torch.broadcast_tensors(log_p.double(), log_q.double())
+    form the tests hold the fused kernel to.
+
+    Args:
+        log_p: log P, shape (..., V); -inf marks P_j = 0.
+        log_q: log Q, shape (..., V), broadcastable against log_p.
+        orders: the Renyi orders a > 1 (flattened to (K,)).
+
+    Returns:
+        float64 tensor on the inputs' device, shape broadcast(P, Q)[:-1] + (K,): D_a(P||Q) in nats,
+        rounded up, >= 0.
+
+    Raises:
+        ValueError: if a divergence is NaN (an input holds NaN or inf).
+    """
+    log_p, log_q = torch.broadcast_tensors(log_p.double(), log_q.double())  # type: ignore[no-untyped-call]  # unannotated
     orders = orders.to(log_p.device).double().reshape(-1)
     p_zero, q_zero = torch.isneginf(log_p), torch.isneginf(log_q)
     ratio = torch.where(p_zero, -torch.inf, log_p - log_q)
@@ -126,14 +168,35 @@ def renyi_divergence_orders_torch(log_p: torch.Tensor, log_q: torch.Tensor, orde
 
 
 def symmetric_renyi_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
-    """max(D_a(P||Q), D_a(Q||P)) per order (the symmetric divergence of Flemings et al. 2024)."""
+    """max(D_a(P||Q), D_a(Q||P)) per order (the symmetric divergence of Flemings et al. 2024).
+
+    Args:
+        log_p: log P, shape (..., V).
+        log_q: log Q, shape (..., V), broadcastable against log_p.
+        orders: the Renyi orders a > 1, shape (K,).
+
+    Returns:
+        float64 tensor of shape broadcast(P, Q)[:-1] + (K,): D<->_a(P, Q) in nats, rounded up.
+
+    Raises:
+        ValueError: as renyi_divergence_orders (different vocabularies, or NaN).
+    """
     return torch.maximum(renyi_divergence_orders(log_p, log_q, orders), renyi_divergence_orders(log_q, log_p, orders))
 
 
 def max_divergence_symmetric(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
     """max(D_inf(P||Q), D_inf(Q||P)) with D_inf(P||Q) = log max_j P_j / Q_j over P's support
     (van Erven & Harremoes 2014, Theorem 6): shape broadcast(P, Q)[:-1]. +inf where one law has
-    mass outside the other's support. Rounded up by a few ulps of the logs' magnitude."""
+    mass outside the other's support. Rounded up by a few ulps of the logs' magnitude.
+
+    Args:
+        log_p: log P (float64), shape (..., V); -inf marks P_j = 0.
+        log_q: log Q (float64), shape (..., V), broadcastable against log_p.
+
+    Returns:
+        Tensor of shape broadcast(P, Q)[:-1]: D<->_inf(P, Q) in nats, >= 0, rounded up; +inf where a
+        law has mass outside the other's support.
+    """
     p_zero, q_zero = torch.isneginf(log_p), torch.isneginf(log_q)
     # a token outside one law's support counts for the other direction only (log 0 - log 0 is masked)
     forward = torch.where(p_zero, -torch.inf, log_p - log_q)
@@ -150,12 +213,26 @@ def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, r
 
     PMixED projection (Flemings et al. 2024, Algorithm 2 and Appendix C): the ball at one order.
     teachers: (..., N, V); public: (..., V). Returns lambdas (..., N) in float64.
+
+    Args:
+        teachers: the teachers' next-token probabilities, shape (..., N, V).
+        public: the public model's probabilities, shape (..., V).
+        order: the Renyi order alpha > 1 of the ball.
+        radius: the ball's radius in nats (beta alpha in the paper's notation), > 0.
+        relative_tolerance: how close, relative to the radius, the returned lambda's divergence must
+            come to the boundary before the solver stops.
+
+    Returns:
+        float64 tensor (..., N): each teacher's lambda in [0, 1].
+
+    Raises:
+        ValueError: if an input distribution holds NaN (CPU tensors).
     """
     return ball_mixing_weights(teachers, public, (order,), (radius,), None, relative_tolerance)
 
 
-def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, radii, max_radius: float | None = None,
-                        relative_tolerance: float = 1e-10) -> torch.Tensor:
+def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Sequence[float], radii: Sequence[float],
+                        max_radius: float | None = None, relative_tolerance: float = 1e-10) -> torch.Tensor:
     """Largest lambda in [0, 1] per teacher such that the mixed teacher lambda p_i + (1-lambda) p0
     satisfies D<->_k(., p0) <= radius_k at every order k of `orders` and, when `max_radius` is
     given, D<->_inf(., p0) <= max_radius (Flemings et al. 2024, Algorithm 2 and Appendix C).
@@ -169,6 +246,21 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, ra
     `relative_tolerance` * radius of its boundary (or 1e-12 in lambda).
 
     teachers: (..., N, V); public: (..., V). Returns lambdas (..., N) in float64.
+
+    Args:
+        teachers: the teachers' next-token probabilities, shape (..., N, V).
+        public: the public model's probabilities, shape (..., V).
+        orders: the constrained Renyi orders k > 1.
+        radii: the radius in nats at each order of `orders` (same length), > 0.
+        max_radius: the radius of D<->_inf in nats, or None for no such constraint.
+        relative_tolerance: how close, relative to the smallest radius, the returned lambda's
+            constraint must come to the boundary before the solver stops.
+
+    Returns:
+        float64 tensor (..., N): each teacher's lambda in [0, 1].
+
+    Raises:
+        ValueError: if an input distribution holds NaN (CPU tensors).
     """
     if teachers.device.type != "cpu":
         return ball_mixing_weights_torch(teachers, public, orders, radii, max_radius, relative_tolerance=relative_tolerance)
@@ -193,14 +285,30 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders, ra
     return torch.from_numpy(lambdas.reshape(teachers.shape[:-1]))
 
 
-def ball_mixing_weights_torch(teachers: torch.Tensor, public: torch.Tensor, orders, radii,
-                              max_radius: float | None = None, max_iterations: int = 60,
+def ball_mixing_weights_torch(teachers: torch.Tensor, public: torch.Tensor, orders: Sequence[float],
+                              radii: Sequence[float], max_radius: float | None = None, max_iterations: int = 60,
                               relative_tolerance: float = 1e-10) -> torch.Tensor:
     """ball_mixing_weights by the Illinois variant of regula falsi in torch, on the inputs' device,
     for all teachers at once (only teachers infeasible at lambda = 1 are iterated): the form a GPU
     runs, and the straightforward one the tests hold the fused solver to. The largest constraint
     excess is non-decreasing in lambda, so its root is bracketed by [0, 1]; the returned value is
     the feasible end of the bracket ("err on the small side").
+
+    Args:
+        teachers: the teachers' next-token probabilities, shape (..., N, V).
+        public: the public model's probabilities, shape (..., V).
+        orders: the constrained Renyi orders k > 1.
+        radii: the radius in nats at each order of `orders` (same length), > 0.
+        max_radius: the radius of D<->_inf in nats, or None for no such constraint.
+        max_iterations: the most regula falsi steps.
+        relative_tolerance: how close, relative to the smallest radius, the returned lambda's
+            constraint must come to the boundary before the iteration stops.
+
+    Returns:
+        float64 tensor (..., N) on the inputs' device: each teacher's lambda in [0, 1].
+
+    Raises:
+        ValueError: if a divergence evaluated on the way is NaN (an input holds NaN or inf).
     """
     teachers = teachers.double()
     public = public.double()
@@ -257,7 +365,16 @@ def ball_mixing_weights_torch(teachers: torch.Tensor, public: torch.Tensor, orde
 
 
 def mixed_teachers(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor) -> torch.Tensor:
-    """pbar_i = lambda_i p_i + (1 - lambda_i) p0, shape (..., N, V)."""
+    """pbar_i = lambda_i p_i + (1 - lambda_i) p0, shape (..., N, V).
+
+    Args:
+        teachers: the teachers' probabilities p_i, shape (..., N, V).
+        public: the public model's probabilities p0, shape (..., V).
+        lambdas: the mixing weights lambda_i in [0, 1], shape (..., N).
+
+    Returns:
+        float64 tensor (..., N, V): the mixed teachers pbar_i.
+    """
     lam = lambdas.double().unsqueeze(-1)
     return lam * teachers.double() + (1.0 - lam) * public.double().unsqueeze(-2)
 
@@ -269,38 +386,18 @@ def sums_without_each(values: torch.Tensor) -> torch.Tensor:
     loses every digit when teacher i holds almost all of a token's mass (1 - 0.9999999999999999),
     which under-stated Eq. 3 (33.96 against 34.58 for teachers (0.5, 0.5) and (1 - 1e-16, 6e-17)).
     All terms are non-negative, so the sums are accurate to N ulps relative.
+
+    Args:
+        values: non-negative values, shape (..., N, V) (N along axis -2).
+
+    Returns:
+        Tensor of the same shape and dtype: entry i holds the sum over the other N - 1 rows.
     """
     zeros = torch.zeros_like(values[..., :1, :])
     before = torch.cat([zeros, torch.cumsum(values[..., :-1, :], dim=-2)], dim=-2)
     after = torch.flip(torch.cat([zeros, torch.cumsum(torch.flip(values, dims=(-2,))[..., :-1, :], dim=-2)], dim=-2),
                        dims=(-2,))
     return before + after
-
-
-def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: torch.Tensor | None = None,
-                              public: torch.Tensor | None = None) -> torch.Tensor:
-    """D<->_a(p, p_{-i}) for every teacher i and order a, exact at every order: shape (..., N, K).
-
-    p = mean_i pbar_i and p_{-i} = sum_{j != i} pbar_j / (N - 1) (Flemings et al. 2024, Eq. 3),
-    summed without subtraction (`sums_without_each`). The other teachers' lambdas do not change
-    when i is removed (each depends on p_i and p0 only).
-    With `mask` (..., N), only the masked (e.g. Poisson-sampled) teachers form the ensemble:
-    removing an unsampled teacher changes nothing (divergence 0), and removing the only sampled
-    teacher leaves the public model `public` (..., V), PMixED's answer for an empty ensemble.
-    Unmasked CPU input runs the fused kernels (dpledger.mechanisms.fused); the rest runs in torch.
-    """
-    n = mixed.shape[-2]
-    if mask is None and mixed.device.type == "cpu":
-        if n < 2:
-            raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
-        orders_np = orders.detach().cpu().double().numpy().reshape(-1)
-        flat = mixed.detach().double().reshape(-1, n, mixed.shape[-1]).numpy()
-        out = np.empty((flat.shape[0], n, orders_np.size))
-        for row in range(flat.shape[0]):
-            ratios = _LeaveOneOut.of_mixed(flat[row])
-            out[row] = _divergences_from_moments(ratios.moments(np.arange(n), orders_np)[0], orders_np)
-        return torch.from_numpy(out.reshape(*mixed.shape[:-1], orders_np.size))
-    return leave_one_out_divergences_torch(mixed, orders, mask, public)
 
 
 _SCALE_BELOW = 2.0 ** -900
@@ -322,8 +419,17 @@ class _LeaveOneOut:
     normal range (dpledger.mechanisms.fused.RATIO_RANGE) gets its log from log p_-i - log p. In either case
     the log-moments read logs only (`shifted_only`), never the unscaled p or such a ratio."""
 
-    def __init__(self, teachers: np.ndarray, public: np.ndarray, lambdas: np.ndarray,
-                 reuse: "_LeaveOneOut | None" = None):
+    scaled: bool
+    output: FloatArray
+    log_output: FloatArray
+    ratios: FloatArray
+    log_ratios: FloatArray
+    spans: FloatArray
+    shifted_only: bool
+    magnitude: float
+
+    def __init__(self, teachers: FloatArray, public: FloatArray, lambdas: FloatArray,
+                 reuse: "_LeaveOneOut | None" = None) -> None:
         from dpledger.mechanisms.fused import RATIO_RANGE, leave_one_out_log_ratios
 
         teachers = np.ascontiguousarray(teachers, dtype=np.float64)
@@ -359,12 +465,12 @@ class _LeaveOneOut:
             raise ValueError("Renyi divergence is NaN: a mixed teacher holds NaN")
 
     @classmethod
-    def of_mixed(cls, mixed: np.ndarray) -> "_LeaveOneOut":
+    def of_mixed(cls, mixed: FloatArray) -> "_LeaveOneOut":
         """From already mixed teachers (lambda 1 on each, so pbar_i = mixed_i)."""
         return cls(mixed, np.zeros(mixed.shape[1]), np.ones(mixed.shape[0]))
 
-    def moments(self, rows: np.ndarray, orders: np.ndarray,
-                wanted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def moments(self, rows: IntArray, orders: FloatArray,
+                wanted: NDArray[np.bool_] | None = None) -> tuple[FloatArray, FloatArray]:
         """(g, dg/da) for teachers `rows` at `orders`: g = (a - 1) D<->_a(p, p_-i), rounded up; with
         `wanted` (rows x orders, bool) only those pairs are computed (the rest are NaN)."""
         from dpledger.mechanisms.fused import leave_one_out_log_moments
@@ -380,134 +486,27 @@ class _LeaveOneOut:
         return values, slopes
 
 
-def _has_tiny_positive(values: np.ndarray) -> bool:
+def _has_tiny_positive(values: FloatArray) -> bool:
     return bool(np.any((values > 0.0) & (values < _SCALE_BELOW)))
-
-
-def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor, orders,
-                        relative_tolerance: float | None = 0.005) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
-    """max_i D<->_a(p, p_{-i}) (Flemings et al. 2024, Eq. 3) at every order of the sorted grid
-    `orders`, for the ensemble of mixed teachers lambda_i p_i + (1 - lambda_i) p0: exact on a
-    sub-grid, a sound upper bound within `relative_tolerance` of the exact value everywhere else.
-    teachers (..., N, V), public (..., V), lambdas (..., N) -> (values (..., K), exact (..., K) bool,
-    p = the mixed teachers' mean (..., V)).
-
-    Why it is sound: g_i(a) = (a - 1) D_a(P || Q) = log sum_j Q_j exp(a log(P_j / Q_j)) is the log
-    of a sum of exponentials of affine functions of a, hence convex in a (Hoelder's inequality; van
-    Erven & Harremoes 2014, Corollary 2), and so is the larger of the two directions. Between two
-    sub-grid orders s < t, g_i lies under its chord; at s and t it lies above its tangents (the
-    kernel gives the derivative). So max_i chord_i(a) >= max_i g_i(a) >= max_i tangent_i(a), and the
-    sub-grid is refined (the interval with the widest gap is bisected) until
-    max chord <= (1 + relative_tolerance) max tangent at every grid order. A teacher whose chord at
-    a new order lies below the lower bound there cannot be the maximum and is not evaluated (its
-    chord value stands in, still an upper bound). relative_tolerance=None evaluates every teacher at
-    every order (exact everywhere, in the same arithmetic). Tensors on a GPU get exact values at
-    every order (leave_one_out_divergences there), all marked exact.
-    """
-    grid = np.asarray(orders, dtype=np.float64).reshape(-1)
-    if not np.all(np.diff(grid) > 0):
-        raise ValueError("leave_one_out_curve needs strictly increasing orders")
-    n = teachers.shape[-2]
-    if n < 2:
-        raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
-    if teachers.device.type != "cpu":
-        mixed = mixed_teachers(teachers, public, lambdas)
-        exact = leave_one_out_divergences(mixed, torch.from_numpy(grid).to(mixed.device)).amax(dim=-2)
-        values = exact.cpu().numpy()
-        return values, np.ones(values.shape, dtype=bool), mixed.mean(dim=-2)
-    vocab = teachers.shape[-1]
-    flat_teachers = teachers.detach().double().reshape(-1, n, vocab).numpy()
-    flat_public = public.detach().double().reshape(-1, vocab).numpy()
-    flat_lambdas = lambdas.detach().double().reshape(-1, n).numpy()
-    values = np.empty((flat_teachers.shape[0], grid.size))
-    exact = np.zeros((flat_teachers.shape[0], grid.size), dtype=bool)
-    output = np.empty((flat_teachers.shape[0], vocab))
-    ratios = None
-    for row in range(flat_teachers.shape[0]):
-        ratios = _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios)
-        if relative_tolerance is None:
-            values[row] = _divergences_from_moments(ratios.moments(np.arange(n), grid)[0].max(axis=0)[None], grid)[0]
-            exact[row] = True
-        else:
-            values[row], exact[row] = _refined_curve(ratios, n, grid, relative_tolerance)
-        output[row] = ratios.output
-    batch = tuple(teachers.shape[:-2])
-    return (values.reshape(*batch, grid.size), exact.reshape(*batch, grid.size),
-            torch.from_numpy(output.reshape(*batch, vocab)))
-
-
-def _seed_indices(grid: np.ndarray) -> list[int]:
-    """The first sub-grid, where every teacher is evaluated: both ends and the orders nearest 4 and 32."""
-    seeds = {0, grid.size - 1} | {int(np.argmin(np.abs(grid - a))) for a in (4.0, 32.0)}
-    return sorted(seeds)
-
-
-def _refined_curve(ratios: "_LeaveOneOut", n: int, grid: np.ndarray, tolerance: float):
-    """leave_one_out_curve for one step: (D values (K,), exact mask (K,)). Each round bisects every
-    interval whose certificate fails, evaluating the new orders in one kernel call."""
-    size = grid.size
-    upper = np.full((n, size), np.nan)        # g_i at evaluated orders, or its chord (an upper bound)
-    slope = np.full((n, size), np.nan)        # g_i' where g_i was evaluated there
-    done = np.zeros(size, dtype=bool)
-    seeds = np.asarray(_seed_indices(grid))
-    upper[:, seeds], slope[:, seeds] = ratios.moments(np.arange(n), grid[seeds])   # each row read once
-    done[seeds] = True
-    if np.isinf(upper[:, done]).any():          # mass outside a neighbour's support: infinite at every order
-        return np.full(size, np.inf), done.copy()
-    while not done.all():                        # (a grid of one to four orders is all seeds)
-        anchors = np.flatnonzero(done)
-        chords, bound, floor = _chord_and_tangent_bounds(grid, anchors, upper, slope)
-        failing = (bound - (1.0 + tolerance) * floor > 1e-300) & ~done
-        if not failing.any():
-            break
-        position = np.searchsorted(anchors, np.flatnonzero(failing)) - 1
-        new = np.unique((anchors[position] + anchors[position + 1]) // 2)   # the middle of each failing interval
-        candidates = chords[:, new] > floor[new]     # a teacher whose chord is below the lower bound is not the max
-        candidates[np.argmax(chords[:, new], axis=0), np.arange(new.size)] = True   # at least one per order
-        rows = np.flatnonzero(candidates.any(axis=1))
-        upper[:, new] = chords[:, new]               # stand-ins, still upper bounds
-        wanted = candidates[rows]
-        value, derivative = ratios.moments(rows, grid[new], wanted)
-        block_upper, block_slope = upper[np.ix_(rows, new)], slope[np.ix_(rows, new)]
-        upper[np.ix_(rows, new)] = np.where(wanted, value, block_upper)
-        slope[np.ix_(rows, new)] = np.where(wanted, derivative, block_slope)
-        done[new] = True
-    if done.all():
-        return _divergences_from_moments(upper.max(axis=0)[None], grid)[0], done.copy()
-    anchors = np.flatnonzero(done)
-    _, bound, _ = _chord_and_tangent_bounds(grid, anchors, upper, slope)
-    # between sub-grid orders the chord bounds the true value; twice the kernel's rounding allowance
-    # on top keeps it above what the kernel itself would return there (which carries that allowance)
-    allowance = _SLACK_ULPS * ((grid + 1.0) * ratios.magnitude + np.log2(ratios.output.size) + 2.0 + np.abs(bound))
-    # (a chord through zeros is exactly zero: g_i >= 0 is convex and vanishes at both ends)
-    moments = np.where(done | (bound == 0.0), bound, bound + 2.0 * allowance)
-    return _divergences_from_moments(moments[None], grid)[0], done.copy()
-
-
-def _chord_and_tangent_bounds(grid: np.ndarray, anchors: np.ndarray, upper: np.ndarray, slope: np.ndarray):
-    """(every teacher's chord between the sub-grid orders enclosing each grid order (n, K), rounded
-    up; their max over teachers (K,), the exact max at sub-grid orders; the max over evaluated
-    teachers of their tangents at those two orders (K,), a lower bound, the max itself at sub-grid orders)."""
-    size = grid.size
-    position = np.clip(np.searchsorted(anchors, np.arange(size), side="right") - 1, 0, anchors.size - 2)
-    left, right = anchors[position], anchors[position + 1]
-    weight = (grid - grid[left]) / (grid[right] - grid[left])
-    chords = ((1.0 - weight) * upper[:, left] + weight * upper[:, right]) * (1.0 + 4.0 * ROUNDING_ULPS)
-    with np.errstate(invalid="ignore"):
-        tangents = np.maximum(upper[:, left] + slope[:, left] * (grid - grid[left]),
-                              upper[:, right] + slope[:, right] * (grid - grid[right]))
-    on_anchor = np.zeros(size, dtype=bool)
-    on_anchor[anchors] = True
-    chords[:, on_anchor] = upper[:, on_anchor]
-    bound = chords.max(axis=0)
-    floor = np.where(on_anchor, bound, np.where(np.isnan(tangents), -np.inf, tangents).max(axis=0))
-    return chords, bound, np.maximum(floor, 0.0)
 
 
 def leave_one_out_divergences_torch(mixed: torch.Tensor, orders: torch.Tensor, mask: torch.Tensor | None = None,
                                     public: torch.Tensor | None = None) -> torch.Tensor:
     """leave_one_out_divergences in torch on the inputs' device (and with a Poisson mask): the GPU
-    form, and the straightforward one the tests hold the fused kernels to."""
+    form, and the straightforward one the tests hold the fused kernels to.
+
+    Args:
+        mixed: the mixed teachers pbar_i, shape (..., N, V).
+        orders: the Renyi orders a > 1, shape (K,).
+        mask: which teachers are in the ensemble, bool shape (..., N), or None for all of them.
+        public: the public model's probabilities, shape (..., V); required with a mask.
+
+    Returns:
+        float64 tensor (..., N, K): D<->_a(p, p_{-i}) in nats, rounded up (0 for an unmasked teacher).
+
+    Raises:
+        ValueError: if N < 2 without a mask, a mask comes without `public`, or a divergence is NaN.
+    """
     n = mixed.shape[-2]
     if mask is None:
         if n < 2:
@@ -532,22 +531,3 @@ def leave_one_out_divergences_torch(mixed: torch.Tensor, orders: torch.Tensor, m
     identical = (mixed == public.double().unsqueeze(-2)).all(dim=-1).all(dim=-1)
     zero = ~mask.unsqueeze(-1) | identical[..., None, None]
     return torch.where(zero, torch.zeros_like(divergences), divergences)
-
-
-def coordinated_votes(teachers: torch.Tensor, generator: torch.Generator | None = None,
-                      log_uniform_exp: torch.Tensor | None = None) -> torch.Tensor:
-    """Hot PATE coordinated votes: y_i = argmax_j p_i[j] / u_j with one shared u_j ~ Exp(1).
-
-    Hot PATE (Cohen et al. 2023), coordinated ensembles: the shared exponential draws make each
-    vote's marginal exactly p_i (exponential race) while teachers that agree on the support vote
-    alike. teachers: (..., N, V); returns votes (..., N) as token indices. `log_uniform_exp` may
-    pass log u explicitly (shape (..., V)) for replay.
-    """
-    if log_uniform_exp is None:
-        shape = teachers.shape[:-2] + teachers.shape[-1:]
-        exp_draws = torch.empty(shape, dtype=torch.float64, device=teachers.device).exponential_(generator=generator)
-        log_uniform_exp = torch.log(exp_draws)
-    # a log draw of -inf beside a zero probability would score NaN, which argmax takes as the maximum
-    log_uniform_exp = log_uniform_exp.clamp_min(math.log(torch.finfo(torch.float64).tiny))
-    scores = _log(teachers.double()) - log_uniform_exp.unsqueeze(-2)
-    return torch.argmax(scores, dim=-1)

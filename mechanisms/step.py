@@ -19,7 +19,8 @@ from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, n
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.ball import Ball
 from dpledger.mechanisms.distributions import validated_ensemble
-from dpledger.mechanisms.kernels import leave_one_out_curve, mixed_teachers
+from dpledger.mechanisms.kernels import mixed_teachers
+from dpledger.mechanisms.leave_one_out import leave_one_out_curve
 
 
 @dataclass(frozen=True)

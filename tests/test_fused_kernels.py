@@ -20,10 +20,10 @@ from dpledger.mechanisms.adapmixed import AdaPMixED
 from dpledger.mechanisms.divergence import renyi_divergence
 from dpledger.mechanisms.fastmath import vexp, vexpm1, vlog
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
-from dpledger.mechanisms.kernels import (ball_mixing_weights, ball_mixing_weights_torch,
-                                leave_one_out_curve, leave_one_out_divergences, leave_one_out_divergences_torch,
+from dpledger.mechanisms.kernels import (ball_mixing_weights, ball_mixing_weights_torch, leave_one_out_divergences_torch,
                                 mixed_teachers, mixing_weights, renyi_divergence_orders,
                                 renyi_divergence_orders_torch)
+from dpledger.mechanisms.leave_one_out import leave_one_out_curve, leave_one_out_divergences
 from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints
 from dpledger.mechanisms.pmixed import PMixED
 from tests.straightforward import reference_add_one_bounds, reference_renyi_orders
@@ -292,7 +292,8 @@ def test_sub_grid_curve_on_grids_of_a_few_orders_is_exact(orders):
 
 _WIDTH_PROBE = """
 import json, os, numpy as np, torch
-from dpledger.mechanisms.kernels import leave_one_out_curve, mixing_weights
+from dpledger.mechanisms.kernels import mixing_weights
+from dpledger.mechanisms.leave_one_out import leave_one_out_curve
 rng = np.random.default_rng(0)
 z = 4.5 * rng.standard_normal(300)
 soft = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)

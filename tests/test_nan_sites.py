@@ -12,7 +12,8 @@ import torch
 from dpledger.accounting import DEFAULT_ORDERS, PrivacyLedger, RdpCurve, delta_from_rdp
 from dpledger.mechanisms import (GNMax, Mechanism, NoisyScreening, PMixED, PoissonSubsampledGaussian, amplified_rdp,
                         data_dependent_gnmax_rdp, data_dependent_pmixed_values, log_q_gnmax, theorem_3_1_epsilon)
-from dpledger.mechanisms.kernels import leave_one_out_divergences, mixing_weights, renyi_divergence_orders
+from dpledger.mechanisms.kernels import mixing_weights, renyi_divergence_orders
+from dpledger.mechanisms.leave_one_out import leave_one_out_divergences
 from tests.conftest import lm_like
 
 NAN = float("nan")

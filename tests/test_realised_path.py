@@ -12,7 +12,8 @@ import torch
 
 from dpledger.decoding.runners import adapmixed_runner
 from dpledger.mechanisms import NoisyScreening, renyi_divergence
-from dpledger.mechanisms.kernels import leave_one_out_divergences, mixed_teachers
+from dpledger.mechanisms.kernels import mixed_teachers
+from dpledger.mechanisms.leave_one_out import leave_one_out_divergences
 
 ORDERS = np.array([1.5, 2.0, 4.0, 8.0, 18.0])
 

@@ -1,0 +1,198 @@
+"""Flemings et al. 2024, Eq. 3: PMixED's data-dependent privacy loss max_i D<->_a(p, p_{-i}) of one
+step (removing teacher i from the ensemble of mixed teachers), exact at every order
+(`leave_one_out_divergences`), and its curve over a grid of orders with chord certificates
+(`leave_one_out_curve`: exact on a sub-grid, a certified upper bound in between).
+
+The numerics it runs on (the fused CPU kernels and their torch forms on a GPU, with the same rounding
+up) are in dpledger.mechanisms.kernels.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numpy.typing import ArrayLike, NDArray
+
+from dpledger.accounting.rounding import ROUNDING_ULPS
+from dpledger.mechanisms.kernels import (_SLACK_ULPS, FloatArray, IntArray, _divergences_from_moments, _LeaveOneOut,
+                                         leave_one_out_divergences_torch, mixed_teachers)
+
+
+def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: torch.Tensor | None = None,
+                              public: torch.Tensor | None = None) -> torch.Tensor:
+    """D<->_a(p, p_{-i}) for every teacher i and order a, exact at every order: shape (..., N, K).
+
+    p = mean_i pbar_i and p_{-i} = sum_{j != i} pbar_j / (N - 1) (Flemings et al. 2024, Eq. 3),
+    summed without subtraction (`sums_without_each`). The other teachers' lambdas do not change
+    when i is removed (each depends on p_i and p0 only).
+    With `mask` (..., N), only the masked (e.g. Poisson-sampled) teachers form the ensemble:
+    removing an unsampled teacher changes nothing (divergence 0), and removing the only sampled
+    teacher leaves the public model `public` (..., V), PMixED's answer for an empty ensemble.
+    Unmasked CPU input runs the fused kernels (dpledger.mechanisms.fused); the rest runs in torch.
+
+    Args:
+        mixed: the mixed teachers pbar_i, shape (..., N, V).
+        orders: the Renyi orders a > 1, shape (K,).
+        mask: which teachers are in the ensemble, bool shape (..., N), or None for all of them.
+        public: the public model's probabilities, shape (..., V); required with a mask.
+
+    Returns:
+        float64 tensor (..., N, K): D<->_a(p, p_{-i}) in nats for every teacher i, rounded up.
+
+    Raises:
+        ValueError: if N < 2 without a mask, a mask comes without `public`, or a divergence is NaN
+            (an input holds NaN).
+    """
+    n = mixed.shape[-2]
+    if mask is None and mixed.device.type == "cpu":
+        if n < 2:
+            raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
+        orders_np = orders.detach().cpu().double().numpy().reshape(-1)
+        flat = mixed.detach().double().reshape(-1, n, mixed.shape[-1]).numpy()
+        out = np.empty((flat.shape[0], n, orders_np.size))
+        for row in range(flat.shape[0]):
+            ratios = _LeaveOneOut.of_mixed(flat[row])
+            out[row] = _divergences_from_moments(ratios.moments(np.arange(n), orders_np)[0], orders_np)
+        return torch.from_numpy(out.reshape(*mixed.shape[:-1], orders_np.size))
+    return leave_one_out_divergences_torch(mixed, orders, mask, public)
+
+
+
+def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor, orders: ArrayLike,
+                        relative_tolerance: float | None = 0.005
+                        ) -> tuple[FloatArray, NDArray[np.bool_], torch.Tensor]:
+    """max_i D<->_a(p, p_{-i}) (Flemings et al. 2024, Eq. 3) at every order of the sorted grid
+    `orders`, for the ensemble of mixed teachers lambda_i p_i + (1 - lambda_i) p0: exact on a
+    sub-grid, a sound upper bound within `relative_tolerance` of the exact value everywhere else.
+    teachers (..., N, V), public (..., V), lambdas (..., N) -> (values (..., K), exact (..., K) bool,
+    p = the mixed teachers' mean (..., V)).
+
+    Why it is sound: g_i(a) = (a - 1) D_a(P || Q) = log sum_j Q_j exp(a log(P_j / Q_j)) is the log
+    of a sum of exponentials of affine functions of a, hence convex in a (Hoelder's inequality; van
+    Erven & Harremoes 2014, Corollary 2), and so is the larger of the two directions. Between two
+    sub-grid orders s < t, g_i lies under its chord; at s and t it lies above its tangents (the
+    kernel gives the derivative). So max_i chord_i(a) >= max_i g_i(a) >= max_i tangent_i(a), and the
+    sub-grid is refined (the interval with the widest gap is bisected) until
+    max chord <= (1 + relative_tolerance) max tangent at every grid order. A teacher whose chord at
+    a new order lies below the lower bound there cannot be the maximum and is not evaluated (its
+    chord value stands in, still an upper bound). relative_tolerance=None evaluates every teacher at
+    every order (exact everywhere, in the same arithmetic). Tensors on a GPU get exact values at
+    every order (leave_one_out_divergences there), all marked exact.
+
+    Args:
+        teachers: the teachers' probabilities p_i, shape (..., N, V), N >= 2.
+        public: the public model's probabilities p0, shape (..., V).
+        lambdas: the mixing weights lambda_i in [0, 1], shape (..., N).
+        orders: the Renyi orders a > 1, strictly increasing, shape (K,).
+        relative_tolerance: the certificate's relative gap between the chord bound and the tangent
+            lower bound (0.005: within 0.5%); None evaluates every teacher at every order.
+
+    Returns:
+        (values, exact, p): values float64 (..., K), max_i D<->_a(p, p_{-i}) in nats (exact or an
+        upper bound); exact bool (..., K), True where the value was evaluated exactly; p the mixed
+        teachers' mean, float64 tensor (..., V).
+
+    Raises:
+        ValueError: if the orders are not strictly increasing, N < 2, or a divergence is NaN (an
+            input holds NaN).
+    """
+    grid = np.asarray(orders, dtype=np.float64).reshape(-1)
+    if not np.all(np.diff(grid) > 0):
+        raise ValueError("leave_one_out_curve needs strictly increasing orders")
+    n = teachers.shape[-2]
+    if n < 2:
+        raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
+    if teachers.device.type != "cpu":
+        mixed = mixed_teachers(teachers, public, lambdas)
+        exact_values = leave_one_out_divergences(mixed, torch.from_numpy(grid).to(mixed.device)).amax(dim=-2)
+        values = exact_values.cpu().numpy()
+        return values, np.ones(values.shape, dtype=bool), mixed.mean(dim=-2)
+    vocab = teachers.shape[-1]
+    flat_teachers = teachers.detach().double().reshape(-1, n, vocab).numpy()
+    flat_public = public.detach().double().reshape(-1, vocab).numpy()
+    flat_lambdas = lambdas.detach().double().reshape(-1, n).numpy()
+    values = np.empty((flat_teachers.shape[0], grid.size))
+    exact = np.zeros((flat_teachers.shape[0], grid.size), dtype=bool)
+    output = np.empty((flat_teachers.shape[0], vocab))
+    ratios = None
+    for row in range(flat_teachers.shape[0]):
+        ratios = _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios)
+        if relative_tolerance is None:
+            values[row] = _divergences_from_moments(ratios.moments(np.arange(n), grid)[0].max(axis=0)[None], grid)[0]
+            exact[row] = True
+        else:
+            values[row], exact[row] = _refined_curve(ratios, n, grid, relative_tolerance)
+        output[row] = ratios.output
+    batch = tuple(teachers.shape[:-2])
+    return (values.reshape(*batch, grid.size), exact.reshape(*batch, grid.size),
+            torch.from_numpy(output.reshape(*batch, vocab)))
+
+
+def _seed_indices(grid: FloatArray) -> list[int]:
+    """The first sub-grid, where every teacher is evaluated: both ends and the orders nearest 4 and 32."""
+    seeds = {0, grid.size - 1} | {int(np.argmin(np.abs(grid - a))) for a in (4.0, 32.0)}
+    return sorted(seeds)
+
+
+def _refined_curve(ratios: _LeaveOneOut, n: int, grid: FloatArray,
+                   tolerance: float) -> tuple[FloatArray, NDArray[np.bool_]]:
+    """leave_one_out_curve for one step: (D values (K,), exact mask (K,)). Each round bisects every
+    interval whose certificate fails, evaluating the new orders in one kernel call."""
+    size = grid.size
+    upper = np.full((n, size), np.nan)        # g_i at evaluated orders, or its chord (an upper bound)
+    slope = np.full((n, size), np.nan)        # g_i' where g_i was evaluated there
+    done = np.zeros(size, dtype=bool)
+    seeds = np.asarray(_seed_indices(grid))
+    upper[:, seeds], slope[:, seeds] = ratios.moments(np.arange(n), grid[seeds])   # each row read once
+    done[seeds] = True
+    if np.isinf(upper[:, done]).any():          # mass outside a neighbour's support: infinite at every order
+        return np.full(size, np.inf), done.copy()
+    while not done.all():                        # (a grid of one to four orders is all seeds)
+        anchors = np.flatnonzero(done)
+        chords, bound, floor = _chord_and_tangent_bounds(grid, anchors, upper, slope)
+        failing = (bound - (1.0 + tolerance) * floor > 1e-300) & ~done
+        if not failing.any():
+            break
+        position = np.searchsorted(anchors, np.flatnonzero(failing)) - 1
+        new = np.unique((anchors[position] + anchors[position + 1]) // 2)   # the middle of each failing interval
+        candidates = chords[:, new] > floor[new]     # a teacher whose chord is below the lower bound is not the max
+        candidates[np.argmax(chords[:, new], axis=0), np.arange(new.size)] = True   # at least one per order
+        rows = np.flatnonzero(candidates.any(axis=1))
+        upper[:, new] = chords[:, new]               # stand-ins, still upper bounds
+        wanted = candidates[rows]
+        value, derivative = ratios.moments(rows, grid[new], wanted)
+        block_upper, block_slope = upper[np.ix_(rows, new)], slope[np.ix_(rows, new)]
+        upper[np.ix_(rows, new)] = np.where(wanted, value, block_upper)
+        slope[np.ix_(rows, new)] = np.where(wanted, derivative, block_slope)
+        done[new] = True
+    if done.all():
+        return _divergences_from_moments(upper.max(axis=0)[None], grid)[0], done.copy()
+    anchors = np.flatnonzero(done)
+    _, bound, _ = _chord_and_tangent_bounds(grid, anchors, upper, slope)
+    # between sub-grid orders the chord bounds the true value; twice the kernel's rounding allowance
+    # on top keeps it above what the kernel itself would return there (which carries that allowance)
+    allowance = _SLACK_ULPS * ((grid + 1.0) * ratios.magnitude + np.log2(ratios.output.size) + 2.0 + np.abs(bound))
+    # (a chord through zeros is exactly zero: g_i >= 0 is convex and vanishes at both ends)
+    moments = np.where(done | (bound == 0.0), bound, bound + 2.0 * allowance)
+    return _divergences_from_moments(moments[None], grid)[0], done.copy()
+
+
+def _chord_and_tangent_bounds(grid: FloatArray, anchors: IntArray, upper: FloatArray,
+                              slope: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """(every teacher's chord between the sub-grid orders enclosing each grid order (n, K), rounded
+    up; their max over teachers (K,), the exact max at sub-grid orders; the max over evaluated
+    teachers of their tangents at those two orders (K,), a lower bound, the max itself at sub-grid orders)."""
+    size = grid.size
+    position = np.clip(np.searchsorted(anchors, np.arange(size), side="right") - 1, 0, anchors.size - 2)
+    left, right = anchors[position], anchors[position + 1]
+    weight = (grid - grid[left]) / (grid[right] - grid[left])
+    chords = ((1.0 - weight) * upper[:, left] + weight * upper[:, right]) * (1.0 + 4.0 * ROUNDING_ULPS)
+    with np.errstate(invalid="ignore"):
+        tangents = np.maximum(upper[:, left] + slope[:, left] * (grid - grid[left]),
+                              upper[:, right] + slope[:, right] * (grid - grid[right]))
+    on_anchor = np.zeros(size, dtype=bool)
+    on_anchor[anchors] = True
+    chords[:, on_anchor] = upper[:, on_anchor]
+    bound = chords.max(axis=0)
+    floor = np.where(on_anchor, bound, np.where(np.isnan(tangents), -np.inf, tangents).max(axis=0))
+    return chords, bound, np.maximum(floor, 0.0)
+
