@@ -87,7 +87,7 @@ def test_trace_layout_ledger_and_recorded_step_match_pure_mechanism_code(micro_m
     curve = data_dependent_pmixed_curve(pmixed, teachers[row].numpy(), public[row].numpy(), lambdas, manifest["orders"],
                                         relation="add_or_remove_one")
     assert manifest["mechanism"]["component_relations"]["pmixed_data_dependent"] == "add_or_remove_one"
-    # charged: exact on a sub-grid, a chord bound within 0.5% between (dpledger.mechanisms.kernels.leave_one_out_curve)
+    # charged: exact on a sub-grid, a chord bound within 0.5% between (dpledger.mechanisms.leave_one_out.leave_one_out_curve)
     charged = np.asarray(record["rdp_pmixed_data_dependent"])
     assert np.all(charged >= curve.values * (1 - 1e-12)) and np.all(charged <= curve.values * 1.006)
     output = pmixed.output_distribution(teachers[row].numpy(), public[row].numpy(), lambdas)

@@ -105,7 +105,7 @@ def test_mixing_weights_of_a_nan_teacher_raise_instead_of_lambda_one(rng):
 
 
 def test_leave_one_out_with_nan_raises(rng):
-    """kernels.leave_one_out_divergences: `.clamp_min(0)` keeps NaN, `.max` over teachers picks it."""
+    """leave_one_out.leave_one_out_divergences: `.clamp_min(0)` keeps NaN, `.max` over teachers picks it."""
     mixed = torch.from_numpy(lm_like(rng, 6, batch=(3,)))
     mixed[0, 2] = NAN
     with pytest.raises(ValueError, match="NaN"):
