@@ -118,7 +118,8 @@ class Mechanism(abc.ABC):
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "rdp_values" in cls.__dict__ and not getattr(cls.__dict__["rdp_values"], "__isabstractmethod__", False):
-            setattr(cls, "rdp_values", _checked_rdp_values(cls.__dict__["rdp_values"]))
+            # replaced on the class object itself (mypy refuses assigning to a method name)
+            type.__setattr__(cls, "rdp_values", _checked_rdp_values(cls.__dict__["rdp_values"]))
 
     @abc.abstractmethod
     def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -210,7 +211,14 @@ class ComposedMechanism(Mechanism):
         return any(part.data_dependent for part in self.parts)
 
     def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
-        """The parts' values summed order by order, rounded upwards (dpledger.accounting.summation)."""
+        """The parts' values summed order by order, rounded upwards (dpledger.accounting.summation).
+
+        Args:
+            orders: Renyi orders, a 1-D float64 array, each finite and > 1.
+
+        Returns:
+            A float64 array of the same shape: the upward-rounded sum of the parts' values.
+        """
         return upper_sum(np.stack([part.rdp_values(orders) for part in self.parts]))
 
     def dp_event(self) -> DpEvent | None:
