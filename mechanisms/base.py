@@ -112,8 +112,17 @@ class Mechanism(abc.ABC):
     Definition 5). Every subclass's `rdp_values` is wrapped so that its orders and values are checked.
     """
 
-    relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
-    data_dependent: bool = False
+    if TYPE_CHECKING:
+        # read-only to the type checker: a spec overrides them with dataclass fields, class attributes or
+        # properties (a composition's relation is its parts'), and every spec is frozen
+        @property
+        def relation(self) -> NeighbouringRelation: ...
+
+        @property
+        def data_dependent(self) -> bool: ...
+    else:
+        relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
+        data_dependent: bool = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -199,7 +208,7 @@ class ComposedMechanism(Mechanism):
         _ = self.relation  # refuses parts that cover no common neighbouring pair
 
     @property
-    def relation(self) -> NeighbouringRelation:  # type: ignore[override]
+    def relation(self) -> NeighbouringRelation:
         """The neighbours every part covers (NeighbouringRelation.composed_with)."""
         relation = self.parts[0].relation
         for part in self.parts[1:]:
@@ -207,7 +216,7 @@ class ComposedMechanism(Mechanism):
         return relation
 
     @property
-    def data_dependent(self) -> bool:  # type: ignore[override]
+    def data_dependent(self) -> bool:
         return any(part.data_dependent for part in self.parts)
 
     def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -246,11 +255,11 @@ class SelfComposedMechanism(Mechanism):
                       times=require_int_at_least("times", self.times, 0))
 
     @property
-    def relation(self) -> NeighbouringRelation:  # type: ignore[override]
+    def relation(self) -> NeighbouringRelation:
         return self.mechanism.relation
 
     @property
-    def data_dependent(self) -> bool:  # type: ignore[override]
+    def data_dependent(self) -> bool:
         return self.mechanism.data_dependent
 
     def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:

@@ -24,11 +24,11 @@ class CustomCurveMechanism(Mechanism):
         require_curve(self.curve)
 
     @property
-    def relation(self) -> NeighbouringRelation:  # type: ignore[override]
+    def relation(self) -> NeighbouringRelation:
         return self.curve.relation
 
     @property
-    def data_dependent(self) -> bool:  # type: ignore[override]
+    def data_dependent(self) -> bool:
         return self.curve.data_dependent
 
     def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:

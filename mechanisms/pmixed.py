@@ -433,7 +433,7 @@ class SubsampledPMixED(Mechanism):
                         f"{self.sampling_probability:g}, got {self.realised_size}")
 
     @property
-    def relation(self) -> NeighbouringRelation:  # type: ignore[override]
+    def relation(self) -> NeighbouringRelation:
         return self.pmixed.relation
 
     @property
