@@ -96,13 +96,13 @@ def laplace_rdp(orders: npt.ArrayLike, ratio: float) -> NDArray[np.float64]:
 
     Args:
         orders: Renyi orders, each finite and > 1.
-        ratio: t = sensitivity / scale, > 0 (+inf gives +inf).
+        ratio: t = sensitivity / scale, finite and > 0.
 
     Returns:
         A float64 array, f_a(t) at each order.
 
     Raises:
-        ValueError: if an order is not finite and > 1 or ratio is not > 0.
+        ValueError: if an order is not finite and > 1 or ratio is not finite and > 0.
     """
     a = validated_orders(orders)
     t = require_positive("ratio", ratio)
