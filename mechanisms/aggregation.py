@@ -29,10 +29,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import MISSING, dataclass, field
-from typing import Any, ClassVar, Mapping, NamedTuple
+from typing import Any, ClassVar, Iterable, Mapping, NamedTuple, Self, Sequence, TypedDict, TypeVar, Unpack
 
 import numpy as np
+import numpy.typing as npt
 import torch
+from numpy.typing import NDArray
 
 from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.errors import require, require_int_at_least
@@ -46,14 +48,41 @@ COMMANDS = frozenset({"account", "calibrate", "verify", "decode"})
 _REGISTERED: dict[str, type["VoteAggregator"]] = {}
 
 
+class AggregatorContext(TypedDict, total=False):
+    """An aggregator's context fields, as keyword arguments (see the module docstring)."""
+
+    teachers: int | None
+    relation: NeighbouringRelation
+    accounting: PathAccounting
+
+
 def parameter(*, help: str, unit: str, default: Any = MISSING, type: type = float, symbol: str | None = None,
-              commands=COMMANDS, calibrate_default: Any = MISSING, metavar: str | None = None,
+              commands: Iterable[str] = COMMANDS, calibrate_default: Any = MISSING, metavar: str | None = None,
               decode_required: bool = False) -> Any:
     """A parameter field of an aggregator: `help` (one phrase: what it is), `unit` ("votes", "unitless", ...),
     `type` (float, int or bool: how a flag parses it and a config must spell it), `symbol` (its name in report
     labels, e.g. "T"; None keeps it out of them), `commands` (where it is read, a subset of COMMANDS),
     `calibrate_default` (its value when `dpledger calibrate` is not given it, where that differs from
-    `default`), the flag's `metavar`, and `decode_required` (a decode needs it though accounting does not)."""
+    `default`), the flag's `metavar`, and `decode_required` (a decode needs it though accounting does not).
+
+    Args:
+        help: one phrase: what the parameter is.
+        unit: its unit ("votes", "unitless", ...).
+        default: its default value; none (MISSING) makes it required.
+        type: float, int or bool.
+        symbol: its name in report labels (e.g. "T"), or None.
+        commands: where it is read, a subset of COMMANDS.
+        calibrate_default: its value when `dpledger calibrate` is not given it, if that differs from `default`.
+        metavar: the flag's metavar (default: the symbol, or "VALUE", upper-cased).
+        decode_required: whether a decode needs it though accounting does not.
+
+    Returns:
+        A dataclasses.field carrying these as metadata (typed Any, as dataclasses.field is, so that it
+        can stand as the default of a field of any type).
+
+    Raises:
+        ValueError: if `commands` is not a subset of COMMANDS.
+    """
     commands = frozenset(commands)
     require(commands <= COMMANDS, f"commands must be a subset of {sorted(COMMANDS)}, got {sorted(commands)}")
     metadata = {"help": help, "unit": unit, "type": type, "symbol": symbol, "commands": commands,
@@ -71,8 +100,16 @@ AccountingVariant.__doc__ = """One accounting of Q steps of an aggregator, as `d
 level ("proven" or "not-a-guarantee"), the theorem it rests on, whether the claim declared it, its curve."""
 
 
-def pick_token(probabilities: np.ndarray, draw: float) -> int | None:
-    """The token whose cumulative-probability interval holds `draw`, or None (fail) past the total."""
+def pick_token(probabilities: NDArray[np.float64], draw: float) -> int | None:
+    """The token whose cumulative-probability interval holds `draw`, or None (fail) past the total.
+
+    Args:
+        probabilities: (V,) release probability of each token; their total is at most 1, the rest is failure.
+        draw: a uniform draw in [0, 1).
+
+    Returns:
+        The index of the token drawn, or None (fail) when `draw` is at or past the total.
+    """
     index = int(np.searchsorted(np.cumsum(probabilities), draw, side="right"))
     return index if index < probabilities.size else None
 
@@ -108,7 +145,7 @@ class VoteAggregator(Mechanism):
     """Where `exact_law` is False: what the audit's neighbour ablation measures instead (one phrase)."""
     surrogate_note: ClassVar[str] = ""
     """Where `exact_law` is False: what that measurement checks and what not (one phrase)."""
-    calibrate_flags: ClassVar[Mapping[str, dict]] = {}
+    calibrate_flags: ClassVar[Mapping[str, dict[str, Any]]] = {}
     """Flags only `dpledger calibrate NAME` reads besides the parameters (argparse keyword arguments)."""
     claim_voters: ClassVar[bool] = False
     """A claim may state the public number of voters (mechanism.voters), which `teachers` takes."""
@@ -134,22 +171,48 @@ class VoteAggregator(Mechanism):
         """Validate (and convert, with set_validated) the parameters; ValueError naming the constraint."""
 
     @classmethod
-    def parameter_fields(cls, command: str | None = None) -> dict[str, dataclasses.Field]:
-        """name -> field of the parameters (the context fields excluded), those read by `command` if given."""
+    def parameter_fields(cls, command: str | None = None) -> dict[str, dataclasses.Field[Any]]:
+        """name -> field of the parameters (the context fields excluded), those read by `command` if given.
+
+        Args:
+            command: one of COMMANDS, or None for every parameter.
+
+        Returns:
+            The parameter fields by name, in declaration order.
+        """
         return {f.name: f for f in dataclasses.fields(cls) if "help" in f.metadata
                 and (command is None or command in f.metadata["commands"])}
 
     @classmethod
     def required_parameters(cls, command: str | None = None) -> tuple[str, ...]:
-        """The parameters `command` cannot do without (a decode also needs those marked decode_required)."""
+        """The parameters `command` cannot do without (a decode also needs those marked decode_required).
+
+        Args:
+            command: one of COMMANDS, or None for every parameter.
+
+        Returns:
+            Their names, in declaration order.
+        """
         return tuple(name for name, f in cls.parameter_fields(command).items()
                      if f.default is MISSING or (command == "decode" and f.metadata["decode_required"]))
 
     @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Any], **context) -> "VoteAggregator":
+    def from_parameters(cls, parameters: Mapping[str, Any], **context: Unpack[AggregatorContext]) -> Self:
         """The aggregator of a decode's parameter table (a config's [mechanism] or a run's recorded parameters):
         None is "not given", every missing one is named at once; a key it does not read is refused unless at
-        its `unused_defaults` value."""
+        its `unused_defaults` value.
+
+        Args:
+            parameters: parameter name -> value (None: not given).
+            **context: teachers, relation, accounting.
+
+        Returns:
+            The validated aggregator.
+
+        Raises:
+            ValueError: for a key it does not read (unless at its unused_defaults value), a missing required
+                parameter, or a value its validation refuses.
+        """
         fields = cls.parameter_fields()
         for key, value in parameters.items():
             if key not in fields and value is not None:
@@ -163,16 +226,37 @@ class VoteAggregator(Mechanism):
 
     @classmethod
     def recorded_parameters(cls, parameters: Mapping[str, Any]) -> dict[str, Any]:
-        """The parameters a run's manifest records, as given (defaults for the ones not given)."""
+        """The parameters a run's manifest records, as given (defaults for the ones not given).
+
+        Args:
+            parameters: parameter name -> value, as given.
+
+        Returns:
+            Every decode parameter by name: its given value, else its default (None where it has none).
+        """
         return {name: parameters.get(name, None if f.default is MISSING else f.default)
                 for name, f in cls.parameter_fields("decode").items()}
 
     def parameters(self, command: str | None = None) -> dict[str, Any]:
-        """The validated parameter values (those read by `command` if given)."""
+        """The validated parameter values (those read by `command` if given).
+
+        Args:
+            command: one of COMMANDS, or None for every parameter.
+
+        Returns:
+            Parameter name -> this aggregator's value.
+        """
         return {name: getattr(self, name) for name in self.parameter_fields(command)}
 
-    def with_context(self, **context) -> "VoteAggregator":
-        """This aggregator with other context (teachers, relation, accounting), re-validated."""
+    def with_context(self, **context: Unpack[AggregatorContext]) -> Self:
+        """This aggregator with other context (teachers, relation, accounting), re-validated.
+
+        Args:
+            **context: the context fields to replace.
+
+        Returns:
+            A new aggregator (dataclasses.replace, so __post_init__ validates it again).
+        """
         return dataclasses.replace(self, **context)
 
     # -- one step ---------------------------------------------------------------------------------------
@@ -183,107 +267,289 @@ class VoteAggregator(Mechanism):
         return self.name.replace("-", "_")
 
     def components(self) -> dict[str, bool]:
-        """Charged component -> data-dependent."""
+        """Charged component -> data-dependent.
+
+        Returns:
+            By default its one component, data-independent.
+        """
         return {self.component: False}
 
-    def decide(self, counts: np.ndarray, generator: torch.Generator) -> tuple[int | None, float, list[float]]:
+    def decide(self, counts: NDArray[np.int64], generator: torch.Generator) -> tuple[int | None, float, list[float]]:
         """The aggregator on one histogram: (released token or None, screen statistic, noise drawn), the noise
-        list holding what the decision consumed from `generator`, for the trace (the generator replays it)."""
+        list holding what the decision consumed from `generator`, for the trace (the generator replays it).
+
+        Args:
+            counts: (V,) the vote histogram, counts >= 0.
+            generator: the step's torch generator (its only randomness).
+
+        Returns:
+            (released token or None for fail, screen statistic, noise drawn).
+
+        Raises:
+            NotImplementedError: in the base class; every registered aggregator implements it.
+        """
         raise NotImplementedError(f"aggregator {self.name} does not implement decide")
 
-    def charges(self, counts: np.ndarray, passed: np.ndarray, orders: np.ndarray) -> dict[str, np.ndarray]:
+    def charges(self, counts: NDArray[np.int64], passed: NDArray[np.bool_],
+                orders: NDArray[np.float64]) -> dict[str, NDArray[np.float64]]:
         """Each component's RDP (L, K) for histograms (L, V) whose screens passed as `passed` (L,):
-        by default the step's data-independent curve at every step."""
+        by default the step's data-independent curve at every step.
+
+        Args:
+            counts: (L, V) vote histograms of L steps.
+            passed: (L,) whether each step's screen passed.
+            orders: (K,) Renyi orders, each > 1.
+
+        Returns:
+            Component name -> (L, K) float64 RDP charges.
+        """
         (name,) = self.components()
         return {name: np.broadcast_to(self.rdp_values(orders), (counts.shape[0], orders.size)).copy()}
 
     def vote_floor(self) -> float | None:
         """T when every released token must have had at least T votes (T-threshold privacy, checked by the
-        audit), None when the aggregator promises no such floor (a DP aggregator's noise may release any)."""
+        audit), None when the aggregator promises no such floor (a DP aggregator's noise may release any).
+
+        Returns:
+            T in votes, or None (the default).
+        """
         return None
 
-    def realised_path_bounds(self, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def realised_path_bounds(self, orders: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]] | None:
         """(the screen's data-independent bound, the answer's), for realised-path runs whose screen decision
-        is released before the answer is charged (a privacy filter charges the answer where it passed)."""
+        is released before the answer is charged (a privacy filter charges the answer where it passed).
+
+        Args:
+            orders: (K,) Renyi orders, each > 1.
+
+        Returns:
+            Two (K,) float64 RDP arrays, or None (the default) where the aggregator has no screen.
+        """
         return None
 
     # -- exact output laws (the audit's neighbours) ------------------------------------------------------
 
-    def log_output_law(self, counts) -> tuple[float, np.ndarray, float]:
-        """(log Pr[fail], log Pr[release j] for every j, relative numerical error) on one histogram."""
+    def log_output_law(self, counts: npt.ArrayLike) -> tuple[float, NDArray[np.float64], float]:
+        """(log Pr[fail], log Pr[release j] for every j, relative numerical error) on one histogram.
+
+        Args:
+            counts: (V,) the vote histogram.
+
+        Returns:
+            (log Pr[fail], (V,) log Pr[release j], relative numerical error bound).
+
+        Raises:
+            ValueError: in the base class (no exact output law); aggregators with exact_law implement it.
+        """
         raise ValueError(f"aggregator {self.name} has no exact output law")
 
-    def sample_outputs(self, counts: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
-        """`draws` outputs of the aggregator on one histogram (-1 = fail), for the sampled audit."""
+    def sample_outputs(self, counts: NDArray[np.int64], draws: int, rng: np.random.Generator) -> NDArray[np.int64]:
+        """`draws` outputs of the aggregator on one histogram (-1 = fail), for the sampled audit.
+
+        Args:
+            counts: (V,) the vote histogram.
+            draws: how many outputs to draw, >= 1.
+            rng: the numpy generator they are drawn with.
+
+        Returns:
+            (draws,) released token indices, -1 for fail.
+
+        Raises:
+            ValueError: in the base class (it cannot be sampled).
+        """
         raise ValueError(f"aggregator {self.name} cannot be sampled")
 
-    def log_screen_law(self, counts) -> tuple[float, float]:
-        """Where `supports_realised_path`: the screen's (log Pr[fail], log Pr[pass]) on one histogram."""
+    def log_screen_law(self, counts: npt.ArrayLike) -> tuple[float, float]:
+        """Where `supports_realised_path`: the screen's (log Pr[fail], log Pr[pass]) on one histogram.
+
+        Args:
+            counts: (V,) the vote histogram.
+
+        Returns:
+            (log Pr[fail], log Pr[pass]).
+
+        Raises:
+            ValueError: in the base class (no screen).
+        """
         raise ValueError(f"aggregator {self.name} has no screen")
 
-    def log_answer_law(self, counts) -> tuple[np.ndarray, float]:
-        """Where `supports_realised_path`: the token law given that the screen passed, in logs, with its error."""
+    def log_answer_law(self, counts: npt.ArrayLike) -> tuple[NDArray[np.float64], float]:
+        """Where `supports_realised_path`: the token law given that the screen passed, in logs, with its error.
+
+        Args:
+            counts: (V,) the vote histogram.
+
+        Returns:
+            ((V,) log Pr[release j | passed], relative numerical error bound).
+
+        Raises:
+            ValueError: in the base class (no screen).
+        """
         raise ValueError(f"aggregator {self.name} has no screen")
 
-    def surrogate_divergence(self, counts: np.ndarray, neighbour: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    def surrogate_divergence(self, counts: NDArray[np.int64], neighbour: NDArray[np.int64],
+                             orders: NDArray[np.float64]) -> NDArray[np.float64]:
         """Where `exact_law` is False: an upper bound on the released law's Renyi divergence between two
-        histograms (that of what the aggregator post-processes), which the audit measures instead."""
+        histograms (that of what the aggregator post-processes), which the audit measures instead.
+
+        Args:
+            counts: (V,) the vote histogram.
+            neighbour: (V,) a neighbouring histogram.
+            orders: (K,) Renyi orders, each > 1.
+
+        Returns:
+            (K,) the bound at each order.
+
+        Raises:
+            ValueError: in the base class (an exact law needs no surrogate).
+        """
         raise ValueError(f"aggregator {self.name} has an exact law")
 
-    def output_law_bounds(self, counts) -> tuple[np.ndarray, np.ndarray]:
+    def output_law_bounds(self, counts: npt.ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Where `exact_law` is False: certified (lower, upper) bounds (V + 1,) on the released law, entry 0
-        the failure (the audit's bracket composes lower bounds of one law against upper bounds of another)."""
+        the failure (the audit's bracket composes lower bounds of one law against upper bounds of another).
+
+        Args:
+            counts: (V,) the vote histogram.
+
+        Returns:
+            (lower, upper), each (V + 1,) probabilities.
+
+        Raises:
+            ValueError: in the base class (the law is exact).
+        """
         raise ValueError(f"aggregator {self.name} has an exact law")
 
-    def sampled_law_bounds(self, histograms: np.ndarray, generator: torch.Generator,
-                           eta: float) -> tuple[np.ndarray, np.ndarray]:
+    def sampled_law_bounds(self, histograms: NDArray[np.int64], generator: torch.Generator,
+                           eta: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Where `exact_law` is False: (lower, upper) bounds (H, V + 1) on the released laws of `histograms`
-        (H, V) tightened by Monte Carlo over common draws, each holding with probability >= 1 - eta."""
+        (H, V) tightened by Monte Carlo over common draws, each holding with probability >= 1 - eta.
+
+        Args:
+            histograms: (H, V) vote histograms.
+            generator: the torch generator of the Monte Carlo draws.
+            eta: the failure probability of each bound, in (0, 1).
+
+        Returns:
+            (lower, upper), each (H, V + 1) probabilities, column 0 the failure.
+
+        Raises:
+            ValueError: in the base class (the law is exact).
+        """
         raise ValueError(f"aggregator {self.name} has an exact law")
 
     def sampled_law_draws(self, histograms: int, vocabulary: int) -> int:
-        """How many draws a step `sampled_law_bounds` takes for `histograms` laws over `vocabulary` tokens."""
+        """How many draws a step `sampled_law_bounds` takes for `histograms` laws over `vocabulary` tokens.
+
+        Args:
+            histograms: the number H of laws.
+            vocabulary: the number V of tokens.
+
+        Returns:
+            The number of draws.
+
+        Raises:
+            ValueError: in the base class (the law is exact).
+        """
         raise ValueError(f"aggregator {self.name} has an exact law")
 
     # -- what the commands print (defaults; the built-ins keep their own) --------------------------------
 
-    def account_curve(self, orders, queries: int, answered: int | None = None) -> RdpCurve:
-        """The curve of `queries` steps (`answered` of them answered, for realised-path accounting)."""
+    def account_curve(self, orders: Sequence[float], queries: int, answered: int | None = None) -> RdpCurve:
+        """The curve of `queries` steps (`answered` of them answered, for realised-path accounting).
+
+        Args:
+            orders: Renyi orders, each > 1.
+            queries: the number of steps, >= 0.
+            answered: how many were answered (realised-path accounting); unused by default.
+
+        Returns:
+            The RdpCurve of the `queries`-fold composition.
+        """
         return self.rdp_curve(orders).composed(queries)
 
-    def account_details(self, epsilon: float, queries: int, answered: int | None = None) -> dict:
-        """What `dpledger account NAME --json` adds after the mechanism, the queries and the relation."""
+    def account_details(self, epsilon: float, queries: int, answered: int | None = None) -> dict[str, Any]:
+        """What `dpledger account NAME --json` adds after the mechanism, the queries and the relation.
+
+        Args:
+            epsilon: the accounted epsilon (+inf: no guarantee).
+            queries: the number of steps.
+            answered: how many were answered, if known.
+
+        Returns:
+            JSON-ready details: dp_guarantee, the "account" parameters, the note.
+        """
         return {"dp_guarantee": math.isfinite(epsilon), **self.parameters("account"), "note": self.account_note}
 
-    def verify_accounts(self, orders, queries: int, answered: int | None, path: PathAccounting,
+    def verify_accounts(self, orders: Sequence[float], queries: int, answered: int | None, path: PathAccounting,
                         relation: NeighbouringRelation) -> list[AccountingVariant]:
         """Every data-independent accounting `dpledger verify` compares a claim for `relation` with: by default
-        this aggregator's curve under that relation, where it covers it (its natural relation's otherwise)."""
+        this aggregator's curve under that relation, where it covers it (its natural relation's otherwise).
+
+        Args:
+            orders: Renyi orders, each > 1.
+            queries: the number of steps.
+            answered: how many were answered, if known.
+            path: the claim's path accounting.
+            relation: the claim's neighbouring relation.
+
+        Returns:
+            The accountings, each with its level, soundness and curve.
+        """
         at = self.with_context(relation=relation) if relation in self.covered_relations() else self
         return [AccountingVariant(self.name, "proven", self.soundness, True, at.account_curve(orders, queries))]
 
     def covered_relations(self) -> set[NeighbouringRelation]:
-        """The claimed relations this aggregator's curve (at its natural relation) covers."""
+        """The claimed relations this aggregator's curve (at its natural relation) covers.
+
+        Returns:
+            By default every NeighbouringRelation.
+        """
         return set(NeighbouringRelation)
 
     @classmethod
-    def calibrate(cls, epsilon: float, delta: float, queries: int, fixed: Mapping[str, Any], **options) -> Calibration:
+    def calibrate(cls, epsilon: float, delta: float, queries: int, fixed: Mapping[str, Any],
+                  **options: Any) -> Calibration:
         """The smallest `calibrated` noise scale whose `queries` steps account to at most `epsilon` at `delta`,
         the other parameters `fixed` (dpledger.mechanisms.calibration.calibrate_scale: dp-accounting's
-        calibration on a Gaussian DpEvent, RDP bisection otherwise), at the natural relation."""
-        require(cls.calibrated is not None, f"aggregator {cls.name} has no noise to calibrate")
+        calibration on a Gaussian DpEvent, RDP bisection otherwise), at the natural relation.
+
+        Args:
+            epsilon: the target epsilon, > 0.
+            delta: the target delta, in (0, 1).
+            queries: the number of steps, >= 1.
+            fixed: the other parameters' values (None: not given).
+            **options: passed on to calibrate_scale (accountant, orders, method, compare_pld, ...).
+
+        Returns:
+            The Calibration: the noise scale found and what it accounts to.
+
+        Raises:
+            ValueError: if the aggregator has no noise to calibrate, or as calibrate_scale.
+        """
+        calibrated = cls.calibrated
+        if calibrated is None:
+            raise ValueError(f"aggregator {cls.name} has no noise to calibrate")
         fixed = dict(fixed)
 
         def factory(value: float) -> VoteAggregator:
-            return cls(**{key: v for key, v in fixed.items() if v is not None}, **{cls.calibrated: value},
-                       relation=cls.natural_relation)
+            given: dict[str, Any] = {key: v for key, v in fixed.items() if v is not None}
+            scale: dict[str, Any] = {calibrated: value}
+            return cls(**given, **scale, relation=cls.natural_relation)
 
-        return calibrate_scale(factory, epsilon, delta, queries, mechanism_name=cls.name, parameter=cls.calibrated,
+        return calibrate_scale(factory, epsilon, delta, queries, mechanism_name=cls.name, parameter=calibrated,
                                fixed=fixed, **options)
 
     @classmethod
     def label(cls, parameters: Mapping[str, Any]) -> str:
-        """Its parameters as a report label shows them: "T=2, gamma=1.5"."""
+        """Its parameters as a report label shows them: "T=2, gamma=1.5".
+
+        Args:
+            parameters: parameter name -> value (None or absent: left out).
+
+        Returns:
+            "symbol=value" for every decode parameter with a symbol and a non-bool value, comma-separated.
+        """
         fields = cls.parameter_fields("decode")
         return ", ".join(f"{f.metadata['symbol']}={parameters[name]:g}" for name, f in fields.items()
                          if f.metadata["symbol"] and parameters.get(name) is not None
@@ -291,16 +557,30 @@ class VoteAggregator(Mechanism):
 
     @classmethod
     def statement_parameters(cls, parameters: Mapping[str, Any]) -> str:
-        """Its parameters as the run's privacy statement shows them (by default, as its label)."""
+        """Its parameters as the run's privacy statement shows them (by default, as its label).
+
+        Args:
+            parameters: parameter name -> value.
+
+        Returns:
+            The text.
+        """
         return cls.label(parameters)
 
     @classmethod
     def charge_statement(cls, parameters: Mapping[str, Any]) -> str:
-        """What every step is charged, one sentence for the run's privacy statement."""
+        """What every step is charged, one sentence for the run's privacy statement.
+
+        Args:
+            parameters: parameter name -> value.
+
+        Returns:
+            The sentence.
+        """
         return f"Every step is charged {cls.soundness}."
 
 
-def _same(expected, value) -> bool:
+def _same(expected: object, value: object) -> bool:
     """value is `expected` as a config may spell it: a bool for a bool, a number equal to a number."""
     return isinstance(value, bool) == isinstance(expected, bool) and expected == value
 
@@ -310,16 +590,32 @@ def _realised_path_names() -> str:
     return ", ".join(names) or "no aggregator"
 
 
-def register_aggregator(cls: type) -> type:
+_A = TypeVar("_A", bound=VoteAggregator)
+
+
+def register_aggregator(cls: type[_A]) -> type[_A]:
     """Class decorator: make `cls` a frozen, keyword-only dataclass and register it under `cls.name`.
-    ValueError when it lacks a declaration or its name is taken."""
+    ValueError when it lacks a declaration or its name is taken.
+
+    Args:
+        cls: a VoteAggregator subclass declaring its own name, title, summary, description and
+            differentially_private.
+
+    Returns:
+        `cls`, made a frozen keyword-only dataclass.
+
+    Raises:
+        ValueError: if `cls` is not a VoteAggregator subclass, lacks a declaration, has a name that is not a
+            non-empty lower-case string or is taken by another class, a parameter of another type than
+            float, int or bool, or a `calibrated` that names none of its parameters (or a non-DP aggregator).
+    """
     require(isinstance(cls, type) and issubclass(cls, VoteAggregator),
             f"register_aggregator applies to VoteAggregator subclasses, got {cls!r}")
     require("name" in cls.__dict__, f"aggregator class {cls.__name__} must declare its own name")
     for attribute in ("title", "summary", "description", "differentially_private"):
         require(hasattr(cls, attribute), f"aggregator class {cls.__name__} must declare {attribute}")
     name = cls.__dict__["name"]
-    require(isinstance(name, str) and name and name == name.strip().lower(),
+    require(isinstance(name, str) and bool(name) and name == name.strip().lower(),
             f"aggregator name must be a non-empty lower-case string, got {name!r}")
     require(name not in _REGISTERED or _REGISTERED[name].__qualname__ == cls.__qualname__,
             f"aggregator name {name!r} is already registered by {_REGISTERED.get(name)!r}")

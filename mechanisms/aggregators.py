@@ -11,10 +11,9 @@ import functools
 import importlib
 import pkgutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Unpack
 
-from dpledger.accounting.errors import require
-from dpledger.mechanisms.aggregation import _REGISTERED, VoteAggregator
+from dpledger.mechanisms.aggregation import _REGISTERED, AggregatorContext, VoteAggregator
 
 MODULE_SUFFIXES = ("_aggregator", "_aggregators")
 
@@ -30,25 +29,60 @@ def _discovered() -> tuple[str, ...]:
 
 
 def aggregators() -> dict[str, type[VoteAggregator]]:
-    """Every registered aggregator, name -> class, in name order."""
+    """Every registered aggregator, name -> class, in name order.
+
+    Returns:
+        A new dict of the registered classes by name (the aggregator modules imported first).
+    """
     _discovered()
     return dict(sorted(_REGISTERED.items()))
 
 
 def aggregator_names(differentially_private: bool | None = None) -> tuple[str, ...]:
-    """The registered names (only the DP ones, or only the others, if asked)."""
+    """The registered names (only the DP ones, or only the others, if asked).
+
+    Args:
+        differentially_private: True for the DP aggregators only, False for the others only, None for all.
+
+    Returns:
+        The names, in name order.
+    """
     return tuple(name for name, cls in aggregators().items()
                  if differentially_private is None or cls.differentially_private == differentially_private)
 
 
-def aggregator_class(name: Any) -> type[VoteAggregator]:
-    """The class registered as `name`; ValueError listing the names otherwise."""
+def aggregator_class(name: object) -> type[VoteAggregator]:
+    """The class registered as `name`; ValueError listing the names otherwise.
+
+    Args:
+        name: the aggregator's name (e.g. a config's `aggregator`).
+
+    Returns:
+        Its class.
+
+    Raises:
+        ValueError: if `name` is not a registered name.
+    """
     known = aggregators()
-    require(isinstance(name, str) and name in known, f"aggregator must be one of {list(known)}, got {name!r}")
+    if not (isinstance(name, str) and name in known):
+        raise ValueError(f"aggregator must be one of {list(known)}, got {name!r}")
     return known[name]
 
 
-def build_aggregator(name: Any, parameters: Mapping[str, Any], **context) -> VoteAggregator:
+def build_aggregator(name: object, parameters: Mapping[str, Any],
+                     **context: Unpack[AggregatorContext]) -> VoteAggregator:
     """The aggregator `name` with `parameters` (a config's or a run's table; None is "not given") and
-    context (teachers, relation, accounting)."""
+    context (teachers, relation, accounting).
+
+    Args:
+        name: the aggregator's registered name.
+        parameters: parameter name -> value (None: not given).
+        **context: teachers, relation, accounting.
+
+    Returns:
+        The validated aggregator.
+
+    Raises:
+        ValueError: for an unknown name, or parameters its from_parameters refuses.
+    """
     return aggregator_class(name).from_parameters(parameters, **context)

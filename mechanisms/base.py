@@ -6,9 +6,10 @@ from __future__ import annotations
 import abc
 import functools
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.errors import require, require_int_at_least
@@ -16,8 +17,16 @@ from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validat
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.summation import up_multiply, upper_sum
 
+if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
+    from dp_accounting.dp_event import DpEvent
 
-def _checked_rdp_values(rdp_values):
+
+_M = TypeVar("_M", bound="Mechanism")
+
+
+def _checked_rdp_values(
+        rdp_values: Callable[[_M, NDArray[np.float64]], NDArray[np.float64]],
+) -> Callable[[_M, NDArray[np.float64]], NDArray[np.float64]]:
     """Wrap a subclass's rdp_values: orders validated on the way in (finite, > 1), values on the
     way out (one per order, never NaN, never negative), so no mechanism can return a NaN or a
     negative privacy loss, whatever its formula does.
@@ -29,9 +38,9 @@ def _checked_rdp_values(rdp_values):
     """
 
     @functools.wraps(rdp_values)
-    def checked(self, orders):
-        orders = validated_orders(orders)
-        values = np.asarray(rdp_values(self, orders), dtype=np.float64)
+    def checked(self: _M, given: NDArray[np.float64]) -> NDArray[np.float64]:
+        orders = validated_orders(given)
+        values: NDArray[np.float64] = np.asarray(rdp_values(self, orders), dtype=np.float64)
         require(values.shape == orders.shape,
                 f"{type(self).__name__}.rdp_values must give one value per order, got shape {values.shape}")
         nan = np.isnan(values)
@@ -47,20 +56,51 @@ def _checked_rdp_values(rdp_values):
     return checked
 
 
-def set_validated(spec: Any, **fields: Any) -> None:
+def set_validated(spec: object, **fields: object) -> None:
     """Store validated (converted) field values on a frozen dataclass, so that e.g. "2" never
-    survives validation as a string."""
+    survives validation as a string.
+
+    Args:
+        spec: the frozen dataclass instance, in its `__post_init__`.
+        **fields: field name -> its validated value, each stored with object.__setattr__ (bypassing
+            the frozen check).
+    """
     for name, value in fields.items():
         object.__setattr__(spec, name, value)
 
 
-def require_relation(relation: Any) -> NeighbouringRelation:
-    require(isinstance(relation, NeighbouringRelation), f"relation must be a NeighbouringRelation, got {relation!r}")
+def require_relation(relation: object) -> NeighbouringRelation:
+    """Check that `relation` is a NeighbouringRelation.
+
+    Args:
+        relation: the value given as a mechanism's relation.
+
+    Returns:
+        `relation` itself, typed as a NeighbouringRelation.
+
+    Raises:
+        ValueError: if `relation` is not a NeighbouringRelation.
+    """
+    if not isinstance(relation, NeighbouringRelation):
+        raise ValueError(f"relation must be a NeighbouringRelation, got {relation!r}")
     return relation
 
 
-def require_mechanism(name: str, mechanism: Any) -> "Mechanism":
-    require(isinstance(mechanism, Mechanism), f"{name} must be a Mechanism, got {type(mechanism).__name__}")
+def require_mechanism(name: str, mechanism: object) -> Mechanism:
+    """Check that `mechanism` is a Mechanism.
+
+    Args:
+        name: what the value is, for the error message (e.g. "part 0").
+        mechanism: the value to check.
+
+    Returns:
+        `mechanism` itself, typed as a Mechanism.
+
+    Raises:
+        ValueError: if `mechanism` is not a Mechanism.
+    """
+    if not isinstance(mechanism, Mechanism):
+        raise ValueError(f"{name} must be a Mechanism, got {type(mechanism).__name__}")
     return mechanism
 
 
@@ -72,25 +112,59 @@ class Mechanism(abc.ABC):
     Definition 5). Every subclass's `rdp_values` is wrapped so that its orders and values are checked.
     """
 
-    relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
-    data_dependent: bool = False
+    if TYPE_CHECKING:
+        # read-only to the type checker: a spec overrides them with dataclass fields, class attributes or
+        # properties (a composition's relation is its parts'), and every spec is frozen
+        @property
+        def relation(self) -> NeighbouringRelation: ...
 
-    def __init_subclass__(cls, **kwargs) -> None:
+        @property
+        def data_dependent(self) -> bool: ...
+    else:
+        relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
+        data_dependent: bool = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "rdp_values" in cls.__dict__ and not getattr(cls.__dict__["rdp_values"], "__isabstractmethod__", False):
-            cls.rdp_values = _checked_rdp_values(cls.__dict__["rdp_values"])
+            # replaced on the class object itself (mypy refuses assigning to a method name)
+            type.__setattr__(cls, "rdp_values", _checked_rdp_values(cls.__dict__["rdp_values"]))
 
     @abc.abstractmethod
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        """RDP epsilon at each order (a float64 array, +inf where no guarantee)."""
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        """RDP epsilon at each order (a float64 array, +inf where no guarantee).
+
+        Args:
+            orders: Renyi orders, a non-empty 1-D float64 array, each finite and > 1 (any order,
+                repeats allowed).
+
+        Returns:
+            A float64 array of the same shape: epsilon(order) >= 0 at each order (never NaN),
+            non-increasing towards smaller orders, +inf where no guarantee.
+
+        Raises:
+            ValueError: if an order is not finite and > 1, or (from the wrapper every subclass gets)
+                if the subclass's formula gives the wrong shape, a NaN or a negative value.
+        """
 
     def rdp_curve(self, orders: Sequence[float] = DEFAULT_ORDERS) -> RdpCurve:
-        """This mechanism's RDP curve on `orders` (sorted, repeats merged)."""
-        orders = canonical_orders(orders)
-        values = np.asarray(self.rdp_values(np.asarray(orders, dtype=np.float64)), dtype=np.float64)
-        return RdpCurve(orders, values, self.relation, self.data_dependent)
+        """This mechanism's RDP curve on `orders` (sorted, repeats merged).
 
-    def dp_event(self) -> "Any | None":
+        Args:
+            orders: Renyi orders, each finite and > 1 (DEFAULT_ORDERS, dp-accounting's grid, by default).
+
+        Returns:
+            An RdpCurve on the sorted distinct orders, for this mechanism's relation, marked
+            data-dependent when the mechanism is.
+
+        Raises:
+            ValueError: if an order is not finite and > 1, or rdp_values fails its checks.
+        """
+        grid = canonical_orders(orders)
+        values = np.asarray(self.rdp_values(np.asarray(grid, dtype=np.float64)), dtype=np.float64)
+        return RdpCurve(grid, values, self.relation, self.data_dependent)
+
+    def dp_event(self) -> DpEvent | None:
         """This mechanism as a dp_accounting DpEvent whose RDP is exactly this mechanism's curve, or
         None when dp-accounting has no event for it (autodp's design: a mechanism knows its event).
 
@@ -98,6 +172,9 @@ class Mechanism(abc.ABC):
         under `self.relation` (noise multiplier = noise standard deviation / that sensitivity), so
         it is accounted with dp_accounting's ADD_OR_REMOVE_ONE reading of a GaussianDpEvent (the
         pair N(0, z^2), N(1, z^2)); see dpledger.mechanisms.dp_events.dp_accounting_relation.
+
+        Returns:
+            The DpEvent, or None (the base class's answer) when there is none.
         """
         return None
 
@@ -105,7 +182,11 @@ class Mechanism(abc.ABC):
         """Why this mechanism itself has no PLD statement, or None when it may have one: a
         data-dependent charge, or no DpEvent (PMixED: RDP only). Whether dp-accounting can represent
         its event under its relation is the interop's question:
-        dpledger.mechanisms.pld.pld_unavailable_reason asks both."""
+        dpledger.mechanisms.pld.pld_unavailable_reason asks both.
+
+        Returns:
+            The reason as a sentence, or None.
+        """
         if self.data_dependent:
             return (f"{type(self).__name__} charges a data-dependent loss (Papernot et al. 2018, Definition 5): "
                     "no PLD in dp-accounting; RDP only")
@@ -127,7 +208,7 @@ class ComposedMechanism(Mechanism):
         _ = self.relation  # refuses parts that cover no common neighbouring pair
 
     @property
-    def relation(self) -> NeighbouringRelation:  # type: ignore[override]
+    def relation(self) -> NeighbouringRelation:
         """The neighbours every part covers (NeighbouringRelation.composed_with)."""
         relation = self.parts[0].relation
         for part in self.parts[1:]:
@@ -135,16 +216,27 @@ class ComposedMechanism(Mechanism):
         return relation
 
     @property
-    def data_dependent(self) -> bool:  # type: ignore[override]
+    def data_dependent(self) -> bool:
         return any(part.data_dependent for part in self.parts)
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        """The parts' values summed order by order, rounded upwards (dpledger.accounting.summation)."""
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        """The parts' values summed order by order, rounded upwards (dpledger.accounting.summation).
+
+        Args:
+            orders: Renyi orders, a 1-D float64 array, each finite and > 1.
+
+        Returns:
+            A float64 array of the same shape: the upward-rounded sum of the parts' values.
+        """
         return upper_sum(np.stack([part.rdp_values(orders) for part in self.parts]))
 
-    def dp_event(self):
+    def dp_event(self) -> DpEvent | None:
         """ComposedDpEvent of the parts' events (Mironov 2017, Proposition 1: RDP adds up under
-        adaptive composition); None unless every part has one."""
+        adaptive composition); None unless every part has one.
+
+        Returns:
+            The ComposedDpEvent, or None.
+        """
         import dp_accounting
 
         events = [part.dp_event() for part in self.parts]
@@ -163,21 +255,25 @@ class SelfComposedMechanism(Mechanism):
                       times=require_int_at_least("times", self.times, 0))
 
     @property
-    def relation(self) -> NeighbouringRelation:  # type: ignore[override]
+    def relation(self) -> NeighbouringRelation:
         return self.mechanism.relation
 
     @property
-    def data_dependent(self) -> bool:  # type: ignore[override]
+    def data_dependent(self) -> bool:
         return self.mechanism.data_dependent
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         if self.times == 0:
             return np.zeros_like(orders)
-        return up_multiply(self.mechanism.rdp_values(orders), self.times)
+        return np.asarray(up_multiply(self.mechanism.rdp_values(orders), self.times), dtype=np.float64)
 
-    def dp_event(self):
+    def dp_event(self) -> DpEvent | None:
         """SelfComposedDpEvent(event, times) (Mironov 2017, Proposition 1: times * epsilon(order));
-        NoOpDpEvent for times = 0 (nothing released); None when the mechanism has no event."""
+        NoOpDpEvent for times = 0 (nothing released); None when the mechanism has no event.
+
+        Returns:
+            The SelfComposedDpEvent or NoOpDpEvent, or None.
+        """
         import dp_accounting
 
         event = self.mechanism.dp_event()

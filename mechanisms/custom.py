@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from dpledger.accounting.curve import RdpCurve, require_curve
 from dpledger.accounting.relation import NeighbouringRelation
@@ -23,14 +24,14 @@ class CustomCurveMechanism(Mechanism):
         require_curve(self.curve)
 
     @property
-    def relation(self) -> NeighbouringRelation:  # type: ignore[override]
+    def relation(self) -> NeighbouringRelation:
         return self.curve.relation
 
     @property
-    def data_dependent(self) -> bool:  # type: ignore[override]
+    def data_dependent(self) -> bool:
         return self.curve.data_dependent
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         known = np.asarray(self.curve.orders)
         index = np.searchsorted(known, np.asarray(orders) - 1e-12, side="left")
         padded = np.append(self.curve.values, np.inf)

@@ -3,13 +3,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+from numpy.typing import NDArray
 
 from dpledger.accounting.errors import require, require_in_closed, require_positive
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.rounding import positive_floor
 from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 from dpledger.mechanisms.subsampling import amplified_rdp
+
+if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
+    from dp_accounting.dp_event import DpEvent
 
 
 @dataclass(frozen=True)
@@ -28,13 +34,17 @@ class GaussianMechanism(Mechanism):
                       l2_sensitivity=require_positive("l2_sensitivity", self.l2_sensitivity),
                       relation=require_relation(self.relation))
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         # float64 division: a tiny noise multiplier gives +inf ("no guarantee"), never OverflowError
         return positive_floor(orders / (2.0 * np.float64(self.noise_multiplier) ** 2))
 
-    def dp_event(self):
+    def dp_event(self) -> DpEvent:
         """GaussianDpEvent(noise_multiplier): the noise is noise_multiplier * l2_sensitivity, so the
-        unit-sensitivity event has RDP alpha / (2 noise_multiplier^2) (Mironov 2017, Corollary 3)."""
+        unit-sensitivity event has RDP alpha / (2 noise_multiplier^2) (Mironov 2017, Corollary 3).
+
+        Returns:
+            dp_accounting.GaussianDpEvent(noise_multiplier).
+        """
         import dp_accounting
 
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
@@ -74,7 +84,7 @@ class PoissonSubsampledGaussian(Mechanism):
         set_validated(self, noise_multiplier=require_positive("noise_multiplier", self.noise_multiplier),
                       sampling_probability=require_in_closed("sampling_probability", self.sampling_probability, 0.0, 1.0))
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         from dp_accounting.rdp import rdp_privacy_accountant
 
         gaussian = GaussianMechanism(self.noise_multiplier)
@@ -94,11 +104,15 @@ class PoissonSubsampledGaussian(Mechanism):
         values[fractional] = np.minimum(np.minimum(raised, at_ceiling[fractional]), gaussian.rdp_values(orders[fractional]))
         return values
 
-    def dp_event(self):
+    def dp_event(self) -> DpEvent:
         """PoissonSampledDpEvent(q, GaussianDpEvent(sigma)) (Mironov, Talwar & Zhang 2019). Its RDP in
         dp_accounting's RdpAccountant equals this class's at integer orders; at fractional orders this
         class charges at most the series * (1 + FRACTIONAL_SERIES_MARGIN), and less where the series
-        exceeds the next integer order's value (see the class docstring)."""
+        exceeds the next integer order's value (see the class docstring).
+
+        Returns:
+            dp_accounting.PoissonSampledDpEvent(sampling_probability, GaussianDpEvent(noise_multiplier)).
+        """
         import dp_accounting
 
         return dp_accounting.PoissonSampledDpEvent(self.sampling_probability,

@@ -7,11 +7,14 @@ DPARGMAX is Confident-GNMax (dpledger.mechanisms.pate); DPWS is the construction
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
+from numpy.typing import NDArray
 from scipy.special import log_ndtr, ndtr
-import math
 import torch
 
 from dpledger.accounting.errors import require, require_bool, require_finite, require_int_at_least, require_positive
@@ -22,9 +25,23 @@ from dpledger.mechanisms.distributions import as_float64_array
 from dpledger.mechanisms.pate import histogram_sensitivity_squared, require_generator, validated_counts
 from dpledger.mechanisms.kernels import _log
 
+if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
+    from dp_accounting.dp_event import DpEvent
 
-def vote_histogram(votes, vocabulary_size: int) -> np.ndarray:
-    """c_j = #{i : y_i = j} for each token j; votes (..., N) -> counts (..., V)."""
+
+def vote_histogram(votes: npt.ArrayLike, vocabulary_size: int) -> NDArray[np.int64]:
+    """c_j = #{i : y_i = j} for each token j; votes (..., N) -> counts (..., V).
+
+    Args:
+        votes: (..., N) integer token ids in [0, vocabulary_size), one per teacher.
+        vocabulary_size: V, an integer >= 1.
+
+    Returns:
+        (..., V) int64 vote counts.
+
+    Raises:
+        ValueError: if V is not an integer >= 1, the votes are not integers in [0, V), or the teacher axis is empty.
+    """
     vocabulary_size = require_int_at_least("vocabulary_size", vocabulary_size, 1)
     votes = np.asarray(votes)
     require(np.issubdtype(votes.dtype, np.integer), f"votes must be integer token ids, got dtype {votes.dtype}")
@@ -42,8 +59,16 @@ def coordinated_votes(teachers: torch.Tensor, generator: torch.Generator | None 
 
     Hot PATE (Cohen et al. 2023), coordinated ensembles: the shared exponential draws make each
     vote's marginal exactly p_i (exponential race) while teachers that agree on the support vote
-    alike. teachers: (..., N, V); returns votes (..., N) as token indices. `log_uniform_exp` may
-    pass log u explicitly (shape (..., V)) for replay.
+    alike.
+
+    Args:
+        teachers: (..., N, V) next-token distributions, one row per teacher.
+        generator: seeds the shared Exp(1) draws (None: torch's global generator); unused when
+            `log_uniform_exp` is given.
+        log_uniform_exp: log u, shape (..., V), passed explicitly for replay; None draws it.
+
+    Returns:
+        (..., N) int64 votes, one token index per teacher.
     """
     if log_uniform_exp is None:
         shape = teachers.shape[:-2] + teachers.shape[-1:]
@@ -55,10 +80,21 @@ def coordinated_votes(teachers: torch.Tensor, generator: torch.Generator | None 
     return torch.argmax(scores, dim=-1)
 
 
-def cast_votes(teachers, coordinated: bool, seed: int) -> np.ndarray:
+def cast_votes(teachers: npt.ArrayLike | torch.Tensor, coordinated: bool, seed: int) -> NDArray[np.int64]:
     """One vote per teacher: coordinated (one shared Exp(1) vector, Gumbel-max) or independent.
 
     teachers (..., N, V). The shared randomness depends on `seed` only, never on private data.
+
+    Args:
+        teachers: (..., N, V) the teachers' next-token distributions.
+        coordinated: True for coordinated votes (shared randomness), False for independent ones.
+        seed: the public seed, an integer in [0, 2**63).
+
+    Returns:
+        (..., N) int64 token ids.
+
+    Raises:
+        ValueError: if `teachers` are not distributions, `coordinated` is not a bool or `seed` is out of range.
     """
     probs = torch.from_numpy(as_float64_array("teachers", teachers, min_ndim=2))
     coordinated = require_bool("coordinated", coordinated)
@@ -71,10 +107,37 @@ def cast_votes(teachers, coordinated: bool, seed: int) -> np.ndarray:
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1]).numpy()
 
 
-def require_finite_at_least_one(name: str, value) -> float:
-    value = require_finite(name, value)
-    require(value >= 1.0, f"{name} must be >= 1, got {value:g}")
-    return value
+def require_finite_at_least_one(name: str, value: object) -> float:
+    """Check a parameter such as TWS's gamma: a finite real >= 1.
+
+    Args:
+        name: the parameter's name, for the error message.
+        value: the value given.
+
+    Returns:
+        The value as a float.
+
+    Raises:
+        ValueError: if it is not a finite real >= 1.
+    """
+    number = require_finite(name, value)
+    require(number >= 1.0, f"{name} must be >= 1, got {number:g}")
+    return number
+
+
+def require_vote_threshold(value: object) -> int:
+    """Check a vote threshold T (TARGMAX_T, TWS_{T, gamma}): an integer >= 1 (2.0 is taken as 2).
+
+    Args:
+        value: the threshold given.
+
+    Returns:
+        T as an int.
+
+    Raises:
+        ValueError: if it is not an integer >= 1.
+    """
+    return require_int_at_least("threshold", value, 1)
 
 
 class _ThresholdPrivateOnly(Mechanism):
@@ -82,7 +145,7 @@ class _ThresholdPrivateOnly(Mechanism):
 
     relation = NeighbouringRelation.REPLACE_ONE
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         return np.full_like(orders, np.inf)
 
 
@@ -93,9 +156,20 @@ class Targmax(_ThresholdPrivateOnly):
     threshold: int
 
     def __post_init__(self) -> None:
-        set_validated(self, threshold=require_int_at_least("threshold", self.threshold, 1))
+        set_validated(self, threshold=require_vote_threshold(self.threshold))
 
-    def aggregate(self, counts) -> int | None:
+    def aggregate(self, counts: npt.ArrayLike) -> int | None:
+        """TARGMAX_T on one histogram.
+
+        Args:
+            counts: (V,) the vote histogram (V >= 2, finite non-negative integer counts).
+
+        Returns:
+            The plurality token (the lowest index of equals) if it has >= T votes, else None (fail).
+
+        Raises:
+            ValueError: if `counts` is not a valid histogram.
+        """
         counts = validated_counts(counts)
         top = int(np.argmax(counts))
         return top if counts[top] >= self.threshold else None
@@ -112,17 +186,39 @@ class ThresholdWeightedSampler(_ThresholdPrivateOnly):
     gamma: float
 
     def __post_init__(self) -> None:
-        set_validated(self, threshold=require_int_at_least("threshold", self.threshold, 1),
+        set_validated(self, threshold=require_vote_threshold(self.threshold),
                       gamma=require_finite_at_least_one("gamma", self.gamma))
 
-    def probabilities(self, counts) -> np.ndarray:
-        """Per-token output probabilities (the failure probability is 1 minus their sum)."""
+    def probabilities(self, counts: npt.ArrayLike) -> NDArray[np.float64]:
+        """Per-token output probabilities (the failure probability is 1 minus their sum).
+
+        Args:
+            counts: (V,) the vote histogram.
+
+        Returns:
+            (V,) c_j / max(n / gamma, S) for the tokens with c_j >= T, 0 for the others.
+
+        Raises:
+            ValueError: if `counts` is not a valid histogram.
+        """
         counts = validated_counts(counts)
         passing = np.where(counts >= self.threshold, counts, 0.0)
         normaliser = max(counts.sum() / self.gamma, passing.sum())
         return passing / normaliser if normaliser > 0 else passing
 
-    def aggregate(self, counts, rng: np.random.Generator) -> int | None:
+    def aggregate(self, counts: npt.ArrayLike, rng: np.random.Generator) -> int | None:
+        """TWS_{T, gamma} on one histogram.
+
+        Args:
+            counts: (V,) the vote histogram.
+            rng: the numpy generator of the one uniform draw.
+
+        Returns:
+            The sampled token, or None (fail).
+
+        Raises:
+            ValueError: if `counts` is not a valid histogram or `rng` is not a numpy Generator.
+        """
         probs = self.probabilities(counts)
         require_generator(rng)
         draw = rng.random()
@@ -162,17 +258,21 @@ class DPWeightedSampler(Mechanism):
                 f"DPWS is analysed for replace-one neighbours only, got relation {self.relation} "
                 "(pass voters = the public number of teachers to cover adding or removing one)")
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         return positive_floor(orders * histogram_sensitivity_squared(self.relation) / (2.0 * np.float64(self.sigma) ** 2))
 
-    def dp_event(self):
+    def dp_event(self) -> DpEvent:
         """GaussianDpEvent(sigma / s): RDP a s^2 / (2 sigma^2), the charge above (Mironov 2017,
-        Corollary 3 at the histogram's L2 sensitivity s under the relation)."""
+        Corollary 3 at the histogram's L2 sensitivity s under the relation).
+
+        Returns:
+            dp_accounting.GaussianDpEvent(sigma / s).
+        """
         import dp_accounting
 
         return dp_accounting.GaussianDpEvent(self.sigma / math.sqrt(histogram_sensitivity_squared(self.relation)))
 
-    def output_law_bounds(self, counts) -> tuple[np.ndarray, np.ndarray]:
+    def output_law_bounds(self, counts: npt.ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Certified (lower, upper) bounds on DPWS's output law on one histogram: arrays (V + 1,),
         entry 0 the failure, entry 1 + j the release of token j (an audit composes lower bounds of one
         law against upper bounds of another into a lower bound on epsilon(delta): the composed
@@ -191,7 +291,17 @@ class DPWeightedSampler(Mechanism):
         E[(S - a)_+] = int_a^inf Pr[S > s] ds <= min_t exp(-t a) prod_j E[exp(t g_j)] / t, with
           E[exp(t g_j)] = Phi(u_j) + exp(t c_j + t^2 sigma^2 / 2) Q(u_j - t sigma).
         The failure's bounds are 1 minus the releases' sums. Each value carries a 1e-10 relative
-        allowance for its floating-point evaluation (libm and scipy's log_ndtr err by a few ulps)."""
+        allowance for its floating-point evaluation (libm and scipy's log_ndtr err by a few ulps).
+
+        Args:
+            counts: (V,) the vote histogram.
+
+        Returns:
+            (lower, upper), each (V + 1,) probabilities, entry 0 the failure.
+
+        Raises:
+            ValueError: if `counts` is not a valid histogram.
+        """
         counts = validated_counts(counts)
         n = float(counts.sum()) if self.voters is None else float(self.voters)
         a = n / self.gamma
@@ -224,8 +334,19 @@ class DPWeightedSampler(Mechanism):
         fail_high = min(1.0, 1.0 - float(np.sum(lower)) * (1.0 - slack))
         return np.concatenate([[fail_low], lower]), np.concatenate([[fail_high], upper])
 
-    def probabilities_given_noise(self, counts, noise) -> np.ndarray:
-        """Output probabilities of each token given the Gaussian draws `noise` (the rest is fail)."""
+    def probabilities_given_noise(self, counts: npt.ArrayLike, noise: npt.ArrayLike) -> NDArray[np.float64]:
+        """Output probabilities of each token given the Gaussian draws `noise` (the rest is fail).
+
+        Args:
+            counts: (V,) the vote histogram.
+            noise: (V,) the Gaussian draws added to the counts.
+
+        Returns:
+            (V,) each token's probability of release.
+
+        Raises:
+            ValueError: if `counts` is not a valid histogram.
+        """
         counts = validated_counts(counts)
         noisy = np.maximum(counts + np.asarray(noise, dtype=np.float64), 0.0)
         passing = np.where(noisy >= self.threshold, noisy, 0.0)
@@ -233,12 +354,24 @@ class DPWeightedSampler(Mechanism):
         normaliser = max(total / self.gamma, passing.sum())
         return passing / normaliser if normaliser > 0 else passing
 
-    def aggregate(self, counts, rng: np.random.Generator) -> int | None:
-        counts = validated_counts(counts)
+    def aggregate(self, counts: npt.ArrayLike, rng: np.random.Generator) -> int | None:
+        """DPWS on one histogram.
+
+        Args:
+            counts: (V,) the vote histogram.
+            rng: the numpy generator of the Gaussian noise and the sampling draw.
+
+        Returns:
+            The sampled token, or None (fail).
+
+        Raises:
+            ValueError: if `counts` is not a valid histogram or `rng` is not a numpy Generator.
+        """
+        values = validated_counts(counts)
         require_generator(rng)
-        probs = self.probabilities_given_noise(counts, rng.normal(0.0, self.sigma, size=counts.shape))
+        probs = self.probabilities_given_noise(values, rng.normal(0.0, self.sigma, size=values.shape))
         index = int(np.searchsorted(np.cumsum(probs), rng.random(), side="right"))
-        return index if index < counts.size else None
+        return index if index < values.size else None
 
 
 DPWS_SAMPLES = 4000
@@ -251,11 +384,20 @@ DPWS_MAX_SAMPLES = 100_000
 
 def dpws_draws(histograms: int, vocab: int) -> int:
     """Gaussian draws a step for `histograms` laws over `vocab` tokens: DPWS_WORK noisy counts, within
-    [DPWS_SAMPLES, DPWS_MAX_SAMPLES]."""
+    [DPWS_SAMPLES, DPWS_MAX_SAMPLES].
+
+    Args:
+        histograms: the number H of laws.
+        vocab: the number V of tokens.
+
+    Returns:
+        The number of draws.
+    """
     return int(np.clip(DPWS_WORK // max(1, histograms * vocab), DPWS_SAMPLES, DPWS_MAX_SAMPLES))
 
 
-def _bernstein(total: np.ndarray, squares: np.ndarray, samples: int, eta: float) -> tuple[np.ndarray, np.ndarray]:
+def _bernstein(total: NDArray[np.float64], squares: NDArray[np.float64], samples: int,
+               eta: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """(lower, upper) bounds on E[X] for X in [0, 1] from `samples` draws' sum and sum of squares,
     each holding with probability >= 1 - eta (empirical Bernstein: Maurer & Pontil 2009, Theorem 4)."""
     mean = total / samples
@@ -265,12 +407,23 @@ def _bernstein(total: np.ndarray, squares: np.ndarray, samples: int, eta: float)
     return np.clip(mean - width, 0.0, 1.0), np.clip(mean + width, 0.0, 1.0)
 
 
-def dpws_law_bounds(sampler, histograms: np.ndarray, generator: torch.Generator, samples: int,
-                    eta: float) -> tuple[np.ndarray, np.ndarray]:
+def dpws_law_bounds(sampler: DPWeightedSampler, histograms: npt.ArrayLike, generator: torch.Generator, samples: int,
+                    eta: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """(lower, upper) bounds (H, V + 1) on DPWS's released law (entry 0 the failure) on each of the
     histograms (H, V): the certified analytic bounds (DPWeightedSampler.output_law_bounds) tightened
     by Monte Carlo over common Gaussian draws, each Monte Carlo bound holding with probability
-    >= 1 - eta (empirical Bernstein on the per-draw law, whose entries lie in [0, 1])."""
+    >= 1 - eta (empirical Bernstein on the per-draw law, whose entries lie in [0, 1]).
+
+    Args:
+        sampler: the DPWS mechanism.
+        histograms: (H, V) vote histograms.
+        generator: the torch generator of the common Gaussian draws.
+        samples: the number of draws, >= 2.
+        eta: each Monte Carlo bound's failure probability, in (0, 1).
+
+    Returns:
+        (lower, upper), each (H, V + 1) probabilities, column 0 the failure.
+    """
     histograms = np.asarray(histograms, dtype=np.float64)
     count, vocab = histograms.shape
     analytic = [sampler.output_law_bounds(h) for h in histograms]

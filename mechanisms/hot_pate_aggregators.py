@@ -20,10 +20,12 @@ report texts are the ones these aggregators have always printed.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
+from numpy.typing import NDArray
 from scipy.special import log_ndtr
 
 from dpledger.accounting.curve import RdpCurve
@@ -32,9 +34,12 @@ from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelati
 from dpledger.mechanisms.aggregation import (AccountingVariant, VoteAggregator, parameter, pick_token,
                                              register_aggregator)
 from dpledger.mechanisms.calibration import Calibration, calibrate_confident_gnmax, calibrate_dpws
-from dpledger.mechanisms.hot_pate import (DPWeightedSampler, Targmax, ThresholdWeightedSampler, dpws_draws,
-                                          dpws_law_bounds, require_finite_at_least_one)
+from dpledger.mechanisms.hot_pate import (DPWeightedSampler, ThresholdWeightedSampler, dpws_draws, dpws_law_bounds,
+                                          require_finite_at_least_one, require_vote_threshold)
 from dpledger.mechanisms.pate import ConfidentGNMax, GNMax, gnmax_log_output_law
+
+if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
+    from dp_accounting.dp_event import DpEvent
 
 LEGACY_PARAMETERS = {"threshold": None, "gamma": 1.0, "sigma": None, "sigma_threshold": None, "data_dependent": False}
 """The parameter table every Hot PATE run records, with the value of a key its aggregator does not read."""
@@ -66,26 +71,27 @@ class _HotPateAggregator(VoteAggregator):
         return f"T={parameters['threshold']:g}{noise}"
 
 
-def _vote_count_threshold(aggregator: VoteAggregator) -> float:
+def _vote_count_threshold(aggregator: _ThresholdPrivate, teachers: int) -> float:
     """TARGMAX's and TWS's T in a decode: a positive integer vote count <= N (else no token could pass)."""
     threshold = require_positive("threshold", aggregator.threshold)
     require(float(threshold).is_integer(), f"threshold must be an integer vote count for {aggregator.name}, "
                                            f"got {threshold!r}")
-    require(threshold <= aggregator.teachers,
-            f"threshold must be <= teachers = {aggregator.teachers} (no token could pass), got {threshold!r}")
+    require(threshold <= teachers,
+            f"threshold must be <= teachers = {teachers} (no token could pass), got {threshold!r}")
     return threshold
 
 
 class _ThresholdPrivate(_HotPateAggregator):
     """TARGMAX and TWS: T-threshold private only (Cohen et al. 2023), +inf at every order."""
 
+    threshold: float  # declared for mypy only: each registered subclass makes it a parameter field
     differentially_private: ClassVar[bool] = False
     soundness: ClassVar[str] = "+inf: the aggregator is not differentially private (docs/hotpate.md)"
 
     def components(self) -> dict[str, bool]:
         return {f"{self.name}_threshold_private": False}
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         return np.full_like(orders, np.inf, dtype=np.float64)
 
     def no_pld_reason(self) -> str | None:
@@ -94,7 +100,7 @@ class _ThresholdPrivate(_HotPateAggregator):
     def vote_floor(self) -> float | None:
         return self.threshold
 
-    def account_details(self, epsilon: float, queries: int, answered: int | None = None) -> dict:
+    def account_details(self, epsilon: float, queries: int, answered: int | None = None) -> dict[str, Any]:
         return {**self.parameters("account"),
                 "guarantee": (f"T-threshold privacy with T = {self.threshold:g}: every released token had at least "
                               "T teacher votes; a robustness notion, not differential privacy (Cohen et al. 2023)"),
@@ -125,15 +131,23 @@ class TargmaxAggregator(_ThresholdPrivate):
 
     def check(self) -> None:
         # without an ensemble (account, verify) T is validated as TARGMAX_T's own; in a decode, against N
-        threshold = Targmax(self.threshold).threshold if self.teachers is None else _vote_count_threshold(self)
+        threshold = (require_vote_threshold(self.threshold) if self.teachers is None
+                     else _vote_count_threshold(self, self.teachers))
         object.__setattr__(self, "threshold", threshold)
 
-    def decide(self, counts, generator):
+    def decide(self, counts: NDArray[np.int64], generator: torch.Generator) -> tuple[int | None, float, list[float]]:
         top = int(np.argmax(counts))
         return (top if counts[top] >= self.threshold else None), float(counts[top]), []
 
-    def log_output_law(self, counts) -> tuple[float, np.ndarray, float]:
-        """A point mass on the plurality token (the lowest index of equals) if it has >= T votes, else fail."""
+    def log_output_law(self, counts: npt.ArrayLike) -> tuple[float, NDArray[np.float64], float]:
+        """A point mass on the plurality token (the lowest index of equals) if it has >= T votes, else fail.
+
+        Args:
+            counts: (V,) the vote histogram.
+
+        Returns:
+            (log Pr[fail], (V,) log Pr[release j], 0.0: the law is exact).
+        """
         counts = np.asarray(counts, dtype=np.float64)
         law = np.zeros(counts.size)
         top = int(np.argmax(counts))
@@ -157,11 +171,13 @@ class TwsAggregator(_ThresholdPrivate):
                              unit="unitless", default=1.0, symbol="gamma", commands={"account", "verify", "decode"})
 
     def check(self) -> None:
+        threshold: float
         if self.teachers is None:
-            sampler = ThresholdWeightedSampler(self.threshold, self.gamma)
+            sampler = ThresholdWeightedSampler(require_vote_threshold(self.threshold), self.gamma)
             threshold, gamma = sampler.threshold, sampler.gamma
         else:
-            threshold, gamma = _vote_count_threshold(self), require_finite_at_least_one("gamma", self.gamma)
+            threshold = _vote_count_threshold(self, self.teachers)
+            gamma = require_finite_at_least_one("gamma", self.gamma)
         object.__setattr__(self, "threshold", threshold)
         object.__setattr__(self, "gamma", gamma)
 
@@ -169,18 +185,25 @@ class TwsAggregator(_ThresholdPrivate):
     def sampler(self) -> ThresholdWeightedSampler:
         return ThresholdWeightedSampler(int(self.threshold), self.gamma)
 
-    def decide(self, counts, generator):
+    def decide(self, counts: NDArray[np.int64], generator: torch.Generator) -> tuple[int | None, float, list[float]]:
         top = int(np.argmax(counts))
         probs = self.sampler.probabilities(counts)
         draw = float(torch.rand(1, generator=generator, dtype=torch.float64))
         return pick_token(probs, draw), float(counts[top]), [draw]
 
-    def log_output_law(self, counts) -> tuple[float, np.ndarray, float]:
-        """Its weights (ThresholdWeightedSampler.probabilities); the failure is the rest of the mass."""
+    def log_output_law(self, counts: npt.ArrayLike) -> tuple[float, NDArray[np.float64], float]:
+        """Its weights (ThresholdWeightedSampler.probabilities); the failure is the rest of the mass.
+
+        Args:
+            counts: (V,) the vote histogram.
+
+        Returns:
+            (log Pr[fail], (V,) log Pr[release j], 0.0: the law is exact).
+        """
         return _with_failure(self.sampler.probabilities(np.asarray(counts, dtype=np.float64)))
 
 
-def _with_failure(law: np.ndarray) -> tuple[float, np.ndarray, float]:
+def _with_failure(law: NDArray[np.float64]) -> tuple[float, NDArray[np.float64], float]:
     fail = max(0.0, 1.0 - float(law.sum()))
     with np.errstate(divide="ignore"):
         return (math.log(fail) if fail > 0 else -math.inf), np.log(law), 0.0
@@ -220,6 +243,7 @@ class DpargmaxAggregator(_HotPateAggregator):
                                      commands={"decode"})
 
     def check(self) -> None:
+        threshold: float | None
         if self.teachers is not None:   # a decode: T is required (decode_required) and a positive vote count
             threshold = require_positive("threshold", self.threshold)
         else:
@@ -241,12 +265,22 @@ class DpargmaxAggregator(_HotPateAggregator):
     def components(self) -> dict[str, bool]:
         return {"confident_gnmax_screen": False, self.answer_component: self.data_dependent}
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def _decode_threshold(self) -> float:
+        """T, which deciding and the output law need (a decode requires it; accounting does not)."""
+        if self.threshold is None:
+            raise ValueError(f"aggregator {self.name} needs the screen threshold T to decide or give its output law")
+        return self.threshold
+
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         return self.confident_gnmax.rdp_values(orders)
 
-    def dp_event(self):
+    def dp_event(self) -> DpEvent | None:
         """Confident-GNMax's Gaussians (released-output accounting). None for realised-path accounting (the
-        charge depends on the screen's outcome) and for Theorem 6's data-dependent answer."""
+        charge depends on the screen's outcome) and for Theorem 6's data-dependent answer.
+
+        Returns:
+            ConfidentGNMax.dp_event()'s event, or None.
+        """
         if self.accounting is not PathAccounting.RELEASED_OUTPUT or self.data_dependent:
             return None
         return self.confident_gnmax.dp_event()
@@ -258,19 +292,32 @@ class DpargmaxAggregator(_HotPateAggregator):
             return "the answer is charged Papernot et al. 2018's data-dependent Theorem 6: no PLD in dp-accounting"
         return super().no_pld_reason()
 
-    def decide(self, counts, generator):
+    def decide(self, counts: NDArray[np.int64], generator: torch.Generator) -> tuple[int | None, float, list[float]]:
         """The statistic is the noisy maximum count; the noise list is the screen's draw and, where it
-        passed, the winning noisy count."""
+        passed, the winning noisy count.
+
+        Args:
+            counts: (V,) the vote histogram.
+            generator: the step's torch generator.
+
+        Returns:
+            (released token or None, noisy maximum count, [screen noise] or [screen noise, winning noisy count]).
+
+        Raises:
+            ValueError: if the aggregator has no threshold T.
+        """
+        threshold = self._decode_threshold()
         top = int(np.argmax(counts))
         screen_noise = float(torch.randn(1, generator=generator, dtype=torch.float64)) * self.sigma_threshold
         statistic = float(counts[top]) + screen_noise
-        if statistic < self.threshold:
+        if statistic < threshold:
             return None, statistic, [screen_noise]
         noisy = counts + torch.randn(counts.size, generator=generator, dtype=torch.float64).numpy() * self.sigma
         token = int(np.argmax(noisy))
         return token, statistic, [screen_noise, float(noisy[token])]
 
-    def charges(self, counts: np.ndarray, passed: np.ndarray, orders: np.ndarray) -> dict[str, np.ndarray]:
+    def charges(self, counts: NDArray[np.int64], passed: NDArray[np.bool_],
+                orders: NDArray[np.float64]) -> dict[str, NDArray[np.float64]]:
         rows = counts.shape[0]
         screen = np.broadcast_to(self.confident_gnmax.screen_rdp(orders), (rows, orders.size)).copy()
         if self.data_dependent:
@@ -283,58 +330,111 @@ class DpargmaxAggregator(_HotPateAggregator):
             answer = np.where(np.asarray(passed, dtype=bool)[:, None], answer, 0.0)
         return {"confident_gnmax_screen": screen, self.answer_component: answer}
 
-    def realised_path_bounds(self, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Confident-GNMax's screen (every step) and its answer (passed steps only), data-independent."""
+    def realised_path_bounds(self, orders: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]] | None:
+        """Confident-GNMax's screen (every step) and its answer (passed steps only), data-independent.
+
+        Args:
+            orders: (K,) Renyi orders, each > 1.
+
+        Returns:
+            (screen RDP, answer RDP), each (K,), under realised-path accounting; None otherwise.
+        """
         if self.accounting is not PathAccounting.REALISED_PATH:
             return None
         return self.confident_gnmax.screen_rdp(orders), self.confident_gnmax.answer_rdp(orders)
 
-    def log_output_law(self, counts) -> tuple[float, np.ndarray, float]:
-        """Pr[fail] = Phi((T - max c) / s1); the answer's law is GNMax's (`gnmax_log_output_law`)."""
-        counts = np.asarray(counts, dtype=np.float64)
-        log_fail, log_pass = self.log_screen_law(counts)
-        answer, error = gnmax_log_output_law(counts, self.sigma)
+    def log_output_law(self, counts: npt.ArrayLike) -> tuple[float, NDArray[np.float64], float]:
+        """Pr[fail] = Phi((T - max c) / s1); the answer's law is GNMax's (`gnmax_log_output_law`).
+
+        Args:
+            counts: (V,) the vote histogram.
+
+        Returns:
+            (log Pr[fail], (V,) log Pr[release j], the GNMax law's relative numerical error).
+
+        Raises:
+            ValueError: if the aggregator has no threshold T.
+        """
+        values = np.asarray(counts, dtype=np.float64)
+        log_fail, log_pass = self.log_screen_law(values)
+        answer, error = gnmax_log_output_law(values, self.sigma)
         return log_fail, log_pass + answer, error
 
-    def log_answer_law(self, counts) -> tuple[np.ndarray, float]:
-        """The token law given that the screen passed (GNMax's), in logs, with its error."""
+    def log_answer_law(self, counts: npt.ArrayLike) -> tuple[NDArray[np.float64], float]:
+        """The token law given that the screen passed (GNMax's), in logs, with its error.
+
+        Args:
+            counts: (V,) the vote histogram.
+
+        Returns:
+            ((V,) log Pr[release j | passed], relative numerical error).
+        """
         return gnmax_log_output_law(np.asarray(counts, dtype=np.float64), self.sigma)
 
-    def log_screen_law(self, counts) -> tuple[float, float]:
-        """(log Pr[fail], log Pr[pass]) on one histogram."""
-        top = float(np.max(counts))
-        return (float(log_ndtr((self.threshold - top) / self.sigma_threshold)),
-                float(log_ndtr((top - self.threshold) / self.sigma_threshold)))
+    def log_screen_law(self, counts: npt.ArrayLike) -> tuple[float, float]:
+        """(log Pr[fail], log Pr[pass]) on one histogram.
 
-    def sample_outputs(self, counts: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
-        counts = counts.astype(np.float64)
-        passes = counts.max() + rng.normal(0.0, self.sigma_threshold, draws) >= self.threshold
-        tokens = np.argmax(counts + rng.normal(0.0, self.sigma, (draws, counts.size)), axis=1)
-        return np.where(passes, tokens, -1)
+        Args:
+            counts: (V,) the vote histogram.
+
+        Returns:
+            (log Phi((T - max c) / s1), log Phi((max c - T) / s1)).
+
+        Raises:
+            ValueError: if the aggregator has no threshold T.
+        """
+        threshold = self._decode_threshold()
+        top = float(np.max(counts))
+        return (float(log_ndtr((threshold - top) / self.sigma_threshold)),
+                float(log_ndtr((top - threshold) / self.sigma_threshold)))
+
+    def sample_outputs(self, counts: NDArray[np.int64], draws: int, rng: np.random.Generator) -> NDArray[np.int64]:
+        threshold = self._decode_threshold()
+        values = counts.astype(np.float64)
+        passes = values.max() + rng.normal(0.0, self.sigma_threshold, draws) >= threshold
+        tokens = np.argmax(values + rng.normal(0.0, self.sigma, (draws, values.size)), axis=1)
+        outputs: NDArray[np.int64] = np.where(passes, tokens, -1)
+        return outputs
 
     # -- dpledger account / verify / calibrate ------------------------------------------------------------
 
-    def _screen_and_answer(self, orders) -> tuple[RdpCurve, RdpCurve]:
-        grid = np.asarray(orders, dtype=np.float64)
+    def _screen_and_answer(self, orders: Sequence[float]) -> tuple[RdpCurve, RdpCurve]:
+        given = tuple(float(order) for order in orders)
+        grid = np.asarray(given, dtype=np.float64)
         mechanism = self.confident_gnmax
-        return (RdpCurve(orders, mechanism.screen_rdp(grid), mechanism.relation),
-                RdpCurve(orders, mechanism.answer_rdp(grid), mechanism.relation))
+        return (RdpCurve(given, mechanism.screen_rdp(grid), mechanism.relation),
+                RdpCurve(given, mechanism.answer_rdp(grid), mechanism.relation))
 
-    def account_curve(self, orders, queries: int, answered: int | None = None) -> RdpCurve:
+    def account_curve(self, orders: Sequence[float], queries: int, answered: int | None = None) -> RdpCurve:
         """Q screens plus GNMax on Q queries (released-output) or on the K answered ones (realised-path),
         adaptive composition (Mironov 2017, Proposition 1); a realised-path total is data-dependent: K
-        depends on the private data through the screen."""
+        depends on the private data through the screen.
+
+        Args:
+            orders: Renyi orders, each > 1.
+            queries: the number Q of steps, >= 0.
+            answered: the number K of answered steps (realised-path accounting needs it).
+
+        Returns:
+            The composed RdpCurve, marked data-dependent under realised-path accounting.
+
+        Raises:
+            ValueError: under realised-path accounting without `answered`, or for a negative count.
+        """
         screen, answer = self._screen_and_answer(orders)
         realised = self.accounting is PathAccounting.REALISED_PATH
-        curve = screen.composed(queries) + answer.composed(answered if realised else queries)
+        charged = answered if realised else queries
+        if charged is None:
+            raise ValueError("realised-path accounting needs the number of answered queries")
+        curve = screen.composed(queries) + answer.composed(charged)
         if realised:
             curve = RdpCurve(curve.orders, curve.values, curve.relation, True, curve.direction)
         return curve
 
-    def account_details(self, epsilon: float, queries: int, answered: int | None = None) -> dict:
+    def account_details(self, epsilon: float, queries: int, answered: int | None = None) -> dict[str, Any]:
         realised = self.accounting is PathAccounting.REALISED_PATH
         charged_answers = answered if realised else queries
-        record = {"accounting": self.accounting.value, "dp_guarantee": not realised and math.isfinite(epsilon),
+        record: dict[str, Any] = {"accounting": self.accounting.value, "dp_guarantee": not realised and math.isfinite(epsilon),
                   "sigma": self.sigma, "sigma_threshold": self.sigma_threshold, "threshold": self.threshold,
                   "charged": {"screen_queries": queries, "gnmax_queries": charged_answers}}
         if realised:
@@ -349,9 +449,20 @@ class DpargmaxAggregator(_HotPateAggregator):
                               "Proposition 1); T is recorded, the RDP does not depend on it")
         return record
 
-    def verify_accounts(self, orders, queries: int, answered: int | None, path: PathAccounting,
+    def verify_accounts(self, orders: Sequence[float], queries: int, answered: int | None, path: PathAccounting,
                         relation: NeighbouringRelation) -> list[AccountingVariant]:
-        """At replace-one whatever the claim's relation (it covers them all: Papernot et al. 2018, Proposition 8)."""
+        """At replace-one whatever the claim's relation (it covers them all: Papernot et al. 2018, Proposition 8).
+
+        Args:
+            orders: Renyi orders, each > 1.
+            queries: the number of steps.
+            answered: the number of answered steps, if known (adds the realised-path variant).
+            path: the claim's path accounting (which variant it declared).
+            relation: the claim's relation (covered whatever it is).
+
+        Returns:
+            The released-output variant, and the realised-path one when `answered` is given.
+        """
         screen, answer = self.with_context(relation=NeighbouringRelation.REPLACE_ONE)._screen_and_answer(orders)
         accounts = [AccountingVariant("released-output", "proven",
                                       "threshold check a/(2 s1^2) plus GNMax a/s2^2 on every query: a bound on the "
@@ -368,8 +479,20 @@ class DpargmaxAggregator(_HotPateAggregator):
         return accounts
 
     @classmethod
-    def calibrate(cls, epsilon: float, delta: float, queries: int, fixed: Mapping[str, Any], **options) -> Calibration:
-        """Confident-GNMax's s2 with s1 = ratio * s2 (dpledger.mechanisms.calibration.calibrate_confident_gnmax)."""
+    def calibrate(cls, epsilon: float, delta: float, queries: int, fixed: Mapping[str, Any],
+                  **options: Any) -> Calibration:
+        """Confident-GNMax's s2 with s1 = ratio * s2 (dpledger.mechanisms.calibration.calibrate_confident_gnmax).
+
+        Args:
+            epsilon: the target epsilon, > 0.
+            delta: the target delta, in (0, 1).
+            queries: the number of steps, >= 1.
+            fixed: must hold "ratio" (s1 / s2); "threshold" is recorded (None: 0).
+            **options: passed on to calibrate_confident_gnmax.
+
+        Returns:
+            The Calibration of s2.
+        """
         threshold = 0.0 if fixed.get("threshold") is None else fixed["threshold"]
         return calibrate_confident_gnmax(epsilon, delta, queries, ratio=fixed["ratio"], threshold=threshold,
                                          mechanism_name=cls.name, **options)
@@ -434,62 +557,110 @@ class DpwsAggregator(_HotPateAggregator):
     def component(self) -> str:
         return "dpws_gaussian"
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         return self.dpws.rdp_values(orders)
 
-    def dp_event(self):
+    def dp_event(self) -> DpEvent:
         return self.dpws.dp_event()
 
-    def decide(self, counts, generator):
-        """The statistic is the noisy maximum count; the noise list is the sampling draw."""
+    def decide(self, counts: NDArray[np.int64], generator: torch.Generator) -> tuple[int | None, float, list[float]]:
+        """The statistic is the noisy maximum count; the noise list is the sampling draw.
+
+        Args:
+            counts: (V,) the vote histogram.
+            generator: the step's torch generator (the Gaussian noise, then the sampling draw).
+
+        Returns:
+            (released token or None, noisy maximum count, [sampling draw]).
+        """
         noise = torch.randn(counts.size, generator=generator, dtype=torch.float64).numpy() * self.sigma
         probs = self.dpws.probabilities_given_noise(counts, noise)
         draw = float(torch.rand(1, generator=generator, dtype=torch.float64))
         return pick_token(probs, draw), float(np.max(counts + noise)), [draw]
 
-    def sample_outputs(self, counts: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
-        counts = counts.astype(np.float64)
-        noisy = np.maximum(counts + rng.normal(0.0, self.sigma, (draws, counts.size)), 0.0)
+    def sample_outputs(self, counts: NDArray[np.int64], draws: int, rng: np.random.Generator) -> NDArray[np.int64]:
+        values = counts.astype(np.float64)
+        noisy = np.maximum(values + rng.normal(0.0, self.sigma, (draws, values.size)), 0.0)
         passing = np.where(noisy >= self.threshold, noisy, 0.0)
-        normaliser = np.maximum(self.teachers / self.gamma, passing.sum(axis=1, keepdims=True))
+        # n as DPWeightedSampler reads it: the public voter count, else the histogram's own total
+        voters = float(values.sum()) if self.teachers is None else self.teachers
+        normaliser = np.maximum(voters / self.gamma, passing.sum(axis=1, keepdims=True))
         cumulative = np.cumsum(passing / normaliser, axis=1)
         index = (cumulative < rng.random((draws, 1))).sum(axis=1)
-        return np.where(index < counts.size, index, -1)
+        outputs: NDArray[np.int64] = np.where(index < values.size, index, -1)
+        return outputs
 
-    def surrogate_divergence(self, counts: np.ndarray, neighbour: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    def surrogate_divergence(self, counts: NDArray[np.int64], neighbour: NDArray[np.int64],
+                             orders: NDArray[np.float64]) -> NDArray[np.float64]:
         """The Gaussian noisy histogram's divergence a ||c - c'||^2 / (2 sigma^2) (Mironov 2017, Corollary 3),
-        which bounds the released law's: DPWS post-processes the noisy histogram."""
+        which bounds the released law's: DPWS post-processes the noisy histogram.
+
+        Args:
+            counts: (V,) the vote histogram.
+            neighbour: (V,) a neighbouring histogram.
+            orders: (K,) Renyi orders, each > 1.
+
+        Returns:
+            (K,) a ||c - c'||^2 / (2 sigma^2) at each order a.
+        """
         squared = float(np.sum((counts - neighbour) ** 2))
         return orders * squared / (2.0 * self.sigma ** 2)
 
-    def output_law_bounds(self, counts) -> tuple[np.ndarray, np.ndarray]:
+    def output_law_bounds(self, counts: npt.ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         return self.dpws.output_law_bounds(counts)
 
-    def sampled_law_bounds(self, histograms: np.ndarray, generator: torch.Generator,
-                           eta: float) -> tuple[np.ndarray, np.ndarray]:
-        histograms = np.asarray(histograms, dtype=np.float64)
-        return dpws_law_bounds(self.dpws, histograms, generator, self.sampled_law_draws(*histograms.shape), eta)
+    def sampled_law_bounds(self, histograms: NDArray[np.int64], generator: torch.Generator,
+                           eta: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        values = np.asarray(histograms, dtype=np.float64)
+        return dpws_law_bounds(self.dpws, values, generator, self.sampled_law_draws(*values.shape), eta)
 
     def sampled_law_draws(self, histograms: int, vocabulary: int) -> int:
         return dpws_draws(histograms, vocabulary)
 
-    def account_details(self, epsilon: float, queries: int, answered: int | None = None) -> dict:
+    def account_details(self, epsilon: float, queries: int, answered: int | None = None) -> dict[str, Any]:
         return {"dp_guarantee": math.isfinite(epsilon), "sigma": self.sigma, "threshold": self.threshold,
                 "gamma": self.gamma, "note": self.account_note}
 
-    def verify_accounts(self, orders, queries: int, answered: int | None, path: PathAccounting,
+    def verify_accounts(self, orders: Sequence[float], queries: int, answered: int | None, path: PathAccounting,
                         relation: NeighbouringRelation) -> list[AccountingVariant]:
-        """At replace-one: the claim's voters make add/remove covered too (covered_relations)."""
+        """At replace-one: the claim's voters make add/remove covered too (covered_relations).
+
+        Args:
+            orders: Renyi orders, each > 1.
+            queries: the number of steps.
+            answered: unused (DPWS charges every step).
+            path: unused (one accounting).
+            relation: unused (the replace-one curve covers what covered_relations lists).
+
+        Returns:
+            One proven variant: the Gaussian counts' curve over `queries` steps.
+        """
         curve = DPWeightedSampler(self.sigma, self.threshold, self.gamma).rdp_curve(orders).composed(queries)
         return [AccountingVariant("gaussian-counts", "proven", self.soundness, True, curve)]
 
     def covered_relations(self) -> set[NeighbouringRelation]:
-        """Replace-one; adding or removing one only with a public voter count (its normaliser)."""
+        """Replace-one; adding or removing one only with a public voter count (its normaliser).
+
+        Returns:
+            {REPLACE_ONE}, plus ADD_OR_REMOVE_ONE, REMOVE_ONE and ADD_ONE when `teachers` is given.
+        """
         return {NeighbouringRelation.REPLACE_ONE} | (_ADD_REMOVE if self.teachers is not None else set())
 
     @classmethod
-    def calibrate(cls, epsilon: float, delta: float, queries: int, fixed: Mapping[str, Any], **options) -> Calibration:
-        """DPWS's sigma (dpledger.mechanisms.calibration.calibrate_dpws)."""
+    def calibrate(cls, epsilon: float, delta: float, queries: int, fixed: Mapping[str, Any],
+                  **options: Any) -> Calibration:
+        """DPWS's sigma (dpledger.mechanisms.calibration.calibrate_dpws).
+
+        Args:
+            epsilon: the target epsilon, > 0.
+            delta: the target delta, in (0, 1).
+            queries: the number of steps, >= 1.
+            fixed: must hold "threshold" and "gamma".
+            **options: passed on to calibrate_dpws.
+
+        Returns:
+            The Calibration of sigma.
+        """
         return calibrate_dpws(epsilon, delta, queries, threshold=fixed["threshold"], gamma=fixed["gamma"], **options)
 
     @classmethod

@@ -30,10 +30,12 @@ relation of the run:
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
+import numpy.typing as npt
 import torch
+from numpy.typing import NDArray
 from scipy.special import logsumexp
 
 from dpledger.accounting.errors import require_positive
@@ -53,11 +55,21 @@ checks it against 60-digit arithmetic): it is never below the exact value."""
 
 def histogram_l1_sensitivity(relation: NeighbouringRelation) -> int:
     """Delta_1 of a vote histogram: 2 when one teacher is replaced (one count down, one up), 1 when one
-    is added or removed (one count moves by one) (Dwork & Roth 2014, Definition 3.1's l1 sensitivity)."""
+    is added or removed (one count moves by one) (Dwork & Roth 2014, Definition 3.1's l1 sensitivity).
+
+    Args:
+        relation: the neighbouring relation (or its value).
+
+    Returns:
+        Delta_1: 2 under replace-one, 1 otherwise.
+
+    Raises:
+        ValueError: if `relation` names no NeighbouringRelation.
+    """
     return 2 if NeighbouringRelation(relation) is NeighbouringRelation.REPLACE_ONE else 1
 
 
-def _excess_exp(x: np.ndarray) -> np.ndarray:
+def _excess_exp(x: NDArray[np.float64]) -> NDArray[np.float64]:
     """e^x - 1 - x >= 0 without cancellation: its Taylor series sum_{k >= 2} x^k / k! for |x| < 1 (to
     k = 24, a remainder below 1e-24 of the sum), expm1(x) - x otherwise (a cancellation of at most 3x)."""
     x = np.asarray(x, dtype=np.float64)
@@ -68,10 +80,11 @@ def _excess_exp(x: np.ndarray) -> np.ndarray:
         series += term
         term = term * xs / k
     with np.errstate(over="ignore"):
-        return np.where(small, series, np.expm1(x) - x)
+        excess: NDArray[np.float64] = np.where(small, series, np.expm1(x) - x)
+    return excess
 
 
-def laplace_rdp(orders, ratio: float) -> np.ndarray:
+def laplace_rdp(orders: Iterable[float], ratio: float) -> NDArray[np.float64]:
     """f_a(t) = D_a(Lap(0, b) || Lap(t b, b)) at each order a, t = sensitivity / scale = `ratio`
     (Mironov 2017, Proposition 6):
         f_a(t) = 1/(a-1) log( a/(2a-1) e^{(a-1) t} + (a-1)/(2a-1) e^{-a t} ).
@@ -79,10 +92,20 @@ def laplace_rdp(orders, ratio: float) -> np.ndarray:
         [a (e^A - 1 - A) + (a-1) (e^{-B} - 1 + B)] / (2a-1),
     a sum of two non-negative terms (no cancellation; `_excess_exp`): f = log1p(that) / (a-1). Where a e^A
     would leave double range the log form is used (no cancellation there: the argument exceeds e^600 / 2).
-    Not rounded (see `LaplaceNoisyMaxAggregator.rdp_values`)."""
-    orders = validated_orders(orders)
+    Not rounded (see `LaplaceNoisyMaxAggregator.rdp_values`).
+
+    Args:
+        orders: Renyi orders, each finite and > 1.
+        ratio: t = sensitivity / scale, finite and > 0.
+
+    Returns:
+        A float64 array, f_a(t) at each order.
+
+    Raises:
+        ValueError: if an order is not finite and > 1 or ratio is not finite and > 0.
+    """
+    a = validated_orders(orders)
     t = require_positive("ratio", ratio)
-    a = orders
     big = (a - 1.0) * t + np.log(a) > 600.0
     with np.errstate(over="ignore", invalid="ignore"):
         A, B = (a - 1.0) * t, a * t
@@ -90,12 +113,15 @@ def laplace_rdp(orders, ratio: float) -> np.ndarray:
             / (2.0 * a - 1.0)
         direct = np.logaddexp(np.log(a / (2.0 * a - 1.0)) + A, np.log((a - 1.0) / (2.0 * a - 1.0)) - B)
         values = np.where(big, direct, np.log1p(excess)) / (a - 1.0)
-    return np.where(np.isnan(values), np.inf, values)   # an infinite t: +inf (no guarantee)
+    result: NDArray[np.float64] = np.where(np.isnan(values), np.inf, values)   # an infinite t: +inf (no guarantee)
+    return result
 
 
-def _log_laplace_cdf(z: np.ndarray) -> np.ndarray:
+def _log_laplace_cdf(z: NDArray[np.float64]) -> NDArray[np.float64]:
     """log F(z) of the standard Laplace CDF: z - log 2 for z < 0, log(1 - e^{-z} / 2) for z >= 0."""
-    return np.where(z < 0, np.minimum(z, 0.0) - _LOG2, np.log1p(-0.5 * np.exp(-np.maximum(z, 0.0))))
+    result: NDArray[np.float64] = np.where(z < 0, np.minimum(z, 0.0) - _LOG2,
+                                           np.log1p(-0.5 * np.exp(-np.maximum(z, 0.0))))
+    return result
 
 
 STEEPNESS = 2.0
@@ -107,13 +133,14 @@ WINDOW = 60.0
 log-integrand's tails are below e^-WINDOW / (1 - e^-WINDOW) (< 1e-26) of the integral (the docstring below)."""
 
 
-def _log_integral(offsets: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+def _log_integral(offsets: NDArray[np.float64], weights: NDArray[np.float64]) -> tuple[float, float]:
     """log int h(t) dt, h(t) = e^{-|t|} / 2 prod_w F(t + offsets[w])^{weights[w]}, by 16- and by 8-point
     Gauss-Legendre over the window (`laplace_noisy_max_log_law` has the analysis)."""
 
-    def log_h(t):
-        t = np.asarray(t, dtype=np.float64)
-        return -np.abs(t) - _LOG2 + (weights * _log_laplace_cdf(t[..., None] + offsets)).sum(axis=-1)
+    def log_h(t: float | NDArray[np.float64]) -> NDArray[np.float64]:
+        at = np.asarray(t, dtype=np.float64)
+        result: NDArray[np.float64] = -np.abs(at) - _LOG2 + (weights * _log_laplace_cdf(at[..., None] + offsets)).sum(axis=-1)
+        return result
 
     def slope(t: float) -> float:
         """d/dt log h just right of t: -sign(t) plus sum_w m'_w F'/F (1 left of 0, e^{-z}/2 / F right of it)."""
@@ -143,7 +170,8 @@ def _log_integral(offsets: np.ndarray, weights: np.ndarray) -> tuple[float, floa
 
     left, right = end(-1.0), end(1.0)
     edges = np.unique(np.concatenate([[left, right], kinks[(kinks > left) & (kinks < right)]]))
-    intervals, pending = [], [(float(a), float(b)) for a, b in zip(edges[:-1], edges[1:])]
+    intervals: list[tuple[float, float]] = []
+    pending = [(float(a), float(b)) for a, b in zip(edges[:-1], edges[1:])]
     while pending:   # halve an interval until |slope| x width <= STEEPNESS at both ends (the largest on it)
         a, b = pending.pop()
         steep = max(abs(slope(a)), abs(slope(float(np.nextafter(b, -np.inf)))))
@@ -160,7 +188,7 @@ def _log_integral(offsets: np.ndarray, weights: np.ndarray) -> tuple[float, floa
     return totals[0], totals[1]
 
 
-def laplace_noisy_max_log_law(counts, scale: float) -> tuple[np.ndarray, float]:
+def laplace_noisy_max_log_law(counts: npt.ArrayLike, scale: float) -> tuple[NDArray[np.float64], float]:
     """log Pr[argmax_j (c_j + Z_j) = j] for every token (Z_j i.i.d. Laplace(scale)), and the quadrature's
     relative error estimate.
 
@@ -177,10 +205,21 @@ def laplace_noisy_max_log_law(counts, scale: float) -> tuple[np.ndarray, float]:
     e^-WINDOW / (1 - e^-WINDOW) of the integral. Inside the window every piece between kinks is halved into
     intervals on which |slope| times the width is at most STEEPNESS (the largest |slope| of a concave
     function on an interval is at an end) and integrated by 16-point Gauss-Legendre. The error estimate is the larger
-    of |sum - 1| and the largest relative change against 8 points per interval."""
-    counts = validated_counts(counts)
+    of |sum - 1| and the largest relative change against 8 points per interval.
+
+    Args:
+        counts: (V,) the vote histogram.
+        scale: the Laplace scale b, > 0 (votes).
+
+    Returns:
+        ((V,) log Pr[token j wins], the relative error estimate, at least 1e-25).
+
+    Raises:
+        ValueError: if `counts` is not a valid histogram or scale is not > 0.
+    """
+    histogram = validated_counts(counts)
     scale = require_positive("scale", scale)
-    values, inverse, multiplicity = np.unique(counts, return_inverse=True, return_counts=True)
+    values, inverse, multiplicity = np.unique(histogram, return_inverse=True, return_counts=True)
     fine, coarse = np.empty(values.size), np.empty(values.size)
     for k, value in enumerate(values):
         weights = multiplicity.astype(np.float64)
@@ -228,8 +267,15 @@ class LaplaceNoisyMaxAggregator(VoteAggregator):
         with np.errstate(over="ignore"):
             return float(np.nextafter(np.float64(self.sensitivity) / np.float64(self.scale), np.inf))
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
-        """min(Delta_1 f_a(1/b), Delta_1 / b), rounded up: see the module docstring."""
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        """min(Delta_1 f_a(1/b), Delta_1 / b), rounded up: see the module docstring.
+
+        Args:
+            orders: Renyi orders, each finite and > 1.
+
+        Returns:
+            A float64 array, one value per order (+inf everywhere when 1/b overflows).
+        """
         with np.errstate(over="ignore", divide="ignore"):
             ratio = np.float64(1.0) / np.float64(self.scale)
             if not math.isfinite(ratio):   # a scale whose inverse overflows: no guarantee
@@ -241,26 +287,52 @@ class LaplaceNoisyMaxAggregator(VoteAggregator):
         return ("Laplace noisy max has no DpEvent dpledger reads back (its dp-accounting interop is Gaussian): "
                 "no PLD; RDP only")
 
-    def decide(self, counts: np.ndarray, generator: torch.Generator) -> tuple[int | None, float, list[float]]:
+    def decide(self, counts: NDArray[np.int64], generator: torch.Generator) -> tuple[int | None, float, list[float]]:
         """Laplace(b) noise as b (E_1 - E_2), two Exp(1) draws per count (their difference is a standard
-        Laplace variable); the statistic and the recorded noise are the noisy maximum."""
+        Laplace variable); the statistic and the recorded noise are the noisy maximum.
+
+        Args:
+            counts: (V,) the vote histogram.
+            generator: the step's torch generator (2 V exponential draws).
+
+        Returns:
+            (the noisy argmax, the noisy maximum, [the noisy maximum]).
+        """
         draws = torch.empty((2, counts.size), dtype=torch.float64).exponential_(generator=generator).numpy()
         noisy = counts + self.scale * (draws[0] - draws[1])
         token = int(np.argmax(noisy))
         return token, float(noisy[token]), [float(noisy[token])]
 
-    def log_output_law(self, counts) -> tuple[float, np.ndarray, float]:
-        """It never fails: (-inf, log Pr[argmax = j], error) (`laplace_noisy_max_log_law`)."""
+    def log_output_law(self, counts: npt.ArrayLike) -> tuple[float, NDArray[np.float64], float]:
+        """It never fails: (-inf, log Pr[argmax = j], error) (`laplace_noisy_max_log_law`).
+
+        Args:
+            counts: (V,) the vote histogram.
+
+        Returns:
+            (-inf, (V,) log Pr[argmax = j], the relative error estimate).
+        """
         law, error = laplace_noisy_max_log_law(np.asarray(counts, dtype=np.float64), self.scale)
         return -math.inf, law, error
 
-    def sample_outputs(self, counts: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
-        counts = np.asarray(counts, dtype=np.float64)
-        return np.argmax(counts + rng.laplace(0.0, self.scale, (draws, counts.size)), axis=1)
+    def sample_outputs(self, counts: NDArray[np.int64], draws: int, rng: np.random.Generator) -> NDArray[np.int64]:
+        values = np.asarray(counts, dtype=np.float64)
+        outputs: NDArray[np.int64] = np.argmax(values + rng.laplace(0.0, self.scale, (draws, values.size)), axis=1)
+        return outputs
 
-    def account_details(self, epsilon: float, queries: int, answered: int | None = None) -> dict:
+    def account_details(self, epsilon: float, queries: int, answered: int | None = None) -> dict[str, Any]:
         """The scale, and beside the RDP epsilon the pure (Q Delta_1 / b, 0) guarantee of basic composition
-        (Dwork & Roth 2014, Theorem 3.16)."""
+        (Dwork & Roth 2014, Theorem 3.16).
+
+        Args:
+            epsilon: the accounted epsilon (+inf: no guarantee).
+            queries: the number Q of steps.
+            answered: unused (every step is charged).
+
+        Returns:
+            JSON-ready details: dp_guarantee, scale, l1_sensitivity, the pure epsilons per query and in
+            total, the note.
+        """
         with np.errstate(over="ignore"):
             pure = float(np.nextafter(np.float64(queries) * np.float64(self.pure_epsilon), np.inf))
         return {"dp_guarantee": math.isfinite(epsilon), "scale": self.scale, "l1_sensitivity": self.sensitivity,

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+import numpy.typing as npt
+from numpy.typing import NDArray
 from scipy.special import log_ndtr, logsumexp
 from scipy.stats import norm
 
@@ -24,55 +27,100 @@ from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelati
 from dpledger.accounting.rounding import SMALLEST_POSITIVE, positive_floor
 from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 
+if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
+    from dp_accounting.dp_event import DpEvent
 
-def validated_counts(counts) -> np.ndarray:
-    """A vote histogram as float64: 1-D over >= 2 tokens, every count a finite non-negative integer."""
+
+def validated_counts(counts: npt.ArrayLike) -> NDArray[np.float64]:
+    """A vote histogram as float64: 1-D over >= 2 tokens, every count a finite non-negative integer.
+
+    Args:
+        counts: (V,) vote counts (any real dtype).
+
+    Returns:
+        A float64 copy, shape (V,).
+
+    Raises:
+        ValueError: if the counts are not numbers, not 1-D over >= 2 tokens, or not finite non-negative integers.
+    """
     raw = np.asarray(counts)
     require(raw.dtype.kind in "biuf", f"counts must be numbers, got dtype {raw.dtype}")
-    counts = raw.astype(np.float64)
-    require(counts.ndim == 1 and counts.size >= 2, f"counts must be a 1-D histogram over >= 2 tokens, got shape {counts.shape}")
+    values = raw.astype(np.float64)
+    require(values.ndim == 1 and values.size >= 2, f"counts must be a 1-D histogram over >= 2 tokens, got shape {values.shape}")
     with np.errstate(invalid="ignore"):  # NaN and inf are caught by the finiteness test itself
-        bad = ~np.isfinite(counts) | (counts < 0) | (counts != np.round(counts))
+        bad = ~np.isfinite(values) | (values < 0) | (values != np.round(values))
     if np.any(bad):
         index = int(np.argmax(bad))
-        raise ValueError(f"counts must be finite non-negative integers, got {float(counts[index])!r} at index {index}")
-    return counts
+        raise ValueError(f"counts must be finite non-negative integers, got {float(values[index])!r} at index {index}")
+    return values
 
 
-def require_generator(rng) -> np.random.Generator:
-    require(isinstance(rng, np.random.Generator), f"rng must be a numpy Generator (np.random.default_rng(seed)), got {rng!r}")
+def require_generator(rng: object) -> np.random.Generator:
+    """Check that `rng` is a numpy Generator (a legacy RandomState or a seed is refused).
+
+    Args:
+        rng: the value given.
+
+    Returns:
+        `rng` itself.
+
+    Raises:
+        ValueError: if it is not a numpy Generator.
+    """
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a numpy Generator (np.random.default_rng(seed)), got {rng!r}")
     return rng
 
 
-def _log_union_bound(gaps: np.ndarray, sigma: float) -> float:
+def _log_union_bound(gaps: NDArray[np.float64], sigma: float) -> float:
     """log sum_j Pr[N(0, 2 sigma^2) >= gap_j] (the noisy difference of two counts has variance 2 sigma^2)."""
     return float(logsumexp(norm.logsf(gaps, scale=math.sqrt(2.0) * sigma)))
 
 
-def log_q_gnmax(counts, sigma: float) -> float:
+def log_q_gnmax(counts: npt.ArrayLike, sigma: float) -> float:
     """log of an upper bound q~ on Pr[GNMax(counts) != argmax counts] (Papernot et al. 2018, Proposition 7).
 
     q~ = sum_{j != j*} Pr[N(0, 2 sigma^2) >= c_{j*} - c_j] (union bound), capped at 1 - 1/V because
     the plurality token wins with probability at least 1/V (it is the most likely winner).
+
+    Args:
+        counts: (V,) the vote histogram.
+        sigma: GNMax's noise standard deviation, > 0 (votes).
+
+    Returns:
+        log q~, <= log(1 - 1/V).
+
+    Raises:
+        ValueError: if `counts` is not a valid histogram or sigma is not > 0.
     """
-    counts = validated_counts(counts)
+    values = validated_counts(counts)
     sigma = require_positive("sigma", sigma)
-    top = int(np.argmax(counts))
-    gaps = counts[top] - np.delete(counts, top)
-    return min(_log_union_bound(gaps, sigma), math.log1p(-1.0 / counts.size))
+    top = int(np.argmax(values))
+    gaps = values[top] - np.delete(values, top)
+    return min(_log_union_bound(gaps, sigma), math.log1p(-1.0 / values.size))
 
 
-def log_q_gnmax_neighbours(counts, sigma: float) -> float:
+def log_q_gnmax_neighbours(counts: npt.ArrayLike, sigma: float) -> float:
     """log of an upper bound on Pr[GNMax(D') != argmax counts of D] over every replace-one neighbour D'.
 
     Proposition 7's union bound (Papernot et al. 2018) at D' with the outcome j* = argmax of D: one
     moved vote changes each gap c_{j*} - c_j by at most 2, so every gap is reduced by 2. Capped at 0
     (q <= 1); no 1 - 1/V cap, because j* need not be the plurality of D'.
+
+    Args:
+        counts: (V,) the vote histogram D.
+        sigma: GNMax's noise standard deviation, > 0 (votes).
+
+    Returns:
+        The log of the bound, <= 0.
+
+    Raises:
+        ValueError: if `counts` is not a valid histogram or sigma is not > 0.
     """
-    counts = validated_counts(counts)
+    values = validated_counts(counts)
     sigma = require_positive("sigma", sigma)
-    top = int(np.argmax(counts))
-    gaps = counts[top] - np.delete(counts, top) - 2.0
+    top = int(np.argmax(values))
+    gaps = values[top] - np.delete(values, top) - 2.0
     return min(_log_union_bound(gaps, sigma), 0.0)
 
 
@@ -81,7 +129,7 @@ def _log1mexp(x: float) -> float:
     return math.log(-math.expm1(x)) if x > -0.693 else math.log1p(-math.exp(x))
 
 
-def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
+def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: NDArray[np.float64]) -> NDArray[np.float64]:
     """Data-dependent RDP of GNMax at each order (Papernot et al. 2018, Theorem 6), min with alpha / sigma^2.
 
     Direction: this bounds D_a(M(D) || M(D')) for every neighbour D' of the histogram D at which
@@ -95,6 +143,18 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: np.ndarray) -> 
       D_a <= 1/(a-1) log((1 - q~) A^{a-1} + q~ B^{a-1}),
       A = (1 - q~) / (1 - (q~ e^{eps2})^{(mu2-1)/mu2}),  B = e^{eps1} / q~^{1/(mu1-1)}.
     Outside those conditions only the data-independent alpha / sigma^2 is used.
+
+    Args:
+        log_q: log q~, a real <= 0 (log_q_gnmax or log_q_gnmax_neighbours); -inf allowed.
+        sigma: GNMax's noise standard deviation, > 0 (votes).
+        orders: Renyi orders, each finite and > 1.
+
+    Returns:
+        A float64 array, one bound per order, at most alpha / sigma^2 and > 0.
+
+    Raises:
+        ValueError: if log_q is not a real number <= 0, sigma is not > 0, an order is not finite and > 1,
+            or the bound comes out NaN.
     """
     sigma = np.float64(require_positive("sigma", sigma))  # float64: a tiny sigma gives inf, never ZeroDivisionError
     orders = validated_orders(orders)
@@ -128,14 +188,25 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: np.ndarray) -> 
     valid = orders < mu1
     # neighbouring GNMax output laws always differ, so the bound is > 0: a value that underflows is
     # rounded up to the smallest float, never to 0 (an all-zero curve would convert to epsilon 0)
-    return np.where(valid, np.minimum(independent, positive_floor(bound)), independent)
+    result: NDArray[np.float64] = np.where(valid, np.minimum(independent, positive_floor(bound)), independent)
+    return result
 
 
 def histogram_sensitivity_squared(relation: NeighbouringRelation) -> float:
     """The squared L2 sensitivity of a vote histogram under `relation`: 2 when one teacher is
     replaced (its vote moves: one count down, one up), 1 when one is added or removed (one count
     moves by one). Papernot et al. 2018, Section 4 (replace-one); Mironov 2017, Corollary 3 gives the
-    Gaussian mechanism's RDP alpha * sensitivity^2 / (2 sigma^2)."""
+    Gaussian mechanism's RDP alpha * sensitivity^2 / (2 sigma^2).
+
+    Args:
+        relation: the neighbouring relation.
+
+    Returns:
+        2.0 under replace-one, 1.0 under the others.
+
+    Raises:
+        ValueError: if `relation` is not a NeighbouringRelation.
+    """
     return 2.0 if require_relation(relation) is NeighbouringRelation.REPLACE_ONE else 1.0
 
 
@@ -151,19 +222,23 @@ class GNMax(Mechanism):
     def __post_init__(self) -> None:
         set_validated(self, sigma=require_positive("sigma", self.sigma), relation=require_relation(self.relation))
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         return positive_floor(orders * histogram_sensitivity_squared(self.relation) / (2.0 * np.float64(self.sigma) ** 2))
 
-    def dp_event(self):
+    def dp_event(self) -> DpEvent:
         """GaussianDpEvent(sigma / s), s the histogram's L2 sensitivity under the relation: the
         unit-sensitivity event has RDP a s^2 / (2 sigma^2), this curve (Papernot et al. 2018,
-        Proposition 8); the argmax is post-processing."""
+        Proposition 8); the argmax is post-processing.
+
+        Returns:
+            dp_accounting.GaussianDpEvent(sigma / s).
+        """
         import dp_accounting
 
         return dp_accounting.GaussianDpEvent(self.sigma / math.sqrt(histogram_sensitivity_squared(self.relation)))
 
-    def data_dependent_rdp(self, counts, orders: np.ndarray,
-                           direction: DivergenceDirection = DivergenceDirection.BOTH) -> np.ndarray:
+    def data_dependent_rdp(self, counts: npt.ArrayLike, orders: NDArray[np.float64],
+                           direction: DivergenceDirection = DivergenceDirection.BOTH) -> NDArray[np.float64]:
         """Data-dependent RDP at the histogram `counts` (Papernot et al. 2018, Theorem 6 with Proposition 7).
 
         FROM_ACTUAL: Theorem 6 at D, bounding D_a(M(D) || M(D')). BOTH (default): the larger of that
@@ -174,6 +249,18 @@ class GNMax(Mechanism):
         replace-one neighbours' q~ covers those one vote added or removed: a replacement moves the
         plurality margin by 2, an addition or a removal by 1); the result is capped by this relation's
         own data-independent curve.
+
+        Args:
+            counts: (V,) the vote histogram D.
+            orders: Renyi orders, each finite and > 1.
+            direction: FROM_ACTUAL or BOTH (or its value).
+
+        Returns:
+            A float64 array, one bound per order, capped by this relation's data-independent curve.
+
+        Raises:
+            ValueError: if `counts` is not a valid histogram, an order is not finite and > 1, or the
+                direction is unknown.
         """
         direction = DivergenceDirection(direction)
         forward = data_dependent_gnmax_rdp(log_q_gnmax(counts, self.sigma), self.sigma, orders)
@@ -182,18 +269,42 @@ class GNMax(Mechanism):
         reverse = data_dependent_gnmax_rdp(log_q_gnmax_neighbours(counts, self.sigma), self.sigma, orders)
         return np.minimum(np.maximum(forward, reverse), self.rdp_values(orders))
 
-    def data_dependent_curve(self, counts, orders=DEFAULT_ORDERS,
+    def data_dependent_curve(self, counts: npt.ArrayLike, orders: Sequence[float] = DEFAULT_ORDERS,
                              direction: DivergenceDirection = DivergenceDirection.BOTH) -> RdpCurve:
-        """`data_dependent_rdp` as a data-dependent RdpCurve that records its direction."""
-        orders = canonical_orders(orders)
-        direction = DivergenceDirection(direction)
-        values = self.data_dependent_rdp(counts, np.asarray(orders), direction)
-        return RdpCurve(orders, values, self.relation, data_dependent=True, direction=direction)
+        """`data_dependent_rdp` as a data-dependent RdpCurve that records its direction.
 
-    def aggregate(self, counts, rng: np.random.Generator) -> int:
-        counts = validated_counts(counts)
+        Args:
+            counts: (V,) the vote histogram D.
+            orders: Renyi orders, each finite and > 1 (sorted, repeats merged).
+            direction: FROM_ACTUAL or BOTH (or its value).
+
+        Returns:
+            The RdpCurve, data_dependent=True, with `direction`.
+
+        Raises:
+            ValueError: as data_dependent_rdp.
+        """
+        grid = canonical_orders(orders)
+        direction = DivergenceDirection(direction)
+        values = self.data_dependent_rdp(counts, np.asarray(grid), direction)
+        return RdpCurve(grid, values, self.relation, data_dependent=True, direction=direction)
+
+    def aggregate(self, counts: npt.ArrayLike, rng: np.random.Generator) -> int:
+        """GNMax on one histogram.
+
+        Args:
+            counts: (V,) the vote histogram.
+            rng: the numpy generator of the Gaussian noise.
+
+        Returns:
+            argmax_j (c_j + N(0, sigma^2)).
+
+        Raises:
+            ValueError: if `counts` is not a valid histogram or `rng` is not a numpy Generator.
+        """
+        values = validated_counts(counts)
         require_generator(rng)
-        return int(np.argmax(counts + rng.normal(0.0, self.sigma, size=counts.shape)))
+        return int(np.argmax(values + rng.normal(0.0, self.sigma, size=values.shape)))
 
 
 @dataclass(frozen=True)
@@ -216,44 +327,93 @@ class ConfidentGNMax(Mechanism):
                       sigma_threshold=require_positive("sigma_threshold", self.sigma_threshold),
                       sigma=require_positive("sigma", self.sigma), relation=require_relation(self.relation))
 
-    def screen_rdp(self, orders: np.ndarray) -> np.ndarray:
+    def screen_rdp(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        """The threshold check's RDP alpha / (2 s1^2) (the max count has sensitivity 1).
+
+        Args:
+            orders: Renyi orders, each finite and > 1.
+
+        Returns:
+            A float64 array, one value per order.
+
+        Raises:
+            ValueError: if an order is not finite and > 1.
+        """
         return positive_floor(validated_orders(orders) / (2.0 * np.float64(self.sigma_threshold) ** 2))
 
-    def answer_rdp(self, orders: np.ndarray) -> np.ndarray:
+    def answer_rdp(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        """The answer's RDP: GNMax(sigma)'s under the relation.
+
+        Args:
+            orders: Renyi orders, each finite and > 1.
+
+        Returns:
+            A float64 array, one value per order.
+        """
         return GNMax(self.sigma, self.relation).rdp_values(orders)
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         return self.screen_rdp(orders) + self.answer_rdp(orders)
 
-    def dp_event(self):
+    def dp_event(self) -> DpEvent:
         """ComposedDpEvent([GaussianDpEvent(s1), GNMax's event]): the screen adds N(0, s1^2) to the max
         count (sensitivity 1: a / (2 s1^2)) and the answer is GNMax under the relation, composed
-        (Papernot et al. 2018, Algorithm 1 and Proposition 8; Mironov 2017, Proposition 1)."""
+        (Papernot et al. 2018, Algorithm 1 and Proposition 8; Mironov 2017, Proposition 1).
+
+        Returns:
+            The ComposedDpEvent.
+        """
         import dp_accounting
 
         return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(self.sigma_threshold),
                                               GNMax(self.sigma, self.relation).dp_event()])
 
-    def data_dependent_rdp(self, counts, orders: np.ndarray, answered: bool,
-                           direction: DivergenceDirection = DivergenceDirection.BOTH) -> np.ndarray:
+    def data_dependent_rdp(self, counts: npt.ArrayLike, orders: NDArray[np.float64], answered: bool,
+                           direction: DivergenceDirection = DivergenceDirection.BOTH) -> NDArray[np.float64]:
         """Screening (data-independent) plus, if answered, GNMax's data-dependent bound in `direction`
-        (Papernot et al. 2018, Theorem 6; see GNMax.data_dependent_rdp)."""
-        orders = validated_orders(orders)
-        counts = validated_counts(counts)
+        (Papernot et al. 2018, Theorem 6; see GNMax.data_dependent_rdp).
+
+        Args:
+            counts: (V,) the vote histogram.
+            orders: Renyi orders, each finite and > 1.
+            answered: whether the query passed the check and was answered.
+            direction: FROM_ACTUAL or BOTH.
+
+        Returns:
+            A float64 array, one value per order.
+
+        Raises:
+            ValueError: if an order, `counts` or `answered` is invalid.
+        """
+        grid = validated_orders(orders)
+        values = validated_counts(counts)
         answered = require_bool("answered", answered)
-        screen = self.screen_rdp(orders)
-        answer = GNMax(self.sigma, self.relation).data_dependent_rdp(counts, orders, direction)
+        screen = self.screen_rdp(grid)
+        answer = GNMax(self.sigma, self.relation).data_dependent_rdp(values, grid, direction)
         return screen + answer if answered else screen
 
-    def aggregate(self, counts, rng: np.random.Generator) -> int | None:
-        counts = validated_counts(counts)
+    def aggregate(self, counts: npt.ArrayLike, rng: np.random.Generator) -> int | None:
+        """Confident-GNMax on one histogram.
+
+        Args:
+            counts: (V,) the vote histogram.
+            rng: the numpy generator of the screen's and the answer's noise.
+
+        Returns:
+            GNMax's answer if max_j c_j + N(0, s1^2) >= T, else None.
+
+        Raises:
+            ValueError: if `counts` is not a valid histogram or `rng` is not a numpy Generator.
+        """
+        values = validated_counts(counts)
         require_generator(rng)
-        if counts.max() + rng.normal(0.0, self.sigma_threshold) < self.threshold:
+        if values.max() + rng.normal(0.0, self.sigma_threshold) < self.threshold:
             return None
-        return GNMax(self.sigma, self.relation).aggregate(counts, rng)
+        return GNMax(self.sigma, self.relation).aggregate(values, rng)
 
 
-def gnmax_log_output_law(counts, sigma: float, points_per_sigma: int = 32) -> tuple[np.ndarray, float]:
+def gnmax_log_output_law(counts: npt.ArrayLike, sigma: float,
+                         points_per_sigma: int = 32) -> tuple[NDArray[np.float64], float]:
     """log Pr[argmax_j (c_j + N(0, sigma^2)) = j] for every token, and the quadrature's relative
     error estimate.
 
@@ -266,10 +426,21 @@ def gnmax_log_output_law(counts, sigma: float, points_per_sigma: int = 32) -> tu
     sigma / points_per_sigma, whatever the spread of the counts, in the scale-free variable
     t = (x - c) / sigma. The error estimate is the larger of
     |sum - 1| and the largest relative change against half the resolution.
+
+    Args:
+        counts: (V,) the vote histogram.
+        sigma: the noise standard deviation, > 0 (votes).
+        points_per_sigma: the trapezoid rule's points per sigma (halved for the error estimate).
+
+    Returns:
+        ((V,) log Pr[token j wins], the relative error estimate).
+
+    Raises:
+        ValueError: if sigma is not > 0.
     """
-    counts = np.asarray(counts, dtype=np.float64)
+    given = np.asarray(counts, dtype=np.float64)
     sigma = require_positive("sigma", sigma)
-    values, inverse, multiplicity = np.unique(counts, return_inverse=True, return_counts=True)
+    values, inverse, multiplicity = np.unique(given, return_inverse=True, return_counts=True)
     if (values[-1] - values[0]) / sigma > 1e150:  # (gap / sigma)^2 would overflow: the noise cannot reorder counts
         law = np.full(values.size, -np.inf)       # below the top, a log-probability under -1e300: 0 in floats
         law[-1] = -math.log(multiplicity[-1])
@@ -281,16 +452,18 @@ def gnmax_log_output_law(counts, sigma: float, points_per_sigma: int = 32) -> tu
     np.fill_diagonal(weights, multiplicity - 1.0)
     log_root = 0.5 * math.log(2 * math.pi)
 
-    def log_integrand(t: np.ndarray) -> np.ndarray:
+    def log_integrand(t: NDArray[np.float64]) -> NDArray[np.float64]:
         """t (distinct, points) -> log of value k's integrand at t[k]."""
         log_cdf = log_ndtr(t[:, :, None] + gaps[:, None, :])
-        return -0.5 * t ** 2 - log_root + (weights[:, None, :] * log_cdf).sum(axis=-1)
+        result: NDArray[np.float64] = -0.5 * t ** 2 - log_root + (weights[:, None, :] * log_cdf).sum(axis=-1)
+        return result
 
-    def slope(t: np.ndarray) -> np.ndarray:
+    def slope(t: NDArray[np.float64]) -> NDArray[np.float64]:
         """d/dt of log_integrand at t (distinct,): decreasing, as the integrand is log-concave."""
         z = t[:, None] + gaps
         hazard = np.exp(-0.5 * z ** 2 - log_root - log_ndtr(z))                   # phi / Phi
-        return -t + (weights * hazard).sum(axis=1)
+        result: NDArray[np.float64] = -t + (weights * hazard).sum(axis=1)
+        return result
 
     low = (values[0] - values) / sigma - 16.0
     high = (values[-1] - values) / sigma + 16.0
@@ -300,11 +473,12 @@ def gnmax_log_output_law(counts, sigma: float, points_per_sigma: int = 32) -> tu
         low, high = np.where(rising, middle, low), np.where(rising, high, middle)
     mode = 0.5 * (low + high)
 
-    def per_value(points: int) -> np.ndarray:
+    def per_value(points: int) -> NDArray[np.float64]:
         offsets = np.arange(-16 * points, 16 * points + 1) / points
         weights = np.full(offsets.size, -math.log(points))
         weights[[0, -1]] -= math.log(2.0)
-        return logsumexp(log_integrand(mode[:, None] + offsets[None, :]) + weights[None, :], axis=1)
+        law: NDArray[np.float64] = logsumexp(log_integrand(mode[:, None] + offsets[None, :]) + weights[None, :], axis=1)
+        return law
 
     fine, coarse = per_value(points_per_sigma), per_value(points_per_sigma // 2)
     log_total = float(logsumexp(fine, b=multiplicity))

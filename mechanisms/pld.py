@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -26,17 +26,31 @@ from dpledger.mechanisms.base import Mechanism, require_mechanism
 from dpledger.mechanisms.dp_events import (dp_accounting_relation, effective_gaussian_noise_multiplier, require_dp_event)
 from dpledger.mechanisms.dp_events import mechanism_from_dp_event
 
+if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
+    from dp_accounting.dp_event import DpEvent
+
 PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 """Width of the privacy-loss grid (dp-accounting's default): the pessimistic PLD epsilon is within
 about this much per composed component of the exact one, above it."""
 
 
-def simplified_event(event):
+def simplified_event(event: DpEvent) -> DpEvent:
     """An event with the same privacy loss distribution, Gaussian parts merged: every composition of
     unit-sensitivity Gaussians is one Gaussian with 1 / z^2 = sum 1 / z_i^2 (Dong, Roth & Su 2022,
     Corollary 3.3; effective_gaussian_noise_multiplier), so the PLD accountant discretises one
     Gaussian instead of composing discretised ones (faster, and no discretisation error added per
-    part). Other events are kept."""
+    part). Other events are kept.
+
+    Args:
+        event: a dp_accounting DpEvent at unit sensitivity.
+
+    Returns:
+        The simplified event: one GaussianDpEvent (NoOpDpEvent when nothing is released) for a composition
+        of Gaussians, compositions simplified part by part, anything else as given.
+
+    Raises:
+        ValueError: if `event` (or a nested event) is not a DpEvent.
+    """
     import dp_accounting
 
     z = effective_gaussian_noise_multiplier(event)
@@ -60,9 +74,19 @@ reasonable time (measured: a composed multiplier of 0.03, GNMax sigma 1 over 600
 0.15 took 114 s inside a calibration): no PLD statement is computed there, RDP only."""
 
 
-def pld_out_of_range(event) -> str | None:
+def pld_out_of_range(event: DpEvent) -> str | None:
     """Why the PLD of `event` is not computed (None when it is): a composed Gaussian noise multiplier
-    below PLD_NOISE_LIMIT, where the epsilon is large and the grid has millions of points."""
+    below PLD_NOISE_LIMIT, where the epsilon is large and the grid has millions of points.
+
+    Args:
+        event: a dp_accounting DpEvent at unit sensitivity.
+
+    Returns:
+        The reason as a sentence, or None.
+
+    Raises:
+        ValueError: if `event` is not a DpEvent.
+    """
     z = effective_gaussian_noise_multiplier(simplified_event(event))
     if z is not None and z < PLD_NOISE_LIMIT:
         return (f"the composed noise multiplier {z:.3g} is below {PLD_NOISE_LIMIT:g}: the privacy-loss grid would "
@@ -70,13 +94,28 @@ def pld_out_of_range(event) -> str | None:
     return None
 
 
-def pld_epsilon(event, delta: float, relation=NeighbouringRelation.ADD_OR_REMOVE_ONE,
+def pld_epsilon(event: DpEvent, delta: float,
+                relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
                 value_discretization_interval: float = PLD_VALUE_DISCRETIZATION_INTERVAL) -> float:
     """Epsilon of `event` at `delta` from dp-accounting's PLDAccountant (pessimistic estimate, an upper
     bound; Koskela et al. 2020; Doroshenko et al. 2022), the event read at unit sensitivity under
     dpledger's `relation` (dpledger.mechanisms.dp_events.dp_accounting_relation). +inf where dp-accounting
     cannot build the distribution (a noise multiplier so small that the loss overflows): no statement.
-    ValueError for a relation or event dp-accounting cannot account."""
+    ValueError for a relation or event dp-accounting cannot account.
+
+    Args:
+        event: a dp_accounting DpEvent at unit sensitivity.
+        delta: in (0, 1).
+        relation: dpledger's NeighbouringRelation the event is stated for (or its value).
+        value_discretization_interval: the privacy-loss grid's width, > 0.
+
+    Returns:
+        The pessimistic PLD epsilon, >= 0, or +inf where dp-accounting cannot build the distribution.
+
+    Raises:
+        ValueError: for an argument out of range, a relation or event dp-accounting cannot account, or
+            a NaN epsilon.
+    """
     from dp_accounting.pld import PLDAccountant
 
     require_dp_event("event", event)
@@ -84,23 +123,39 @@ def pld_epsilon(event, delta: float, relation=NeighbouringRelation.ADD_OR_REMOVE
     require(value_discretization_interval > 0, f"value_discretization_interval must be > 0, got "
                                                f"{value_discretization_interval!r}")
     accountant = PLDAccountant(dp_accounting_relation(relation, event), value_discretization_interval)
-    event = simplified_event(event)
-    require(accountant.supports(event), f"dp-accounting's PLDAccountant does not support {type(event).__name__} "
-                                        f"under {neighbouring_relation(relation).label}")
+    simple = simplified_event(event)
+    require(accountant.supports(simple), f"dp-accounting's PLDAccountant does not support {type(simple).__name__} "
+                                         f"under {neighbouring_relation(relation).label}")
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            epsilon = float(accountant.compose(event).get_epsilon(delta))
+            epsilon = float(accountant.compose(simple).get_epsilon(delta))
     except (OverflowError, FloatingPointError, ZeroDivisionError, MemoryError):
         return math.inf
     require(not math.isnan(epsilon), "dp-accounting's PLD gave a NaN epsilon")
     return max(epsilon, 0.0)
 
 
-def rdp_epsilon_of_event(event, delta: float, relation=NeighbouringRelation.ADD_OR_REMOVE_ONE,
-                         orders: Sequence[float] = DEFAULT_ORDERS, method=ConversionMethod.IMPROVED) -> float:
+def rdp_epsilon_of_event(event: DpEvent, delta: float,
+                         relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
+                         orders: Sequence[float] = DEFAULT_ORDERS,
+                         method: ConversionMethod | str = ConversionMethod.IMPROVED) -> float:
     """Epsilon of `event` through dpledger's own RDP curve of the event's mechanism
-    (dpledger.mechanisms.dp_events.mechanism_from_dp_event) and conversion (Balle et al. 2020, Theorem 21)."""
+    (dpledger.mechanisms.dp_events.mechanism_from_dp_event) and conversion (Balle et al. 2020, Theorem 21).
+
+    Args:
+        event: a dp_accounting DpEvent at unit sensitivity.
+        delta: in (0, 1).
+        relation: dpledger's NeighbouringRelation the event is stated for (or its value).
+        orders: the Renyi orders of the curve, each finite and > 1.
+        method: the RDP-to-DP conversion (dpledger.accounting.conversion.ConversionMethod).
+
+    Returns:
+        The converted epsilon (+inf where the curve gives no guarantee).
+
+    Raises:
+        ValueError: for an event with no dpledger mechanism, or an argument out of range.
+    """
     curve = mechanism_from_dp_event(event, relation).rdp_curve(orders)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GridEdgeWarning)
@@ -112,7 +167,17 @@ def pld_unavailable_reason(mechanism: Mechanism) -> str | None:
     """Why `mechanism` has no PLD statement (None when it has one): its own reason
     (Mechanism.no_pld_reason: a data-dependent charge, no DpEvent, threshold privacy), or a relation
     dp-accounting cannot represent for its event (one-sided remove-one / add-one; replace-one with a
-    sampling step), in dpledger.mechanisms.dp_events.dp_accounting_relation's words."""
+    sampling step), in dpledger.mechanisms.dp_events.dp_accounting_relation's words.
+
+    Args:
+        mechanism: a dpledger Mechanism.
+
+    Returns:
+        The reason as a sentence, or None.
+
+    Raises:
+        ValueError: if `mechanism` is not a Mechanism.
+    """
     reason = require_mechanism("mechanism", mechanism).no_pld_reason()
     if reason is not None:
         return reason
@@ -141,10 +206,10 @@ class RdpPldComparison:
     pld_unavailable_reason: str | None = None
 
     def __post_init__(self) -> None:
-        def epsilon(name, value):  # +inf is "no guarantee"; NaN and negative values are not epsilons
-            value = require_not_nan(name, value)
-            require(value >= 0, f"{name} must be >= 0 (+inf: no guarantee), got {value:g}")
-            return value
+        def epsilon(name: str, value: object) -> float:  # +inf is "no guarantee"; NaN and negative values are not epsilons
+            number = require_not_nan(name, value)
+            require(number >= 0, f"{name} must be >= 0 (+inf: no guarantee), got {number:g}")
+            return number
 
         require(self.pld_unavailable_reason is None or isinstance(self.pld_unavailable_reason, str),
                 f"pld_unavailable_reason must be a string or None, got {self.pld_unavailable_reason!r}")
@@ -174,8 +239,19 @@ class RdpPldComparison:
         return self.rdp_epsilon if self.pld_epsilon is None else min(self.rdp_epsilon, self.pld_epsilon)
 
 
-def composed_event(mechanism: Mechanism, queries: int):
-    """SelfComposedDpEvent(mechanism.dp_event(), queries); None when the mechanism has no event."""
+def composed_event(mechanism: Mechanism, queries: int) -> DpEvent | None:
+    """SelfComposedDpEvent(mechanism.dp_event(), queries); None when the mechanism has no event.
+
+    Args:
+        mechanism: a dpledger Mechanism.
+        queries: the number of adaptive runs, an integer >= 1.
+
+    Returns:
+        The SelfComposedDpEvent, or None.
+
+    Raises:
+        ValueError: if `mechanism` is not a Mechanism or `queries` is not an integer >= 1.
+    """
     import dp_accounting
 
     event = require_mechanism("mechanism", mechanism).dp_event()
@@ -184,10 +260,25 @@ def composed_event(mechanism: Mechanism, queries: int):
 
 
 def compare_rdp_pld(mechanism: Mechanism, queries: int, delta: float, orders: Sequence[float] = DEFAULT_ORDERS,
-                    method=ConversionMethod.IMPROVED,
+                    method: ConversionMethod | str = ConversionMethod.IMPROVED,
                     value_discretization_interval: float = PLD_VALUE_DISCRETIZATION_INTERVAL) -> RdpPldComparison:
     """`queries` adaptive compositions of `mechanism` (Mironov 2017, Proposition 1), converted at
-    `delta` by dpledger's RDP accounting and, where the mechanism has an event, by dp-accounting's PLD."""
+    `delta` by dpledger's RDP accounting and, where the mechanism has an event, by dp-accounting's PLD.
+
+    Args:
+        mechanism: a dpledger Mechanism.
+        queries: the number of adaptive runs, an integer >= 1.
+        delta: in (0, 1).
+        orders: the Renyi orders of the RDP curve, each finite and > 1.
+        method: the RDP-to-DP conversion.
+        value_discretization_interval: the PLD's privacy-loss grid width, > 0.
+
+    Returns:
+        The RdpPldComparison: both epsilons (the PLD's None with the reason where there is none).
+
+    Raises:
+        ValueError: for an argument out of range, or as pld_epsilon.
+    """
     queries = require_int_at_least("queries", queries, 1)
     delta = require_in_open("delta", delta, 0.0, 1.0)
     with warnings.catch_warnings():

@@ -8,10 +8,12 @@ import enum
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
+from numpy.typing import NDArray
 
 from dpledger.accounting.curve import RdpCurve, compose_curves
 from dpledger.accounting.errors import (require, require_in_closed, require_int_at_least, require_non_negative,
@@ -27,8 +29,12 @@ from dpledger.mechanisms.log_space import log_mean_with_one_exp
 from dpledger.mechanisms.step import pmixed_step
 from dpledger.mechanisms.subsampling import amplified_rdp
 
+if TYPE_CHECKING:
+    from dpledger.mechanisms.randomness import StepGenerators
+    from dpledger.mechanisms.step import StepResult
 
-def theorem_3_1_epsilon(alpha, beta: float, teachers) -> np.ndarray:
+
+def theorem_3_1_epsilon(alpha: npt.ArrayLike, beta: float, teachers: npt.ArrayLike) -> NDArray[np.float64]:
     """Data-independent per-query RDP of PMixED at the projection order, AS CLAIMED.
 
     Flemings et al. 2024, Theorem 3.1 / C.1: eps(a, beta, N) = log((N - 1 + exp(4 beta a (a-1))) / N) / (a-1)
@@ -50,25 +56,37 @@ def theorem_3_1_epsilon(alpha, beta: float, teachers) -> np.ndarray:
         ValueError: an alpha not finite and > 1, beta not finite and >= 0, or an N that is not an
             integer >= 0.
     """
-    alpha = np.asarray(alpha, dtype=np.float64)
-    bad_alpha = ~(np.isfinite(alpha) & (alpha > 1))
+    a = np.asarray(alpha, dtype=np.float64)
+    bad_alpha = ~(np.isfinite(a) & (a > 1))
     if np.any(bad_alpha):
-        raise ValueError(f"alpha (Renyi order) must be finite and > 1, got {float(alpha[bad_alpha].flat[0])!r}")
+        raise ValueError(f"alpha (Renyi order) must be finite and > 1, got {float(a[bad_alpha].flat[0])!r}")
     beta = require_non_negative("beta", beta)
     n = np.asarray(teachers, dtype=np.float64)
     bad_n = ~np.isfinite(n) | (n < 0) | (n != np.round(n))
     if np.any(bad_n):
         raise ValueError(f"teachers must be integers >= 0, got {float(n[bad_n].flat[0])!r}")
-    exponent = 4.0 * beta * alpha * (alpha - 1.0)
-    many = log_mean_with_one_exp(exponent, np.maximum(n, 1.0)) / (alpha - 1.0)
-    return np.where(n > 1, many, np.where(n == 1, beta * alpha, 0.0))
+    exponent = 4.0 * beta * a * (a - 1.0)
+    many = log_mean_with_one_exp(exponent, np.maximum(n, 1.0)) / (a - 1.0)
+    values: NDArray[np.float64] = np.where(n > 1, many, np.where(n == 1, beta * a, 0.0))
+    return values
 
 
 def covering_ensemble_sizes(teachers: int, relation: NeighbouringRelation) -> tuple[int, ...]:
     """The ensemble sizes m whose Theorem 3.1 value (removing one of m teachers) a PMixED of N teachers
     must cover under `relation`: removing one of its N teachers is m = N (the empty ensemble answers
     with the public model, so m = 1 is the single teacher's ball), adding one to its N is m = N + 1.
-    Replacing a teacher is two moves and has no bound here (ValueError)."""
+    Replacing a teacher is two moves and has no bound here (ValueError).
+
+    Args:
+        teachers: the ensemble size N, an integer >= 1.
+        relation: the neighbouring relation.
+
+    Returns:
+        The sizes m: (N,) under remove-one, (N + 1,) under add-one, (N, N + 1) under add-or-remove-one.
+
+    Raises:
+        ValueError: if N is not an integer >= 1, `relation` is not a NeighbouringRelation, or it is replace-one.
+    """
     teachers = require_int_at_least("teachers", teachers, 1)
     relation = require_relation(relation)
     require(relation is not NeighbouringRelation.REPLACE_ONE,
@@ -77,16 +95,30 @@ def covering_ensemble_sizes(teachers: int, relation: NeighbouringRelation) -> tu
     return tuple(size for move, size in (("remove", teachers), ("add", teachers + 1)) if move in relation.moves)
 
 
-def pmixed_epsilon(alpha, beta: float, teachers: int,
-                   relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> np.ndarray:
+def pmixed_epsilon(alpha: npt.ArrayLike, beta: float, teachers: int,
+                   relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> NDArray[np.float64]:
     """PMixED's per-query RDP for an ensemble of N teachers under `relation`: the largest Theorem 3.1
     value over the neighbouring pairs the relation holds (`covering_ensemble_sizes`). For N >= 2 it is
     Theorem 3.1 at N (its value decreases in N, so adding a teacher costs less); for N = 1 under
     add-or-remove it is Theorem 3.1 at N = 2 (an added second teacher), not the single teacher's
-    ball beta * alpha (Flemings et al. 2024, Theorem 3.1 / C.1, whose N = 1 case covers removal only)."""
+    ball beta * alpha (Flemings et al. 2024, Theorem 3.1 / C.1, whose N = 1 case covers removal only).
+
+    Args:
+        alpha: order(s) a > 1 (a number or an array).
+        beta: ball radius per order, finite and >= 0.
+        teachers: the ensemble size N, an integer >= 1.
+        relation: the neighbouring relation (not replace-one).
+
+    Returns:
+        The per-query RDP, shaped as alpha.
+
+    Raises:
+        ValueError: for a parameter out of range or relation replace-one.
+    """
     sizes = np.asarray(covering_ensemble_sizes(teachers, relation), dtype=np.float64)
-    alpha = np.asarray(alpha, dtype=np.float64)
-    return theorem_3_1_epsilon(alpha[..., None], beta, sizes).max(axis=-1)
+    a = np.asarray(alpha, dtype=np.float64)
+    values: NDArray[np.float64] = theorem_3_1_epsilon(a[..., None], beta, sizes).max(axis=-1)
+    return values
 
 
 def beta_from_budget(epsilon_budget: float, queries: int, alpha: float, teachers: int,
@@ -202,7 +234,7 @@ class PMixED(Mechanism):
         """True when Theorem 3.1's hypothesis holds (the all-orders ball); False: "as claimed"."""
         return self.ball is Ball.ALL_ORDERS
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         orders = np.asarray(orders, dtype=np.float64)
         if self.beta == 0.0:  # a ball of radius 0: every lambda is 0 and the output is the public model
             return np.zeros_like(orders)
@@ -211,36 +243,84 @@ class PMixED(Mechanism):
             return pmixed_epsilon(orders, self.beta, self.teachers, self.relation)
         return np.where(orders <= self.alpha + 1e-12, self.per_query_epsilon, np.inf)
 
-    def mixing_weights(self, teachers, public):
+    def mixing_weights(self, teachers: npt.ArrayLike | torch.Tensor,
+                       public: npt.ArrayLike | torch.Tensor) -> NDArray[np.float64]:
         """lambda_i per teacher (vectorised over all N): largest lambda in [0, 1] keeping the mixed
         teacher within the ball (Flemings et al. 2024, Algorithm 2; every order for the all-orders
-        ball). teachers (..., N, V), public (..., V)."""
+        ball). teachers (..., N, V), public (..., V).
+
+        Args:
+            teachers: (..., N, V) distributions.
+            public: (..., V) distributions.
+
+        Returns:
+            (..., N) float64 mixing weights in [0, 1].
+
+        Raises:
+            ValueError: if the distributions are invalid, do not match, or N differs.
+        """
         teachers_np, public_np = validated_ensemble(teachers, public, self.teachers)
         return self.mixing_weights_tensor(torch.from_numpy(teachers_np), torch.from_numpy(public_np)).numpy()
 
-    def mixing_weights_tensor(self, teachers, public):
-        """mixing_weights on float64 tensors, unvalidated (the decode loop's inner call)."""
+    def mixing_weights_tensor(self, teachers: torch.Tensor, public: torch.Tensor) -> torch.Tensor:
+        """mixing_weights on float64 tensors, unvalidated (the decode loop's inner call).
+
+        Args:
+            teachers: (..., N, V) float64 distributions.
+            public: (..., V) float64 distributions.
+
+        Returns:
+            (..., N) float64 mixing weights.
+        """
         if self.ball is Ball.ALL_ORDERS:
             if self.beta == 0.0:  # radius 0 at every order: only the public model itself is in the ball
                 return torch.zeros(teachers.shape[:-1], dtype=torch.float64)
             return ball_mixing_weights(teachers, public, *all_orders_ball_constraints(self.beta))
         return mixing_weights(teachers, public, self.alpha, self.radius)
 
-    def step(self, teachers, public, generator=None, orders=None):
+    def step(self, teachers: npt.ArrayLike | torch.Tensor, public: npt.ArrayLike | torch.Tensor,
+             generator: torch.Generator | StepGenerators | None = None,
+             orders: Sequence[float] | None = None) -> StepResult:
         """One PMixED step for a batch of steps, as the decode loop runs it: teachers (..., N, V) and
         public (..., V), numpy or torch on any device. Returns a dpledger.mechanisms.step.StepResult (the
         distribution to sample from, the lambdas, Theorem 3.1's curve on `orders`, default
         dpledger.accounting.orders.DEFAULT_ORDERS). `generator` is accepted for symmetry with
-        AdaPMixED.step; PMixED itself draws nothing before sampling."""
+        AdaPMixED.step; PMixED itself draws nothing before sampling.
+
+        Args:
+            teachers: (..., N, V) distributions.
+            public: (..., V) distributions.
+            generator: unused (see above).
+            orders: Renyi orders of the curve; None for DEFAULT_ORDERS.
+
+        Returns:
+            The StepResult.
+
+        Raises:
+            ValueError: if the distributions or orders are invalid.
+        """
         return pmixed_step(self, teachers, public, orders)
 
-    def output_distribution(self, teachers, public, lambdas=None) -> np.ndarray:
-        """p = mean_i (lambda_i p_i + (1 - lambda_i) p0), the distribution PMixED samples from."""
+    def output_distribution(self, teachers: npt.ArrayLike | torch.Tensor, public: npt.ArrayLike | torch.Tensor,
+                            lambdas: npt.ArrayLike | None = None) -> NDArray[np.float64]:
+        """p = mean_i (lambda_i p_i + (1 - lambda_i) p0), the distribution PMixED samples from.
+
+        Args:
+            teachers: (..., N, V) distributions.
+            public: (..., V) distributions.
+            lambdas: (..., N) mixing weights in [0, 1]; None computes them (mixing_weights).
+
+        Returns:
+            (..., V) float64 output distribution.
+
+        Raises:
+            ValueError: if the distributions or the lambdas are invalid.
+        """
         teachers_np, public_np = validated_ensemble(teachers, public, self.teachers)
-        if lambdas is None:
-            lambdas = self.mixing_weights(teachers_np, public_np)
-        lam = validated_lambdas(lambdas, teachers_np)[..., None]
-        return (lam * teachers_np + (1.0 - lam) * public_np[..., None, :]).mean(axis=-2)
+        weights = self.mixing_weights(teachers_np, public_np) if lambdas is None else lambdas
+        lam = validated_lambdas(weights, teachers_np)[..., None]
+        output: NDArray[np.float64] = (lam * teachers_np + (1.0 - lam) * public_np[..., None, :]).mean(axis=-2)
+        return output
 
 
 class SubsamplingVariant(enum.Enum):
@@ -353,11 +433,11 @@ class SubsampledPMixED(Mechanism):
                         f"{self.sampling_probability:g}, got {self.realised_size}")
 
     @property
-    def relation(self) -> NeighbouringRelation:  # type: ignore[override]
+    def relation(self) -> NeighbouringRelation:
         return self.pmixed.relation
 
     @property
-    def subsample_sizes(self) -> np.ndarray:
+    def subsample_sizes(self) -> NDArray[np.int64]:
         """1..M: the sizes of the subsampled ensembles a neighbouring pair can differ at (one teacher
         removed from a subsample of this ensemble, or of the ensemble with one teacher added)."""
         return np.arange(1, max(covering_ensemble_sizes(self.pmixed.teachers, self.relation)) + 1)
@@ -367,26 +447,55 @@ class SubsampledPMixED(Mechanism):
         sizes = self.subsample_sizes
         return int(sizes[np.argmax(theorem_3_1_epsilon(self.pmixed.alpha, self.pmixed.beta, sizes))])
 
-    def base_epsilon(self, ks: np.ndarray) -> np.ndarray:
+    def _realised(self) -> int:
+        """realised_size, which __post_init__ requires for the realised variants."""
+        if self.realised_size is None:
+            raise ValueError(f"variant {self.variant} needs realised_size")
+        return self.realised_size
+
+    def base_epsilon(self, ks: NDArray[np.float64]) -> NDArray[np.float64]:
+        """The base epsilon(k) the amplification bound takes (the class docstring's table).
+
+        Args:
+            ks: orders k, a float64 array.
+
+        Returns:
+            epsilon(k) at each k (+inf above the projection order for the one-order variants).
+
+        Raises:
+            ValueError: for a realised variant without realised_size (refused at construction).
+        """
         alpha, beta = self.pmixed.alpha, self.pmixed.beta
         if self.variant is SubsamplingVariant.ALL_ORDERS_BALL:
             sizes = self.subsample_sizes.astype(np.float64)
-            ks = np.asarray(ks, dtype=np.float64)
-            return theorem_3_1_epsilon(ks[..., None], beta, sizes).max(axis=-1)
+            grid = np.asarray(ks, dtype=np.float64)
+            largest: NDArray[np.float64] = theorem_3_1_epsilon(grid[..., None], beta, sizes).max(axis=-1)
+            return largest
         if self.variant is SubsamplingVariant.PER_ORDER_RADIUS:
-            return theorem_3_1_epsilon(ks, beta, self.realised_size)
-        size = self.realised_size if self.variant.uses_realised_sizes else self.worst_case_size
+            return theorem_3_1_epsilon(ks, beta, self._realised())
+        size = self._realised() if self.variant.uses_realised_sizes else self.worst_case_size
         value = float(theorem_3_1_epsilon(alpha, beta, size))
-        return np.where(ks <= alpha + 1e-12, value, np.inf)
+        values: NDArray[np.float64] = np.where(ks <= alpha + 1e-12, value, np.inf)
+        return values
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         if self.sampling_probability == 1.0:  # no subsampling: the ensemble is always all N teachers
             return self.pmixed.rdp_values(np.asarray(orders, dtype=np.float64))
         return amplified_rdp(self.sampling_probability, self.base_epsilon, orders, self.variant.general)
 
 
 def subsampling_variant(value: SubsamplingVariant | str) -> SubsamplingVariant:
-    """The variant named by `value`; ValueError listing the names for anything else."""
+    """The variant named by `value`; ValueError listing the names for anything else.
+
+    Args:
+        value: a SubsamplingVariant or its name (e.g. "all-orders-ball").
+
+    Returns:
+        The SubsamplingVariant.
+
+    Raises:
+        ValueError: if `value` names no variant.
+    """
     try:
         return SubsamplingVariant(value)
     except ValueError:
@@ -394,8 +503,22 @@ def subsampling_variant(value: SubsamplingVariant | str) -> SubsamplingVariant:
                          f"got {value!r}") from None
 
 
-def realised_subsample_sizes(teachers: int, sampling_probability: float, queries: int, seed: int) -> np.ndarray:
-    """m_t ~ Binomial(N, q) for each query, from numpy's PCG64 seeded with `seed` (reproducible)."""
+def realised_subsample_sizes(teachers: int, sampling_probability: float, queries: int,
+                             seed: int) -> NDArray[np.int64]:
+    """m_t ~ Binomial(N, q) for each query, from numpy's PCG64 seeded with `seed` (reproducible).
+
+    Args:
+        teachers: N, an integer >= 1.
+        sampling_probability: q in [0, 1].
+        queries: the number of queries, an integer >= 1.
+        seed: an integer >= 0.
+
+    Returns:
+        (queries,) int64 sizes.
+
+    Raises:
+        ValueError: for a parameter out of range.
+    """
     teachers = require_int_at_least("teachers", teachers, 1)
     sampling_probability = require_in_closed("sampling_probability", sampling_probability, 0.0, 1.0)
     queries = require_int_at_least("queries", queries, 1)

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 import torch
+from numpy.typing import NDArray
 
 from dpledger.accounting.errors import (require, require_bool, require_in_closed, require_int_at_least, require_non_negative,
                                require_not_nan, require_order, require_positive)
@@ -14,7 +17,10 @@ from dpledger.accounting.rounding import positive_floor
 from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 from dpledger.mechanisms.distributions import validated_ensemble
 from dpledger.mechanisms.kernels import renyi_divergence_orders
-from dpledger.mechanisms.randomness import standard_normal
+from dpledger.mechanisms.randomness import StepGenerators, standard_normal
+
+if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
+    from dp_accounting.dp_event import DpEvent
 
 
 @dataclass(frozen=True)
@@ -65,9 +71,9 @@ class NoisyScreening(Mechanism):
 
     @property
     def l2_sensitivity(self) -> float:
-        return self.lam * np.sqrt(2.0) / self.teachers
+        return float(self.lam * np.sqrt(2.0) / self.teachers)
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         # float64: sigma = 1e-300 gives +inf ("no guarantee"), never OverflowError
         values = (np.float64(self.lam) / (self.teachers * np.float64(self.sigma))) ** 2 * orders
         return positive_floor(values) if self.lam > 0 else values  # lam = 0 reads no teacher: exactly 0
@@ -79,15 +85,20 @@ class NoisyScreening(Mechanism):
         al. 2024; Mironov 2017, Corollary 3). +inf for lam = 0 (the screen reads no teacher)."""
         return math.inf if self.lam == 0 else float(self.teachers * np.float64(self.sigma) / (self.lam * math.sqrt(2.0)))
 
-    def dp_event(self):
-        """GaussianDpEvent(N sigma / (lam sqrt 2)) (see noise_multiplier); NoOpDpEvent for lam = 0."""
+    def dp_event(self) -> DpEvent:
+        """GaussianDpEvent(N sigma / (lam sqrt 2)) (see noise_multiplier); NoOpDpEvent for lam = 0.
+
+        Returns:
+            The GaussianDpEvent, or a NoOpDpEvent.
+        """
         import dp_accounting
 
         if self.lam == 0:
             return dp_accounting.NoOpDpEvent()
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
 
-    def statistics(self, teachers, public, generator):
+    def statistics(self, teachers: torch.Tensor | npt.ArrayLike, public: torch.Tensor | npt.ArrayLike,
+                   generator: torch.Generator | StepGenerators) -> torch.Tensor:
         """Screening statistics of L queries at once (Flemings et al. 2024, Algorithm 1): teachers
         (L, N, V), public (L, V) -> (L,) torch float64; `generator` is a torch.Generator or
         dpledger.mechanisms.randomness.StepGenerators (one per query).
@@ -96,28 +107,55 @@ class NoisyScreening(Mechanism):
         add N(0, sigma^2) to each entry, clip at 0 and renormalise (post-processing); the statistic
         is D_alpha(noisy || p0[K] renormalised) (Flemings et al. 2024, Algorithm 1 writes the symmetric form;
         either is post-processing of the noisy vector). An all-zero noisy vector gives +inf.
+
+        Args:
+            teachers: (L, N, V) the teachers' distributions, N = self.teachers.
+            public: (L, V) the public model's distributions.
+            generator: a torch.Generator, or StepGenerators with one generator per query.
+
+        Returns:
+            (L,) float64 statistics.
+
+        Raises:
+            ValueError: if the teacher axis does not hold N distributions or the shapes do not match.
         """
-        teachers = torch.as_tensor(teachers, dtype=torch.float64)
-        public = torch.as_tensor(public, dtype=torch.float64)
+        ensemble = torch.as_tensor(teachers, dtype=torch.float64)
+        reference = torch.as_tensor(public, dtype=torch.float64)
         # the charge uses N = self.teachers: a smaller ensemble would be under-charged
-        require(teachers.ndim >= 2 and teachers.shape[-2] == self.teachers,
-                f"teachers must hold N={self.teachers} distributions on axis -2, got shape {tuple(teachers.shape)}")
-        require(public.shape[-1] == teachers.shape[-1] and tuple(public.shape[:-1]) == tuple(teachers.shape[:-2]),
-                f"public shape {tuple(public.shape)} does not match teachers {tuple(teachers.shape)}")
-        top = self.top_indices(public)
-        teacher_top = torch.gather(teachers, -1, top.unsqueeze(-2).expand(*teachers.shape[:-1], top.shape[-1]))
-        public_top = torch.gather(public, -1, top)
+        require(ensemble.ndim >= 2 and ensemble.shape[-2] == self.teachers,
+                f"teachers must hold N={self.teachers} distributions on axis -2, got shape {tuple(ensemble.shape)}")
+        require(reference.shape[-1] == ensemble.shape[-1] and tuple(reference.shape[:-1]) == tuple(ensemble.shape[:-2]),
+                f"public shape {tuple(reference.shape)} does not match teachers {tuple(ensemble.shape)}")
+        top = self.top_indices(reference)
+        teacher_top = torch.gather(ensemble, -1, top.unsqueeze(-2).expand(*ensemble.shape[:-1], top.shape[-1]))
+        public_top = torch.gather(reference, -1, top)
         mean = self.lam * teacher_top.mean(dim=-2) + (1.0 - self.lam) * public_top
         noise = self.sigma * standard_normal(mean.shape, generator)
         return self.statistic_from_mean(mean, public_top, noise)
 
-    def top_indices(self, public):
-        """K: the public model's top-k tokens per query (public, so choosing them costs nothing)."""
+    def top_indices(self, public: torch.Tensor) -> torch.Tensor:
+        """K: the public model's top-k tokens per query (public, so choosing them costs nothing).
+
+        Args:
+            public: (..., V) the public model's distributions.
+
+        Returns:
+            (..., min(top_k, V)) int64 token indices, largest probability first.
+        """
         return torch.topk(public, min(self.top_k, public.shape[-1]), dim=-1).indices
 
-    def statistic_from_mean(self, mean, public_top, noise):
+    def statistic_from_mean(self, mean: torch.Tensor, public_top: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """D_alpha(clip(mean + noise, 0) renormalised || public_top renormalised), broadcast over
-        leading axes; +inf where the clipped noisy vector is all zero."""
+        leading axes; +inf where the clipped noisy vector is all zero.
+
+        Args:
+            mean: (..., K) the lam-mixed ensemble mean on the top-k tokens.
+            public_top: (..., K) the public model's probabilities on them.
+            noise: (..., K) the Gaussian noise, sigma included.
+
+        Returns:
+            (...,) float64 statistics at order alpha.
+        """
         noisy = (mean + noise).clamp_min(0.0)
         total = noisy.sum(dim=-1, keepdim=True)
         order = torch.tensor([self.alpha], dtype=torch.float64)
@@ -125,8 +163,21 @@ class NoisyScreening(Mechanism):
                                             torch.log(public_top / public_top.sum(dim=-1, keepdim=True)), order)[..., 0]
         return torch.where(total[..., 0] > 0, statistic, torch.full_like(statistic, torch.inf))
 
-    def screen(self, teachers, public, generator) -> ScreeningOutcome:
-        """One query: teachers (N, V), public (V,)."""
+    def screen(self, teachers: npt.ArrayLike | torch.Tensor, public: npt.ArrayLike | torch.Tensor,
+               generator: torch.Generator) -> ScreeningOutcome:
+        """One query: teachers (N, V), public (V,).
+
+        Args:
+            teachers: (N, V) the teachers' distributions.
+            public: (V,) the public model's distribution.
+            generator: the torch generator of the noise.
+
+        Returns:
+            The statistic and whether it passed (statistic <= threshold).
+
+        Raises:
+            ValueError: if the distributions are invalid or do not match, or `generator` is not a torch.Generator.
+        """
         teachers, public = validated_ensemble(teachers, public, self.teachers)
         require(isinstance(generator, torch.Generator), f"generator must be a torch.Generator, got {generator!r}")
         statistic = float(self.statistics(torch.from_numpy(teachers)[None], torch.from_numpy(public)[None], generator)[0])

@@ -9,9 +9,12 @@ curve charged, by component, on the order grid.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
+from numpy.typing import NDArray
 
 from dpledger.accounting.errors import require
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
@@ -22,6 +25,11 @@ from dpledger.mechanisms.distributions import validated_ensemble
 from dpledger.mechanisms.kernels import mixed_teachers
 from dpledger.mechanisms.leave_one_out import leave_one_out_curve
 
+if TYPE_CHECKING:  # the mechanisms import this module: their types are for the checker only
+    from dpledger.mechanisms.adapmixed import AdaPMixED
+    from dpledger.mechanisms.pmixed import PMixED
+    from dpledger.mechanisms.randomness import StepGenerators
+
 
 @dataclass(frozen=True)
 class StepResult:
@@ -29,15 +37,15 @@ class StepResult:
 
     output: torch.Tensor                   # (..., V) float64 on the input's device: sample from this
     lambdas: torch.Tensor                  # (..., N) float64 mixing weights
-    orders: np.ndarray                     # (K,) the order grid of every curve below
-    charged: dict[str, np.ndarray]         # component -> (..., K) RDP charged at each step
-    data_dependent: np.ndarray | None = None   # (..., K) data-dependent loss covering the relation, charged or not
-    exact_orders: np.ndarray | None = None     # (..., K) True where data_dependent is exact, else a chord bound
-    screen_statistic: np.ndarray | None = None  # (...,) D_alpha of the noisy screening vector
-    screen_passed: np.ndarray | None = None     # (...,) bool: PMixED answered (else the public model)
-    add_one_bound: np.ndarray | None = None     # (..., K) bound for an added teacher, charged or not
+    orders: NDArray[np.float64]            # (K,) the order grid of every curve below
+    charged: dict[str, NDArray[np.float64]]  # component -> (..., K) RDP charged at each step
+    data_dependent: NDArray[np.float64] | None = None   # (..., K) data-dependent loss covering the relation
+    exact_orders: NDArray[np.bool_] | None = None       # (..., K) True where data_dependent is exact, else a chord bound
+    screen_statistic: NDArray[np.float64] | None = None  # (...,) D_alpha of the noisy screening vector
+    screen_passed: NDArray[np.bool_] | None = None      # (...,) bool: PMixED answered (else the public model)
+    add_one_bound: NDArray[np.float64] | None = None    # (..., K) bound for an added teacher, charged or not
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE   # what the charges hold for
-    details: dict = field(default_factory=dict)
+    details: dict[str, NDArray[np.float64] | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # the charges go to a ledger: a NaN or negative RDP value, or one off the grid, is refused here
@@ -46,12 +54,13 @@ class StepResult:
         orders = validated_orders(self.orders)
         require(isinstance(self.charged, dict) and len(self.charged) > 0,
                 f"charged must be a non-empty mapping of component name to RDP values, got {self.charged!r}")
-        named = {f"charged[{name!r}]": values for name, values in self.charged.items()}
+        named: dict[str, NDArray[np.float64] | None] = {f"charged[{name!r}]": values
+                                                         for name, values in self.charged.items()}
         named.update(data_dependent=self.data_dependent, add_one_bound=self.add_one_bound)
-        for name, values in named.items():
-            if values is None:
+        for name, given in named.items():
+            if given is None:
                 continue
-            values = np.asarray(values)
+            values = np.asarray(given)
             require(values.dtype.kind in "biuf" and values.shape[-1:] == (orders.size,),
                     f"{name} must be numbers with a last axis of {orders.size} orders, got {values.dtype} "
                     f"{values.shape}")
@@ -61,20 +70,37 @@ class StepResult:
                 "screen_statistic holds NaN")
 
     @property
-    def total(self) -> np.ndarray:
+    def total(self) -> NDArray[np.float64]:
         """(..., K): the step's RDP summed over its components (sequential composition)."""
-        return sum(self.charged.values())
+        return np.asarray(sum(self.charged.values()))
 
-    def ledger_charges(self) -> dict[str, tuple]:
+    def ledger_charges(self) -> dict[str, tuple[NDArray[np.float64], bool, NeighbouringRelation]]:
         """The charges in the form PrivacyLedger.charge_many takes: component -> (values (steps, K),
-        data_dependent, relation), the batch axes flattened into steps."""
+        data_dependent, relation), the batch axes flattened into steps.
+
+        Returns:
+            Component name -> ((steps, K) values, whether data-dependent, the relation).
+        """
         return {name: (values.reshape(-1, values.shape[-1]), name == "pmixed_data_dependent", self.relation)
                 for name, values in self.charged.items()}
 
 
-def as_ensemble(teachers, public, expected_teachers: int) -> tuple[torch.Tensor, torch.Tensor]:
+def as_ensemble(teachers: torch.Tensor | npt.ArrayLike, public: torch.Tensor | npt.ArrayLike,
+                expected_teachers: int) -> tuple[torch.Tensor, torch.Tensor]:
     """teachers and public as float64 torch tensors on their device, checked: same vocabulary and
-    batch shape, N = expected_teachers on axis -2, finite, non-negative, rows summing to 1."""
+    batch shape, N = expected_teachers on axis -2, finite, non-negative, rows summing to 1.
+
+    Args:
+        teachers: (..., N, V) distributions, numpy or torch (on any device).
+        public: (..., V) distributions.
+        expected_teachers: N.
+
+    Returns:
+        (teachers, public) as float64 tensors, on the teachers' device for a non-CPU tensor, else on the CPU.
+
+    Raises:
+        ValueError: if the shapes do not match, N differs, or a row is not a distribution.
+    """
     if isinstance(teachers, torch.Tensor) and teachers.device.type != "cpu":
         teachers = teachers.double()
         public = torch.as_tensor(public, device=teachers.device).double()
@@ -91,14 +117,35 @@ def as_ensemble(teachers, public, expected_teachers: int) -> tuple[torch.Tensor,
     return torch.from_numpy(teachers_np), torch.from_numpy(public_np)
 
 
-def step_orders(orders) -> np.ndarray:
+def step_orders(orders: Sequence[float] | None) -> NDArray[np.float64]:
+    """The order grid of a step's curves.
+
+    Args:
+        orders: Renyi orders, each finite and > 1; None for DEFAULT_ORDERS.
+
+    Returns:
+        The sorted distinct orders as a float64 array.
+
+    Raises:
+        ValueError: if an order is not finite and > 1.
+    """
     return np.asarray(canonical_orders(DEFAULT_ORDERS if orders is None else orders), dtype=np.float64)
 
 
 def mixed_output(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the mixed teachers (..., N, V), their mean over the (masked) ensemble (..., V)); an empty
-    subsample answers with the public model."""
+    subsample answers with the public model.
+
+    Args:
+        teachers: (..., N, V) float64 distributions.
+        public: (..., V) float64 distribution.
+        lambdas: (..., N) mixing weights in [0, 1].
+        mask: (..., N) bool, the teachers in the subsample; None for all.
+
+    Returns:
+        (mixed teachers (..., N, V), their (masked) mean (..., V)).
+    """
     mixed = mixed_teachers(teachers, public, lambdas)
     if mask is None:
         return mixed, mixed.mean(dim=-2)
@@ -107,17 +154,37 @@ def mixed_output(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Te
     return mixed, torch.where(size > 0, (weights * mixed).sum(dim=-2) / size.clamp_min(1.0), public)
 
 
-def data_dependent_step_curve(pmixed, teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
-                              orders: np.ndarray, relation: NeighbouringRelation,
-                              relative_tolerance: float = 0.005, add_one_dual: bool = False):
+def data_dependent_step_curve(
+        pmixed: PMixED, teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
+        orders: NDArray[np.float64], relation: NeighbouringRelation | str, relative_tolerance: float = 0.005,
+        add_one_dual: bool = False,
+) -> tuple[NDArray[np.float64], NDArray[np.bool_], NDArray[np.float64], NDArray[np.float64] | None, torch.Tensor]:
     """(loss covering `relation` (..., K), exact mask (..., K), remove-one part, add-one part or None,
     the mixed teachers' mean (..., V)).
 
     Remove-one: Flemings et al. 2024, Eq. 3, max_i D<->(p, p_-i), exact on a sub-grid and a chord
-    bound within `relative_tolerance` between (dpledger.mechanisms.kernels.leave_one_out_curve). Add-one:
+    bound within `relative_tolerance` between (dpledger.mechanisms.leave_one_out.leave_one_out_curve). Add-one:
     dpledger.mechanisms.add_one.add_one_divergence_bounds at every order of the grid (one row per step, so
     its fused kernel costs less than the sub-grid bookkeeping would save); add_one_dual=True also
-    takes the certified Lagrangian dual bound there (dpledger.mechanisms.add_one), per direction the smaller."""
+    takes the certified Lagrangian dual bound there (dpledger.mechanisms.add_one), per direction the smaller.
+
+    Args:
+        pmixed: the PMixED spec (alpha, radius, ball).
+        teachers: (..., N, V) float64 distributions.
+        public: (..., V) float64 distribution.
+        lambdas: (..., N) mixing weights.
+        orders: (K,) sorted Renyi orders.
+        relation: the neighbouring relation to cover (or its value).
+        relative_tolerance: the chord bound's relative tolerance between exact orders.
+        add_one_dual: also take the certified dual add-one bound.
+
+    Returns:
+        (covering loss (..., K), exact mask (..., K), remove-one part (..., K), add-one part (..., K) or None,
+        the mixed teachers' mean (..., V)).
+
+    Raises:
+        ValueError: for an unknown relation.
+    """
     relation = neighbouring_relation(relation)
     removed, exact, output = leave_one_out_curve(teachers, public, lambdas, orders, relative_tolerance)
     output = output.to(public.device)
@@ -130,21 +197,38 @@ def data_dependent_step_curve(pmixed, teachers: torch.Tensor, public: torch.Tens
     return covering, exact, removed, added, output
 
 
-def pmixed_step(pmixed, teachers, public, orders=None, mask=None) -> StepResult:
+def pmixed_step(pmixed: PMixED, teachers: torch.Tensor | npt.ArrayLike, public: torch.Tensor | npt.ArrayLike,
+                orders: Sequence[float] | None = None, mask: torch.Tensor | None = None) -> StepResult:
     """PMixED (Flemings et al. 2024, Algorithm 2) for a batch of steps: lambdas, the mixed output,
-    and Theorem 3.1's per-step curve (as claimed for the paper's ball, proven for all-orders)."""
-    teachers, public = as_ensemble(teachers, public, pmixed.teachers)
-    orders = step_orders(orders)
-    lambdas = pmixed.mixing_weights_tensor(teachers, public)
-    _, output = mixed_output(teachers, public, lambdas, mask)
-    curve = np.broadcast_to(pmixed.rdp_values(orders), tuple(output.shape[:-1]) + (orders.size,)).copy()
-    return StepResult(output=output, lambdas=lambdas, orders=orders, charged={"pmixed_theorem_3_1": curve},
+    and Theorem 3.1's per-step curve (as claimed for the paper's ball, proven for all-orders).
+
+    Args:
+        pmixed: the PMixED spec.
+        teachers: (..., N, V) distributions, numpy or torch.
+        public: (..., V) distributions.
+        orders: Renyi orders of the curve; None for DEFAULT_ORDERS.
+        mask: (..., N) bool, a Poisson subsample of the teachers; None for all.
+
+    Returns:
+        The StepResult, charged "pmixed_theorem_3_1" at every step.
+
+    Raises:
+        ValueError: if the distributions or the orders are invalid.
+    """
+    ensemble, reference = as_ensemble(teachers, public, pmixed.teachers)
+    grid = step_orders(orders)
+    lambdas = pmixed.mixing_weights_tensor(ensemble, reference)
+    _, output = mixed_output(ensemble, reference, lambdas, mask)
+    curve = np.broadcast_to(pmixed.rdp_values(grid), tuple(output.shape[:-1]) + (grid.size,)).copy()
+    return StepResult(output=output, lambdas=lambdas, orders=grid, charged={"pmixed_theorem_3_1": curve},
                       relation=pmixed.relation)
 
 
-def adapmixed_step(mechanism, teachers, public, generator=None, orders=None,
-                   relation: NeighbouringRelation | str | None = None, accounting: str = "released-output",
-                   screening: bool = True, data_dependent: bool = True, add_one_dual: bool = False) -> StepResult:
+def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike, public: torch.Tensor | npt.ArrayLike,
+                   generator: torch.Generator | StepGenerators | None = None, orders: Sequence[float] | None = None,
+                   relation: NeighbouringRelation | str | None = None,
+                   accounting: PathAccounting | str = "released-output", screening: bool = True,
+                   data_dependent: bool = True, add_one_dual: bool = False) -> StepResult:
     """AdaPMixED (Flemings et al. 2024, Algorithm 1) for a batch of steps: the noisy screen
     (Theorem 4.1), PMixED's projection, and the charged curve by component: "screen" and
     "pmixed_data_dependent" (the loss covering `relation`, the mechanism's own by default) or,
@@ -152,44 +236,70 @@ def adapmixed_step(mechanism, teachers, public, generator=None, orders=None,
     PMixED part at every step; "realised-path" only where the screen passed
     (dpledger.decoding.runners.adapmixed_runner explains the difference). `generator`: a torch.Generator
     or dpledger.mechanisms.randomness.StepGenerators (one per step), needed when screening. add_one_dual:
-    the add-one bound also takes the certified dual (data_dependent_step_curve)."""
+    the add-one bound also takes the certified dual (data_dependent_step_curve).
+
+    Args:
+        mechanism: the AdaPMixED spec (its PMixED and its screening).
+        teachers: (..., N, V) distributions, numpy or torch.
+        public: (..., V) distributions.
+        generator: the screen's noise: a torch.Generator or StepGenerators (needed when screening).
+        orders: Renyi orders of the curves; None for DEFAULT_ORDERS.
+        relation: the relation the data-dependent loss covers; None for the mechanism's.
+        accounting: "released-output" or "realised-path".
+        screening: whether to run the noisy screen.
+        data_dependent: charge the data-dependent loss (else Theorem 3.1).
+        add_one_dual: the add-one bound also takes the certified dual.
+
+    Returns:
+        The StepResult, charged by component.
+
+    Raises:
+        ValueError: for relation replace_one, an unknown accounting, neither screening nor data_dependent,
+            screening without a generator, or invalid distributions or orders.
+    """
     pmixed, screen = mechanism.pmixed, mechanism.screening
-    relation = neighbouring_relation(mechanism.relation if relation is None else relation)
-    require(relation is not NeighbouringRelation.REPLACE_ONE,
+    covered = neighbouring_relation(mechanism.relation if relation is None else relation)
+    require(covered is not NeighbouringRelation.REPLACE_ONE,
             "AdaPMixED's bounds are for adding or removing a teacher; relation replace_one is not covered")
-    accounting = path_accounting(accounting)
+    path = path_accounting(accounting)
     require(screening or data_dependent, "at least one of screening / data_dependent must be enabled")
-    teachers, public = as_ensemble(teachers, public, pmixed.teachers)
-    orders = step_orders(orders)
-    batch = tuple(public.shape[:-1])
+    ensemble, reference = as_ensemble(teachers, public, pmixed.teachers)
+    grid = step_orders(orders)
+    batch = tuple(reference.shape[:-1])
+    statistic: torch.Tensor | None
     if screening:
-        require(generator is not None, "screening draws Gaussian noise: pass a torch.Generator")
-        statistic = screen.statistics(teachers.cpu() if teachers.device.type != "cpu" else teachers,
-                                      public.cpu(), generator)
+        if generator is None:
+            raise ValueError("screening draws Gaussian noise: pass a torch.Generator")
+        statistic = screen.statistics(ensemble.cpu() if ensemble.device.type != "cpu" else ensemble,
+                                      reference.cpu(), generator)
         passed = statistic <= screen.threshold
     else:
         statistic, passed = None, torch.ones(batch, dtype=torch.bool)
-    lambdas = pmixed.mixing_weights_tensor(teachers, public)
+    lambdas = pmixed.mixing_weights_tensor(ensemble, reference)
+    covering: NDArray[np.float64] | None
+    exact: NDArray[np.bool_] | None
+    removed: NDArray[np.float64] | None
+    added: NDArray[np.float64] | None
     if data_dependent:
-        covering, exact, removed, added, mixed_mean = data_dependent_step_curve(pmixed, teachers, public, lambdas,
-                                                                                orders, relation,
+        covering, exact, removed, added, mixed_mean = data_dependent_step_curve(pmixed, ensemble, reference, lambdas,
+                                                                                grid, covered,
                                                                                 add_one_dual=add_one_dual)
     else:
         covering, exact, removed, added = None, None, None, None
-        mixed_mean = mixed_output(teachers, public, lambdas)[1]
-    output = torch.where(passed.to(public.device).unsqueeze(-1), mixed_mean, public)
-    bound = np.broadcast_to(pmixed.rdp_values(orders), batch + (orders.size,)).copy()
-    charged = {}
+        mixed_mean = mixed_output(ensemble, reference, lambdas)[1]
+    output = torch.where(passed.to(reference.device).unsqueeze(-1), mixed_mean, reference)
+    bound = np.broadcast_to(pmixed.rdp_values(grid), batch + (grid.size,)).copy()
+    charged: dict[str, NDArray[np.float64]] = {}
     if screening:
-        charged["screen"] = np.broadcast_to(screen.rdp_values(orders), batch + (orders.size,)).copy()
-    if data_dependent:
-        every = accounting is PathAccounting.RELEASED_OUTPUT
+        charged["screen"] = np.broadcast_to(screen.rdp_values(grid), batch + (grid.size,)).copy()
+    if covering is not None:  # set exactly when data_dependent
+        every = path is PathAccounting.RELEASED_OUTPUT
         charged["pmixed_data_dependent"] = np.where(np.ones(batch + (1,), dtype=bool) if every
                                                     else passed.numpy()[..., None], covering, 0.0)
     else:
         charged["pmixed_theorem_3_1"] = bound
-    return StepResult(output=output, lambdas=lambdas, orders=orders, charged=charged, data_dependent=covering,
+    return StepResult(output=output, lambdas=lambdas, orders=grid, charged=charged, data_dependent=covering,
                       exact_orders=exact, screen_statistic=None if statistic is None else statistic.numpy(),
                       screen_passed=passed.numpy(), add_one_bound=added,
-                      relation=relation if data_dependent else mechanism.relation,
+                      relation=covered if data_dependent else mechanism.relation,
                       details={"data_independent": bound, "eq3_remove_one": removed})

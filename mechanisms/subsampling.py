@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from numpy.typing import NDArray
 from scipy.special import gammaln, logsumexp
 
 from dpledger.accounting.errors import require, require_bool, require_in_closed
@@ -34,7 +35,8 @@ from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.mechanisms.base import Mechanism, require_mechanism, set_validated
 
 
-def _base_values(base_epsilon: Callable[[np.ndarray], np.ndarray], at: np.ndarray) -> np.ndarray:
+def _base_values(base_epsilon: Callable[[NDArray[np.float64]], NDArray[np.float64]],
+                 at: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.float64]:
     """base_epsilon(at), refused unless it is one non-NaN value >= 0 (or +inf) per order."""
     values = np.asarray(base_epsilon(at.astype(np.float64)), dtype=np.float64)
     require(values.shape == at.shape, f"base mechanism RDP must have one value per order, got shape {values.shape} "
@@ -48,20 +50,22 @@ MAX_AMPLIFIED_ORDER = 100_000
 """Orders above this are charged the unsampled value (the amplification sum has A terms)."""
 
 
-def _log_term_excess(exponent: np.ndarray, factor: float, k: np.ndarray) -> np.ndarray:
+def _log_term_excess(exponent: NDArray[np.float64], factor: float, k: NDArray[np.int64]) -> NDArray[np.float64]:
     """log(m_k e^x - 1) with m_k = factor for k >= 3 and 1 for k = 2, x = (k-1) eps(k) >= 0:
     log(expm1(x)) for m = 1 (-inf at x = 0), log(2 + 3 expm1(x)) for m = 3; +inf stays +inf."""
     exponent = np.asarray(exponent, dtype=np.float64)
     with np.errstate(divide="ignore", over="ignore"):  # log(0) = -inf at x = 0 is exact
-        log_expm1 = np.where(exponent < 30.0, np.log(np.expm1(np.minimum(exponent, 30.0))),
+        log_expm1: NDArray[np.float64] = np.where(exponent < 30.0, np.log(np.expm1(np.minimum(exponent, 30.0))),
                              exponent + np.log1p(-np.exp(-np.maximum(exponent, 30.0))))
     if factor == 1.0:
         return log_expm1
-    return np.where(k >= 3, np.logaddexp(math.log(factor - 1.0), math.log(factor) + log_expm1), log_expm1)
+    weighted: NDArray[np.float64] = np.where(k >= 3, np.logaddexp(math.log(factor - 1.0), math.log(factor) + log_expm1),
+                                             log_expm1)
+    return weighted
 
 
-def amplified_rdp(sampling_probability: float, base_epsilon: Callable[[np.ndarray], np.ndarray],
-                  orders: np.ndarray, general: bool) -> np.ndarray:
+def amplified_rdp(sampling_probability: float, base_epsilon: Callable[[NDArray[np.float64]], NDArray[np.float64]],
+                  orders: NDArray[np.float64], general: bool) -> NDArray[np.float64]:
     """eps'_q at each order: min(the amplification bound at ceil(order), base_epsilon(order)).
 
     base_epsilon maps an array of orders to the base mechanism's RDP (+inf allowed, NaN or negative
@@ -72,6 +76,22 @@ def amplified_rdp(sampling_probability: float, base_epsilon: Callable[[np.ndarra
     cancels when q is tiny (summing (1-q)^(A-1) (1 + (A-1) q) with the rest gave 0 instead of
     1.8e-34 at q = 2.4e-16). A term whose binomial weight is exactly 0 ((1-q)^(A-k) with q = 1 and
     k < A) is 0 even where eps(k) = +inf, never 0 * inf = NaN.
+
+    Args:
+        sampling_probability: q in [0, 1], the probability that each record is in the subsample.
+        base_epsilon: the base mechanism's RDP as a function of a float64 array of orders.
+        orders: Renyi orders, a 1-D float64 array, each finite and > 1.
+        general: True for Zhu & Wang 2019 Theorem 9 (factor 3 on every k >= 3 term, sound for every
+            mechanism); False for the tight form (Steinke 2022; Zhu & Wang 2019, Theorem 5).
+
+    Returns:
+        A float64 array, one amplified epsilon per order (0 everywhere for q = 0; the unsampled value
+        above MAX_AMPLIFIED_ORDER).
+
+    Raises:
+        ValueError: if q is outside [0, 1], an order is not finite and > 1, `general` is not a bool,
+            `base_epsilon` is not callable or gives a wrong shape, a NaN or a negative value, or the
+            bound comes out NaN.
     """
     q = require_in_closed("sampling_probability", sampling_probability, 0.0, 1.0)
     orders = validated_orders(orders)
@@ -143,7 +163,7 @@ class PoissonSubsampledMechanism(Mechanism):
         require(self.mechanism.relation == NeighbouringRelation.ADD_OR_REMOVE_ONE,
                 f"Poisson amplification holds for add/remove-one neighbours, got {self.mechanism.relation}")
 
-    def rdp_values(self, orders: np.ndarray) -> np.ndarray:
+    def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         return amplified_rdp(self.sampling_probability, self.mechanism.rdp_values, orders, self.general)
 
 
