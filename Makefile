@@ -20,11 +20,13 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# the suite on every core, at most 4 (pytest-xdist; CI has 2): TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= auto
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile tests
 
 test-slow: install
-	$(PY) -m pytest -q -m slow tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile -m slow tests
 
 lint: install
 	$(VENV)/bin/ruff check .
