@@ -29,6 +29,7 @@ import hashlib
 import math
 import warnings
 from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import torch
@@ -43,7 +44,8 @@ from dpledger.audit.checks import CheckResult, failed, skipped, verdict
 from dpledger.audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
 from dpledger.decoding.ensemble import Ensemble
 from dpledger.mechanisms.kernels import renyi_divergence_orders, sums_without_each
-from dpledger.mechanisms.pmixed import Ball, PMixED
+from dpledger.mechanisms.ball import Ball
+from dpledger.mechanisms.pmixed import PMixED
 from dpledger.mechanisms.screening import NoisyScreening
 
 DEFAULT_AUDIT_ORDERS = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 18.0, 20.0, 24.0, 32.0,
@@ -233,8 +235,16 @@ def monte_carlo_seed(seed: int, first_step: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+class _AblationPartial(TypedDict):
+    forward: np.ndarray           # (E, K) the window's forward divergences summed over its steps
+    backward: np.ndarray          # (E, K)
+    realised: np.ndarray | None   # (2, E, K) the realised-path divergences (screened mechanisms)
+    halfwidth: float | None
+
+
 def _ablation_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, removed: list[int],
-                     grid: tuple[float, ...], mc_samples: int, confidence: float, seed: int, labels: list[str]) -> dict:
+                     grid: tuple[float, ...], mc_samples: int, confidence: float, seed: int,
+                     labels: list[str]) -> _AblationPartial:
     """One window's divergences summed over its steps, per direction and neighbour (ValueError, naming
     the step, where one is NaN)."""
     orders_t = torch.tensor(grid, dtype=torch.float64)
@@ -269,8 +279,8 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
     grid = audit_orders(trace.orders, [*optimal, *extra], orders)
     forward = np.zeros((len(removed) + 3, len(grid)))
     backward = np.zeros_like(forward)
-    realised_totals = None
-    halfwidths = []
+    realised_totals: np.ndarray | None = None
+    halfwidths: list[float] = []
     labels = [f"remove teacher {i}" for i in removed] + list(ADVERSARY_LABELS)
     for _, window in trace.map_windows(_ablation_window, removed, grid, mc_samples, confidence, seed, labels,
                                        desc="neighbour ablation"):
@@ -280,7 +290,9 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
             realised_totals = window["realised"] if realised_totals is None else realised_totals + window["realised"]
         if window["halfwidth"] is not None:
             halfwidths.append(window["halfwidth"])
-    epsilons, best_orders, realised_epsilons = [], [], []
+    epsilons: list[float] = []
+    best_orders: list[float | None] = []
+    realised_epsilons: list[float] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for row in range(len(labels)):
@@ -297,13 +309,26 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
                           np.asarray(realised_epsilons) if realised_totals is not None else None)
 
 
+class RelationEntry(TypedDict):
+    """The ablation's worst tested neighbour of one relation (check_ablation's evidence["relations"])."""
+
+    relation: str                 # the relation's label
+    claimed: bool                 # the run claims this relation
+    charged_for: bool             # the run's charges cover it
+    worst_neighbour: str
+    empirical_epsilon: float
+    within_claim: bool
+    ratio: float                  # empirical epsilon / claimed epsilon
+    realised_path_epsilon: NotRequired[float]   # screened mechanisms only
+
+
 PER_TEACHER_LABEL = ("per-teacher data-dependent accounting: each teacher's own per-step losses composed over the run, "
                      "the maximum over teachers taken at the end (individual privacy accounting, Feldman & Zrnic "
                      "2021), where the ledger composes the per-step maximum (Flemings et al. 2024, Eq. 3); like Eq. 3 "
                      "it depends on the private data: an ex-post statement about this run, not a DP guarantee")
 
 
-def per_teacher_accounting(trace: LoadedTrace, result: AblationResult, relations: dict,
+def per_teacher_accounting(trace: LoadedTrace, result: AblationResult, relations: dict[str, RelationEntry],
                            claimed_relation: NeighbouringRelation, delta: float) -> dict:
     """max over teachers i of epsilon(max(sum_t D(p_t || p_t,-i), sum_t D(p_t,-i || p_t))) for the
     removed teachers (each direction composed on its own: exact laws of the unscreened, unsampled
@@ -334,7 +359,7 @@ def per_teacher_accounting(trace: LoadedTrace, result: AblationResult, relations
         return {"reason": f"ledger.json has no {composed_key} to compare with"}
     epsilon = max(parts.values())
     return {"epsilon": epsilon, "delta": delta, "relation": claimed_relation.value, "parts": parts,
-            "attained_by": max(parts, key=parts.get),
+            "attained_by": max(parts, key=lambda name: parts[name]),
             "composed_max_epsilon": float(composed["epsilon"]), "composed_max_total": composed_key,
             "orders": "the audit's orders (a subset of the claim's grid)", "label": PER_TEACHER_LABEL}
 
@@ -386,17 +411,18 @@ def check_ablation(trace: LoadedTrace, teachers_sample: int | None = None, mc_sa
               **({"realised_path_epsilon": float(result.realised_path_epsilon[i])}
                  if result.realised_path_epsilon is not None else {})}
              for i, (label, eps, order) in enumerate(zip(result.labels, result.epsilon, result.order))]
-    relations = {}
+    relations: dict[str, RelationEntry] = {}
     for relation in (NeighbouringRelation.REMOVE_ONE, NeighbouringRelation.ADD_ONE):
         rows = [i for i in range(len(result.labels)) if result.relation_of(i) is relation]
-        worst = max(rows, key=lambda i: result.epsilon[i])
+        worst_row = max(rows, key=lambda i: float(result.epsilon[i]))
+        realised_path = result.realised_path_epsilon
         relations[relation.value] = {
             "relation": relation.label, "claimed": claimed_relation.covers(relation),
             "charged_for": covered_relation.covers(relation),
-            "worst_neighbour": result.labels[worst], "empirical_epsilon": float(result.epsilon[worst]),
-            "within_claim": within(result.epsilon[worst]), "ratio": ratio_of(result.epsilon[worst]),
-            **({"realised_path_epsilon": float(max(result.realised_path_epsilon[i] for i in rows))}
-               if result.realised_path_epsilon is not None else {})}
+            "worst_neighbour": result.labels[worst_row], "empirical_epsilon": float(result.epsilon[worst_row]),
+            "within_claim": within(result.epsilon[worst_row]), "ratio": ratio_of(result.epsilon[worst_row])}
+        if realised_path is not None:
+            relations[relation.value]["realised_path_epsilon"] = float(max(realised_path[i] for i in rows))
     claimed_rows = [key for key, entry in relations.items() if entry["claimed"]]
     worst_key = max(claimed_rows, key=lambda key: relations[key]["empirical_epsilon"])
     worst = relations[worst_key]

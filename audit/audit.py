@@ -68,7 +68,8 @@ class AuditReport:
         which checks passed, failed or were skipped."""
         replayed = next((c for c in self.checks if c.name == "replay"), None)
         final = next((c for c in self.checks if c.name == "final_record"), None)
-        return {"charges_recomputed_from": replayed.evidence.get("source") if self.verified else None,
+        return {"charges_recomputed_from": replayed.evidence.get("source") if self.verified and replayed is not None
+                                           else None,
                 "cross_checked_with_models": bool(replayed and replayed.evidence.get("cross_checked_with_models")),
                 "not_recomputed_because": None if self.verified or replayed is None else replayed.detail,
                 "head_anchored": bool(final and final.evidence.get("anchored")),
@@ -218,7 +219,7 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
     if expect_head is not None and not (isinstance(expect_head, str) and len(expect_head) == 64
                                         and all(c in "0123456789abcdef" for c in expect_head)):
         raise ValueError(f"--expect-head must be a 64-character lowercase hex sha256, got {expect_head!r}")
-    if trace_files.is_locked(run_dir):
+    if trace_files.is_locked(Path(run_dir)):
         raise trace_files.UnusableRunError(f"{run_dir} is being written by a dpledger process; audit it when the run "
                                            "has finished")
     try:

@@ -1,6 +1,8 @@
 """Bound checks: the theorems of Flemings et al. 2024 (PMixED and AdaPMixED) as assertions, per step."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 import torch
 
@@ -33,8 +35,13 @@ def _ball(trace: LoadedTrace) -> Ball:
     return Ball(trace.params.get("ball", Ball.PROJECTION_ORDER.value))
 
 
-def _mixing_ball_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, grid, radii,
-                        max_radius: float | None) -> dict:
+class _BallPartial(TypedDict):
+    worst: float
+    outside: list[str]
+
+
+def _mixing_ball_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, grid: tuple[float, ...],
+                        radii: tuple[float, ...], max_radius: float | None) -> _BallPartial:
     """The window's largest divergence as a fraction of its radius, and the mixed teachers outside."""
     public, teachers = Ensemble.split_distributions(logits)
     mixed = mixed_teachers(teachers, public, _recorded_lambdas(records))
@@ -65,7 +72,8 @@ def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
         grid, radii, max_radius = all_orders_ball_constraints(beta)
     else:
         grid, radii, max_radius = (alpha,), (alpha * beta,), None
-    worst, outside = 0.0, []
+    worst = 0.0
+    outside: list[str] = []
     for _, window in trace.map_windows(_mixing_ball_window, grid, radii, max_radius, desc="mixing ball"):
         worst = float(np.maximum(worst, window["worst"]))  # not max(): it would skip a NaN
         outside += window["outside"]
@@ -121,8 +129,13 @@ def check_relation_coverage(trace: LoadedTrace) -> CheckResult:
                    component_relations={name: relation.value for name, relation in relations.items()})
 
 
+class _ChargePartial(TypedDict):
+    worst: float
+    under: list[str]
+
+
 def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor,
-                           relation: NeighbouringRelation, every_step: bool) -> dict:
+                           relation: NeighbouringRelation, every_step: bool) -> _ChargePartial:
     """The window's largest relative shortfall of the charge below the loss covering `relation`, and
     the steps charged less (or holding a NaN)."""
     public, teachers = Ensemble.split_distributions(logits)
@@ -167,7 +180,8 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
         return skipped("data_dependent_eq3", "needs the exact-replay payload")
     relation = component_relations(trace.manifest)["pmixed_data_dependent"]
     every_step = trace.params.get("accounting", "realised-path") == "released-output"
-    worst, under = 0.0, []
+    worst = 0.0
+    under: list[str] = []
     for _, window in trace.map_windows(_data_dependent_window, relation, every_step, desc="data-dependent loss"):
         worst = float(np.maximum(worst, window["worst"]))  # not max(): it would skip a NaN
         under += window["under"]
@@ -196,7 +210,7 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
     measured = ("Eq. 3" if field_name == "eq3_remove_one" else
                 "the recorded data-dependent loss (this version 1 trace records Eq. 3 with the add-one bound where the "
                 "relation adds a teacher, which Theorem 3.1 does not bound)")
-    nan_steps = {field_name: [], "data_independent": []}
+    nan_steps: dict[str, list[int]] = {field_name: [], "data_independent": []}
     exceeding, charged_there, ratio = 0, [], 0.0
     for _, records in trace.iter_blocks():
         observed = np.asarray([r[field_name] for r in records], dtype=np.float64)
@@ -221,7 +235,14 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
                    exceeding_steps=exceeding, charged_exceeding_steps=len(charged_there), max_ratio=ratio)
 
 
-def _utility_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor) -> dict:
+class _UtilityPartial(TypedDict):
+    nll_mixed: torch.Tensor
+    nll_ensemble: torch.Tensor
+    nan_steps: list[int]
+    right: float
+
+
+def _utility_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor) -> _UtilityPartial:
     """The window's per-step NLL of the mixture and of the all-lambda=1 ensemble, Theorem 4.3's
     largest term, and the steps where either holds a NaN."""
     public, teachers = Ensemble.split_distributions(logits)
@@ -247,7 +268,10 @@ def check_utility_bound(trace: LoadedTrace) -> CheckResult:
         return skipped("utility_theorem_4_3", f"mechanism {trace.mechanism_type} has no mixing weights")
     if trace.manifest["data"]["stream"] != "teacher-forced" or not trace.has_payload:
         return skipped("utility_theorem_4_3", "needs teacher-forced steps and the exact-replay payload")
-    nll_mixed, nll_ensemble, right, nan_steps = [], [], -np.inf, []
+    nll_mixed: list[torch.Tensor] = []
+    nll_ensemble: list[torch.Tensor] = []
+    nan_steps: list[int] = []
+    right = -np.inf
     for _, window in trace.map_windows(_utility_window, desc="utility bound"):
         nll_mixed.append(window["nll_mixed"])
         nll_ensemble.append(window["nll_ensemble"])

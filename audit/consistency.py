@@ -92,8 +92,8 @@ def check_manifest(loaded: LoadedTrace) -> CheckResult:
         return failed("manifest", f"{trace.MANIFEST}: its config's mechanism cannot be built ({error})")
     mechanism = manifest["mechanism"]
     recorded_relations = mechanism.get("component_relations", {})
-    rebuilt = {"type": runner.kind, "params": runner.params, "components": runner.components,
-               "component_relations": {name: runner.relation_of(name).value for name in runner.components}}
+    rebuilt: dict[str, object] = {"type": runner.kind, "params": runner.params, "components": runner.components,
+                                  "component_relations": {name: runner.relation_of(name).value for name in runner.components}}
     for key, value in rebuilt.items():
         recorded = recorded_relations if key == "component_relations" else mechanism.get(key)
         if recorded != value:

@@ -17,7 +17,7 @@ import math
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from tqdm.auto import tqdm
 import torch
@@ -32,9 +32,11 @@ uneven blocks, few enough that scheduling costs nothing next to a window's work.
 
 _WORKER_TRACES: dict[str, LoadedTrace] = {}
 
+_Partial = TypeVar("_Partial")
 
-def _compute_task(spec: LoadedTrace, key: str, compute: Callable, args: tuple, task: WindowTask,
-                  torch_threads: int) -> list:
+
+def _compute_task(spec: LoadedTrace, key: str, compute: Callable[..., _Partial], args: tuple[object, ...],
+                  task: WindowTask, torch_threads: int) -> list[_Partial]:
     """On a worker: the partials of the task's windows. The trace (and what its window functions
     memoise: models, runner, text) is kept per worker process for this audit's later tasks, under the
     audit's id: a later audit starts afresh from the state its driver sends."""
@@ -53,7 +55,7 @@ def _compute_task(spec: LoadedTrace, key: str, compute: Callable, args: tuple, t
 class DaskWindowExecutor:
     """Computes `map_windows` on a Dask client's workers, yielding the partials in order."""
 
-    def __init__(self, client, progress: bool = True, tasks_per_worker: int = TASKS_PER_WORKER):
+    def __init__(self, client: Any, progress: bool = True, tasks_per_worker: int = TASKS_PER_WORKER):
         self.client, self.progress, self.tasks_per_worker = client, progress, tasks_per_worker
         # wall time spent on the workers' work (map_windows, file_digests); the rest of an audit is the
         # driver's own (benchmarks/bench_distributed.py separates the two)
@@ -79,7 +81,8 @@ class DaskWindowExecutor:
             per_task = max(1, math.ceil(windows / (self.tasks_per_worker * worker_count(self.client))))
         return trace.window_tasks(per_task)
 
-    def map_windows(self, trace: LoadedTrace, compute: Callable, args: tuple, desc: str) -> Iterator[tuple[int, object]]:
+    def map_windows(self, trace: LoadedTrace, compute: Callable[..., _Partial], args: tuple[object, ...],
+                    desc: str) -> Iterator[tuple[int, _Partial]]:
         require_single_threaded_workers(self.client)
         spec, key = trace.for_workers(), trace.audit_id
         tasks = self.tasks_for(trace)

@@ -48,7 +48,8 @@ def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Find
     data_dependent = any(trace.components.values())
     findings = []
 
-    sizes, passes, nan_fields = [], [], {}
+    sizes, passes = [], []
+    nan_fields: dict[str, list[int]] = {}
     for _, records in trace.iter_blocks():
         sizes += [len(r["sampled_teachers"]) for r in records if r["sampled_teachers"] or variant]
         passes.append(sum(bool(r["screen_passed"]) for r in records))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from dpledger.decoding.budget import BudgetGate
 from dpledger.decoding.cluster import ClusterError
 from dpledger.decoding.corpus import generate_corpus
 from dpledger.decoding.ensemble import Ensemble, file_problems, identity_problems, tokenizer_files
-from dpledger.decoding.icl import load_icl_ensemble
+from dpledger.decoding.icl import InContextEnsemble, load_icl_ensemble
 
 PAYLOAD_WINDOW_BYTES = 256 * 2 ** 20
 """Replay windows hold at most this much of a block's float64 work (N+1 distributions and the
@@ -50,6 +50,9 @@ DATA_DEPENDENT_FILTER = ("the run's privacy filter was driven by data-dependent 
                          "privately depends on the data: a neighbour's run may answer where this one refused, and "
                          "no per-step comparison of this run's laws measures that (Redberg et al. 2023); the run "
                          "claims no guarantee to test")
+
+_Partial = TypeVar("_Partial")
+"""What a window function of `LoadedTrace.map_windows` returns for one window."""
 
 
 @dataclass
@@ -71,6 +74,37 @@ class WindowTask:
     stop: int
 
 
+class WindowExecutor(Protocol):
+    """Computes `LoadedTrace.map_windows` and the payload's digests elsewhere than in this process
+    (dpledger.audit.dask_audit.DaskWindowExecutor)."""
+
+    def file_digests(self, paths: list[Path]) -> list[str]:
+        """The sha256 of each file.
+
+        Args:
+            paths: the files to hash.
+
+        Returns:
+            Each file's sha256 (hex), in the order of `paths`.
+        """
+        ...
+
+    def map_windows(self, trace: LoadedTrace, compute: Callable[..., _Partial], args: tuple[object, ...],
+                    desc: str) -> Iterator[tuple[int, _Partial]]:
+        """`compute(trace, records, logits, *args)` for every payload window of `trace`.
+
+        Args:
+            trace: the loaded trace whose windows are computed.
+            compute: a module-level window function, as `LoadedTrace.map_windows` takes it.
+            args: the further arguments passed to `compute` after the window.
+            desc: names the check (progress bars and task keys).
+
+        Returns:
+            (block, partial) for every window, in block and window order.
+        """
+        ...
+
+
 @dataclass
 class LoadedTrace:
     directory: Path
@@ -88,7 +122,7 @@ class LoadedTrace:
     manifest_sha256: str = ""
     ledger_sha256: str = ""
     _logits_source: str | None = "unknown"
-    _ensemble: object = None
+    _ensemble: Ensemble | InContextEnsemble | None = None
     _payload_states: dict[int, str] | None = None
     payload_reasons: dict[int, str] = field(default_factory=dict)
     """Why each block that payload_states calls "unreadable" was not read, naming its file."""
@@ -101,7 +135,7 @@ class LoadedTrace:
     audit_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     """Names this load of the trace: a worker keeps what it loaded for it (models, memo) under this id,
     so a later audit of the same directory never reuses state decided for an earlier one."""
-    executor: object = None
+    executor: WindowExecutor | None = None
     """Computes `map_windows` elsewhere (dpledger.audit.dask_audit.DaskWindowExecutor); None: in this process."""
     memo: dict = field(default_factory=dict)
     """Per-process memo of what the window functions rebuild (the runner, the re-encoded text, a block's
@@ -236,6 +270,7 @@ class LoadedTrace:
                                  for m in (models[:1] if icl else models)) or (examples and not Path(examples).exists()):
             return "absent"
 
+        ensemble: Ensemble | InContextEnsemble
         try:
             if icl:  # the prompts again: from the regenerated embedded corpus, or the examples file re-read
 
@@ -297,7 +332,7 @@ class LoadedTrace:
         """The run's privacy filter was driven by data-dependent losses (dpledger.decoding.budget)."""
         return bool((self.manifest.get("budget") or {}).get("data_dependent"))
 
-    def budget_gate(self):
+    def budget_gate(self) -> BudgetGate | None:
         """The run's privacy filter rebuilt from its config (dpledger.decoding.budget), state zero; None
         without a [budget]."""
         budget = self.manifest["config"].get("budget")
@@ -305,6 +340,8 @@ class LoadedTrace:
             return None
 
         runner = self.runner()
+        if runner.step_bound is None:
+            raise ValueError(f"a run of {self.mechanism_type} has a [budget] but the mechanism has no step bound")
         return BudgetGate.plan(budget, runner.step_bound(self.orders), self.orders, runner.realised_path_bounds)
 
     def window_rows(self) -> int:
@@ -317,6 +354,7 @@ class LoadedTrace:
 
     def _model_logits(self, records: list[dict]) -> torch.Tensor:
         contexts = torch.tensor([[r["context_token"] for r in records]])
+        assert self._ensemble is not None, "logits_source 'models' loaded the ensemble"
         return self._ensemble.logits(contexts)[:, 0]
 
     def iter_payload(self, window: int | None = None) -> Iterator[tuple[int, list[dict], torch.Tensor]]:
@@ -356,7 +394,8 @@ class LoadedTrace:
                                                              task.stop):
             yield window_records, logits
 
-    def map_windows(self, compute: Callable, *args, desc: str = "") -> Iterator[tuple[int, object]]:
+    def map_windows(self, compute: Callable[..., _Partial], *args: object,
+                    desc: str = "") -> Iterator[tuple[int, _Partial]]:
         """(block, compute(self, records, logits, *args)) for every payload window, in block and window
         order; on the executor's workers when there is one. `compute` must be a module-level function
         whose result depends on its arguments only (per-window seeds, no state carried between
@@ -389,7 +428,7 @@ class LoadedTrace:
         return torch.cat(parts, dim=1)
 
 
-def _unreadable(path: Path, error: Exception) -> str:
+def _unreadable(path: Path, error: safe_files.UnsafeFileError | OSError) -> str:
     """Why a file is not read, in one line naming it (an UnsafeFileError names it already)."""
     return str(error) if isinstance(error, ValueError) else f"{path}: cannot be read ({error.strerror or error})"
 

@@ -49,9 +49,9 @@ def epsilon_lower_bound(hits_in: int, hits_out: int, trials: int, delta: float, 
     require_in_open("delta", delta, 0.0, 1.0)
     require_in_open("confidence", confidence, 0.0, 1.0)
     # a two-sided interval at `confidence` leaves (1 - confidence) / 2 in each tail; we use one tail of each
-    tpr_low, _ = clopper_pearson(np.array([hits_in]), trials, confidence)
-    _, fpr_high = clopper_pearson(np.array([hits_out]), trials, confidence)
-    tpr_low, fpr_high = float(tpr_low[0]), float(fpr_high[0])
+    tpr_lows, _ = clopper_pearson(np.array([hits_in]), trials, confidence)
+    _, fpr_highs = clopper_pearson(np.array([hits_out]), trials, confidence)
+    tpr_low, fpr_high = float(tpr_lows[0]), float(fpr_highs[0])
     candidates = [0.0]
     if tpr_low - delta > 0 and fpr_high > 0:
         candidates.append(math.log((tpr_low - delta) / fpr_high))
@@ -130,6 +130,7 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
             return skipped("canary_game", "the in-context teachers cannot be rebuilt: "
                            + trace.model_unavailability()), None
         ensemble = trace._ensemble
+        assert ensemble is not None, "models_available: the loader kept the in-context ensemble"
     else:
         ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
                                             trace.manifest["config"]["models"]["teacher_kind"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -152,8 +153,30 @@ def _candidates(counts: np.ndarray) -> list[int]:
     return voted + ([int(unvoted[0])] if unvoted.size else [])
 
 
+class _VotingPartial(TypedDict):
+    removed: np.ndarray                   # (N, K) per removed teacher
+    added: np.ndarray                     # (K,) the worst added teacher
+    replaced: np.ndarray | None           # (N, K) per replaced teacher, where the relation replaces one
+    released_removed: np.ndarray | None   # (N, K) the released law's, for realised-path claims
+    error: float                          # the largest numerical error of the laws
+
+
+class VotingAblation(_VotingPartial):
+    """run_voting_ablation's totals over the run, and whether the claim is realised-path accounting."""
+
+    realised_path: bool
+
+
+def _sum_of(total: np.ndarray | None, part: np.ndarray | None) -> np.ndarray | None:
+    """total + part, where both windows hold the quantity (None where the run's windows have none)."""
+    if total is None:
+        return None
+    assert part is not None, "every window of a run holds the same quantities"
+    return total + part
+
+
 def _voting_ablation_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, realised_path: bool,
-                            replace: bool) -> dict:
+                            replace: bool) -> _VotingPartial:
     """One window's per-neighbour divergences summed over its steps, and its largest numerical error."""
     mechanism, orders = _mechanism(trace), np.asarray(trace.orders, dtype=np.float64)
     n = trace.n_teachers
@@ -169,11 +192,14 @@ def _voting_ablation_window(trace: LoadedTrace, records: list[dict], logits: tor
             continue
         laws = _StepLaws(mechanism, counts[row], orders, realised_path)
         passed_screen = bool(record["screen_passed"])
-        per_token, per_token_released = {}, {}
+        per_token: dict[int, np.ndarray] = {}
+        per_token_released: dict[int, np.ndarray] = {}  # realised-path claims (an aggregator with an exact law)
         for token in np.unique(votes[row]):
             neighbour = counts[row].copy()
             neighbour[token] -= 1
-            per_token[token], per_token_released[token] = laws.divergence(neighbour, passed_screen)
+            per_token[token], released = laws.divergence(neighbour, passed_screen)
+            if released is not None:
+                per_token_released[token] = released
         removed += np.stack([per_token[token] for token in votes[row]])
         if released_total is not None:
             released_total += np.stack([per_token_released[token] for token in votes[row]])
@@ -198,23 +224,27 @@ def _voting_ablation_window(trace: LoadedTrace, records: list[dict], logits: tor
             "error": error}
 
 
-def run_voting_ablation(trace: LoadedTrace, delta: float) -> dict:
+def run_voting_ablation(trace: LoadedTrace, delta: float) -> VotingAblation:
     """Per-neighbour composed divergences (K orders) for every relation tested, the leakiest
     teacher, and the numerical error; needs the payload or the models. Each window's sums are added
     in window order."""
     mechanism = _mechanism(trace)
     realised_path = mechanism.accounting is PathAccounting.REALISED_PATH
     replace = "replace" in NeighbouringRelation(trace.manifest["relation"]).moves
-    totals = None
+    totals: _VotingPartial | None = None
     for _, window in trace.map_windows(_voting_ablation_window, realised_path, replace, desc="neighbour ablation"):
         if totals is None:
             totals = window
             continue
-        for key in ("removed", "added", "replaced", "released_removed"):
-            if totals[key] is not None:
-                totals[key] = totals[key] + window[key]
+        totals["removed"] = totals["removed"] + window["removed"]
+        totals["added"] = totals["added"] + window["added"]
+        totals["replaced"] = _sum_of(totals["replaced"], window["replaced"])
+        totals["released_removed"] = _sum_of(totals["released_removed"], window["released_removed"])
         totals["error"] = max(totals["error"], window["error"])
-    return {**totals, "realised_path": realised_path}
+    assert totals is not None, "a loaded trace has at least one step, so one window"
+    return VotingAblation(removed=totals["removed"], added=totals["added"], replaced=totals["replaced"],
+                          released_removed=totals["released_removed"], error=totals["error"],
+                          realised_path=realised_path)
 
 
 def _epsilon(values: np.ndarray, orders, delta: float) -> tuple[float, float | None]:
@@ -262,10 +292,10 @@ def check_voting_ablation(trace: LoadedTrace) -> CheckResult:
                        result["added"])}
     if result["replaced"] is not None:
         replaced = [_epsilon(values, orders, delta)[0] for values in result["replaced"]]
-        worst = int(np.argmax(replaced))
+        worst_teacher = int(np.argmax(replaced))
         relations[NeighbouringRelation.REPLACE_ONE.value] = entry(
-            NeighbouringRelation.REPLACE_ONE, f"teacher {worst} replaced (its vote moved to the worst token)",
-            result["replaced"][worst])
+            NeighbouringRelation.REPLACE_ONE, f"teacher {worst_teacher} replaced (its vote moved to the worst token)",
+            result["replaced"][worst_teacher])
     claimed_rows = [e for e in relations.values() if e["claimed"]]
     exceeded = [e for e in claimed_rows if not e["within_claim"]]
     worst = max(claimed_rows, key=lambda e: e["empirical_epsilon"])
@@ -305,11 +335,12 @@ def _clopper_pearson(successes: int, trials: int, confidence: float) -> tuple[fl
     return low, high
 
 
-def _narrowest_margin_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor) -> tuple | None:
+def _narrowest_margin_window(trace: LoadedTrace, records: list[dict],
+                             logits: torch.Tensor) -> tuple[int, int, np.ndarray, int, np.ndarray | int] | None:
     """The window's step whose plurality margin is narrowest (the first of equals), as (score, step,
     histogram, plurality token, charged curve); None when no step in it was charged an answer."""
     mechanism = _mechanism(trace)
-    best = None
+    best: tuple[int, int, np.ndarray, int, np.ndarray | int] | None = None
     _, teachers = Ensemble.split_distributions(logits)
     votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
     for row, record in enumerate(records):
