@@ -62,7 +62,17 @@ def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
     """Every mixed teacher lambda p_i + (1-lambda) p0 lies in its Renyi ball, using the recorded
     lambdas and the replayed distributions: radius beta*alpha at order alpha (Flemings et al. 2024,
     Algorithm 2), or for ball="all-orders" every grid constraint of all_orders_ball_constraints and
-    D<->_inf <= beta k_max. A NaN divergence (e.g. from a NaN lambda) is outside."""
+    D<->_inf <= beta k_max. A NaN divergence (e.g. from a NaN lambda) is outside.
+
+    Args:
+        trace: the loaded run (load_trace).
+        Its per-step distributions are read window by window (payload or models).
+
+    Returns:
+        The "mixing_ball" CheckResult: SKIPPED for a mechanism that mixes no teachers or without the
+        per-step distributions; FAIL naming the mixed teachers outside; else PASS with the largest
+        divergence as a fraction of its radius.
+    """
     if not _uses_pmixed(trace):
         return skipped("mixing_ball", f"mechanism {trace.mechanism_type} mixes no teachers")
     if not trace.has_payload:
@@ -87,7 +97,15 @@ def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
 
 def check_screening_cost(trace: LoadedTrace) -> CheckResult:
     """Each step's screening charge equals (lam / (N sigma))^2 * alpha' at every order (Flemings et al.
-    2024 (AdaPMixED), Theorem 4.1)."""
+    2024 (AdaPMixED), Theorem 4.1).
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "screening_cost" CheckResult: SKIPPED without screening; FAIL with the range of
+        charged/formula (rtol 1e-12; steps the privacy filter refused are left out); else PASS.
+    """
     if "screen" not in trace.components:
         return skipped("screening_cost", "the run has no screening step")
     p = trace.params
@@ -113,7 +131,18 @@ def check_screening_cost(trace: LoadedTrace) -> CheckResult:
 def check_relation_coverage(trace: LoadedTrace) -> CheckResult:
     """The run's claimed neighbouring relation (manifest "relation") is covered by what it charged:
     the composed total holds for the neighbours every component covers (NeighbouringRelation.
-    composed_with), e.g. Flemings et al. 2024 Eq. 3 covers removing a teacher only."""
+    composed_with), e.g. Flemings et al. 2024 Eq. 3 covers removing a teacher only.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "relation_coverage" CheckResult: SKIPPED when the records do not fit the manifest; FAIL
+        naming the moves (adding, removing a teacher) no charge covers; else PASS.
+
+    Raises:
+        ValueError: if the manifest's relation or a component's relation is not a known relation.
+    """
     claimed = NeighbouringRelation(trace.manifest["relation"])
     relations = component_relations(trace.manifest)
     if trace.totals is None:
@@ -173,7 +202,17 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
     replayed distributions in both directions: Flemings et al. 2024 (AdaPMixED), Eq. 3,
     max_i max(D(p||p_-i), D(p_-i||p)), for removing a teacher, and the add-one bound
     (dpledger.mechanisms.add_one.add_one_divergence_bounds) for adding one; on every step (accounting
-    "released-output") or every step PMixED answered ("realised-path"). A NaN fails."""
+    "released-output") or every step PMixED answered ("realised-path"). A NaN fails.
+
+    Args:
+        trace: the loaded run (load_trace).
+        Its per-step distributions are read window by window (payload or models).
+
+    Returns:
+        The "data_dependent_eq3" CheckResult: SKIPPED without a data-dependent charge or without the
+        per-step distributions; FAIL naming the steps charged less (relative tolerance 1e-9) or NaN;
+        else PASS with the largest relative shortfall.
+    """
     if "pmixed_data_dependent" not in trace.components:
         return skipped("data_dependent_eq3", "the run charges no data-dependent loss")
     if not trace.has_payload:
@@ -199,7 +238,16 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
     exceeds Theorem 3.1 (Flemings et al. 2024; not guaranteed: its proof's Theorem A.5 needs the ball
     at every order, the projection enforces one) are counted; the run fails where it charged Theorem
     3.1 at such a step, or where either loss is NaN. Version 1 records hold only the loss covering the
-    run's relation (with the add-one bound under add-or-remove-one): the check then says so."""
+    run's relation (with the add-one bound under add-or-remove-one): the check then says so.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "theorem_3_1" CheckResult: SKIPPED for a mechanism without mixing; FAIL where a step was
+        charged Theorem 3.1 although its measured loss exceeds it, or where either is NaN; else PASS,
+        counting the steps whose loss exceeds Theorem 3.1 and the largest ratio.
+    """
     if not _uses_pmixed(trace):
         return skipped("theorem_3_1", f"mechanism {trace.mechanism_type} makes no Theorem 3.1 claim")
     alpha = trace.params["alpha"]
@@ -263,7 +311,17 @@ def _utility_window(trace: LoadedTrace, records: list[dict], logits: torch.Tenso
 def check_utility_bound(trace: LoadedTrace) -> CheckResult:
     """Flemings et al. 2024, Theorem 4.3: NLL(lambda) - NLL(all lambda = 1) <= max_t max_j (1 - lambda_jt)
     log(p_j(x_t) / p0(x_t)), on the recorded teacher-forced steps with the recorded lambdas; a NaN in
-    either side fails, naming the steps."""
+    either side fails, naming the steps.
+
+    Args:
+        trace: the loaded run (load_trace).
+        Its per-step distributions are read window by window (payload or models).
+
+    Returns:
+        The "utility_theorem_4_3" CheckResult: SKIPPED for a mechanism without mixing weights, free
+        generation, or without the per-step distributions; FAIL when the NLL gap exceeds the bound
+        (+1e-9) or a term is NaN; else PASS with the gap (nats per token) and the bound.
+    """
     if not _uses_pmixed(trace):
         return skipped("utility_theorem_4_3", f"mechanism {trace.mechanism_type} has no mixing weights")
     if trace.manifest["data"]["stream"] != "teacher-forced" or not trace.has_payload:

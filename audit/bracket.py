@@ -162,7 +162,23 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                    intervals: list[float], mc_samples: int, seed: int, steps_total: int,
                    adversary_order: float | None = None) -> PairLosses:
     """One window's composed loss distributions (forward, backward) per pair: a small partial, combined
-    in step order by the caller."""
+    in step order by the caller.
+
+    Args:
+        trace: the loaded run (its mechanism type and parameters).
+        records: the window's per-step records.
+        logits: (N+1, L, V) the window's logits, public model first.
+        pairs: the neighbours to bracket (PMixED / AdaPMixED pairs).
+        intervals: each pair's loss grid interval (losses are rounded down to it).
+        mc_samples: Monte Carlo draws per step for a screened run's pass probability.
+        seed: the audit's seed (monte_carlo_seed gives the window's).
+        steps_total: the run's step count (the union bound over steps).
+        adversary_order: the order the optimised add-one adversary targets; needed only for its pairs.
+
+    Returns:
+        PairLosses: per pair, (forward, backward) loss distributions composed over the window's
+        charged steps, None where the privacy filter refused every step.
+    """
     public, teachers = Ensemble.split_distributions(logits)
     length, n = public.shape[0], teachers.shape[-2]
     lambdas = (torch.ones(teachers.shape[:-1], dtype=torch.float64) if trace.mechanism_type == "ensemble"
@@ -251,7 +267,21 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
                           intervals: list[float], seed: int, steps_total: int) -> PairLosses:
     """One window's composed loss distributions (forward, backward) per voting pair (DPARGMAX and
     DPWS, released output): removed and replaced teachers by index, an added vote. DPWS's laws are
-    bounded by Monte Carlo over dpws_draws(...) draws a step."""
+    bounded by Monte Carlo over dpws_draws(...) draws a step.
+
+    Args:
+        trace: the loaded run (a voting run).
+        records: the window's per-step records (their vote seeds).
+        logits: (N+1, L, V) the window's logits, public model first.
+        pairs: the neighbours to bracket ("remove", "replace" or "add").
+        intervals: each pair's loss grid interval.
+        seed: the audit's seed (monte_carlo_seed gives each step's, for DPWS).
+        steps_total: the run's step count (the union bound over steps).
+
+    Returns:
+        PairLosses: per pair, (forward, backward) loss distributions composed over the window's
+        charged steps, None where every step was refused.
+    """
     mechanism = _mechanism(trace)
     _, teachers = Ensemble.split_distributions(logits)
     votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
@@ -411,7 +441,19 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
                           seed: int = 0) -> CheckResult:
     """For each requested delta: the claim (upper), a certified lower bound on epsilon(delta) from the
     strongest tested neighbours of the claimed relation, their ratio and the neighbour attaining it.
-    FAILs when a lower bound exceeds the claim (the claim under-states)."""
+    FAILs when a lower bound exceeds the claim (the claim under-states).
+
+    Args:
+        trace: the loaded run; its per-step distributions are read window by window.
+        ablation_evidence: the neighbour ablation's evidence, whose ranking chooses the pairs.
+        mc_samples: Monte Carlo draws per step for a screened run's pass probability.
+        seed: seeds the Monte Carlo.
+
+    Returns:
+        The "epsilon_bracket" CheckResult: SKIPPED where no certified lower bound is built (the reason
+        given); FAIL without an improved epsilon in ledger.json or where a lower bound exceeds the
+        claim (relative slack 1e-9); else PASS with per delta [lower, upper] and their ratio.
+    """
     kind = trace.mechanism_type
     if kind == "public":
         return skipped("epsilon_bracket", "the public model alone reads no teacher: its epsilon is 0 exactly")

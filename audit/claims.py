@@ -235,7 +235,16 @@ class Claim:
     def reproduces(self, low: float, high: float | None = None) -> bool:
         """True when some value in [low, high] prints as the claim: with claim.tolerance t, within
         +-t; otherwise rounded to nearest (value in [eps - unit/2, eps + unit/2]) or rounded up (value
-        in (eps - unit, eps]) at the claim's printed precision."""
+        in (eps - unit, eps]) at the claim's printed precision.
+
+        Args:
+            low: the smallest value of the range (a single value when `high` is None); a non-finite
+                `low` never reproduces.
+            high: the largest value of the range (a realised-size variant's simulated seeds); None: `low`.
+
+        Returns:
+            Whether the range reaches a value that prints as the claimed epsilon.
+        """
         high = low if high is None else high
         if not math.isfinite(low):
             return False
@@ -252,7 +261,17 @@ _FIELDS = frozenset(f.name for f in dataclasses.fields(Claim))
 
 def claim_aggregator(claim: Claim) -> VoteAggregator:
     """The registered aggregator a claim names, with its parameters, at its natural relation, the claim's
-    voters (where it reads them) and path; a ValueError from its validation names the claim's key."""
+    voters (where it reads them) and path; a ValueError from its validation names the claim's key.
+
+    Args:
+        claim: a validated claim whose kind is a registered aggregator.
+
+    Returns:
+        The aggregator, validated.
+
+    Raises:
+        ValueError: if the aggregator's validation refuses a parameter ("mechanism.<key> ...").
+    """
     cls = AGGREGATORS[claim.kind]
     values = {name: (getattr(claim, name) if name in _FIELDS else claim.parameters.get(name))
               for name in cls.parameter_fields("verify")}
@@ -279,7 +298,18 @@ def _table(data: dict, name: str) -> dict:
 
 def claim_from_mapping(data: dict) -> Claim:
     """A Claim from parsed TOML: tables [claim], [mechanism] (with `type`), optional [accounting];
-    ValueError naming an unknown or missing key."""
+    ValueError naming an unknown or missing key.
+
+    Args:
+        data: the parsed TOML document.
+
+    Returns:
+        The validated Claim.
+
+    Raises:
+        ValueError: if a table or key is unknown, a required key is missing, a value has the wrong
+            type, or Claim's validation refuses a value.
+    """
     require(isinstance(data, dict), "a claim must be a TOML table")
     unknown_tables = sorted(set(data) - {"claim", "mechanism", "accounting"})
     _refuse(unknown_tables, lambda: f"unknown table or key {unknown_tables[0]!r}; a claim has [claim], [mechanism], "
@@ -321,7 +351,19 @@ def claim_from_mapping(data: dict) -> Claim:
 
 
 def load_claim(path: str | Path) -> Claim:
-    """Parse and validate a claim TOML file; ValueError naming the file and the key otherwise."""
+    """Parse and validate a claim TOML file; ValueError naming the file and the key otherwise.
+
+    Args:
+        path: the claim file (a regular file of at most MAX_CLAIM_BYTES; a link is followed).
+
+    Returns:
+        The validated Claim.
+
+    Raises:
+        ValueError: if the file is not a regular file within the size limit, not UTF-8, not valid
+            TOML, nests too deep, or is not a valid claim (claim_from_mapping); the message names the file.
+        OSError: if the file cannot be read (missing, no permission).
+    """
     path = Path(path)
     text = read_text(path, MAX_CLAIM_BYTES, follow=True, what="a claim")  # never a FIFO or a device
     try:
@@ -362,6 +404,11 @@ class VariantResult:
     component: bool = False
 
     def to_dict(self) -> dict:
+        """The row as `dpledger verify --json` prints it.
+
+        Returns:
+            The fields by name; epsilon_range as a list (or None).
+        """
         record = dict(vars(self))
         record["epsilon_range"] = list(self.epsilon_range) if self.epsilon_range else None
         return record
@@ -377,6 +424,11 @@ class Finding:
     message: str
 
     def to_dict(self) -> dict:
+        """The finding as `dpledger verify --json` prints it.
+
+        Returns:
+            {"id", "severity", "message"}.
+        """
         return dict(vars(self))
 
 
@@ -412,6 +464,12 @@ class ClaimVerdict:
         return 0 if self.verdict == "reproduced-sound" else 1
 
     def to_dict(self) -> dict:
+        """The verdict as `dpledger verify --json` prints it.
+
+        Returns:
+            The verdict, statement, reproduction and soundness fields, the claim as read (with its
+            relation and tolerance), the variants, findings and notes.
+        """
         claim = self.claim
         return {
             "verdict": self.verdict, "statement": self.statement, "reproduced": self.reproduced,
@@ -670,7 +728,17 @@ def _results(claim: Claim, accounts: list[_Account], demote: str | None) -> list
 
 
 def lint_claim(claim: Claim) -> list[Finding]:
-    """The pitfalls the claim's declared accounting exhibits (docs/soundness.md), each with a stable id."""
+    """The pitfalls the claim's declared accounting exhibits (docs/soundness.md), each with a stable id.
+
+    Args:
+        claim: a validated claim.
+
+    Returns:
+        The findings that apply, in a fixed order.
+
+    Raises:
+        ValueError: if a screened claim (adapmixed, screening) lacks lam, teachers or sigma.
+    """
     findings = []
     add = lambda id_, severity, message: findings.append(Finding(id_, severity, message))  # noqa: E731
     relation = claim.relation or _natural_relation(claim.kind)
@@ -806,6 +874,16 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
     composed Q times (Mironov 2017, Proposition 1) and converted at the claim's delta with both the
     improved (Balle et al. 2020, Theorem 21) and the classic (Mironov 2017, Proposition 3)
     conversion, minimised over the order grid (dp-accounting's plus the mechanism's order).
+
+    Args:
+        claim: a Claim (load_claim, claim_from_mapping).
+
+    Returns:
+        The ClaimVerdict: every variant's row, the findings, whether the claim is reproduced and
+        sound, the sound epsilon and the verdict's statement.
+
+    Raises:
+        ValueError: if `claim` is not a Claim, or a parameter its kind requires is missing.
     """
     if not isinstance(claim, Claim):
         raise ValueError(f"claim must be a Claim (dpledger.audit.claims.load_claim), got {type(claim).__name__}")
@@ -903,5 +981,16 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
 
 
 def verify_file(path: str | Path) -> ClaimVerdict:
-    """load_claim then verify_claim."""
+    """load_claim then verify_claim.
+
+    Args:
+        path: the claim file.
+
+    Returns:
+        verify_claim's ClaimVerdict.
+
+    Raises:
+        ValueError: if the file is not a valid claim (load_claim).
+        OSError: if the file cannot be read.
+    """
     return verify_claim(load_claim(path))

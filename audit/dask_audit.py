@@ -62,7 +62,18 @@ class DaskWindowExecutor:
         self.distributed_seconds = 0.0
 
     def file_digests(self, paths: list[Path]) -> list[str]:
-        """sha256 of each file, computed on the workers (in order)."""
+        """sha256 of each file, computed on the workers (in order).
+
+        Args:
+            paths: the files to hash (resolved before they are sent).
+
+        Returns:
+            Each file's sha256 (hex), in the order of `paths`.
+
+        Raises:
+            ClusterError: if a task's workers died repeatedly, it was cancelled or the connection to the
+                scheduler was lost (result_of names the file).
+        """
         started = time.perf_counter()
         futures = self.client.map(file_sha256, [Path(p).resolve() for p in paths], pure=False,
                                   key=[f"dpledger-audit-sha256-{uuid.uuid4().hex[:8]}-{i}" for i in range(len(paths))])
@@ -73,6 +84,15 @@ class DaskWindowExecutor:
             self.distributed_seconds += time.perf_counter() - started
 
     def tasks_for(self, trace: LoadedTrace) -> list[WindowTask]:
+        """The trace's windows grouped into tasks: one per block when the logits come from the run's
+        models (a block's forward pass serves all its windows), else about `tasks_per_worker` per worker.
+
+        Args:
+            trace: the loaded run.
+
+        Returns:
+            The WindowTasks, in block and row order.
+        """
         window = trace.window_rows()
         windows = sum(math.ceil(info.length / window) for info in trace.blocks_info)
         if trace.logits_source == "models":  # a block's forward pass serves all its windows: one task per block
@@ -83,6 +103,23 @@ class DaskWindowExecutor:
 
     def map_windows(self, trace: LoadedTrace, compute: Callable[..., _Partial], args: tuple[object, ...],
                     desc: str) -> Iterator[tuple[int, _Partial]]:
+        """`compute(trace, records, logits, *args)` for every payload window of `trace`, on the
+        workers; the partials come back in block and window order whatever order the tasks finish in.
+
+        Args:
+            trace: the loaded run (a copy without its models and executor goes to the workers).
+            compute: a module-level window function (LoadedTrace.map_windows).
+            args: the further arguments passed to `compute` after the window.
+            desc: names the check (progress bar, task keys).
+
+        Returns:
+            An iterator of (block, partial) for every window, in order.
+
+        Raises:
+            ClusterError: if a worker runs more than one thread at once, a task's workers died
+                repeatedly, it was cancelled or the connection was lost. An error raised by `compute`
+                itself (on a worker, or when a worker cannot load the run's models) passes through.
+        """
         require_single_threaded_workers(self.client)
         spec, key = trace.for_workers(), trace.audit_id
         tasks = self.tasks_for(trace)

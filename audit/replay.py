@@ -31,6 +31,14 @@ MAX_TEXT_BYTES = 2 ** 31
 
 
 def check_hash_chain(trace: LoadedTrace) -> CheckResult:
+    """The per-step records chain from the manifest's genesis hash (load_trace followed the chain).
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "hash_chain" CheckResult: FAIL with where the chain breaks, else PASS.
+    """
     if trace.chain_error:
         return failed("hash_chain", trace.chain_error)
     return passed("hash_chain", f"all {trace.steps} records chain from the manifest's genesis hash")
@@ -79,7 +87,15 @@ def check_ledger_recompute(trace: LoadedTrace) -> CheckResult:
     """Every field of ledger.json equals its recomputation from the per-step records and the
     manifest: component totals, the composed curve, epsilons at every delta and conversion, the
     breakdown, data-dependence, direction, relations, accounting, perplexity, public answers and the
-    observed totals (a dropped, added or altered step, or an edited flag, shows here)."""
+    observed totals (a dropped, added or altered step, or an edited flag, shows here).
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "ledger_recompute" CheckResult: SKIPPED when the records do not fit the manifest; FAIL
+        naming the fields that differ (floats compared within RTOL; at most 50 in the evidence); else PASS.
+    """
     if trace.totals is None:
         return skipped("ledger_recompute", "the records do not fit the manifest (see records), so ledger.json "
                        "cannot be recomputed from them")
@@ -94,7 +110,16 @@ def check_ledger_recompute(trace: LoadedTrace) -> CheckResult:
 
 def check_conversion(trace: LoadedTrace) -> CheckResult:
     """The reported epsilons are the improved / classic conversions of the composed curve, and the
-    breakdown rows sum to the total."""
+    breakdown rows sum to the total.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "conversion" CheckResult: SKIPPED when the records do not fit the manifest; FAIL listing
+        every epsilon entry that differs (or cannot be converted) and a breakdown that does not sum;
+        else PASS.
+    """
     if trace.totals is None:
         return skipped("conversion", "the records do not fit the manifest (see records)")
     ledger = trace.totals.ledger
@@ -278,7 +303,16 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
     replay payload (its hashes are chained in the records) or the run's models; when both are there
     the payload is also compared with the models' logits, and the token stream with the run's text
     where it is available. This is the check that verifies the claimed charges: without it the
-    audit's verdict is UNVERIFIED."""
+    audit's verdict is UNVERIFIED.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "replay" CheckResult: SKIPPED (with the reasons) when neither the payload nor the run's
+        models give the logits, or the records do not fit the manifest; FAIL with the mismatch count
+        and the first mismatches (at most 50 in the evidence); else PASS with the largest deviations.
+    """
     if trace.logits_source is None:  # has_payload: neither the payload nor the run's models
         reasons = trace.payload_problems + [trace.model_unavailability()]
         return skipped("replay", "the charges cannot be recomputed: " + "; ".join(reasons), reasons=reasons)

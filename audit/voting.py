@@ -43,7 +43,15 @@ def check_shared_randomness(trace: LoadedTrace) -> CheckResult:
     """Every step's recorded vote seed is the public function of (run seed, step)
     (dpledger.mechanisms.randomness.vote_seed): shared randomness that depended on a teacher's output would
     break the analysis, which treats it as public. The replay check then recomputes every histogram
-    from the teachers with these seeds."""
+    from the teachers with these seeds.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "shared_randomness" CheckResult: FAIL naming the steps with another seed (at most 50 in
+        the evidence), else PASS; the run seed appears only as its commitment.
+    """
     run_seed = trace.manifest["config"]["seed"]
     wrong = [record["step"] for record in trace.iter_records() if record["vote_seed"] != vote_seed(run_seed, record["step"])]
     # the seed is secret and this line is published: name it by its commitment
@@ -58,7 +66,15 @@ def check_shared_randomness(trace: LoadedTrace) -> CheckResult:
 def check_vote_threshold(trace: LoadedTrace) -> CheckResult:
     """TARGMAX and TWS (every aggregator with a vote floor, VoteAggregator.vote_floor): every released token
     had at least T votes in its step's histogram (T-threshold privacy, Cohen et al. 2023); the replay check
-    verifies the histograms themselves."""
+    verifies the histograms themselves.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "vote_threshold" CheckResult: SKIPPED for a DP aggregator (no vote floor); FAIL naming the
+        released tokens below T (at most 50 in the evidence); else PASS.
+    """
     params = trace.params
     threshold = _mechanism(trace).aggregator.vote_floor()
     if threshold is None:
@@ -84,7 +100,15 @@ def check_voting_charges(trace: LoadedTrace) -> CheckResult:
     """Each step's charges against their formulas at its recorded histogram: +inf for TARGMAX/TWS,
     alpha/(2 s1^2) for the screen, alpha/s2^2 for GNMax or Papernot et al. 2018 Theorem 6 at the
     counts (both directions), alpha/sigma^2 for DPWS; under realised-path accounting the answer only
-    where the screen passed."""
+    where the screen passed.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "voting_charges" CheckResult: FAIL naming the steps whose charge differs (rtol 1e-9; at
+        most 5 per component and block, 50 in the evidence), else PASS.
+    """
     mechanism, orders = _mechanism(trace), trace.orders
     mismatched = []
     for _, records in trace.iter_blocks():
@@ -227,7 +251,17 @@ def _voting_ablation_window(trace: LoadedTrace, records: list[dict], logits: tor
 def run_voting_ablation(trace: LoadedTrace, delta: float) -> VotingAblation:
     """Per-neighbour composed divergences (K orders) for every relation tested, the leakiest
     teacher, and the numerical error; needs the payload or the models. Each window's sums are added
-    in window order."""
+    in window order.
+
+    Args:
+        trace: the loaded run; its per-step distributions are read window by window.
+        delta: the delta the caller converts at (the totals themselves do not depend on it).
+
+    Returns:
+        The VotingAblation: per removed teacher (N, K), the worst added teacher (K,), per replaced
+        teacher (N, K) where the relation replaces one, the released law's per removed teacher for
+        realised-path claims, the largest numerical error, and whether the claim is realised-path.
+    """
     mechanism = _mechanism(trace)
     realised_path = mechanism.accounting is PathAccounting.REALISED_PATH
     replace = "replace" in NeighbouringRelation(trace.manifest["relation"]).moves
@@ -258,7 +292,17 @@ def _epsilon(values: np.ndarray, orders, delta: float) -> tuple[float, float | N
 
 def check_voting_ablation(trace: LoadedTrace) -> CheckResult:
     """Neighbour ablation of a voting run: the exact per-step output laws on every neighbouring
-    histogram, composed per neighbour and converted at the run's delta, against the claimed epsilon."""
+    histogram, composed per neighbour and converted at the run's delta, against the claimed epsilon.
+
+    Args:
+        trace: the loaded run (load_trace).
+        Its per-step distributions are read window by window.
+
+    Returns:
+        The "neighbour_ablation" CheckResult: SKIPPED without the per-step distributions or with a
+        data-dependent filter; FAIL without a claim to test or where a claimed relation's worst
+        neighbour exceeds the claim (with the laws' numerical error allowed for); else PASS.
+    """
     if not trace.has_payload:
         return skipped("neighbour_ablation", "needs the per-step distributions (the exact-replay payload or the "
                                              "run's models)")
@@ -365,7 +409,19 @@ def check_sampled_aggregator(trace: LoadedTrace, draws: int = 20000, seed: int =
     probabilities from below with Clopper-Pearson intervals on the second half. A sound claim
     satisfies p <= e^eps p' + delta for the step's own (eps, delta), so the lower bound must not
     exceed the step's charged epsilon at the run's delta. Under realised-path accounting only steps
-    whose screen passed are sampled (a failed step's charge is the screen's alone)."""
+    whose screen passed are sampled (a failed step's charge is the screen's alone).
+
+    Args:
+        trace: the loaded run (load_trace).
+        draws: aggregator draws in all, half to choose the output, half to bound it.
+        seed: seeds the draws.
+        confidence: the Clopper-Pearson level of each interval.
+
+    Returns:
+        The "sampled_aggregator" CheckResult: SKIPPED for an aggregator with no DP claim, without the
+        per-step distributions, or with no charged answer; FAIL when the lower bound exceeds the
+        step's charged epsilon (relative slack 1e-9); else PASS.
+    """
     mechanism = _mechanism(trace)
     if not mechanism.aggregator.differentially_private:
         return skipped("sampled_aggregator", f"{mechanism.aggregator.name} makes no DP claim to sample")
