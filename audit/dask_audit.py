@@ -17,7 +17,7 @@ import math
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 
 from tqdm.auto import tqdm
 import torch
@@ -25,6 +25,9 @@ import torch
 from dpledger.audit.loader import LoadedTrace, WindowTask
 from dpledger.decoding.cluster import require_single_threaded_workers, result_of, worker_count
 from dpledger.decoding.trace import file_sha256
+
+if TYPE_CHECKING:
+    from distributed import Client  # the optional [dask] extra (docs/distributed.md)
 
 TASKS_PER_WORKER = 4
 """Windows are grouped so that each worker gets about this many tasks per check: enough to balance
@@ -55,7 +58,7 @@ def _compute_task(spec: LoadedTrace, key: str, compute: Callable[..., _Partial],
 class DaskWindowExecutor:
     """Computes `map_windows` on a Dask client's workers, yielding the partials in order."""
 
-    def __init__(self, client: Any, progress: bool = True, tasks_per_worker: int = TASKS_PER_WORKER):
+    def __init__(self, client: Client, progress: bool = True, tasks_per_worker: int = TASKS_PER_WORKER):
         self.client, self.progress, self.tasks_per_worker = client, progress, tasks_per_worker
         # wall time spent on the workers' work (map_windows, file_digests); the rest of an audit is the
         # driver's own (benchmarks/bench_distributed.py separates the two)
