@@ -883,7 +883,8 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
         sound, the sound epsilon and the verdict's statement.
 
     Raises:
-        ValueError: if `claim` is not a Claim, or a parameter its kind requires is missing.
+        ValueError: if `claim` is not a Claim, or its mechanism refuses its parameters (claim_aggregator;
+            a parameter its kind requires is missing).
     """
     if not isinstance(claim, Claim):
         raise ValueError(f"claim must be a Claim (dpledger.audit.claims.load_claim), got {type(claim).__name__}")
