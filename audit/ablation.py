@@ -29,6 +29,7 @@ import hashlib
 import math
 import warnings
 from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import torch
@@ -43,7 +44,8 @@ from dpledger.audit.checks import CheckResult, failed, skipped, verdict
 from dpledger.audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
 from dpledger.decoding.ensemble import Ensemble
 from dpledger.mechanisms.kernels import renyi_divergence_orders, sums_without_each
-from dpledger.mechanisms.pmixed import Ball, PMixED
+from dpledger.mechanisms.ball import Ball
+from dpledger.mechanisms.pmixed import PMixED
 from dpledger.mechanisms.screening import NoisyScreening
 
 DEFAULT_AUDIT_ORDERS = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 18.0, 20.0, 24.0, 32.0,
@@ -56,7 +58,16 @@ through the choice of orders (the tested pair's curve is at most the claim's at 
 
 def audit_orders(claim_grid, optimal_orders, requested=DEFAULT_AUDIT_ORDERS) -> tuple[float, ...]:
     """The orders of `claim_grid` nearest each `requested` order, its smallest order and the claim's
-    optimal orders (one per delta; None where the claim has none): a subset of the claim's grid."""
+    optimal orders (one per delta; None where the claim has none): a subset of the claim's grid.
+
+    Args:
+        claim_grid: the claim's order grid (increasing orders > 1).
+        optimal_orders: the claim's optimal order at each delta, None where it has none.
+        requested: the orders to approximate on the grid (default DEFAULT_AUDIT_ORDERS).
+
+    Returns:
+        The chosen orders of `claim_grid`, increasing and without duplicates (canonical_orders).
+    """
     grid = np.asarray(claim_grid, dtype=np.float64)
     nearest = {float(grid[int(np.argmin(np.abs(grid - order)))]) for order in requested}
     chosen = nearest | {float(grid[0])} | {float(grid[int(np.argmin(np.abs(grid - o)))]) for o in optimal_orders
@@ -82,12 +93,27 @@ class AblationResult:
     realised_path_epsilon: np.ndarray | None = None   # (E,) the realised-path quantity (screened mechanisms)
 
     def relation_of(self, row: int) -> NeighbouringRelation:
-        """REMOVE_ONE for a removed teacher, ADD_ONE for an added adversary."""
+        """REMOVE_ONE for a removed teacher, ADD_ONE for an added adversary.
+
+        Args:
+            row: the neighbour's row in `labels` (and in `forward`, `backward`, `epsilon`).
+
+        Returns:
+            The neighbouring relation that neighbour belongs to.
+        """
         return NeighbouringRelation.REMOVE_ONE if self.labels[row].startswith("remove") else NeighbouringRelation.ADD_ONE
 
 
 def subsample_coverage(size: torch.Tensor, rate: float | None) -> torch.Tensor:
-    """c_n = Pr[a Poisson(q) subsample of n teachers is non-empty] (1 without subsampling, n >= 1)."""
+    """c_n = Pr[a Poisson(q) subsample of n teachers is non-empty] (1 without subsampling, n >= 1).
+
+    Args:
+        size: ensemble sizes n (any shape; integers >= 0).
+        rate: the Poisson sampling rate q in (0, 1]; None without subsampling.
+
+    Returns:
+        c_n per size, float64, the shape of `size` (0 for an empty ensemble without subsampling).
+    """
     size = size.double()
     if rate is None:
         return (size > 0).double()
@@ -95,7 +121,17 @@ def subsample_coverage(size: torch.Tensor, rate: float | None) -> torch.Tensor:
 
 
 def ensemble_output(total: torch.Tensor, size: torch.Tensor, public: torch.Tensor, rate: float | None) -> torch.Tensor:
-    """Exact output law for an ensemble whose mixed teachers sum to `total` (..., V) with `size` members."""
+    """Exact output law for an ensemble whose mixed teachers sum to `total` (..., V) with `size` members.
+
+    Args:
+        total: the sum of the ensemble's mixed teachers, (..., V).
+        size: its number of members, (...), integers >= 0.
+        public: the public model's law, broadcastable to `total`; it answers where the subsample is empty.
+        rate: the Poisson sampling rate q; None without subsampling.
+
+    Returns:
+        The output law (..., V): c_n total / n + (1 - c_n) public, negative rounding clamped to 0.
+    """
     size = size.double().unsqueeze(-1)
     law = total / size.clamp_min(1.0)
     if rate is not None or bool((size == 0).any()):
@@ -108,7 +144,19 @@ def screen_pass_counts(teacher_sums: torch.Tensor, sizes: torch.Tensor, public: 
                        samples: int, generator: torch.Generator) -> torch.Tensor:
     """Monte Carlo count of screen passes (out of `samples`) per step and ensemble: teacher_sums
     (L, E, V) are sums of the raw teacher distributions of each ensemble, sizes (L, E) their sizes.
-    The same noise draws serve every ensemble of a step (common random numbers)."""
+    The same noise draws serve every ensemble of a step (common random numbers).
+
+    Args:
+        teacher_sums: (L, E, V) sums of each ensemble's raw teacher distributions.
+        sizes: (L, E) the ensembles' sizes.
+        public: (L, V) the public model's law.
+        params: the run's mechanism parameters (lam, sigma, alpha, threshold, top_k).
+        samples: Monte Carlo draws per step.
+        generator: the source of the screening noise.
+
+    Returns:
+        (L, E) float64 counts of draws whose screening statistic passed (<= threshold).
+    """
     screening = NoisyScreening(teachers=1, lam=params["lam"], sigma=params["sigma"], alpha=params["alpha"],
                                threshold=params["threshold"], top_k=int(params["top_k"]))
     top = screening.top_indices(public)                                               # (L, k)
@@ -125,12 +173,29 @@ def screen_pass_counts(teacher_sums: torch.Tensor, sizes: torch.Tensor, public: 
 def smoothed_probability(successes: torch.Tensor, samples: int) -> torch.Tensor:
     """(k + 1/2) / (n + 1), the Jeffreys-prior mean: never exactly 0 or 1, so an estimate of 1 on one
     ensemble and 1 - 1/n on a neighbour cannot fake an infinite divergence; equal counts (common
-    random numbers) still give equal estimates."""
+    random numbers) still give equal estimates.
+
+    Args:
+        successes: pass counts k (any shape).
+        samples: the number of draws n.
+
+    Returns:
+        (k + 1/2) / (n + 1), the shape of `successes`.
+    """
     return (successes + 0.5) / (samples + 1.0)
 
 
 def clopper_pearson(successes: np.ndarray, trials: int, confidence: float) -> tuple[np.ndarray, np.ndarray]:
-    """Exact binomial confidence interval (Clopper & Pearson 1934), two-sided at `confidence`."""
+    """Exact binomial confidence interval (Clopper & Pearson 1934), two-sided at `confidence`.
+
+    Args:
+        successes: success counts in [0, trials] (any shape).
+        trials: the number of trials.
+        confidence: the two-sided confidence level in (0, 1); each tail holds (1 - confidence) / 2.
+
+    Returns:
+        (low, high) float64 arrays the shape of `successes` (low = 0 at 0 successes, high = 1 at `trials`).
+    """
     tail = (1 - confidence) / 2
     successes = np.asarray(successes, dtype=np.float64)
     with np.errstate(invalid="ignore"):
@@ -141,7 +206,18 @@ def clopper_pearson(successes: np.ndarray, trials: int, confidence: float) -> tu
 
 def point_mass_adversaries(output: torch.Tensor, public: torch.Tensor) -> torch.Tensor:
     """(L, 3) candidate tokens for an added point-mass teacher (see ADVERSARY_LABELS); ValueError
-    where either law holds a NaN (argmin / argmax would pick it: torch ranks NaN above every number)."""
+    where either law holds a NaN (argmin / argmax would pick it: torch ranks NaN above every number).
+
+    Args:
+        output: (L, V) the run's output law per step.
+        public: (L, V) the public model's law per step.
+
+    Returns:
+        (L, 3) token ids: the output's least likely, the public model's least and most likely.
+
+    Raises:
+        ValueError: if either law holds a NaN (naming the first rows).
+    """
     for name, law in (("output", output), ("public", public)):
         rows = torch.nonzero(law.isnan().any(dim=-1))[:, 0].tolist()
         require(not rows, f"point-mass adversaries: the {name} distribution holds NaN at rows {rows[:5]}")
@@ -152,7 +228,22 @@ def block_divergences(trace: LoadedTrace, records: list[dict], logits: torch.Ten
                       orders: torch.Tensor, mc_samples: int, generator: torch.Generator,
                       confidence: float) -> tuple[torch.Tensor, float | None, torch.Tensor | None]:
     """Per-step divergences (2, L, E, K) between the run's output law and each neighbour's, the
-    halfwidth of the screening probabilities' interval, and the realised-path divergences."""
+    halfwidth of the screening probabilities' interval, and the realised-path divergences.
+
+    Args:
+        trace: the loaded run (its mechanism type and parameters).
+        records: the window's per-step records (their lambdas and screen decisions).
+        logits: (N+1, L, V) the window's logits, public model first.
+        removed: the teachers removed one at a time.
+        orders: (K,) the Renyi orders.
+        mc_samples: Monte Carlo draws per step for the screen's pass probabilities.
+        generator: the Monte Carlo's source of randomness.
+        confidence: the Clopper-Pearson level of the halfwidth.
+
+    Returns:
+        As neighbour_divergences: ((2, L, E, K) divergences, the halfwidth or None, the realised-path
+        divergences or None).
+    """
     public, teachers = Ensemble.split_distributions(logits)
     if trace.mechanism_type == "ensemble":
         lambdas = torch.ones(teachers.shape[:-1], dtype=torch.float64)
@@ -172,7 +263,29 @@ def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas:
     `removed` taken out one at a time, then the three add-one adversaries. Vectorised over steps,
     neighbours and the vocabulary. With screening, also the realised-path divergences (2, L, E, K):
     the decision's plus, where `passed` (L,) is true, the token's given that the screen passed
-    (None without screening, where both quantities are the same)."""
+    (None without screening, where both quantities are the same).
+
+    Args:
+        public: (L, V) the public model's law.
+        teachers: (L, N, V) the teachers' laws.
+        lambdas: (L, N) the mixing weights in [0, 1].
+        kind: the mechanism type ("pmixed", "adapmixed" or "ensemble").
+        params: the mechanism's parameters (alpha, beta, ball, sample_rate, the screen's).
+        removed: the teachers removed one at a time.
+        orders: (K,) the Renyi orders.
+        mc_samples: Monte Carlo draws per step for the screen's pass probabilities.
+        generator: their source of randomness; None: seeded with 0.
+        confidence: the Clopper-Pearson level of the returned halfwidth.
+        passed: (L,) bool, where the screen passed (realised path); None: every step.
+
+    Returns:
+        ((2, L, E, K) forward and backward divergences with E = len(removed) + 3; the largest
+        halfwidth of the pass probabilities' intervals, None without screening; the realised-path
+        divergences (2, L, E, K), None without screening).
+
+    Raises:
+        ValueError: if the output or public law holds a NaN (point_mass_adversaries).
+    """
     n = teachers.shape[-2]
     mixed = lambdas.unsqueeze(-1) * teachers + (1 - lambdas.unsqueeze(-1)) * public.unsqueeze(-2)
     rate = params.get("sample_rate")
@@ -228,13 +341,29 @@ def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas:
 
 def monte_carlo_seed(seed: int, first_step: int) -> int:
     """The seed of the screening Monte Carlo of the payload window starting at `first_step`: a window's
-    draws depend on (audit seed, step) only, not on which windows were computed before it or where."""
+    draws depend on (audit seed, step) only, not on which windows were computed before it or where.
+
+    Args:
+        seed: the audit's seed.
+        first_step: the window's first step.
+
+    Returns:
+        A seed in [0, 2^63), from sha256 of both.
+    """
     digest = hashlib.sha256(f"dpledger-audit-screen-mc:{seed}:{first_step}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+class _AblationPartial(TypedDict):
+    forward: np.ndarray           # (E, K) the window's forward divergences summed over its steps
+    backward: np.ndarray          # (E, K)
+    realised: np.ndarray | None   # (2, E, K) the realised-path divergences (screened mechanisms)
+    halfwidth: float | None
+
+
 def _ablation_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, removed: list[int],
-                     grid: tuple[float, ...], mc_samples: int, confidence: float, seed: int, labels: list[str]) -> dict:
+                     grid: tuple[float, ...], mc_samples: int, confidence: float, seed: int,
+                     labels: list[str]) -> _AblationPartial:
     """One window's divergences summed over its steps, per direction and neighbour (ValueError, naming
     the step, where one is NaN)."""
     orders_t = torch.tensor(grid, dtype=torch.float64)
@@ -259,7 +388,21 @@ def _ablation_window(trace: LoadedTrace, records: list[dict], logits: torch.Tens
 def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None = None, mc_samples: int = 400,
                  confidence: float = 0.95, orders=DEFAULT_AUDIT_ORDERS, seed: int = 0) -> AblationResult:
     """Compose every neighbour's per-step divergences over the run (per direction), then convert on
-    a subset of the claim's grid holding the claim's optimal orders (audit_orders)."""
+    a subset of the claim's grid holding the claim's optimal orders (audit_orders).
+
+    Args:
+        trace: the loaded run; its per-step distributions are read window by window.
+        delta: the delta to convert at.
+        teachers_sample: how many teachers to remove (a sample seeded by `seed`); None or >= N: all.
+        mc_samples: Monte Carlo draws per step for a screened run's pass probabilities.
+        confidence: the Clopper-Pearson level of the reported halfwidth.
+        orders: the orders requested of audit_orders.
+        seed: seeds the teacher sample and the Monte Carlo.
+
+    Returns:
+        The AblationResult: removed teachers then the three add-one adversaries, each with its
+        composed divergences per direction and its empirical epsilon at `delta`.
+    """
     n = trace.n_teachers
     removed = list(range(n))
     if teachers_sample is not None and teachers_sample < n:
@@ -269,8 +412,8 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
     grid = audit_orders(trace.orders, [*optimal, *extra], orders)
     forward = np.zeros((len(removed) + 3, len(grid)))
     backward = np.zeros_like(forward)
-    realised_totals = None
-    halfwidths = []
+    realised_totals: np.ndarray | None = None
+    halfwidths: list[float] = []
     labels = [f"remove teacher {i}" for i in removed] + list(ADVERSARY_LABELS)
     for _, window in trace.map_windows(_ablation_window, removed, grid, mc_samples, confidence, seed, labels,
                                        desc="neighbour ablation"):
@@ -280,7 +423,9 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
             realised_totals = window["realised"] if realised_totals is None else realised_totals + window["realised"]
         if window["halfwidth"] is not None:
             halfwidths.append(window["halfwidth"])
-    epsilons, best_orders, realised_epsilons = [], [], []
+    epsilons: list[float] = []
+    best_orders: list[float | None] = []
+    realised_epsilons: list[float] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for row in range(len(labels)):
@@ -297,13 +442,26 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
                           np.asarray(realised_epsilons) if realised_totals is not None else None)
 
 
+class RelationEntry(TypedDict):
+    """The ablation's worst tested neighbour of one relation (check_ablation's evidence["relations"])."""
+
+    relation: str                 # the relation's label
+    claimed: bool                 # the run claims this relation
+    charged_for: bool             # the run's charges cover it
+    worst_neighbour: str
+    empirical_epsilon: float
+    within_claim: bool
+    ratio: float                  # empirical epsilon / claimed epsilon
+    realised_path_epsilon: NotRequired[float]   # screened mechanisms only
+
+
 PER_TEACHER_LABEL = ("per-teacher data-dependent accounting: each teacher's own per-step losses composed over the run, "
                      "the maximum over teachers taken at the end (individual privacy accounting, Feldman & Zrnic "
                      "2021), where the ledger composes the per-step maximum (Flemings et al. 2024, Eq. 3); like Eq. 3 "
                      "it depends on the private data: an ex-post statement about this run, not a DP guarantee")
 
 
-def per_teacher_accounting(trace: LoadedTrace, result: AblationResult, relations: dict,
+def per_teacher_accounting(trace: LoadedTrace, result: AblationResult, relations: dict[str, RelationEntry],
                            claimed_relation: NeighbouringRelation, delta: float) -> dict:
     """max over teachers i of epsilon(max(sum_t D(p_t || p_t,-i), sum_t D(p_t,-i || p_t))) for the
     removed teachers (each direction composed on its own: exact laws of the unscreened, unsampled
@@ -311,7 +469,19 @@ def per_teacher_accounting(trace: LoadedTrace, result: AblationResult, relations
     teacher, and the add-one bound's total where it adds one (that part is the ledger's composition
     of per-step worst cases, not one teacher's losses: `attained_by` says which part gives the
     maximum); beside it the same relation's total of the per-step maximum from ledger.json.
-    {"reason": ...} where it does not apply."""
+    {"reason": ...} where it does not apply.
+
+    Args:
+        trace: the loaded run (its mechanism, parameters and ledger.json).
+        result: the ablation's result (which teachers were removed).
+        relations: check_ablation's worst neighbour per relation.
+        claimed_relation: the run's claimed relation.
+        delta: the delta of the epsilons.
+
+    Returns:
+        {"epsilon", "delta", "relation", "parts", "attained_by", "composed_max_epsilon",
+        "composed_max_total", "orders", "label"}, or {"reason": ...}.
+    """
     if trace.mechanism_type not in ("pmixed", "adapmixed"):
         return {"reason": f"mechanism {trace.mechanism_type} has no per-teacher losses"}
     if trace.params.get("sample_rate") is not None or trace.params.get("screening"):
@@ -334,7 +504,7 @@ def per_teacher_accounting(trace: LoadedTrace, result: AblationResult, relations
         return {"reason": f"ledger.json has no {composed_key} to compare with"}
     epsilon = max(parts.values())
     return {"epsilon": epsilon, "delta": delta, "relation": claimed_relation.value, "parts": parts,
-            "attained_by": max(parts, key=parts.get),
+            "attained_by": max(parts, key=lambda name: parts[name]),
             "composed_max_epsilon": float(composed["epsilon"]), "composed_max_total": composed_key,
             "orders": "the audit's orders (a subset of the claim's grid)", "label": PER_TEACHER_LABEL}
 
@@ -350,7 +520,23 @@ def check_ablation(trace: LoadedTrace, teachers_sample: int | None = None, mc_sa
     or not, with its empirical epsilon, so that a PASS never stands above an unreported exceedance.
     For screened mechanisms the released output's law decides (what a privacy claim is about); the
     realised-path quantity is reported beside it and, for a realised-path ledger, compared with the
-    claim like with like."""
+    claim like with like.
+
+    Args:
+        trace: the loaded run; its per-step distributions are read window by window.
+        teachers_sample: how many teachers to remove (a seeded sample); None: all.
+        mc_samples: Monte Carlo draws per step for a screened run's pass probabilities.
+        seed: seeds the teacher sample and the Monte Carlo.
+
+    Returns:
+        (the "neighbour_ablation" CheckResult, the AblationResult or None where the ablation did not
+        run): SKIPPED for the public model, without the per-step distributions, with a data-dependent
+        filter or records that do not fit; FAIL without a claim to test or where a neighbour of a
+        claimed move exceeds the claimed epsilon (relative slack 1e-6); else PASS.
+
+    Raises:
+        ValueError: if the claimed epsilon in ledger.json is NaN, or a divergence is NaN.
+    """
     if trace.mechanism_type == "public":
         return skipped("neighbour_ablation", "the public model alone does not read the teachers: every neighbour "
                        "gives the same output (empirical epsilon 0)"), None
@@ -386,17 +572,18 @@ def check_ablation(trace: LoadedTrace, teachers_sample: int | None = None, mc_sa
               **({"realised_path_epsilon": float(result.realised_path_epsilon[i])}
                  if result.realised_path_epsilon is not None else {})}
              for i, (label, eps, order) in enumerate(zip(result.labels, result.epsilon, result.order))]
-    relations = {}
+    relations: dict[str, RelationEntry] = {}
     for relation in (NeighbouringRelation.REMOVE_ONE, NeighbouringRelation.ADD_ONE):
         rows = [i for i in range(len(result.labels)) if result.relation_of(i) is relation]
-        worst = max(rows, key=lambda i: result.epsilon[i])
+        worst_row = max(rows, key=lambda i: float(result.epsilon[i]))
+        realised_path = result.realised_path_epsilon
         relations[relation.value] = {
             "relation": relation.label, "claimed": claimed_relation.covers(relation),
             "charged_for": covered_relation.covers(relation),
-            "worst_neighbour": result.labels[worst], "empirical_epsilon": float(result.epsilon[worst]),
-            "within_claim": within(result.epsilon[worst]), "ratio": ratio_of(result.epsilon[worst]),
-            **({"realised_path_epsilon": float(max(result.realised_path_epsilon[i] for i in rows))}
-               if result.realised_path_epsilon is not None else {})}
+            "worst_neighbour": result.labels[worst_row], "empirical_epsilon": float(result.epsilon[worst_row]),
+            "within_claim": within(result.epsilon[worst_row]), "ratio": ratio_of(result.epsilon[worst_row])}
+        if realised_path is not None:
+            relations[relation.value]["realised_path_epsilon"] = float(max(realised_path[i] for i in rows))
     claimed_rows = [key for key, entry in relations.items() if entry["claimed"]]
     worst_key = max(claimed_rows, key=lambda key: relations[key]["empirical_epsilon"])
     worst = relations[worst_key]

@@ -31,6 +31,9 @@ DATA_DEPENDENT_CAVEAT = ("The claimed epsilon is a data-dependent loss (Papernot
 
 @dataclass
 class AuditReport:
+    """What `audit_run` found for one run: every check's result, the pitfall findings, whether the
+    claimed loss is data-dependent, and the verdict they give (PASS, FAIL or UNVERIFIED)."""
+
     run_dir: Path
     checks: list[CheckResult]
     findings: list[Finding]
@@ -68,7 +71,8 @@ class AuditReport:
         which checks passed, failed or were skipped."""
         replayed = next((c for c in self.checks if c.name == "replay"), None)
         final = next((c for c in self.checks if c.name == "final_record"), None)
-        return {"charges_recomputed_from": replayed.evidence.get("source") if self.verified else None,
+        return {"charges_recomputed_from": replayed.evidence.get("source") if self.verified and replayed is not None
+                                           else None,
                 "cross_checked_with_models": bool(replayed and replayed.evidence.get("cross_checked_with_models")),
                 "not_recomputed_because": None if self.verified or replayed is None else replayed.detail,
                 "head_anchored": bool(final and final.evidence.get("anchored")),
@@ -77,6 +81,17 @@ class AuditReport:
                 "skipped": [c.name for c in self.checks if c.status is Status.SKIPPED]}
 
     def check(self, name: str) -> CheckResult:
+        """One check's result by name.
+
+        Args:
+            name: the check's name, e.g. "replay" or "neighbour_ablation".
+
+        Returns:
+            The first check of that name in the report.
+
+        Raises:
+            StopIteration: if the report holds no check of that name.
+        """
         return next(c for c in self.checks if c.name == name)
 
     @property
@@ -135,7 +150,13 @@ class AuditReport:
         return "; ".join(parts)
 
     def to_dict(self) -> dict:
-        """audit.json's content, ending with `digest` (audit_digest) over everything else."""
+        """audit.json's content, ending with `digest` (audit_digest) over everything else.
+
+        Returns:
+            A JSON-serialisable dict: format, run_dir, verdict, headline, exit_code, verification,
+            audited (the hashes audited), failed_checks, created_at, seconds, data_dependent, caveat,
+            relations, bracket, checks, findings, digest.
+        """
         content = {"format": "dpledger-audit", "run_dir": str(self.run_dir), "verdict": self.verdict,
                    "headline": self.headline, "exit_code": self.exit_code, "verification": self.verification,
                    "audited": self.audited,
@@ -157,15 +178,29 @@ def audit_digest(content: dict) -> str:
     content holds the hashes of the manifest, ledger.json and chain head it audited, so the digest
     binds the verdict to them. Not a signature: anyone who can write the file can recompute it (or
     re-run the audit); it makes an edited verdict visible, and the published chain head
-    (audit --expect-head) is what anchors a run."""
+    (audit --expect-head) is what anchors a run.
+
+    Args:
+        content: audit.json's content as parsed back (a `digest` field, if present, is left out).
+
+    Returns:
+        The digest, a hex sha256 over the canonical JSON of the content under the tag AUDIT_DIGEST_TAG.
+    """
     return trace_files.canonical_digest(AUDIT_DIGEST_TAG, {k: v for k, v in content.items() if k != "digest"})
 
 
-def audit_integrity(audit) -> tuple[str, str] | None:
+def audit_integrity(audit: object) -> tuple[str, str] | None:
     """None when audit.json's content is what `dpledger audit` wrote: its digest matches and its
     verdict follows from its checks. Otherwise (state, reason): "TAMPERED" when the content was
     changed after it was written (digest mismatch, or a verdict its checks do not give), "STALE"
-    when it carries no digest (an older dpledger). A report shows no verdict in either case."""
+    when it carries no digest (an older dpledger). A report shows no verdict in either case.
+
+    Args:
+        audit: audit.json's parsed content (any JSON value: a non-object is TAMPERED).
+
+    Returns:
+        None when intact; otherwise (state, reason): state "TAMPERED" or "STALE", reason one line.
+    """
     if not isinstance(audit, dict):
         return "TAMPERED", f"audit.json is not an object but {type(audit).__name__}"
     digest = audit.get("digest")
@@ -213,12 +248,35 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
     or duplicate-key JSON, chunks missing or unreadable) FAILs the `files` check, naming the file.
 
     `executor` (dpledger.audit.dask_audit.DaskWindowExecutor) computes the checks' per-window work on Dask
-    workers; the report is the same as without it (dpledger.audit.loader explains why)."""
+    workers; the report is the same as without it (dpledger.audit.loader explains why).
+
+    Args:
+        run_dir: the finished run's directory.
+        teachers_sample: how many teachers the neighbour ablation removes (a seeded sample); None: all.
+        mc_samples: Monte Carlo draws per step for a screened run's pass probabilities (ablation and bracket).
+        game_trials: draws per world of the canary game.
+        play_game: whether to play the sampled game (canary_game, or sampled_aggregator for voting runs).
+        seed: seeds the audit's own randomness (teacher sample, Monte Carlo, games).
+        write: whether to write audit.json.
+        expect_head: the published chain head (64 lowercase hex digits) the final record must have;
+            None: not anchored.
+        executor: computes the per-window work elsewhere (dpledger.audit.dask_audit.DaskWindowExecutor);
+            None: in this process.
+        audit_out: where to write audit.json instead of the run directory.
+
+    Returns:
+        The AuditReport; its `not_written` says why audit.json could not be written, if so.
+
+    Raises:
+        ValueError: if expect_head is not a 64-character lowercase hex string.
+        UnusableRunError: (a ValueError) if the directory is being written by a dpledger process or
+            is not a dpledger run.
+    """
     started = time.time()
     if expect_head is not None and not (isinstance(expect_head, str) and len(expect_head) == 64
                                         and all(c in "0123456789abcdef" for c in expect_head)):
         raise ValueError(f"--expect-head must be a 64-character lowercase hex sha256, got {expect_head!r}")
-    if trace_files.is_locked(run_dir):
+    if trace_files.is_locked(Path(run_dir)):
         raise trace_files.UnusableRunError(f"{run_dir} is being written by a dpledger process; audit it when the run "
                                            "has finished")
     try:
@@ -298,7 +356,16 @@ def _write_audit(report: AuditReport, audit_out: str | Path | None) -> None:
 
 def audit_binding(run_dir: str | Path, audit: dict) -> str | None:
     """None when audit.json was made for the run's current manifest, ledger.json and chain head;
-    otherwise why it is stale (a report must not print its verdict beside other numbers)."""
+    otherwise why it is stale (a report must not print its verdict beside other numbers).
+
+    Args:
+        run_dir: the run's directory.
+        audit: audit.json's parsed content.
+
+    Returns:
+        None when bound to the run as it is now; otherwise one line saying what changed (or why the
+        run's files cannot be hashed).
+    """
     run_dir = Path(run_dir)
     audited = audit.get("audited") if isinstance(audit, dict) else None
     if not isinstance(audited, dict):
@@ -316,7 +383,14 @@ def audit_binding(run_dir: str | Path, audit: dict) -> str | None:
 
 
 def render_summary(report: AuditReport) -> str:
-    """A readable summary: verdict, every check with its evidence line, findings that apply."""
+    """A readable summary: verdict, every check with its evidence line, findings that apply.
+
+    Args:
+        report: the audit's report.
+
+    Returns:
+        The summary, one line per check and per applying finding, newline-separated.
+    """
     verdict, _, rest = report.headline.partition("; ")  # the failed checks right beside the verdict
     lines = [f"audit of {report.run_dir}: {verdict}"
              + (f" (failed: {', '.join(c.name for c in report.failed)})" if report.failed else "")

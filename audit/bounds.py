@@ -1,6 +1,8 @@
 """Bound checks: the theorems of Flemings et al. 2024 (PMixED and AdaPMixED) as assertions, per step."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 import torch
 
@@ -33,8 +35,13 @@ def _ball(trace: LoadedTrace) -> Ball:
     return Ball(trace.params.get("ball", Ball.PROJECTION_ORDER.value))
 
 
-def _mixing_ball_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, grid, radii,
-                        max_radius: float | None) -> dict:
+class _BallPartial(TypedDict):
+    worst: float
+    outside: list[str]
+
+
+def _mixing_ball_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, grid: tuple[float, ...],
+                        radii: tuple[float, ...], max_radius: float | None) -> _BallPartial:
     """The window's largest divergence as a fraction of its radius, and the mixed teachers outside."""
     public, teachers = Ensemble.split_distributions(logits)
     mixed = mixed_teachers(teachers, public, _recorded_lambdas(records))
@@ -55,7 +62,17 @@ def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
     """Every mixed teacher lambda p_i + (1-lambda) p0 lies in its Renyi ball, using the recorded
     lambdas and the replayed distributions: radius beta*alpha at order alpha (Flemings et al. 2024,
     Algorithm 2), or for ball="all-orders" every grid constraint of all_orders_ball_constraints and
-    D<->_inf <= beta k_max. A NaN divergence (e.g. from a NaN lambda) is outside."""
+    D<->_inf <= beta k_max. A NaN divergence (e.g. from a NaN lambda) is outside.
+
+    Args:
+        trace: the loaded run (load_trace).
+        Its per-step distributions are read window by window (payload or models).
+
+    Returns:
+        The "mixing_ball" CheckResult: SKIPPED for a mechanism that mixes no teachers or without the
+        per-step distributions; FAIL naming the mixed teachers outside; else PASS with the largest
+        divergence as a fraction of its radius.
+    """
     if not _uses_pmixed(trace):
         return skipped("mixing_ball", f"mechanism {trace.mechanism_type} mixes no teachers")
     if not trace.has_payload:
@@ -65,7 +82,8 @@ def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
         grid, radii, max_radius = all_orders_ball_constraints(beta)
     else:
         grid, radii, max_radius = (alpha,), (alpha * beta,), None
-    worst, outside = 0.0, []
+    worst = 0.0
+    outside: list[str] = []
     for _, window in trace.map_windows(_mixing_ball_window, grid, radii, max_radius, desc="mixing ball"):
         worst = float(np.maximum(worst, window["worst"]))  # not max(): it would skip a NaN
         outside += window["outside"]
@@ -79,7 +97,15 @@ def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
 
 def check_screening_cost(trace: LoadedTrace) -> CheckResult:
     """Each step's screening charge equals (lam / (N sigma))^2 * alpha' at every order (Flemings et al.
-    2024 (AdaPMixED), Theorem 4.1)."""
+    2024 (AdaPMixED), Theorem 4.1).
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "screening_cost" CheckResult: SKIPPED without screening; FAIL with the range of
+        charged/formula (rtol 1e-12; steps the privacy filter refused are left out); else PASS.
+    """
     if "screen" not in trace.components:
         return skipped("screening_cost", "the run has no screening step")
     p = trace.params
@@ -105,7 +131,18 @@ def check_screening_cost(trace: LoadedTrace) -> CheckResult:
 def check_relation_coverage(trace: LoadedTrace) -> CheckResult:
     """The run's claimed neighbouring relation (manifest "relation") is covered by what it charged:
     the composed total holds for the neighbours every component covers (NeighbouringRelation.
-    composed_with), e.g. Flemings et al. 2024 Eq. 3 covers removing a teacher only."""
+    composed_with), e.g. Flemings et al. 2024 Eq. 3 covers removing a teacher only.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "relation_coverage" CheckResult: SKIPPED when the records do not fit the manifest; FAIL
+        naming the moves (adding, removing a teacher) no charge covers; else PASS.
+
+    Raises:
+        ValueError: if the manifest's relation or a component's relation is not a known relation.
+    """
     claimed = NeighbouringRelation(trace.manifest["relation"])
     relations = component_relations(trace.manifest)
     if trace.totals is None:
@@ -121,8 +158,13 @@ def check_relation_coverage(trace: LoadedTrace) -> CheckResult:
                    component_relations={name: relation.value for name, relation in relations.items()})
 
 
+class _ChargePartial(TypedDict):
+    worst: float
+    under: list[str]
+
+
 def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor,
-                           relation: NeighbouringRelation, every_step: bool) -> dict:
+                           relation: NeighbouringRelation, every_step: bool) -> _ChargePartial:
     """The window's largest relative shortfall of the charge below the loss covering `relation`, and
     the steps charged less (or holding a NaN)."""
     public, teachers = Ensemble.split_distributions(logits)
@@ -160,14 +202,25 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
     replayed distributions in both directions: Flemings et al. 2024 (AdaPMixED), Eq. 3,
     max_i max(D(p||p_-i), D(p_-i||p)), for removing a teacher, and the add-one bound
     (dpledger.mechanisms.add_one.add_one_divergence_bounds) for adding one; on every step (accounting
-    "released-output") or every step PMixED answered ("realised-path"). A NaN fails."""
+    "released-output") or every step PMixED answered ("realised-path"). A NaN fails.
+
+    Args:
+        trace: the loaded run (load_trace).
+        Its per-step distributions are read window by window (payload or models).
+
+    Returns:
+        The "data_dependent_eq3" CheckResult: SKIPPED without a data-dependent charge or without the
+        per-step distributions; FAIL naming the steps charged less (relative tolerance 1e-9) or NaN;
+        else PASS with the largest relative shortfall.
+    """
     if "pmixed_data_dependent" not in trace.components:
         return skipped("data_dependent_eq3", "the run charges no data-dependent loss")
     if not trace.has_payload:
         return skipped("data_dependent_eq3", "needs the exact-replay payload")
     relation = component_relations(trace.manifest)["pmixed_data_dependent"]
     every_step = trace.params.get("accounting", "realised-path") == "released-output"
-    worst, under = 0.0, []
+    worst = 0.0
+    under: list[str] = []
     for _, window in trace.map_windows(_data_dependent_window, relation, every_step, desc="data-dependent loss"):
         worst = float(np.maximum(worst, window["worst"]))  # not max(): it would skip a NaN
         under += window["under"]
@@ -185,7 +238,16 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
     exceeds Theorem 3.1 (Flemings et al. 2024; not guaranteed: its proof's Theorem A.5 needs the ball
     at every order, the projection enforces one) are counted; the run fails where it charged Theorem
     3.1 at such a step, or where either loss is NaN. Version 1 records hold only the loss covering the
-    run's relation (with the add-one bound under add-or-remove-one): the check then says so."""
+    run's relation (with the add-one bound under add-or-remove-one): the check then says so.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "theorem_3_1" CheckResult: SKIPPED for a mechanism without mixing; FAIL where a step was
+        charged Theorem 3.1 although its measured loss exceeds it, or where either is NaN; else PASS,
+        counting the steps whose loss exceeds Theorem 3.1 and the largest ratio.
+    """
     if not _uses_pmixed(trace):
         return skipped("theorem_3_1", f"mechanism {trace.mechanism_type} makes no Theorem 3.1 claim")
     alpha = trace.params["alpha"]
@@ -196,7 +258,7 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
     measured = ("Eq. 3" if field_name == "eq3_remove_one" else
                 "the recorded data-dependent loss (this version 1 trace records Eq. 3 with the add-one bound where the "
                 "relation adds a teacher, which Theorem 3.1 does not bound)")
-    nan_steps = {field_name: [], "data_independent": []}
+    nan_steps: dict[str, list[int]] = {field_name: [], "data_independent": []}
     exceeding, charged_there, ratio = 0, [], 0.0
     for _, records in trace.iter_blocks():
         observed = np.asarray([r[field_name] for r in records], dtype=np.float64)
@@ -221,7 +283,14 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
                    exceeding_steps=exceeding, charged_exceeding_steps=len(charged_there), max_ratio=ratio)
 
 
-def _utility_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor) -> dict:
+class _UtilityPartial(TypedDict):
+    nll_mixed: torch.Tensor
+    nll_ensemble: torch.Tensor
+    nan_steps: list[int]
+    right: float
+
+
+def _utility_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor) -> _UtilityPartial:
     """The window's per-step NLL of the mixture and of the all-lambda=1 ensemble, Theorem 4.3's
     largest term, and the steps where either holds a NaN."""
     public, teachers = Ensemble.split_distributions(logits)
@@ -242,12 +311,25 @@ def _utility_window(trace: LoadedTrace, records: list[dict], logits: torch.Tenso
 def check_utility_bound(trace: LoadedTrace) -> CheckResult:
     """Flemings et al. 2024, Theorem 4.3: NLL(lambda) - NLL(all lambda = 1) <= max_t max_j (1 - lambda_jt)
     log(p_j(x_t) / p0(x_t)), on the recorded teacher-forced steps with the recorded lambdas; a NaN in
-    either side fails, naming the steps."""
+    either side fails, naming the steps.
+
+    Args:
+        trace: the loaded run (load_trace).
+        Its per-step distributions are read window by window (payload or models).
+
+    Returns:
+        The "utility_theorem_4_3" CheckResult: SKIPPED for a mechanism without mixing weights, free
+        generation, or without the per-step distributions; FAIL when the NLL gap exceeds the bound
+        (+1e-9) or a term is NaN; else PASS with the gap (nats per token) and the bound.
+    """
     if not _uses_pmixed(trace):
         return skipped("utility_theorem_4_3", f"mechanism {trace.mechanism_type} has no mixing weights")
     if trace.manifest["data"]["stream"] != "teacher-forced" or not trace.has_payload:
         return skipped("utility_theorem_4_3", "needs teacher-forced steps and the exact-replay payload")
-    nll_mixed, nll_ensemble, right, nan_steps = [], [], -np.inf, []
+    nll_mixed: list[torch.Tensor] = []
+    nll_ensemble: list[torch.Tensor] = []
+    nan_steps: list[int] = []
+    right = -np.inf
     for _, window in trace.map_windows(_utility_window, desc="utility bound"):
         nll_mixed.append(window["nll_mixed"])
         nll_ensemble.append(window["nll_ensemble"])

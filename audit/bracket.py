@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -49,7 +50,8 @@ from dpledger.audit.voting import _candidates, _mechanism
 from dpledger.mechanisms.add_one import add_one_adversary
 from dpledger.mechanisms.hot_pate import DPWS_MAX_SAMPLES, DPWS_SAMPLES, DPWS_WORK, dpws_draws, dpws_law_bounds  # noqa: F401
 from dpledger.mechanisms.kernels import sums_without_each
-from dpledger.mechanisms.pmixed import Ball, PMixED
+from dpledger.mechanisms.ball import Ball
+from dpledger.mechanisms.pmixed import PMixED
 from dpledger.mechanisms.screening import NoisyScreening
 from dpledger.mechanisms.voting import renyi_divergence_of_log_laws
 
@@ -78,6 +80,21 @@ class Pair:
         return {"remove": NeighbouringRelation.REMOVE_ONE, "add": NeighbouringRelation.ADD_ONE,
                 "replace": NeighbouringRelation.REPLACE_ONE, "constructed-remove": NeighbouringRelation.REMOVE_ONE,
                 "constructed-add": NeighbouringRelation.ADD_ONE}[self.move]
+
+
+PairLosses = dict[Pair, tuple[LossDistribution | None, LossDistribution | None]]
+"""A window's composed privacy loss distributions (forward, backward) per pair; None where no step of
+the window was charged (every step refused by the privacy filter)."""
+
+
+class _BracketRow(TypedDict):
+    delta: float
+    upper: float                  # the claimed epsilon at delta
+    lower: float                  # the certified lower bound
+    ratio: float
+    neighbour: str | None         # the pair attaining the lower bound
+    relation: str | None
+    discretisation: float         # how far rounding the losses down lowered the pair's composed loss
 
 
 CONSTRUCTED_RULES = (1, 2)
@@ -111,10 +128,14 @@ def _added_raw_teachers(output: torch.Tensor, public: torch.Tensor, keep: torch.
     big = torch.finfo(torch.float64).max
     tokens = torch.stack([torch.where(allowed, output, big).argmin(-1), torch.where(allowed, public, big).argmin(-1),
                           torch.where(allowed, public, -big).argmax(-1)], dim=-1)          # (L, 3)
-    rest = torch.ones(length, dtype=torch.float64) if keep is None else 1.0 - (kept_values * keep).sum(-1)
-    laws = torch.zeros((length, 3, vocab), dtype=torch.float64)
+    kept = None
     if keep is not None:
-        laws += (kept_values * keep).unsqueeze(1)
+        assert kept_values is not None, "kept_values come with keep"
+        kept = kept_values * keep
+    rest = torch.ones(length, dtype=torch.float64) if kept is None else 1.0 - kept.sum(-1)
+    laws = torch.zeros((length, 3, vocab), dtype=torch.float64)
+    if kept is not None:
+        laws += kept.unsqueeze(1)
     laws.scatter_add_(-1, tokens.unsqueeze(-1), rest.clamp_min(0.0).reshape(length, 1, 1).expand(-1, 3, 1))
     return laws
 
@@ -139,9 +160,25 @@ def _log(law: torch.Tensor) -> np.ndarray:
 
 def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, pairs: list[Pair],
                    intervals: list[float], mc_samples: int, seed: int, steps_total: int,
-                   adversary_order: float | None = None) -> dict:
+                   adversary_order: float | None = None) -> PairLosses:
     """One window's composed loss distributions (forward, backward) per pair: a small partial, combined
-    in step order by the caller."""
+    in step order by the caller.
+
+    Args:
+        trace: the loaded run (its mechanism type and parameters).
+        records: the window's per-step records.
+        logits: (N+1, L, V) the window's logits, public model first.
+        pairs: the neighbours to bracket (PMixED / AdaPMixED pairs).
+        intervals: each pair's loss grid interval (losses are rounded down to it).
+        mc_samples: Monte Carlo draws per step for a screened run's pass probability.
+        seed: the audit's seed (monte_carlo_seed gives the window's).
+        steps_total: the run's step count (the union bound over steps).
+        adversary_order: the order the optimised add-one adversary targets; needed only for its pairs.
+
+    Returns:
+        PairLosses: per pair, (forward, backward) loss distributions composed over the window's
+        charged steps, None where the privacy filter refused every step.
+    """
     public, teachers = Ensemble.split_distributions(logits)
     length, n = public.shape[0], teachers.shape[-2]
     lambdas = (torch.ones(teachers.shape[:-1], dtype=torch.float64) if trace.mechanism_type == "ensemble"
@@ -162,9 +199,9 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
         passes = screen_pass_counts(teachers.sum(dim=-2).unsqueeze(1), torch.full((length, 1), n), public, params,
                                     mc_samples, generator)[:, 0].numpy()
         # one-sided at 1 - (1 - CONFIDENCE) / T per step: a union bound over the run's T steps
-        low, _ = clopper_pearson(passes, mc_samples, 1.0 - 2.0 * (1.0 - CONFIDENCE) / steps_total)
-        pass_low = np.asarray(low, dtype=np.float64)
-        neighbour_laws = {}
+        lows, _ = clopper_pearson(passes, mc_samples, 1.0 - 2.0 * (1.0 - CONFIDENCE) / steps_total)
+        pass_low = np.asarray(lows, dtype=np.float64)
+        neighbour_laws: dict[Pair, torch.Tensor] = {}
         for pair in pairs:
             added = _projected(params, added_raw[:, pair.index:pair.index + 1], public)[:, 0]
             neighbour_laws[pair] = ensemble_output(total + added, torch.full((length,), n + 1), public, rate)
@@ -172,9 +209,12 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
         removed = [p.index for p in pairs if p.move == "remove"]
         without = sums_without_each(mixed)[:, torch.tensor(removed, dtype=torch.long)] if removed else None
         added_raw = _added_raw_teachers(output, public, None, None)
-        neighbour_laws, actual_laws, adversary = {}, {}, None
+        neighbour_laws = {}
+        actual_laws: dict[Pair, torch.Tensor] = {}
+        adversary = None
         for pair in pairs:
             if pair.move == "remove":
+                assert without is not None, "a removed pair is among `removed`"
                 neighbour_total = without[:, removed.index(pair.index)]
                 neighbour_laws[pair] = ensemble_output(neighbour_total, torch.full((length,), n - 1), public, rate)
             elif pair.move == "add" and pair.index >= len(ADDED_RULES):
@@ -182,6 +222,7 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                 # is PMixED's projection of an added teacher, so a legitimate neighbour
                 direction = ("q_forward", "q_reverse")[pair.index - len(ADDED_RULES)]
                 if adversary is None:
+                    assert adversary_order is not None, "the optimised adversary's pairs come with its order"
                     adversary = _adversary(params, output, public, n, adversary_order)
                 added = torch.from_numpy(np.ascontiguousarray(adversary[direction][:, 0]))
                 neighbour_laws[pair] = ensemble_output(total + added, torch.full((length,), n + 1), public, rate)
@@ -201,7 +242,7 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                          else _projected(params, added_raw[:, pair.index:pair.index + 1], public)[:, 0])
                 neighbour_laws[pair] = ensemble_output(total + added, torch.full((length,), n + 1), public, rate)
     refused = np.asarray([bool(r.get("budget_refused")) for r in records])
-    partial = {}
+    partial: PairLosses = {}
     for pair, interval in zip(pairs, intervals):
         forward, backward = RunningComposition(), RunningComposition()   # O(log steps) distributions alive
         neighbour = neighbour_laws[pair]
@@ -223,10 +264,24 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
 
 
 def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, pairs: list[Pair],
-                          intervals: list[float], seed: int, steps_total: int) -> dict:
+                          intervals: list[float], seed: int, steps_total: int) -> PairLosses:
     """One window's composed loss distributions (forward, backward) per voting pair (DPARGMAX and
     DPWS, released output): removed and replaced teachers by index, an added vote. DPWS's laws are
-    bounded by Monte Carlo over dpws_draws(...) draws a step."""
+    bounded by Monte Carlo over dpws_draws(...) draws a step.
+
+    Args:
+        trace: the loaded run (a voting run).
+        records: the window's per-step records (their vote seeds).
+        logits: (N+1, L, V) the window's logits, public model first.
+        pairs: the neighbours to bracket ("remove", "replace" or "add").
+        intervals: each pair's loss grid interval.
+        seed: the audit's seed (monte_carlo_seed gives each step's, for DPWS).
+        steps_total: the run's step count (the union bound over steps).
+
+    Returns:
+        PairLosses: per pair, (forward, backward) loss distributions composed over the window's
+        charged steps, None where every step was refused.
+    """
     mechanism = _mechanism(trace)
     _, teachers = Ensemble.split_distributions(logits)
     votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
@@ -261,7 +316,7 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
             continue
         actual = law(counts[row])
 
-        def moved(histogram: np.ndarray, remove: int | None, actual: np.ndarray = actual) -> np.ndarray:
+        def moved(histogram: np.ndarray, remove: int | None, actual: np.ndarray = actual) -> np.ndarray | None:
             """The law after adding a vote on the candidate token that moves it most (order 2, both
             directions) away from `actual`, with the vote of `remove` taken out first (a replacement), or not."""
             base = histogram.copy()
@@ -386,7 +441,19 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
                           seed: int = 0) -> CheckResult:
     """For each requested delta: the claim (upper), a certified lower bound on epsilon(delta) from the
     strongest tested neighbours of the claimed relation, their ratio and the neighbour attaining it.
-    FAILs when a lower bound exceeds the claim (the claim under-states)."""
+    FAILs when a lower bound exceeds the claim (the claim under-states).
+
+    Args:
+        trace: the loaded run; its per-step distributions are read window by window.
+        ablation_evidence: the neighbour ablation's evidence, whose ranking chooses the pairs.
+        mc_samples: Monte Carlo draws per step for a screened run's pass probability.
+        seed: seeds the Monte Carlo.
+
+    Returns:
+        The "epsilon_bracket" CheckResult: SKIPPED where no certified lower bound is built (the reason
+        given); FAIL without an improved epsilon in ledger.json or where a lower bound exceeds the
+        claim (relative slack 1e-9); else PASS with per delta [lower, upper] and their ratio.
+    """
     kind = trace.mechanism_type
     if kind == "public":
         return skipped("epsilon_bracket", "the public model alone reads no teacher: its epsilon is 0 exactly")
@@ -441,17 +508,17 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
                                  desc="epsilon bracket"))
     for _, window in windows:
         for pair, (forward, backward) in window.items():
-            if forward is not None:
+            if forward is not None and backward is not None:   # None together: no step of the window charged
                 composed[pair][0].add(forward)
                 composed[pair][1].add(backward)
     totals = {pair: (forward.result(), backward.result()) for pair, (forward, backward) in composed.items()}
-    rows = []
+    rows: list[_BracketRow] = []
     for claim in claims:
         delta = float(claim["delta"])
         best, best_pair, rounding = 0.0, None, 0.0
         for pair in pairs:
             forward, backward = totals[pair]
-            if forward is None:
+            if forward is None or backward is None:   # None together: no step was charged
                 continue
             lower = max(forward.epsilon(delta), backward.epsilon(delta))
             if lower > best:

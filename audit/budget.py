@@ -17,7 +17,16 @@ def check_budget_filter(trace: LoadedTrace) -> CheckResult:
     step was actually charged there, and keeps the running sum within the budget; a refused step is
     answered by the public model, charged nothing, and (data-independent filter) would not have
     fitted. A realised-path filter charges the screen's bound, plus the answer's where the screen
-    passed, and decides on the step's largest charge. Whether the mechanism's output was replaced is the replay's to check."""
+    passed, and decides on the step's largest charge. Whether the mechanism's output was replaced is the replay's to check.
+
+    Args:
+        trace: the loaded run; its records are read block by block.
+
+    Returns:
+        The "budget_filter" CheckResult: SKIPPED without a [budget]; FAIL naming the first problems
+        (at most 50 kept in the evidence) where a decision or charge breaks the rule; PASS otherwise,
+        with the steps answered and refused and the exact sum spent (rounded up).
+    """
     gate = trace.budget_gate()
     if gate is None:
         return skipped("budget_filter", "the run has no [budget]")

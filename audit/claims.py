@@ -23,6 +23,7 @@ import math
 import tomllib
 import warnings
 from dataclasses import dataclass, field
+from typing import TypeVar
 from decimal import Decimal
 from pathlib import Path
 
@@ -227,12 +228,23 @@ class Claim:
         """One unit in the last printed digit of the claimed epsilon (4.399 -> 0.001), read from its
         shortest repr; trailing zeros of the TOML literal are lost (4.390 reads as 4.39): set
         claim.tolerance to be stricter."""
-        return float(Decimal(1).scaleb(Decimal(repr(float(self.epsilon))).normalize().as_tuple().exponent))
+        exponent = Decimal(repr(float(self.epsilon))).normalize().as_tuple().exponent
+        assert isinstance(exponent, int), "claim.epsilon is validated finite, so its exponent is a number"
+        return float(Decimal(1).scaleb(exponent))
 
     def reproduces(self, low: float, high: float | None = None) -> bool:
         """True when some value in [low, high] prints as the claim: with claim.tolerance t, within
         +-t; otherwise rounded to nearest (value in [eps - unit/2, eps + unit/2]) or rounded up (value
-        in (eps - unit, eps]) at the claim's printed precision."""
+        in (eps - unit, eps]) at the claim's printed precision.
+
+        Args:
+            low: the smallest value of the range (a single value when `high` is None); a non-finite
+                `low` never reproduces.
+            high: the largest value of the range (a realised-size variant's simulated seeds); None: `low`.
+
+        Returns:
+            Whether the range reaches a value that prints as the claimed epsilon.
+        """
         high = low if high is None else high
         if not math.isfinite(low):
             return False
@@ -249,14 +261,24 @@ _FIELDS = frozenset(f.name for f in dataclasses.fields(Claim))
 
 def claim_aggregator(claim: Claim) -> VoteAggregator:
     """The registered aggregator a claim names, with its parameters, at its natural relation, the claim's
-    voters (where it reads them) and path; a ValueError from its validation names the claim's key."""
+    voters (where it reads them) and path; a ValueError from its validation names the claim's key.
+
+    Args:
+        claim: a validated claim whose kind is a registered aggregator.
+
+    Returns:
+        The aggregator, validated.
+
+    Raises:
+        ValueError: if the aggregator's validation refuses a parameter ("mechanism.<key> ...").
+    """
     cls = AGGREGATORS[claim.kind]
     values = {name: (getattr(claim, name) if name in _FIELDS else claim.parameters.get(name))
               for name in cls.parameter_fields("verify")}
-    context = dict(teachers=claim.voters if cls.claim_voters else None, relation=cls.natural_relation,
-                   accounting=claim.path if cls.supports_realised_path else PathAccounting.RELEASED_OUTPUT)
     try:
-        return cls(**{name: value for name, value in values.items() if value is not None}, **context)
+        return cls(**{name: value for name, value in values.items() if value is not None},
+                   teachers=claim.voters if cls.claim_voters else None, relation=cls.natural_relation,
+                   accounting=PathAccounting(claim.path) if cls.supports_realised_path else PathAccounting.RELEASED_OUTPUT)
     except ValueError as error:
         raise ValueError(f"mechanism.{error}") from None
 
@@ -276,7 +298,18 @@ def _table(data: dict, name: str) -> dict:
 
 def claim_from_mapping(data: dict) -> Claim:
     """A Claim from parsed TOML: tables [claim], [mechanism] (with `type`), optional [accounting];
-    ValueError naming an unknown or missing key."""
+    ValueError naming an unknown or missing key.
+
+    Args:
+        data: the parsed TOML document.
+
+    Returns:
+        The validated Claim.
+
+    Raises:
+        ValueError: if a table or key is unknown, a required key is missing, a value has the wrong
+            type, or Claim's validation refuses a value.
+    """
     require(isinstance(data, dict), "a claim must be a TOML table")
     unknown_tables = sorted(set(data) - {"claim", "mechanism", "accounting"})
     _refuse(unknown_tables, lambda: f"unknown table or key {unknown_tables[0]!r}; a claim has [claim], [mechanism], "
@@ -318,7 +351,19 @@ def claim_from_mapping(data: dict) -> Claim:
 
 
 def load_claim(path: str | Path) -> Claim:
-    """Parse and validate a claim TOML file; ValueError naming the file and the key otherwise."""
+    """Parse and validate a claim TOML file; ValueError naming the file and the key otherwise.
+
+    Args:
+        path: the claim file (a regular file of at most MAX_CLAIM_BYTES; a link is followed).
+
+    Returns:
+        The validated Claim.
+
+    Raises:
+        ValueError: if the file is not a regular file within the size limit, not UTF-8, not valid
+            TOML, nests too deep, or is not a valid claim (claim_from_mapping); the message names the file.
+        OSError: if the file cannot be read (missing, no permission).
+    """
     path = Path(path)
     text = read_text(path, MAX_CLAIM_BYTES, follow=True, what="a claim")  # never a FIFO or a device
     try:
@@ -359,6 +404,11 @@ class VariantResult:
     component: bool = False
 
     def to_dict(self) -> dict:
+        """The row as `dpledger verify --json` prints it.
+
+        Returns:
+            The fields by name; epsilon_range as a list (or None).
+        """
         record = dict(vars(self))
         record["epsilon_range"] = list(self.epsilon_range) if self.epsilon_range else None
         return record
@@ -374,6 +424,11 @@ class Finding:
     message: str
 
     def to_dict(self) -> dict:
+        """The finding as `dpledger verify --json` prints it.
+
+        Returns:
+            {"id", "severity", "message"}.
+        """
         return dict(vars(self))
 
 
@@ -409,6 +464,12 @@ class ClaimVerdict:
         return 0 if self.verdict == "reproduced-sound" else 1
 
     def to_dict(self) -> dict:
+        """The verdict as `dpledger verify --json` prints it.
+
+        Returns:
+            The verdict, statement, reproduction and soundness fields, the claim as read (with its
+            relation and tolerance), the variants, findings and notes.
+        """
         claim = self.claim
         return {
             "verdict": self.verdict, "statement": self.statement, "reproduced": self.reproduced,
@@ -476,6 +537,24 @@ class _Account:
     component: bool = False
 
 
+_T = TypeVar("_T")
+
+
+def _required(value: _T | None, name: str) -> _T:
+    """A mechanism parameter that Claim's validation requires for the claim's kind (mechanism.`name`):
+    ValueError where it is missing all the same."""
+    if value is None:
+        raise ValueError(f"mechanism.{name} is required for this mechanism")
+    return value
+
+
+def _epsilon_of(row: VariantResult) -> float:
+    """The epsilon of a row the caller kept for having one (`row.epsilon is not None`)."""
+    if row.epsilon is None:
+        raise AssertionError(f"{row.name}/{row.conversion} has no epsilon")
+    return row.epsilon
+
+
 def _convert(curve: RdpCurve, delta: float, method: ConversionMethod):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GridEdgeWarning)
@@ -520,7 +599,8 @@ def _realised_size_values(pmixed: PMixED, rate: float, variant: SubsamplingVaria
 def _pmixed_accounts(claim: Claim, orders) -> list[_Account]:
     """PMixED's data-independent accountings: every subsampling variant when sample_rate < 1,
     Theorem 3.1 at the projection-order and at the all-orders ball otherwise."""
-    balls = {ball: PMixED(claim.alpha, claim.beta, claim.teachers, ball=ball) for ball in Ball}
+    balls = {ball: PMixED(_required(claim.alpha, "alpha"), _required(claim.beta, "beta"),
+                          _required(claim.teachers, "teachers"), ball=ball) for ball in Ball}
     declared_ball = claim.ball
     accounts = []
     if claim.sample_rate is not None and claim.sample_rate < 1.0:
@@ -551,17 +631,19 @@ def _accounts(claim: Claim) -> list[_Account]:
     """Every data-independent accounting of the claim's mechanism over Q queries."""
     kind, queries = claim.kind, claim.queries
     if kind in ("pmixed",):
-        return _pmixed_accounts(claim, default_orders(claim.alpha))
+        return _pmixed_accounts(claim, default_orders(_required(claim.alpha, "alpha")))
     if kind == "adapmixed":
-        orders = default_orders(claim.alpha)
-        screen = NoisyScreening(claim.teachers, claim.lam, claim.sigma, alpha=claim.alpha)
-        screening = screen.rdp_curve(orders).composed(queries)
+        alpha, teachers = _required(claim.alpha, "alpha"), _required(claim.teachers, "teachers")
+        orders = default_orders(alpha)
+        screen_step = NoisyScreening(teachers, _required(claim.lam, "lam"), _required(claim.sigma, "sigma"),
+                                     alpha=alpha)
+        screening = screen_step.rdp_curve(orders).composed(queries)
         accounts = [_Account("screening-part", "proven",
                              "noisy screening alone, (lam/(N sigma))^2 a per query (Flemings et al. 2024, Theorem "
                              "4.1): one part of AdaPMixED's cost, not a bound on the whole mechanism", False,
                              curve=screening, component=True)]
         for ball in Ball:
-            pmixed = PMixED(claim.alpha, claim.beta, claim.teachers, ball=ball)
+            pmixed = PMixED(alpha, _required(claim.beta, "beta"), teachers, ball=ball)
             text = ("screening on every query plus Theorem 3.1 on every query (adaptive composition, Mironov 2017, "
                     "Proposition 1), " + ("proven: the ball at every order" if pmixed.proven else
                                           "Theorem 3.1 as claimed at the projection order"))
@@ -572,25 +654,29 @@ def _accounts(claim: Claim) -> list[_Account]:
     orders = default_orders()
     if kind == "gaussian":
         return [_Account("gaussian", "proven", "a / (2 sigma^2) per query (Mironov 2017, Corollary 3)", True,
-                         curve=GaussianMechanism(claim.noise_multiplier).rdp_curve(orders).composed(queries))]
+                         curve=GaussianMechanism(_required(claim.noise_multiplier, "noise_multiplier"))
+                         .rdp_curve(orders).composed(queries))]
     if kind == "subsampled-gaussian":
-        mechanism = PoissonSubsampledGaussian(claim.noise_multiplier, claim.sample_rate)
+        subsampled = PoissonSubsampledGaussian(_required(claim.noise_multiplier, "noise_multiplier"),
+                                               _required(claim.sample_rate, "sample_rate"))
         return [_Account("poisson-subsampled-gaussian", "proven",
                          "tight Poisson-subsampled Gaussian RDP (Mironov, Talwar & Zhang 2019; Zhu & Wang 2019, "
                          "Theorem 5, whose condition the Gaussian meets)", True,
-                         curve=mechanism.rdp_curve(orders).composed(queries))]
+                         curve=subsampled.rdp_curve(orders).composed(queries))]
     if kind == "screening":
-        mechanism = NoisyScreening(claim.teachers, claim.lam, claim.sigma)
+        screening_only = NoisyScreening(_required(claim.teachers, "teachers"), _required(claim.lam, "lam"),
+                                        _required(claim.sigma, "sigma"))
         return [_Account("screening", "proven", "(lam/(N sigma))^2 a per query (Flemings et al. 2024, Theorem 4.1)",
-                         True, curve=mechanism.rdp_curve(orders).composed(queries))]
+                         True, curve=screening_only.rdp_curve(orders).composed(queries))]
     if kind == "gnmax":
         return [_Account("gnmax", "proven", "a / sigma^2 per query (Papernot et al. 2018, Proposition 8)", True,
-                         curve=GNMax(claim.sigma).rdp_curve(orders).composed(queries))]
+                         curve=GNMax(_required(claim.sigma, "sigma")).rdp_curve(orders).composed(queries))]
     if kind == "confident-gnmax":
-        mechanism = ConfidentGNMax(claim.threshold or 0.0, claim.sigma_threshold, claim.sigma)
+        confident = ConfidentGNMax(claim.threshold or 0.0, _required(claim.sigma_threshold, "sigma_threshold"),
+                                   _required(claim.sigma, "sigma"))
         grid = np.asarray(orders)
-        screen = RdpCurve(orders, mechanism.screen_rdp(grid), mechanism.relation)
-        answer = RdpCurve(orders, mechanism.answer_rdp(grid), mechanism.relation)
+        screen = RdpCurve(orders, confident.screen_rdp(grid), confident.relation)
+        answer = RdpCurve(orders, confident.answer_rdp(grid), confident.relation)
         accounts = [_Account("released-output", "proven",
                              "threshold check a/(2 s1^2) plus GNMax a/s2^2 on every query: a bound on the released "
                              "(decision, token) pair (Papernot et al. 2018, Algorithm 1; Mironov 2017, Proposition 1)",
@@ -632,6 +718,7 @@ def _results(claim: Claim, accounts: list[_Account], demote: str | None) -> list
                                           (float(low.epsilon), float(high.epsilon)), mid.at_grid_edge,
                                           account.component))
                 continue
+            assert account.curve is not None, "an account holds a curve where it holds no simulated values"
             result = _convert(account.curve, claim.delta, method)
             rows.append(VariantResult(account.name, method.value, result.epsilon, result.order, sound, account.level,
                                       soundness, declared,
@@ -641,7 +728,17 @@ def _results(claim: Claim, accounts: list[_Account], demote: str | None) -> list
 
 
 def lint_claim(claim: Claim) -> list[Finding]:
-    """The pitfalls the claim's declared accounting exhibits (docs/soundness.md), each with a stable id."""
+    """The pitfalls the claim's declared accounting exhibits (docs/soundness.md), each with a stable id.
+
+    Args:
+        claim: a validated claim.
+
+    Returns:
+        The findings that apply, in a fixed order.
+
+    Raises:
+        ValueError: if a screened claim (adapmixed, screening) lacks lam, teachers or sigma.
+    """
     findings = []
     add = lambda id_, severity, message: findings.append(Finding(id_, severity, message))  # noqa: E731
     relation = claim.relation or _natural_relation(claim.kind)
@@ -703,8 +800,10 @@ def lint_claim(claim: Claim) -> list[Finding]:
         add("relation-mismatch", "high", f"the claim is for {relation.label} neighbours, but the mechanism's bound "
                                          f"covers {', '.join(sorted(r.label for r in covered))} only (Flemings et al. "
                                          "2024, Theorem 3.1; Papernot et al. 2018, Proposition 8; docs/soundness.md).")
-    if claim.kind in ("adapmixed", "screening") and claim.lam / (claim.teachers * claim.sigma) < BLIND_SCREEN_RATIO:
-        ratio = claim.lam / (claim.teachers * claim.sigma)
+    screening = claim.kind in ("adapmixed", "screening")
+    ratio = (_required(claim.lam, "lam") / (_required(claim.teachers, "teachers") * _required(claim.sigma, "sigma"))
+             if screening else math.nan)
+    if screening and ratio < BLIND_SCREEN_RATIO:
         add("blind-screening", "low", f"lam/(N sigma) = {ratio:.3g}: the ensemble moves the screened mean far less "
                                       "than the noise does, so the screen's decisions barely depend on the teachers "
                                       "(Flemings et al. 2024, Theorem 4.1 charges it nonetheless).")
@@ -775,6 +874,17 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
     composed Q times (Mironov 2017, Proposition 1) and converted at the claim's delta with both the
     improved (Balle et al. 2020, Theorem 21) and the classic (Mironov 2017, Proposition 3)
     conversion, minimised over the order grid (dp-accounting's plus the mechanism's order).
+
+    Args:
+        claim: a Claim (load_claim, claim_from_mapping).
+
+    Returns:
+        The ClaimVerdict: every variant's row, the findings, whether the claim is reproduced and
+        sound, the sound epsilon and the verdict's statement.
+
+    Raises:
+        ValueError: if `claim` is not a Claim, or its mechanism refuses its parameters (claim_aggregator;
+            a parameter its kind requires is missing).
     """
     if not isinstance(claim, Claim):
         raise ValueError(f"claim must be a Claim (dpledger.audit.claims.load_claim), got {type(claim).__name__}")
@@ -796,9 +906,9 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
            and _row_ball(claim, row) in (None, declared_ball)]
     proven = [row for row in own if row.sound]
     conditional_only = [] if proven or demote else [row for row in own if _rests_on_theorem_3_1_only(row)]
-    best = min(proven or conditional_only, key=lambda row: row.epsilon) if proven or conditional_only else None
+    best = min(proven or conditional_only, key=_epsilon_of) if proven or conditional_only else None
     basis = "proven" if proven else CONDITIONAL_ON_THEOREM_3_1 if best else None
-    sound_epsilon = float(best.epsilon) if best else math.inf
+    sound_epsilon = float(_epsilon_of(best)) if best else math.inf
     sound_variant = f"{best.name}/{best.conversion}" if best else None
     notes = []
     if basis == CONDITIONAL_ON_THEOREM_3_1:
@@ -807,8 +917,10 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
     other = [row for row in rows if not row.component and row.epsilon is not None and row.level == "proven"
              and _row_ball(claim, row) not in (None, declared_ball)]
     if other:
-        lowest = min(other, key=lambda row: row.epsilon)
-        notes.append(f"PMixED with ball = {_row_ball(claim, lowest).value} (another projection, not the declared "
+        lowest = min(other, key=_epsilon_of)
+        lowest_ball = _row_ball(claim, lowest)
+        assert lowest_ball is not None, "`other` holds PMixED rows of another projection"
+        notes.append(f"PMixED with ball = {lowest_ball.value} (another projection, not the declared "
                      f"mechanism) has the proven epsilon {_fmt(lowest.epsilon)} ({lowest.name}/{lowest.conversion}) "
                      "for these parameters")
     if best is not None and best.at_grid_edge:
@@ -842,7 +954,7 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
     verdict = (f"{'reproduced' if reproduced else 'not-reproduced'}-"
                f"{('conditional' if conditional else 'sound') if sound else 'unsound'}")
     parts = [f"REPRODUCED by {reproduced_by}" + ("" if chosen.declared else " (not the declared accounting)")
-             if reproduced else "NOT REPRODUCED by any variant at the claim's printed precision"]
+             if chosen is not None else "NOT REPRODUCED by any variant at the claim's printed precision"]
     if not math.isfinite(sound_epsilon):
         parts.append("UNSOUND: no variant's bound is proven for this mechanism as declared"
                      + (f" ({demote})" if demote else ""))
@@ -852,9 +964,10 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
                   and row.epsilon < sound_epsilon and not row.reproduces and claim.epsilon < row.epsilon]
         parts.append(f"UNSOUND: under-states by {sound_epsilon - claim.epsilon:.4f}"
                      f" (claimed {claim.epsilon:g} < sound epsilon {_fmt(sound_epsilon)}, {sound_variant}{basis_text})"
-                     + (f"; by {min(r.epsilon for r in weaker) - claim.epsilon:.4f} even against "
-                        f"{min(weaker, key=lambda r: r.epsilon).name}, which needs a further condition" if weaker else ""))
+                     + (f"; by {min(_epsilon_of(r) for r in weaker) - claim.epsilon:.4f} even against "
+                        f"{min(weaker, key=_epsilon_of).name}, which needs a further condition" if weaker else ""))
     elif not derivation_ok:
+        assert chosen is not None, "a derivation is checked only where a variant reproduces the claim"
         parts.append(f"NOT SOUND: the accounting that reproduces it ({reproduced_by}) is {chosen.level}, though the "
                      f"claimed value is >= the sound epsilon {_fmt(sound_epsilon)} ({sound_variant})")
     elif conditional:
@@ -862,12 +975,23 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
                      f"({sound_variant}, {basis}); no bound is proven for that ball (docs/soundness.md)")
     else:
         parts.append(f"SOUND: claimed {claim.epsilon:g} >= sound epsilon {_fmt(sound_epsilon)} ({sound_variant})")
-    if reproduced and not chosen.declared:
+    if chosen is not None and not chosen.declared:
         notes.append(f"the declared accounting does not reproduce the claim; {reproduced_by} does")
     return ClaimVerdict(claim, rows, reproduced, reproduced_by, sound, sound_epsilon, sound_variant, verdict,
                         "; ".join(parts), findings, tuple(notes), basis)
 
 
 def verify_file(path: str | Path) -> ClaimVerdict:
-    """load_claim then verify_claim."""
+    """load_claim then verify_claim.
+
+    Args:
+        path: the claim file.
+
+    Returns:
+        verify_claim's ClaimVerdict.
+
+    Raises:
+        ValueError: if the file is not a valid claim (load_claim).
+        OSError: if the file cannot be read.
+    """
     return verify_claim(load_claim(path))

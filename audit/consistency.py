@@ -25,7 +25,14 @@ from dpledger.decoding.corpus import generate_corpus
 def check_files(loaded: LoadedTrace) -> CheckResult:
     """Every entry of the run directory is a regular file or a directory: dpledger writes nothing
     else, and a link, FIFO, device or socket in a run is planted (a link to make whoever writes
-    there write elsewhere, a FIFO or a device to make a reader hang). Nothing is opened or followed."""
+    there write elsewhere, a FIFO or a device to make a reader hang). Nothing is opened or followed.
+
+    Args:
+        loaded: the loaded run (load_trace).
+
+    Returns:
+        The "files" CheckResult: FAIL naming the first such entries (at most 50 in the evidence), else PASS.
+    """
     found = safe_files.special_entries(loaded.directory)
     return verdict("files", not found, "every entry of the run directory is a regular file or a directory (no link, "
                    "FIFO, device or socket)",
@@ -36,7 +43,16 @@ def check_files(loaded: LoadedTrace) -> CheckResult:
 
 def check_final_record(loaded: LoadedTrace, expect_head: str | None = None) -> CheckResult:
     """final.json: its head recomputes, it names this manifest's genesis, the chain's last record,
-    the step and block counts and ledger.json's hash; with expect_head, the head is the published one."""
+    the step and block counts and ledger.json's hash; with expect_head, the head is the published one.
+
+    Args:
+        loaded: the loaded run (load_trace).
+        expect_head: the published head (64 lowercase hex digits) to compare with; None: not compared
+            (the evidence says the head is not anchored).
+
+    Returns:
+        The "final_record" CheckResult: FAIL listing every mismatch, else PASS with the head.
+    """
     final = loaded.final
     problems = []
     expected = {"steps": loaded.steps, "blocks": len(loaded.blocks_info), "last_record_hash": loaded.chain_end,
@@ -77,7 +93,15 @@ def _config_of(manifest: dict) -> RunConfig:
 def check_manifest(loaded: LoadedTrace) -> CheckResult:
     """The manifest agrees with its own config: the config validates and has the recorded
     fingerprint; the mechanism rebuilt from it has the recorded type, parameters, components and
-    relations; orders, teachers, models, queries, blocks, seeds, stream and payload setting match."""
+    relations; orders, teachers, models, queries, blocks, seeds, stream and payload setting match.
+
+    Args:
+        loaded: the loaded run (load_trace).
+
+    Returns:
+        The "manifest" CheckResult: FAIL where the config does not validate, its mechanism cannot be
+        built, or any recorded field contradicts it (all listed); else PASS.
+    """
     manifest = loaded.manifest
     problems = []
     try:
@@ -92,8 +116,8 @@ def check_manifest(loaded: LoadedTrace) -> CheckResult:
         return failed("manifest", f"{trace.MANIFEST}: its config's mechanism cannot be built ({error})")
     mechanism = manifest["mechanism"]
     recorded_relations = mechanism.get("component_relations", {})
-    rebuilt = {"type": runner.kind, "params": runner.params, "components": runner.components,
-               "component_relations": {name: runner.relation_of(name).value for name in runner.components}}
+    rebuilt: dict[str, object] = {"type": runner.kind, "params": runner.params, "components": runner.components,
+                                  "component_relations": {name: runner.relation_of(name).value for name in runner.components}}
     for key, value in rebuilt.items():
         recorded = recorded_relations if key == "component_relations" else mechanism.get(key)
         if recorded != value:
@@ -139,7 +163,15 @@ def _embedded_data_problems(manifest: dict, config: RunConfig) -> list[str]:
 
 def check_records(loaded: LoadedTrace) -> CheckResult:
     """Every record fits the manifest (fields, numbering, lengths, ranges, decisions, contexts) and
-    there are exactly `queries` of them, numbered 0.. without a gap."""
+    there are exactly `queries` of them, numbered 0.. without a gap.
+
+    Args:
+        loaded: the loaded run (load_trace).
+
+    Returns:
+        The "records" CheckResult: FAIL with the problems load_trace recorded (the first 50) and any
+        step-count or composition problem; else PASS.
+    """
     problems = list(loaded.problems)
     queries = loaded.manifest["queries"]
     if loaded.steps != queries:
@@ -158,7 +190,15 @@ def check_payload(loaded: LoadedTrace) -> CheckResult:
     """The replay payload is what the run wrote: every block's file is a regular file of its block's
     size with the sha256 chained in its records, and replay/ holds nothing else. A changed, unsafe
     (a link, a FIFO, a device) or oversized file FAILs; a deleted payload is not an integrity
-    failure (users delete large payloads) but leaves the replay to the models."""
+    failure (users delete large payloads) but leaves the replay to the models.
+
+    Args:
+        loaded: the loaded run (load_trace).
+
+    Returns:
+        The "payload" CheckResult: SKIPPED when the run kept no payload or blocks are missing; FAIL
+        naming changed, unreadable or stray files; else PASS.
+    """
     if not loaded.manifest.get("replay_payload"):
         return skipped("payload", "the run kept no exact-replay payload")
     named = {state: [trace.replay_path(loaded.directory, index).name for index, s in loaded.payload_states.items()
@@ -191,7 +231,15 @@ def check_models(loaded: LoadedTrace) -> CheckResult:
     cases nothing can check the payload against the run's models. Absent models are not a failure
     (the replay then rests on the payload alone, and says so). A trace written before identities
     covered config and tokenizer files is checked on what it records, and the check says what it
-    could not check."""
+    could not check.
+
+    Args:
+        loaded: the loaded run (load_trace).
+
+    Returns:
+        The "models" CheckResult: PASS (naming what was not checked), FAIL for models that differ or
+        cannot be loaded, SKIPPED (with the reason) when they are absent or not used.
+    """
     state, manifest = loaded.model_state, loaded.manifest
     if state == "available":
         n, tokenizer, recorded_tokenizer = len(manifest["models"]), manifest.get("tokenizer"), manifest.get(

@@ -17,7 +17,7 @@ import math
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 
 from tqdm.auto import tqdm
 import torch
@@ -26,15 +26,20 @@ from dpledger.audit.loader import LoadedTrace, WindowTask
 from dpledger.decoding.cluster import require_single_threaded_workers, result_of, worker_count
 from dpledger.decoding.trace import file_sha256
 
+if TYPE_CHECKING:
+    from distributed import Client  # the optional [dask] extra (docs/distributed.md)
+
 TASKS_PER_WORKER = 4
 """Windows are grouped so that each worker gets about this many tasks per check: enough to balance
 uneven blocks, few enough that scheduling costs nothing next to a window's work."""
 
 _WORKER_TRACES: dict[str, LoadedTrace] = {}
 
+_Partial = TypeVar("_Partial")
 
-def _compute_task(spec: LoadedTrace, key: str, compute: Callable, args: tuple, task: WindowTask,
-                  torch_threads: int) -> list:
+
+def _compute_task(spec: LoadedTrace, key: str, compute: Callable[..., _Partial], args: tuple[object, ...],
+                  task: WindowTask, torch_threads: int) -> list[_Partial]:
     """On a worker: the partials of the task's windows. The trace (and what its window functions
     memoise: models, runner, text) is kept per worker process for this audit's later tasks, under the
     audit's id: a later audit starts afresh from the state its driver sends."""
@@ -53,14 +58,25 @@ def _compute_task(spec: LoadedTrace, key: str, compute: Callable, args: tuple, t
 class DaskWindowExecutor:
     """Computes `map_windows` on a Dask client's workers, yielding the partials in order."""
 
-    def __init__(self, client, progress: bool = True, tasks_per_worker: int = TASKS_PER_WORKER):
+    def __init__(self, client: Client, progress: bool = True, tasks_per_worker: int = TASKS_PER_WORKER):
         self.client, self.progress, self.tasks_per_worker = client, progress, tasks_per_worker
         # wall time spent on the workers' work (map_windows, file_digests); the rest of an audit is the
         # driver's own (benchmarks/bench_distributed.py separates the two)
         self.distributed_seconds = 0.0
 
     def file_digests(self, paths: list[Path]) -> list[str]:
-        """sha256 of each file, computed on the workers (in order)."""
+        """sha256 of each file, computed on the workers (in order).
+
+        Args:
+            paths: the files to hash (resolved before they are sent).
+
+        Returns:
+            Each file's sha256 (hex), in the order of `paths`.
+
+        Raises:
+            ClusterError: if a task's workers died repeatedly, it was cancelled or the connection to the
+                scheduler was lost (result_of names the file).
+        """
         started = time.perf_counter()
         futures = self.client.map(file_sha256, [Path(p).resolve() for p in paths], pure=False,
                                   key=[f"dpledger-audit-sha256-{uuid.uuid4().hex[:8]}-{i}" for i in range(len(paths))])
@@ -71,6 +87,15 @@ class DaskWindowExecutor:
             self.distributed_seconds += time.perf_counter() - started
 
     def tasks_for(self, trace: LoadedTrace) -> list[WindowTask]:
+        """The trace's windows grouped into tasks: one per block when the logits come from the run's
+        models (a block's forward pass serves all its windows), else about `tasks_per_worker` per worker.
+
+        Args:
+            trace: the loaded run.
+
+        Returns:
+            The WindowTasks, in block and row order.
+        """
         window = trace.window_rows()
         windows = sum(math.ceil(info.length / window) for info in trace.blocks_info)
         if trace.logits_source == "models":  # a block's forward pass serves all its windows: one task per block
@@ -79,7 +104,25 @@ class DaskWindowExecutor:
             per_task = max(1, math.ceil(windows / (self.tasks_per_worker * worker_count(self.client))))
         return trace.window_tasks(per_task)
 
-    def map_windows(self, trace: LoadedTrace, compute: Callable, args: tuple, desc: str) -> Iterator[tuple[int, object]]:
+    def map_windows(self, trace: LoadedTrace, compute: Callable[..., _Partial], args: tuple[object, ...],
+                    desc: str) -> Iterator[tuple[int, _Partial]]:
+        """`compute(trace, records, logits, *args)` for every payload window of `trace`, on the
+        workers; the partials come back in block and window order whatever order the tasks finish in.
+
+        Args:
+            trace: the loaded run (a copy without its models and executor goes to the workers).
+            compute: a module-level window function (LoadedTrace.map_windows).
+            args: the further arguments passed to `compute` after the window.
+            desc: names the check (progress bar, task keys).
+
+        Returns:
+            An iterator of (block, partial) for every window, in order.
+
+        Raises:
+            ClusterError: if a worker runs more than one thread at once, a task's workers died
+                repeatedly, it was cancelled or the connection was lost. An error raised by `compute`
+                itself (on a worker, or when a worker cannot load the run's models) passes through.
+        """
         require_single_threaded_workers(self.client)
         spec, key = trace.for_workers(), trace.audit_id
         tasks = self.tasks_for(trace)

@@ -21,6 +21,9 @@ falls below it with probability 2^-23."""
 
 @dataclass(frozen=True)
 class Finding:
+    """One pitfall of docs/pitfalls.md (`pitfall` its number): whether it `applies` to the run, its
+    `severity` ("high", "medium", "low" or "info") and the `reason`."""
+
     pitfall: int
     title: str
     applies: bool
@@ -28,6 +31,11 @@ class Finding:
     reason: str
 
     def to_dict(self) -> dict:
+        """The finding as audit.json records it.
+
+        Returns:
+            {"pitfall", "title", "applies", "severity", "reason"}.
+        """
         return dict(vars(self))
 
 
@@ -43,12 +51,23 @@ def _nan_fields(record: dict, screened: bool) -> list[str]:
 
 
 def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Finding]:
+    """The run's configuration and per-step records checked against pitfalls 1 to 12 of docs/pitfalls.md.
+
+    Args:
+        trace: the loaded run (its manifest and records are read; not its payload).
+        ablation_evidence: the neighbour ablation's evidence (check_ablation), whose worst unclaimed
+            neighbour is named under pitfall 5; None where the ablation did not run.
+
+    Returns:
+        One Finding per pitfall, in pitfall order (1..12).
+    """
     params = trace.params
     variant = SubsamplingVariant(params["subsampling_variant"]) if params.get("sample_rate") is not None else None
     data_dependent = any(trace.components.values())
     findings = []
 
-    sizes, passes, nan_fields = [], [], {}
+    sizes, passes = [], []
+    nan_fields: dict[str, list[int]] = {}
     for _, records in trace.iter_blocks():
         sizes += [len(r["sampled_teachers"]) for r in records if r["sampled_teachers"] or variant]
         passes.append(sum(bool(r["screen_passed"]) for r in records))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from dpledger.decoding.budget import BudgetGate
 from dpledger.decoding.cluster import ClusterError
 from dpledger.decoding.corpus import generate_corpus
 from dpledger.decoding.ensemble import Ensemble, file_problems, identity_problems, tokenizer_files
-from dpledger.decoding.icl import load_icl_ensemble
+from dpledger.decoding.icl import InContextEnsemble, load_icl_ensemble
 
 PAYLOAD_WINDOW_BYTES = 256 * 2 ** 20
 """Replay windows hold at most this much of a block's float64 work (N+1 distributions and the
@@ -51,9 +51,15 @@ DATA_DEPENDENT_FILTER = ("the run's privacy filter was driven by data-dependent 
                          "no per-step comparison of this run's laws measures that (Redberg et al. 2023); the run "
                          "claims no guarantee to test")
 
+_Partial = TypeVar("_Partial")
+"""What a window function of `LoadedTrace.map_windows` returns for one window."""
+
 
 @dataclass
 class BlockInfo:
+    """One committed chunk of the trace: its block index, first step, length, the payload hash its
+    records chain and the chunk file's own sha256."""
+
     index: int
     first_step: int
     length: int
@@ -71,8 +77,43 @@ class WindowTask:
     stop: int
 
 
+class WindowExecutor(Protocol):
+    """Computes `LoadedTrace.map_windows` and the payload's digests elsewhere than in this process
+    (dpledger.audit.dask_audit.DaskWindowExecutor)."""
+
+    def file_digests(self, paths: list[Path]) -> list[str]:
+        """The sha256 of each file.
+
+        Args:
+            paths: the files to hash.
+
+        Returns:
+            Each file's sha256 (hex), in the order of `paths`.
+        """
+        ...
+
+    def map_windows(self, trace: LoadedTrace, compute: Callable[..., _Partial], args: tuple[object, ...],
+                    desc: str) -> Iterator[tuple[int, _Partial]]:
+        """`compute(trace, records, logits, *args)` for every payload window of `trace`.
+
+        Args:
+            trace: the loaded trace whose windows are computed.
+            compute: a module-level window function, as `LoadedTrace.map_windows` takes it.
+            args: the further arguments passed to `compute` after the window.
+            desc: names the check (progress bars and task keys).
+
+        Returns:
+            (block, partial) for every window, in block and window order.
+        """
+        ...
+
+
 @dataclass
 class LoadedTrace:
+    """A run loaded for auditing (load_trace): the manifest, ledger.json and final record whole, what
+    one pass over the chunks found (hash chain, recomputed totals, structural problems), and access to
+    the records and per-step logits block by block and window by window."""
+
     directory: Path
     manifest: dict
     ledger: dict
@@ -88,7 +129,7 @@ class LoadedTrace:
     manifest_sha256: str = ""
     ledger_sha256: str = ""
     _logits_source: str | None = "unknown"
-    _ensemble: object = None
+    _ensemble: Ensemble | InContextEnsemble | None = None
     _payload_states: dict[int, str] | None = None
     payload_reasons: dict[int, str] = field(default_factory=dict)
     """Why each block that payload_states calls "unreadable" was not read, naming its file."""
@@ -101,7 +142,7 @@ class LoadedTrace:
     audit_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     """Names this load of the trace: a worker keeps what it loaded for it (models, memo) under this id,
     so a later audit of the same directory never reuses state decided for an earlier one."""
-    executor: object = None
+    executor: WindowExecutor | None = None
     """Computes `map_windows` elsewhere (dpledger.audit.dask_audit.DaskWindowExecutor); None: in this process."""
     memo: dict = field(default_factory=dict)
     """Per-process memo of what the window functions rebuild (the runner, the re-encoded text, a block's
@@ -133,6 +174,11 @@ class LoadedTrace:
         return not self.problems and self.totals is not None
 
     def note(self, problem: str) -> None:
+        """Record a structural problem of the trace (the first MAX_PROBLEMS are kept, all are counted).
+
+        Args:
+            problem: one line naming the file and what is wrong.
+        """
         self.problem_count += 1
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(problem)
@@ -164,7 +210,14 @@ class LoadedTrace:
         return problems[:5]
 
     def payload_shape(self, length: int) -> tuple[int, int, int]:
-        """The logits (N+1, L, V) a block of `length` steps must hold."""
+        """The logits (N+1, L, V) a block of `length` steps must hold.
+
+        Args:
+            length: the block's number of steps.
+
+        Returns:
+            (N + 1, length, V): the public model and N teachers, per step, over the vocabulary.
+        """
         return self.n_teachers + 1, length, int(self.manifest["vocab_size"])
 
     @property
@@ -236,6 +289,7 @@ class LoadedTrace:
                                  for m in (models[:1] if icl else models)) or (examples and not Path(examples).exists()):
             return "absent"
 
+        ensemble: Ensemble | InContextEnsemble
         try:
             if icl:  # the prompts again: from the regenerated embedded corpus, or the examples file re-read
 
@@ -263,6 +317,12 @@ class LoadedTrace:
         return "available"
 
     def model_unavailability(self) -> str:
+        """Why the run's models cannot serve the audit (model_state other than "available").
+
+        Returns:
+            One line: free generation, models that differ or cannot be loaded (the first problem),
+            or the first model missing from its recorded path.
+        """
         if self.model_state == "not-used":
             return "free generation is replayed from the payload only"
         if self.model_state == "different":
@@ -278,18 +338,37 @@ class LoadedTrace:
     # -- streaming ----------------------------------------------------------------------------
 
     def blocks(self) -> list[int]:
+        """The committed blocks' indices.
+
+        Returns:
+            The block indices, in the order load_trace read them.
+        """
         return [info.index for info in self.blocks_info]
 
     def iter_blocks(self) -> Iterator[tuple[int, list[dict]]]:
-        """(block index, its records), one chunk at a time."""
+        """(block index, its records), one chunk at a time.
+
+        Yields:
+            (block index, its per-step records as dicts), for every committed chunk in order.
+        """
         for index in trace.committed_chunk_indices(self.directory):
             yield index, trace.read_chunk(self.directory, index)
 
     def iter_records(self) -> Iterator[dict]:
+        """Every per-step record, block by block.
+
+        Yields:
+            The records in step order, one chunk read at a time.
+        """
         for _, records in self.iter_blocks():
             yield from records
 
     def runner(self) -> Runner:
+        """The run's mechanism rebuilt from the manifest (type, parameters, teachers, relation).
+
+        Returns:
+            The Runner decode used (dpledger.decoding.runners.build_runner).
+        """
         return build_runner({"type": self.mechanism_type, **self.params}, self.n_teachers, self.manifest["relation"])
 
     @property
@@ -297,18 +376,32 @@ class LoadedTrace:
         """The run's privacy filter was driven by data-dependent losses (dpledger.decoding.budget)."""
         return bool((self.manifest.get("budget") or {}).get("data_dependent"))
 
-    def budget_gate(self):
+    def budget_gate(self) -> BudgetGate | None:
         """The run's privacy filter rebuilt from its config (dpledger.decoding.budget), state zero; None
-        without a [budget]."""
+        without a [budget].
+
+        Returns:
+            The BudgetGate planned as the run planned it, or None.
+
+        Raises:
+            ValueError: if the run has a [budget] but its mechanism has no data-independent step bound.
+        """
         budget = self.manifest["config"].get("budget")
         if budget is None:
             return None
 
         runner = self.runner()
+        if runner.step_bound is None:
+            raise ValueError(f"a run of {self.mechanism_type} has a [budget] but the mechanism has no step bound")
         return BudgetGate.plan(budget, runner.step_bound(self.orders), self.orders, runner.realised_path_bounds)
 
     def window_rows(self) -> int:
-        """Steps per payload window: decided once, by the process that loaded the trace (workers get it)."""
+        """Steps per payload window: decided once, by the process that loaded the trace (workers get it).
+
+        Returns:
+            The window length in steps (>= 1), so that a window's float64 work stays within
+            PAYLOAD_WINDOW_BYTES.
+        """
         if self._window_rows is None:
             # a few float64 copies of a step's (N+1) x V distributions and of the kernels' (orders x V) work
             per_step = (self.n_teachers + 1 + len(self.manifest["orders"])) * int(self.manifest["vocab_size"]) * 8 * 4
@@ -317,11 +410,19 @@ class LoadedTrace:
 
     def _model_logits(self, records: list[dict]) -> torch.Tensor:
         contexts = torch.tensor([[r["context_token"] for r in records]])
+        assert self._ensemble is not None, "logits_source 'models' loaded the ensemble"
         return self._ensemble.logits(contexts)[:, 0]
 
     def iter_payload(self, window: int | None = None) -> Iterator[tuple[int, list[dict], torch.Tensor]]:
         """(block, records of a window of consecutive steps, their logits (N+1, W, V)), block by
-        block and within a block window by window (at most `window` steps, default window_rows())."""
+        block and within a block window by window (at most `window` steps, default window_rows()).
+
+        Args:
+            window: steps per window; None or 0: window_rows().
+
+        Yields:
+            (block, the window's records, their logits (N+1, W, V)) in block and row order.
+        """
         window = window or self.window_rows()
         for block, records in self.iter_blocks():
             yield from self._block_windows(block, records, window, 0, len(records))
@@ -341,7 +442,14 @@ class LoadedTrace:
 
     def window_tasks(self, windows_per_task: int) -> list[WindowTask]:
         """The payload's windows grouped into tasks of at most `windows_per_task` consecutive windows
-        of one block, in block and row order."""
+        of one block, in block and row order.
+
+        Args:
+            windows_per_task: how many consecutive windows of a block make one task (>= 1).
+
+        Returns:
+            The WindowTasks covering every block's rows, in block and row order.
+        """
         span = self.window_rows() * windows_per_task
         return [WindowTask(info.index, start, min(start + span, info.length))
                 for info in self.blocks_info for start in range(0, info.length, span)]
@@ -349,18 +457,35 @@ class LoadedTrace:
     def task_windows(self, task: WindowTask) -> Iterator[tuple[list[dict], torch.Tensor]]:
         """(records, logits) of each window of `task`. The block's chunk is read again here (on a worker,
         from the shared run directory): its bytes must still be the ones read when the trace was loaded
-        (sha256), or TraceError."""
+        (sha256), or TraceError.
+
+        Args:
+            task: rows start..stop of one block, on window boundaries.
+
+        Yields:
+            (the window's records, their logits (N+1, W, V)) for each window of the task, in row order.
+        """
         info = next(i for i in self.blocks_info if i.index == task.block)
         records = trace.read_chunk(self.directory, task.block, expected_sha256=info.chunk_sha256)
         for _, window_records, logits in self._block_windows(task.block, records, self.window_rows(), task.start,
                                                              task.stop):
             yield window_records, logits
 
-    def map_windows(self, compute: Callable, *args, desc: str = "") -> Iterator[tuple[int, object]]:
+    def map_windows(self, compute: Callable[..., _Partial], *args: object,
+                    desc: str = "") -> Iterator[tuple[int, _Partial]]:
         """(block, compute(self, records, logits, *args)) for every payload window, in block and window
         order; on the executor's workers when there is one. `compute` must be a module-level function
         whose result depends on its arguments only (per-window seeds, no state carried between
-        windows), so that where it runs cannot change the result."""
+        windows), so that where it runs cannot change the result.
+
+        Args:
+            compute: the window function, called as compute(self, records, logits, *args).
+            *args: further arguments for `compute` (picklable, for the executor).
+            desc: names the check (progress bars and task keys on the executor).
+
+        Yields:
+            (block, partial) for every window.
+        """
         if self.executor is not None:
             yield from self.executor.map_windows(self, compute, args, desc)
             return
@@ -369,14 +494,22 @@ class LoadedTrace:
 
     def for_workers(self) -> "LoadedTrace":
         """A copy to send to workers: what the window functions read, without the recomputed totals,
-        the loaded models (a worker loads its own, once) or the executor."""
+        the loaded models (a worker loads its own, once) or the executor.
+
+        Returns:
+            A copy with the directory resolved and the window length and logits source decided here.
+        """
         return replace(self, directory=self.directory.resolve(), totals=None, _ensemble=None, executor=None, memo={},
                        problems=[], _window_rows=self.window_rows(), _logits_source=self.logits_source)
 
     def prepare_worker(self) -> None:
         """On a worker, once: load the run's models where the driver found them (their content
         hashes are checked again here); ClusterError when this worker cannot (its environment, not
-        the trace: never a verdict)."""
+        the trace: never a verdict).
+
+        Raises:
+            ClusterError: if the models the driver found cannot be loaded on this worker.
+        """
         if self._model_state == "available" and self._ensemble is None:
             self._model_state = None
             if self.model_state != "available":
@@ -384,12 +517,19 @@ class LoadedTrace:
                                    "worker must see the driver's files at the same paths)")
 
     def payload_logits(self, block: int) -> torch.Tensor:
-        """One block's whole logits (N+1, L, V)."""
+        """One block's whole logits (N+1, L, V).
+
+        Args:
+            block: the block's index.
+
+        Returns:
+            Its windows' logits concatenated along the steps (every block is read to find it).
+        """
         parts = [logits for b, _, logits in self.iter_payload() if b == block]
         return torch.cat(parts, dim=1)
 
 
-def _unreadable(path: Path, error: Exception) -> str:
+def _unreadable(path: Path, error: safe_files.UnsafeFileError | OSError) -> str:
     """Why a file is not read, in one line naming it (an UnsafeFileError names it already)."""
     return str(error) if isinstance(error, ValueError) else f"{path}: cannot be read ({error.strerror or error})"
 
@@ -493,7 +633,20 @@ def _check_votes(loaded: LoadedTrace, where: str, record: dict, teachers: int, v
 def load_trace(run_dir: str | Path) -> LoadedTrace:
     """TraceError (naming the file) for a directory that is not a finished run; a broken hash
     chain or records that do not fit the manifest are not raised here but recorded, so the audit
-    reports them as failed checks."""
+    reports them as failed checks.
+
+    Args:
+        run_dir: the run's directory.
+
+    Returns:
+        The LoadedTrace, with its chain error, structural problems and recomputed totals (None where
+        the records do not fit the manifest).
+
+    Raises:
+        TraceError: if the directory is not a finished run (a file missing, unreadable or malformed,
+            a manifest field of the wrong type, no valid block size, malformed components, no
+            committed records); the message names the file.
+    """
     run_dir = Path(run_dir)
     manifest = trace.read_manifest(run_dir)
     for key, kind in (("mechanism", dict), ("orders", list), ("n_teachers", int), ("vocab_size", int),

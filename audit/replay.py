@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import TypedDict
 
 from pathlib import Path
 
@@ -30,6 +31,14 @@ MAX_TEXT_BYTES = 2 ** 31
 
 
 def check_hash_chain(trace: LoadedTrace) -> CheckResult:
+    """The per-step records chain from the manifest's genesis hash (load_trace followed the chain).
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "hash_chain" CheckResult: FAIL with where the chain breaks, else PASS.
+    """
     if trace.chain_error:
         return failed("hash_chain", trace.chain_error)
     return passed("hash_chain", f"all {trace.steps} records chain from the manifest's genesis hash")
@@ -78,7 +87,15 @@ def check_ledger_recompute(trace: LoadedTrace) -> CheckResult:
     """Every field of ledger.json equals its recomputation from the per-step records and the
     manifest: component totals, the composed curve, epsilons at every delta and conversion, the
     breakdown, data-dependence, direction, relations, accounting, perplexity, public answers and the
-    observed totals (a dropped, added or altered step, or an edited flag, shows here)."""
+    observed totals (a dropped, added or altered step, or an edited flag, shows here).
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "ledger_recompute" CheckResult: SKIPPED when the records do not fit the manifest; FAIL
+        naming the fields that differ (floats compared within RTOL; at most 50 in the evidence); else PASS.
+    """
     if trace.totals is None:
         return skipped("ledger_recompute", "the records do not fit the manifest (see records), so ledger.json "
                        "cannot be recomputed from them")
@@ -93,7 +110,16 @@ def check_ledger_recompute(trace: LoadedTrace) -> CheckResult:
 
 def check_conversion(trace: LoadedTrace) -> CheckResult:
     """The reported epsilons are the improved / classic conversions of the composed curve, and the
-    breakdown rows sum to the total."""
+    breakdown rows sum to the total.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "conversion" CheckResult: SKIPPED when the records do not fit the manifest; FAIL listing
+        every epsilon entry that differs (or cannot be converted) and a breakdown that does not sum;
+        else PASS.
+    """
     if trace.totals is None:
         return skipped("conversion", "the records do not fit the manifest (see records)")
     ledger = trace.totals.ledger
@@ -175,8 +201,16 @@ def _budget_spent_before_windows(trace: LoadedTrace) -> dict[int, ExactSum]:
     return before
 
 
+class _ReplayPartial(TypedDict):
+    """One window's replay: its first mismatches, how many there were, the largest deviations seen."""
+
+    mismatches: list[str]
+    count: int
+    worst: dict[str, float]
+
+
 def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, cross_check: bool,
-                   check_tokens: bool, spent_before: dict[int, ExactSum] | None) -> dict:
+                   check_tokens: bool, spent_before: dict[int, ExactSum] | None) -> _ReplayPartial:
     """One window replayed: its mismatches (in step order) and the largest deviations seen."""
     memo = trace.memo
     if "runner" not in memo:
@@ -201,7 +235,7 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                                    trace.manifest["data"]["stream"] == "generate", gate)
     output = outcome.output.numpy()
     worst = {"lambdas": 0.0, "logits_vs_models": 0.0}
-    mismatches = []
+    mismatches: list[str] = []
     if cross_check:
         if memo.get("model_logits_block") != block:  # a block's forward pass serves all its windows
             memo["model_logits"] = trace._model_logits(read_chunk(trace.directory, block))
@@ -223,6 +257,7 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
         if outcome.lambdas is not None:
             _compare_arrays(mismatches, worst, "lambdas", where, record["lambdas"], outcome.lambdas[row], True)
         if outcome.screen_statistic is not None:
+            assert outcome.screen_passed is not None, "a screened step records its decision with its statistic"
             recorded, replayed = record["screen_statistic"], outcome.screen_statistic[row]
             if not _close([recorded], [replayed]) or record["screen_passed"] != bool(outcome.screen_passed[row]):
                 mismatches.append(f"{where}: screening statistic {recorded:.6g} recorded, {replayed:.6g} replayed"
@@ -238,6 +273,7 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
             if replayed is not None and key in record:   # version 1 records hold the first two only
                 _compare_arrays(mismatches, worst, key, where, record[key], replayed[row], False)
         if outcome.vote_counts is not None:
+            assert outcome.aggregator_noise is not None, "a voting step records its aggregator's draws"
             voted = np.flatnonzero(outcome.vote_counts[row])
             if record["vote_tokens"] != voted.tolist() or \
                     record["vote_counts"] != outcome.vote_counts[row, voted].tolist():
@@ -245,11 +281,13 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                                   "the public shared randomness")
             if not _close(record["aggregator_noise"], outcome.aggregator_noise[row]):
                 mismatches.append(f"{where}: the aggregator's noise differs from the step's generator")
-        if gate is not None and (record["budget_refused"] != bool(outcome.budget_refused[row])
-                                 or not _close([record["budget_charge"]], [outcome.budget_charge[row]])):
-            mismatches.append(f"{where}: the privacy filter's decision (refused {record['budget_refused']}, "
-                              f"charge {record['budget_charge']:.6g}) differs from the replayed one (refused "
-                              f"{bool(outcome.budget_refused[row])}, charge {outcome.budget_charge[row]:.6g})")
+        if gate is not None:
+            refused, charge = outcome.budget_refused, outcome.budget_charge
+            assert refused is not None and charge is not None, "a step under a privacy filter records its decision"
+            if record["budget_refused"] != bool(refused[row]) or not _close([record["budget_charge"]], [charge[row]]):
+                mismatches.append(f"{where}: the privacy filter's decision (refused {record['budget_refused']}, "
+                                  f"charge {record['budget_charge']:.6g}) differs from the replayed one (refused "
+                                  f"{bool(refused[row])}, charge {charge[row]:.6g})")
         if int(tokens[row]) != record["output_token"]:
             mismatches.append(f"{where}: output token {record['output_token']} recorded, {int(tokens[row])} replayed")
         if record["true_token"] >= 0 and not _close([record["prob_true_token"]], [output[row, record["true_token"]]]):
@@ -265,8 +303,17 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
     replay payload (its hashes are chained in the records) or the run's models; when both are there
     the payload is also compared with the models' logits, and the token stream with the run's text
     where it is available. This is the check that verifies the claimed charges: without it the
-    audit's verdict is UNVERIFIED."""
-    if not trace.has_payload:
+    audit's verdict is UNVERIFIED.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "replay" CheckResult: SKIPPED (with the reasons) when neither the payload nor the run's
+        models give the logits, or the records do not fit the manifest; FAIL with the mismatch count
+        and the first mismatches (at most 50 in the evidence); else PASS with the largest deviations.
+    """
+    if trace.logits_source is None:  # has_payload: neither the payload nor the run's models
         reasons = trace.payload_problems + [trace.model_unavailability()]
         return skipped("replay", "the charges cannot be recomputed: " + "; ".join(reasons), reasons=reasons)
     if trace.totals is None:
@@ -277,7 +324,8 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
     check_tokens = trace.memo.get("tokens_stream") is not None
     spent_before = _budget_spent_before_windows(trace) if trace.manifest.get("budget") is not None else None
     worst = {"lambdas": 0.0, "logits_vs_models": 0.0}
-    mismatches, count = [], 0
+    mismatches: list[str] = []
+    count = 0
     for _, window in trace.map_windows(_replay_window, cross_check, check_tokens, spent_before, desc="replay"):
         mismatches += window["mismatches"]
         count += window["count"]

@@ -29,6 +29,8 @@ from dpledger.decoding.runners import build_runner
 
 @dataclass(frozen=True)
 class GameResult:
+    """A distinguishing game's outcome: the hit counts in each world and the epsilon lower bound they give."""
+
     trials: int
     hits_in: int       # test positive in the world with the neighbour present (D)
     hits_out: int      # test positive in the world without it (D')
@@ -37,21 +39,40 @@ class GameResult:
     epsilon_lower_bound: float
 
     def to_dict(self) -> dict:
+        """The result as audit.json's evidence records it.
+
+        Returns:
+            {"trials", "hits_in", "hits_out", "delta", "confidence", "epsilon_lower_bound"}.
+        """
         return dict(vars(self))
 
 
 def epsilon_lower_bound(hits_in: int, hits_out: int, trials: int, delta: float, confidence: float = 0.95) -> float:
     """Clopper-Pearson lower bound on epsilon from a distinguishing game (module docstring).
-    ValueError unless trials >= 1, 0 <= hits_in, hits_out <= trials, and delta, confidence in (0, 1)."""
+    ValueError unless trials >= 1, 0 <= hits_in, hits_out <= trials, and delta, confidence in (0, 1).
+
+    Args:
+        hits_in: positive tests in the world with the neighbour present (D), in [0, trials].
+        hits_out: positive tests in the world without it (D'), in [0, trials].
+        trials: draws per world, >= 1.
+        delta: the delta of the (epsilon, delta) claim, in (0, 1).
+        confidence: the confidence of the bound, in (0, 1).
+
+    Returns:
+        The lower bound on epsilon (>= 0) holding with probability >= `confidence`.
+
+    Raises:
+        ValueError: if an argument is outside the ranges above.
+    """
     trials = require_int_at_least("trials", trials, 1)
     for name, hits in (("hits_in", hits_in), ("hits_out", hits_out)):
         require(require_int_at_least(name, hits, 0) <= trials, f"{name} must be <= trials ({trials}), got {hits}")
     require_in_open("delta", delta, 0.0, 1.0)
     require_in_open("confidence", confidence, 0.0, 1.0)
     # a two-sided interval at `confidence` leaves (1 - confidence) / 2 in each tail; we use one tail of each
-    tpr_low, _ = clopper_pearson(np.array([hits_in]), trials, confidence)
-    _, fpr_high = clopper_pearson(np.array([hits_out]), trials, confidence)
-    tpr_low, fpr_high = float(tpr_low[0]), float(fpr_high[0])
+    tpr_lows, _ = clopper_pearson(np.array([hits_in]), trials, confidence)
+    _, fpr_highs = clopper_pearson(np.array([hits_out]), trials, confidence)
+    tpr_low, fpr_high = float(tpr_lows[0]), float(fpr_highs[0])
     candidates = [0.0]
     if tpr_low - delta > 0 and fpr_high > 0:
         candidates.append(math.log((tpr_low - delta) / fpr_high))
@@ -64,7 +85,23 @@ def distinguishing_game(sample_in: Callable[[int, np.random.Generator], np.ndarr
                         sample_out: Callable[[int, np.random.Generator], np.ndarray],
                         test: Callable[[np.ndarray], np.ndarray], trials: int, delta: float,
                         confidence: float = 0.95, seed: int = 0) -> GameResult:
-    """Run `trials` draws in each world and bound epsilon from the test's hit counts."""
+    """Run `trials` draws in each world and bound epsilon from the test's hit counts.
+
+    Args:
+        sample_in: draws `trials` outputs of the world with the neighbour (D) from a generator.
+        sample_out: draws `trials` outputs of the world without it (D').
+        test: maps outputs to a boolean array, True where the test is positive.
+        trials: draws per world, >= 1.
+        delta: the delta of the (epsilon, delta) claim, in (0, 1).
+        confidence: the confidence of the bound, in (0, 1).
+        seed: seeds the generator both worlds draw from (D first).
+
+    Returns:
+        The GameResult with both hit counts and epsilon_lower_bound's bound.
+
+    Raises:
+        ValueError: if trials, delta or confidence is out of range (epsilon_lower_bound).
+    """
     rng = np.random.default_rng(seed)
     hits_in = int(np.sum(test(sample_in(trials, rng))))
     hits_out = int(np.sum(test(sample_out(trials, rng))))
@@ -74,7 +111,15 @@ def distinguishing_game(sample_in: Callable[[int, np.random.Generator], np.ndarr
 
 def one_query_claim(outcome) -> np.ndarray:
     """The curve one query is charged when the mechanism answers (the worst case over the screening
-    decision): the decoding component as if the screen passed, plus every other charge."""
+    decision): the decoding component as if the screen passed, plus every other charge.
+
+    Args:
+        outcome: a BlockOutcome of the mechanism on the query (its first row is read for the
+            data-dependent and Theorem 3.1 components, the largest row for the others).
+
+    Returns:
+        The per-order RDP curve (K,) of one answered query.
+    """
     total = np.zeros(next(iter(outcome.charged.values())).shape[-1])
     for name, values in outcome.charged.items():
         if name == "pmixed_data_dependent":
@@ -89,7 +134,20 @@ def one_query_claim(outcome) -> np.ndarray:
 def canary_query(tokenizer, ensemble, canary: dict) -> tuple[list[int], int]:
     """The most revealing query inside the canary's secret: the context (token ids) and the true next
     token at the position where the canary's teacher favours it most over the public model and the
-    other teachers (the auditor, as adversary, may choose any query; the claim covers every one)."""
+    other teachers (the auditor, as adversary, may choose any query; the claim covers every one).
+
+    Args:
+        tokenizer: the run's tokenizer (a transformers tokenizer: called on text, returns input_ids).
+        ensemble: the run's ensemble (Ensemble or InContextEnsemble: n_positions and distributions).
+        canary: the manifest's canary entry: {"teacher", "text", "secret"}.
+
+    Returns:
+        (the context's token ids, the true next token's id).
+
+    Raises:
+        ValueError: if the prefix does not tokenise as a prefix of the text, or the teacher-vs-baseline
+            log ratio is NaN at some position.
+    """
     text, secret = canary["text"], canary["secret"]
     cut = text.index(secret)
     prefix = tokenizer(text[:cut].rstrip(" "), add_special_tokens=False)["input_ids"]
@@ -116,7 +174,24 @@ def canary_query(tokenizer, ensemble, canary: dict) -> tuple[list[int], int]:
 def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float = 0.95, seed: int = 0,
                       chunk: int = 250) -> tuple[CheckResult, GameResult | None]:
     """The planted canary's teacher present vs removed, on the canary's own prefix: does the
-    mechanism emit the secret's first token more often with the teacher than without it?"""
+    mechanism emit the secret's first token more often with the teacher than without it?
+
+    Args:
+        trace: the loaded run; the run's models are loaded (they must be at the recorded paths).
+        trials: draws per world.
+        confidence: the confidence of the lower bound.
+        seed: seeds the game's draws.
+        chunk: draws per call of the mechanism (memory: chunk x V per world).
+
+    Returns:
+        (the "canary_game" CheckResult, the GameResult or None where it was not played): SKIPPED for
+        the public model, without a planted canary or without the in-context teachers; FAIL when the
+        lower bound exceeds the smaller of the claimed one-query and run epsilons (+1e-12); else
+        PASS.
+
+    Raises:
+        ValueError: if the models at the recorded paths are not the run's, or the claimed epsilon is NaN.
+    """
     from transformers import AutoTokenizer
 
     canaries = trace.manifest.get("canaries") or []
@@ -130,6 +205,7 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
             return skipped("canary_game", "the in-context teachers cannot be rebuilt: "
                            + trace.model_unavailability()), None
         ensemble = trace._ensemble
+        assert ensemble is not None, "models_available: the loader kept the in-context ensemble"
     else:
         ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
                                             trace.manifest["config"]["models"]["teacher_kind"])

@@ -30,6 +30,9 @@ from dpledger.mechanisms.screening import NoisyScreening
 
 @dataclass(frozen=True)
 class Fault:
+    """A planted fault: its `name`, what it does, the audit check that must catch it (`caught_by`)
+    and whether it is planted on the mechanism or the finished trace (`kind`)."""
+
     name: str
     description: str
     caught_by: str
@@ -127,6 +130,7 @@ def _screen_noise_halved(params: dict) -> Callable:
 
     def process(public, teachers, generator, orders):
         outcome = real.process(public, teachers, generator, orders)
+        assert outcome.vote_counts is not None and outcome.screen_passed is not None, "a voting step records both"
         outcome.charged = claimed.charges(outcome.vote_counts, outcome.screen_passed, orders)
         return outcome
     return process
@@ -147,7 +151,18 @@ VOTING_FAULTS = {
 
 
 def faulty_runner(runner: Runner, fault: str) -> Runner:
-    """The runner with a planted fault; it claims the same kind and parameters as `runner`."""
+    """The runner with a planted fault; it claims the same kind and parameters as `runner`.
+
+    Args:
+        runner: the correct runner the fault is planted on.
+        fault: a name of RUNNER_FAULTS or VOTING_FAULTS.
+
+    Returns:
+        A copy of `runner` whose `process` is the faulty one.
+
+    Raises:
+        KeyError: if `fault` names no runner fault.
+    """
     _, build = {**RUNNER_FAULTS, **VOTING_FAULTS}[fault]
     params = {**runner.params}
     return replace(runner, process=build(params))
@@ -212,7 +227,20 @@ FAULTS = {name: fault for name, (fault, _) in {**RUNNER_FAULTS, **VOTING_FAULTS,
 
 
 def plant_trace_fault(source: Path, target: Path, fault: str) -> Path:
-    """Copy a correct run to `target` and plant a trace fault there."""
+    """Copy a correct run to `target` and plant a trace fault there.
+
+    Args:
+        source: the correct run's directory (left unchanged).
+        target: where the copy goes (must not exist); its audit.json, if copied, is removed.
+        fault: a name of TRACE_FAULTS.
+
+    Returns:
+        `target`.
+
+    Raises:
+        KeyError: if `fault` names no trace fault.
+        FileExistsError: if `target` exists.
+    """
     shutil.copytree(source, target)
     for stale in (target / "audit.json",):
         stale.unlink(missing_ok=True)

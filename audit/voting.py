@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -42,7 +43,15 @@ def check_shared_randomness(trace: LoadedTrace) -> CheckResult:
     """Every step's recorded vote seed is the public function of (run seed, step)
     (dpledger.mechanisms.randomness.vote_seed): shared randomness that depended on a teacher's output would
     break the analysis, which treats it as public. The replay check then recomputes every histogram
-    from the teachers with these seeds."""
+    from the teachers with these seeds.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "shared_randomness" CheckResult: FAIL naming the steps with another seed (at most 50 in
+        the evidence), else PASS; the run seed appears only as its commitment.
+    """
     run_seed = trace.manifest["config"]["seed"]
     wrong = [record["step"] for record in trace.iter_records() if record["vote_seed"] != vote_seed(run_seed, record["step"])]
     # the seed is secret and this line is published: name it by its commitment
@@ -57,7 +66,15 @@ def check_shared_randomness(trace: LoadedTrace) -> CheckResult:
 def check_vote_threshold(trace: LoadedTrace) -> CheckResult:
     """TARGMAX and TWS (every aggregator with a vote floor, VoteAggregator.vote_floor): every released token
     had at least T votes in its step's histogram (T-threshold privacy, Cohen et al. 2023); the replay check
-    verifies the histograms themselves."""
+    verifies the histograms themselves.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "vote_threshold" CheckResult: SKIPPED for a DP aggregator (no vote floor); FAIL naming the
+        released tokens below T (at most 50 in the evidence); else PASS.
+    """
     params = trace.params
     threshold = _mechanism(trace).aggregator.vote_floor()
     if threshold is None:
@@ -83,7 +100,15 @@ def check_voting_charges(trace: LoadedTrace) -> CheckResult:
     """Each step's charges against their formulas at its recorded histogram: +inf for TARGMAX/TWS,
     alpha/(2 s1^2) for the screen, alpha/s2^2 for GNMax or Papernot et al. 2018 Theorem 6 at the
     counts (both directions), alpha/sigma^2 for DPWS; under realised-path accounting the answer only
-    where the screen passed."""
+    where the screen passed.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        The "voting_charges" CheckResult: FAIL naming the steps whose charge differs (rtol 1e-9; at
+        most 5 per component and block, 50 in the evidence), else PASS.
+    """
     mechanism, orders = _mechanism(trace), trace.orders
     mismatched = []
     for _, records in trace.iter_blocks():
@@ -152,8 +177,30 @@ def _candidates(counts: np.ndarray) -> list[int]:
     return voted + ([int(unvoted[0])] if unvoted.size else [])
 
 
+class _VotingPartial(TypedDict):
+    removed: np.ndarray                   # (N, K) per removed teacher
+    added: np.ndarray                     # (K,) the worst added teacher
+    replaced: np.ndarray | None           # (N, K) per replaced teacher, where the relation replaces one
+    released_removed: np.ndarray | None   # (N, K) the released law's, for realised-path claims
+    error: float                          # the largest numerical error of the laws
+
+
+class VotingAblation(_VotingPartial):
+    """run_voting_ablation's totals over the run, and whether the claim is realised-path accounting."""
+
+    realised_path: bool
+
+
+def _sum_of(total: np.ndarray | None, part: np.ndarray | None) -> np.ndarray | None:
+    """total + part, where both windows hold the quantity (None where the run's windows have none)."""
+    if total is None:
+        return None
+    assert part is not None, "every window of a run holds the same quantities"
+    return total + part
+
+
 def _voting_ablation_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, realised_path: bool,
-                            replace: bool) -> dict:
+                            replace: bool) -> _VotingPartial:
     """One window's per-neighbour divergences summed over its steps, and its largest numerical error."""
     mechanism, orders = _mechanism(trace), np.asarray(trace.orders, dtype=np.float64)
     n = trace.n_teachers
@@ -169,11 +216,14 @@ def _voting_ablation_window(trace: LoadedTrace, records: list[dict], logits: tor
             continue
         laws = _StepLaws(mechanism, counts[row], orders, realised_path)
         passed_screen = bool(record["screen_passed"])
-        per_token, per_token_released = {}, {}
+        per_token: dict[int, np.ndarray] = {}
+        per_token_released: dict[int, np.ndarray] = {}  # realised-path claims (an aggregator with an exact law)
         for token in np.unique(votes[row]):
             neighbour = counts[row].copy()
             neighbour[token] -= 1
-            per_token[token], per_token_released[token] = laws.divergence(neighbour, passed_screen)
+            per_token[token], released = laws.divergence(neighbour, passed_screen)
+            if released is not None:
+                per_token_released[token] = released
         removed += np.stack([per_token[token] for token in votes[row]])
         if released_total is not None:
             released_total += np.stack([per_token_released[token] for token in votes[row]])
@@ -198,23 +248,37 @@ def _voting_ablation_window(trace: LoadedTrace, records: list[dict], logits: tor
             "error": error}
 
 
-def run_voting_ablation(trace: LoadedTrace, delta: float) -> dict:
+def run_voting_ablation(trace: LoadedTrace, delta: float) -> VotingAblation:
     """Per-neighbour composed divergences (K orders) for every relation tested, the leakiest
     teacher, and the numerical error; needs the payload or the models. Each window's sums are added
-    in window order."""
+    in window order.
+
+    Args:
+        trace: the loaded run; its per-step distributions are read window by window.
+        delta: the delta the caller converts at (the totals themselves do not depend on it).
+
+    Returns:
+        The VotingAblation: per removed teacher (N, K), the worst added teacher (K,), per replaced
+        teacher (N, K) where the relation replaces one, the released law's per removed teacher for
+        realised-path claims, the largest numerical error, and whether the claim is realised-path.
+    """
     mechanism = _mechanism(trace)
     realised_path = mechanism.accounting is PathAccounting.REALISED_PATH
     replace = "replace" in NeighbouringRelation(trace.manifest["relation"]).moves
-    totals = None
+    totals: _VotingPartial | None = None
     for _, window in trace.map_windows(_voting_ablation_window, realised_path, replace, desc="neighbour ablation"):
         if totals is None:
             totals = window
             continue
-        for key in ("removed", "added", "replaced", "released_removed"):
-            if totals[key] is not None:
-                totals[key] = totals[key] + window[key]
+        totals["removed"] = totals["removed"] + window["removed"]
+        totals["added"] = totals["added"] + window["added"]
+        totals["replaced"] = _sum_of(totals["replaced"], window["replaced"])
+        totals["released_removed"] = _sum_of(totals["released_removed"], window["released_removed"])
         totals["error"] = max(totals["error"], window["error"])
-    return {**totals, "realised_path": realised_path}
+    assert totals is not None, "a loaded trace has at least one step, so one window"
+    return VotingAblation(removed=totals["removed"], added=totals["added"], replaced=totals["replaced"],
+                          released_removed=totals["released_removed"], error=totals["error"],
+                          realised_path=realised_path)
 
 
 def _epsilon(values: np.ndarray, orders, delta: float) -> tuple[float, float | None]:
@@ -228,7 +292,17 @@ def _epsilon(values: np.ndarray, orders, delta: float) -> tuple[float, float | N
 
 def check_voting_ablation(trace: LoadedTrace) -> CheckResult:
     """Neighbour ablation of a voting run: the exact per-step output laws on every neighbouring
-    histogram, composed per neighbour and converted at the run's delta, against the claimed epsilon."""
+    histogram, composed per neighbour and converted at the run's delta, against the claimed epsilon.
+
+    Args:
+        trace: the loaded run (load_trace).
+        Its per-step distributions are read window by window.
+
+    Returns:
+        The "neighbour_ablation" CheckResult: SKIPPED without the per-step distributions or with a
+        data-dependent filter; FAIL without a claim to test or where a claimed relation's worst
+        neighbour exceeds the claim (with the laws' numerical error allowed for); else PASS.
+    """
     if not trace.has_payload:
         return skipped("neighbour_ablation", "needs the per-step distributions (the exact-replay payload or the "
                                              "run's models)")
@@ -262,10 +336,10 @@ def check_voting_ablation(trace: LoadedTrace) -> CheckResult:
                        result["added"])}
     if result["replaced"] is not None:
         replaced = [_epsilon(values, orders, delta)[0] for values in result["replaced"]]
-        worst = int(np.argmax(replaced))
+        worst_teacher = int(np.argmax(replaced))
         relations[NeighbouringRelation.REPLACE_ONE.value] = entry(
-            NeighbouringRelation.REPLACE_ONE, f"teacher {worst} replaced (its vote moved to the worst token)",
-            result["replaced"][worst])
+            NeighbouringRelation.REPLACE_ONE, f"teacher {worst_teacher} replaced (its vote moved to the worst token)",
+            result["replaced"][worst_teacher])
     claimed_rows = [e for e in relations.values() if e["claimed"]]
     exceeded = [e for e in claimed_rows if not e["within_claim"]]
     worst = max(claimed_rows, key=lambda e: e["empirical_epsilon"])
@@ -305,11 +379,12 @@ def _clopper_pearson(successes: int, trials: int, confidence: float) -> tuple[fl
     return low, high
 
 
-def _narrowest_margin_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor) -> tuple | None:
+def _narrowest_margin_window(trace: LoadedTrace, records: list[dict],
+                             logits: torch.Tensor) -> tuple[int, int, np.ndarray, int, np.ndarray | int] | None:
     """The window's step whose plurality margin is narrowest (the first of equals), as (score, step,
     histogram, plurality token, charged curve); None when no step in it was charged an answer."""
     mechanism = _mechanism(trace)
-    best = None
+    best: tuple[int, int, np.ndarray, int, np.ndarray | int] | None = None
     _, teachers = Ensemble.split_distributions(logits)
     votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
     for row, record in enumerate(records):
@@ -334,7 +409,19 @@ def check_sampled_aggregator(trace: LoadedTrace, draws: int = 20000, seed: int =
     probabilities from below with Clopper-Pearson intervals on the second half. A sound claim
     satisfies p <= e^eps p' + delta for the step's own (eps, delta), so the lower bound must not
     exceed the step's charged epsilon at the run's delta. Under realised-path accounting only steps
-    whose screen passed are sampled (a failed step's charge is the screen's alone)."""
+    whose screen passed are sampled (a failed step's charge is the screen's alone).
+
+    Args:
+        trace: the loaded run (load_trace).
+        draws: aggregator draws in all, half to choose the output, half to bound it.
+        seed: seeds the draws.
+        confidence: the Clopper-Pearson level of each interval.
+
+    Returns:
+        The "sampled_aggregator" CheckResult: SKIPPED for an aggregator with no DP claim, without the
+        per-step distributions, or with no charged answer; FAIL when the lower bound exceeds the
+        step's charged epsilon (relative slack 1e-9); else PASS.
+    """
     mechanism = _mechanism(trace)
     if not mechanism.aggregator.differentially_private:
         return skipped("sampled_aggregator", f"{mechanism.aggregator.name} makes no DP claim to sample")
