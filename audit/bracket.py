@@ -130,7 +130,8 @@ def _added_raw_teachers(output: torch.Tensor, public: torch.Tensor, keep: torch.
                           torch.where(allowed, public, -big).argmax(-1)], dim=-1)          # (L, 3)
     kept = None
     if keep is not None:
-        assert kept_values is not None, "kept_values come with keep"
+        if kept_values is None:
+            raise RuntimeError("kept_values come with keep")
         kept = kept_values * keep
     rest = torch.ones(length, dtype=torch.float64) if kept is None else 1.0 - kept.sum(-1)
     laws = torch.zeros((length, 3, vocab), dtype=torch.float64)
@@ -178,6 +179,9 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     Returns:
         PairLosses: per pair, (forward, backward) loss distributions composed over the window's
         charged steps, None where the privacy filter refused every step.
+
+    Raises:
+        RuntimeError: if the window's pairs and their values disagree (an internal invariant).
     """
     public, teachers = Ensemble.split_distributions(logits)
     length, n = public.shape[0], teachers.shape[-2]
@@ -214,7 +218,8 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
         adversary = None
         for pair in pairs:
             if pair.move == "remove":
-                assert without is not None, "a removed pair is among `removed`"
+                if without is None:
+                    raise RuntimeError("a removed pair is among `removed`")
                 neighbour_total = without[:, removed.index(pair.index)]
                 neighbour_laws[pair] = ensemble_output(neighbour_total, torch.full((length,), n - 1), public, rate)
             elif pair.move == "add" and pair.index >= len(ADDED_RULES):
@@ -222,7 +227,8 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                 # is PMixED's projection of an added teacher, so a legitimate neighbour
                 direction = ("q_forward", "q_reverse")[pair.index - len(ADDED_RULES)]
                 if adversary is None:
-                    assert adversary_order is not None, "the optimised adversary's pairs come with its order"
+                    if adversary_order is None:
+                        raise RuntimeError("the optimised adversary's pairs come with its order")
                     adversary = _adversary(params, output, public, n, adversary_order)
                 added = torch.from_numpy(np.ascontiguousarray(adversary[direction][:, 0]))
                 neighbour_laws[pair] = ensemble_output(total + added, torch.full((length,), n + 1), public, rate)

@@ -229,7 +229,8 @@ class Claim:
         shortest repr; trailing zeros of the TOML literal are lost (4.390 reads as 4.39): set
         claim.tolerance to be stricter."""
         exponent = Decimal(repr(float(self.epsilon))).normalize().as_tuple().exponent
-        assert isinstance(exponent, int), "claim.epsilon is validated finite, so its exponent is a number"
+        if not isinstance(exponent, int):
+            raise RuntimeError("claim.epsilon is validated finite, so its exponent is a number")
         return float(Decimal(1).scaleb(exponent))
 
     def reproduces(self, low: float, high: float | None = None) -> bool:
@@ -718,7 +719,8 @@ def _results(claim: Claim, accounts: list[_Account], demote: str | None) -> list
                                           (float(low.epsilon), float(high.epsilon)), mid.at_grid_edge,
                                           account.component))
                 continue
-            assert account.curve is not None, "an account holds a curve where it holds no simulated values"
+            if account.curve is None:
+                raise RuntimeError("an account holds a curve where it holds no simulated values")
             result = _convert(account.curve, claim.delta, method)
             rows.append(VariantResult(account.name, method.value, result.epsilon, result.order, sound, account.level,
                                       soundness, declared,
@@ -919,7 +921,8 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
     if other:
         lowest = min(other, key=_epsilon_of)
         lowest_ball = _row_ball(claim, lowest)
-        assert lowest_ball is not None, "`other` holds PMixED rows of another projection"
+        if lowest_ball is None:
+            raise RuntimeError("`other` holds PMixED rows of another projection")
         notes.append(f"PMixED with ball = {lowest_ball.value} (another projection, not the declared "
                      f"mechanism) has the proven epsilon {_fmt(lowest.epsilon)} ({lowest.name}/{lowest.conversion}) "
                      "for these parameters")
@@ -967,7 +970,8 @@ def verify_claim(claim: Claim) -> ClaimVerdict:
                      + (f"; by {min(_epsilon_of(r) for r in weaker) - claim.epsilon:.4f} even against "
                         f"{min(weaker, key=_epsilon_of).name}, which needs a further condition" if weaker else ""))
     elif not derivation_ok:
-        assert chosen is not None, "a derivation is checked only where a variant reproduces the claim"
+        if chosen is None:
+            raise RuntimeError("a derivation is checked only where a variant reproduces the claim")
         parts.append(f"NOT SOUND: the accounting that reproduces it ({reproduced_by}) is {chosen.level}, though the "
                      f"claimed value is >= the sound epsilon {_fmt(sound_epsilon)} ({sound_variant})")
     elif conditional:

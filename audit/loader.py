@@ -410,7 +410,8 @@ class LoadedTrace:
 
     def _model_logits(self, records: list[dict]) -> torch.Tensor:
         contexts = torch.tensor([[r["context_token"] for r in records]])
-        assert self._ensemble is not None, "logits_source 'models' loaded the ensemble"
+        if self._ensemble is None:
+            raise RuntimeError("logits_source 'models' loaded the ensemble")
         return self._ensemble.logits(contexts)[:, 0]
 
     def iter_payload(self, window: int | None = None) -> Iterator[tuple[int, list[dict], torch.Tensor]]:

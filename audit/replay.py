@@ -257,7 +257,8 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
         if outcome.lambdas is not None:
             _compare_arrays(mismatches, worst, "lambdas", where, record["lambdas"], outcome.lambdas[row], True)
         if outcome.screen_statistic is not None:
-            assert outcome.screen_passed is not None, "a screened step records its decision with its statistic"
+            if outcome.screen_passed is None:
+                raise RuntimeError("a screened step records its decision with its statistic")
             recorded, replayed = record["screen_statistic"], outcome.screen_statistic[row]
             if not _close([recorded], [replayed]) or record["screen_passed"] != bool(outcome.screen_passed[row]):
                 mismatches.append(f"{where}: screening statistic {recorded:.6g} recorded, {replayed:.6g} replayed"
@@ -273,7 +274,8 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
             if replayed is not None and key in record:   # version 1 records hold the first two only
                 _compare_arrays(mismatches, worst, key, where, record[key], replayed[row], False)
         if outcome.vote_counts is not None:
-            assert outcome.aggregator_noise is not None, "a voting step records its aggregator's draws"
+            if outcome.aggregator_noise is None:
+                raise RuntimeError("a voting step records its aggregator's draws")
             voted = np.flatnonzero(outcome.vote_counts[row])
             if record["vote_tokens"] != voted.tolist() or \
                     record["vote_counts"] != outcome.vote_counts[row, voted].tolist():
@@ -283,7 +285,8 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                 mismatches.append(f"{where}: the aggregator's noise differs from the step's generator")
         if gate is not None:
             refused, charge = outcome.budget_refused, outcome.budget_charge
-            assert refused is not None and charge is not None, "a step under a privacy filter records its decision"
+            if refused is None or charge is None:
+                raise RuntimeError("a step under a privacy filter records its decision")
             if record["budget_refused"] != bool(refused[row]) or not _close([record["budget_charge"]], [charge[row]]):
                 mismatches.append(f"{where}: the privacy filter's decision (refused {record['budget_refused']}, "
                                   f"charge {record['budget_charge']:.6g}) differs from the replayed one (refused "

@@ -205,7 +205,8 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
             return skipped("canary_game", "the in-context teachers cannot be rebuilt: "
                            + trace.model_unavailability()), None
         ensemble = trace._ensemble
-        assert ensemble is not None, "models_available: the loader kept the in-context ensemble"
+        if ensemble is None:
+            raise RuntimeError("models_available: the loader kept the in-context ensemble")
     else:
         ensemble = Ensemble.from_pretrained(models[0]["source"], [m["source"] for m in models[1:]],
                                             trace.manifest["config"]["models"]["teacher_kind"])

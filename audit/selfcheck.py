@@ -130,7 +130,8 @@ def _screen_noise_halved(params: dict) -> Callable:
 
     def process(public, teachers, generator, orders):
         outcome = real.process(public, teachers, generator, orders)
-        assert outcome.vote_counts is not None and outcome.screen_passed is not None, "a voting step records both"
+        if outcome.vote_counts is None or outcome.screen_passed is None:
+            raise RuntimeError("a voting step records both")
         outcome.charged = claimed.charges(outcome.vote_counts, outcome.screen_passed, orders)
         return outcome
     return process

@@ -195,7 +195,8 @@ def _sum_of(total: np.ndarray | None, part: np.ndarray | None) -> np.ndarray | N
     """total + part, where both windows hold the quantity (None where the run's windows have none)."""
     if total is None:
         return None
-    assert part is not None, "every window of a run holds the same quantities"
+    if part is None:
+        raise RuntimeError("every window of a run holds the same quantities")
     return total + part
 
 
@@ -261,6 +262,9 @@ def run_voting_ablation(trace: LoadedTrace, delta: float) -> VotingAblation:
         The VotingAblation: per removed teacher (N, K), the worst added teacher (K,), per replaced
         teacher (N, K) where the relation replaces one, the released law's per removed teacher for
         realised-path claims, the largest numerical error, and whether the claim is realised-path.
+
+    Raises:
+        RuntimeError: if the trace yields no window (a loaded trace has at least one step).
     """
     mechanism = _mechanism(trace)
     realised_path = mechanism.accounting is PathAccounting.REALISED_PATH
@@ -275,7 +279,8 @@ def run_voting_ablation(trace: LoadedTrace, delta: float) -> VotingAblation:
         totals["replaced"] = _sum_of(totals["replaced"], window["replaced"])
         totals["released_removed"] = _sum_of(totals["released_removed"], window["released_removed"])
         totals["error"] = max(totals["error"], window["error"])
-    assert totals is not None, "a loaded trace has at least one step, so one window"
+    if totals is None:
+        raise RuntimeError("a loaded trace has at least one step, so one window")
     return VotingAblation(removed=totals["removed"], added=totals["added"], replaced=totals["replaced"],
                           released_removed=totals["released_removed"], error=totals["error"],
                           realised_path=realised_path)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import MISSING
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from dpledger.accounting.conversion import ConversionMethod
 from dpledger.accounting.strict_json import strict_json_text
@@ -63,7 +63,8 @@ _PARAMETER = {"pmixed": "beta", "gaussian": "noise_multiplier", "subsampled-gaus
 def _spec(flag: str, mechanism: str) -> FlagSpec:
     aggregator = AGGREGATORS.get(mechanism)
     if aggregator is not None and flag in aggregator.calibrate_flags:
-        return FlagSpec(**aggregator.calibrate_flags[flag])
+        # the mechanisms layer cannot name FlagSpec; its tables hold the same argparse keyword arguments
+        return cast(FlagSpec, dict(aggregator.calibrate_flags[flag]))
     if aggregator is not None and flag in _fixed_parameters(aggregator):
         return aggregator_flag_spec(aggregator, flag, "calibrate")
     spec = (CALIBRATE_FLAG_SPECS.get(flag) or ACCOUNT_FLAG_SPECS[flag]).copy()
