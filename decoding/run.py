@@ -14,6 +14,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Generator
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -26,6 +27,9 @@ from dpledger.decoding.config import RunConfig
 from dpledger.decoding.dask_decode import distributed_blocks, sequential_reason
 from dpledger.decoding.ensemble import file_problems, identity_problems, tokenizer_files
 from dpledger.decoding.totals import RunTotals, finish_run
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 
 def _manifest(prepared: PreparedRun) -> dict:
@@ -75,6 +79,9 @@ def _open_run_dir(prepared: PreparedRun, resume: bool) -> trace.RunLock:
 
 @dataclass
 class RunResult:
+    """What run_decode returns: the run directory, ledger.json's content, the step the run resumed
+    from (0 for a fresh run) and the chain's head (final.json's `head`, what `decode` prints)."""
+
     directory: Path
     summary: dict
     resumed_from_step: int
@@ -86,7 +93,7 @@ class RunWriteError(ValueError):
 
 
 def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, verbose: bool = True,
-               prepared: PreparedRun | None = None, client=None) -> RunResult:
+               prepared: PreparedRun | None = None, client: Client | None = None) -> RunResult:
     """Run (or resume) a decoding job and return its directory, ledger summary and chain head.
 
     Every check runs before anything is written; the run directory's lock is held throughout, so a
@@ -94,7 +101,30 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
     nothing. A write failure (OSError) leaves the committed blocks for --resume.
 
     With a Dask `client`, a teacher-forced run's blocks are decoded on its workers and committed here
-    in block order (dpledger.decoding.dask_decode): the trace is the one this process would write."""
+    in block order (dpledger.decoding.dask_decode): the trace is the one this process would write.
+
+    Args:
+        config: the run's configuration (its `out` is the run directory).
+        resume: continue the run in `config.out` from its committed blocks; without it the directory
+            must not hold files.
+        progress: show a progress bar.
+        verbose: let model loading report what it does (prepare).
+        prepared: the run already prepared from this `config` (models loaded); None: prepared here.
+        client: a Dask client whose workers decode the blocks; ignored, with a warning, for a run
+            that is sequential by nature (dask_decode.sequential_reason).
+
+    Returns:
+        The run directory, ledger.json's content, the step the run resumed from (0 for a fresh run,
+        `config.queries` for a finished one) and the chain's head.
+
+    Raises:
+        ValueError: if a check fails before anything is written: the directory holds another run or
+            files without --resume, or was written with other models.
+        RunLockedError: if another process is writing the run directory.
+        TraceError: if the committed trace is damaged, or its replay payloads are incomplete.
+        ClusterError: if the Dask workers fail or disagree with this process.
+        RunWriteError: if creating the directory or writing the trace fails (the committed blocks stay).
+    """
     if client is not None:
         reason = sequential_reason(config)
         if reason is not None:
@@ -119,20 +149,20 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
         lock.release()
 
 
-def _local_blocks(prepared: PreparedRun, first_block: int):
+def _local_blocks(prepared: PreparedRun, first_block: int) -> Generator[tuple[int, list[dict]], None, None]:
     """(block, records) decoded in this process, in order."""
     for block in range(first_block, prepared.n_blocks):
         yield block, block_records(prepared, block)
 
 
-def _decode_locked(prepared: PreparedRun, out: Path, progress: bool, client=None) -> RunResult:
+def _decode_locked(prepared: PreparedRun, out: Path, progress: bool, client: Client | None = None) -> RunResult:
     config = prepared.config
     manifest = trace.read_manifest(out)
     if (out / trace.FINAL).exists():
         return RunResult(out, trace.read_ledger(out), config.queries, trace.read_final(out)["head"])
     running = RunTotals(manifest)
     reader = trace.ChainReader(out, manifest)
-    committed_charges = []
+    committed_charges: list[float] = []
     for block, records in reader:
         committed_charges += [record.get("budget_charge", 0.0) for record in records]
         if config.replay_payload:

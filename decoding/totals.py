@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
 from dpledger.accounting.budget import RenyiFilter
-from dpledger.accounting.conversion import ConversionMethod, epsilon_from_rdp
+from dpledger.accounting.conversion import ConversionMethod, EpsilonConversion, epsilon_from_rdp
 from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.ledger import PrivacyLedger
 from dpledger.accounting.relation import NeighbouringRelation
@@ -34,7 +35,19 @@ from dpledger.mechanisms.pmixed import SubsamplingVariant
 def component_relations(manifest: dict) -> dict[str, NeighbouringRelation]:
     """The neighbouring relation each charged component holds for. A trace written before components
     carried one labelled everything add-or-remove; its data-dependent components are Flemings et al.
-    2024, Eq. 3, which covers removing a teacher only, so they are read as remove-one."""
+    2024, Eq. 3, which covers removing a teacher only, so they are read as remove-one.
+
+    Args:
+        manifest: the run's manifest; its mechanism's `components` map each component's name to
+            whether it is data-dependent, and `component_relations` (when recorded) name its relation.
+
+    Returns:
+        Each component's name mapped to the relation its charges hold for.
+
+    Raises:
+        KeyError: if the recorded component_relations lack a component.
+        ValueError: if a recorded relation is not a NeighbouringRelation's value.
+    """
     components = manifest["mechanism"]["components"]
     recorded = manifest["mechanism"].get("component_relations")
     if recorded is not None:
@@ -44,7 +57,20 @@ def component_relations(manifest: dict) -> dict[str, NeighbouringRelation]:
 
 
 def step_bound_caveat(kind: str, params: dict) -> str:
-    """What a filter's data-independent step bound rests on, where it is not proven outright."""
+    """What a filter's data-independent step bound rests on, where it is not proven outright.
+
+    Args:
+        kind: the mechanism type ("pmixed", "adapmixed", "voting", ...).
+        params: the mechanism's parameters as the manifest records them.
+
+    Returns:
+        A clause to append to the budget's guarantee (starting ", which rests on ..."), or "" when
+        the bound is proven (a mechanism other than PMixED and AdaPMixED, or the all-orders ball with
+        a proven subsampling variant).
+
+    Raises:
+        ValueError: if params' subsampling_variant is not a SubsamplingVariant's value.
+    """
     if kind not in ("pmixed", "adapmixed"):
         return ""
 
@@ -81,12 +107,23 @@ class RunTotals:
                                     else NeighbouringRelation.ADD_OR_REMOVE_ONE)
         self.log_prob_sum, self.scored, self.public = 0.0, 0, 0
         self.observed: dict[str, UpperSum] = {}  # record field -> its sum over the answered steps that record it
-        self.released, self.correct, self.below_threshold, self.min_released_votes = 0, 0, 0, None
-        self.budget = manifest.get("budget")
-        self.budget_spent, self.budget_refused, self.first_refused_step = ExactSum(), 0, None
+        self.released, self.correct, self.below_threshold = 0, 0, 0
+        self.min_released_votes: int | None = None
+        self.budget: dict | None = manifest.get("budget")
+        self.budget_spent, self.budget_refused = ExactSum(), 0
+        self.first_refused_step: int | None = None
 
     def add(self, records: list[dict]) -> None:
-        """Charge one block's records (ValueError for a NaN or negative charge: nothing is added)."""
+        """Charge one block's records (ValueError for a NaN or negative charge: nothing is added).
+
+        Args:
+            records: one block's per-step records in step order (a block's records, as committed); an
+                empty list adds nothing.
+
+        Raises:
+            ValueError: if a charge is NaN or negative, or not of the ledger's orders' length
+                (PrivacyLedger.charge_many); the totals are then unchanged.
+        """
         if not records:
             return
         self.ledger.charge_many({name: (np.asarray([r[f"rdp_{name}"] for r in records], dtype=np.float64), dependent,
@@ -135,7 +172,14 @@ class RunTotals:
     def voting_summary(self) -> dict:
         """What a voting run released and the guarantee it has: T-threshold privacy for TARGMAX and
         TWS (Cohen et al. 2023; robustness, not DP: the ledger's epsilon is +inf), the RDP curve
-        charged for the differentially private aggregators (DPARGMAX, DPWS, ...)."""
+        charged for the differentially private aggregators (DPARGMAX, DPWS, ...).
+
+        Returns:
+            ledger.json's "voting" object: the aggregator and its threshold T, released and failed
+            steps, the yield, the fewest votes a released token had, the released tokens below T,
+            the teacher-forced token accuracy (None in free generation), whether a DP guarantee
+            holds, and the guarantee in words.
+        """
         params, steps = self.manifest["mechanism"]["params"], self.ledger.steps
         threshold = params.get("threshold")
         threshold_private = not aggregator_class(params["aggregator"]).differentially_private
@@ -172,7 +216,16 @@ class RunTotals:
     def pld_summary(self, epsilons: list[dict]) -> dict:
         """PLD epsilons beside the RDP ones, where every charged component has a dp-accounting event:
         the run's steps as one composed DpEvent (exported, so the ledger can be checked in
-        dp-accounting), accounted by its PLDAccountant (dpledger.mechanisms.pld). Otherwise why not."""
+        dp-accounting), accounted by its PLDAccountant (dpledger.mechanisms.pld). Otherwise why not.
+
+        Args:
+            epsilons: the summary's RDP epsilon rows (delta, method, epsilon, ...); the IMPROVED rows
+                are compared with the PLD epsilons.
+
+        Returns:
+            ledger.json's "pld" object: `available`, and either the PLD and RDP epsilon per delta with
+            the exported event (`dp_event_file`), or the `reason` there is none.
+        """
         kind, params = self.manifest["mechanism"]["type"], self.manifest["mechanism"]["params"]
         reasons = {"public": "the public model alone charges nothing: there is no privacy loss to account",
                    "ensemble": "the non-private ensemble has no privacy guarantee",
@@ -215,11 +268,19 @@ class RunTotals:
                         "2022) on the run's composed event; `dpledger account from-event RUN/ledger.json` reads "
                         "the event back"}
 
-    def odometer_summary(self, deltas) -> list[dict]:
+    def odometer_summary(self, deltas: Sequence[float]) -> list[dict]:
         """A realised-path total read as an odometer (Feldman & Zrnic 2021; Whitehouse et al. 2023):
         exp((a-1)(L - C(a))) is a supermartingale, so Pr[L > C(a) + log(1/delta)/(a-1)] <= delta at an
         order a fixed before the run (the mechanism's alpha, else the grid's order nearest 2), and at
-        the best of the K grid orders chosen afterwards with log(K/delta) (a union bound)."""
+        the best of the K grid orders chosen afterwards with log(K/delta) (a union bound).
+
+        Args:
+            deltas: the run's deltas, each in (0, 1).
+
+        Returns:
+            One row per delta: the epsilon at the pre-chosen order and at the order chosen
+            afterwards (both rounded up), those orders, and a note on what the numbers mean.
+        """
         curve = self.ledger.total_curve()
         orders, values = np.asarray(curve.orders, dtype=np.float64), np.asarray(curve.values, dtype=np.float64)
         alpha = self.manifest["mechanism"]["params"].get("alpha", 2.0)
@@ -239,8 +300,19 @@ class RunTotals:
                                 "the guarantee)"} for row in rows]
 
     def budget_summary(self) -> dict:
-        """The privacy filter's plan and what it did: spent, the steps it refused, and what holds."""
+        """The privacy filter's plan and what it did: spent, the steps it refused, and what holds.
+
+        Returns:
+            ledger.json's "budget" object: the manifest's plan plus `spent` (the exact sum of the
+            charges, rounded up), epsilon_spent_at_order, private answers, refused steps, the first
+            refused step and the guarantee in words.
+
+        Raises:
+            ValueError: if the run has no privacy filter (its manifest records no budget).
+        """
         plan = self.budget
+        if plan is None:
+            raise ValueError("the run has no privacy filter: its manifest records no budget")
         spent = RenyiFilter(plan["epsilon"], plan["delta"], plan["order"])
         spent.set_state(self.budget_spent)
         if plan["data_dependent"]:
@@ -270,7 +342,14 @@ class RunTotals:
                 "first_refused_step": self.first_refused_step, "guarantee": guarantee}
 
     def summary(self) -> dict:
-        """ledger.json's content: composed curve, epsilon per delta and conversion, breakdown, utility."""
+        """ledger.json's content: composed curve, epsilon per delta and conversion, breakdown, utility.
+
+        Returns:
+            ledger.json's object: steps, the composed ledger, epsilon per delta and conversion method,
+            the breakdown at the first delta, perplexity (teacher-forced non-voting runs), the
+            warnings the conversions raised, and the voting, budget, PLD, odometer and observed
+            data-dependent summaries that apply to the run.
+        """
         ledger, manifest = self.ledger, self.manifest
         deltas = manifest["config"]["deltas"]
         with warnings.catch_warnings(record=True) as caught:
@@ -333,6 +412,14 @@ class RunTotals:
 
 
 def records_by_block(records: list[dict]) -> list[list[dict]]:
+    """Records grouped by their `block` field, blocks in increasing order.
+
+    Args:
+        records: per-step records, each with a `block` index.
+
+    Returns:
+        One list per block, its records in the order given.
+    """
     blocks: dict[int, list[dict]] = {}
     for record in records:
         blocks.setdefault(record["block"], []).append(record)
@@ -340,7 +427,18 @@ def records_by_block(records: list[dict]) -> list[list[dict]]:
 
 
 def run_totals(records: list[dict], manifest: dict) -> RunTotals:
-    """RunTotals of in-memory records, fed block by block as decode feeds them."""
+    """RunTotals of in-memory records, fed block by block as decode feeds them.
+
+    Args:
+        records: a run's per-step records (any order of blocks; within a block, step order).
+        manifest: the run's manifest.
+
+    Returns:
+        The totals after every block was added.
+
+    Raises:
+        ValueError: if a charge is NaN or negative (RunTotals.add).
+    """
     totals = RunTotals(manifest)
     for block in records_by_block(records):
         totals.add(block)
@@ -348,23 +446,60 @@ def run_totals(records: list[dict], manifest: dict) -> RunTotals:
 
 
 def ledger_from_records(records: list[dict], manifest: dict) -> PrivacyLedger:
+    """The privacy ledger the records charge (run_totals' ledger).
+
+    Args:
+        records: a run's per-step records.
+        manifest: the run's manifest.
+
+    Returns:
+        The ledger with every record's charges composed.
+
+    Raises:
+        ValueError: if a charge is NaN or negative (RunTotals.add).
+    """
     return run_totals(records, manifest).ledger
 
 
 def ledger_summary(records: list[dict], manifest: dict) -> dict:
+    """ledger.json's content computed from in-memory records (run_totals, then RunTotals.summary).
+
+    Args:
+        records: a run's per-step records.
+        manifest: the run's manifest.
+
+    Returns:
+        What ledger.json holds for these records.
+
+    Raises:
+        ValueError: if a charge is NaN or negative (RunTotals.add).
+    """
     return run_totals(records, manifest).summary()
 
 
-def _conversion_dict(result) -> dict:
+def _conversion_dict(result: EpsilonConversion) -> dict:
     return {"epsilon": result.epsilon, "order": result.order, "rdp_at_order": result.rdp_at_order,
             "conversion_term": result.conversion_term, "at_grid_edge": result.at_grid_edge,
             "data_dependent": result.data_dependent, "direction": result.direction.value}
 
 
-
-
 def finish_run(out: Path, manifest: dict, running: RunTotals, blocks: int, last_record_hash: str) -> tuple[dict, dict]:
-    """Write ledger.json, then the final record that closes the chain; returns both."""
+    """Write ledger.json, then the final record that closes the chain; returns both.
+
+    Args:
+        out: the run directory (its lock held by the caller).
+        manifest: the run's manifest.
+        running: the totals of every committed record.
+        blocks: the number of committed chunks.
+        last_record_hash: the chain's last record hash.
+
+    Returns:
+        (ledger.json's object, final.json's object).
+
+    Raises:
+        UnsafeFileError: if ledger.json or final.json is a link or not a regular file.
+        OSError: if either file cannot be written (final.json is written only after ledger.json).
+    """
     summary = running.summary()
     ledger_bytes = trace.json_bytes(summary)
     trace.atomic_write_bytes(out / trace.LEDGER, ledger_bytes)
