@@ -110,10 +110,10 @@ def _train(corpus: EmbeddedCorpus, recipe: TinyModelRecipe, directory: Path, ver
                     recipe.warmup_steps, recipe.seed, "public model", recipe.public_label_smoothing)
     public.save_pretrained(directory / "public")
     public_time = time.time() - started
-    info = {"public_heldout_ppl": perplexity(public, encode_documents(tokenizer, corpus.public_heldout),
-                                             recipe.n_positions),
-            "public_on_private_ppl": perplexity(public, private_heldout, recipe.n_positions),
-            "public_train_seconds": round(public_time, 1)}
+    info: dict[str, object] = {
+        "public_heldout_ppl": perplexity(public, encode_documents(tokenizer, corpus.public_heldout), recipe.n_positions),
+        "public_on_private_ppl": perplexity(public, private_heldout, recipe.n_positions),
+        "public_train_seconds": round(public_time, 1)}
     say(f"[embedded] public model: held-out ppl {info['public_heldout_ppl']:.1f}, "
         f"on private text {info['public_on_private_ppl']:.1f} ({public_time:.0f} s)")
     # the same library path as `dpledger teachers`: one teacher per shard (documents split on blank lines)

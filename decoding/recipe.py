@@ -245,13 +245,14 @@ def lora_config(model, training: TeacherTraining):
     else:
         targets = training.target_modules
         kinds = {type(module) for name, module in model.named_modules() if name.rsplit(".", 1)[-1] in targets}
-        require(kinds, f"target modules {', '.join(targets)} match no layer of the model (--target-modules)")
+        require(bool(kinds), f"target modules {', '.join(targets)} match no layer of the model (--target-modules)")
         fan_in_fan_out = Conv1D in kinds
         require(not (fan_in_fan_out and len(kinds) > 1),
                 f"target modules {', '.join(targets)} mix GPT-2 Conv1D and other layers: target one kind "
                 "(--target-modules)")
-    return LoraConfig(r=training.lora_rank, lora_alpha=training.lora_alpha, target_modules=list(targets),
-                      fan_in_fan_out=fan_in_fan_out, lora_dropout=training.lora_dropout)
+    # peft annotates lora_alpha as int but scales by lora_alpha / r: a float alpha (--lora-alpha 0.5) is meant
+    return LoraConfig(r=training.lora_rank, lora_alpha=training.lora_alpha,  # type: ignore[arg-type]
+                      target_modules=list(targets), fan_in_fan_out=fan_in_fan_out, lora_dropout=training.lora_dropout)
 
 
 def fine_tune_teacher(public_model, training: "TeacherTraining | TinyModelRecipe", shard_ids: np.ndarray, index: int,

@@ -107,7 +107,7 @@ def read_units(path: str | Path, fmt: str = "auto", separator: str | None = None
     if fmt == "dir":
         require(path.is_dir(), f"INPUT {path}: --format dir needs a directory")
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
-        require(files, f"INPUT {path}: the directory holds no .txt files")
+        require(bool(files), f"INPUT {path}: the directory holds no .txt files")
         units = [Unit(f"file:{p.relative_to(path).as_posix()}",
                       tuple(split_documents(read_input_text(p, "INPUT"), separator))) for p in files]
         units = [u for u in units if u.documents]
@@ -150,7 +150,7 @@ def read_units(path: str | Path, fmt: str = "auto", separator: str | None = None
                 groups[key].append(text.strip())
         units = [Unit(key, tuple(groups[key])) for key in order if groups[key]]
         unit_name = "record" if partition_key is None else f"value of {partition_key!r}"
-    require(units, f"INPUT {path}: no non-empty documents")
+    require(bool(units), f"INPUT {path}: no non-empty documents")
     description = {"path": str(path), "format": fmt, "separator": separator or "blank lines", "unit": unit_name,
                    "units": len(units), "documents": sum(len(u.documents) for u in units)}
     if fmt == "jsonl":
