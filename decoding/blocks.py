@@ -192,7 +192,7 @@ def build_manifest(config: RunConfig, runner: Runner, orders: npt.NDArray[np.flo
     return {**({"budget": budget.manifest_entry()} if budget is not None else {}),
         **({"tokenizer_files": tokenizer_files} if tokenizer_files is not None else {}),
         "format": "dpledger-trace", "schema_version": trace.SCHEMA_VERSION, "package_version": PACKAGE_VERSION,
-        "records_version": RECORDS_VERSION,
+        "records_version": trace.RECORDS_VERSION,
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": config.to_dict(), "config_fingerprint": config.fingerprint(),
         "mechanism": {"type": runner.kind, "params": runner.params, "components": runner.components,
@@ -358,7 +358,7 @@ def block_records(prepared: PreparedRun, block: int) -> list[dict]:
         block: the block's index (0-based).
 
     Returns:
-        The block's per-step records (fields of RECORDS_VERSION), without prev_hash and record_hash.
+        The block's per-step records (fields of trace.RECORDS_VERSION), without prev_hash and record_hash.
 
     Raises:
         UnsafeFileError: if the replay payload's path is a link or not a regular file.
@@ -368,9 +368,3 @@ def block_records(prepared: PreparedRun, block: int) -> list[dict]:
     payload = trace.write_replay(prepared.config.out, block, logits.numpy()) if prepared.config.replay_payload else ""
     return _outcome_records(prepared.runner, block, block * prepared.block_size, outcome, tokens, true_tokens,
                             contexts, payload)
-
-
-RECORDS_VERSION = 2
-"""Version 2 records hold Eq. 3 (`eq3_remove_one`) and the add-one bound (`add_one_bound`) apart
-from the loss covering the run's relation (`observed_data_dependent`); a trace without the key is
-version 1 (that loss only)."""

@@ -48,6 +48,10 @@ from dpledger.accounting.strict_json import MAX_BYTES as MAX_JSON_BYTES
 from dpledger.accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
+RECORDS_VERSION = 2
+"""Version 2 records hold Eq. 3 (`eq3_remove_one`) and the add-one bound (`add_one_bound`) apart
+from the loss covering the run's relation (`observed_data_dependent`); a trace without the key is
+version 1 (that loss only). The manifest records it; dpledger.decoding.blocks writes the records."""
 MANIFEST = "manifest.json"
 LEDGER = "ledger.json"
 FINAL = "final.json"
