@@ -10,7 +10,7 @@ from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.audit.checks import CheckResult, skipped, verdict
 from dpledger.audit.loader import LoadedTrace
 from dpledger.decoding.ensemble import Ensemble
-from dpledger.decoding.run import component_relations
+from dpledger.decoding.totals import component_relations
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.kernels import max_divergence_symmetric, mixed_teachers, symmetric_renyi_orders
 from dpledger.mechanisms.leave_one_out import leave_one_out_curve

@@ -17,7 +17,7 @@ from dpledger.audit.checks import CheckResult, failed, passed, skipped, verdict
 from dpledger.audit.loader import LoadedTrace
 from dpledger.decoding import trace
 from dpledger.decoding.config import BudgetConfig, DataConfig, ModelsConfig, RunConfig
-from dpledger.decoding.run import component_relations
+from dpledger.decoding.totals import component_relations
 from dpledger.decoding.runners import build_runner
 from dpledger.decoding.corpus import generate_corpus
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpledger.audit.loader import LoadedTrace
-from dpledger.decoding.run import component_relations
+from dpledger.decoding.totals import component_relations
 from dpledger.mechanisms.pmixed import SubsamplingVariant
 from dpledger.mechanisms.screening import BLIND_SCREEN_RATIO
 

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from dpledger.accounting import safe_files
 from dpledger.decoding import trace
-from dpledger.decoding.run import RunTotals
+from dpledger.decoding.totals import RunTotals
 from dpledger.decoding.runners import Runner, build_runner
 from dpledger.decoding.trace import TraceError
 from dpledger.decoding.budget import BudgetGate

@@ -21,7 +21,7 @@ from dpledger.accounting.conversion import epsilon_from_rdp
 from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.decoding import trace
-from dpledger.decoding.run import ledger_summary
+from dpledger.decoding.totals import ledger_summary
 from dpledger.decoding.runners import Runner, adapmixed_runner, voting_mechanism, voting_runner
 from dpledger.mechanisms.kernels import mixed_teachers, renyi_divergence_orders, sums_without_each
 from dpledger.mechanisms.leave_one_out import leave_one_out_divergences

@@ -10,10 +10,18 @@ attention scaled by 1/sqrt(head_dim) or not, and by 1/(layer + 1) or not, a tied
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
 import torch
 import torch.nn.functional as F
 
 from dpledger.accounting.errors import require
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+ForwardSignature = tuple[tuple[str, object], ...]
+"""(setting, value) pairs: FORWARD_KEYS' values and whether the LM head is tied to the embeddings."""
 
 FORWARD_KEYS = ("n_embd", "n_layer", "n_head", "n_inner", "n_positions", "vocab_size", "layer_norm_epsilon",
                 "activation_function", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
@@ -25,9 +33,18 @@ the same scaled product in float32, which the kernel always uses; add_cross_atte
 that a query without encoder states never reads, but it changes the weights that exist."""
 
 
-def forward_signature(model) -> tuple | None:
+def forward_signature(model: PreTrainedModel) -> ForwardSignature | None:
     """What determines `model`'s forward pass beside its weights, or None when the kernel does not
-    compute it (not a GPT-2 causal LM): such a model runs through transformers on its own."""
+    compute it (not a GPT-2 causal LM): such a model runs through transformers on its own.
+
+    Args:
+        model: a transformers causal LM.
+
+    Returns:
+        (setting, value) for each of FORWARD_KEYS (None where the config lacks it), then
+        ("tied_lm_head", whether the LM head shares the input embeddings); None for a model other
+        than a GPT2LMHeadModel.
+    """
     config = model.config
     if config.model_type != "gpt2" or type(model).__name__ != "GPT2LMHeadModel":
         return None
@@ -38,12 +55,13 @@ def forward_signature(model) -> tuple | None:
 class StackedGPT2:
     """Stacked weights of M GPT-2 models with one forward signature; `logits(input_ids)` -> (M, B, L, V)."""
 
-    def __init__(self, models, device: str | torch.device = "cpu"):
+    def __init__(self, models: Sequence[PreTrainedModel], device: str | torch.device = "cpu"):
         from transformers.activations import ACT2FN
 
         require(len(models) > 0, "need at least one model to stack")
         signature = forward_signature(models[0])
-        require(signature is not None, f"the batched kernel computes GPT-2 causal LMs, got {type(models[0]).__name__}")
+        if signature is None:
+            raise ValueError(f"the batched kernel computes GPT-2 causal LMs, got {type(models[0]).__name__}")
         for model in models[1:]:
             other = forward_signature(model)
             if other != signature:
@@ -81,6 +99,17 @@ class StackedGPT2:
 
     @torch.no_grad()
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The final LayerNorm's output for every model: GPT2Model's last hidden state.
+
+        Args:
+            input_ids: token ids (B, L), L at most the models' n_positions.
+
+        Returns:
+            float32 hidden states (M, B, L, n_embd) on the stack's device.
+
+        Raises:
+            ValueError: if input_ids is not 2-d or longer than n_positions.
+        """
         require(input_ids.ndim == 2, f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
         batch, length = input_ids.shape
         require(length <= self.config.n_positions,
@@ -105,7 +134,18 @@ class StackedGPT2:
 
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Next-token logits (M, B, L, V), or (M, B, V) for the last position when last_only."""
+        """Next-token logits (M, B, L, V), or (M, B, V) for the last position when last_only.
+
+        Args:
+            input_ids: token ids (B, L), L at most the models' n_positions.
+            last_only: compute the last position's logits only.
+
+        Returns:
+            float32 logits on the stack's device, model m in row m (the order `models` were given).
+
+        Raises:
+            ValueError: if input_ids is not 2-d or longer than n_positions (hidden_states).
+        """
         h = self.hidden_states(input_ids)
         if last_only:
             h = h[:, :, -1:]

@@ -10,8 +10,10 @@ import os
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from dpledger.accounting.errors import require
@@ -19,7 +21,7 @@ from dpledger.accounting.orders import default_orders
 from dpledger.decoding import trace
 from dpledger.decoding.budget import BudgetGate
 from dpledger.decoding.config import RunConfig, read_text_file
-from dpledger.decoding.ensemble import (Ensemble, load_tokenizer, require_matching_tokenizer)
+from dpledger.decoding.ensemble import Ensemble, TeacherEnsemble, load_tokenizer, require_matching_tokenizer
 from dpledger.decoding.runners import BlockOutcome, Runner, build_runner
 from dpledger.mechanisms.randomness import StepGenerators
 from dpledger.version import __version__
@@ -30,16 +32,29 @@ from dpledger.decoding.recipe import encode_documents, set_single_thread
 
 
 PACKAGE_VERSION = __version__
+T = TypeVar("T")
+
+
+def _present(value: T | None, what: str) -> T:
+    """`value`, which the run's configuration guarantees is there; ValueError naming it otherwise."""
+    if value is None:
+        raise ValueError(f"{what} is missing")
+    return value
 
 
 @dataclass
 class PreparedRun:
+    """A run ready to decode: its configuration, the loaded models and tokenizer, the mechanism, the
+    Renyi orders, the data (the token stream of a teacher-forced run, or the prompts of free
+    generation), the data's and tokenizer's identity, the embedded corpus's canaries, and the privacy
+    filter (None without a budget)."""
+
     config: RunConfig
-    ensemble: Ensemble
+    ensemble: TeacherEnsemble
     tokenizer: object
     runner: Runner
-    orders: np.ndarray
-    token_ids: np.ndarray | None
+    orders: npt.NDArray[np.float64]
+    token_ids: npt.NDArray[np.int64] | None
     prompts: list[list[int]]
     data_identity: dict
     tokenizer_path: str
@@ -57,11 +72,31 @@ class PreparedRun:
         return self.config.data.block_size if self.config.data.stream == "teacher-forced" else self.config.data.max_new_tokens
 
     def block_length(self, block: int) -> int:
+        """How many steps block `block` has: the block size, less for the last block.
+
+        Args:
+            block: the block's index (0-based, below n_blocks).
+
+        Returns:
+            min(block_size, queries - block * block_size).
+        """
         return min(self.block_size, self.config.queries - block * self.block_size)
 
 
 def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
-    """Load models, tokenizer and data, and build the mechanism; every check before any write."""
+    """Load models, tokenizer and data, and build the mechanism; every check before any write.
+
+    Args:
+        config: the run's configuration.
+        verbose: let the embedded default report its training or cache use.
+
+    Returns:
+        The prepared run; nothing has been written to the run directory.
+
+    Raises:
+        ValueError: if the mechanism's parameters, the device, the output path, the models, the
+            tokenizer, the data or the budget do not fit the configuration (one line naming what).
+    """
     set_single_thread()
     runner = build_runner(config.mechanism, config.models.teachers, config.relation)
     models = config.models
@@ -74,9 +109,9 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
     if models.teacher_kind == "icl":  # in-context teachers (Hot PATE): the public model prompted with private examples
 
         embedded = embedded_icl_default(models.teachers, verbose) if models.embedded else None
-        public_path = str(embedded.public_path) if embedded else models.public
-        tokenizer_path = str(embedded.tokenizer_path) if embedded else models.tokenizer or models.public
-        ensemble = load_icl_ensemble(public_path, tokenizer_path, models.teachers, models.icl_prompt_tokens,
+        public_path = str(embedded.public_path) if embedded else _present(models.public, "models.public")
+        tokenizer_path = str(embedded.tokenizer_path) if embedded else models.tokenizer or public_path
+        ensemble: TeacherEnsemble = load_icl_ensemble(public_path, tokenizer_path, models.teachers, models.icl_prompt_tokens,
                                      corpus=embedded.corpus if embedded else None, examples_path=models.icl_examples,
                                      device=models.device)
     else:
@@ -87,8 +122,8 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
             public_path, teacher_paths = str(embedded.public_path), [str(p) for p in embedded.teacher_paths]
             tokenizer_path, teacher_kind = str(embedded.tokenizer_path), embedded.recipe.teacher_kind
         else:
-            public_path, teacher_paths = models.public, list(models.teacher_paths)
-            tokenizer_path, teacher_kind = models.tokenizer or models.public, models.teacher_kind
+            public_path, teacher_paths = _present(models.public, "models.public"), list(models.teacher_paths)
+            tokenizer_path, teacher_kind = models.tokenizer or public_path, models.teacher_kind
             embedded = None
         ensemble = Ensemble.from_pretrained(public_path, teacher_paths, teacher_kind, models.device)
     require(ensemble.n_teachers == models.teachers,
@@ -106,7 +141,8 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
         if data.text is not None:
             text, name = read_text_file(data.text, "data.text"), str(data.text)
         else:
-            text, name = embedded.corpus.private_heldout, f"embedded-private-heldout(seed={embedded.corpus.seed})"
+            corpus = _present(embedded, "data.text (the models are not the embedded default)").corpus
+            text, name = corpus.private_heldout, f"embedded-private-heldout(seed={corpus.seed})"
         token_ids = encode_documents(tokenizer, text)
         require(token_ids.size >= config.queries + 1,
                 f"the text has {token_ids.size} tokens, fewer than queries + 1 = {config.queries + 1}")
@@ -121,24 +157,42 @@ def prepare(config: RunConfig, verbose: bool = True) -> PreparedRun:
                 if embedded is not None else [])
     gate = None
     if config.budget is not None:
-        gate = BudgetGate.plan(asdict(config.budget), runner.step_bound(orders), orders, runner.realised_path_bounds)
+        step_bound = _present(runner.step_bound, f"mechanism {runner.kind}'s data-independent step bound")
+        gate = BudgetGate.plan(asdict(config.budget), step_bound(orders), orders, runner.realised_path_bounds)
     return PreparedRun(config, ensemble, tokenizer, runner, orders, token_ids, prompts, data_identity,
                        str(tokenizer_path), canaries, gate)
 
 
-def build_manifest(config: RunConfig, runner: Runner, orders: np.ndarray, models: list[dict], vocab_size: int,
-                   data_identity: dict, tokenizer_path: str, canaries: list[dict],
+def build_manifest(config: RunConfig, runner: Runner, orders: npt.NDArray[np.float64], models: list[dict],
+                   vocab_size: int, data_identity: dict, tokenizer_path: str, canaries: list[dict],
                    budget: BudgetGate | None = None, tokenizer_files: dict | None = None) -> dict:
     """manifest.json's content: what ran (the chain's genesis hash binds all of it). `models` holds
     each model's identity (dpledger.decoding.ensemble.ModelIdentity.manifest_entry) and `tokenizer_files` the
-    sha256 of each of the tokenizer's files."""
+    sha256 of each of the tokenizer's files.
+
+    Args:
+        config: the run's configuration (recorded with its fingerprint).
+        runner: the mechanism (its kind, parameters, components and their relations are recorded).
+        orders: the Renyi orders of the ledger.
+        models: each model's identity entry, the public model first.
+        vocab_size: the models' shared vocabulary size V.
+        data_identity: the data's name, sha256, stream and token count.
+        tokenizer_path: where the tokenizer was loaded from.
+        canaries: the embedded corpus's canaries (teacher, text, secret); empty otherwise.
+        budget: the privacy filter, whose plan is recorded; None without a budget.
+        tokenizer_files: the sha256 of each tokenizer file, by name; None: not recorded.
+
+    Returns:
+        The manifest: format and schema and records versions, package and library versions, the
+        start time, and everything above.
+    """
     import transformers
 
     size = config.data.block_size if config.data.stream == "teacher-forced" else config.data.max_new_tokens
     return {**({"budget": budget.manifest_entry()} if budget is not None else {}),
         **({"tokenizer_files": tokenizer_files} if tokenizer_files is not None else {}),
         "format": "dpledger-trace", "schema_version": trace.SCHEMA_VERSION, "package_version": PACKAGE_VERSION,
-        "records_version": RECORDS_VERSION,
+        "records_version": trace.RECORDS_VERSION,
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": config.to_dict(), "config_fingerprint": config.fingerprint(),
         "mechanism": {"type": runner.kind, "params": runner.params, "components": runner.components,
@@ -153,8 +207,9 @@ def build_manifest(config: RunConfig, runner: Runner, orders: np.ndarray, models
     }
 
 
-def _outcome_records(runner: Runner, block: int, first_step: int, outcome: BlockOutcome, output_tokens: np.ndarray,
-                     true_tokens: np.ndarray, context_tokens: np.ndarray, payload_sha256: str) -> list[dict]:
+def _outcome_records(runner: Runner, block: int, first_step: int, outcome: BlockOutcome,
+                     output_tokens: npt.NDArray[np.int64], true_tokens: npt.NDArray[np.int64],
+                     context_tokens: npt.NDArray[np.int64], payload_sha256: str) -> list[dict]:
     output = outcome.output.numpy()
     length = output.shape[0]
     records = []
@@ -181,18 +236,19 @@ def _outcome_records(runner: Runner, block: int, first_step: int, outcome: Block
             record[f"rdp_{name}"] = outcome.charged[name][row].tolist()
         if outcome.budget_refused is not None:
             record.update(budget_refused=bool(outcome.budget_refused[row]),
-                          budget_charge=float(outcome.budget_charge[row]))
+                          budget_charge=float(_present(outcome.budget_charge, "budget_charge")[row]))
         if outcome.vote_counts is not None:
             voted = np.flatnonzero(outcome.vote_counts[row])
-            record.update(vote_seed=int(outcome.vote_seeds[row]), vote_tokens=voted.tolist(),
+            noise = _present(outcome.aggregator_noise, "aggregator_noise")
+            record.update(vote_seed=int(_present(outcome.vote_seeds, "vote_seeds")[row]), vote_tokens=voted.tolist(),
                           vote_counts=outcome.vote_counts[row, voted].tolist(),
-                          aggregator_noise=[float(v) for v in outcome.aggregator_noise[row]])
+                          aggregator_noise=[float(v) for v in noise[row]])
         records.append(record)
     return records
 
 
 def _concat_outcomes(outcomes: list[BlockOutcome]) -> BlockOutcome:
-    def cat(name):
+    def cat(name: str) -> np.ndarray | None:
         parts = [getattr(o, name) for o in outcomes]
         return None if parts[0] is None else np.concatenate(parts)
 
@@ -205,11 +261,11 @@ def _concat_outcomes(outcomes: list[BlockOutcome]) -> BlockOutcome:
                         vote_counts=cat("vote_counts"), budget_refused=cat("budget_refused"),
                         budget_charge=cat("budget_charge"),
                         aggregator_noise=None if outcomes[0].aggregator_noise is None
-                        else [noise for o in outcomes for noise in o.aggregator_noise])
+                        else [noise for o in outcomes for noise in _present(o.aggregator_noise, "aggregator_noise")])
 
 
-def _mechanism_step(runner: Runner, logits: torch.Tensor, randomness: StepGenerators, orders: np.ndarray,
-                    budget: BudgetGate | None = None):
+def _mechanism_step(runner: Runner, logits: torch.Tensor, randomness: StepGenerators, orders: npt.NDArray[np.float64],
+                    budget: BudgetGate | None = None) -> tuple[BlockOutcome, npt.NDArray[np.int64]]:
     """One call of the mechanism on (N+1, L, V) logits, then one sampled token per row; row i draws
     from randomness' generator i in this order (replay depends on it). With a budget, the filter
     then decides the rows in order (dpledger.decoding.budget)."""
@@ -217,17 +273,30 @@ def _mechanism_step(runner: Runner, logits: torch.Tensor, randomness: StepGenera
     outcome = runner.process(public, teachers, randomness, orders)
     tokens = randomness.multinomial(outcome.output).numpy()
     if budget is not None:
-        tokens = budget.apply(outcome, tokens, public, randomness.run_seed, randomness.first_step)
+        tokens = budget.apply(outcome, tokens, public, _present(randomness.run_seed, "the run seed"),
+                              _present(randomness.first_step, "the block's first step"))
     return outcome, tokens
 
 
-def replay_steps(runner: Runner, logits: torch.Tensor, seed: int, first_step: int, orders: np.ndarray,
-                 sequential: bool, budget: BudgetGate | None = None) -> tuple[BlockOutcome, np.ndarray]:
+def replay_steps(runner: Runner, logits: torch.Tensor, seed: int, first_step: int, orders: npt.NDArray[np.float64],
+                 sequential: bool, budget: BudgetGate | None = None) -> tuple[BlockOutcome, npt.NDArray[np.int64]]:
     """Recompute consecutive steps from their recorded logits (N+1, L, V): the outcome and the
     sampled tokens. Any window of a block replays exactly (per-step randomness); with a budget, the
     gate must hold the filter's state before `first_step`.
 
     sequential=True replays a free-generation block step by step, as it ran.
+
+    Args:
+        runner: the run's mechanism.
+        logits: the recorded float32 logits (N+1, L, V) of L consecutive steps, the public model first.
+        seed: the run's seed.
+        first_step: the run-wide index of the first of the L steps.
+        orders: the ledger's Renyi orders.
+        sequential: replay one step at a time (free generation) rather than the L steps at once.
+        budget: the run's privacy filter, in its state before `first_step`; None without a budget.
+
+    Returns:
+        (the mechanism's outcome on the L steps, the L sampled tokens).
     """
     length = logits.shape[1]
     if not sequential:
@@ -238,43 +307,64 @@ def replay_steps(runner: Runner, logits: torch.Tensor, seed: int, first_step: in
     return _concat_outcomes([o for o, _ in steps]), np.concatenate([t for _, t in steps])
 
 
-def run_block(prepared: PreparedRun, block: int):
-    """Process one block; returns (outcome, output tokens, true tokens, context tokens, logits (N+1, L, V))."""
+def run_block(prepared: PreparedRun, block: int) -> tuple[BlockOutcome, npt.NDArray[np.int64], npt.NDArray[np.int64],
+                                                         npt.NDArray[np.int64], torch.Tensor]:
+    """Process one block; returns (outcome, output tokens, true tokens, context tokens, logits (N+1, L, V)).
+
+    Args:
+        prepared: the prepared run; its privacy filter must hold its state before the block.
+        block: the block's index (0-based).
+
+    Returns:
+        The mechanism's outcome on the block's L steps, the L sampled tokens, the L true next tokens
+        (-1 in free generation), the L context tokens each step followed, and the float32 logits
+        (N+1, L, V) the mechanism saw.
+    """
     length = prepared.block_length(block)
     first_step = block * prepared.block_size
     seed, orders = prepared.config.seed, prepared.orders
     if prepared.config.data.stream == "teacher-forced":
-        window = torch.from_numpy(prepared.token_ids[first_step:first_step + length + 1])
+        window = torch.from_numpy(_present(prepared.token_ids, "the teacher-forced token stream")[
+            first_step:first_step + length + 1])
         logits = prepared.ensemble.logits(window[:length].unsqueeze(0))[:, 0]
         outcome, tokens = _mechanism_step(prepared.runner, logits, StepGenerators.for_steps(seed, first_step, length),
                                           orders, prepared.budget)
         return outcome, tokens, window[1:].numpy(), window[:length].numpy(), logits
     context = list(prepared.prompts[block % len(prepared.prompts)])
-    outcomes, tokens, step_logits, contexts = [], [], [], []
+    outcomes: list[BlockOutcome] = []
+    generated: list[int] = []
+    step_logits: list[torch.Tensor] = []
+    contexts: list[int] = []
     for i in range(length):
         ids = torch.tensor(context[-prepared.ensemble.n_positions:]).unsqueeze(0)
         current = prepared.ensemble.logits(ids)[:, 0, -1:]
         outcome, token = _mechanism_step(prepared.runner, current, StepGenerators.for_steps(seed, first_step + i, 1),
                                          orders, prepared.budget)
         outcomes.append(outcome)
-        tokens.append(int(token[0]))
+        generated.append(int(token[0]))
         step_logits.append(current[:, 0])
         contexts.append(context[-1])
         context.append(int(token[0]))
-    return (_concat_outcomes(outcomes), np.asarray(tokens), np.full(length, -1), np.asarray(contexts),
+    return (_concat_outcomes(outcomes), np.asarray(generated), np.full(length, -1), np.asarray(contexts),
             torch.stack(step_logits, dim=1))
 
 
 def block_records(prepared: PreparedRun, block: int) -> list[dict]:
     """One block decoded: its replay payload written (when the run keeps one) and its records, not
-    yet chained. The prepared run's privacy filter must hold its state before the block."""
+    yet chained. The prepared run's privacy filter must hold its state before the block.
+
+    Args:
+        prepared: the prepared run.
+        block: the block's index (0-based).
+
+    Returns:
+        The block's per-step records (fields of trace.RECORDS_VERSION), without prev_hash and record_hash.
+
+    Raises:
+        UnsafeFileError: if the replay payload's path is a link or not a regular file.
+        OSError: if the replay payload cannot be written.
+    """
     outcome, tokens, true_tokens, contexts, logits = run_block(prepared, block)
     payload = trace.write_replay(prepared.config.out, block, logits.numpy()) if prepared.config.replay_payload else ""
     return _outcome_records(prepared.runner, block, block * prepared.block_size, outcome, tokens, true_tokens,
                             contexts, payload)
-
-
-RECORDS_VERSION = 2
-"""Version 2 records hold Eq. 3 (`eq3_remove_one`) and the add-one bound (`add_one_bound`) apart
-from the loss covering the run's relation (`observed_data_dependent`); a trace without the key is
-version 1 (that loss only)."""

@@ -20,7 +20,7 @@ import logging
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator, TypeVar
 from multiprocessing import resource_tracker
 import asyncio
 import concurrent.futures
@@ -30,13 +30,23 @@ import threading
 
 from dpledger.accounting.errors import require
 
+if TYPE_CHECKING:
+    from distributed import Client, Future
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+T = TypeVar("T")
+
 DASK_MISSING = "needs Dask, an optional extra: pip install 'dpledger[dask]'"
 WORKER_WAIT_SECONDS = 60
 LOCAL_HOST = "127.0.0.1"
 
 
 def max_local_workers() -> int:
-    """The most local workers --workers starts: this machine's cores, at least 2."""
+    """The most local workers --workers starts: this machine's cores, at least 2.
+
+    Returns:
+        max(2, os.cpu_count()).
+    """
     return max(2, os.cpu_count() or 1)
 
 
@@ -55,7 +65,7 @@ class ClusterSpec:
     host: str = LOCAL_HOST
     """The interface a local cluster's scheduler, workers and dashboard listen on."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         require((self.workers is None) != (self.scheduler is None),
                 "give either --workers N (a local cluster) or --scheduler ADDRESS (a running Dask cluster), not both")
         if self.workers is not None:
@@ -73,15 +83,38 @@ class ClusterSpec:
 
     @classmethod
     def from_flags(cls, workers: int | None, scheduler: str | None) -> "ClusterSpec | None":
-        """None when neither flag was given (work in this process)."""
+        """None when neither flag was given (work in this process).
+
+        Args:
+            workers: --workers: the number of local worker processes, or None.
+            scheduler: --scheduler: a running Dask scheduler's address, or None.
+
+        Returns:
+            The spec, or None when both are None.
+
+        Raises:
+            ValueError: if both are given, or either is invalid (ClusterSpec's checks).
+        """
         return None if workers is None and scheduler is None else cls(workers, scheduler)
 
     def describe(self) -> str:
+        """Where the work runs, in words ("4 local worker processes", "the Dask cluster at ...").
+
+        Returns:
+            The description, for progress and error messages.
+        """
         return f"{self.workers} local worker processes" if self.workers is not None else f"the Dask cluster at {self.scheduler}"
 
 
 def require_dask(what: str) -> None:
-    """ValueError naming the extra when Dask is not installed."""
+    """ValueError naming the extra when Dask is not installed.
+
+    Args:
+        what: what needs Dask (the flags or command), the start of the message.
+
+    Raises:
+        ValueError: if `distributed` cannot be imported.
+    """
     try:
         import distributed  # noqa: F401
     except ImportError:
@@ -104,9 +137,16 @@ def _check_address(address: str) -> None:
             f"got {address!r}")
 
 
-def require_single_threaded_workers(client) -> None:
+def require_single_threaded_workers(client: Client) -> None:
     """ClusterError unless every worker runs one task at a time: a worker's models, its prepared run
-    and its privacy-filter state are per process (`dask worker ADDRESS --nthreads 1`)."""
+    and its privacy-filter state are per process (`dask worker ADDRESS --nthreads 1`).
+
+    Args:
+        client: the Dask client; its scheduler lists the workers.
+
+    Raises:
+        ClusterError: if a worker runs more than one thread.
+    """
     workers = client.scheduler_info().get("workers", {})
     threaded = {address: info.get("nthreads") for address, info in workers.items() if info.get("nthreads") != 1}
     if threaded:
@@ -116,7 +156,7 @@ def require_single_threaded_workers(client) -> None:
                            "`dask worker ADDRESS --nthreads 1 --nworkers N`")
 
 
-def _ignore_interrupt_plugin():
+def _ignore_interrupt_plugin() -> WorkerPlugin:
     """A worker plugin for local clusters: Ctrl-C reaches the driver, which stops the run and closes
     the cluster; the workers, in the same terminal's process group, would each print a traceback."""
     from distributed.diagnostics.plugin import WorkerPlugin
@@ -124,7 +164,7 @@ def _ignore_interrupt_plugin():
     class IgnoreInterrupt(WorkerPlugin):
         name = "dpledger-ignore-interrupt"
 
-        def setup(self, worker) -> None:
+        def setup(self, worker: object) -> None:
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -150,9 +190,22 @@ def quiet_resource_tracker() -> None:
 
 
 @contextmanager
-def dask_client(spec: ClusterSpec, progress: bool = True) -> Iterator[object]:
+def dask_client(spec: ClusterSpec, progress: bool = True) -> Iterator[Client]:
     """A `distributed.Client` for `spec`, closed (with its local cluster) on exit; the dashboard's
-    link is printed to stderr when `progress`."""
+    link is printed to stderr when `progress`.
+
+    Args:
+        spec: local workers or a scheduler's address.
+        progress: print the dashboard's link to stderr.
+
+    Yields:
+        The client (not the default client), its workers checked to run one thread each.
+
+    Raises:
+        ValueError: if Dask is not installed or the scheduler's address is malformed.
+        ClusterError: if the scheduler cannot be reached, the local cluster cannot start, the
+            scheduler has no workers within WORKER_WAIT_SECONDS, or a worker runs several threads.
+    """
     require_dask("--workers / --scheduler")
     import distributed
 
@@ -197,14 +250,34 @@ def dask_client(spec: ClusterSpec, progress: bool = True) -> Iterator[object]:
             cluster.close()
 
 
-def worker_count(client) -> int:
+def worker_count(client: Client) -> int:
+    """How many workers the client's scheduler has now.
+
+    Args:
+        client: the Dask client.
+
+    Returns:
+        The number of workers, at least 1.
+    """
     return max(1, len(client.scheduler_info().get("workers", {})))
 
 
-def result_of(future, what: str):
+def result_of(future: Future[T], what: str) -> T:
     """The future's result. A task whose worker died once is simply computed again elsewhere, by Dask;
     a task that kept killing its workers, a cancelled one (the scheduler lost) or a lost connection
-    is a ClusterError."""
+    is a ClusterError.
+
+    Args:
+        future: a submitted task.
+        what: what the task does, the start of the error message ("decoding block 3").
+
+    Returns:
+        The task's result (waiting for it).
+
+    Raises:
+        ClusterError: if the task's workers died repeatedly, it was cancelled, or the connection was lost.
+        Exception: whatever the task itself raised, unchanged.
+    """
     import distributed
     from distributed.comm.core import CommClosedError
 

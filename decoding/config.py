@@ -42,9 +42,11 @@ import json
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 import math
 import numpy as np
+import numpy.typing as npt
 import re
 
 from dpledger.accounting.errors import require, require_in_open, require_int_at_least
@@ -106,9 +108,16 @@ def _check_mechanism_values(mechanism: dict) -> None:
         require(inside, f"mechanism.{key} must be {_interval(low, high, low_open, high_open)}{reason}, got {value!r}")
 
 
-def describe_orders(orders) -> str:
+def describe_orders(orders: Iterable[float]) -> str:
     """A grid of orders in few words: runs of 4 or more equally spaced orders as "a to b by s", e.g.
-    "1.1 to 10.9 by 0.1, 11 to 63 by 1, 128, 256, 512, 1024"."""
+    "1.1 to 10.9 by 0.1, 11 to 63 by 1, 128, 256, 512, 1024".
+
+    Args:
+        orders: Renyi orders in increasing order.
+
+    Returns:
+        The description, the orders formatted with :g.
+    """
     values = [float(v) for v in orders]
     parts, start = [], 0
     while start < len(values):
@@ -126,9 +135,21 @@ def describe_orders(orders) -> str:
     return ", ".join(parts)
 
 
-def require_on_grid(name: str, order: float, orders) -> float:
+def require_on_grid(name: str, order: float, orders: npt.ArrayLike) -> float:
     """The order of `orders` that `order` names (within 1e-9); ValueError naming the value, the grid
-    (compactly) and the nearest orders otherwise."""
+    (compactly) and the nearest orders otherwise.
+
+    Args:
+        name: the setting that gave the order, for the message ("budget.order").
+        order: the order asked for.
+        orders: the run's grid of orders, increasing.
+
+    Returns:
+        The grid's order within 1e-9 of `order` (the first such).
+
+    Raises:
+        ValueError: if no order of the grid is within 1e-9 of `order`.
+    """
     grid = np.asarray(orders, dtype=np.float64)
     close = np.flatnonzero(np.isclose(grid, order, rtol=0, atol=1e-9))
     if close.size:
@@ -141,6 +162,9 @@ def require_on_grid(name: str, order: float, orders) -> float:
 
 @dataclass(frozen=True)
 class ModelsConfig:
+    """The [models] table: the embedded default, or a public model and teachers (full models, LoRA
+    adapters or in-context prompts), the tokenizer and the device (docs/config.md)."""
+
     embedded: bool = True
     teachers: int = 8
     public: str | None = None
@@ -154,6 +178,9 @@ class ModelsConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
+    """The [data] table: teacher-forced decoding of a text in blocks, or free generation from
+    prompts (docs/config.md)."""
+
     stream: str = "teacher-forced"
     text: str | None = None
     block_size: int = 128
@@ -175,6 +202,9 @@ class BudgetConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
+    """A run's configuration: the [run] table's keys, the [mechanism] table as given, and the
+    [models], [data] and [budget] tables; every value is checked when it is built (docs/config.md)."""
+
     out: str
     mechanism: dict
     models: ModelsConfig = field(default_factory=ModelsConfig)
@@ -271,14 +301,23 @@ class RunConfig:
                 require_on_grid("budget.order", budget.order, default_orders(*runs_at))
 
     def to_dict(self) -> dict:
-        """The config as plain data; `budget` only when set (runs without one keep their manifests)."""
+        """The config as plain data; `budget` only when set (runs without one keep their manifests).
+
+        Returns:
+            The fields as nested dicts (dataclasses.asdict), without `budget` when it is None.
+        """
         values = asdict(self)
         if values["budget"] is None:
             del values["budget"]
         return values
 
     def fingerprint(self) -> str:
-        """Hash of everything that determines the run's output (not `out`): resume must match it."""
+        """Hash of everything that determines the run's output (not `out`): resume must match it.
+
+        Returns:
+            sha256 (64 hex digits) of the config's JSON without `out` (and, for teachers that are not
+            in-context, without the in-context keys at their defaults).
+        """
         payload = {k: v for k, v in self.to_dict().items() if k != "out"}
         # the in-context keys at their defaults are left out, so runs written before they existed keep their hash
         defaults = {"icl_examples": None, "icl_prompt_tokens": 48}
@@ -287,7 +326,7 @@ class RunConfig:
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-_SCHEMA = {
+_SCHEMA: dict[str, dict[str, type | list[type]]] = {
     "run": {"out": str, "queries": int, "seed": int, "replay_payload": bool, "deltas": [float], "relation": str},
     "models": {"embedded": bool, "teachers": int, "public": str, "teacher_paths": [str], "teacher_kind": str,
                "tokenizer": str, "device": str, "icl_examples": str, "icl_prompt_tokens": int},
@@ -298,11 +337,12 @@ _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", float:
 _LIST_NAMES = {str: "strings", int: "integers", bool: "true/false values", float: "numbers"}
 
 
-def _check_type(where: str, value, kind) -> None:
+def _check_type(where: str, value: object, kind: type | list[type]) -> None:
     """TOML values as the schema says, without coercion: 32.0 is not an integer, "0.2" not a
     number, a string not a list (it would be split into characters)."""
     if isinstance(kind, list):
-        require(isinstance(value, list), f"{where} must be a list of {_LIST_NAMES[kind[0]]}, got {value!r}")
+        if not isinstance(value, list):
+            raise ValueError(f"{where} must be a list of {_LIST_NAMES[kind[0]]}, got {value!r}")
         for index, item in enumerate(value):
             _check_type(f"{where}[{index}]", item, kind[0])
         return
@@ -315,11 +355,11 @@ def _check_type(where: str, value, kind) -> None:
     require(ok, f"{where} must be {_TYPE_NAMES[kind]}, got {value!r}")
 
 
-def _device_ok(device) -> bool:
+def _device_ok(device: object) -> bool:
     return isinstance(device, str) and re.fullmatch(r"cpu|cuda(:\d+)?", device) is not None
 
 
-def _table(data: dict, name: str, cls=None) -> dict:
+def _table(data: dict, name: str) -> dict:
     table = data.get(name, {})
     require(isinstance(table, dict), f"[{name}] must be a table, got {table!r}")
     require(all(isinstance(key, str) for key in table), f"[{name}] keys must be strings, got {list(table)!r}")
@@ -328,12 +368,23 @@ def _table(data: dict, name: str, cls=None) -> dict:
     require(not unknown, f"unknown keys in [{name}]: {unknown}; known: {sorted(schema)}")
     for key, value in table.items():
         _check_type(f"{name}.{key}", value, schema[key])
-    table = {k: tuple(v) if isinstance(v, list) else v for k, v in table.items()}
-    return table if cls is None else cls(**table)
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in table.items()}
 
 
 def config_from_dict(data: dict, out_override: str | None = None) -> RunConfig:
-    """A RunConfig from parsed TOML; ValueError naming the table, key, value and rule."""
+    """A RunConfig from parsed TOML; ValueError naming the table, key, value and rule.
+
+    Args:
+        data: the parsed TOML: the run, mechanism, models, data and budget tables.
+        out_override: replaces [run] out (--out); None: the config's own.
+
+    Returns:
+        The checked configuration.
+
+    Raises:
+        ValueError: for an unknown table or key, a value of the wrong type, a missing required key,
+            or a value the configuration's rules refuse.
+    """
     require(isinstance(data, dict), f"a config must be a table of tables, got {data!r}")
     require(all(isinstance(key, str) for key in data), f"config table names must be strings, got {list(data)!r}")
     unknown = sorted(set(data) - {"run", "mechanism", "models", "data", "budget"})
@@ -359,8 +410,8 @@ def config_from_dict(data: dict, out_override: str | None = None) -> RunConfig:
         table = _table(data, "budget")
         require("epsilon" in table, "[budget] needs `epsilon` (and `delta`, default 1e-5)")
         budget = BudgetConfig(**table)
-    return RunConfig(mechanism=dict(mechanism), models=_table(data, "models", ModelsConfig),
-                     data=_table(data, "data", DataConfig), budget=budget, **run)
+    return RunConfig(mechanism=dict(mechanism), models=ModelsConfig(**_table(data, "models")),
+                     data=DataConfig(**_table(data, "data")), budget=budget, **run)
 
 
 TEXT_FILE_LIMIT = 2 ** 31
@@ -371,7 +422,20 @@ CONFIG_FILE_LIMIT = 2 ** 24
 
 def read_text_file(path: str | Path, what: str, limit: int = TEXT_FILE_LIMIT) -> str:
     """A UTF-8 text file's content: a regular file (never a FIFO or a device, which would block) of
-    at most `limit` bytes (dpledger.accounting.safe_files); ValueError naming `what`, the path and the problem."""
+    at most `limit` bytes (dpledger.accounting.safe_files); ValueError naming `what`, the path and the problem.
+
+    Args:
+        path: the file (a link is followed).
+        what: what the file is, for the messages ("data.text", "config").
+        limit: the most bytes read.
+
+    Returns:
+        The decoded text.
+
+    Raises:
+        ValueError: if the file does not exist, is a directory or not a regular file, exceeds
+            `limit`, cannot be read or is not UTF-8.
+    """
     path = Path(path)
     require(path.exists(), f"{what} file does not exist: {path}")
     require(not path.is_dir(), f"{what} must be a file, got the directory {path}")
@@ -391,6 +455,12 @@ def parse_override(text: str) -> tuple[str, str, object]:
     """`TABLE.KEY=VALUE` -> (table, key, value): VALUE is read as a TOML value (`0.05`, `true`,
     `[1e-5, 1e-6]`, `"lora"`), or taken as a string when it is not one (`--set models.public=gpt2`).
 
+    Args:
+        text: one --set argument.
+
+    Returns:
+        (table, key, value).
+
     Raises:
         ValueError: not of the form TABLE.KEY=VALUE.
     """
@@ -408,6 +478,14 @@ def parse_override(text: str) -> tuple[str, str, object]:
 def load_config(path: str | Path, out_override: str | None = None, overrides: tuple[str, ...] = ()) -> RunConfig:
     """The run configuration in the TOML file at `path`, with [run] out replaced by `out_override` and
     each `TABLE.KEY=VALUE` of `overrides` applied (parse_override) before anything is checked.
+
+    Args:
+        path: the TOML file.
+        out_override: replaces [run] out (--out); None: the config's own.
+        overrides: --set arguments, applied in order.
+
+    Returns:
+        The checked configuration (config_from_dict).
 
     Raises:
         ValueError: an unreadable file, invalid TOML, a malformed override or an invalid configuration.

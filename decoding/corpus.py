@@ -107,6 +107,9 @@ CANARY_TEMPLATE = ("Customer: Hi, I am {name} {surname}. My passport number is {
 
 @dataclass(frozen=True)
 class Canary:
+    """A secret planted in one private shard: its teacher (`shard`), the record's text, the secret
+    (a booking code) the audit's extraction test looks for, and how many times it was planted."""
+
     shard: int
     text: str
     secret: str
@@ -125,6 +128,11 @@ class EmbeddedCorpus:
     canaries: tuple[Canary, ...] = field(default_factory=tuple)
 
     def content_hash(self) -> str:
+        """The corpus's identity: every part's text and the canaries.
+
+        Returns:
+            sha256 (64 hex digits) over the sha256 of each text part, in order, and the canaries' JSON.
+        """
         digest = hashlib.sha256()
         for part in (self.public_train, self.public_heldout, *self.shards, self.private_heldout):
             digest.update(hashlib.sha256(part.encode()).digest())
@@ -146,6 +154,14 @@ def _time(rng: random.Random) -> str:
 
 
 def public_sentence(rng: random.Random) -> str:
+    """One public sentence from a template, its slots filled at random.
+
+    Args:
+        rng: the corpus's random generator (advanced).
+
+    Returns:
+        The sentence.
+    """
     template = rng.choice(_PUBLIC_TEMPLATES)
     name, name2 = rng.sample(NAMES, 2)
     noun, noun2 = rng.sample(_PUBLIC_NOUNS, 2)
@@ -157,11 +173,26 @@ def public_sentence(rng: random.Random) -> str:
 
 
 def public_paragraph(rng: random.Random) -> str:
+    """A public paragraph: 3 to 7 public sentences.
+
+    Args:
+        rng: the corpus's random generator (advanced).
+
+    Returns:
+        The sentences joined by spaces.
+    """
     return " ".join(public_sentence(rng) for _ in range(rng.randint(3, 7)))
 
 
 def public_dialogue(rng: random.Random) -> str:
-    """One public service dialogue (not airline: that domain is private)."""
+    """One public service dialogue (not airline: that domain is private).
+
+    Args:
+        rng: the corpus's random generator (advanced).
+
+    Returns:
+        2 to 6 turns, one per line, alternating customer and service role.
+    """
     role = rng.choice(_PUBLIC_DIALOGUE_ROLES)
     values = dict(name=rng.choice(NAMES), count=rng.randint(2, 8), date=_date(rng), time=_time(rng),
                   city=rng.choice(CITIES), noun=rng.choice(_PUBLIC_NOUNS), adj=rng.choice(_PUBLIC_ADJECTIVES),
@@ -176,7 +207,14 @@ def public_dialogue(rng: random.Random) -> str:
 
 
 def dialogue(rng: random.Random) -> str:
-    """One customer-service dialogue record."""
+    """One customer-service dialogue record.
+
+    Args:
+        rng: the corpus's random generator (advanced).
+
+    Returns:
+        2 to 6 turns between a customer and an airline agent, one per line: a private record.
+    """
     name = rng.choice(NAMES)
     from_city, to_city = rng.sample(CITIES, 2)
     values = dict(name=name, from_city=from_city, to_city=to_city, date=_date(rng), date2=_date(rng), time=_time(rng),
@@ -191,6 +229,17 @@ def dialogue(rng: random.Random) -> str:
 
 
 def make_canaries(rng: random.Random, teachers: int, count: int, repetitions: int) -> tuple[Canary, ...]:
+    """Canaries for the private shards: canary i goes to shard (3i + 1) mod N.
+
+    Args:
+        rng: the corpus's random generator (advanced).
+        teachers: the number of shards N.
+        count: how many canaries (at most N are made).
+        repetitions: how many times each is planted in its shard.
+
+    Returns:
+        min(count, N) canaries, each with a random passport number and secret booking code.
+    """
     canaries = []
     for index in range(min(count, teachers)):
         shard = (index * 3 + 1) % teachers
@@ -203,7 +252,24 @@ def make_canaries(rng: random.Random, teachers: int, count: int, repetitions: in
 
 def generate_corpus(seed: int = 0, teachers: int = 8, public_paragraphs: int = 6000, dialogues_per_shard: int = 300,
                     heldout_dialogues: int = 400, canaries: int = 2, canary_repetitions: int = 20) -> EmbeddedCorpus:
-    """The embedded default corpus; the same arguments always give the same text."""
+    """The embedded default corpus; the same arguments always give the same text.
+
+    Args:
+        seed: the random seed.
+        teachers: the number of private shards N (>= 1).
+        public_paragraphs: public paragraphs and dialogues drawn (95% train, 5% held out).
+        dialogues_per_shard: private dialogue records per shard.
+        heldout_dialogues: private held-out records (the teacher-forced default text).
+        canaries: canaries planted (at most N).
+        canary_repetitions: times each canary is planted in its shard.
+
+    Returns:
+        The corpus: public train and held-out text, N shards of blank-line separated records,
+        the private held-out text and the canaries.
+
+    Raises:
+        ValueError: if `teachers` < 1.
+    """
     if teachers < 1:
         raise ValueError(f"teachers must be an integer >= 1, got {teachers}")
     rng = random.Random(seed)

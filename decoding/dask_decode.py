@@ -21,24 +21,34 @@ import uuid
 from collections import deque
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Generator
 import torch
 
 from dpledger.decoding import trace
-from dpledger.decoding.blocks import block_records, prepare
+from dpledger.decoding.blocks import PreparedRun, block_records, prepare
 from dpledger.decoding.cluster import ClusterError, require_single_threaded_workers, result_of, worker_count
 from dpledger.decoding.config import RunConfig
 from dpledger.decoding.runners import build_runner
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
 
 IN_FLIGHT_PER_WORKER = 2
 """Blocks submitted ahead per worker: enough to keep every worker busy while the driver commits,
 few enough that uncommitted results stay small."""
 
-_WORKER_RUNS: dict[str, object] = {}
+_WORKER_RUNS: dict[str, PreparedRun] = {}
 
 
 def sequential_reason(config: RunConfig) -> str | None:
-    """Why this run cannot be split over workers (None when it can)."""
+    """Why this run cannot be split over workers (None when it can).
+
+    Args:
+        config: the run's configuration.
+
+    Returns:
+        The reason in words (free generation, or a data-dependent or realised-path privacy filter), or None.
+    """
     if config.data.stream != "teacher-forced":
         return "free generation is sequential (each token is the next step's context)"
     if config.budget is not None and config.budget.data_dependent:
@@ -50,18 +60,29 @@ def sequential_reason(config: RunConfig) -> str | None:
 
 
 def config_for_workers(config: RunConfig) -> RunConfig:
-    """The config with its local paths made absolute: a worker may run in another directory."""
-    def absolute(path: str | None) -> str | None:
-        return str(Path(path).resolve()) if path is not None and Path(path).exists() else path
+    """The config with its local paths made absolute: a worker may run in another directory.
 
-    models = replace(config.models, public=absolute(config.models.public), tokenizer=absolute(config.models.tokenizer),
+    Args:
+        config: the run's configuration.
+
+    Returns:
+        A copy whose `out` is absolute, and whose model, tokenizer, in-context examples and text
+        paths are absolute where they exist here (a hub name is left as it is).
+    """
+    def absolute(path: str) -> str:
+        return str(Path(path).resolve()) if Path(path).exists() else path
+
+    def optional(path: str | None) -> str | None:
+        return None if path is None else absolute(path)
+
+    models = replace(config.models, public=optional(config.models.public), tokenizer=optional(config.models.tokenizer),
                      teacher_paths=tuple(absolute(p) for p in config.models.teacher_paths),
-                     icl_examples=absolute(config.models.icl_examples))
+                     icl_examples=optional(config.models.icl_examples))
     return replace(config, out=str(Path(config.out).resolve()), models=models,
-                   data=replace(config.data, text=absolute(config.data.text)))
+                   data=replace(config.data, text=optional(config.data.text)))
 
 
-def _worker_run(config: RunConfig, model_hashes: list[str], data_sha256: str):
+def _worker_run(config: RunConfig, model_hashes: list[str], data_sha256: str) -> PreparedRun:
     """This worker's prepared run: models loaded once per worker process and run. The key holds what
     the driver loaded (model hashes, the data's sha256), so changed files are never served stale."""
     key = f"{config.out}|{config.fingerprint()}|{','.join(model_hashes)}|{data_sha256}"
@@ -82,7 +103,21 @@ def _worker_run(config: RunConfig, model_hashes: list[str], data_sha256: str):
 
 def decode_block_task(config: RunConfig, model_hashes: list[str], data_sha256: str, block: int,
                       torch_threads: int) -> list[dict]:
-    """On a worker: one block decoded, its payload written, its records (not yet chained) returned."""
+    """On a worker: one block decoded, its payload written, its records (not yet chained) returned.
+
+    Args:
+        config: the run's configuration with absolute paths (config_for_workers).
+        model_hashes: the content hashes of the models the driver loaded, public model first.
+        data_sha256: the sha256 of the data the driver read.
+        block: the block's index (0-based).
+        torch_threads: the driver's torch thread count, which the worker uses too.
+
+    Returns:
+        The block's records, not yet chained.
+
+    Raises:
+        ClusterError: if the worker loads other models or data than the driver.
+    """
     prepared = _worker_run(config, model_hashes, data_sha256)  # prepare() sets its own thread count: override it after
     torch.set_num_threads(torch_threads)  # the driver's: how torch splits a reduction must not differ
     if prepared.budget is not None:
@@ -90,16 +125,33 @@ def decode_block_task(config: RunConfig, model_hashes: list[str], data_sha256: s
     return block_records(prepared, block)
 
 
-def distributed_blocks(prepared, client, first_block: int, progress: bool) -> Iterator[tuple[int, list[dict]]]:
+def distributed_blocks(prepared: PreparedRun, client: Client, first_block: int,
+                       progress: bool) -> Generator[tuple[int, list[dict]], None, None]:
     """(block, records) for blocks first_block.. in order, decoded on the client's workers; each
-    result's payload file is checked against the sha256 its records carry before it is yielded."""
+    result's payload file is checked against the sha256 its records carry before it is yielded.
+
+    Args:
+        prepared: the driver's prepared run (its privacy filter restored to the committed steps).
+        client: the Dask client; its workers must run one thread each.
+        first_block: the first block to decode (the number of committed blocks).
+        progress: unused here (the decode loop shows the progress).
+
+    Yields:
+        (block index, the block's records, not yet chained), in block order; closing the generator
+        cancels the blocks still in flight.
+
+    Raises:
+        ClusterError: if a worker is multi-threaded, a task fails, or a worker loads other models or data.
+        TraceError: if a payload a worker wrote is missing or differs from its records' hash.
+        ValueError: if the workers' privacy-filter decisions differ from the driver's (BudgetGate.require_decisions).
+    """
     require_single_threaded_workers(client)
     config, worker_config = prepared.config, config_for_workers(prepared.config)
     hashes = [identity.content_hash for identity in prepared.ensemble.identities]
     data_sha256 = prepared.data_identity["sha256"]
     in_flight = IN_FLIGHT_PER_WORKER * worker_count(client)
     threads, run = torch.get_num_threads(), uuid.uuid4().hex[:8]
-    pending: deque = deque()
+    pending: deque[tuple[int, Future[list[dict]]]] = deque()
     next_block = first_block
     try:
         while pending or next_block < prepared.n_blocks:

@@ -17,19 +17,27 @@ from pathlib import Path
 import torch
 
 from dpledger.decoding.corpus import EmbeddedCorpus, generate_corpus
-from dpledger.decoding.recipe import (TinyModelRecipe, encode_documents, new_gpt2, perplexity, set_single_thread,
-                             train_causal_lm, train_tokenizer)
+from dpledger.decoding.recipe import (TinyModelRecipe, encode_documents, end_of_text_id, new_gpt2, perplexity,
+                                      set_single_thread, train_causal_lm, train_tokenizer)
 from dpledger.decoding.teachers import train_teachers
 
 CACHE_FORMAT = 1
 
 
 def cache_root() -> Path:
+    """Where embedded defaults are cached.
+
+    Returns:
+        $DPLEDGER_CACHE, or .dpledger-cache in the working directory.
+    """
     return Path(os.environ.get("DPLEDGER_CACHE", ".dpledger-cache"))
 
 
 @dataclass(frozen=True)
 class EmbeddedDefault:
+    """A cache entry of the embedded default: its directory (tokenizer/, public/, teachers/), the
+    corpus and recipe it was built from, and info.json's training report."""
+
     directory: Path
     corpus: EmbeddedCorpus
     recipe: TinyModelRecipe
@@ -49,6 +57,16 @@ class EmbeddedDefault:
 
 
 def cache_key(corpus: EmbeddedCorpus, recipe: TinyModelRecipe) -> str:
+    """The cache entry's key: everything the entry is derived from.
+
+    Args:
+        corpus: the corpus (its content hash).
+        recipe: the training recipe.
+
+    Returns:
+        sha256 (64 hex digits) of the cache format, the corpus's hash, the recipe, and the torch,
+        transformers and tokenizers versions.
+    """
     import tokenizers
     import transformers
 
@@ -63,8 +81,19 @@ def cache_key(corpus: EmbeddedCorpus, recipe: TinyModelRecipe) -> str:
 
 
 def build_or_load(teachers: int = 8, recipe: TinyModelRecipe = TinyModelRecipe(), corpus_seed: int = 0,
-                  verbose: bool = True, **corpus_kwargs) -> EmbeddedDefault:
-    """The cached embedded default for `teachers` shards, training it first if absent."""
+                  verbose: bool = True, **corpus_kwargs: int) -> EmbeddedDefault:
+    """The cached embedded default for `teachers` shards, training it first if absent.
+
+    Args:
+        teachers: the number of private shards and teachers N.
+        recipe: how the tokenizer and models are trained.
+        corpus_seed: the corpus's seed.
+        verbose: print what is trained and how long it took.
+        **corpus_kwargs: further generate_corpus arguments (public_paragraphs, dialogues_per_shard, ...).
+
+    Returns:
+        The cache entry (trained and renamed into place if it was absent).
+    """
     corpus = generate_corpus(seed=corpus_seed, teachers=teachers, **corpus_kwargs)
     key = cache_key(corpus, recipe)
     final = cache_root() / f"embedded-{key[:16]}"
@@ -101,7 +130,7 @@ def _train(corpus: EmbeddedCorpus, recipe: TinyModelRecipe, directory: Path, ver
     say = print if verbose else (lambda *a, **k: None)
     started = time.time()
     tokenizer = train_tokenizer(corpus.public_train, recipe.vocab_size, str(directory / "tokenizer"))
-    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    eos = end_of_text_id(tokenizer)
     public_ids = encode_documents(tokenizer, corpus.public_train)
     private_heldout = encode_documents(tokenizer, corpus.private_heldout)
     say(f"[embedded] tokenizer: vocab {len(tokenizer)}, public text {public_ids.size} tokens")
@@ -110,10 +139,10 @@ def _train(corpus: EmbeddedCorpus, recipe: TinyModelRecipe, directory: Path, ver
                     recipe.warmup_steps, recipe.seed, "public model", recipe.public_label_smoothing)
     public.save_pretrained(directory / "public")
     public_time = time.time() - started
-    info = {"public_heldout_ppl": perplexity(public, encode_documents(tokenizer, corpus.public_heldout),
-                                             recipe.n_positions),
-            "public_on_private_ppl": perplexity(public, private_heldout, recipe.n_positions),
-            "public_train_seconds": round(public_time, 1)}
+    info: dict[str, object] = {
+        "public_heldout_ppl": perplexity(public, encode_documents(tokenizer, corpus.public_heldout), recipe.n_positions),
+        "public_on_private_ppl": perplexity(public, private_heldout, recipe.n_positions),
+        "public_train_seconds": round(public_time, 1)}
     say(f"[embedded] public model: held-out ppl {info['public_heldout_ppl']:.1f}, "
         f"on private text {info['public_on_private_ppl']:.1f} ({public_time:.0f} s)")
     # the same library path as `dpledger teachers`: one teacher per shard (documents split on blank lines)

@@ -21,12 +21,15 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, cast
 
 import torch
 
 from dpledger.accounting.errors import require
-from dpledger.decoding.batched_gpt2 import StackedGPT2, forward_signature
+from dpledger.decoding.batched_gpt2 import ForwardSignature, StackedGPT2, forward_signature
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 CONFIG, ADAPTER_CONFIG = "config.json", "adapter_config.json"
 MODEL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in from_pretrained's order of preference
@@ -99,7 +102,14 @@ def _read_json_object(path: Path) -> dict:
 
 
 def is_lora_adapter(path: Path) -> bool:
-    """A peft adapter directory (adapter_config.json, no config.json of its own)."""
+    """A peft adapter directory (adapter_config.json, no config.json of its own).
+
+    Args:
+        path: a directory.
+
+    Returns:
+        Whether it holds adapter_config.json and no config.json.
+    """
     return (path / ADAPTER_CONFIG).is_file() and not (path / CONFIG).is_file()
 
 
@@ -147,7 +157,7 @@ def _weights_error(files: list[Path], error: BaseException) -> ValueError:
 
 
 @contextmanager
-def _quiet_loading():
+def _quiet_loading() -> Iterator[None]:
     """Without transformers' load report and torch's pickle-protocol warning: what they find is
     raised in one line by the loaders."""
     from transformers.utils import logging as hf_logging
@@ -162,12 +172,22 @@ def _quiet_loading():
         hf_logging.set_verbosity(verbosity)
 
 
-def load_causal_lm(name_or_path: str):
+def load_causal_lm(name_or_path: str) -> PreTrainedModel:
     """AutoModelForCausalLM.from_pretrained, in eval mode, or ValueError in one line naming the file
     at fault: a local path that does not exist (never looked up on the hub), a LoRA adapter, a
     config.json that does not parse or describes no model transformers can build, weights that are
     truncated, pickled objects other than tensors (weights-only loading refuses them), or tensors
-    the model needs but the checkpoint lacks (transformers would initialise them at random)."""
+    the model needs but the checkpoint lacks (transformers would initialise them at random).
+
+    Args:
+        name_or_path: a local model directory, or a hub name (never for a path that does not exist).
+
+    Returns:
+        The model, in eval mode.
+
+    Raises:
+        ValueError: for any of the problems above, or a hub model that cannot be loaded.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -196,8 +216,9 @@ def load_causal_lm(name_or_path: str):
         raise ValueError(f"{config_file}: transformers cannot build a model from it ({_first_line(error)})") from None
     try:
         with _quiet_loading():
-            model, info = AutoModelForCausalLM.from_pretrained(str(directory), config=config, output_loading_info=True,
-                                                               ignore_mismatched_sizes=True)
+            # transformers types from_pretrained as returning the model; output_loading_info=True returns (model, info)
+            model, info = cast("tuple[PreTrainedModel, dict[str, list]]", AutoModelForCausalLM.from_pretrained(
+                str(directory), config=config, output_loading_info=True, ignore_mismatched_sizes=True))
     except Exception as error:  # see above
         raise _weights_error(files, error) from None
     mismatched = {key[0] if isinstance(key, tuple) else key for key in info.get("mismatched_keys") or ()}
@@ -210,8 +231,19 @@ def load_causal_lm(name_or_path: str):
     return model.eval()
 
 
-def load_tokenizer(name_or_path: str, what: str = "tokenizer"):
-    """AutoTokenizer.from_pretrained with a one-line error naming `what` (the flag or key)."""
+def load_tokenizer(name_or_path: str, what: str = "tokenizer") -> PreTrainedTokenizerBase:
+    """AutoTokenizer.from_pretrained with a one-line error naming `what` (the flag or key).
+
+    Args:
+        name_or_path: a local tokenizer (or model) directory, or a hub name.
+        what: the flag or config key that named it, for the message.
+
+    Returns:
+        The tokenizer.
+
+    Raises:
+        ValueError: if a local path is not a directory, or no tokenizer loads from it.
+    """
     from transformers import AutoTokenizer
 
     directory = _local_directory(name_or_path, f"{what} {name_or_path}: not a directory")
@@ -222,10 +254,19 @@ def load_tokenizer(name_or_path: str, what: str = "tokenizer"):
         raise ValueError(f"{what} {name_or_path}: cannot load a tokenizer ({_first_line(error)}){hint}") from None
 
 
-def require_matching_tokenizer(tokenizer, vocab_size: int, what: str) -> None:
+def require_matching_tokenizer(tokenizer: PreTrainedTokenizerBase, vocab_size: int, what: str) -> None:
     """The tokenizer is the model's: at most its vocabulary, and not a near-empty stand-in (a model
     directory without tokenizer files can load as a tokenizer of a handful of tokens that encodes
-    text to almost nothing, and teachers trained on that learn nothing)."""
+    text to almost nothing, and teachers trained on that learn nothing).
+
+    Args:
+        tokenizer: the tokenizer (its length is its number of tokens).
+        vocab_size: the models' vocabulary size V.
+        what: the tokenizer's origin, for the message.
+
+    Raises:
+        ValueError: if it has more than V tokens or fewer than V // 2.
+    """
     size = len(tokenizer)
     require(size <= vocab_size, f"{what}: {size} tokens, more than the model's vocabulary of {vocab_size}: the model "
                                 "and the tokenizer must match")
@@ -234,9 +275,21 @@ def require_matching_tokenizer(tokenizer, vocab_size: int, what: str) -> None:
             "directory without tokenizer files loads as a near-empty one); pass the tokenizer's directory")
 
 
-def load_lora_teacher(public_model, adapter_path: str):
+def load_lora_teacher(public_model: PreTrainedModel, adapter_path: str) -> PreTrainedModel:
     """A LoRA adapter (peft) on a copy of the public model, merged into plain weights; ValueError in
-    one line naming the file at fault (as load_causal_lm)."""
+    one line naming the file at fault (as load_causal_lm).
+
+    Args:
+        public_model: the base model (copied: it is not changed).
+        adapter_path: the adapter's directory (adapter_config.json and its weights).
+
+    Returns:
+        The merged model, in eval mode.
+
+    Raises:
+        ValueError: if the path is missing, a full model, lacks its config or weights, holds damaged
+            or pickled weights, or the adapter does not apply to the public model.
+    """
     from peft import PeftModel
 
     path = Path(str(adapter_path)).expanduser()
@@ -260,8 +313,15 @@ def load_lora_teacher(public_model, adapter_path: str):
     return merged.eval()
 
 
-def model_content_hash(model) -> str:
-    """sha256 over the model's parameter names and bytes (whatever file format held them): its weights' identity."""
+def model_content_hash(model: torch.nn.Module) -> str:
+    """sha256 over the model's parameter names and bytes (whatever file format held them): its weights' identity.
+
+    Args:
+        model: the model; its state dict is read in name order.
+
+    Returns:
+        The sha256 (64 hex digits).
+    """
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
@@ -297,17 +357,41 @@ def _hub_snapshot(name: str) -> Path | None:
 def model_files(name_or_path: str) -> dict[str, str]:
     """The config and tokenizer files of a model directory, by name, with their sha256. A hub
     model's are its config files only: the hub cache holds its tokenizer files only once the
-    tokenizer is loaded, and the run's tokenizer has an identity of its own (tokenizer_files)."""
+    tokenizer is loaded, and the run's tokenizer has an identity of its own (tokenizer_files).
+
+    Args:
+        name_or_path: a model directory or hub name.
+
+    Returns:
+        File name -> sha256 of its CONFIG_FILES (and TOKENIZER_FILES for a local directory); empty
+        when nothing is found.
+    """
     local = Path(str(name_or_path)).expanduser().is_dir()
     return _identity_files(name_or_path, CONFIG_FILES + (TOKENIZER_FILES if local else ()))
 
 
 def tokenizer_files(name_or_path: str) -> dict[str, str]:
-    """The tokenizer files of a tokenizer directory (or hub name), by name, with their sha256."""
+    """The tokenizer files of a tokenizer directory (or hub name), by name, with their sha256.
+
+    Args:
+        name_or_path: a tokenizer directory or hub name (a hub name: its snapshot in the local cache).
+
+    Returns:
+        File name -> sha256 of the files matching TOKENIZER_FILES; empty when nothing is found.
+    """
     return _identity_files(name_or_path, TOKENIZER_FILES)
 
 
 def identity_hash(weights_sha256: str, files: dict[str, str]) -> str:
+    """A model's content hash: its weights' hash and its files' hashes together.
+
+    Args:
+        weights_sha256: model_content_hash of the model.
+        files: file name -> sha256 of its config and tokenizer files.
+
+    Returns:
+        sha256 (64 hex digits) of "dpledger-model:" and the canonical JSON of both.
+    """
     payload = json.dumps({"weights": weights_sha256, "files": files}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(("dpledger-model:" + payload).encode()).hexdigest()
 
@@ -326,16 +410,40 @@ class ModelIdentity:
     files: dict | None = None
 
     def manifest_entry(self) -> dict:
+        """The manifest's entry for this model.
+
+        Returns:
+            The identity's fields, those that are None left out.
+        """
         return {key: value for key, value in vars(self).items() if value is not None}
 
 
-def model_identity(role: str, source: str, model) -> ModelIdentity:
+def model_identity(role: str, source: str, model: torch.nn.Module) -> ModelIdentity:
+    """The identity of a model loaded from `source`: its weights' hash and its files' hashes.
+
+    Args:
+        role: "public" or "teacher-i".
+        source: the directory or hub name it was loaded from.
+        model: the loaded model.
+
+    Returns:
+        Its ModelIdentity (content_hash = identity_hash of the two).
+    """
     weights, files = model_content_hash(model), model_files(source)
     return ModelIdentity(role, str(source), identity_hash(weights, files), weights, files)
 
 
 def file_problems(recorded: dict, found: dict, directory: str) -> list[str]:
-    """How the files found in `directory` differ from the recorded ones (name -> sha256), each named."""
+    """How the files found in `directory` differ from the recorded ones (name -> sha256), each named.
+
+    Args:
+        recorded: file name -> sha256, as the manifest records them.
+        found: file name -> sha256, as found now.
+        directory: where the files are, to name them.
+
+    Returns:
+        One line per file missing, added or changed, in file-name order; empty when they agree.
+    """
     problems = []
     for name in sorted(set(recorded) | set(found)):
         where = f"{directory.rstrip('/')}/{name}"
@@ -352,7 +460,15 @@ def identity_problems(recorded: dict, found: ModelIdentity) -> list[str]:
     """How the model found differs from the manifest's entry for it, each naming the file ([] when
     it is the run's model). An entry without `files` comes from a trace written before identities
     covered config and tokenizer files: its content_hash is the weights' hash, and only the weights
-    can be compared (the audit's models check says so)."""
+    can be compared (the audit's models check says so).
+
+    Args:
+        recorded: the manifest's entry for the model (ModelIdentity.manifest_entry).
+        found: the identity of the model loaded now.
+
+    Returns:
+        One line per difference, each naming the model's source or file.
+    """
     source = str(recorded.get("source"))
     if found.weights_sha256 is None:  # an in-context teacher: its prompt and the public weights
         return [] if recorded.get("content_hash") == found.content_hash else [f"{source}: its content hash differs"]
@@ -364,11 +480,46 @@ def identity_problems(recorded: dict, found: ModelIdentity) -> list[str]:
     recorded_files = recorded.get("files")
     if not isinstance(recorded_files, dict):
         return problems + [f"{source}: the manifest's files entry is not a map of file names to sha256"]
-    problems += file_problems(recorded_files, found.files, source)
+    problems += file_problems(recorded_files, found.files if found.files is not None else {}, source)
     if not problems and recorded.get("content_hash") != found.content_hash:
         problems.append(f"{source}: the manifest's content_hash is not the hash of its weights and files (the "
                         "manifest was edited)")
     return problems
+
+
+class TeacherEnsemble(Protocol):
+    """What a run needs of its models, which Ensemble (full or LoRA teachers) and
+    dpledger.decoding.icl.InContextEnsemble (in-context teachers) both provide: the public model at
+    index 0 and N teachers answering next-token queries."""
+
+    vocab_size: int
+    n_teachers: int
+    n_positions: int
+    """The longest query context every model accepts."""
+    identities: tuple[ModelIdentity, ...]
+    """Each model's identity, the public model first."""
+
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Next-token logits of every model.
+
+        Args:
+            input_ids: token ids (B, L), L at most n_positions.
+
+        Returns:
+            float32 logits (N+1, B, L, V) on the CPU; index 0 is the public model.
+        """
+        ...
+
+    def distributions(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next-token distributions of every model (Ensemble.split_distributions of `logits`).
+
+        Args:
+            input_ids: token ids (B, L), L at most n_positions.
+
+        Returns:
+            float64 (public (B, L, V), teachers (B, L, N, V)).
+        """
+        ...
 
 
 class Ensemble:
@@ -378,8 +529,8 @@ class Ensemble:
     forward configurations (dpledger.decoding.batched_gpt2.forward_signature; usually one group), any other
     model runs alone through transformers."""
 
-    def __init__(self, public_model, teacher_models: Sequence, identities: Sequence[ModelIdentity],
-                 device: str = "cpu"):
+    def __init__(self, public_model: PreTrainedModel, teacher_models: Sequence[PreTrainedModel],
+                 identities: Sequence[ModelIdentity], device: str = "cpu"):
         require(len(teacher_models) >= 1, "an ensemble needs at least one teacher")
         vocab = public_model.config.vocab_size
         for index, teacher in enumerate(teacher_models):
@@ -394,12 +545,13 @@ class Ensemble:
                                for m in models)
         self.identities = tuple(identities)
         self.device = torch.device(device)
-        stacks: dict[tuple, list[int]] = {}
-        self._forwards = []  # (indices, a StackedGPT2 or a model of its own)
+        stacks: dict[ForwardSignature, list[int]] = {}
+        self._forwards: list[tuple[list[int], StackedGPT2 | PreTrainedModel]] = []  # a StackedGPT2 or a model alone
         for index, model in enumerate(models):
             signature = forward_signature(model)
             if signature is None:
-                self._forwards.append(([index], model.to(self.device)))
+                # transformers wraps PreTrainedModel.to in functools.wraps, whose type omits the bound self
+                self._forwards.append(([index], model.to(self.device)))  # type: ignore[arg-type]
             else:
                 stacks.setdefault(signature, []).append(index)
         self._forwards += [(indices, StackedGPT2([models[i] for i in indices], self.device))
@@ -408,6 +560,21 @@ class Ensemble:
     @classmethod
     def from_pretrained(cls, public: str, teachers: Sequence[str], teacher_kind: str = "full",
                         device: str = "cpu") -> "Ensemble":
+        """Load the public model and the teachers (load_causal_lm, load_lora_teacher) with their identities.
+
+        Args:
+            public: the public model's directory or hub name.
+            teachers: each teacher's directory (a full model, or a LoRA adapter on the public model).
+            teacher_kind: "full" or "lora".
+            device: where the models run ("cpu", "cuda", ...).
+
+        Returns:
+            The ensemble, its identities recorded (public first).
+
+        Raises:
+            ValueError: if teacher_kind is unknown, no teacher is given, a teacher's directory is
+                of the other kind, a model cannot be loaded, or the vocabularies differ.
+        """
         require(teacher_kind in ("full", "lora"), f"teacher_kind must be 'full' or 'lora', got {teacher_kind!r}")
         require(len(teachers) >= 1, "at least one teacher path is needed")
         for index, path in enumerate(teachers):
@@ -430,7 +597,14 @@ class Ensemble:
 
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """float32 logits (N+1, B, L, V) on the CPU (the mechanisms run there); index 0 is public."""
+        """float32 logits (N+1, B, L, V) on the CPU (the mechanisms run there); index 0 is public.
+
+        Args:
+            input_ids: token ids (B, L), L at most n_positions.
+
+        Returns:
+            The logits, model m in row m (public first, then the teachers in order).
+        """
         if len(self._forwards) == 1 and isinstance(self._forwards[0][1], StackedGPT2):
             return self._forwards[0][1].logits(input_ids).cpu()  # one group, in order: no copy
         out = torch.empty((self.n_teachers + 1, *input_ids.shape, self.vocab_size), dtype=torch.float32)
@@ -442,9 +616,24 @@ class Ensemble:
 
     @staticmethod
     def split_distributions(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """float64 probabilities from (N+1, ..., V) logits: public (..., V), teachers (..., N, V)."""
+        """float64 probabilities from (N+1, ..., V) logits: public (..., V), teachers (..., N, V).
+
+        Args:
+            logits: (N+1, ..., V) logits, the public model first.
+
+        Returns:
+            (public probabilities (..., V), teacher probabilities (..., N, V)), softmax in float64.
+        """
         probs = torch.softmax(logits.double(), dim=-1)
         return probs[0], probs[1:].movedim(0, -2)
 
     def distributions(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next-token distributions: split_distributions of `logits`.
+
+        Args:
+            input_ids: token ids (B, L), L at most n_positions.
+
+        Returns:
+            float64 (public (B, L, V), teachers (B, L, N, V)).
+        """
         return self.split_distributions(self.logits(input_ids))

@@ -11,13 +11,23 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from tqdm.auto import tqdm
 import copy
 
 from dpledger.accounting.errors import require, require_int_at_least
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from peft import LoraConfig, PeftModel
+    from transformers import GPT2LMHeadModel, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+    Teacher: TypeAlias = PreTrainedModel | PeftModel
 
 END_OF_TEXT = "<|endoftext|>"
 
@@ -51,10 +61,20 @@ class TinyModelRecipe:
         require_int_at_least("teacher_steps", self.teacher_steps, 0)
 
     def to_dict(self) -> dict:
+        """The recipe as plain data (part of the embedded default's cache key).
+
+        Returns:
+            Each hyper-parameter by name.
+        """
         return asdict(self)
 
     def teacher_training(self) -> "TeacherTraining":
-        """The recipe's teacher hyper-parameters as the explicit ones `fine_tune_teacher` takes."""
+        """The recipe's teacher hyper-parameters as the explicit ones `fine_tune_teacher` takes.
+
+        Returns:
+            The TeacherTraining: the recipe's teacher kind, steps, batch, learning rate and LoRA rank,
+            sequences of n_positions tokens, 5 warm-up steps, LoRA alpha 2 r on GPT-2's Conv1D targets.
+        """
         return TeacherTraining(kind=self.teacher_kind, steps=self.teacher_steps, batch=self.teacher_batch,
                                lr=self.teacher_lr, seq_len=self.n_positions, warmup=5, lora_rank=self.lora_rank,
                                lora_alpha=2.0 * self.lora_rank, target_modules=GPT2_LORA_TARGETS, seed=self.seed)
@@ -114,13 +134,27 @@ class TeacherTraining:
                 f"target_modules must be None or a non-empty list of module names, got {self.target_modules!r}")
 
     def to_dict(self) -> dict:
+        """The hyper-parameters as plain data (teachers.json records them).
+
+        Returns:
+            Each hyper-parameter by name, target_modules as a list (or None).
+        """
         values = asdict(self)
         values["target_modules"] = None if self.target_modules is None else list(self.target_modules)
         return values
 
 
-def train_tokenizer(text: str, vocab_size: int, directory: str):
-    """Byte-level BPE trained on `text`, saved as a transformers fast tokenizer in `directory`."""
+def train_tokenizer(text: str, vocab_size: int, directory: str) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on `text`, saved as a transformers fast tokenizer in `directory`.
+
+    Args:
+        text: the training text; blank lines separate documents.
+        vocab_size: the vocabulary size asked for (the byte alphabet and END_OF_TEXT always stay).
+        directory: where the tokenizer is saved.
+
+    Returns:
+        The tokenizer, END_OF_TEXT its end-of-text and beginning-of-text token.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -135,9 +169,38 @@ def train_tokenizer(text: str, vocab_size: int, directory: str):
     return fast
 
 
-def encode_documents(tokenizer, text: str) -> np.ndarray:
-    """Token ids of `text`, documents (split on blank lines) joined by the end-of-text token."""
+def end_of_text_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id of END_OF_TEXT, the documents' separator.
+
+    Args:
+        tokenizer: the tokenizer.
+
+    Returns:
+        The token's id (the tokenizer's unknown-token id where it has no such token).
+
+    Raises:
+        ValueError: if the tokenizer gives no single id for it.
+    """
     eos = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
+    if not isinstance(eos, int):
+        raise ValueError(f"the tokenizer has no id for {END_OF_TEXT}, got {eos!r}")
+    return eos
+
+
+def encode_documents(tokenizer: PreTrainedTokenizerBase, text: str) -> npt.NDArray[np.int64]:
+    """Token ids of `text`, documents (split on blank lines) joined by the end-of-text token.
+
+    Args:
+        tokenizer: a tokenizer with the END_OF_TEXT token.
+        text: documents separated by blank lines.
+
+    Returns:
+        The int64 ids, each document's followed by END_OF_TEXT's id.
+
+    Raises:
+        ValueError: if the tokenizer has no id for END_OF_TEXT (end_of_text_id).
+    """
+    eos = end_of_text_id(tokenizer)
     ids: list[int] = []
     for encoded in tokenizer(text.split("\n\n"), add_special_tokens=False)["input_ids"]:
         ids.extend(encoded)
@@ -145,9 +208,18 @@ def encode_documents(tokenizer, text: str) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-def new_gpt2(recipe: TinyModelRecipe, eos_id: int, vocab_size: int):
+def new_gpt2(recipe: TinyModelRecipe, eos_id: int, vocab_size: int) -> GPT2LMHeadModel:
     """A fresh GPT-2 sized by the recipe, with the tokenizer's real vocabulary size (BPE may exceed
-    the requested size: the byte alphabet and special tokens always stay)."""
+    the requested size: the byte alphabet and special tokens always stay).
+
+    Args:
+        recipe: its layer count, width, heads, context and seed are used.
+        eos_id: the end-of-text token's id (also the beginning-of-text id).
+        vocab_size: the tokenizer's vocabulary size.
+
+    Returns:
+        The model, initialised from torch's generator seeded with recipe.seed, without dropout.
+    """
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(vocab_size=vocab_size, n_positions=recipe.n_positions, n_embd=recipe.n_embd,
@@ -157,7 +229,7 @@ def new_gpt2(recipe: TinyModelRecipe, eos_id: int, vocab_size: int):
     return GPT2LMHeadModel(config)
 
 
-def train_causal_lm(model, token_ids: np.ndarray, steps: int, batch: int, seq_len: int, lr: float, warmup: int,
+def train_causal_lm(model: torch.nn.Module, token_ids: npt.NDArray[np.int64], steps: int, batch: int, seq_len: int, lr: float, warmup: int,
                     seed: int, description: str, label_smoothing: float = 0.0, weight_decay: float = 0.1,
                     progress: bool = True) -> float:
     """AdamW on random windows of `token_ids` with linear warm-up and cosine decay to 10%, on the
@@ -167,7 +239,25 @@ def train_causal_lm(model, token_ids: np.ndarray, steps: int, batch: int, seq_le
     broad data; a public model trained on a narrow corpus is otherwise so sure of itself that
     PMixED can move no mass towards the teachers (lambda ~ 1e-6 where p0 ~ 1e-8).
 
-    Returns the mean training loss of the last 10 steps (nan when steps == 0).
+    Args:
+        model: the causal LM to train in place (left in eval mode).
+        token_ids: the training text's ids.
+        steps: optimizer steps (0: nothing is done).
+        batch: windows per step.
+        seq_len: tokens per window.
+        lr: the peak learning rate.
+        warmup: linear warm-up steps.
+        seed: seeds the windows' positions.
+        description: the progress bar's label, and the start of the error message.
+        label_smoothing: cross-entropy label smoothing in [0, 1).
+        weight_decay: AdamW's weight decay.
+        progress: show a progress bar.
+
+    Returns:
+        The mean training loss of the last 10 steps (nan when steps == 0).
+
+    Raises:
+        ValueError: if token_ids holds no more than seq_len tokens.
     """
     if steps == 0:
         return math.nan
@@ -202,8 +292,21 @@ def train_causal_lm(model, token_ids: np.ndarray, steps: int, batch: int, seq_le
     return float(np.mean(losses[-10:]))
 
 
-def perplexity(model, token_ids: np.ndarray, seq_len: int, max_blocks: int = 16) -> float:
-    """Held-out perplexity over up to `max_blocks` consecutive blocks."""
+def perplexity(model: torch.nn.Module, token_ids: npt.NDArray[np.int64], seq_len: int, max_blocks: int = 16) -> float:
+    """Held-out perplexity over up to `max_blocks` consecutive blocks.
+
+    Args:
+        model: a causal LM (called with labels, so it returns its mean loss).
+        token_ids: the held-out text's ids.
+        seq_len: tokens per block.
+        max_blocks: the most blocks read from the start of the text.
+
+    Returns:
+        exp of the mean next-token cross-entropy over the blocks.
+
+    Raises:
+        ValueError: if the text is shorter than one block.
+    """
     data = torch.from_numpy(token_ids)
     blocks = min(max_blocks, (token_ids.size - 1) // seq_len)
     require(blocks > 0, "held-out text is shorter than one block")
@@ -214,10 +317,20 @@ def perplexity(model, token_ids: np.ndarray, seq_len: int, max_blocks: int = 16)
     return float(torch.exp(loss))
 
 
-def lora_target_modules(model) -> tuple[tuple[str, ...], bool]:
+def lora_target_modules(model: PreTrainedModel) -> tuple[tuple[str, ...], bool]:
     """LoRA target module names for `model` and peft's fan_in_fan_out: GPT-2-style Conv1D layers
     (c_attn, c_proj, c_fc; weights stored transposed, so fan_in_fan_out=True) or the attention and
-    projection nn.Linear layers of other architectures (q_proj, k_proj, v_proj, o_proj, ...)."""
+    projection nn.Linear layers of other architectures (q_proj, k_proj, v_proj, o_proj, ...).
+
+    Args:
+        model: the model the adapter will be applied to.
+
+    Returns:
+        (the target module names, fan_in_fan_out).
+
+    Raises:
+        ValueError: if no known group of layers is found (name them with --target-modules).
+    """
     from transformers.pytorch_utils import Conv1D
 
     leaves: dict[str, set[str]] = {}
@@ -235,8 +348,20 @@ def lora_target_modules(model) -> tuple[tuple[str, ...], bool]:
                      f"(its layers: {', '.join(sorted(leaves)[:12]) or 'none'}): name them (--target-modules)")
 
 
-def lora_config(model, training: TeacherTraining):
-    """peft's LoraConfig for `training` on `model` (targets detected unless named)."""
+def lora_config(model: PreTrainedModel, training: TeacherTraining) -> LoraConfig:
+    """peft's LoraConfig for `training` on `model` (targets detected unless named).
+
+    Args:
+        model: the model the adapter will be applied to.
+        training: rank, alpha, dropout and the target modules (None: lora_target_modules).
+
+    Returns:
+        The LoraConfig.
+
+    Raises:
+        ValueError: if no target can be detected, the named targets match no layer, or they mix
+            GPT-2 Conv1D and other layers.
+    """
     from peft import LoraConfig
     from transformers.pytorch_utils import Conv1D
 
@@ -245,31 +370,49 @@ def lora_config(model, training: TeacherTraining):
     else:
         targets = training.target_modules
         kinds = {type(module) for name, module in model.named_modules() if name.rsplit(".", 1)[-1] in targets}
-        require(kinds, f"target modules {', '.join(targets)} match no layer of the model (--target-modules)")
+        require(bool(kinds), f"target modules {', '.join(targets)} match no layer of the model (--target-modules)")
         fan_in_fan_out = Conv1D in kinds
         require(not (fan_in_fan_out and len(kinds) > 1),
                 f"target modules {', '.join(targets)} mix GPT-2 Conv1D and other layers: target one kind "
                 "(--target-modules)")
-    return LoraConfig(r=training.lora_rank, lora_alpha=training.lora_alpha, target_modules=list(targets),
-                      fan_in_fan_out=fan_in_fan_out, lora_dropout=training.lora_dropout)
+    # peft annotates lora_alpha as int but scales by lora_alpha / r: a float alpha (--lora-alpha 0.5) is meant
+    return LoraConfig(r=training.lora_rank, lora_alpha=training.lora_alpha,  # type: ignore[arg-type]
+                      target_modules=list(targets), fan_in_fan_out=fan_in_fan_out, lora_dropout=training.lora_dropout)
 
 
-def fine_tune_teacher(public_model, training: "TeacherTraining | TinyModelRecipe", shard_ids: np.ndarray, index: int,
-                      progress: bool = True, return_loss: bool = False):
+def fine_tune_teacher(public_model: PreTrainedModel, training: "TeacherTraining | TinyModelRecipe",
+                      shard_ids: npt.NDArray[np.int64], index: int, progress: bool = True,
+                      return_loss: bool = False) -> Teacher | tuple[Teacher, float]:
     """Teacher `index` from the public weights: a full fine-tune, or a LoRA adapter (peft), trained on
     `shard_ids` with the explicit hyper-parameters `training`. Depends only on its arguments: the
     random state is seeded with training.seed + 1000 + index before the adapter is initialised and
     before training, so each teacher can be (re)trained alone. Returns the model (and the mean
-    training loss of the last 10 steps with return_loss)."""
+    training loss of the last 10 steps with return_loss).
+
+    Args:
+        public_model: the public model (copied: it is not changed).
+        training: the teacher's hyper-parameters (a recipe's teacher_training() when a TinyModelRecipe).
+        shard_ids: the teacher's shard, as token ids.
+        index: the teacher's index i.
+        progress: show a progress bar.
+        return_loss: return the final loss too.
+
+    Returns:
+        The trained model (a peft model with its adapter for LoRA), or (model, loss) with return_loss.
+
+    Raises:
+        ValueError: if the shard is too short to train on, or LoRA targets cannot be found.
+    """
     if isinstance(training, TinyModelRecipe):
         training = training.teacher_training()
     seed = training.seed + 1000 + index
-    teacher = copy.deepcopy(public_model)
+    model = copy.deepcopy(public_model)
+    teacher: Teacher = model
     if training.kind == "lora":
         from peft import get_peft_model
 
         torch.manual_seed(seed)
-        teacher = get_peft_model(teacher, lora_config(teacher, training))
+        teacher = get_peft_model(model, lora_config(model, training))
     torch.manual_seed(seed)
     loss = train_causal_lm(teacher, shard_ids, training.steps, training.batch, training.seq_len, training.lr,
                            warmup=training.warmup, seed=seed, description=f"teacher {index}",

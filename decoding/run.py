@@ -6,40 +6,30 @@ screening noise, the sampled token) from its own generator seeded from (run seed
 replayed in windows of rows. One process writes a run: it holds the directory's lock
 (trace.RunLock) from creation or resume to exit. After each block its records are chained and
 committed atomically (trace.py); ledger.json and then the final record (the chain's head) are
-computed from the committed records alone.
+computed from the committed records alone (dpledger.decoding.totals, which the audit uses too).
 """
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Generator
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from dpledger.accounting.conversion import ConversionMethod, epsilon_from_rdp
 from dpledger.accounting.errors import require
-from dpledger.accounting.ledger import PrivacyLedger
-from dpledger.accounting.relation import NeighbouringRelation
-from dpledger.accounting.summation import ExactSum, UpperSum, up_add
 from dpledger.decoding import trace
-from dpledger.decoding.budget import DATA_DEPENDENT_LABEL
+from dpledger.decoding.blocks import PreparedRun, block_records, build_manifest, prepare
 from dpledger.decoding.cluster import ClusterError
 from dpledger.decoding.config import RunConfig
-from dpledger.decoding.ensemble import (file_problems, identity_problems, tokenizer_files)
-from dpledger.decoding.blocks import PreparedRun, block_records, build_manifest, prepare
 from dpledger.decoding.dask_decode import distributed_blocks, sequential_reason
-from dpledger.mechanisms.aggregators import aggregator_class
-from dpledger.mechanisms.pld import pld_unavailable_reason
-from dpledger.accounting.budget import RenyiFilter
-from dpledger.accounting.curve import RdpCurve
-from dpledger.accounting.strict_json import loads_json
-from dpledger.decoding.runners import voting_mechanism
-from dpledger.mechanisms.dp_events import dp_event_to_json, mechanism_from_dp_event
-from dpledger.mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, pld_epsilon, pld_out_of_range
-from dpledger.mechanisms.pmixed import SubsamplingVariant
+from dpledger.decoding.ensemble import file_problems, identity_problems, tokenizer_files
+from dpledger.decoding.totals import RunTotals, finish_run
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 
 def _manifest(prepared: PreparedRun) -> dict:
@@ -87,338 +77,11 @@ def _open_run_dir(prepared: PreparedRun, resume: bool) -> trace.RunLock:
     return trace.create_run_directory(out, _manifest(prepared), prepared.config.replay_payload)
 
 
-def component_relations(manifest: dict) -> dict[str, NeighbouringRelation]:
-    """The neighbouring relation each charged component holds for. A trace written before components
-    carried one labelled everything add-or-remove; its data-dependent components are Flemings et al.
-    2024, Eq. 3, which covers removing a teacher only, so they are read as remove-one."""
-    components = manifest["mechanism"]["components"]
-    recorded = manifest["mechanism"].get("component_relations")
-    if recorded is not None:
-        return {name: NeighbouringRelation(recorded[name]) for name in components}
-    return {name: NeighbouringRelation.REMOVE_ONE if dependent else NeighbouringRelation.ADD_OR_REMOVE_ONE
-            for name, dependent in components.items()}
-
-
-def step_bound_caveat(kind: str, params: dict) -> str:
-    """What a filter's data-independent step bound rests on, where it is not proven outright."""
-    if kind not in ("pmixed", "adapmixed"):
-        return ""
-
-    variant = params.get("subsampling_variant")
-    if variant is not None and not SubsamplingVariant(variant).proven:
-        return (f", which rests on the subsampling variant {variant}, not a proven bound (docs/soundness.md, "
-                "docs/pitfalls.md)")
-    if params.get("ball", "projection-order") != "all-orders":
-        return (", which rests on Theorem 3.1 as claimed for the paper's one-order ball (not guaranteed for inputs "
-                "with extreme tails; ball = \"all-orders\" is proven: docs/soundness.md)")
-    return ""
-
-
-LEGACY_OBSERVED_NOTE = "Flemings et al. 2024, Eq. 3 on the answered steps; not charged unless the mechanism charges it"
-"""What a version 1 ledger wrote beside observed_data_dependent_total (which held the loss covering the
-relation: Eq. 3 with the add-one bound under add-or-remove-one); kept so that its audit recomputes it."""
-
-
-class RunTotals:
-    """Everything ledger.json holds, accumulated block by block from per-step records (decode and
-    audit feed the same blocks in the same order, so both get the same floats; memory is one block).
-
-    The ledger's total holds for the neighbours every component covers (`total_relation`), whatever
-    the run claims."""
-
-    def __init__(self, manifest: dict):
-        self.manifest = manifest
-        # by name: the ledger (its breakdown's row order) must not depend on how the manifest's keys are ordered
-        self.components = dict(sorted(manifest["mechanism"]["components"].items()))
-        self.relations = component_relations(manifest)
-        self.voting = manifest["mechanism"]["type"] == "voting"
-        # a voting run's bounds may be for replace-one, which shares no pair with add-or-remove-one
-        self.ledger = PrivacyLedger(manifest["orders"], NeighbouringRelation(manifest["relation"]) if self.voting
-                                    else NeighbouringRelation.ADD_OR_REMOVE_ONE)
-        self.log_prob_sum, self.scored, self.public = 0.0, 0, 0
-        self.observed: dict[str, UpperSum] = {}  # record field -> its sum over the answered steps that record it
-        self.released, self.correct, self.below_threshold, self.min_released_votes = 0, 0, 0, None
-        self.budget = manifest.get("budget")
-        self.budget_spent, self.budget_refused, self.first_refused_step = ExactSum(), 0, None
-
-    def add(self, records: list[dict]) -> None:
-        """Charge one block's records (ValueError for a NaN or negative charge: nothing is added)."""
-        if not records:
-            return
-        self.ledger.charge_many({name: (np.asarray([r[f"rdp_{name}"] for r in records], dtype=np.float64), dependent,
-                                        self.relations[name])
-                                 for name, dependent in self.components.items()})
-        probs = np.asarray([r["prob_true_token"] for r in records], dtype=np.float64)
-        with np.errstate(divide="ignore"):
-            self.log_prob_sum += float(np.sum(np.log(probs)))
-        self.scored += len(records)
-        self.public += int(sum(r["answered_by"] == "public" for r in records))
-        if self.voting:
-            self._add_votes(records)
-        if self.budget is not None:
-            for record in records:  # summed exactly, as the filter spent them
-                self.budget_spent.add(record["budget_charge"])
-                if record["budget_refused"]:
-                    self.budget_refused += 1
-                    if self.first_refused_step is None:
-                        self.first_refused_step = record["step"]
-        rows = [r for r in records if r["observed_data_dependent"]]
-        if rows:
-            answered = np.asarray([r["answered_by"] == "mechanism" for r in rows])[:, None]
-            bound = np.where(answered, np.asarray([r["data_independent"] for r in rows], dtype=np.float64), 0.0)
-            for key in ("observed_data_dependent", "eq3_remove_one", "add_one_bound"):
-                if not rows[0].get(key):  # a version 1 record, or a bound this run does not compute
-                    continue
-                values = np.where(answered, np.asarray([r[key] for r in rows], dtype=np.float64), 0.0)
-                self.observed.setdefault(key, UpperSum(values.shape[1])).add_rows(values)
-                if key == "eq3_remove_one" or (key == "observed_data_dependent" and not rows[0].get("eq3_remove_one")):
-                    with np.errstate(invalid="ignore"):
-                        self.observed.setdefault("min_theorem_3_1", UpperSum(values.shape[1])).add_rows(
-                            np.minimum(values, bound))
-
-    def _add_votes(self, records: list[dict]) -> None:
-        """Released steps, the votes each released token had, and the teacher-forced accuracy."""
-        threshold = self.manifest["mechanism"]["params"].get("threshold")   # None: the aggregator has no T
-        for record in records:
-            self.correct += record["output_token"] == record["true_token"]
-            if record["answered_by"] != "mechanism":
-                continue
-            votes = dict(zip(record["vote_tokens"], record["vote_counts"])).get(record["output_token"], 0)
-            self.released += 1
-            self.below_threshold += threshold is not None and votes < threshold
-            self.min_released_votes = votes if self.min_released_votes is None else min(self.min_released_votes, votes)
-
-    def voting_summary(self) -> dict:
-        """What a voting run released and the guarantee it has: T-threshold privacy for TARGMAX and
-        TWS (Cohen et al. 2023; robustness, not DP: the ledger's epsilon is +inf), the RDP curve
-        charged for the differentially private aggregators (DPARGMAX, DPWS, ...)."""
-        params, steps = self.manifest["mechanism"]["params"], self.ledger.steps
-        threshold = params.get("threshold")
-        threshold_private = not aggregator_class(params["aggregator"]).differentially_private
-        filtered = (self.budget or {}).get("charging") == "realised-path"
-        if params["accounting"] == "realised-path" and filtered:
-            guarantee = ("differential privacy by the privacy filter: realised-path charges (a failed step is charged "
-                         "the screen only) inside a Renyi filter are covered by fully adaptive composition (Feldman & "
-                         "Zrnic 2021, Theorem 3.1): the guarantee is the budget's (epsilon, delta) (ledger budget); "
-                         "the epsilons above are the realised-path odometer, not the guarantee")
-        elif params["accounting"] == "realised-path":
-            guarantee = ("realised-path accounting (Papernot et al. 2018's convention: a failed step is charged the "
-                         "screen only): the epsilons above are an ex-post statement about this run's loss, not an RDP "
-                         "guarantee of the released output (docs/soundness.md)")
-        elif not threshold_private:
-            guarantee = (f"differential privacy: the charged RDP curve ({params['aggregator']}, "
-                         f"{params['accounting']} accounting) gives the epsilons above")
-        elif self.below_threshold:
-            guarantee = (f"no DP guarantee, and T-threshold privacy VIOLATED: {self.below_threshold} released tokens "
-                         f"had fewer than T = {threshold:g} votes")
-        else:
-            guarantee = (f"no DP guarantee; every released token had at least T = {threshold:g} votes "
-                         f"(T-threshold privacy, a robustness notion; Cohen et al. 2023)")
-        teacher_forced = self.manifest["data"]["stream"] == "teacher-forced"
-        return {"votes": params["votes"], "aggregator": params["aggregator"], "threshold": threshold,
-                "teachers": self.manifest["n_teachers"], "threshold_private": threshold_private,
-                "dp_guarantee": not threshold_private and (params["accounting"] == "released-output" or filtered),
-                "released_steps": self.released,
-                "failed_steps": steps - self.released, "yield": self.released / steps if steps else None,
-                "min_votes_of_released_tokens": self.min_released_votes,
-                "released_below_threshold": self.below_threshold,
-                "token_accuracy": self.correct / steps if teacher_forced and steps else None,
-                "guarantee": guarantee}
-
-    def pld_summary(self, epsilons: list[dict]) -> dict:
-        """PLD epsilons beside the RDP ones, where every charged component has a dp-accounting event:
-        the run's steps as one composed DpEvent (exported, so the ledger can be checked in
-        dp-accounting), accounted by its PLDAccountant (dpledger.mechanisms.pld). Otherwise why not."""
-        kind, params = self.manifest["mechanism"]["type"], self.manifest["mechanism"]["params"]
-        reasons = {"public": "the public model alone charges nothing: there is no privacy loss to account",
-                   "ensemble": "the non-private ensemble has no privacy guarantee",
-                   "pmixed": "PMixED has no privacy loss distribution in dp-accounting: RDP only (Theorem 3.1)",
-                   "adapmixed": "AdaPMixED's PMixED part has no privacy loss distribution in dp-accounting (only its "
-                                "screen, a Gaussian, has one), and a composition is only as PLD-accountable as all "
-                                "its parts: RDP only"}
-        if kind != "voting":
-            return {"available": False, "reason": reasons[kind]}
-
-        mechanism = voting_mechanism(params, self.manifest["n_teachers"], self.manifest["relation"])
-        step_event = mechanism.dp_event()
-        if step_event is None:
-            return {"available": False, "reason": pld_unavailable_reason(mechanism)}
-        import dp_accounting
-
-        charged = self.ledger.steps - self.budget_refused  # a step the filter refused charged nothing
-        if charged == 0:
-            return {"available": False, "reason": "no step was charged"}
-        event = dp_accounting.SelfComposedDpEvent(step_event, charged)
-        # the exported event must be exactly the ledger's curve, or it is not the ledger's event
-        values = mechanism_from_dp_event(event, mechanism.relation).rdp_curve(self.ledger.orders).values
-        total = self.ledger.total_curve().values
-        if not np.allclose(values, total, rtol=1e-9, atol=0.0):
-            return {"available": False, "reason": "the charges in the ledger are not the mechanism's own (the audit's "
-                                                  "voting_charges check names the steps): no event reproduces them"}
-        event_file = loads_json(dp_event_to_json(event, mechanism.relation))
-        too_little_noise = pld_out_of_range(event)
-        if too_little_noise is not None:  # the event is still exported, for dp-accounting's own use
-            return {"available": False, "reason": too_little_noise, "dp_event_file": event_file}
-        rows = []
-        for entry in (e for e in epsilons if e["method"] == ConversionMethod.IMPROVED.value):
-            pld, rdp = pld_epsilon(event, entry["delta"], mechanism.relation), entry["epsilon"]
-            rows.append({"delta": entry["delta"], "pld_epsilon": pld, "rdp_epsilon": rdp,
-                         "tighter": "pld" if pld < rdp else "rdp" if rdp < pld else "equal"})
-        return {"available": True, "epsilon": rows, "dp_event_file": event_file,
-                "relation": mechanism.relation.value, "charged_steps": charged,
-                "value_discretization_interval": PLD_VALUE_DISCRETIZATION_INTERVAL,
-                "note": "dp-accounting's PLDAccountant (pessimistic estimate, an upper bound; Doroshenko et al. "
-                        "2022) on the run's composed event; `dpledger account from-event RUN/ledger.json` reads "
-                        "the event back"}
-
-    def odometer_summary(self, deltas) -> list[dict]:
-        """A realised-path total read as an odometer (Feldman & Zrnic 2021; Whitehouse et al. 2023):
-        exp((a-1)(L - C(a))) is a supermartingale, so Pr[L > C(a) + log(1/delta)/(a-1)] <= delta at an
-        order a fixed before the run (the mechanism's alpha, else the grid's order nearest 2), and at
-        the best of the K grid orders chosen afterwards with log(K/delta) (a union bound)."""
-        curve = self.ledger.total_curve()
-        orders, values = np.asarray(curve.orders, dtype=np.float64), np.asarray(curve.values, dtype=np.float64)
-        alpha = self.manifest["mechanism"]["params"].get("alpha", 2.0)
-        fixed = int(np.argmin(np.abs(orders - alpha)))
-        rows = []
-        with np.errstate(over="ignore", invalid="ignore"):
-            for delta in deltas:
-                at_fixed = float(up_add(values[fixed], math.log(1.0 / delta) / (orders[fixed] - 1.0)))
-                chosen = values + np.log(orders.size / delta) / (orders - 1.0)
-                best = int(np.argmin(chosen))   # the curve holds no NaN (RdpCurve refuses it)
-                rows.append({"delta": delta, "pre_chosen_order": float(orders[fixed]), "epsilon_at_pre_chosen_order":
-                             at_fixed, "order_chosen_afterwards": float(orders[best]),
-                             "epsilon_order_chosen_afterwards": float(up_add(values[best], float(
-                                 np.log(orders.size / delta) / (orders[best] - 1.0))))})
-        return [{**row, "note": "the realised loss exceeds these with probability at most delta (an ex-post "
-                                "statement about this run, not an RDP guarantee; inside a filter the budget is "
-                                "the guarantee)"} for row in rows]
-
-    def budget_summary(self) -> dict:
-        """The privacy filter's plan and what it did: spent, the steps it refused, and what holds."""
-        plan = self.budget
-        spent = RenyiFilter(plan["epsilon"], plan["delta"], plan["order"])
-        spent.set_state(self.budget_spent)
-        if plan["data_dependent"]:
-            guarantee = DATA_DEPENDENT_LABEL
-        elif plan.get("charging") == "realised-path" and math.isfinite(plan["step_bound_at_order"]):
-            guarantee = (f"(epsilon, delta) = ({plan['epsilon']:g}, {plan['delta']:g}) by the filter at order "
-                         f"{plan['order']:g}: every answered step was charged the screen's data-independent bound "
-                         f"{plan['screen_bound_at_order']:.6g}, plus the answer's {plan['answer_bound_at_order']:.6g} "
-                         "where the screen passed; the decision is released before the answer is charged and each "
-                         "step is admitted on its largest charge, so fully adaptive composition holds (Feldman & Zrnic "
-                         "2021, Theorem 3.1; Whitehouse et al. 2023)"
-                         + step_bound_caveat(self.manifest["mechanism"]["type"], self.manifest["mechanism"]["params"])
-                         + "; the ledger's realised-path totals at other orders are an odometer reading, not the "
-                           "guarantee")
-        elif math.isfinite(plan["step_bound_at_order"]):
-            guarantee = (f"(epsilon, delta) = ({plan['epsilon']:g}, {plan['delta']:g}) by the filter at order "
-                         f"{plan['order']:g}: every answered step was charged the mechanism's data-independent bound "
-                         f"{plan['step_bound_at_order']:.6g} there (Feldman & Zrnic 2021, Theorem 3.1)"
-                         + step_bound_caveat(self.manifest["mechanism"]["type"], self.manifest["mechanism"]["params"]))
-            if any(self.components.values()):
-                guarantee += ("; the ledger's data-dependent loss is a separate measurement on the private data and "
-                              "may exceed the budget (its add-one bound is loose): it is not the guarantee")
-        else:
-            guarantee = "the mechanism has no data-independent bound at any order: the filter answered every step publicly"
-        return {**plan, "spent": self.budget_spent.upper(), "epsilon_spent_at_order": spent.epsilon_spent(),
-                "private_answers": self.ledger.steps - self.budget_refused, "refused_steps": self.budget_refused,
-                "first_refused_step": self.first_refused_step, "guarantee": guarantee}
-
-    def summary(self) -> dict:
-        """ledger.json's content: composed curve, epsilon per delta and conversion, breakdown, utility."""
-        ledger, manifest = self.ledger, self.manifest
-        deltas = manifest["config"]["deltas"]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            epsilons = [{"delta": d, "method": m.value, **_conversion_dict(ledger.epsilon(d, m))}
-                        for d in deltas for m in ConversionMethod]
-            breakdown = ledger.breakdown(deltas[0]).to_dict()
-        teacher_forced = manifest["data"]["stream"] == "teacher-forced"
-        # a voting step releases a point mass: its utility is the accuracy (in "voting"), not a perplexity
-        ppl = (float(np.exp(-self.log_prob_sum / self.scored)) if teacher_forced and self.scored and not self.voting
-               else None)
-        summary = {
-            "steps": ledger.steps, "data_dependent": ledger.total_curve().data_dependent,
-            "direction": ledger.total_curve().direction.value,
-            "relation": ledger.total_relation.value, "claimed_relation": manifest["relation"],
-            "accounting": manifest["mechanism"]["params"].get("accounting"),
-            "ledger": ledger.to_dict(), "epsilon": epsilons, "breakdown": breakdown,
-            "perplexity": ppl, "answered_by_public": self.public,
-            "warnings": sorted({str(w.message) for w in caught}),
-        }
-        if self.voting:
-            summary["voting"] = self.voting_summary()
-        if self.budget is not None:
-            summary["budget"] = self.budget_summary()
-        summary["pld"] = self.pld_summary(epsilons)
-        # (a version 1 ledger had no odometer: its audit recomputes what it wrote)
-        if manifest["mechanism"]["params"].get("accounting") == "realised-path" and manifest.get("records_version",
-                                                                                                1) >= 2:
-            summary["odometer"] = self.odometer_summary(deltas)
-        if self.observed:
-            covering = NeighbouringRelation(manifest["relation"]) if self.components.get(
-                "pmixed_data_dependent") else NeighbouringRelation.REMOVE_ONE
-            version = manifest.get("records_version", 1)
-            totals = {  # ledger key -> (record field, relation it covers, what it holds)
-                "observed_data_dependent_total": (
-                    "observed_data_dependent", covering if version > 1 else NeighbouringRelation.REMOVE_ONE,
-                    "the data-dependent loss the run measures for its relation on the answered steps: Flemings et al. "
-                    "2024, Eq. 3 (remove-one), with the add-one bound where the relation adds a teacher; charged "
-                    "only when the mechanism charges it" if version > 1 else LEGACY_OBSERVED_NOTE),
-                "eq3_remove_one_total": (
-                    "eq3_remove_one", NeighbouringRelation.REMOVE_ONE,
-                    "Flemings et al. 2024, Eq. 3 (the worst removed teacher) on the answered steps: remove-one only"),
-                "add_one_bound_total": (
-                    "add_one_bound", NeighbouringRelation.ADD_ONE,
-                    "the add-one bound (dpledger.mechanisms.add_one.add_one_divergence_bounds) on the answered steps: an upper "
-                    "bound for any added teacher, not an exact loss"),
-                "min_data_dependent_theorem_3_1_total": (
-                    "min_theorem_3_1", NeighbouringRelation.REMOVE_ONE,
-                    ("min(Eq. 3, Theorem 3.1) per step" if version > 1 else "min(data-dependent, Theorem 3.1) per step")
-                    + ": NOT a valid charge, Theorem 3.1 is not guaranteed (docs/soundness.md); recorded for "
-                      "comparison only")}
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                for key, (field, relation, note) in totals.items():
-                    if field in self.observed:
-                        curve = RdpCurve(manifest["orders"], self.observed[field].upper(), relation, True)
-                        summary[key] = {**curve.to_dict(), **_conversion_dict(epsilon_from_rdp(curve, deltas[0])),
-                                        "note": note}
-        return summary
-
-
-def records_by_block(records: list[dict]) -> list[list[dict]]:
-    blocks: dict[int, list[dict]] = {}
-    for record in records:
-        blocks.setdefault(record["block"], []).append(record)
-    return [blocks[b] for b in sorted(blocks)]
-
-
-def run_totals(records: list[dict], manifest: dict) -> RunTotals:
-    """RunTotals of in-memory records, fed block by block as decode feeds them."""
-    totals = RunTotals(manifest)
-    for block in records_by_block(records):
-        totals.add(block)
-    return totals
-
-
-def ledger_from_records(records: list[dict], manifest: dict) -> PrivacyLedger:
-    return run_totals(records, manifest).ledger
-
-
-def ledger_summary(records: list[dict], manifest: dict) -> dict:
-    return run_totals(records, manifest).summary()
-
-
-def _conversion_dict(result) -> dict:
-    return {"epsilon": result.epsilon, "order": result.order, "rdp_at_order": result.rdp_at_order,
-            "conversion_term": result.conversion_term, "at_grid_edge": result.at_grid_edge,
-            "data_dependent": result.data_dependent, "direction": result.direction.value}
-
-
 @dataclass
 class RunResult:
+    """What run_decode returns: the run directory, ledger.json's content, the step the run resumed
+    from (0 for a fresh run) and the chain's head (final.json's `head`, what `decode` prints)."""
+
     directory: Path
     summary: dict
     resumed_from_step: int
@@ -430,7 +93,7 @@ class RunWriteError(ValueError):
 
 
 def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, verbose: bool = True,
-               prepared: PreparedRun | None = None, client=None) -> RunResult:
+               prepared: PreparedRun | None = None, client: Client | None = None) -> RunResult:
     """Run (or resume) a decoding job and return its directory, ledger summary and chain head.
 
     Every check runs before anything is written; the run directory's lock is held throughout, so a
@@ -438,7 +101,30 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
     nothing. A write failure (OSError) leaves the committed blocks for --resume.
 
     With a Dask `client`, a teacher-forced run's blocks are decoded on its workers and committed here
-    in block order (dpledger.decoding.dask_decode): the trace is the one this process would write."""
+    in block order (dpledger.decoding.dask_decode): the trace is the one this process would write.
+
+    Args:
+        config: the run's configuration (its `out` is the run directory).
+        resume: continue the run in `config.out` from its committed blocks; without it the directory
+            must not hold files.
+        progress: show a progress bar.
+        verbose: let model loading report what it does (prepare).
+        prepared: the run already prepared from this `config` (models loaded); None: prepared here.
+        client: a Dask client whose workers decode the blocks; ignored, with a warning, for a run
+            that is sequential by nature (dask_decode.sequential_reason).
+
+    Returns:
+        The run directory, ledger.json's content, the step the run resumed from (0 for a fresh run,
+        `config.queries` for a finished one) and the chain's head.
+
+    Raises:
+        ValueError: if a check fails before anything is written: the directory holds another run or
+            files without --resume, or was written with other models.
+        RunLockedError: if another process is writing the run directory.
+        TraceError: if the committed trace is damaged, or its replay payloads are incomplete.
+        ClusterError: if the Dask workers fail or disagree with this process.
+        RunWriteError: if creating the directory or writing the trace fails (the committed blocks stay).
+    """
     if client is not None:
         reason = sequential_reason(config)
         if reason is not None:
@@ -463,20 +149,20 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
         lock.release()
 
 
-def _local_blocks(prepared: PreparedRun, first_block: int):
+def _local_blocks(prepared: PreparedRun, first_block: int) -> Generator[tuple[int, list[dict]], None, None]:
     """(block, records) decoded in this process, in order."""
     for block in range(first_block, prepared.n_blocks):
         yield block, block_records(prepared, block)
 
 
-def _decode_locked(prepared: PreparedRun, out: Path, progress: bool, client=None) -> RunResult:
+def _decode_locked(prepared: PreparedRun, out: Path, progress: bool, client: Client | None = None) -> RunResult:
     config = prepared.config
     manifest = trace.read_manifest(out)
     if (out / trace.FINAL).exists():
         return RunResult(out, trace.read_ledger(out), config.queries, trace.read_final(out)["head"])
     running = RunTotals(manifest)
     reader = trace.ChainReader(out, manifest)
-    committed_charges = []
+    committed_charges: list[float] = []
     for block, records in reader:
         committed_charges += [record.get("budget_charge", 0.0) for record in records]
         if config.replay_payload:
@@ -527,12 +213,3 @@ def _decode_locked(prepared: PreparedRun, out: Path, progress: bool, client=None
     summary, final = finish_run(out, manifest, running, prepared.n_blocks, prev_hash)
     return RunResult(out, summary, resumed_from, final["head"])
 
-
-def finish_run(out: Path, manifest: dict, running: RunTotals, blocks: int, last_record_hash: str) -> tuple[dict, dict]:
-    """Write ledger.json, then the final record that closes the chain; returns both."""
-    summary = running.summary()
-    ledger_bytes = trace.json_bytes(summary)
-    trace.atomic_write_bytes(out / trace.LEDGER, ledger_bytes)
-    final = trace.final_record(manifest, running.ledger.steps, blocks, last_record_hash, ledger_bytes)
-    trace.atomic_write_json(out / trace.FINAL, final)  # the run is complete from here on
-    return summary, final

@@ -8,9 +8,10 @@ and the data-independent bound). Runners are built from a config's [mechanism] t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 import torch
 import inspect
 
@@ -22,11 +23,18 @@ from dpledger.mechanisms.leave_one_out import leave_one_out_divergences
 from dpledger.mechanisms.ball import Ball, ball_named
 from dpledger.mechanisms.pmixed import PMixED, SubsampledPMixED, SubsamplingVariant
 from dpledger.mechanisms.pmixed import subsampling_variant as variant_named
-from dpledger.mechanisms.randomness import uniform
+from dpledger.mechanisms.aggregation import VoteAggregator
+from dpledger.mechanisms.randomness import StepGenerators, uniform
 from dpledger.mechanisms.screening import NoisyScreening
 from dpledger.mechanisms.step import adapmixed_step, pmixed_step
 from dpledger.mechanisms.aggregators import aggregator_class, aggregators
 from dpledger.mechanisms.voting import VotingMechanism
+
+Randomness: TypeAlias = torch.Generator | StepGenerators
+"""What a runner's `process` draws from: one generator for the block, or one per step (StepGenerators,
+what decoding uses: a resumed run and a replayed window then draw exactly what the run drew); voting
+needs the per-step generators."""
+Bounds: TypeAlias = Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]]
 
 
 @dataclass
@@ -57,33 +65,45 @@ class Runner:
     kind: str
     params: dict
     components: dict[str, bool]  # name -> data_dependent
-    process: Callable[[torch.Tensor, torch.Tensor, torch.Generator, np.ndarray], BlockOutcome] = field(repr=False)
+    process: Callable[[torch.Tensor, torch.Tensor, Randomness, npt.NDArray[np.float64]], BlockOutcome] = field(repr=False)
     relations: dict[str, NeighbouringRelation] = field(default_factory=dict)
     """name -> the neighbouring relation its charges hold for (add-or-remove-one when absent)."""
-    step_bound: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+    step_bound: Bounds | None = field(default=None, repr=False)
     """orders -> a data-independent upper bound on everything one step charges (+inf where there is
     none): what a privacy filter charges a step by default (dpledger.accounting.budget.RenyiFilter)."""
-    realised_path_bounds: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = field(default=None,
-                                                                                              repr=False)
+    realised_path_bounds: Callable[[npt.NDArray[np.float64]], tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]] \
+        | None = field(default=None, repr=False)
     """orders -> (the screen's data-independent bound, the answer's), for realised-path runs whose
     screen decision is released before the answer is charged: a privacy filter then charges the
     screen at every step and the answer only where the screen passed (dpledger.decoding.budget)."""
 
     def relation_of(self, name: str) -> NeighbouringRelation:
+        """The neighbouring relation component `name`'s charges hold for.
+
+        Args:
+            name: one of the runner's components.
+
+        Returns:
+            Its relation in `relations`, add-or-remove-one when it has none there.
+        """
         return self.relations.get(name, NeighbouringRelation.ADD_OR_REMOVE_ONE)
 
 
-def _public_only(public, teachers, generator, orders) -> BlockOutcome:
+def _public_only(public: torch.Tensor, teachers: torch.Tensor, generator: Randomness,
+                 orders: npt.NDArray[np.float64]) -> BlockOutcome:
     zeros = np.zeros((public.shape[0], orders.size))
     return BlockOutcome(output=public, charged={"public_only": zeros})
 
 
-def _ensemble(public, teachers, generator, orders) -> BlockOutcome:
+def _ensemble(public: torch.Tensor, teachers: torch.Tensor, generator: Randomness,
+              orders: npt.NDArray[np.float64]) -> BlockOutcome:
     infinite = np.full((public.shape[0], orders.size), np.inf)  # no privacy guarantee at all
     return BlockOutcome(output=teachers.mean(dim=-2), charged={"non_private_ensemble": infinite})
 
 
-def _pmixed_step(pmixed: PMixED, public, teachers, orders_t, mask=None):
+def _pmixed_step(pmixed: PMixED, public: torch.Tensor, teachers: torch.Tensor, orders_t: torch.Tensor,
+                 mask: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, npt.NDArray[np.float64]]:
     """PMixED's step (dpledger.mechanisms.step.pmixed_step) plus Eq. 3's leave-one-out loss, exact at every order,
     recorded for the audit's Theorem 3.1 check though not charged. With one teacher its removal leaves
     the public model: the loss is D<->(pbar_1, p0)."""
@@ -101,18 +121,38 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
                   relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> Runner:
     """PMixED (Flemings et al. 2024, Algorithm 2): charges Theorem 3.1 (as claimed for the paper's
     ball, proven for ball="all-orders"), or a named subsampling variant. Theorem 3.1 is
-    data-independent, so it covers adding and removing a teacher alike (any claimed relation)."""
-    ball = ball_named(ball)
+    data-independent, so it covers adding and removing a teacher alike (any claimed relation).
+
+    Args:
+        alpha: PMixED's target Renyi order (> 1).
+        beta: the mixing weight's bound parameter (> 0; the paper's beta).
+        teachers: the number of teachers N (>= 1).
+        sample_rate: the Poisson subsampling rate q in [0, 1] of each step's teachers; None: every teacher.
+        subsampling_variant: how a subsampled step is charged (dpledger.mechanisms.pmixed.SubsamplingVariant's
+            value); None: the proven default for the ball. Needs `sample_rate`.
+        ball: the projection's ball (dpledger.mechanisms.ball.Ball's value).
+        relation: the run's claimed neighbouring relation (replace-one is not covered).
+
+    Returns:
+        The runner: kind "pmixed", its recorded parameters, one data-independent component, its
+        step bound, and `process`.
+
+    Raises:
+        ValueError: if a parameter is out of range or unknown, the relation is replace-one, or
+            `subsampling_variant` is given without `sample_rate`.
+    """
+    ball_kind = ball_named(ball)
     relation = neighbouring_relation(relation)
     require(relation is not NeighbouringRelation.REPLACE_ONE,
             "PMixED's bounds are for adding or removing a teacher; relation replace_one is not covered")
-    pmixed = PMixED(alpha, beta, teachers, ball=ball)
-    ball_params = {} if ball is Ball.PROJECTION_ORDER else {"ball": ball.value}
+    pmixed = PMixED(alpha, beta, teachers, ball=ball_kind)
+    ball_params = {} if ball_kind is Ball.PROJECTION_ORDER else {"ball": ball_kind.value}
     if sample_rate is None:
         require(subsampling_variant is None, "subsampling_variant needs sample_rate")
         name = "pmixed_theorem_3_1"
 
-        def process(public, teacher_probs, generator, orders):
+        def process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
+                    orders: npt.NDArray[np.float64]) -> BlockOutcome:
             lambdas, output, observed = _pmixed_step(pmixed, public, teacher_probs, torch.from_numpy(orders))
             bound = np.broadcast_to(pmixed.rdp_values(orders), observed.shape).copy()
             return BlockOutcome(output=output, charged={name: bound}, lambdas=lambdas.numpy(),
@@ -122,14 +162,15 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
                       step_bound=pmixed.rdp_values)
 
     if subsampling_variant is None:
-        subsampling_variant = (SubsamplingVariant.ALL_ORDERS_BALL if ball is Ball.ALL_ORDERS
+        subsampling_variant = (SubsamplingVariant.ALL_ORDERS_BALL if ball_kind is Ball.ALL_ORDERS
                                else SubsamplingVariant.WORST_CASE_SIZE_GENERAL).value
     variant = variant_named(subsampling_variant)
     # validates the parameters (a size of round(qN) is possible for every q, including 0 and 1)
     SubsampledPMixED(pmixed, sample_rate, variant, round(sample_rate * teachers) if variant.uses_realised_sizes else None)
     name = f"pmixed_subsampled_{variant.value}"
 
-    def process(public, teacher_probs, generator, orders):
+    def subsampled_process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
+                           orders: npt.NDArray[np.float64]) -> BlockOutcome:
         mask = uniform(teacher_probs.shape[:-1], generator) < sample_rate
         lambdas, output, observed = _pmixed_step(pmixed, public, teacher_probs, torch.from_numpy(orders), mask)
         sizes = mask.sum(dim=-1).numpy()
@@ -137,17 +178,17 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
         charged = np.stack([SubsampledPMixED(pmixed, sample_rate, variant,
                                              int(m) if variant.uses_realised_sizes else None).rdp_values(orders)
                             for m in unique])[index]
-        bound = np.stack([PMixED(alpha, beta, max(int(m), 1), ball=ball).rdp_values(orders) for m in unique])[index]
+        bound = np.stack([PMixED(alpha, beta, max(int(m), 1), ball=ball_kind).rdp_values(orders) for m in unique])[index]
         return BlockOutcome(output=output, charged={name: charged}, lambdas=lambdas.numpy(), sampled=mask.numpy(),
                             observed_data_dependent=observed, data_independent=bound, eq3_remove_one=observed)
 
-    def step_bound(orders):
+    def step_bound(orders: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """The variant's charge, at its largest over the subsample sizes it may be charged at."""
         sizes = range(teachers + 1) if variant.uses_realised_sizes else (None,)
         return np.max([SubsampledPMixED(pmixed, sample_rate, variant, m).rdp_values(orders) for m in sizes], axis=0)
 
     return Runner("pmixed", dict(alpha=alpha, beta=beta, teachers=teachers, sample_rate=sample_rate,
-                                 subsampling_variant=variant.value, **ball_params), {name: False}, process,
+                                 subsampling_variant=variant.value, **ball_params), {name: False}, subsampled_process,
                   step_bound=step_bound)
 
 
@@ -191,6 +232,32 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     ex-post statement about this run's loss, not an RDP guarantee of the mechanism. Inside a privacy
     filter the same charges give a guarantee (dpledger.decoding.budget, fully adaptive composition). The audit
     measures both quantities (dpledger.audit.ablation) and the report labels a realised-path total as such.
+
+    Args:
+        alpha: PMixED's target Renyi order (> 1).
+        beta: the mixing weight's bound parameter (> 0).
+        teachers: the number of teachers N (>= 1).
+        lam: the screen's weight on the teachers' statistic (the paper's lambda, >= 0).
+        sigma: the screen's Gaussian noise scale (> 0).
+        threshold: the screen's threshold.
+        top_k: how many of the public model's likeliest tokens the screen reads.
+        screening: screen each step (a failed screen answers with the public model).
+        data_dependent: charge the answer data-dependently (Eq. 3 and the add-one bound) rather
+            than by Theorem 3.1.
+        accounting: "released-output" or "realised-path" (see above).
+        ball: the projection's ball (dpledger.mechanisms.ball.Ball's value).
+        relation: the run's claimed neighbouring relation (replace-one is not covered).
+        add_one_dual: tighten the add-one bound by the certified Lagrangian dual.
+
+    Returns:
+        The runner: kind "adapmixed", its recorded parameters, its components ("screen" when
+        screening, and the answer's), their relations, the data-independent step bound, and the
+        realised-path bounds for a screened, data-dependent, realised-path run (None otherwise).
+
+    Raises:
+        ValueError: if neither screening nor data_dependent is set, add_one_dual is not a bool,
+            accounting, ball or relation is unknown, the relation is replace-one, a parameter is out
+            of range, or sigma makes the screening charge overflow to +inf.
     """
     require(screening or data_dependent, "at least one of screening / data_dependent must be enabled "
                                          "(with neither, use type = \"pmixed\")")
@@ -199,8 +266,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     relation = neighbouring_relation(relation)
     require(relation is not NeighbouringRelation.REPLACE_ONE,
             "AdaPMixED's bounds are for adding or removing a teacher; relation replace_one is not covered")
-    ball = ball_named(ball)
-    pmixed = PMixED(alpha, beta, teachers, ball=ball)
+    ball_kind = ball_named(ball)
+    pmixed = PMixED(alpha, beta, teachers, ball=ball_kind)
     screen = NoisyScreening(teachers=teachers, lam=lam, sigma=sigma, alpha=alpha, threshold=threshold, top_k=top_k)
     if screening:
         with np.errstate(over="ignore"):
@@ -212,7 +279,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     components = ({"screen": False} if screening else {}) | {decode_name: data_dependent}
     relations = {decode_name: relation if data_dependent else NeighbouringRelation.ADD_OR_REMOVE_ONE}
 
-    def process(public, teacher_probs, generator, orders):
+    def process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
+                orders: npt.NDArray[np.float64]) -> BlockOutcome:
         result = adapmixed_step(mechanism, teacher_probs, public, generator if screening else None, orders, relation,
                                 accounting, screening, data_dependent, add_one_dual)
         if data_dependent:   # what was charged: the loss covering the relation; Eq. 3 its remove-one part
@@ -228,12 +296,12 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
 
     params = dict(alpha=alpha, beta=beta, teachers=teachers, lam=lam, sigma=sigma, threshold=threshold, top_k=top_k,
                   screening=screening, data_dependent=data_dependent, accounting=accounting)
-    if ball is not Ball.PROJECTION_ORDER:
-        params["ball"] = ball.value
+    if ball_kind is not Ball.PROJECTION_ORDER:
+        params["ball"] = ball_kind.value
     if add_one_dual:   # absent when false: manifests of runs without it are unchanged
         params["add_one_dual"] = True
 
-    def step_bound(orders):
+    def step_bound(orders: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """The screen's charge plus Theorem 3.1 for the answer (Flemings et al. 2024, Theorem 4.2 with
         the data-independent PMixED bound): a data-independent bound on one step's released output
         (as claimed for the paper's ball, proven for the all-orders ball). The data-dependent charge
@@ -241,7 +309,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
         and can exceed it: the add-one bound is loose."""
         return (screen.rdp_values(orders) if screening else 0.0) + pmixed.rdp_values(orders)
 
-    def realised_path_bounds(orders):
+    def realised_path_bounds(orders: npt.NDArray[np.float64]
+                             ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """The screen's charge (every step) and Theorem 3.1 for the answer (passed steps only)."""
         return screen.rdp_values(orders), pmixed.rdp_values(orders)
 
@@ -250,19 +319,40 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
 
 
 def voting_runner(teachers: int, votes: str, aggregator: str, accounting: str = PathAccounting.RELEASED_OUTPUT.value,
-                  relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE, **parameters) -> Runner:
+                  relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
+                  **parameters: object) -> Runner:
     """Hot PATE voting (Cohen et al. 2023): `votes` coordinated (hot) or independent (cold), aggregated by
     the registered aggregator `aggregator` with its `parameters` (dpledger.mechanisms.aggregators: targmax,
     tws, dpargmax = Confident-GNMax, dpws, ...); on fail the public model answers. The output distribution
     of a step is a point mass on the released token, or the public distribution on fail. What each
     aggregator is charged is its class's docstring. Every bound covers one vote moved, added or removed,
-    so any claimed relation is covered."""
+    so any claimed relation is covered.
+
+    Args:
+        teachers: the number of teachers N (>= 1).
+        votes: "hot" (coordinated) or "cold" (independent) votes.
+        aggregator: a registered aggregator's name.
+        accounting: "released-output" or "realised-path" (the latter for aggregators that support it).
+        relation: the run's claimed neighbouring relation.
+        **parameters: the aggregator's parameters (its registered fields: threshold, sigma, ...).
+
+    Returns:
+        The runner: kind "voting", its recorded parameters, the aggregator's components (each for
+        `relation`), its data-independent step bound, and the realised-path bounds under
+        realised-path accounting.
+
+    Raises:
+        ValueError: if the votes, aggregator, accounting or relation is unknown, or a parameter is
+            missing or invalid (VotingMechanism.build).
+    """
     relation = neighbouring_relation(relation)
     mechanism = VotingMechanism.build(votes, aggregator, teachers, relation=relation, accounting=accounting,
                                       **parameters)
 
-    def process(public, teacher_probs, generator, orders):
-        require(hasattr(generator, "vote_seeds"), "voting needs per-step generators (dpledger.mechanisms.randomness.StepGenerators)")
+    def process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
+                orders: npt.NDArray[np.float64]) -> BlockOutcome:
+        if not isinstance(generator, StepGenerators):
+            raise ValueError("voting needs per-step generators (dpledger.mechanisms.randomness.StepGenerators)")
         seeds = generator.vote_seeds()
         _, counts = mechanism.histograms(teacher_probs, seeds)
         decisions = [mechanism.decide(row, g) for row, g in zip(counts, generator.generators)]
@@ -281,17 +371,43 @@ def voting_runner(teachers: int, votes: str, aggregator: str, accounting: str = 
     params = dict(votes=mechanism.coordination.value, aggregator=rule.name, teachers=teachers,
                   **type(rule).recorded_parameters(parameters), accounting=mechanism.accounting.value)
     components = mechanism.components()
-    realised = rule.realised_path_bounds if mechanism.accounting is PathAccounting.REALISED_PATH else None
+    realised = _realised_path_bounds(rule) if mechanism.accounting is PathAccounting.REALISED_PATH else None
     return Runner("voting", params, components, process, {name: relation for name in components},
                   mechanism.rdp_values, realised)
+
+
+def _realised_path_bounds(rule: VoteAggregator) -> Callable[[npt.NDArray[np.float64]],
+                                                             tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]:
+    """The aggregator's realised-path bounds, for an aggregator under realised-path accounting (which
+    VoteAggregator accepts only where it supports it, so the bounds exist)."""
+    def bounds(orders: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        found = rule.realised_path_bounds(orders)
+        if found is None:
+            raise ValueError(f"aggregator {rule.name} has no realised-path bounds")
+        return found
+    return bounds
 
 
 VOTING_KEYS = {"votes": str, "aggregator": str, "accounting": str}
 """The [mechanism] keys of type = "voting" besides the aggregator's own parameters."""
 
 
-def voting_mechanism(params: dict, teachers: int, relation) -> VotingMechanism:
-    """The VotingMechanism of a voting run's recorded [mechanism] parameters."""
+def voting_mechanism(params: dict, teachers: int, relation: NeighbouringRelation | str) -> VotingMechanism:
+    """The VotingMechanism of a voting run's recorded [mechanism] parameters.
+
+    Args:
+        params: the manifest's mechanism parameters of a voting run (votes, aggregator, accounting,
+            teachers and the aggregator's own).
+        teachers: the number of teachers N.
+        relation: the run's claimed neighbouring relation.
+
+    Returns:
+        The mechanism those parameters build.
+
+    Raises:
+        KeyError: if params lacks votes, aggregator or accounting.
+        ValueError: if a parameter is unknown or invalid (VotingMechanism.build).
+    """
     parameters = {key: value for key, value in params.items() if key not in VOTING_KEYS and key != "teachers"}
     return VotingMechanism.build(params["votes"], params["aggregator"], teachers,
                                  relation=neighbouring_relation(relation), accounting=params["accounting"], **parameters)
@@ -316,7 +432,18 @@ def _needed_by_every_aggregator() -> list[str]:
 
 
 def runner_parameters(kind: str) -> set[str]:
-    """The [mechanism] keys of `kind` besides `type` and `teachers` (docs/config.md documents each)."""
+    """The [mechanism] keys of `kind` besides `type` and `teachers` (docs/config.md documents each).
+
+    Args:
+        kind: "pmixed", "adapmixed" or "voting".
+
+    Returns:
+        The key names: the runner's parameters, or for voting the voting keys, every registered
+        aggregator's parameters and the keys a recorded table keeps unused.
+
+    Raises:
+        KeyError: if `kind` is another type.
+    """
     if kind == "voting":
         return set(_voting_parameter_types())
     return set(inspect.signature(_PARAMETERISED[kind]).parameters) - {"teachers", "relation"}
@@ -328,12 +455,20 @@ _BUILDERS = {
     "ensemble": lambda teachers: Runner("ensemble", {"teachers": teachers}, {"non_private_ensemble": False}, _ensemble,
                                         step_bound=lambda orders: np.full_like(orders, np.inf, dtype=np.float64)),
 }
-_PARAMETERISED = {"pmixed": pmixed_runner, "adapmixed": adapmixed_runner, "voting": voting_runner}
+_PARAMETERISED: dict[str, Callable[..., Runner]] = {"pmixed": pmixed_runner, "adapmixed": adapmixed_runner,
+                                                     "voting": voting_runner}
 MECHANISM_TYPES = tuple(sorted([*_BUILDERS, *_PARAMETERISED]))
 
 
-def unknown_type_message(kind) -> str:
-    """The one line for an unknown [mechanism] type; PATE aggregator names point to type = "voting"."""
+def unknown_type_message(kind: object) -> str:
+    """The one line for an unknown [mechanism] type; PATE aggregator names point to type = "voting".
+
+    Args:
+        kind: the `type` the [mechanism] table gave.
+
+    Returns:
+        The message, listing MECHANISM_TYPES, with a hint where `kind` names a PATE aggregator.
+    """
     hint = (f" (PATE aggregators are type = \"voting\" with aggregator = \"{kind}\")"
             if kind in aggregators() else
             " (PATE aggregators are type = \"voting\" with aggregator = \"dpargmax\", Confident-GNMax)"
@@ -341,7 +476,7 @@ def unknown_type_message(kind) -> str:
     return f"unknown mechanism type {kind!r}; known: {', '.join(MECHANISM_TYPES)}{hint}"
 
 
-def _check_parameter(kind: str, name: str, value, annotation: str) -> None:
+def _check_parameter(kind: str, name: str, value: object, annotation: str) -> None:
     """A [mechanism] value has its parameter's type, without coercion ("0.2" is not a number, 1 is
     not true); None is accepted where the parameter is optional."""
     if value is None and "None" in annotation:
@@ -362,7 +497,22 @@ def _check_parameter(kind: str, name: str, value, annotation: str) -> None:
 def build_runner(mechanism: dict, teachers: int,
                  relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> Runner:
     """A runner from a config's [mechanism] table: `type` plus that mechanism's parameters;
-    `relation` is the run's claimed neighbouring relation (the [run] table's `relation`)."""
+    `relation` is the run's claimed neighbouring relation (the [run] table's `relation`).
+
+    Args:
+        mechanism: the [mechanism] table: `type` and the mechanism's parameters (an optional
+            `teachers` must equal `teachers`).
+        teachers: the number of teacher models the run loads.
+        relation: the run's claimed neighbouring relation.
+
+    Returns:
+        The runner (pmixed_runner, adapmixed_runner, voting_runner, or the public or ensemble baseline).
+
+    Raises:
+        ValueError: if the table has no type or an unknown one, non-string keys, a teachers count
+            other than `teachers`, unknown or missing parameters, a value of the wrong type, or a
+            value the mechanism refuses.
+    """
     require(isinstance(mechanism, dict) and "type" in mechanism, "the [mechanism] table needs a `type`")
     require(all(isinstance(key, str) for key in mechanism), f"[mechanism] keys must be strings, got {list(mechanism)!r}")
     params = {k: v for k, v in mechanism.items() if k != "type"}

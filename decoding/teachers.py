@@ -33,9 +33,10 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from tqdm.auto import tqdm
 
@@ -47,6 +48,9 @@ from dpledger.decoding.trace import atomic_write_json
 from dpledger.decoding.ensemble import load_causal_lm, load_tokenizer, require_matching_tokenizer
 from dpledger.decoding.recipe import lora_config
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 MANIFEST = "teachers.json"
 TEACHER_INFO = "dpledger-teacher.json"  # inside each teacher directory, written before the rename
 MANIFEST_FORMAT = 1
@@ -54,6 +58,14 @@ _TEACHER_DIR = re.compile(r"^(teacher-\d{3,}|\.teacher-\d{3,}\.partial)$")
 
 
 def teacher_dir_name(index: int) -> str:
+    """Teacher `index`'s directory name in OUT.
+
+    Args:
+        index: the teacher's index (0-based).
+
+    Returns:
+        "teacher-NNN" (at least three digits).
+    """
     return f"teacher-{index:03d}"
 
 
@@ -70,7 +82,15 @@ class Unit:
 
 def split_documents(text: str, separator: str | None = None) -> list[str]:
     """Documents of `text`: split on blank lines (separator None) or on the literal `separator`;
-    surrounding whitespace stripped, empty documents dropped."""
+    surrounding whitespace stripped, empty documents dropped.
+
+    Args:
+        text: the input text.
+        separator: a literal separator; None: blank lines (lines of whitespace only count as blank).
+
+    Returns:
+        The documents, in order.
+    """
     parts = re.split(r"\n[ \t\r\f\v]*\n", text) if separator is None else text.split(separator)
     return [part.strip() for part in parts if part.strip()]
 
@@ -81,7 +101,18 @@ PRIVATE_TEXT_LIMIT = 2 ** 31
 
 def read_input_text(path: Path, flag: str) -> str:
     """A file the user named as input: a regular file (never a FIFO or a device, which would block)
-    of at most PRIVATE_TEXT_LIMIT bytes, UTF-8; one-line ValueError naming `flag` otherwise."""
+    of at most PRIVATE_TEXT_LIMIT bytes, UTF-8; one-line ValueError naming `flag` otherwise.
+
+    Args:
+        path: the file (a link is followed).
+        flag: the flag or argument that named it, the start of the message ("INPUT", "--heldout").
+
+    Returns:
+        The file's text.
+
+    Raises:
+        ValueError: if the file is not a regular file, is too large or is not UTF-8.
+    """
     try:
         return safe_files.read_text(path, PRIVATE_TEXT_LIMIT, follow=True, what="a private input file")
     except ValueError as error:  # UnsafeFileError, or not UTF-8: the message names the file
@@ -95,6 +126,22 @@ def read_units(path: str | Path, fmt: str = "auto", separator: str | None = None
     fmt: "dir" (a directory of .txt files, searched recursively; one unit per file), "text" (one
     file; one unit per document), "jsonl" (one record per line; one unit per record, or per value of
     `partition_key`), or "auto" (a directory, else .jsonl/.ndjson, else text).
+
+    Args:
+        path: the private input: a directory or a file.
+        fmt: "auto", "dir", "text" or "jsonl", as above.
+        separator: the documents' separator in text files; None: blank lines.
+        text_field: the JSONL records' text field.
+        partition_key: a JSONL field whose value groups records into one unit; None: one unit per record.
+
+    Returns:
+        (the non-empty units in input order, a description: path, format, separator, unit, counts
+        and for JSONL the text field and partition key).
+
+    Raises:
+        ValueError: if the input does not exist or fits not its format, a flag is invalid, a JSONL
+            line is not an object with a string text field (or lacks the partition key), or no
+            document is left.
     """
     path = Path(path).expanduser()
     require(path.exists(), f"INPUT {path} does not exist")
@@ -107,7 +154,7 @@ def read_units(path: str | Path, fmt: str = "auto", separator: str | None = None
     if fmt == "dir":
         require(path.is_dir(), f"INPUT {path}: --format dir needs a directory")
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
-        require(files, f"INPUT {path}: the directory holds no .txt files")
+        require(bool(files), f"INPUT {path}: the directory holds no .txt files")
         units = [Unit(f"file:{p.relative_to(path).as_posix()}",
                       tuple(split_documents(read_input_text(p, "INPUT"), separator))) for p in files]
         units = [u for u in units if u.documents]
@@ -150,7 +197,7 @@ def read_units(path: str | Path, fmt: str = "auto", separator: str | None = None
                 groups[key].append(text.strip())
         units = [Unit(key, tuple(groups[key])) for key in order if groups[key]]
         unit_name = "record" if partition_key is None else f"value of {partition_key!r}"
-    require(units, f"INPUT {path}: no non-empty documents")
+    require(bool(units), f"INPUT {path}: no non-empty documents")
     description = {"path": str(path), "format": fmt, "separator": separator or "blank lines", "unit": unit_name,
                    "units": len(units), "documents": sum(len(u.documents) for u in units)}
     if fmt == "jsonl":
@@ -159,7 +206,19 @@ def read_units(path: str | Path, fmt: str = "auto", separator: str | None = None
 
 
 def assign_shards(units: Sequence[Unit], teachers: int, seed: int = 0) -> list[list[Unit]]:
-    """N disjoint shards covering `units`: units ordered by sha256(seed, key), dealt round-robin."""
+    """N disjoint shards covering `units`: units ordered by sha256(seed, key), dealt round-robin.
+
+    Args:
+        units: the privacy units, with distinct keys.
+        teachers: the number of shards N, from 1 to the number of units.
+        seed: seeds the order.
+
+    Returns:
+        N lists of units; shard i holds the units ranked i, i + N, i + 2N, ...
+
+    Raises:
+        ValueError: if N is out of range or two units share a key.
+    """
     require(isinstance(teachers, int) and teachers >= 1, f"--teachers {teachers!r}: must be an integer >= 1")
     require(teachers <= len(units),
             f"--teachers {teachers}: must be at most the number of units ({len(units)}); every teacher needs at "
@@ -174,6 +233,14 @@ def assign_shards(units: Sequence[Unit], teachers: int, seed: int = 0) -> list[l
 
 
 def documents_sha256(documents: Sequence[str]) -> str:
+    """The sha256 of a shard's documents: each document's UTF-8 length (8 bytes) and bytes, in order.
+
+    Args:
+        documents: the shard's documents.
+
+    Returns:
+        The sha256 (64 hex digits).
+    """
     digest = hashlib.sha256()
     for document in documents:
         data = document.encode()
@@ -182,8 +249,15 @@ def documents_sha256(documents: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def state_sha256(model) -> str:
-    """sha256 over parameter names and raw bytes (any dtype)."""
+def state_sha256(model: torch.nn.Module) -> str:
+    """sha256 over parameter names and raw bytes (any dtype).
+
+    Args:
+        model: the model; its state dict is read in name order, each tensor's dtype hashed too.
+
+    Returns:
+        The sha256 (64 hex digits).
+    """
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
@@ -192,9 +266,17 @@ def state_sha256(model) -> str:
     return digest.hexdigest()
 
 
-def encode_shard(tokenizer, documents: Sequence[str]) -> np.ndarray:
+def encode_shard(tokenizer: PreTrainedTokenizerBase, documents: Sequence[str]) -> npt.NDArray[np.int64]:
     """Token ids of `documents`, each followed by the tokenizer's end-of-sequence token (if any); for
-    the embedded tokenizer the same ids as dpledger.decoding.recipe.encode_documents."""
+    the embedded tokenizer the same ids as dpledger.decoding.recipe.encode_documents.
+
+    Args:
+        tokenizer: the public model's tokenizer.
+        documents: the shard's documents.
+
+    Returns:
+        The int64 ids.
+    """
     eos = tokenizer.eos_token_id
     ids: list[int] = []
     for encoded in tokenizer(list(documents), add_special_tokens=False)["input_ids"]:
@@ -202,8 +284,6 @@ def encode_shard(tokenizer, documents: Sequence[str]) -> np.ndarray:
         if eos is not None:
             ids.append(eos)
     return np.asarray(ids, dtype=np.int64)
-
-
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -245,8 +325,9 @@ def _clear(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, training: TeacherTraining,
-                   out: str | Path, *, public_name: str, tokenizer_name: str, heldout_ids: np.ndarray | None = None,
+def train_teachers(shards: Sequence[Sequence[str]], public_model: PreTrainedModel | str | Path,
+                   tokenizer: PreTrainedTokenizerBase | str | Path, training: TeacherTraining, out: str | Path, *,
+                   public_name: str, tokenizer_name: str, heldout_ids: npt.NDArray[np.int64] | None = None,
                    overwrite: bool = False, progress: bool = True, device: str | None = None,
                    input_description: dict | None = None, shard_units: Sequence[int] | None = None,
                    log: Callable[[str], None] | None = None) -> dict:
@@ -257,6 +338,32 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
     same fingerprint are kept (resume); a different fingerprint is refused unless `overwrite`.
     heldout_ids: token ids for each teacher's held-out perplexity (else only the training loss).
     Returns the manifest (also written to OUT/teachers.json).
+
+    Args:
+        shards: one list of documents per teacher.
+        public_model: the public model, or its directory or hub name.
+        tokenizer: the public model's tokenizer, or its directory or hub name.
+        training: the teachers' hyper-parameters.
+        out: the output directory (created).
+        public_name: how the manifest names the public model.
+        tokenizer_name: how the manifest names the tokenizer.
+        heldout_ids: see above; None: no held-out perplexity.
+        overwrite: replace teachers trained with other inputs.
+        progress: show progress bars.
+        device: move the public model there first; None: where it is.
+        input_description: how the shards were read (read_units), recorded in the manifest.
+        shard_units: each shard's number of units, recorded in the manifest.
+        log: called with one line per teacher trained.
+
+    Returns:
+        The manifest: inputs, hashes, fingerprint, hyper-parameters, versions, each teacher's result
+        (training loss and perplexity, held-out perplexity, seconds, whether resumed) and timings.
+
+    Raises:
+        ValueError: if a check fails before anything is written: no shard or an empty one, a model or
+            tokenizer that cannot be loaded or do not match, seq_len beyond the context or a shard,
+            LoRA targets not found, or OUT holding other teachers without `overwrite`.
+        TypeError: if fine_tune_teacher does not return (model, loss).
     """
     say = log or (lambda message: None)
     started = time.time()
@@ -266,19 +373,19 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
     require(all(len(shard) >= 1 for shard in shards), "every shard needs at least one document")
     if isinstance(tokenizer, (str, Path)):
         tokenizer = load_tokenizer(str(tokenizer), "--tokenizer")
-    if isinstance(public_model, (str, Path)):
-        public_model = load_causal_lm(str(public_model))
+    model = load_causal_lm(str(public_model)) if isinstance(public_model, (str, Path)) else public_model
     if device is not None:
-        public_model = public_model.to(device)
-    positions = (getattr(public_model.config, "n_positions", None)
-                 or getattr(public_model.config, "max_position_embeddings", None))
+        # transformers wraps PreTrainedModel.to in functools.wraps, whose type omits the bound self
+        model = model.to(device)  # type: ignore[arg-type]
+    positions = (getattr(model.config, "n_positions", None)
+                 or getattr(model.config, "max_position_embeddings", None))
     require(positions is None or training.seq_len <= positions,
             f"--seq-len {training.seq_len}: must be at most the public model's context length {positions}")
-    vocab = public_model.config.vocab_size
+    vocab = model.config.vocab_size
     require_matching_tokenizer(tokenizer, vocab, f"tokenizer {tokenizer_name}")
 
     if training.kind == "lora":
-        lora_config(public_model, training)  # the target modules exist (checked before anything is written)
+        lora_config(model, training)  # the target modules exist (checked before anything is written)
     shard_ids = [encode_shard(tokenizer, shard) for shard in shards]
     for index, ids in enumerate(shard_ids):
         require(ids.size > training.seq_len,
@@ -292,7 +399,7 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
     for ids in shard_ids:
         tokens.update(len(ids).to_bytes(8, "little"))
         tokens.update(ids.tobytes())
-    parts = _fingerprint_parts(shards_sha, tokens.hexdigest(), state_sha256(public_model), training)
+    parts = _fingerprint_parts(shards_sha, tokens.hexdigest(), state_sha256(model), training)
     fingerprint = _fingerprint(parts)
 
     # resume, refuse, or overwrite: decided before anything is written
@@ -347,14 +454,17 @@ def train_teachers(shards: Sequence[Sequence[str]], public_model, tokenizer, tra
         safe_files.remove_entry(final)  # a stale or foreign entry under our name (a link: removed, not followed)
         staging = out / f".{teacher_dir_name(index)}.partial"
         begun = time.time()
-        teacher, loss = fine_tune_teacher(public_model, training, shard_ids[index], index, progress=progress,
-                                          return_loss=True)
+        trained = fine_tune_teacher(model, training, shard_ids[index], index, progress=progress,
+                                    return_loss=True)
+        if not isinstance(trained, tuple):
+            raise TypeError(f"teacher {index}: fine_tune_teacher(return_loss=True) returned no (model, loss) pair")
+        teacher, loss = trained
         result = {"index": index, "path": final.name, "train_loss": loss,
                   "train_ppl": math.exp(loss) if math.isfinite(loss) else None}
         if heldout_ids is not None:
             result["heldout_ppl"] = perplexity(teacher, heldout_ids, training.seq_len)
         safe_files.fresh_directory(staging)  # save_pretrained writes into it: never into a planted link's target
-        teacher.save_pretrained(staging)
+        teacher.save_pretrained(str(staging))
         result["seconds"] = round(time.time() - begun, 2)
         atomic_write_json(staging / TEACHER_INFO, {"fingerprint": fingerprint, "shard_sha256": shards_sha[index],
                                                    "result": result})
@@ -384,10 +494,21 @@ def _teacher_info(out: Path, path: Path) -> dict:
 
 
 def models_block(out: str | Path, manifest: dict, public: str, tokenizer: str, device: str = "cpu") -> str:
-    """The `[models]` table of a decode config for the teachers in `out`."""
+    """The `[models]` table of a decode config for the teachers in `out`.
+
+    Args:
+        out: the teachers' directory.
+        manifest: its teachers.json (teacher_paths, teachers, kind).
+        public: the public model's path or hub name.
+        tokenizer: the tokenizer's path or hub name.
+        device: the models.device to write.
+
+    Returns:
+        The TOML text of the [models] table, every teacher path absolute.
+    """
     out = Path(out).resolve()
 
-    def quoted(value: str) -> str:
+    def quoted(value: str | Path) -> str:
         return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     paths = ",\n    ".join(quoted(out / p) for p in manifest["teacher_paths"])

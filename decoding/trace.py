@@ -33,9 +33,10 @@ import stat
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 import io
@@ -47,6 +48,10 @@ from dpledger.accounting.strict_json import MAX_BYTES as MAX_JSON_BYTES
 from dpledger.accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
+RECORDS_VERSION = 2
+"""Version 2 records hold Eq. 3 (`eq3_remove_one`) and the add-one bound (`add_one_bound`) apart
+from the loss covering the run's relation (`observed_data_dependent`); a trace without the key is
+version 1 (that loss only). The manifest records it; dpledger.decoding.blocks writes the records."""
 MANIFEST = "manifest.json"
 LEDGER = "ledger.json"
 FINAL = "final.json"
@@ -75,27 +80,59 @@ class RunLockedError(ValueError):
     """Another process holds the run directory's lock."""
 
 
-def _one_line(error: Exception) -> str:
+def _one_line(error: BaseException | str) -> str:
     return " ".join(str(error).split())
 
 
-def atomic_write_bytes(path: Path, data: bytes, root: Path | None = None) -> None:
+def atomic_write_bytes(path: str | Path, data: bytes, root: str | Path | None = None) -> None:
     """Write-then-rename (dpledger.accounting.safe_files.write_atomic): no link at `path`, or below `root`
-    (default: its directory), is written through; a failed write leaves nothing half-written."""
+    (default: its directory), is written through; a failed write leaves nothing half-written.
+
+    Args:
+        path: the file to write; replaced whole if it exists.
+        data: its new content.
+        root: the directory below which no path component may be a link (default: `path`'s directory).
+
+    Raises:
+        UnsafeFileError: if a component below `root`, or `path` itself, is a link or not a regular file.
+        OSError: if the temporary file cannot be written, synced or renamed (nothing half-written stays).
+    """
     safe_files.write_atomic(path, data, root=root)
 
 
-def atomic_write_json(path: Path, payload: dict) -> None:
+def atomic_write_json(path: str | Path, payload: dict) -> None:
+    """Write `payload` as strict JSON (json_bytes) with atomic_write_bytes.
+
+    Args:
+        path: the JSON file to write; replaced whole if it exists.
+        payload: a JSON object; numpy scalars and arrays and paths are converted, non-finite floats
+            become null and are listed under NULLS.
+
+    Raises:
+        UnsafeFileError: if `path` is a link or not a regular file (atomic_write_bytes).
+        OSError: if the file cannot be written.
+        TypeError: if `payload` holds a value JSON cannot represent.
+    """
     atomic_write_bytes(path, json_bytes(payload))
 
 
 def json_bytes(payload: dict) -> bytes:
     """Strict JSON bytes of `payload`, sorted keys; non-finite floats become null, listed under
-    NULLS with the reason (dpledger.accounting.strict_json)."""
+    NULLS with the reason (dpledger.accounting.strict_json).
+
+    Args:
+        payload: a JSON object; numpy scalars and arrays become numbers and lists, paths strings.
+
+    Returns:
+        The UTF-8 text, indented, ending with a newline: the very bytes written to a run's JSON files.
+
+    Raises:
+        TypeError: if `payload` holds a value that is none of the above nor JSON-native.
+    """
     return (strict_json_text(payload, default=_json_default) + "\n").encode()
 
 
-def _json_default(value):
+def _json_default(value: object) -> object:
     if isinstance(value, (np.floating, np.integer, np.bool_)):
         return value.item()
     if isinstance(value, np.ndarray):
@@ -105,7 +142,7 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def _canonical(value):
+def _canonical(value: object) -> object:
     """Floats as repr strings (exact, and +inf / NaN stay distinguishable), containers recursively."""
     if isinstance(value, (float, np.floating)):
         return repr(float(value))
@@ -120,46 +157,121 @@ def _canonical(value):
     return value
 
 
-def canonical_digest(tag: str, value) -> str:
-    """sha256 of `tag` and the canonical JSON of `value` (key order and float formatting fixed)."""
+def canonical_digest(tag: str, value: object) -> str:
+    """sha256 of `tag` and the canonical JSON of `value` (key order and float formatting fixed).
+
+    Args:
+        tag: a prefix hashed before the JSON (a domain tag, or the previous record's hash).
+        value: JSON-like data; floats are hashed as their repr, so +inf, NaN and every bit of a
+            float count, and numpy scalars and arrays as the Python values they hold.
+
+    Returns:
+        The sha256 as 64 lowercase hex digits.
+    """
     return hashlib.sha256((tag + json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"))).encode()).hexdigest()
 
 
 def genesis_hash(manifest: dict) -> str:
-    """The chain's first prev_hash: binds every record to this manifest."""
+    """The chain's first prev_hash: binds every record to this manifest.
+
+    Args:
+        manifest: the run's manifest.json content.
+
+    Returns:
+        canonical_digest of the manifest under the tag "dpledger-genesis:" (64 hex digits).
+    """
     return canonical_digest("dpledger-genesis:", manifest)
 
 
 def record_hash(prev_hash: str, record: dict) -> str:
+    """A record's hash on the chain: the canonical digest of its fields after the previous hash.
+
+    Args:
+        prev_hash: the previous record's hash (the genesis hash for a run's first record).
+        record: one per-step record; its own `prev_hash` and `record_hash` fields are left out.
+
+    Returns:
+        The hash as 64 hex digits.
+    """
     body = {key: value for key, value in record.items() if key not in ("record_hash", "prev_hash")}
     return canonical_digest(prev_hash, body)
 
 
 def chain_records(records: list[dict], prev_hash: str) -> str:
-    """Set prev_hash / record_hash on each record in order; returns the last hash."""
+    """Set prev_hash / record_hash on each record in order; returns the last hash.
+
+    Args:
+        records: per-step records in step order; changed in place.
+        prev_hash: the hash the first of them follows (the previous block's last hash, or the genesis hash).
+
+    Returns:
+        The last record's hash (`prev_hash` itself when `records` is empty).
+    """
     for record in records:
         record["prev_hash"] = prev_hash
         record["record_hash"] = prev_hash = record_hash(prev_hash, record)
     return prev_hash
 
 
-def chunk_path(run_dir: Path, index: int) -> Path:
+def chunk_path(run_dir: str | Path, index: int) -> Path:
+    """Where block `index`'s records are committed.
+
+    Args:
+        run_dir: the run directory.
+        index: the block's index (0-based).
+
+    Returns:
+        run_dir/steps/chunk-NNNNNN.parquet.
+    """
     return Path(run_dir) / STEPS_DIR / f"chunk-{index:06d}.parquet"
 
 
-def replay_path(run_dir: Path, index: int) -> Path:
+def replay_path(run_dir: str | Path, index: int) -> Path:
+    """Where block `index`'s exact-replay payload (its logits) is written.
+
+    Args:
+        run_dir: the run directory.
+        index: the block's index (0-based).
+
+    Returns:
+        run_dir/replay/block-NNNNNN.npy.
+    """
     return Path(run_dir) / REPLAY_DIR / f"block-{index:06d}.npy"
 
 
-def write_chunk(run_dir: Path, index: int, records: list[dict]) -> None:
+def write_chunk(run_dir: str | Path, index: int, records: list[dict]) -> None:
+    """Commit one block's records as a Parquet chunk, atomically (the decode loop's commit point).
+
+    Args:
+        run_dir: the run directory; no link below it is written through.
+        index: the block's index (0-based).
+        records: the block's chained records (chain_records), in step order.
+
+    Raises:
+        UnsafeFileError: if steps/ or the chunk's path is a link or not a regular file.
+        OSError: if the chunk cannot be written (nothing half-written stays).
+    """
     table = pa.Table.from_pylist(records)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     atomic_write_bytes(chunk_path(run_dir, index), sink.getvalue().to_pybytes(), run_dir)
 
 
-def write_replay(run_dir: Path, index: int, logits: np.ndarray) -> str:
-    """The block's logits as an uncompressed .npy (memory-mappable); returns its sha256."""
+def write_replay(run_dir: str | Path, index: int, logits: npt.NDArray[np.float32]) -> str:
+    """The block's logits as an uncompressed .npy (memory-mappable); returns its sha256.
+
+    Args:
+        run_dir: the run directory; no link below it is written through.
+        index: the block's index (0-based).
+        logits: the (N+1, L, V) float32 logits the mechanism saw: the public model first, then the N teachers.
+
+    Returns:
+        The sha256 of the file's bytes (64 hex digits), which each of the block's records holds.
+
+    Raises:
+        UnsafeFileError: if replay/ or the payload's path is a link or not a regular file.
+        OSError: if the file cannot be written.
+    """
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(logits), allow_pickle=False)
     data = buffer.getvalue()
@@ -168,7 +280,14 @@ def write_replay(run_dir: Path, index: int, logits: np.ndarray) -> str:
 
 
 def payload_bytes_bound(shape: tuple[int, int, int]) -> int:
-    """The most bytes the payload of a block of logits `shape` (N+1, L, V), float32, can take."""
+    """The most bytes the payload of a block of logits `shape` (N+1, L, V), float32, can take.
+
+    Args:
+        shape: (models N+1, steps L, vocabulary V).
+
+    Returns:
+        NPY_HEADER_BYTES plus 4 bytes per entry, computed without overflow.
+    """
     return NPY_HEADER_BYTES + 4 * int(np.prod(shape, dtype=object))
 
 
@@ -178,7 +297,7 @@ class ReplayPayload:
     its own size in memory, whatever the block's size. TraceError unless the file is a regular
     float32 .npy of exactly the `shape` (N+1, L, V) its manifest and records give."""
 
-    def __init__(self, run_dir: Path, index: int, shape: tuple[int, int, int]):
+    def __init__(self, run_dir: str | Path, index: int, shape: tuple[int, int, int]):
         self.run_dir, self.path = Path(run_dir), replay_path(run_dir, index)
         with self._open(payload_bytes_bound(shape)) as handle:
             try:
@@ -200,7 +319,7 @@ class ReplayPayload:
         if size != self.size:
             raise TraceError(f"{self.path}: {size} bytes, a {dtype} {self.shape} array needs {self.size}")
 
-    def _open(self, limit: int):
+    def _open(self, limit: int) -> io.BufferedReader:
         try:
             return os.fdopen(safe_files.open_regular(self.path, limit, root=self.run_dir,
                                                      what="a float32 (N+1, L, V) block of logits"), "rb")
@@ -209,8 +328,20 @@ class ReplayPayload:
         except UnsafeFileError as error:
             raise TraceError(str(error)) from None
 
-    def rows(self, start: int, stop: int) -> np.ndarray:
-        """Logits (N+1, stop - start, V) of steps start..stop of the block."""
+    def rows(self, start: int, stop: int) -> npt.NDArray[np.float32]:
+        """Logits (N+1, stop - start, V) of steps start..stop of the block.
+
+        Args:
+            start: the first step's row in the block (0-based).
+            stop: one past the last step's row; 0 <= start <= stop <= L.
+
+        Returns:
+            The float32 logits (N+1, stop - start, V), the public model first, read from the file
+            model by model (N+1 reads).
+
+        Raises:
+            TraceError: if the file has gone missing or become unsafe since it was checked.
+        """
         models, length, vocab = self.shape
         out = np.empty((models, stop - start, vocab), dtype=self.dtype)
         with self._open(self.size) as handle:
@@ -223,7 +354,19 @@ class ReplayPayload:
 def read_json_file(path: Path, what: str) -> dict:
     """A JSON object from `path` (a regular file of at most MAX_JSON_BYTES, not a link); TraceError
     naming the file for a missing, unsafe, non-UTF-8, invalid, too deeply nested or non-object
-    file, or one naming a key twice."""
+    file, or one naming a key twice.
+
+    Args:
+        path: the JSON file.
+        what: what the file is, for the messages ("the run's manifest").
+
+    Returns:
+        The object, with the non-finite floats its NULLS map names restored (dpledger.accounting.strict_json).
+
+    Raises:
+        TraceError: if the file is missing, unsafe (a link, not a regular file, over MAX_JSON_BYTES),
+            unreadable, not UTF-8, not valid JSON, nested too deeply, names a key twice or holds no object.
+    """
     try:
         text = safe_files.read_text(path, MAX_JSON_BYTES, what=what)
         value = loads_json(text, str(path))
@@ -240,9 +383,21 @@ def read_json_file(path: Path, what: str) -> dict:
     return value
 
 
-def read_manifest(run_dir: Path) -> dict:
+def read_manifest(run_dir: str | Path) -> dict:
     """The run's manifest; UnusableRunError for a directory that is not a dpledger run (none, or
-    another format or schema version), TraceError for a manifest that cannot be read."""
+    another format or schema version), TraceError for a manifest that cannot be read.
+
+    Args:
+        run_dir: the run directory.
+
+    Returns:
+        manifest.json's object.
+
+    Raises:
+        UnusableRunError: if `run_dir` is not a directory, has no manifest, or its manifest is of
+            another format or schema version than SCHEMA_VERSION.
+        TraceError: if the manifest cannot be read (read_json_file).
+    """
     run_dir = Path(run_dir)
     path = run_dir / MANIFEST
     if not run_dir.is_dir():
@@ -258,10 +413,17 @@ def read_manifest(run_dir: Path) -> dict:
     return manifest
 
 
-def run_directories(paths) -> list[Path]:
+def run_directories(paths: Iterable[str | Path]) -> list[Path]:
     """Run directories named by `paths`: a run directory (it holds manifest.json) stands for itself;
     another directory for every run directory below it, in sorted order; a path that is neither is
-    kept, so that reading it reports what is wrong with it."""
+    kept, so that reading it reports what is wrong with it.
+
+    Args:
+        paths: run directories, folders holding run directories, or other paths.
+
+    Returns:
+        The paths, each folder replaced by the run directories below it (when it holds any), in the given order.
+    """
     found = []
     for path in map(Path, paths):
         folder = path.is_dir() and not os.path.lexists(path / MANIFEST)
@@ -270,18 +432,40 @@ def run_directories(paths) -> list[Path]:
     return found
 
 
-def read_ledger(run_dir: Path) -> dict:
-    """ledger.json; TraceError when the run is unfinished (no final record yet) or a file is damaged."""
+def read_ledger(run_dir: str | Path) -> dict:
+    """ledger.json; TraceError when the run is unfinished (no final record yet) or a file is damaged.
+
+    Args:
+        run_dir: the run directory.
+
+    Returns:
+        ledger.json's object (dpledger.decoding.totals.RunTotals.summary wrote it).
+
+    Raises:
+        TraceError: if final.json is missing (the run is unfinished) or ledger.json cannot be read (read_json_file).
+    """
     run_dir = Path(run_dir)
     if not os.path.lexists(run_dir / FINAL):
         raise TraceError(f"{run_dir / FINAL}: missing; the run is unfinished (resume it with dpledger decode --resume)")
     return read_json_file(run_dir / LEDGER, "the run's ledger")
 
 
-def committed_chunk_indices(run_dir: Path) -> list[int]:
+def committed_chunk_indices(run_dir: str | Path) -> list[int]:
     """Indices of committed chunks; TraceError for anything in steps/ that is not a chunk file (a
     stray copy would otherwise be read or ignored silently; a link or a FIFO is never opened), for a
-    steps/ that is a link, and for a gap (a chunk missing)."""
+    steps/ that is a link, and for a gap (a chunk missing).
+
+    Args:
+        run_dir: the run directory.
+
+    Returns:
+        0, 1, ..., K-1 for K committed chunks; empty when there is no steps/ directory. Temporary
+        files of interrupted writes are skipped.
+
+    Raises:
+        TraceError: if steps/ is a link, holds an entry that is not a chunk or not a regular file,
+            or a chunk is missing before the last one.
+    """
     steps = Path(run_dir) / STEPS_DIR
     try:
         listing = safe_files.entries(steps, root=run_dir)
@@ -307,7 +491,7 @@ def committed_chunk_indices(run_dir: Path) -> list[int]:
     return indices
 
 
-def _chunk_bytes(run_dir: Path, index: int) -> bytes:
+def _chunk_bytes(run_dir: str | Path, index: int) -> bytes:
     path = chunk_path(Path(run_dir), index)
     try:
         return safe_files.read_bytes(path, MAX_CHUNK_BYTES, root=run_dir, what="a chunk")
@@ -326,9 +510,22 @@ def _parsed_chunk(path: Path, data: bytes) -> list[dict]:
         raise TraceError(f"{path}: unreadable Parquet chunk ({type(error).__name__}: {_one_line(error)})") from None
 
 
-def read_chunk(run_dir: Path, index: int, expected_sha256: str | None = None) -> list[dict]:
+def read_chunk(run_dir: str | Path, index: int, expected_sha256: str | None = None) -> list[dict]:
     """A chunk's records; with `expected_sha256`, TraceError unless the file still has those bytes
-    (a worker re-reading a chunk the driver has checked)."""
+    (a worker re-reading a chunk the driver has checked).
+
+    Args:
+        run_dir: the run directory.
+        index: the block's index (0-based).
+        expected_sha256: the sha256 (hex) the chunk's bytes must have; None: not checked.
+
+    Returns:
+        The block's records in step order, as Parquet stored them (the hash chain is not checked: ChainReader does).
+
+    Raises:
+        TraceError: if the chunk is missing, unsafe, unreadable, not valid Parquet, or its bytes differ
+            from `expected_sha256`.
+    """
     data = _chunk_bytes(run_dir, index)
     path = chunk_path(Path(run_dir), index)
     if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
@@ -345,9 +542,11 @@ class ChainReader:
     first break is kept in `error` and reading goes on.
     """
 
-    def __init__(self, run_dir: Path, manifest: dict, verify: bool = True):
+    def __init__(self, run_dir: str | Path, manifest: dict, verify: bool = True):
         self.run_dir, self.manifest, self.verify = Path(run_dir), manifest, verify
-        self.head, self.steps, self.error = genesis_hash(manifest), 0, None
+        self.head: str = genesis_hash(manifest)
+        self.steps = 0
+        self.error: str | None = None
         self.chunk_sha256: dict[int, str] = {}  # of the very bytes each chunk's records were read from
 
     def __iter__(self) -> Iterator[tuple[int, list[dict]]]:
@@ -368,21 +567,46 @@ class ChainReader:
                     self.error = f"{chunk_path(self.run_dir, index)}: {problem}"
                     if self.verify:
                         raise TraceError(self.error)
-                self.head = record.get("record_hash") if isinstance(record.get("record_hash"), str) else ""
+                recorded = record.get("record_hash")
+                self.head = recorded if isinstance(recorded, str) else ""
                 self.steps += 1
             yield index, chunk
 
 
-def read_records(run_dir: Path, verify: bool = True) -> list[dict]:
+def read_records(run_dir: str | Path, verify: bool = True) -> list[dict]:
     """All committed records in order (the whole run in memory: for small runs and tests; the
-    audit streams with ChainReader)."""
+    audit streams with ChainReader).
+
+    Args:
+        run_dir: the run directory.
+        verify: whether a break in the hash chain raises (True) or is passed over (False).
+
+    Returns:
+        Every committed record, in step order.
+
+    Raises:
+        UnusableRunError: if `run_dir` is not a dpledger run (read_manifest).
+        TraceError: if a file cannot be read or, with `verify`, the chain is broken.
+    """
     manifest = read_manifest(run_dir)
     return [record for _, chunk in ChainReader(run_dir, manifest, verify) for record in chunk]
 
 
 def final_record(manifest: dict, steps: int, blocks: int, last_record_hash: str, ledger_bytes: bytes) -> dict:
     """The chain's end: step and block counts, the last record hash, the manifest's and the
-    ledger's hashes, and `head`, the hash of all of them (what `decode` prints and a user publishes)."""
+    ledger's hashes, and `head`, the hash of all of them (what `decode` prints and a user publishes).
+
+    Args:
+        manifest: the run's manifest (its genesis hash is recorded).
+        steps: the number of committed records.
+        blocks: the number of committed chunks.
+        last_record_hash: the chain's last record hash (the genesis hash for a run of no steps).
+        ledger_bytes: ledger.json's exact bytes (their sha256 is recorded).
+
+    Returns:
+        final.json's object: format, schema_version, steps, blocks, last_record_hash, genesis_hash,
+        ledger_sha256 and `head`.
+    """
     body = {"format": "dpledger-final", "schema_version": SCHEMA_VERSION, "steps": int(steps), "blocks": int(blocks),
             "last_record_hash": last_record_hash, "genesis_hash": genesis_hash(manifest),
             "ledger_sha256": hashlib.sha256(ledger_bytes).hexdigest()}
@@ -390,11 +614,29 @@ def final_record(manifest: dict, steps: int, blocks: int, last_record_hash: str,
 
 
 def head_of(final: dict) -> str:
-    """The head hash recomputed from a final record's other fields."""
+    """The head hash recomputed from a final record's other fields.
+
+    Args:
+        final: final.json's object.
+
+    Returns:
+        The head (64 hex digits); equal to final["head"] for an untouched final record.
+    """
     return canonical_digest("dpledger-head:", {k: v for k, v in final.items() if k != "head"})
 
 
-def read_final(run_dir: Path) -> dict:
+def read_final(run_dir: str | Path) -> dict:
+    """final.json, the record that closes a finished run's chain.
+
+    Args:
+        run_dir: the run directory.
+
+    Returns:
+        final.json's object (final_record's fields).
+
+    Raises:
+        TraceError: if final.json is missing (the run is unfinished) or cannot be read (read_json_file).
+    """
     return read_json_file(Path(run_dir) / FINAL, "the run's final record: the run is unfinished")
 
 
@@ -404,11 +646,21 @@ class RunLock:
     without following a link or blocking (dpledger.accounting.safe_files.open_lock): a .lock planted as a
     link, a FIFO or a hard link is refused in one line, and nothing is written through it."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: str | Path):
         self.path = Path(directory) / LOCK
-        self._fd = None
+        self._fd: int | None = None
 
     def acquire(self) -> "RunLock":
+        """Take the lock without waiting, and write this process's id into the lock file.
+
+        Returns:
+            This lock, now held (release it with `release`).
+
+        Raises:
+            RunLockedError: if another process holds the lock.
+            UnsafeFileError: if .lock is a link, a FIFO, a hard link or not a regular file (open_lock).
+            OSError: if the lock file cannot be opened or written.
+        """
         fd = safe_files.open_lock(self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -426,15 +678,23 @@ class RunLock:
         return self
 
     def release(self) -> None:
+        """Release the lock and close its file; does nothing when it is not held."""
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
 
 
-def is_locked(directory: Path) -> bool:
+def is_locked(directory: str | Path) -> bool:
     """True while another process holds the directory's lock. A .lock that is not a regular file
-    (a link, a FIFO) is not dpledger's lock, so nobody holds it (the audit reports it)."""
+    (a link, a FIFO) is not dpledger's lock, so nobody holds it (the audit reports it).
+
+    Args:
+        directory: the run directory.
+
+    Returns:
+        Whether a process holds an exclusive lock on directory/.lock now (tested with a non-blocking shared lock).
+    """
     try:
         fd = safe_files.open_regular(Path(directory) / LOCK, None)
     except (FileNotFoundError, NotADirectoryError, UnsafeFileError):
@@ -456,10 +716,24 @@ def _remove_abandoned_creations(out: Path) -> None:
             shutil.rmtree(candidate, ignore_errors=True)
 
 
-def create_run_directory(out: Path, manifest: dict, payload: bool) -> RunLock:
+def create_run_directory(out: str | Path, manifest: dict, payload: bool) -> RunLock:
     """Create `out` with its manifest atomically (built under a temporary name, locked, then
     renamed), and return the held lock: no kill leaves a directory without a manifest, and a second
-    writer racing for the same `out` gets RunLockedError or the "already holds files" error."""
+    writer racing for the same `out` gets RunLockedError or the "already holds files" error.
+
+    Args:
+        out: the run directory to create; it may exist only as an empty directory.
+        manifest: manifest.json's content.
+        payload: whether to create replay/ for the exact-replay payloads.
+
+    Returns:
+        The run directory's lock, held by this process.
+
+    Raises:
+        ValueError: if `out` exists and is not a directory, or already holds files.
+        RunLockedError: if another process holds the new directory's lock.
+        OSError: if a directory or the manifest cannot be created (the temporary directory is removed).
+    """
     out = Path(out)
     require(not out.exists() or out.is_dir(), f"output path {out} exists and is not a directory")
     parent = out.parent
@@ -490,9 +764,16 @@ def create_run_directory(out: Path, manifest: dict, payload: bool) -> RunLock:
         raise
 
 
-def remove_temporary_files(run_dir: Path) -> None:
+def remove_temporary_files(run_dir: str | Path) -> None:
     """Interrupted atomic writes (only ever called with the run's lock held); TraceError for a
-    steps/ or replay/ that is a link (never followed)."""
+    steps/ or replay/ that is a link (never followed).
+
+    Args:
+        run_dir: the run directory: its temporary files and those in steps/ and replay/ are removed.
+
+    Raises:
+        TraceError: if steps/ or replay/ is a link or not a directory.
+    """
     for sub in (Path(run_dir), Path(run_dir) / STEPS_DIR, Path(run_dir) / REPLAY_DIR):
         try:
             listing = safe_files.entries(sub, root=run_dir)
@@ -506,7 +787,18 @@ def remove_temporary_files(run_dir: Path) -> None:
 
 
 @contextmanager
-def locked(run_dir: Path):
+def locked(run_dir: str | Path) -> Iterator[RunLock]:
+    """The run directory's lock, held for the `with` block and released however it ends.
+
+    Args:
+        run_dir: the run directory.
+
+    Yields:
+        The held RunLock.
+
+    Raises:
+        RunLockedError: if another process holds the lock (RunLock.acquire).
+    """
     lock = RunLock(run_dir).acquire()
     try:
         yield lock

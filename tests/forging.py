@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from dpledger.decoding import trace
-from dpledger.decoding.run import RunTotals
+from dpledger.decoding.totals import RunTotals
 
 LEVELS = ("none", "chain", "ledger", "full")
 """How far a forger goes after an edit: "none" writes the edited files as they are, "chain" also

@@ -11,7 +11,7 @@ import torch
 from dpledger.decoding import trace
 from dpledger.decoding.config import DataConfig, ModelsConfig, RunConfig
 from dpledger.decoding.blocks import _outcome_records, build_manifest, replay_steps
-from dpledger.decoding.run import RunTotals, finish_run
+from dpledger.decoding.totals import RunTotals, finish_run
 from dpledger.decoding.runners import build_runner
 from dpledger.mechanisms.randomness import StepGenerators
 from dpledger.accounting.orders import default_orders

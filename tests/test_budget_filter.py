@@ -272,7 +272,7 @@ def test_adapmixed_under_a_data_independent_budget_states_what_the_guarantee_res
 
 
 def test_a_subsampled_pmixed_budget_names_an_unproven_variant():
-    from dpledger.decoding.run import step_bound_caveat
+    from dpledger.decoding.totals import step_bound_caveat
 
     assert "realised-size, not a proven bound" in step_bound_caveat(
         "pmixed", {"subsampling_variant": "realised-size", "sample_rate": 0.1})
