@@ -3,7 +3,7 @@ whole; per-step records are read one chunk (block) at a time and replay logits o
 at a time, so the audit's memory does not grow with the run's length.
 
 `load_trace` makes one pass over the chunks: it checks the hash chain from the manifest's
-genesis, recomputes everything ledger.json holds (dpledger.decoding.run.RunTotals) and checks each record's
+genesis, recomputes everything ledger.json holds (dpledger.decoding.totals.RunTotals) and checks each record's
 structure against the manifest (trace_consistency reports what it found).
 
 The checks that read the per-step distributions do so through `LoadedTrace.map_windows`: a
@@ -45,7 +45,7 @@ BASE_FIELDS = frozenset({"step", "block", "position", "query_id", "context_token
                          "prev_hash", "record_hash"})
 VOTING_FIELDS = frozenset({"vote_seed", "vote_tokens", "vote_counts", "aggregator_noise"})
 BUDGET_FIELDS = frozenset({"budget_refused", "budget_charge"})  # runs with a privacy filter (dpledger.decoding.budget)
-SPLIT_LOSS_FIELDS = frozenset({"eq3_remove_one", "add_one_bound"})  # records_version >= 2 (dpledger.decoding.run)
+SPLIT_LOSS_FIELDS = frozenset({"eq3_remove_one", "add_one_bound"})  # records_version >= 2 (dpledger.decoding.blocks)
 DATA_DEPENDENT_FILTER = ("the run's privacy filter was driven by data-dependent losses, so whether a step was answered "
                          "privately depends on the data: a neighbour's run may answer where this one refused, and "
                          "no per-step comparison of this run's laws measures that (Redberg et al. 2023); the run "

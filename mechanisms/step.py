@@ -117,7 +117,7 @@ def as_ensemble(teachers: torch.Tensor | npt.ArrayLike, public: torch.Tensor | n
     return torch.from_numpy(teachers_np), torch.from_numpy(public_np)
 
 
-def step_orders(orders: Sequence[float] | None) -> NDArray[np.float64]:
+def step_orders(orders: Sequence[float] | NDArray[np.float64] | None) -> NDArray[np.float64]:
     """The order grid of a step's curves.
 
     Args:
@@ -198,7 +198,8 @@ def data_dependent_step_curve(
 
 
 def pmixed_step(pmixed: PMixED, teachers: torch.Tensor | npt.ArrayLike, public: torch.Tensor | npt.ArrayLike,
-                orders: Sequence[float] | None = None, mask: torch.Tensor | None = None) -> StepResult:
+                orders: Sequence[float] | NDArray[np.float64] | None = None,
+                mask: torch.Tensor | None = None) -> StepResult:
     """PMixED (Flemings et al. 2024, Algorithm 2) for a batch of steps: lambdas, the mixed output,
     and Theorem 3.1's per-step curve (as claimed for the paper's ball, proven for all-orders).
 
@@ -225,7 +226,8 @@ def pmixed_step(pmixed: PMixED, teachers: torch.Tensor | npt.ArrayLike, public: 
 
 
 def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike, public: torch.Tensor | npt.ArrayLike,
-                   generator: torch.Generator | StepGenerators | None = None, orders: Sequence[float] | None = None,
+                   generator: torch.Generator | StepGenerators | None = None,
+                   orders: Sequence[float] | NDArray[np.float64] | None = None,
                    relation: NeighbouringRelation | str | None = None,
                    accounting: PathAccounting | str = "released-output", screening: bool = True,
                    data_dependent: bool = True, add_one_dual: bool = False) -> StepResult:

@@ -170,7 +170,7 @@ def generations(run: RunData) -> tuple[list[Generation], str | None]:
     "generate"`), block by block, and a note on how the text was recovered (or why it was not);
     ([], None) for a teacher-forced run, whose contexts are private held-out text and are not shown.
 
-    Block b continues prompt b mod (number of prompts) (dpledger.decoding.run.run_block); the prompts are
+    Block b continues prompt b mod (number of prompts) (dpledger.decoding.blocks.run_block); the prompts are
     manifest.json's config.data.prompts, the tokens each record's output_token. The manifest names
     the tokenizer by path only (no content hash), so the text is decoded with whatever is at that
     path now; without a loadable tokenizer the token ids are given instead.
