@@ -116,11 +116,11 @@ def test_editing_a_committed_record_breaks_the_hash_chain(micro_models, tmp_path
 
 def test_killed_run_resumes_to_the_same_ledger_as_an_uninterrupted_run(micro_models, tmp_path):
     mechanism = dict(ADAPMIXED)
-    reference_cfg = micro_config(micro_models, tmp_path / "reference", mechanism, queries=300, block_size=10,
+    reference_cfg = micro_config(micro_models, tmp_path / "reference", mechanism, queries=150, block_size=10,
                                  replay_payload=False)
     reference = run_decode(config_from_dict(reference_cfg), progress=False, verbose=False)
     resumed, killed, committed = kill_and_resume(reference_cfg, tmp_path)
-    assert 0 < committed < 300
+    assert 0 < committed < 150
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     killed_ledger = json.loads((tmp_path / "killed" / trace.LEDGER).read_text())
     assert killed_ledger["ledger"] == reference.summary["ledger"]

@@ -238,7 +238,7 @@ def test_the_report_refuses_an_audit_made_for_other_files(runs, tmp_path):
 # -- runs that cannot be broken ------------------------------------------------------------------
 
 def test_a_second_writer_is_locked_out_and_changes_nothing(micro_models, tmp_path):
-    config = micro_config(micro_models, tmp_path / "run", ADAPMIXED, queries=200, block_size=10, replay_payload=False)
+    config = micro_config(micro_models, tmp_path / "run", ADAPMIXED, queries=80, block_size=10, replay_payload=False)
     path = write_toml(tmp_path / "run.toml", config)
     command = [sys.executable, "-m", "dpledger", "decode", str(path), "--no-progress"]
     first = subprocess.Popen(command, env=ENV, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
