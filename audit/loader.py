@@ -39,13 +39,6 @@ PAYLOAD_WINDOW_BYTES = 256 * 2 ** 20
 per-order kernels' arrays, V wide, per step) at once; a larger block is replayed in windows of fewer steps (per-step randomness makes
 every window exact)."""
 MAX_PROBLEMS = 50
-BASE_FIELDS = frozenset({"step", "block", "position", "query_id", "context_token", "true_token", "output_token",
-                         "prob_true_token", "screen_statistic", "screen_passed", "answered_by", "lambdas",
-                         "sampled_teachers", "observed_data_dependent", "data_independent", "payload_sha256",
-                         "prev_hash", "record_hash"})
-VOTING_FIELDS = frozenset({"vote_seed", "vote_tokens", "vote_counts", "aggregator_noise"})
-BUDGET_FIELDS = frozenset({"budget_refused", "budget_charge"})  # runs with a privacy filter (dpledger.decoding.budget)
-SPLIT_LOSS_FIELDS = frozenset({"eq3_remove_one", "add_one_bound"})  # records_version >= 2 (dpledger.decoding.blocks)
 DATA_DEPENDENT_FILTER = ("the run's privacy filter was driven by data-dependent losses, so whether a step was answered "
                          "privately depends on the data: a neighbour's run may answer where this one refused, and "
                          "no per-step comparison of this run's laws measures that (Redberg et al. 2023); the run "
@@ -535,20 +528,12 @@ def _unreadable(path: Path, error: safe_files.UnsafeFileError | OSError) -> str:
     return str(error) if isinstance(error, ValueError) else f"{path}: cannot be read ({error.strerror or error})"
 
 
-def _expected_fields(manifest: dict) -> set[str]:
-    voting = VOTING_FIELDS if manifest["mechanism"]["type"] == "voting" else frozenset()
-    budget = BUDGET_FIELDS if manifest.get("budget") is not None else frozenset()
-    split = SPLIT_LOSS_FIELDS if manifest.get("records_version", 1) >= 2 else frozenset()
-    return (set(BASE_FIELDS) | voting | budget | split
-            | {f"rdp_{name}" for name in manifest["mechanism"]["components"]})
-
-
 def _check_records(loaded: LoadedTrace, block: int, records: list[dict], first_step: int, block_size: int) -> None:
     """Each record's structure against the manifest: fields, step/block/position numbering, array
     lengths, value ranges, answered_by following the screen decision, the context chain, and one
     payload hash per block."""
     manifest = loaded.manifest
-    expected = _expected_fields(manifest)
+    expected = trace.record_fields(manifest)
     n, vocab, k = loaded.n_teachers, int(manifest["vocab_size"]), len(manifest["orders"])
     mixes = loaded.mechanism_type in ("pmixed", "adapmixed")
     teacher_forced = manifest["data"]["stream"] == "teacher-forced"

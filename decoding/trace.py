@@ -60,6 +60,38 @@ STEPS_DIR = "steps"
 REPLAY_DIR = "replay"
 CHUNK_NAME = re.compile(r"chunk-(\d{6})\.parquet")
 PAYLOAD_NAME = re.compile(r"block-(\d{6})\.npy")
+# The fields of one step's record (the decoder writes them in dpledger.decoding.blocks; the audit
+# refuses a record with any other set): every run's, then those of voting runs, of runs under a privacy
+# filter and of records_version >= 2; plus one rdp_<component> per mechanism component.
+BASE_FIELDS = frozenset({"step", "block", "position", "query_id", "context_token", "true_token", "output_token",
+                         "prob_true_token", "screen_statistic", "screen_passed", "answered_by", "lambdas",
+                         "sampled_teachers", "observed_data_dependent", "data_independent", "payload_sha256",
+                         "prev_hash", "record_hash"})
+VOTING_FIELDS = frozenset({"vote_seed", "vote_tokens", "vote_counts", "aggregator_noise"})
+BUDGET_FIELDS = frozenset({"budget_refused", "budget_charge"})  # runs with a privacy filter (dpledger.decoding.budget)
+SPLIT_LOSS_FIELDS = frozenset({"eq3_remove_one", "add_one_bound"})  # records_version >= 2 (RECORDS_VERSION)
+
+
+def record_fields(manifest: dict) -> set[str]:
+    """The fields every step record of the run `manifest` describes holds, no more and no fewer.
+
+    Args:
+        manifest: the run's manifest (its mechanism type and components, budget and records_version).
+
+    Returns:
+        The field names: the base fields, voting, budget and split-loss fields where they apply, and
+        rdp_<name> for each mechanism component.
+
+    Raises:
+        KeyError: if the manifest has no mechanism type or components (the loader checks both first).
+    """
+    voting = VOTING_FIELDS if manifest["mechanism"]["type"] == "voting" else frozenset()
+    budget = BUDGET_FIELDS if manifest.get("budget") is not None else frozenset()
+    split = SPLIT_LOSS_FIELDS if manifest.get("records_version", 1) >= 2 else frozenset()
+    return (set(BASE_FIELDS) | voting | budget | split
+            | {f"rdp_{name}" for name in manifest["mechanism"]["components"]})
+
+
 MAX_CHUNK_BYTES = 256 * 2 ** 20
 """A chunk (one block's records, Parquet) is read up to this size (a block of 1,024 steps with 100
 teachers takes a few MB)."""
