@@ -177,7 +177,9 @@ def _candidates(counts: np.ndarray) -> list[int]:
     return voted + ([int(unvoted[0])] if unvoted.size else [])
 
 
-class _VotingPartial(TypedDict):
+class VotingWindowPartial(TypedDict):
+    """One window's voting-ablation divergences (K orders), summed over windows into a VotingAblation."""
+
     removed: np.ndarray                   # (N, K) per removed teacher
     added: np.ndarray                     # (K,) the worst added teacher
     replaced: np.ndarray | None           # (N, K) per replaced teacher, where the relation replaces one
@@ -185,9 +187,16 @@ class _VotingPartial(TypedDict):
     error: float                          # the largest numerical error of the laws
 
 
-class VotingAblation(_VotingPartial):
-    """run_voting_ablation's totals over the run, and whether the claim is realised-path accounting."""
+class VotingAblation(TypedDict):
+    """run_voting_ablation's totals over the run (a VotingWindowPartial's fields summed over windows),
+    and whether the claim is realised-path accounting."""
 
+    # the fields are declared again, not inherited: pdoc cannot place a TypedDict's inherited fields
+    removed: np.ndarray
+    added: np.ndarray
+    replaced: np.ndarray | None
+    released_removed: np.ndarray | None
+    error: float
     realised_path: bool
 
 
@@ -201,7 +210,7 @@ def _sum_of(total: np.ndarray | None, part: np.ndarray | None) -> np.ndarray | N
 
 
 def _voting_ablation_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, realised_path: bool,
-                            replace: bool) -> _VotingPartial:
+                            replace: bool) -> VotingWindowPartial:
     """One window's per-neighbour divergences summed over its steps, and its largest numerical error."""
     mechanism, orders = _mechanism(trace), np.asarray(trace.orders, dtype=np.float64)
     n = trace.n_teachers
@@ -269,7 +278,7 @@ def run_voting_ablation(trace: LoadedTrace, delta: float) -> VotingAblation:
     mechanism = _mechanism(trace)
     realised_path = mechanism.accounting is PathAccounting.REALISED_PATH
     replace = "replace" in NeighbouringRelation(trace.manifest["relation"]).moves
-    totals: _VotingPartial | None = None
+    totals: VotingWindowPartial | None = None
     for _, window in trace.map_windows(_voting_ablation_window, realised_path, replace, desc="neighbour ablation"):
         if totals is None:
             totals = window
