@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from datetime import datetime, timezone
 
 import numpy as np
@@ -116,35 +117,58 @@ def _latex_escape(text: str) -> str:
             .replace(r"\textasciicircum\{\}", r"\textasciicircum{}"))
 
 
-def latex_table(frame: pd.DataFrame, caption: str) -> str:
-    """A table as a LaTeX `table` environment with a `tabular` of left-aligned columns: a missing value
-    is "--", +inf "$\\infty$", each with a superscript note number; the notes end the caption. Every text
-    is escaped for LaTeX.
+def _numeric_column(frame: pd.DataFrame, column: object) -> bool:
+    """Whether every value of the column is a number (None aside; a bool is not a number here)."""
+    values = [value for value in frame[column] if value is not None]
+    return bool(values) and all(isinstance(value, (int, float, np.integer, np.floating))
+                                and not isinstance(value, (bool, np.bool_)) for value in values)
+
+
+def latex_label(text: str) -> str:
+    """`text` as a LaTeX label key: lower case, every run of other characters than a-z and 0-9 one "-".
+
+    Args:
+        text: what the label names (e.g. a run's label).
+
+    Returns:
+        The key, e.g. "adapmixed-remove-one" for "AdaPMixED (remove_one)"; "table" if nothing is left.
+    """
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "table"
+
+
+def latex_table(frame: pd.DataFrame, caption: str, label: str) -> str:
+    """A table as a LaTeX `table` environment a paper can include: the caption above, then a `\\label`,
+    small type and narrow column gaps; numeric columns right-aligned (`r`), text columns left (`l`); a
+    missing value is "--", +inf "$\\infty$", each with a superscript note number; the notes end the
+    caption. Every text is escaped for LaTeX; only core LaTeX is used (no package needed).
 
     Args:
         frame: the table; `frame.attrs["reasons"]` (optional) holds one {column: reason} per row.
         caption: the caption's text (escaped here).
+        label: the `\\label` key, e.g. "tab:dpledger-comparison" (made of a-z, 0-9, ":" and "-").
 
     Returns:
         The LaTeX source, without a trailing newline.
 
     Raises:
-        ValueError: if a cell is a float NaN.
+        ValueError: if a cell is a float NaN or the label holds another character.
     """
+    require(re.fullmatch(r"[a-z0-9:-]+", label) is not None,
+            f"a LaTeX label must be made of a-z, 0-9, ':' and '-', got {label!r}")
     rows, notes = _cells(frame, "latex")
 
     def cell(text: str, note: int | None) -> str:
         shown = text if text == INFINITY["latex"] else _latex_escape(text)
         return shown + ("" if note is None else f"$^{{{note}}}$")
 
-    columns = "l" * len(frame.columns)
-    lines = [r"\begin{table}[h]", r"\centering", rf"\begin{{tabular}}{{{columns}}}", r"\hline",
+    columns = "".join("r" if _numeric_column(frame, column) else "l" for column in frame.columns)
+    listed = "".join(f" {number}: {_latex_escape(reason)}." for number, reason in notes.listed())
+    lines = [r"\begin{table}[htbp]", r"\centering", r"\small", r"\setlength{\tabcolsep}{3pt}",
+             rf"\caption{{{_latex_escape(caption)}" + (f" -- : not applicable. Notes:{listed}" if listed else "") + "}",
+             rf"\label{{{label}}}", rf"\begin{{tabular}}{{{columns}}}", r"\hline",
              " & ".join(_latex_escape(str(c)) for c in frame.columns) + r" \\", r"\hline"]
     lines += [" & ".join(cell(text, note) for text, note in row) + r" \\" for row in rows]
-    listed = "".join(f" {number}: {_latex_escape(reason)}." for number, reason in notes.listed())
-    lines += [r"\hline", r"\end{tabular}",
-              rf"\caption{{{_latex_escape(caption)}" + (f" -- : not applicable. Notes:{listed}" if listed else "")
-              + "}", r"\end{table}"]
+    lines += [r"\hline", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines)
 
 
@@ -465,8 +489,13 @@ def render_latex(runs: list[RunData]) -> str:
             epsilon at its first delta.
     """
     parts = [latex_table(comparison_table(runs), "Method comparison (Table 2a shape); epsilon@delta: improved "
-                                                 "conversion at that delta.")]
-    parts += [latex_table(breakdown_table(run), _breakdown_caption(run)) for run in runs]
+                                                 "conversion at that delta.", "tab:dpledger-comparison")]
+    labels: dict[str, int] = {}
+    for run in runs:   # one label per table: two runs with the same label get -2, -3, ...
+        key = latex_label(run.label)
+        labels[key] = labels.get(key, 0) + 1
+        suffix = "" if labels[key] == 1 else f"-{labels[key]}"
+        parts.append(latex_table(breakdown_table(run), _breakdown_caption(run), f"tab:dpledger-breakdown-{key}{suffix}"))
     return "\n\n".join(parts) + "\n"
 
 

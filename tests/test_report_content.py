@@ -193,6 +193,8 @@ def test_each_tabular_format_spells_missing_one_way(kinds):
     latex = render(runs, "latex")
     assert "--$^{" in latex and "n/a" not in latex and not any(w in latex for w in FORBIDDEN)
     assert r"$\infty$" in latex  # TARGMAX's epsilon
+    labels = re.findall(r"\\label\{([^}]*)\}", latex)  # one per table, none repeated
+    assert len(labels) == latex.count(r"\begin{table}") == len(set(labels)) and "tab:dpledger-comparison" in labels
     table = list(csv.reader(io.StringIO(render(runs, "csv"))))
     flat = [cell for row in table for cell in row]
     assert "" in flat and "inf" in flat and not any(c in (*FORBIDDEN, "n/a", "--") for c in flat)
