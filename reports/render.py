@@ -372,7 +372,7 @@ def render_csv(runs: list[RunData]) -> str:
         epsilon = run.epsilon()
         rows.append({"run": str(run.directory), "method": row["method"], "table": "comparison", "row": "total",
                      "epsilon": epsilon["epsilon"], "delta": epsilon["delta"],
-                     **{k: v for k, v in row.items() if k != "method"},
+                     **{k: v for k, v in row.items() if k not in ("run", "method")},
                      "notes": "; ".join(f"{k}: {v}" for k, v in why.items())})
     columns = list(dict.fromkeys(key for row in rows for key in row))
     columns.remove("notes")

@@ -206,13 +206,13 @@ def perplexity_reason(run: RunData, value: float | None) -> str | None:
 
 
 def comparison_table(runs: list[RunData]) -> pd.DataFrame:
-    """Table 2a / Table 1: method, queries, the improved epsilon at every requested delta (one column
-    each, "epsilon@1e-05"), the audit's certified lower bound at each ("lower@1e-05": dpledger.audit.bracket),
-    the optimal order at each run's first delta, whether epsilon is
-    data-dependent, the divergence direction, the neighbouring relation the charged total covers,
-    perplexity, queries answered by the public model, the audit's headline (its verdict for the
-    claimed relation and every other relation it tested); for voting runs also yield and token
-    accuracy.
+    """Table 2a / Table 1: the run (its directory's name), method, queries, the improved epsilon at
+    every requested delta (one column each, "epsilon@1e-05"), the audit's certified lower bound at each
+    ("lower@1e-05": dpledger.audit.bracket), the optimal order at each run's first delta, whether
+    epsilon is data-dependent, the divergence direction, the neighbouring relation the charged total
+    covers, the accounting of a screened step (released-output or realised-path), perplexity, queries
+    answered by the public model, the audit's headline (its verdict for the claimed relation and every
+    other relation it tested); for voting runs also yield and token accuracy.
 
     Every missing value is None (never NaN) and every missing or +inf value has a reason:
     `frame.attrs["reasons"]` holds one {column: reason} per row.
@@ -230,7 +230,7 @@ def comparison_table(runs: list[RunData]) -> pd.DataFrame:
     voting_columns = any("voting" in r.ledger for r in runs)
     rows, reasons = [], []
     for run in runs:
-        row, why = {"method": run.label, "queries": run.ledger["steps"]}, {}
+        row, why = {"run": run.directory.name, "method": run.label, "queries": run.ledger["steps"]}, {}
         requested = run.manifest["config"]["deltas"]
         for delta in deltas:  # every requested delta, not only the first
             column = epsilon_column(delta)
@@ -255,8 +255,11 @@ def comparison_table(runs: list[RunData]) -> pd.DataFrame:
                 if epsilon["order"] is None:
                     why[order_column(delta)] = missing_order_reason(run, epsilon["epsilon"])
         row.update({"data_dependent": run.data_dependent, "direction": direction_label(run.ledger.get("direction")),
-                    "relation": relation_label(run), "perplexity": run.ledger["perplexity"],
+                    "relation": relation_label(run), "accounting": run.ledger.get("accounting"),
+                    "perplexity": run.ledger["perplexity"],
                     "answered_by_public": run.ledger["answered_by_public"], "audit": audit_headline(run)})
+        if row["accounting"] is None:
+            why["accounting"] = "no screened step: released-output and realised-path accounting coincide"
         reason = perplexity_reason(run, row["perplexity"])
         if reason:
             why["perplexity"] = reason
