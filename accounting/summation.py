@@ -64,7 +64,7 @@ def up_add(a: npt.ArrayLike, b: npt.ArrayLike) -> FloatArray:
         return np.where(e > 0, np.nextafter(s, np.inf), s)
 
 
-def up_multiply(values: npt.ArrayLike, factor: float) -> FloatArray:
+def up_multiply(values: npt.ArrayLike, factor: float) -> np.float64 | FloatArray:
     """values * factor rounded upwards, elementwise, for values >= 0 (or +inf) and factor >= 0: the
     smallest float >= the exact product. TwoProduct decides where its error term is exact; where it
     could overflow or underflow (products near the ends of the float range), exact rational
@@ -75,8 +75,8 @@ def up_multiply(values: npt.ArrayLike, factor: float) -> FloatArray:
         factor: the multiplier, >= 0 (e.g. a repeat count).
 
     Returns:
-        A float64 array of values' shape (0-d for a scalar, as up_add's): each entry the smallest
-        float >= the exact product, +inf where no finite float holds it.
+        For a scalar, a numpy float64; otherwise a float64 array of values' shape: each entry the
+        smallest float >= the exact product, +inf where no finite float holds it.
     """
     scalar = np.ndim(values) == 0
     array = np.atleast_1d(np.asarray(values, dtype=np.float64))
@@ -95,7 +95,7 @@ def up_multiply(values: npt.ArrayLike, factor: float) -> FloatArray:
             continue
         nearest = float(exact)
         result[index] = math.nextafter(nearest, math.inf) if Fraction(nearest) < exact else nearest
-    return result.reshape(()) if scalar else result  # a scalar gives a 0-d array, as in up_add
+    return np.float64(result[0]) if scalar else result
 
 
 def _split(x: _Floats) -> tuple[_Floats, _Floats]:

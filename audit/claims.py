@@ -552,7 +552,7 @@ def _required(value: _T | None, name: str) -> _T:
 def _epsilon_of(row: VariantResult) -> float:
     """The epsilon of a row the caller kept for having one (`row.epsilon is not None`)."""
     if row.epsilon is None:
-        raise AssertionError(f"{row.name}/{row.conversion} has no epsilon")
+        raise RuntimeError(f"{row.name}/{row.conversion} has no epsilon")
     return row.epsilon
 
 

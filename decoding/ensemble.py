@@ -480,7 +480,9 @@ def identity_problems(recorded: dict, found: ModelIdentity) -> list[str]:
     recorded_files = recorded.get("files")
     if not isinstance(recorded_files, dict):
         return problems + [f"{source}: the manifest's files entry is not a map of file names to sha256"]
-    problems += file_problems(recorded_files, found.files if found.files is not None else {}, source)
+    if found.files is None:   # weights hashed but no file hashes: nothing to compare the recorded files with
+        return problems + [f"{source}: its files were not hashed, so the manifest's file hashes cannot be checked"]
+    problems += file_problems(recorded_files, found.files, source)
     if not problems and recorded.get("content_hash") != found.content_hash:
         problems.append(f"{source}: the manifest's content_hash is not the hash of its weights and files (the "
                         "manifest was edited)")

@@ -1114,7 +1114,7 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
 def ball_constraints(alpha: float, radius: float, all_orders_beta: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(orders, radii) of the constraints D<->_a(q, p0) <= r_a that every q of the ball satisfies:
     (alpha, radius), and with `all_orders_beta` also (a, beta a) at every order a of
-    dpledger.mechanisms.pmixed.ALL_ORDERS_BALL_GRID (the all-orders ball holds D<->_k <= beta k at every k > 1;
+    dpledger.mechanisms.ball.ALL_ORDERS_BALL_GRID (the all-orders ball holds D<->_k <= beta k at every k > 1;
     any finite subset of its constraints describes a superset of it).
 
     Args:

@@ -18,8 +18,8 @@ import torch
 from dpledger.audit import Status, audit_run, load_trace
 from dpledger.audit.consistency import check_models
 from dpledger.decoding.config import config_from_dict
-from dpledger.decoding.ensemble import (Ensemble, _is_hub_name, identity_problems, load_causal_lm, model_files,
-                               model_identity, tokenizer_files)
+from dpledger.decoding.ensemble import (Ensemble, ModelIdentity, _is_hub_name, identity_problems, load_causal_lm,
+                                       model_files, model_identity, tokenizer_files)
 from dpledger.decoding.run import run_decode
 from dpledger.cli import main
 from tests.micro import PMIXED, make_run, micro_config, write_toml
@@ -429,3 +429,12 @@ def test_an_older_trace_is_audited_on_what_it_records_and_says_what_it_could_not
     assert report.check("models").status is Status.PASS and report.check("replay").status is Status.FAIL
     changed(own_models.teachers[1], _truncate)
     assert check_models(load_trace(older)).status is Status.FAIL
+
+
+def test_weights_hashed_without_file_hashes_are_named_as_such_not_as_missing_files():
+    """A recorded entry with file hashes, against a model identity that hashed its weights only: one
+    line saying the files were not hashed (it raised TypeError once, then listed every file missing)."""
+    entry = {"source": "m", "weights_sha256": "ab", "files": {"config.json": "cd"}, "content_hash": "ef"}
+    found = ModelIdentity("public", "m", "ef", weights_sha256="ab", files=None)
+    assert identity_problems(entry, found) == ["m: its files were not hashed, so the manifest's file hashes cannot be "
+                                              "checked"]
