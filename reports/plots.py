@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from dpledger.accounting.conversion import epsilon_from_rdp  # noqa: E402
 from dpledger.accounting.curve import RdpCurve  # noqa: E402
@@ -110,57 +112,109 @@ def comparison_series(run: RunData) -> tuple[str, np.ndarray] | None:
     return "data-dependent loss (Flemings et al. 2024, Eq. 3, observed)", screen + np.where(answered, observed, 0.0)
 
 
-def plot_cumulative_epsilon(run: RunData) -> bytes | None:
-    """Cumulative epsilon of the charged curve and of the other bound; None when epsilon is 0 or inf.
+def cumulative_epsilon_lines(run: RunData) -> list[str]:
+    """What each line of the cumulative privacy-loss figure is, one sentence each (the figure prints
+    them under its axes; a reader must not guess why one line crosses another).
+
+    Args:
+        run: the run plotted.
+
+    Returns:
+        One sentence per line drawn: the charged loss, the other bound where the records hold one, and
+        the budget's lines where the run has a budget.
+    """
+    relation = run.manifest["relation"]
+    adds = relation in ("add_or_remove_one", "add_one")   # neighbours with one more teacher
+    if run.data_dependent:
+        charged = (f"Solid: the data-dependent loss charged to this run, covering {relation.replace('_', '-')} "
+                   "neighbours (Eq. 3 of Flemings et al. 2024 for a removed teacher"
+                   + ("; for an added one the add-one bound, an upper bound looser than Eq. 3, docs/soundness.md"
+                      if adds else "") + "), plus the screen's charge.")
+    else:
+        charged = f"Solid: the data-independent bound charged to this run, covering {relation.replace('_', '-')} neighbours."
+    lines = [charged]
+    if run.records and run.records[0]["data_independent"]:
+        lines.append("Dashed: Theorem 3.1 of Flemings et al. 2024 as claimed (data-independent; not guaranteed for the "
+                     "paper's ball, docs/soundness.md), for comparison, not charged"
+                     + (": the charged loss may lie above it, as the add-one bound is looser than Eq. 3." if adds else ".")
+                     if run.data_dependent else
+                     "Dashed: the data-dependent loss observed on this run's data (Eq. 3), for comparison: not charged.")
+    budget = run.ledger.get("budget")
+    if budget is not None:
+        lines.append("Dotted: the budget's epsilon; grey: the query from which the filter lets the public model answer.")
+    return lines
+
+
+def cumulative_epsilon_figure(run: RunData) -> Figure | None:
+    """Cumulative epsilon over every query (1 to Q, so the curves flatten where the public model
+    answers) of the charged curve and of the other bound, each line explained under the axes.
 
     Args:
         run: the run to plot (its ledger.json, records and, if set, its budget).
 
     Returns:
-        The figure as PNG bytes, or None.
+        The matplotlib figure (the caller closes it), or None when epsilon is 0 or +inf at every order.
 
     Raises:
         ValueError: if a per-step charge is NaN.
     """
     if run.ledger["breakdown"]["order"] is None:
         return None
-    figure, axis = _figure(6.4, 3.6)
+    figure, axis = _figure(6.4, 4.4)
     budget = run.ledger.get("budget")
-    # with a budget every query is on the axis, so the curve flattens where the filter stops answering
-    answered = (np.arange(1, len(run.records) + 1) if budget is not None
-                else np.cumsum([r["answered_by"] == "mechanism" for r in run.records]))
     steps, charged = cumulative_epsilon_series(run, _charged(run))
     label = "charged: data-dependent loss" if run.data_dependent else "charged"
-    axis.plot(answered[steps - 1], charged, label=label, color="tab:blue")
+    axis.plot(steps, charged, label=label, color="tab:blue")
     other = comparison_series(run)
     if other is not None:
         steps2, values = cumulative_epsilon_series(run, other[1])
-        axis.plot(answered[steps2 - 1], values, label=other[0], color="tab:orange", linestyle="--")
-    title = f"{run.label}: cumulative privacy loss"
+        axis.plot(steps2, values, label=other[0], color="tab:orange", linestyle="--")
+    public = sum(r["answered_by"] != "mechanism" for r in run.records)
+    title = f"{run.label}: cumulative privacy loss ({public} of {len(run.records)} queries answered publicly)"
     if budget is not None:
         axis.axhline(budget["epsilon"], color="tab:red", linestyle=":",
                      label=f"budget epsilon {budget['epsilon']:g} (filter at order {budget['order']:g})")
         if budget["first_refused_step"] is not None:
             axis.axvline(budget["first_refused_step"] + 1, color="grey", linestyle="--", linewidth=0.8,
                          label=f"budget reached: the public model answers from query {budget['first_refused_step'] + 1}")
-        title += f" ({budget['refused_steps']} of {len(run.records)} queries answered publicly by the budget)"
-    axis.set_xlabel("query" if budget is not None else "queries answered by the mechanism")
+    axis.set_xlabel("query")
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.set_ylabel(f"epsilon at delta={run.delta:g}")
     axis.set_yscale("log")
     _title(axis, title)
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
-    return _png(figure)
+    figure.supxlabel("\n".join(wrapped(line, 95) for line in cumulative_epsilon_lines(run)), fontsize=7, x=0.01,
+                     ha="left")
+    return figure
 
 
-def plot_step_loss_distribution(run: RunData) -> bytes | None:
-    """Histogram of per-step charges at the optimal order; None when there is no optimal order.
+def plot_cumulative_epsilon(run: RunData) -> bytes | None:
+    """The cumulative privacy-loss figure (`cumulative_epsilon_figure`) as PNG bytes.
+
+    Args:
+        run: the run to plot.
+
+    Returns:
+        The figure as PNG bytes, or None when epsilon is 0 or +inf at every order.
+
+    Raises:
+        ValueError: if a per-step charge is NaN.
+    """
+    figure = cumulative_epsilon_figure(run)
+    return None if figure is None else _png(figure)
+
+
+def step_loss_figure(run: RunData) -> Figure | None:
+    """Histogram of per-step charges at the optimal order; None when there is no optimal order, or
+    when every finite charge is the same (a data-independent charge: one bar says nothing a sentence
+    does not, and the report's breakdown states the value).
 
     Args:
         run: the run to plot (ledger.json's optimal order, the per-step records).
 
     Returns:
-        The figure as PNG bytes, or None.
+        The matplotlib figure (the caller closes it), or None.
 
     Raises:
         ValueError: if a per-step charge is NaN.
@@ -169,16 +223,32 @@ def plot_step_loss_distribution(run: RunData) -> bytes | None:
     if order is None:
         return None
     values = _charged(run)[:, run.manifest["orders"].index(order)]
-    figure, axis = _figure(6.4, 3.2)
     finite = values[np.isfinite(values)]
-    same = finite.size > 0 and np.ptp(finite) == 0  # a data-independent charge: one bar, its value in the title
-    axis.hist(finite, bins=1 if same else 40, range=(finite[0] * 0.95, finite[0] * 1.05) if same and finite[0] > 0
-              else None, color="tab:blue", alpha=0.8)
+    if finite.size == 0 or np.ptp(finite) == 0:
+        return None
+    figure, axis = _figure(6.4, 3.2)
+    axis.hist(finite, bins=min(40, max(2, np.unique(finite).size)), color="tab:blue", alpha=0.8)
     axis.set_xlabel(f"per-step charged RDP at order {order:g}")
     axis.set_ylabel("steps")
-    _title(axis, f"{run.label}: per-step loss ({len(values) - len(finite)} steps with no guarantee"
-                 + (f"; every step {finite[0]:.4g})" if same else ")"))
-    return _png(figure)
+    axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _title(axis, f"{run.label}: per-step loss ({len(values) - len(finite)} steps with no guarantee)")
+    return figure
+
+
+def plot_step_loss_distribution(run: RunData) -> bytes | None:
+    """The per-step loss histogram (`step_loss_figure`) as PNG bytes.
+
+    Args:
+        run: the run to plot.
+
+    Returns:
+        The figure as PNG bytes, or None (see `step_loss_figure`).
+
+    Raises:
+        ValueError: if a per-step charge is NaN.
+    """
+    figure = step_loss_figure(run)
+    return None if figure is None else _png(figure)
 
 
 def plot_mixing_weights(run: RunData) -> bytes | None:

@@ -1,0 +1,61 @@
+"""Figures a reviewer can publish: the cumulative privacy loss runs over every query with whole-number
+ticks and says under its axes what each line is; every line drawn has a legend label; no histogram of
+a single bar. Read from the matplotlib figures themselves, on synthetic runs (no models needed)."""
+import matplotlib.pyplot as plt
+import pytest
+
+from dpledger.reports.plots import cumulative_epsilon_figure, cumulative_epsilon_lines, step_loss_figure
+from dpledger.reports.run_data import load_run
+from tests.micro import ADAPMIXED, PMIXED
+from tests.synthetic import write_synthetic_run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("figures")
+    made = {name: write_synthetic_run(root / name, teachers=4, vocab=32, steps=40, block_size=10, mechanism=mechanism)
+            for name, mechanism in {"pmixed": {"type": "pmixed", **PMIXED}, "adapmixed": ADAPMIXED}.items()}
+    return {name: load_run(path) for name, path in made.items()}
+
+
+def labelled_lines(figure):
+    axis = figure.axes[0]
+    return [(line.get_label(), line.get_linestyle()) for line in axis.get_lines()]
+
+
+@pytest.mark.parametrize("name", ["pmixed", "adapmixed"])
+def test_the_cumulative_figure_spans_every_query_and_explains_each_line(runs, name):
+    run = runs[name]
+    figure = cumulative_epsilon_figure(run)
+    try:
+        axis = figure.axes[0]
+        assert axis.get_xlabel() == "query"
+        lines = labelled_lines(figure)
+        assert lines and all(not label.startswith("_") for label, _ in lines)  # every line in the legend
+        solid = axis.get_lines()[0]
+        assert solid.get_xdata()[-1] == len(run.records)  # the last query, not the last one answered
+        ticks = [t for t in axis.get_xticks() if axis.get_xlim()[0] <= t <= axis.get_xlim()[1]]
+        assert all(float(t).is_integer() for t in ticks)
+        explained = " ".join(figure.get_supxlabel().split())  # as printed, line breaks aside
+        sentences = cumulative_epsilon_lines(run)
+        assert len(sentences) == len(lines)  # one sentence per line drawn
+        assert all(sentence.split()[0] in explained for sentence in sentences)
+        if run.data_dependent:  # add-or-remove-one: the add-one bound covers the added teacher
+            assert "add-one bound" in explained and "the charged loss may lie above it" in explained
+    finally:
+        plt.close(figure)
+
+
+def test_a_constant_per_step_charge_draws_no_single_bar_histogram(runs):
+    """PMixED charges Theorem 3.1 at every step alike: one bar says nothing a sentence does not."""
+    assert step_loss_figure(runs["pmixed"]) is None
+
+
+def test_a_varying_charge_draws_a_histogram_of_several_bars(runs):
+    figure = step_loss_figure(runs["adapmixed"])
+    try:
+        assert figure is not None
+        bars = [patch for patch in figure.axes[0].patches if patch.get_height() > 0]
+        assert len(bars) >= 2
+    finally:
+        plt.close(figure)
