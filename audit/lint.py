@@ -9,6 +9,7 @@ import numpy as np
 
 from dpledger.audit.loader import LoadedTrace
 from dpledger.decoding.totals import component_relations
+from dpledger.decoding.utility import utility_warnings
 from dpledger.mechanisms.pmixed import SubsamplingVariant
 from dpledger.mechanisms.screening import BLIND_SCREEN_RATIO
 
@@ -51,7 +52,8 @@ def _nan_fields(record: dict, screened: bool) -> list[str]:
 
 
 def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Finding]:
-    """The run's configuration and per-step records checked against pitfalls 1 to 12 of docs/pitfalls.md.
+    """The run's configuration and per-step records checked against pitfalls 1 to 12 of docs/pitfalls.md,
+    and against its utility pitfalls 13 to 16 (dpledger.decoding.utility).
 
     Args:
         trace: the loaded run (its manifest and records are read; not its payload).
@@ -59,7 +61,7 @@ def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Find
             neighbour is named under pitfall 5; None where the ablation did not run.
 
     Returns:
-        One Finding per pitfall, in pitfall order (1..12).
+        One Finding per pitfall, in pitfall order (1..16).
     """
     params = trace.params
     variant = SubsamplingVariant(params["subsampling_variant"]) if params.get("sample_rate") is not None else None
@@ -68,7 +70,9 @@ def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Find
 
     sizes, passes = [], []
     nan_fields: dict[str, list[int]] = {}
+    every_record: list[dict] = []
     for _, records in trace.iter_blocks():
+        every_record += records
         sizes += [len(r["sampled_teachers"]) for r in records if r["sampled_teachers"] or variant]
         passes.append(sum(bool(r["screen_passed"]) for r in records))
         for record in records:
@@ -149,4 +153,7 @@ def lint(trace: LoadedTrace, ablation_evidence: dict | None = None) -> list[Find
                             "the trace confidential" if guessable else
                             ("the run seed is not among the small seeds a search would try first; it and the trace "
                              "that records it must stay confidential" if random else "the mechanism draws nothing")))
+    # 13 to 16: a sound run that answers nothing useful (utility only; the privacy numbers stand)
+    findings += [Finding(w.pitfall, w.title, w.applies, "low" if w.applies else "info", w.reason)
+                 for w in utility_warnings(trace.manifest, every_record, trace.ledger)]
     return findings

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from dpledger.decoding.dask_decode import sequential_reason
     from dpledger.decoding.blocks import prepare
     from dpledger.decoding.run import run_decode
+    from dpledger.decoding.utility import utility_warnings
     from dpledger.decoding import trace
 
     overrides = tuple(args.overrides) + (() if args.queries is None else (f"run.queries={args.queries}",))
@@ -111,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"budget: epsilon {budget['epsilon']:g} at delta {budget['delta']:g}, a Renyi filter at order "
               f"{budget['order']:g}: {budget['private_answers']} queries answered privately, "
               f"{budget['refused_steps']} by the public model after the budget was reached")
+    for warning in utility_warnings(trace.read_manifest(result.directory), trace.read_records(result.directory), summary):
+        if warning.applies:   # utility only: the privacy numbers above stand
+            print(f"utility warning ({warning.title}): {warning.reason}")
     print(f"chain head {result.head} ({summary['steps']} steps): publish it; `dpledger audit {result.directory} "
           f"--expect-head {result.head}` then detects any rewrite or truncation of this run")
     return 0

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from dpledger.accounting.errors import require
+from dpledger.decoding.utility import no_better_than_public, utility_warnings
 from dpledger.accounting.strict_json import strict_json_text
 from dpledger.reports.html_text import escaped
 from dpledger.reports.plots import run_figures
@@ -444,6 +445,35 @@ AUDIT_VERDICT_MEANING = ("The audit verdict says whether the charges, the ledger
                          "against the trace (replay, checks, neighbour ablations): a verified epsilon is right, not "
                          "necessarily small.")
 
+def utility_notes(run: RunData, runs: list[RunData]) -> list[str]:
+    """The utility warnings that apply to `run` (dpledger.decoding.utility; docs/pitfalls.md 13 to 16),
+    and, when the report holds the public model's run on the same queries, whether this private run's
+    perplexity is no better than the public model's. Utility only: no privacy number changes.
+
+    Args:
+        run: the run whose warnings are listed.
+        runs: every run of the report (searched for the public model's run on the same data and queries).
+
+    Returns:
+        One sentence per warning that applies, in pitfall order, the comparison with the public model last.
+
+    Raises:
+        ValueError: if a voting run's recorded parameters do not make a voting mechanism.
+    """
+    notes = [f"{w.title}: {w.reason}." for w in utility_warnings(run.manifest, run.records, run.ledger) if w.applies]
+    if run.manifest["mechanism"]["type"] in ("public", "ensemble"):
+        return notes
+    same_queries = [other for other in runs if other.manifest["mechanism"]["type"] == "public"
+                    and other.manifest["data"].get("sha256") == run.manifest["data"].get("sha256")
+                    and other.ledger["steps"] == run.ledger["steps"]]
+    for public in same_queries[:1]:
+        if no_better_than_public(run.ledger["perplexity"], public.ledger["perplexity"]):
+            notes.append(f"no better than the public model: perplexity {run.ledger['perplexity']:.4g} against the "
+                         f"public model's {public.ledger['perplexity']:.4g} on the same {run.ledger['steps']} queries "
+                         f"({public.directory.name}).")
+    return notes
+
+
 def render_markdown(runs: list[RunData]) -> str:
     """The report as Markdown: the method comparison, then per run its breakdown (Table 2b shape),
     privacy statement, a free-generation run's prompts and text, and its audit's verdict and checks.
@@ -468,6 +498,9 @@ def render_markdown(runs: list[RunData]) -> str:
                   markdown_table(breakdown_table(run)), "", _md(_breakdown_caption(run)), "", "### Privacy statement",
                   ""]
         parts += [_md(p) + "\n" for p in privacy_statement(run)]
+        warnings_here = utility_notes(run, runs)
+        if warnings_here:
+            parts += ["### Utility warnings", "", *(f"- {_md(note)}" for note in warnings_here), ""]
         parts += _markdown_generations(run)
         checks = checks_table(run)
         parts += ["### Audit", "", f"Verdict: {_md(audit_headline(run))}", "",
@@ -582,6 +615,10 @@ def render_html(runs: list[RunData]) -> str:
                   "<h3>Privacy-loss breakdown</h3>", _html_table(breakdown_table(run), "breakdown"),
                   f"<p class='note'>{escaped(_breakdown_caption(run))}</p>", "<h3>Privacy statement</h3>"]
         parts += [f"<p>{escaped(p)}</p>" for p in privacy_statement(run)]
+        warnings_here = utility_notes(run, runs)
+        if warnings_here:
+            parts += ["<h3>Utility warnings</h3><ul>" + "".join(f"<li>{escaped(note)}</li>" for note in warnings_here)
+                      + "</ul>"]
         parts += _html_generations(run)
         checks = checks_table(run)
         if checks is not None:
