@@ -13,11 +13,12 @@ from typing import TypedDict, cast
 from dpledger.accounting.conversion import ConversionMethod
 from dpledger.accounting.strict_json import strict_json_text
 from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, CALIBRATE_FLAG_SPECS, FlagSpec, add_conversion_flags,
-                                      add_mechanism_parser, add_mechanism_subcommands, aggregator_flag_spec, option,
-                                      require_queries_flag)
+                                      add_mechanism_parser, add_mechanism_subcommands, aggregator_flag_spec,
+                                      mechanism_flag_spec, option, require_queries_flag)
 from dpledger.mechanisms import calibration
 from dpledger.mechanisms.aggregation import VoteAggregator
 from dpledger.mechanisms.aggregators import aggregators
+from dpledger.mechanisms.registry import accountable_mechanisms
 from dpledger.accounting.orders import default_orders
 
 AGGREGATORS = {name: cls for name, cls in aggregators().items() if cls.calibrated is not None}
@@ -67,7 +68,11 @@ def _spec(flag: str, mechanism: str) -> FlagSpec:
         return cast(FlagSpec, dict(aggregator.calibrate_flags[flag]))
     if aggregator is not None and flag in _fixed_parameters(aggregator):
         return aggregator_flag_spec(aggregator, flag, "calibrate")
-    spec = (CALIBRATE_FLAG_SPECS.get(flag) or ACCOUNT_FLAG_SPECS[flag]).copy()
+    registered = accountable_mechanisms().get(mechanism)
+    if flag not in CALIBRATE_FLAG_SPECS and registered is not None and flag in registered.flags():
+        spec = mechanism_flag_spec(registered, flag)  # a fixed parameter's flag, from its class
+    else:
+        spec = (CALIBRATE_FLAG_SPECS.get(flag) or ACCOUNT_FLAG_SPECS[flag]).copy()
     if flag == "queries":
         spec["help"] = "number of queries Q the budget covers, composed adaptively (Mironov 2017, Proposition 1); >= 1"
     if flag == "sample_rate":
