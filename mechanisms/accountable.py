@@ -62,6 +62,10 @@ class AccountableMechanism(Mechanism):
     beside the RDP one and offers --dp-event-out."""
     calibrated: ClassVar[str | None] = None
     """The field `dpledger calibrate NAME` solves for (None: it is not calibrated)."""
+    calibrate_summary: ClassVar[str] = ""  # one line, with its citation: `dpledger calibrate NAME --help`
+    calibrate_derived: ClassVar[Sequence[str]] = ()
+    """Parameters `dpledger calibrate NAME` derives from the calibrated one, so no flag of it (ConfidentGNMax's
+    sigma_threshold = --ratio * sigma)."""
     flag_order: ClassVar[Sequence[str]] = ()
     """The parameter fields in the order their flags are listed, where that differs from declaration order."""
     account_fixed: ClassVar[Mapping[str, Any]] = {}
@@ -171,5 +175,6 @@ def register_mechanism(cls: type[_M]) -> type[_M]:
     require(set(cls.flag_order) <= names, f"{cls.__name__}.flag_order names a field that is no parameter")
     require(cls.calibrated is None or cls.calibrated in names,
             f"{cls.__name__}.calibrated must name one of its parameters, got {cls.calibrated!r}")
+    require(set(cls.calibrate_derived) <= names, f"{cls.__name__}.calibrate_derived names a field that is no parameter")
     _REGISTERED[name] = cls
     return cls

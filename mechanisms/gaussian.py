@@ -31,6 +31,7 @@ class GaussianMechanism(AccountableMechanism):
     summary: ClassVar[str] = "Gaussian mechanism (Mironov 2017, Proposition 7)"
     has_dp_event: ClassVar[bool] = True
     calibrated: ClassVar[str | None] = "noise_multiplier"
+    calibrate_summary: ClassVar[str] = "smallest Gaussian noise multiplier (Mironov 2017, Proposition 7)"
 
     noise_multiplier: float = mechanism_parameter(
         metavar="Z", unit="unitless",
@@ -91,6 +92,8 @@ class PoissonSubsampledGaussian(AccountableMechanism):
     summary: ClassVar[str] = "Poisson-subsampled Gaussian (Mironov, Talwar & Zhang 2019)"
     has_dp_event: ClassVar[bool] = True
     calibrated: ClassVar[str | None] = "noise_multiplier"
+    calibrate_summary: ClassVar[str] = ("smallest noise multiplier of the Poisson-subsampled Gaussian, DP-SGD's "
+                                        "(Mironov, Talwar & Zhang 2019)")
 
     noise_multiplier: float = mechanism_parameter(
         metavar="Z", unit="unitless",

@@ -222,6 +222,7 @@ class GNMax(AccountableMechanism):
     summary: ClassVar[str] = "GNMax, Gaussian noisy argmax of vote counts (Papernot et al. 2018, Proposition 8)"
     has_dp_event: ClassVar[bool] = True
     calibrated: ClassVar[str | None] = "sigma"
+    calibrate_summary: ClassVar[str] = "smallest GNMax sigma (Papernot et al. 2018, Proposition 8)"
 
     sigma: float = mechanism_parameter(
         metavar="SIGMA", unit="votes", help="standard deviation of the Gaussian added to each vote count, in votes (> 0)")
@@ -331,6 +332,9 @@ class ConfidentGNMax(AccountableMechanism):
                               "Algorithm 1)")
     has_dp_event: ClassVar[bool] = True
     calibrated: ClassVar[str | None] = "sigma"
+    calibrate_summary: ClassVar[str] = ("smallest Confident-GNMax sigma s2 with s1 = R * s2 (Papernot et al. 2018, "
+                                        "Algorithm 1)")
+    calibrate_derived: ClassVar[Sequence[str]] = ("sigma_threshold",)  # s1 = --ratio * s2
     flag_order: ClassVar[Sequence[str]] = ("sigma", "sigma_threshold")
     account_fixed: ClassVar[Mapping[str, Any]] = {"threshold": 0.0}  # the data-independent curve does not read T
 

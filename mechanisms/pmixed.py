@@ -213,6 +213,8 @@ class PMixED(AccountableMechanism):
     summary: ClassVar[str] = ("PMixED, optionally with Poisson subsampling of teachers (Flemings et al. 2024, "
                               "Theorem 3.1, Theorem A.4)")
     calibrated: ClassVar[str | None] = "beta"
+    calibrate_summary: ClassVar[str] = ("largest PMixED beta (Flemings et al. 2024, Theorem 3.1 / Lemma C.1; Theorem "
+                                        "A.4 with --sample-rate)")
 
     alpha: float = mechanism_parameter(metavar="A", unit="Renyi order",
                                        help="PMixED projection order a (> 1; Flemings et al. 2024 use 6)")

@@ -60,6 +60,7 @@ class NoisyScreening(AccountableMechanism):
     summary: ClassVar[str] = "AdaPMixED's noisy screening step alone (Flemings et al. 2024, Theorem 4.2's eps_screen)"
     has_dp_event: ClassVar[bool] = True
     calibrated: ClassVar[str | None] = "sigma"
+    calibrate_summary: ClassVar[str] = "smallest sigma of AdaPMixED's noisy screening (Flemings et al. 2024, Theorem 4.1)"
 
     teachers: int = mechanism_parameter(metavar="N", type=int, unit="teachers", help=TEACHERS_HELP)
     lam: float = mechanism_parameter(metavar="LAMBDA", unit="unitless", help="screening mixing weight lambda, in (0, 1]")
