@@ -19,76 +19,94 @@ from dpledger.accounting.safe_files import read_text, write_atomic
 from dpledger.accounting.strict_json import MAX_BYTES, loads_json, strict_json_text
 from dpledger.accounting.orders import default_orders
 from dpledger.accounting.relation import PathAccounting
-from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, SIGMA_HELP, FlagSpec, add_conversion_flags,
-                                      add_mechanism_parser, add_mechanism_subcommands, aggregator_flag_spec,
+from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, FlagSpec, add_conversion_flags, add_mechanism_parser,
+                                      add_mechanism_subcommands, aggregator_flag_spec, mechanism_flag_spec,
                                       require_queries_flag)
 from dpledger.mechanism_flags import option as _option
-from dpledger.mechanisms import (Ball, ConfidentGNMax, GaussianMechanism, GNMax, NoisyScreening, PMixED,
-                                 PoissonSubsampledGaussian, SubsamplingVariant, subsampled_pmixed_curve)
+from dpledger.mechanisms import Ball, PMixED, SubsamplingVariant, subsampled_pmixed_curve
+from dpledger.mechanisms.accountable import AccountableMechanism
 from dpledger.mechanisms.aggregators import aggregators
+from dpledger.mechanisms.registry import accountable_mechanisms
 from dpledger.mechanisms.dp_events import (dp_accounting_relation, dp_event_to_json, mechanism_from_dp_event,
                                   read_dp_event_json)
 from dpledger.mechanisms.calibration import pld_cost_reason, quiet_dp_accounting, require_subsampling_work
 from dpledger.mechanisms.pld import PLD_VALUE_DISCRETIZATION_INTERVAL, RdpPldComparison, pld_epsilon
 
+# (this docstring is `dpledger account --help`'s description.) Every registered accountable mechanism
+# (dpledger.mechanisms.registry: gaussian, subsampled-gaussian, pmixed, screening, gnmax, confident-gnmax) is a
+# subcommand too, its flags its parameters' (dpledger.mechanisms.accountable).
 AGGREGATORS = aggregators()
 """The registered vote aggregators, name -> class: one subcommand each, its flags its parameters'."""
-MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax", *AGGREGATORS)
+MECHANISMS = (*accountable_mechanisms(), *AGGREGATORS)
+"""The subcommands at import (the registered accountable mechanisms, then the aggregators); the parser
+asks the registry again when it is built (`_mechanisms`), so a class registered later is listed too."""
 # T-threshold private only (Cohen et al. 2023): no DP guarantee, no epsilon
 THRESHOLD_PRIVATE = tuple(name for name, cls in AGGREGATORS.items() if not cls.differentially_private)
 
-_SUMMARY = {
-    "gaussian": "Gaussian mechanism (Mironov 2017, Proposition 7)",
-    "subsampled-gaussian": "Poisson-subsampled Gaussian (Mironov, Talwar & Zhang 2019)",
-    "pmixed": "PMixED, optionally with Poisson subsampling of teachers (Flemings et al. 2024, Theorem 3.1, "
-              "Theorem A.4)",
-    "screening": "AdaPMixED's noisy screening step alone (Flemings et al. 2024, Theorem 4.2's eps_screen)",
-    "gnmax": "GNMax, Gaussian noisy argmax of vote counts (Papernot et al. 2018, Proposition 8)",
-    "confident-gnmax": "Confident-GNMax, screen then GNMax, both charged every query (Papernot et al. 2018, "
-                       "Algorithm 1)",
-    **{name: cls.summary for name, cls in AGGREGATORS.items()},
-}
-
-# every flag a mechanism may read, and the per-mechanism help of --sigma: shared with `dpledger calibrate`
-# (dpledger/mechanism_flags.py); an aggregator's flags are its parameters' (aggregator_flag_spec)
+# the flags that are no mechanism parameter (shared with `dpledger calibrate`, dpledger/mechanism_flags.py); a
+# mechanism's flags are its parameters' (mechanism_flag_spec, aggregator_flag_spec)
 _FLAG_SPECS = ACCOUNT_FLAG_SPECS
-_SIGMA_HELP = SIGMA_HELP
 
-# which flags each mechanism needs; a missing one is refused by name, all at once
-_REQUIRED = {
-    "gaussian": ("noise_multiplier",),
-    "subsampled-gaussian": ("noise_multiplier", "sample_rate"),
-    "pmixed": ("alpha", "beta", "teachers"),
-    "screening": ("teachers", "lam", "sigma"),
-    "gnmax": ("sigma",),
-    "confident-gnmax": ("sigma", "sigma_threshold"),
-    **{name: cls.required_parameters("account") for name, cls in AGGREGATORS.items()},
-}
-# every DP mechanism is composed Q times and converted at delta
-for _kind in MECHANISMS:
-    if _kind not in THRESHOLD_PRIVATE:
-        _REQUIRED[_kind] = ("queries", "delta") + _REQUIRED[_kind]
-# flags a mechanism reads beyond its required ones; its subcommand has no other flag
-_OPTIONAL = {
-    "gaussian": (), "subsampled-gaussian": (), "gnmax": (), "confident-gnmax": (), "screening": (),
-    "pmixed": ("ball", "sample_rate", "seed"),
-    # an aggregator's optional parameters; a screened one's accounting; a threshold-private one reads any Q (still
-    # no DP guarantee) and no --delta (T-threshold privacy has none), so --delta is refused as a flag it does not read
-    **{name: (() if cls.differentially_private else ("queries",))
-       + tuple(flag for flag in cls.parameter_fields("account") if flag not in _REQUIRED[name])
-       + (("accounting", "answered") if cls.supports_realised_path else ())
-       for name, cls in AGGREGATORS.items()},
-}
+# PMixED's subsampled accounting (SubsampledPMixED, every SubsamplingVariant shown) reads two flags that are no
+# PMixED parameter: the rate and the seed of the realised-size variants' simulated sizes
+_CLI_OPTIONAL = {PMixED.name: ("sample_rate", "seed")}
+_PMIXED_SAMPLE_RATE_HELP = ("Poisson subsampling of teachers with probability q in (0, 1]; every accounting variant "
+                            "is shown (Flemings et al. 2024, Theorem A.4)")
 # the RDP-to-(epsilon, delta) conversion and the order grid apply to every DP mechanism
 CONVERSION_FLAGS = ("method", "orders")
-# mechanisms with a dp_accounting DpEvent: their PLD epsilon is shown beside the RDP one, and
-# --dp-event-out writes the composed event (dpledger.mechanisms.dp_events)
-EVENT_MECHANISMS = ("gaussian", "subsampled-gaussian", "screening", "gnmax", "confident-gnmax",
-                    *(name for name, cls in AGGREGATORS.items() if cls.has_dp_event))
 # `dpledger account from-event FILE`: account a DpEvent file (dp-accounting interop)
 FROM_EVENT = "from-event"
 _DP_EVENT_OUT_HELP = ("write the Q-fold composed dp_accounting DpEvent to this file as strict JSON (unit-sensitivity "
                       "event, relation and the dp_accounting relation to account it with; docs/calibration.md)")
+
+
+def _mechanisms() -> dict[str, type[AccountableMechanism]]:
+    """The registered accountable mechanisms, name -> class, as the registry lists them now."""
+    return accountable_mechanisms()
+
+
+def _summary(mechanism: str) -> str:
+    """The subcommand's one-line help: its class's summary."""
+    return AGGREGATORS[mechanism].summary if mechanism in AGGREGATORS else _mechanisms()[mechanism].summary
+
+
+def _required(mechanism: str) -> tuple[str, ...]:
+    """The flags `mechanism` needs; a missing one is refused by name, all at once. Every DP mechanism is
+    composed Q times and converted at delta."""
+    if mechanism in AGGREGATORS:
+        own = AGGREGATORS[mechanism].required_parameters("account")
+    else:
+        own = _mechanisms()[mechanism].required_flags()
+    return own if mechanism in THRESHOLD_PRIVATE else ("queries", "delta") + own
+
+
+def _optional(mechanism: str) -> tuple[str, ...]:
+    """The flags `mechanism` reads beyond its required ones; its subcommand has no other flag."""
+    cls = AGGREGATORS.get(mechanism)
+    if cls is None:
+        return _mechanisms()[mechanism].optional_flags() + _CLI_OPTIONAL.get(mechanism, ())
+    # an aggregator's optional parameters; a screened one's accounting; a threshold-private one reads any Q (still
+    # no DP guarantee) and no --delta (T-threshold privacy has none), so --delta is refused as a flag it does not read
+    required = _required(mechanism)
+    return ((() if cls.differentially_private else ("queries",))
+            + tuple(flag for flag in cls.parameter_fields("account") if flag not in required)
+            + (("accounting", "answered") if cls.supports_realised_path else ()))
+
+
+def has_dp_event(mechanism: str) -> bool:
+    """Whether the mechanism has a dp_accounting DpEvent: its PLD epsilon is shown beside the RDP one, and
+    --dp-event-out writes the composed event (dpledger.mechanisms.dp_events).
+
+    Args:
+        mechanism: a subcommand of `dpledger account` (not FROM_EVENT).
+
+    Returns:
+        Its class's `has_dp_event`.
+
+    Raises:
+        KeyError: if `mechanism` is no registered mechanism or aggregator.
+    """
+    return (AGGREGATORS[mechanism] if mechanism in AGGREGATORS else _mechanisms()[mechanism]).has_dp_event
 
 
 def accepted_flags(mechanism: str) -> tuple[str, ...]:
@@ -105,17 +123,17 @@ def accepted_flags(mechanism: str) -> tuple[str, ...]:
     """
     if mechanism == FROM_EVENT:
         return ("--delta", "--relation") + tuple(_option(flag) for flag in CONVERSION_FLAGS) + ("--json",)
-    flags = _REQUIRED[mechanism] + _OPTIONAL[mechanism]
+    flags = _required(mechanism) + _optional(mechanism)
     if mechanism not in THRESHOLD_PRIVATE:
         flags += CONVERSION_FLAGS
-    if mechanism in EVENT_MECHANISMS:
+    if has_dp_event(mechanism):
         flags += ("dp_event_out",)
     return tuple(_option(flag) for flag in flags) + ("--json",)
 
 
 def _refuse_missing_flags(args: argparse.Namespace) -> None:
     """Every missing flag named at once, by its flag name."""
-    missing = [flag for flag in _REQUIRED[args.mechanism] if getattr(args, flag, None) is None]
+    missing = [flag for flag in _required(args.mechanism) if getattr(args, flag, None) is None]
     require(not missing, f"mechanism {args.mechanism} needs " + ", ".join(_option(f) for f in missing))
 
 
@@ -128,24 +146,24 @@ def add_parser(subparsers) -> None:
     """
     mechanisms = add_mechanism_subcommands(subparsers, "account", "epsilon of Q queries of a data-independent mechanism",
                                            __doc__)
-    for mechanism in MECHANISMS:
-        sub, required, optional = add_mechanism_parser(mechanisms, mechanism, _SUMMARY[mechanism])
+    for mechanism in (*_mechanisms(), *AGGREGATORS):
+        sub, required, optional = add_mechanism_parser(mechanisms, mechanism, _summary(mechanism))
         aggregator = AGGREGATORS.get(mechanism)
-        for flag in _REQUIRED[mechanism] + _OPTIONAL[mechanism]:
+        own = {} if aggregator is not None else _mechanisms()[mechanism].flags()
+        for flag in _required(mechanism) + _optional(mechanism):
             spec = _FLAG_SPECS[flag].copy() if flag in _FLAG_SPECS else FlagSpec()
             if aggregator is not None and flag in aggregator.parameter_fields("account"):
                 spec = aggregator_flag_spec(aggregator, flag, "account")
-            elif flag == "sigma":
-                spec["help"] = _SIGMA_HELP[mechanism]
+            elif flag in own:
+                spec = mechanism_flag_spec(_mechanisms()[mechanism], flag)
             if flag in ("queries", "delta") and mechanism in THRESHOLD_PRIVATE:
                 spec["help"] = "recorded only: no number of queries gives a DP guarantee"
-            if flag == "sample_rate" and mechanism == "pmixed":
-                spec["help"] = ("Poisson subsampling of teachers with probability q in (0, 1]; every accounting "
-                                "variant is shown (Flemings et al. 2024, Theorem A.4)")
-            (required if flag in _REQUIRED[mechanism] else optional).add_argument(_option(flag), **spec)
+            if flag == "sample_rate" and mechanism == PMixED.name:
+                spec["help"] = _PMIXED_SAMPLE_RATE_HELP
+            (required if flag in _required(mechanism) else optional).add_argument(_option(flag), **spec)
         if mechanism not in THRESHOLD_PRIVATE:
             add_conversion_flags(optional)
-        if mechanism in EVENT_MECHANISMS:
+        if has_dp_event(mechanism):
             optional.add_argument("--dp-event-out", metavar="FILE", help=_DP_EVENT_OUT_HELP)
         optional.add_argument("--json", action="store_true", help="print one strict JSON object")
         sub.set_defaults(handler=run, accepted_flags=accepted_flags(mechanism))
@@ -173,6 +191,8 @@ def _add_from_event_parser(mechanisms) -> None:
 def _with_every_flag(args: argparse.Namespace) -> argparse.Namespace:
     """args with the flags this mechanism's subcommand does not have set to their unset value."""
     values = {flag: spec.get("default") for flag, spec in _FLAG_SPECS.items()}
+    for mechanism in _mechanisms().values():  # a mechanism's parameters: None where it does not read them
+        values.update({flag: None for flag in mechanism.flags() if flag not in values})
     for cls in AGGREGATORS.values():  # an aggregator's parameters: None where it does not read them
         values.update({flag: None for flag in cls.parameter_fields("account") if flag not in values})
     values.update(method=ConversionMethod.IMPROVED.value, orders=None, json=False, dp_event_out=None)
@@ -200,21 +220,12 @@ def _conversion_record(curve, delta, method, name=None, **extra) -> dict:
 
 
 def _mechanism(args: argparse.Namespace):
-    """The mechanism the flags name (each validates its own parameters)."""
-    kind = args.mechanism
-    if kind == "gaussian":
-        return GaussianMechanism(args.noise_multiplier)
-    if kind == "subsampled-gaussian":
-        return PoissonSubsampledGaussian(args.noise_multiplier, args.sample_rate)
-    if kind == "screening":
-        return NoisyScreening(teachers=args.teachers, lam=args.lam, sigma=args.sigma)
-    if kind == "gnmax":
-        return GNMax(args.sigma)
-    if kind == "confident-gnmax":
-        return ConfidentGNMax(threshold=0.0, sigma_threshold=args.sigma_threshold, sigma=args.sigma)
-    if kind in AGGREGATORS:
+    """The mechanism the flags name, built by its registered class from its flags (each validates its own
+    parameters)."""
+    if args.mechanism in AGGREGATORS:
         return _aggregator(args)
-    return PMixED(args.alpha, args.beta, args.teachers, ball=args.ball)
+    cls = _mechanisms()[args.mechanism]
+    return cls.from_flags({flag: getattr(args, flag) for flag in cls.flags()})
 
 
 def _aggregator(args: argparse.Namespace):
@@ -247,7 +258,7 @@ def account(args: argparse.Namespace) -> dict:
     if record["mechanism"] in THRESHOLD_PRIVATE:
         return record
     args = _with_every_flag(args)
-    mechanism = _mechanism(args) if args.mechanism in EVENT_MECHANISMS or args.mechanism in AGGREGATORS else None
+    mechanism = _mechanism(args) if has_dp_event(args.mechanism) or args.mechanism in AGGREGATORS else None
     if mechanism is not None and args.accounting == PathAccounting.RELEASED_OUTPUT and mechanism.dp_event() is not None:
         from dp_accounting import SelfComposedDpEvent
 
@@ -264,7 +275,7 @@ def account(args: argparse.Namespace) -> dict:
                            "estimate": "pessimistic: an upper bound (Koskela et al. 2020; Doroshenko et al. 2022)",
                            "dp_accounting_neighboring_relation": dp_accounting_relation(mechanism.relation, event).name})
     else:
-        reason = ("PMixED has no DpEvent: no PLD in dp-accounting; RDP only" if args.mechanism == "pmixed" else
+        reason = ("PMixED has no DpEvent: no PLD in dp-accounting; RDP only" if args.mechanism == PMixED.name else
                   "realised-path charges GNMax on the answered queries only, a count that depends on the data: "
                   "no DpEvent; RDP only" if args.accounting == PathAccounting.REALISED_PATH else
                   (mechanism.no_pld_reason() if mechanism is not None else None)
@@ -290,8 +301,8 @@ def _account_rdp(args: argparse.Namespace) -> dict:
         return _aggregator_record(args)
     mechanism = _mechanism(args)
     # the mechanism validated its own parameters; now its order joins the grid
-    orders = _grid(args, *([args.alpha] if kind == "pmixed" else []))
-    if kind == "pmixed" and args.sample_rate is not None:
+    orders = _grid(args, *([args.alpha] if kind == PMixED.name else []))
+    if kind == PMixED.name and args.sample_rate is not None:
         require_subsampling_work(mechanism.teachers, args.queries, True, "--teachers", "--queries")
         # every variant is shown: the paper's ball for the first five, the all-orders ball for the last
         balls = {ball: PMixED(args.alpha, args.beta, args.teachers, ball=ball) for ball in Ball}
@@ -312,7 +323,7 @@ def _account_rdp(args: argparse.Namespace) -> dict:
         return record
     record = _conversion_record(mechanism.rdp_curve(orders).composed(args.queries), args.delta, args.method)
     record.update(mechanism=kind, queries=args.queries, relation=mechanism.relation.value)
-    if kind == "pmixed":
+    if kind == PMixED.name:
         record["ball"] = mechanism.ball.value
         record["label"] = _pmixed_label(mechanism, None)
         record["note"] = ("Theorem 3.1 proven at every order: the ball holds at every order" if mechanism.proven else

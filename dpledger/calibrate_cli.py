@@ -8,42 +8,65 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import MISSING
-from typing import TypedDict, cast
+from typing import Callable, TypedDict, cast
 
 from dpledger.accounting.conversion import ConversionMethod
 from dpledger.accounting.strict_json import strict_json_text
 from dpledger.mechanism_flags import (ACCOUNT_FLAG_SPECS, CALIBRATE_FLAG_SPECS, FlagSpec, add_conversion_flags,
-                                      add_mechanism_parser, add_mechanism_subcommands, aggregator_flag_spec, option,
-                                      require_queries_flag)
+                                      add_mechanism_parser, add_mechanism_subcommands, aggregator_flag_spec,
+                                      mechanism_flag_spec, option, require_queries_flag)
 from dpledger.mechanisms import calibration
 from dpledger.mechanisms.aggregation import VoteAggregator
 from dpledger.mechanisms.aggregators import aggregators
+from dpledger.mechanisms.registry import accountable_mechanisms
 from dpledger.accounting.orders import default_orders
 
 AGGREGATORS = {name: cls for name, cls in aggregators().items() if cls.calibrated is not None}
 """The registered vote aggregators with a noise to calibrate: one subcommand each."""
-MECHANISMS = ("gaussian", "subsampled-gaussian", "pmixed", "screening", "gnmax", "confident-gnmax", *AGGREGATORS)
-
-_SUMMARY = {
-    "gaussian": "smallest Gaussian noise multiplier (Mironov 2017, Proposition 7)",
-    "subsampled-gaussian": "smallest noise multiplier of the Poisson-subsampled Gaussian, DP-SGD's "
-                           "(Mironov, Talwar & Zhang 2019)",
-    "pmixed": "largest PMixED beta (Flemings et al. 2024, Theorem 3.1 / Lemma C.1; Theorem A.4 with --sample-rate)",
-    "screening": "smallest sigma of AdaPMixED's noisy screening (Flemings et al. 2024, Theorem 4.1)",
-    "gnmax": "smallest GNMax sigma (Papernot et al. 2018, Proposition 8)",
-    "confident-gnmax": "smallest Confident-GNMax sigma s2 with s1 = R * s2 (Papernot et al. 2018, Algorithm 1)",
-    **{name: cls.calibrate_summary or f"smallest {cls.calibrated} of {cls.title}" for name, cls in AGGREGATORS.items()},
-}
 _TARGET = ("epsilon", "delta", "queries")
-_REQUIRED = {
-    "gaussian": (), "subsampled-gaussian": ("sample_rate",), "pmixed": ("alpha", "teachers"),
-    "screening": ("teachers", "lam"), "gnmax": (), "confident-gnmax": (),
+
+
+class _Options(TypedDict):
+    """The accounting options every calibration but PMixED's takes as keywords."""
+
+    method: ConversionMethod
+    accountant: str
+    orders: tuple[float, ...]
+    compare_pld: bool
+
+
+_Target = tuple[float, float, int]
+# how each registered mechanism's `calibrated` parameter is solved for: a theorem-specific solver each
+# (dpledger.mechanisms.calibration), fed the target, the fixed parameters' flags and the accounting options
+_CALIBRATIONS: dict[str, Callable[[argparse.Namespace, _Target, _Options], calibration.Calibration]] = {
+    "gaussian": lambda args, target, options: calibration.calibrate_gaussian(*target, **options),
+    "subsampled-gaussian": lambda args, target, options: calibration.calibrate_subsampled_gaussian(
+        *target, args.sample_rate, **options),
+    "pmixed": lambda args, target, options: calibration.calibrate_pmixed(
+        *target, args.alpha, args.teachers, ball=args.ball, sampling_probability=args.sample_rate,
+        variant=args.variant, seed=args.seed, orders=args.orders, method=options["method"]),
+    "screening": lambda args, target, options: calibration.calibrate_screening(
+        *target, args.teachers, args.lam, **options),
+    "gnmax": lambda args, target, options: calibration.calibrate_gnmax(*target, **options),
+    "confident-gnmax": lambda args, target, options: calibration.calibrate_confident_gnmax(
+        *target, ratio=args.ratio, threshold=0.0, mechanism_name=args.mechanism, **options),
 }
-_OPTIONAL = {
-    "gaussian": ("accountant",), "subsampled-gaussian": ("accountant",),
-    "pmixed": ("ball", "sample_rate", "variant", "seed"), "screening": ("accountant",), "gnmax": ("accountant",),
-    "confident-gnmax": ("ratio", "accountant"),
-}
+CALIBRATED = {name: cls for name, cls in accountable_mechanisms().items()
+              if cls.calibrated is not None and name in _CALIBRATIONS}
+"""The registered accountable mechanisms with a parameter to calibrate and a solver for it: one subcommand each."""
+MECHANISMS = (*CALIBRATED, *AGGREGATORS)
+
+# flags a calibration reads that are no parameter of its mechanism: PMixED's subsampled bound (rate, variant, seed
+# of the simulated sizes), Confident-GNMax's screen-to-answer noise ratio, and the accountant of the noise solvers
+_CLI_OPTIONAL = {"pmixed": ("sample_rate", "variant", "seed"), "confident-gnmax": ("ratio", "accountant")}
+_SUMMARY = {name: cls.calibrate_summary for name, cls in CALIBRATED.items()}
+_SUMMARY.update({name: cls.calibrate_summary or f"smallest {cls.calibrated} of {cls.title}"
+                 for name, cls in AGGREGATORS.items()})
+# a fixed parameter (neither the calibrated one nor one derived from it) without a default is required
+_REQUIRED = {name: tuple(flag for flag, field in cls.flags().items() if field.default is MISSING
+                         and field.name != cls.calibrated and field.name not in cls.calibrate_derived)
+             for name, cls in CALIBRATED.items()}
+_OPTIONAL = {name: cls.optional_flags() + _CLI_OPTIONAL.get(name, ("accountant",)) for name, cls in CALIBRATED.items()}
 
 
 def _fixed_parameters(cls) -> dict:
@@ -57,7 +80,6 @@ for _name, _cls in AGGREGATORS.items():   # a fixed parameter without a default 
                              if field.default is MISSING and "calibrate_default" not in field.metadata)
     _OPTIONAL[_name] = (tuple(_cls.calibrate_flags) + tuple(name for name in _fields if name not in _REQUIRED[_name])
                         + ("accountant",))
-_PARAMETER = {"pmixed": "beta", "gaussian": "noise_multiplier", "subsampled-gaussian": "noise_multiplier"}
 
 
 def _spec(flag: str, mechanism: str) -> FlagSpec:
@@ -67,7 +89,11 @@ def _spec(flag: str, mechanism: str) -> FlagSpec:
         return cast(FlagSpec, dict(aggregator.calibrate_flags[flag]))
     if aggregator is not None and flag in _fixed_parameters(aggregator):
         return aggregator_flag_spec(aggregator, flag, "calibrate")
-    spec = (CALIBRATE_FLAG_SPECS.get(flag) or ACCOUNT_FLAG_SPECS[flag]).copy()
+    registered = accountable_mechanisms().get(mechanism)
+    if flag not in CALIBRATE_FLAG_SPECS and registered is not None and flag in registered.flags():
+        spec = mechanism_flag_spec(registered, flag)  # a fixed parameter's flag, from its class
+    else:
+        spec = (CALIBRATE_FLAG_SPECS.get(flag) or ACCOUNT_FLAG_SPECS[flag]).copy()
     if flag == "queries":
         spec["help"] = "number of queries Q the budget covers, composed adaptively (Mironov 2017, Proposition 1); >= 1"
     if flag == "sample_rate":
@@ -76,15 +102,6 @@ def _spec(flag: str, mechanism: str) -> FlagSpec:
     if flag == "lam":
         spec["help"] = "screening mixing weight lambda, in (0, 1] (fixed)"
     return spec
-
-
-class _Options(TypedDict):
-    """The accounting options every calibration but PMixED's takes as keywords."""
-
-    method: ConversionMethod
-    accountant: str
-    orders: tuple[float, ...]
-    compare_pld: bool
 
 
 def accepted_flags(mechanism: str) -> tuple[str, ...]:
@@ -140,24 +157,11 @@ def calibrate(args: argparse.Namespace) -> calibration.Calibration:
     kind = args.mechanism
     target = (args.epsilon, args.delta, args.queries)
     method = ConversionMethod(args.method)
-    if kind == "pmixed":
-        return calibration.calibrate_pmixed(*target, args.alpha, args.teachers, ball=args.ball,
-                                            sampling_probability=args.sample_rate, variant=args.variant,
-                                            seed=args.seed, orders=args.orders, method=method)
-
-    options = _Options(method=method, accountant=args.accountant, orders=default_orders(*(args.orders or ())),
-                       compare_pld=True)
-    if kind == "gaussian":
-        return calibration.calibrate_gaussian(*target, **options)
-    if kind == "subsampled-gaussian":
-        return calibration.calibrate_subsampled_gaussian(*target, args.sample_rate, **options)
-    if kind == "screening":
-        return calibration.calibrate_screening(*target, args.teachers, args.lam, **options)
-    if kind == "gnmax":
-        return calibration.calibrate_gnmax(*target, **options)
-    if kind == "confident-gnmax":
-        return calibration.calibrate_confident_gnmax(*target, ratio=args.ratio, threshold=0.0, mechanism_name=kind,
-                                                     **options)
+    # PMixED's solver has no --accountant and takes the user's --orders itself (its grid holds alpha)
+    options = _Options(method=method, accountant=getattr(args, "accountant", "rdp"),
+                       orders=default_orders(*(args.orders or ())), compare_pld=True)
+    if kind in CALIBRATED:
+        return _CALIBRATIONS[kind](args, target, options)
     return _calibrate_aggregator(AGGREGATORS[kind], args, target, options)
 
 

@@ -1,5 +1,7 @@
-"""Command-line flags shared by `dpledger account` and `dpledger calibrate`: one table of argparse
-keyword arguments per flag (help names units and defaults), and the RDP conversion flags."""
+"""Command-line flags shared by `dpledger account` and `dpledger calibrate`: a mechanism parameter's flag
+from its class (`mechanism_flag_spec`, `aggregator_flag_spec`), a table of argparse keyword arguments
+for the flags that are no mechanism parameter (help names units and defaults), and the RDP conversion
+flags."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +14,7 @@ from dpledger.accounting.conversion import ConversionMethod
 from dpledger.accounting.errors import require
 from dpledger.accounting.relation import PathAccounting
 from dpledger.mechanisms import Ball, SubsamplingVariant
+from dpledger.mechanisms.accountable import AccountableMechanism
 from dpledger.mechanisms.aggregation import VoteAggregator
 from dpledger.mechanisms.calibration import MAX_QUERIES
 
@@ -29,25 +32,14 @@ class FlagSpec(TypedDict, total=False):
     action: str
 
 
-# every flag a mechanism may read: argparse keyword arguments (help names units and defaults)
+# the flags of `dpledger account` that are no mechanism's parameter: argparse keyword arguments (help names
+# units and defaults); a mechanism's parameters' flags come from its class (mechanism_flag_spec)
 ACCOUNT_FLAG_SPECS: dict[str, FlagSpec] = {
     "queries": FlagSpec(type=int, metavar="Q", help="number of queries Q, composed adaptively (Mironov 2017, "
                                                 "Proposition 1); an integer >= 1"),
     "delta": FlagSpec(type=float, metavar="DELTA", help="target delta of the (epsilon, delta) guarantee, in (0, 1)"),
-    "noise_multiplier": FlagSpec(type=float, metavar="Z", help="Gaussian noise standard deviation divided by the L2 "
-                                                           "sensitivity (unitless, > 0)"),
-    "sample_rate": FlagSpec(type=float, metavar="Q_RATE", help="Poisson sampling probability q, in (0, 1]"),
-    "alpha": FlagSpec(type=float, metavar="A", help="PMixED projection order a (> 1; Flemings et al. 2024 use 6)"),
-    "beta": FlagSpec(type=float, metavar="BETA", help="Renyi-ball radius per unit of order: each mixed teacher keeps "
-                                                  "D_a(mixed || public) <= beta * a, in nats (> 0)"),
-    "teachers": FlagSpec(type=int, metavar="N", help="ensemble size N (number of teachers, >= 1)"),
-    "sigma": FlagSpec(type=float, metavar="SIGMA"),  # help per mechanism: its unit differs
-    "sigma_threshold": FlagSpec(type=float, metavar="S1", help="Confident-GNMax screen noise s1: standard deviation of "
-                                                           "the Gaussian added to the top vote count, in votes"),
-    "lam": FlagSpec(type=float, metavar="LAMBDA", help="screening mixing weight lambda, in (0, 1]"),
-    "ball": FlagSpec(choices=[b.value for b in Ball], default=Ball.PROJECTION_ORDER.value,
-                 help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
-                      "(Theorem 3.1 proven at every order; docs/soundness.md) (default: projection-order)"),
+    # PMixED's Poisson subsampling of teachers: no PMixED parameter (it makes a SubsampledPMixED); help per command
+    "sample_rate": FlagSpec(type=float, metavar="Q_RATE"),
     "seed": FlagSpec(type=int, default=0, help="seed of the simulated subsample sizes of the realised-size variants "
                                            "(default: 0)"),
     "accounting": FlagSpec(choices=ACCOUNTING, default="released-output",
@@ -56,12 +48,6 @@ ACCOUNT_FLAG_SPECS: dict[str, FlagSpec] = {
                             "queries (Papernot et al. 2018's convention; ex post, not a guarantee)"),
     "answered": FlagSpec(type=int, metavar="K", help="with --accounting realised-path: the number K of answered "
                                                  "queries, in [0, Q]"),
-}
-SIGMA_HELP = {
-    "screening": "standard deviation of the Gaussian added to each probability of the mixed distribution "
-                 "(probability units, > 0)",
-    "gnmax": "standard deviation of the Gaussian added to each vote count, in votes (> 0)",
-    "confident-gnmax": "GNMax noise s2: standard deviation of the Gaussian added to each vote count, in votes",
 }
 
 
@@ -89,6 +75,27 @@ CALIBRATE_FLAG_SPECS: dict[str, FlagSpec] = {
 
 def _shown(value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def mechanism_flag_spec(mechanism: type[AccountableMechanism], flag: str) -> FlagSpec:
+    """argparse keyword arguments of an accountable mechanism's parameter flag, from its field's metadata
+    (dpledger.mechanisms.accountable.mechanism_parameter): its help as declared, and its type and metavar,
+    or its choices and default.
+
+    Args:
+        mechanism: the registered mechanism class.
+        flag: the flag's table name (a key of `mechanism.flags()`), e.g. "sample_rate".
+
+    Returns:
+        The FlagSpec.
+
+    Raises:
+        KeyError: if `flag` is not one of the mechanism's flags.
+    """
+    metadata = mechanism.flags()[flag].metadata
+    if metadata["choices"] is not None:
+        return FlagSpec(choices=list(metadata["choices"]), default=mechanism.flag_default(flag), help=metadata["help"])
+    return FlagSpec(type=metadata["type"], metavar=metadata["metavar"], help=metadata["help"])
 
 
 def aggregator_flag_spec(aggregator: type[VoteAggregator], name: str, command: str) -> FlagSpec:

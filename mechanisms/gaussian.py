@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -11,21 +11,31 @@ from numpy.typing import NDArray
 from dpledger.accounting.errors import require, require_in_closed, require_positive
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.rounding import positive_floor
-from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
+from dpledger.mechanisms.accountable import AccountableMechanism, mechanism_parameter, register_mechanism
+from dpledger.mechanisms.base import require_relation, set_validated
 from dpledger.mechanisms.subsampling import amplified_rdp
 
 if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
     from dp_accounting.dp_event import DpEvent
 
 
+@register_mechanism
 @dataclass(frozen=True)
-class GaussianMechanism(Mechanism):
+class GaussianMechanism(AccountableMechanism):
     """Adds N(0, (noise_multiplier * l2_sensitivity)^2) to a query of L2 sensitivity l2_sensitivity.
 
     RDP: alpha / (2 noise_multiplier^2) at every order (Mironov 2017, Corollary 3).
     """
 
-    noise_multiplier: float
+    name: ClassVar[str] = "gaussian"
+    summary: ClassVar[str] = "Gaussian mechanism (Mironov 2017, Proposition 7)"
+    has_dp_event: ClassVar[bool] = True
+    calibrated: ClassVar[str | None] = "noise_multiplier"
+    calibrate_summary: ClassVar[str] = "smallest Gaussian noise multiplier (Mironov 2017, Proposition 7)"
+
+    noise_multiplier: float = mechanism_parameter(
+        metavar="Z", unit="unitless",
+        help="Gaussian noise standard deviation divided by the L2 sensitivity (unitless, > 0)")
     l2_sensitivity: float = 1.0
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
 
@@ -59,8 +69,9 @@ order 1.1; 0 instead of 1.4e-17 at q = 1e-8, order 1.0000001): the integer value
 charged instead."""
 
 
+@register_mechanism
 @dataclass(frozen=True)
-class PoissonSubsampledGaussian(Mechanism):
+class PoissonSubsampledGaussian(AccountableMechanism):
     """Gaussian mechanism on a Poisson subsample of rate `sampling_probability` (add/remove-one).
 
     RDP from Mironov, Talwar & Zhang 2019. At an integer order it is their Section 3.3 binomial
@@ -77,8 +88,18 @@ class PoissonSubsampledGaussian(Mechanism):
     order's value (q=0.5, sigma=10: 0.0117 at order 2.5 against 0.0038 at order 3).
     """
 
-    noise_multiplier: float
-    sampling_probability: float
+    name: ClassVar[str] = "subsampled-gaussian"
+    summary: ClassVar[str] = "Poisson-subsampled Gaussian (Mironov, Talwar & Zhang 2019)"
+    has_dp_event: ClassVar[bool] = True
+    calibrated: ClassVar[str | None] = "noise_multiplier"
+    calibrate_summary: ClassVar[str] = ("smallest noise multiplier of the Poisson-subsampled Gaussian, DP-SGD's "
+                                        "(Mironov, Talwar & Zhang 2019)")
+
+    noise_multiplier: float = mechanism_parameter(
+        metavar="Z", unit="unitless",
+        help="Gaussian noise standard deviation divided by the L2 sensitivity (unitless, > 0)")
+    sampling_probability: float = mechanism_parameter(
+        flag="sample_rate", metavar="Q_RATE", unit="probability", help="Poisson sampling probability q, in (0, 1]")
 
     def __post_init__(self) -> None:
         set_validated(self, noise_multiplier=require_positive("noise_multiplier", self.noise_multiplier),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +25,8 @@ from dpledger.accounting.errors import require, require_bool, require_non_negati
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelation
 from dpledger.accounting.rounding import SMALLEST_POSITIVE, positive_floor
-from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
+from dpledger.mechanisms.accountable import AccountableMechanism, mechanism_parameter, register_mechanism
+from dpledger.mechanisms.base import require_relation, set_validated
 
 if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
     from dp_accounting.dp_event import DpEvent
@@ -210,13 +211,21 @@ def histogram_sensitivity_squared(relation: NeighbouringRelation) -> float:
     return 2.0 if require_relation(relation) is NeighbouringRelation.REPLACE_ONE else 1.0
 
 
+@register_mechanism
 @dataclass(frozen=True)
-class GNMax(Mechanism):
+class GNMax(AccountableMechanism):
     """argmax_j (c_j + N(0, sigma^2)); RDP alpha * s^2 / (2 sigma^2) at the histogram's L2 sensitivity s
     under the relation (Papernot et al. 2018, Proposition 8; Mironov 2017, Corollary 3): alpha / sigma^2
     under replace-one (s = sqrt 2), alpha / (2 sigma^2) when one teacher is added or removed (s = 1)."""
 
-    sigma: float
+    name: ClassVar[str] = "gnmax"
+    summary: ClassVar[str] = "GNMax, Gaussian noisy argmax of vote counts (Papernot et al. 2018, Proposition 8)"
+    has_dp_event: ClassVar[bool] = True
+    calibrated: ClassVar[str | None] = "sigma"
+    calibrate_summary: ClassVar[str] = "smallest GNMax sigma (Papernot et al. 2018, Proposition 8)"
+
+    sigma: float = mechanism_parameter(
+        metavar="SIGMA", unit="votes", help="standard deviation of the Gaussian added to each vote count, in votes (> 0)")
     relation: NeighbouringRelation = NeighbouringRelation.REPLACE_ONE
 
     def __post_init__(self) -> None:
@@ -307,8 +316,9 @@ class GNMax(Mechanism):
         return int(np.argmax(values + rng.normal(0.0, self.sigma, size=values.shape)))
 
 
+@register_mechanism
 @dataclass(frozen=True)
-class ConfidentGNMax(Mechanism):
+class ConfidentGNMax(AccountableMechanism):
     """Confident-GNMax (Papernot et al. 2018, Algorithm 1): answer only if max_j c_j + N(0, s1^2) >= T.
 
     Data-independent RDP per query: the threshold check alpha / (2 s1^2) (the max count has
@@ -317,9 +327,24 @@ class ConfidentGNMax(Mechanism):
     the worst case (both); use `screen_rdp` / `answer_rdp` to charge a query that failed the check.
     """
 
+    name: ClassVar[str] = "confident-gnmax"
+    summary: ClassVar[str] = ("Confident-GNMax, screen then GNMax, both charged every query (Papernot et al. 2018, "
+                              "Algorithm 1)")
+    has_dp_event: ClassVar[bool] = True
+    calibrated: ClassVar[str | None] = "sigma"
+    calibrate_summary: ClassVar[str] = ("smallest Confident-GNMax sigma s2 with s1 = R * s2 (Papernot et al. 2018, "
+                                        "Algorithm 1)")
+    calibrate_derived: ClassVar[Sequence[str]] = ("sigma_threshold",)  # s1 = --ratio * s2
+    flag_order: ClassVar[Sequence[str]] = ("sigma", "sigma_threshold")
+    account_fixed: ClassVar[Mapping[str, Any]] = {"threshold": 0.0}  # the data-independent curve does not read T
+
     threshold: float
-    sigma_threshold: float
-    sigma: float
+    sigma_threshold: float = mechanism_parameter(
+        metavar="S1", unit="votes",
+        help="Confident-GNMax screen noise s1: standard deviation of the Gaussian added to the top vote count, in votes")
+    sigma: float = mechanism_parameter(
+        metavar="SIGMA", unit="votes",
+        help="GNMax noise s2: standard deviation of the Gaussian added to each vote count, in votes")
     relation: NeighbouringRelation = NeighbouringRelation.REPLACE_ONE
 
     def __post_init__(self) -> None:

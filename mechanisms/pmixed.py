@@ -8,7 +8,7 @@ import enum
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +21,7 @@ from dpledger.accounting.errors import (require, require_in_closed, require_int_
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.rounding import ROUNDING_ULPS, SMALLEST_POSITIVE
+from dpledger.mechanisms.accountable import TEACHERS_HELP, AccountableMechanism, mechanism_parameter, register_mechanism
 from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 from dpledger.mechanisms.distributions import validated_ensemble, validated_lambdas
 from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints, ball_named
@@ -193,8 +194,9 @@ def _tiny_beta_fits(beta: float, alpha: float, size: int, budget: Fraction) -> b
     return (c + c * c) / (size * (a - 1)) <= budget
 
 
+@register_mechanism
 @dataclass(frozen=True)
-class PMixED(Mechanism):
+class PMixED(AccountableMechanism):
     """One PMixED query: N teachers, each projected onto a Renyi ball around p0, then averaged.
 
     ball="projection-order" (the paper's, Flemings et al. 2024, Algorithm 2): radius beta * alpha at
@@ -207,11 +209,25 @@ class PMixED(Mechanism):
     under add-or-remove that is an added second teacher. Replace-one is refused (no bound).
     """
 
-    alpha: float
-    beta: float
-    teachers: int
+    name: ClassVar[str] = "pmixed"
+    summary: ClassVar[str] = ("PMixED, optionally with Poisson subsampling of teachers (Flemings et al. 2024, "
+                              "Theorem 3.1, Theorem A.4)")
+    calibrated: ClassVar[str | None] = "beta"
+    calibrate_summary: ClassVar[str] = ("largest PMixED beta (Flemings et al. 2024, Theorem 3.1 / Lemma C.1; Theorem "
+                                        "A.4 with --sample-rate)")
+
+    alpha: float = mechanism_parameter(metavar="A", unit="Renyi order",
+                                       help="PMixED projection order a (> 1; Flemings et al. 2024 use 6)")
+    beta: float = mechanism_parameter(
+        metavar="BETA", unit="nats per unit of order",
+        help="Renyi-ball radius per unit of order: each mixed teacher keeps D_a(mixed || public) <= beta * a, in "
+             "nats (> 0)")
+    teachers: int = mechanism_parameter(metavar="N", type=int, unit="teachers", help=TEACHERS_HELP)
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
-    ball: Ball = Ball.PROJECTION_ORDER
+    ball: Ball = mechanism_parameter(
+        default=Ball.PROJECTION_ORDER, type=str, unit="a ball", choices=[b.value for b in Ball],
+        help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
+             "(Theorem 3.1 proven at every order; docs/soundness.md) (default: projection-order)")
 
     def __post_init__(self) -> None:
         set_validated(self, alpha=require_order("alpha", self.alpha), beta=require_non_negative("beta", self.beta),

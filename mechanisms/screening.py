@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -14,7 +14,8 @@ from dpledger.accounting.errors import (require, require_bool, require_in_closed
                                require_not_nan, require_order, require_positive)
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.rounding import positive_floor
-from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
+from dpledger.mechanisms.accountable import TEACHERS_HELP, AccountableMechanism, mechanism_parameter, register_mechanism
+from dpledger.mechanisms.base import require_relation, set_validated
 from dpledger.mechanisms.distributions import validated_ensemble
 from dpledger.mechanisms.kernels import renyi_divergence_orders
 from dpledger.mechanisms.randomness import StepGenerators, standard_normal
@@ -41,8 +42,9 @@ does, so the screen's decisions are (almost) independent of the private data; th
 `dpledger verify` both flag it."""
 
 
+@register_mechanism
 @dataclass(frozen=True)
-class NoisyScreening(Mechanism):
+class NoisyScreening(AccountableMechanism):
     """Gaussian screening of the lam-mixed ensemble mean on the public model's top-k tokens.
 
     RDP (Flemings et al. 2024, Theorem 4.1): eps_screen(a) = (lam / (N sigma))^2 * a at every order.
@@ -54,9 +56,18 @@ class NoisyScreening(Mechanism):
     Clipping and renormalising the noisy vector is post-processing (Mironov 2017, Proposition 9).
     """
 
-    teachers: int
-    lam: float
-    sigma: float
+    name: ClassVar[str] = "screening"
+    summary: ClassVar[str] = "AdaPMixED's noisy screening step alone (Flemings et al. 2024, Theorem 4.2's eps_screen)"
+    has_dp_event: ClassVar[bool] = True
+    calibrated: ClassVar[str | None] = "sigma"
+    calibrate_summary: ClassVar[str] = "smallest sigma of AdaPMixED's noisy screening (Flemings et al. 2024, Theorem 4.1)"
+
+    teachers: int = mechanism_parameter(metavar="N", type=int, unit="teachers", help=TEACHERS_HELP)
+    lam: float = mechanism_parameter(metavar="LAMBDA", unit="unitless", help="screening mixing weight lambda, in (0, 1]")
+    sigma: float = mechanism_parameter(
+        metavar="SIGMA", unit="probability units",
+        help="standard deviation of the Gaussian added to each probability of the mixed distribution "
+             "(probability units, > 0)")
     alpha: float = 18.0
     threshold: float = 4.5
     top_k: int = 60

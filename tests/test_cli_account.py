@@ -491,3 +491,78 @@ def test_an_order_past_the_double_range_of_the_grid_is_accounted_not_misquoted(c
     record = run_json(capsys, "pmixed", "--alpha", "1e308", "--beta", "0.01", "--teachers", "100", "--queries", "10",
                       "--delta", "1e-5")
     assert record["epsilon"] == math.inf or record["epsilon"] is None
+
+
+# ---- a mechanism registered by its class is a subcommand ----
+
+def test_a_registered_mechanism_is_an_account_subcommand_with_its_flags(capsys, monkeypatch):
+    """A class that declares its name, summary and one parameter (dpledger.mechanisms.accountable) and is
+    registered becomes `dpledger account NAME`, its parameter a required flag with the declared help; without
+    a DpEvent it is accounted by RDP only and refuses --dp-event-out."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from dpledger.accounting.errors import require_positive
+    from dpledger.mechanisms import accountable
+    from dpledger.mechanisms.registry import accountable_mechanisms
+
+    @dataclass(frozen=True)
+    class TwiceGaussian(accountable.AccountableMechanism):
+        name: ClassVar[str] = "twice-gaussian-test"
+        summary: ClassVar[str] = "two Gaussian releases of one query (a test's mechanism)"
+
+        scale: float = accountable.mechanism_parameter(metavar="S", unit="unitless",
+                                                       help="noise multiplier of each Gaussian (unitless, > 0)")
+
+        def __post_init__(self):
+            require_positive("scale", self.scale)
+
+        def rdp_values(self, orders):
+            return orders / self.scale ** 2
+
+    monkeypatch.setitem(accountable._REGISTERED, TwiceGaussian.name, TwiceGaussian)  # removed after the test
+    assert accountable.register_mechanism(TwiceGaussian) is TwiceGaussian
+    assert list(accountable_mechanisms())[-1] == TwiceGaussian.name
+
+    parser = subcommand_parser(TwiceGaussian.name)
+    assert parser.description == TwiceGaussian.summary + "."
+    options = {action.option_strings[-1]: action for action in parser._actions if action.option_strings}
+    assert options["--scale"].metavar == "S" and options["--scale"].help.startswith("noise multiplier of each")
+    assert set(options) - {"--help"} == set(accepted_flags(TwiceGaussian.name))
+    assert "--dp-event-out" not in options
+
+    argv = ["account", TwiceGaussian.name, "--queries", "10", "--delta", "1e-5"]
+    assert main(argv) == 2
+    assert "needs --scale" in capsys.readouterr().err
+    assert main([*argv, "--scale", "0"]) == 2  # the class validates its own parameters
+    assert "scale must be > 0, got 0" in capsys.readouterr().err
+    assert main([*argv, "--scale", "4", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    twice = main(["account", "gaussian", "--queries", "20", "--delta", "1e-5", "--noise-multiplier", "4", "--json"])
+    assert twice == 0
+    gaussian = json.loads(capsys.readouterr().out)
+    assert record["mechanism"] == TwiceGaussian.name and record["epsilon"] == pytest.approx(gaussian["epsilon"])
+    assert record["pld_epsilon"] is None and "no DpEvent" in record["pld_unavailable"]
+
+
+def test_register_mechanism_refuses_a_class_without_its_own_name_or_a_taken_name():
+    from dataclasses import dataclass
+
+    from dpledger.mechanisms import accountable
+    from dpledger.mechanisms.gaussian import GaussianMechanism
+
+    @dataclass(frozen=True)
+    class Nameless(accountable.AccountableMechanism):
+        def rdp_values(self, orders):
+            return orders
+
+    with pytest.raises(ValueError, match="must declare its own name"):
+        accountable.register_mechanism(Nameless)
+
+    @dataclass(frozen=True)
+    class Impostor(GaussianMechanism):
+        name = "gaussian"
+        summary = "not the Gaussian mechanism"
+
+    with pytest.raises(ValueError, match="already registered"):
+        accountable.register_mechanism(Impostor)
