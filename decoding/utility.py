@@ -156,14 +156,23 @@ def utility_warnings(manifest: dict[str, Any], records: Sequence[dict[str, Any]]
         ledger: its ledger.json summary (the improved epsilon at its first delta is read).
 
     Returns:
-        One UtilityWarning per check, applying or not, each with its reason.
-
-    Raises:
-        ValueError: if a voting run's parameters do not make a voting mechanism.
+        One UtilityWarning per check, applying or not, each with its reason; a check the run's files
+        cannot support (a damaged or edited run) does not apply and says so.
     """
     params = manifest["mechanism"]["params"]
-    return [_noise_warning(manifest, params), _screen_warning(manifest, records),
-            _subsampling_warning(manifest, params, records, ledger), _alike_warning(manifest, records)]
+    checks = {13: lambda: _noise_warning(manifest, params), 14: lambda: _screen_warning(manifest, records),
+              15: lambda: _subsampling_warning(manifest, params, records, ledger),
+              16: lambda: _alike_warning(manifest, records)}
+    found = []
+    for pitfall, check in checks.items():
+        try:
+            found.append(check())
+        except (ValueError, KeyError, TypeError, IndexError, StopIteration) as error:
+            # a damaged or hand-edited run: the audit's own checks say what is wrong with it; a utility
+            # warning only says it could not look
+            found.append(UtilityWarning(pitfall, PITFALL_TITLES[pitfall], False,
+                                        f"not computed: the run's records do not support it ({error!r})"))
+    return found
 
 
 def no_better_than_public(private_perplexity: float | None, public_perplexity: float | None) -> bool:

@@ -456,9 +456,6 @@ def utility_notes(run: RunData, runs: list[RunData]) -> list[str]:
 
     Returns:
         One sentence per warning that applies, in pitfall order, the comparison with the public model last.
-
-    Raises:
-        ValueError: if a voting run's recorded parameters do not make a voting mechanism.
     """
     notes = [f"{w.title}: {w.reason}." for w in utility_warnings(run.manifest, run.records, run.ledger) if w.applies]
     if run.manifest["mechanism"]["type"] in ("public", "ensemble"):

@@ -117,3 +117,17 @@ def test_decode_prints_a_warning_that_applies_and_none_otherwise(micro_models, t
         printed[name] = capsys.readouterr().out
     assert "utility warning (noise comparable to the ensemble)" in printed["drowned"]
     assert "utility warning" not in printed["clear"]
+
+
+def test_a_damaged_run_gets_no_warning_and_no_crash(runs):
+    """A hand-edited manifest (the voting parameters gone) and a ledger without the epsilon the
+    subsampling check reads: each check says it could not look, none raises."""
+    run = runs["noisy-dpws"]
+    manifest = copy.deepcopy(run.manifest)
+    manifest["mechanism"]["params"] = {}
+    ledger = {**runs["pmixed-q0.9"].ledger, "epsilon": []}
+    damaged = utility_warnings(manifest, run.records, run.ledger) + utility_warnings(
+        runs["pmixed-q0.9"].manifest, runs["pmixed-q0.9"].records, ledger)
+    assert [w.pitfall for w in damaged] == [13, 14, 15, 16] * 2
+    flagged = [w for w in damaged if w.reason.startswith("not computed")]
+    assert {w.pitfall for w in flagged} == {13, 15} and not any(w.applies for w in flagged)
