@@ -16,7 +16,8 @@ from dpledger.mechanisms.kernels import max_divergence_symmetric, mixed_teachers
 from dpledger.mechanisms.leave_one_out import leave_one_out_curve
 from dpledger.mechanisms.adapmixed import loss_covering
 from dpledger.mechanisms.step import as_ensemble
-from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints
+from dpledger.mechanisms.ball import Ball
+from dpledger.mechanisms.pmixed import PMixED
 from dpledger.mechanisms.screening import NoisyScreening
 
 BALL_TOLERANCE = 1e-9
@@ -33,6 +34,11 @@ def _recorded_lambdas(records: list[dict]) -> torch.Tensor:
 
 def _ball(trace: LoadedTrace) -> Ball:
     return Ball(trace.params.get("ball", Ball.PROJECTION_ORDER.value))
+
+
+def _pmixed(trace: LoadedTrace) -> PMixED:
+    """The run's PMixED projection (alpha, beta, N, ball) from its manifest."""
+    return PMixED(trace.params["alpha"], trace.params["beta"], trace.n_teachers, ball=_ball(trace))
 
 
 class _BallPartial(TypedDict):
@@ -61,8 +67,9 @@ def _mixing_ball_window(trace: LoadedTrace, records: list[dict], logits: torch.T
 def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
     """Every mixed teacher lambda p_i + (1-lambda) p0 lies in its Renyi ball, using the recorded
     lambdas and the replayed distributions: radius beta*alpha at order alpha (Flemings et al. 2024,
-    Algorithm 2), or for ball="all-orders" every grid constraint of all_orders_ball_constraints and
-    D<->_inf <= beta k_max. A NaN divergence (e.g. from a NaN lambda) is outside.
+    Algorithm 2), for ball="proof-orders" D<->_{2a-1} <= beta (2a - 1) and D<->_{2a} <= 2 beta a
+    (proof_orders_ball_constraints), for ball="all-orders" every grid constraint of
+    all_orders_ball_constraints and D<->_inf <= beta k_max (PMixED.ball_constraints). A NaN divergence (e.g. from a NaN lambda) is outside.
 
     Args:
         trace: the loaded run (load_trace).
@@ -77,17 +84,13 @@ def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
         return skipped("mixing_ball", f"mechanism {trace.mechanism_type} mixes no teachers")
     if not trace.has_payload:
         return skipped("mixing_ball", "needs the exact-replay payload")
-    alpha, beta = trace.params["alpha"], trace.params["beta"]
-    if _ball(trace) is Ball.ALL_ORDERS:
-        grid, radii, max_radius = all_orders_ball_constraints(beta)
-    else:
-        grid, radii, max_radius = (alpha,), (alpha * beta,), None
+    grid, radii, max_radius = _pmixed(trace).ball_constraints
     worst = 0.0
     outside: list[str] = []
     for _, window in trace.map_windows(_mixing_ball_window, grid, radii, max_radius, desc="mixing ball"):
         worst = float(np.maximum(worst, window["worst"]))  # not max(): it would skip a NaN
         outside += window["outside"]
-    where = (f"D<->_{alpha:g} <= {alpha * beta:g}" if max_radius is None else
+    where = (" and ".join(f"D<->_{k:g} <= {r:g}" for k, r in zip(grid, radii)) if max_radius is None else
              f"D<->_k <= beta k at every order ({len(grid)} grid constraints and D<->_inf)")
     return verdict("mixing_ball", not outside,
                    f"every mixed teacher is within the ball ({where}): largest divergence {worst:.6g} of its radius",
@@ -168,7 +171,6 @@ def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torc
     """The window's largest relative shortfall of the charge below the loss covering `relation`, and
     the steps charged less (or holding a NaN)."""
     public, teachers = Ensemble.split_distributions(logits)
-    beta_all = trace.params["beta"] if _ball(trace) is Ball.ALL_ORDERS else None
     # every teacher at every order, in the decode loop's own arithmetic (no sub-grid, no chords)
     exact, _, output = leave_one_out_curve(teachers, public, _recorded_lambdas(records), trace.orders,
                                            relative_tolerance=None)
@@ -183,8 +185,7 @@ def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torc
     expected = loss_covering(
         relation, lambda: exact,
         lambda: add_one_divergence_bounds(output, public, trace.n_teachers, torch.from_numpy(trace.orders),
-                                          trace.params["alpha"], trace.params["alpha"] * trace.params["beta"],
-                                          beta_all, dual=dual).numpy())
+                                          *_pmixed(trace).one_order_ball, dual=dual).numpy())
     charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
     answered = np.asarray([(every_step or r["screen_passed"]) and not r.get("budget_refused") for r in records])
     gap = np.where(answered[:, None], (expected - charged) / np.maximum(expected, 1e-300), 0.0)
@@ -251,7 +252,7 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
     if not _uses_pmixed(trace):
         return skipped("theorem_3_1", f"mechanism {trace.mechanism_type} makes no Theorem 3.1 claim")
     alpha = trace.params["alpha"]
-    # the paper's ball bounds orders <= alpha only; the all-orders ball every order
+    # the paper's and the proof-orders ball bound orders <= alpha only; the all-orders ball every order
     within = trace.orders <= (np.inf if _ball(trace) is Ball.ALL_ORDERS else alpha + 1e-12)
     charged_names = [n for n in trace.components if n.startswith("pmixed_theorem_3_1") or n.startswith("pmixed_subsampled")]
     field_name = "eq3_remove_one" if trace.manifest.get("records_version", 1) >= 2 else "observed_data_dependent"

@@ -41,7 +41,7 @@ from dpledger.mechanisms import (Ball, ConfidentGNMax, GaussianMechanism, GNMax,
                                  SubsamplingVariant, realised_subsample_sizes)
 from dpledger.mechanisms.aggregation import VoteAggregator
 from dpledger.mechanisms.aggregators import aggregators
-from dpledger.mechanisms.pmixed import SubsampledPMixED
+from dpledger.mechanisms.pmixed import SubsampledPMixED, balls_for_order
 from dpledger.mechanisms.screening import BLIND_SCREEN_RATIO
 from dpledger.mechanisms import subsampled_pmixed_curve
 
@@ -600,8 +600,9 @@ def _realised_size_values(pmixed: PMixED, rate: float, variant: SubsamplingVaria
 def _pmixed_accounts(claim: Claim, orders) -> list[_Account]:
     """PMixED's data-independent accountings: every subsampling variant when sample_rate < 1,
     Theorem 3.1 at the projection-order and at the all-orders ball otherwise."""
-    balls = {ball: PMixED(_required(claim.alpha, "alpha"), _required(claim.beta, "beta"),
-                          _required(claim.teachers, "teachers"), ball=ball) for ball in Ball}
+    alpha = _required(claim.alpha, "alpha")
+    balls = {ball: PMixED(alpha, _required(claim.beta, "beta"), _required(claim.teachers, "teachers"), ball=ball)
+             for ball in balls_for_order(alpha)}
     declared_ball = claim.ball
     accounts = []
     if claim.sample_rate is not None and claim.sample_rate < 1.0:
@@ -619,10 +620,7 @@ def _pmixed_accounts(claim: Claim, orders) -> list[_Account]:
                 accounts.append(_Account(variant.value, level, text, declared, curve=curve))
         return accounts
     for ball, mechanism in balls.items():
-        text = ("Theorem 3.1 (Flemings et al. 2024) at every order, proven with the ball at every order "
-                "(Theorem A.5's hypothesis; docs/soundness.md)" if mechanism.proven else
-                "Theorem 3.1 (Flemings et al. 2024) at the projection order, as claimed: its proof needs the ball "
-                "at every order (Theorem A.5), which the one-order projection does not enforce")
+        text = ball.theorem_3_1_basis
         accounts.append(_Account(f"{ball.value}-ball", "proven" if mechanism.proven else "conditional", text,
                                  declared_ball in (None, ball), curve=mechanism.rdp_curve(orders).composed(claim.queries)))
     return accounts
@@ -643,11 +641,10 @@ def _accounts(claim: Claim) -> list[_Account]:
                              "noisy screening alone, (lam/(N sigma))^2 a per query (Flemings et al. 2024, Theorem "
                              "4.1): one part of AdaPMixED's cost, not a bound on the whole mechanism", False,
                              curve=screening, component=True)]
-        for ball in Ball:
+        for ball in balls_for_order(alpha):
             pmixed = PMixED(alpha, _required(claim.beta, "beta"), teachers, ball=ball)
             text = ("screening on every query plus Theorem 3.1 on every query (adaptive composition, Mironov 2017, "
-                    "Proposition 1), " + ("proven: the ball at every order" if pmixed.proven else
-                                          "Theorem 3.1 as claimed at the projection order"))
+                    "Proposition 1), " + ball.theorem_3_1_basis)
             accounts.append(_Account(f"screening+{ball.value}-ball", "proven" if pmixed.proven else "conditional",
                                      text, claim.ball in (None, ball),
                                      curve=screening + pmixed.rdp_curve(orders).composed(queries)))
@@ -773,8 +770,9 @@ def lint_claim(claim: Claim) -> list[Finding]:
     if pmixed_like and ball is Ball.PROJECTION_ORDER:
         add("projection-order-ball", "medium", "Theorem 3.1 (Flemings et al. 2024) is as claimed for the one-order "
                                                "projection: its proof applies Theorem A.5 (Steinke 2022, Lemma 33.7), "
-                                               "whose hypothesis is the ball at every order, and inputs with extreme "
-                                               "tails exceed it; the all-orders ball makes it proven (docs/soundness.md)"
+                                               "whose hypothesis is the ball at other orders, and inputs with extreme "
+                                               "tails exceed it; the proof-orders and all-orders balls make it proven "
+                                               "(docs/soundness.md)"
                                                + ("" if claim.ball else " (ball not stated: the paper's assumed)") + ".")
     if claim.basis == "data-dependent":
         add("data-dependent-epsilon", "high", "a data-dependent epsilon depends on the private data: it is not a DP "
@@ -844,17 +842,24 @@ def _row_ball(claim: Claim, row: VariantResult) -> Ball | None:
     """The projection a PMixED/AdaPMixED row accounts (None for other mechanisms and components)."""
     if claim.kind not in ("pmixed", "adapmixed") or row.component or row.level == "not-a-guarantee":
         return None
-    return Ball.ALL_ORDERS if "all-orders" in row.name else Ball.PROJECTION_ORDER
+    return _ball_of_row(row.name)
+
+
+def _ball_of_row(name: str) -> Ball:
+    """The ball a PMixED/AdaPMixED account row is named after ("<ball>-ball", "screening+<ball>-ball",
+    the all-orders-ball subsampling variant); the paper's ball for the other subsampling variants."""
+    for ball in Ball:
+        if f"{ball.value}-ball" in name:
+            return ball
+    return Ball.PROJECTION_ORDER
 
 
 def _for_declared_ball(row: VariantResult, declared_ball: Ball | None) -> VariantResult:
     """A row for PMixED's other projection is no bound for the mechanism as declared: not `sound` here."""
-    if declared_ball is None or row.component or not row.sound or ("all-orders" in row.name) == (
-            declared_ball is Ball.ALL_ORDERS):
+    if declared_ball is None or row.component or not row.sound or _ball_of_row(row.name) is declared_ball:
         return row
     return dataclasses.replace(row, sound=False, soundness=f"{row.soundness}; for ball = "
-                               f"{'all-orders' if 'all-orders' in row.name else 'projection-order'}, not the declared "
-                               f"ball = {declared_ball.value}")
+                               f"{_ball_of_row(row.name).value}, not the declared ball = {declared_ball.value}")
 
 
 def _rests_on_theorem_3_1_only(row: VariantResult) -> bool:

@@ -22,7 +22,6 @@ from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders
 from dpledger.accounting.errors import require
 from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
-from dpledger.mechanisms.ball import Ball
 from dpledger.mechanisms.distributions import validated_ensemble, validated_lambdas
 from dpledger.mechanisms.kernels import mixed_teachers
 from dpledger.mechanisms.leave_one_out import leave_one_out_curve
@@ -88,10 +87,8 @@ def add_one_bound_values(pmixed: PMixED, teachers: npt.ArrayLike | torch.Tensor,
     lambdas_np = validated_lambdas(lambdas, teachers_np)
     mixed = mixed_teachers(torch.from_numpy(teachers_np), torch.from_numpy(public_np), torch.from_numpy(lambdas_np))
     orders_t = torch.tensor(canonical_orders(orders), dtype=torch.float64)
-    beta = pmixed.beta if pmixed.ball is Ball.ALL_ORDERS else None
     bound: NDArray[np.float64] = add_one_divergence_bounds(
-        mixed.mean(dim=-2), torch.from_numpy(public_np), teachers_np.shape[-2], orders_t, pmixed.alpha, pmixed.radius,
-        beta).numpy()
+        mixed.mean(dim=-2), torch.from_numpy(public_np), teachers_np.shape[-2], orders_t, *pmixed.one_order_ball).numpy()
     return bound
 
 

@@ -894,7 +894,8 @@ def calibrate_pmixed(epsilon: float, delta: float, queries: int, alpha: float, t
     """The largest PMixED beta whose Q-query curve converts to at most `epsilon` at `delta`.
 
     Per query Theorem 3.1 (Flemings et al. 2024; "as claimed" for the paper's projection-order ball,
-    proven at every order for ball = all-orders); composed Q times (Mironov 2017, Proposition 1);
+    proven at orders <= alpha for ball = proof-orders and at every order for ball = all-orders); composed Q
+    times (Mironov 2017, Proposition 1);
     converted by Balle et al. 2020, Theorem 21 (or Mironov 2017, Proposition 3); with
     `sampling_probability`, Poisson subsampling of teachers (Flemings et al. 2024, Theorem A.4;
     Zhu & Wang 2019) with `variant`, by default the proven one (SubsamplingVariant.ALL_ORDERS_BALL,
@@ -982,8 +983,8 @@ def calibrate_pmixed(epsilon: float, delta: float, queries: int, alpha: float, t
         raise ValueError(f"epsilon = {epsilon:g} is out of reach for PMixED")
     beta = _finish(forward, epsilon, *bracket)
     result, grid_warnings = forward_result(beta)
-    notes = [] if (ball is Ball.ALL_ORDERS and (variant is None or variant.proven)) else [
-        "Theorem 3.1 as claimed (projection-order ball): ball = all-orders is the proven projection "
+    notes = [] if (ball is not Ball.PROJECTION_ORDER and (variant is None or variant.proven)) else [
+        "Theorem 3.1 as claimed (projection-order ball): ball = proof-orders or all-orders is a proven projection "
         "(docs/soundness.md)" if variant is None else f"variant {variant}: {variant.soundness}"]
     fixed: dict[str, object] = {"alpha": alpha, "teachers": teachers, "ball": ball.value, "sample_rate": sampling_probability,
              "variant": None if variant is None else variant.value}

@@ -24,7 +24,7 @@ from dpledger.accounting.rounding import ROUNDING_ULPS, SMALLEST_POSITIVE
 from dpledger.mechanisms.accountable import TEACHERS_HELP, AccountableMechanism, mechanism_parameter, register_mechanism
 from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 from dpledger.mechanisms.distributions import validated_ensemble, validated_lambdas
-from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints, ball_named
+from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints, ball_named, proof_orders_ball_constraints
 from dpledger.mechanisms.kernels import ball_mixing_weights, mixing_weights
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
 from dpledger.mechanisms.step import pmixed_step
@@ -94,6 +94,42 @@ def covering_ensemble_sizes(teachers: int, relation: NeighbouringRelation) -> tu
             "PMixED's bound (Flemings et al. 2024, Theorem 3.1) covers adding or removing one teacher; replacing "
             "one is two moves with no proven bound here: use the add-or-remove-one relation")
     return tuple(size for move, size in (("remove", teachers), ("add", teachers + 1)) if move in relation.moves)
+
+
+def proof_orders_epsilon(alpha: npt.ArrayLike, beta: float, teachers: int,
+                         relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> NDArray[np.float64]:
+    """PMixED's per-query RDP at order a for the ball at the proof's two orders (Ball.PROOF_ORDERS:
+    D<->_{2a-1}(pbar_i, p0) <= beta (2a - 1), D<->_{2a}(pbar_i, p0) <= 2 beta a), PROVEN.
+
+    For an ensemble of m >= 2 teachers it is Theorem 3.1 of Flemings et al. 2024 at order a: its proof
+    reads the ball only through Theorem A.5 at order a, and Hoelder's inequality with exponents
+    p = (2a - 1)/a, q = (2a - 1)/(a - 1) (Mironov 2017, Proposition 11) gives
+    (a - 1) D_a(P || R) <= (a - 1/p) D_{2a-1}(P || p0) + (a - 1) D_{2a}(p0 || R) <= 4 beta a (a - 1)
+    for P, R each a mixed teacher or a mean of them (joint quasi-convexity, Flemings et al. 2024,
+    Theorem A.6, carries the ball to means); the rest of the proof (Jensen, convexity in the second
+    argument) holds at a as written. For m = 1 (the single teacher against the public model, removal
+    only) it is 2 beta a: D_a(pbar || p0) <= D_{2a-1}(pbar || p0) <= beta (2a - 1) and
+    D_a(p0 || pbar) <= D_{2a}(p0 || pbar) <= 2 beta a, by monotonicity in the order (van Erven &
+    Harremoes 2014, Theorem 3). The largest value over the ensemble sizes `relation` covers
+    (`covering_ensemble_sizes`), as pmixed_epsilon.
+
+    Args:
+        alpha: order(s) a > 1 at which Theorem 3.1 is charged (a number or an array).
+        beta: ball radius per order, finite and >= 0.
+        teachers: the ensemble size N, an integer >= 1.
+        relation: the neighbouring relation (not replace-one).
+
+    Returns:
+        The per-query RDP at order a, shaped as alpha.
+
+    Raises:
+        ValueError: for a parameter out of range or relation replace-one.
+    """
+    sizes = np.asarray(covering_ensemble_sizes(teachers, relation), dtype=np.float64)
+    a = np.asarray(alpha, dtype=np.float64)
+    theorem = theorem_3_1_epsilon(a[..., None], beta, sizes)
+    values: NDArray[np.float64] = np.where(sizes == 1, 2.0 * beta * a[..., None], theorem).max(axis=-1)
+    return values
 
 
 def pmixed_epsilon(alpha: npt.ArrayLike, beta: float, teachers: int,
@@ -194,6 +230,24 @@ def _tiny_beta_fits(beta: float, alpha: float, size: int, budget: Fraction) -> b
     return (c + c * c) / (size * (a - 1)) <= budget
 
 
+PROOF_ORDERS_MAX_ALPHA = 512.0
+"""The largest alpha of a proof-orders PMixED: its constraint orders 2 alpha - 1 and 2 alpha stay within
+1024, the largest order at which the kernels' divergences are checked against mpmath."""
+
+
+def balls_for_order(alpha: float) -> tuple[Ball, ...]:
+    """The balls a PMixED of projection order `alpha` can use: every Ball, less proof-orders above
+    PROOF_ORDERS_MAX_ALPHA.
+
+    Args:
+        alpha: the projection order (> 1).
+
+    Returns:
+        The balls, in Ball's order.
+    """
+    return tuple(b for b in Ball if b is not Ball.PROOF_ORDERS or alpha <= PROOF_ORDERS_MAX_ALPHA)
+
+
 @register_mechanism
 @dataclass(frozen=True)
 class PMixED(AccountableMechanism):
@@ -205,6 +259,9 @@ class PMixED(AccountableMechanism):
     alpha, where the projection enforces nothing.
     ball="all-orders": radius beta * k at every order k (Ball.ALL_ORDERS); the curve is Theorem 3.1
     at every order, proven. `alpha` is then only the order Lemma C.1 budgets at.
+    ball="proof-orders": radius beta * k at k = 2 alpha - 1 and 2 alpha only, the orders the proof of
+    Theorem 3.1 at alpha reads (Ball.PROOF_ORDERS); the curve is Theorem 3.1 at alpha, proven
+    (`proof_orders_epsilon`), at every order <= alpha, and +inf above.
     Either way the value covers every neighbour of `relation` (`pmixed_epsilon`): with one teacher
     under add-or-remove that is an added second teacher. Replace-one is refused (no bound).
     """
@@ -226,14 +283,19 @@ class PMixED(AccountableMechanism):
     relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE
     ball: Ball = mechanism_parameter(
         default=Ball.PROJECTION_ORDER, type=str, unit="a ball", choices=[b.value for b in Ball],
-        help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
-             "(Theorem 3.1 proven at every order; docs/soundness.md) (default: projection-order)")
+        help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed), proof-orders "
+             "(orders 2a-1 and 2a; Theorem 3.1 proven at orders <= a) or all-orders (Theorem 3.1 proven at every "
+             "order; docs/soundness.md) (default: projection-order)")
 
     def __post_init__(self) -> None:
         set_validated(self, alpha=require_order("alpha", self.alpha), beta=require_non_negative("beta", self.beta),
                       teachers=require_int_at_least("teachers", self.teachers, 1),
                       relation=require_relation(self.relation), ball=ball_named(self.ball))
         covering_ensemble_sizes(self.teachers, self.relation)  # refuses a relation PMixED has no bound for
+        # the proof-orders ball constrains order 2 alpha: keep it within the orders the kernels are checked at
+        require(self.ball is not Ball.PROOF_ORDERS or self.alpha <= PROOF_ORDERS_MAX_ALPHA,
+                f"alpha must be <= {PROOF_ORDERS_MAX_ALPHA:g} with ball = proof-orders (its constraint order 2 alpha "
+                f"must be <= 1024, the largest order the kernels are checked at), got {self.alpha!r}")
 
     @property
     def radius(self) -> float:
@@ -242,13 +304,38 @@ class PMixED(AccountableMechanism):
 
     @property
     def per_query_epsilon(self) -> float:
-        """The per-query RDP at the projection order under the mechanism's relation (`pmixed_epsilon`)."""
+        """The per-query RDP at the projection order under the mechanism's relation (`pmixed_epsilon`;
+        `proof_orders_epsilon` for the proof-orders ball)."""
+        if self.ball is Ball.PROOF_ORDERS:
+            return float(proof_orders_epsilon(self.alpha, self.beta, self.teachers, self.relation))
         return float(pmixed_epsilon(self.alpha, self.beta, self.teachers, self.relation))
 
     @property
     def proven(self) -> bool:
-        """True when Theorem 3.1's hypothesis holds (the all-orders ball); False: "as claimed"."""
-        return self.ball is Ball.ALL_ORDERS
+        """True when the ball enforces what the proof of Theorem 3.1 reads (all-orders, proof-orders);
+        False: "as claimed" (the paper's projection-order ball)."""
+        return self.ball is not Ball.PROJECTION_ORDER
+
+    @property
+    def ball_constraints(self) -> tuple[tuple[float, ...], tuple[float, ...], float | None]:
+        """(orders, radii in nats, D<->_inf radius or None) that the projection enforces: (alpha,),
+        (beta alpha,) for the paper's ball; `proof_orders_ball_constraints` and
+        `all_orders_ball_constraints` for the others."""
+        if self.ball is Ball.ALL_ORDERS:
+            return all_orders_ball_constraints(self.beta)
+        if self.ball is Ball.PROOF_ORDERS:
+            return proof_orders_ball_constraints(self.alpha, self.beta)
+        return (self.alpha,), (self.radius,), None
+
+    @property
+    def one_order_ball(self) -> tuple[float, float, float | None]:
+        """(order, radius, all-orders beta or None): a ball at one order that holds every projected
+        teacher, as the add-one bound (dpledger.mechanisms.add_one) takes it. The paper's ball:
+        (alpha, beta alpha, None); all-orders: (alpha, beta alpha, beta); proof-orders: (2 alpha,
+        2 beta alpha, None), its constraint at order 2 alpha (D<-> there <= 2 beta alpha)."""
+        if self.ball is Ball.PROOF_ORDERS:
+            return 2.0 * self.alpha, 2.0 * self.alpha * self.beta, None
+        return self.alpha, self.radius, (self.beta if self.ball is Ball.ALL_ORDERS else None)
 
     def rdp_values(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         orders = np.asarray(orders, dtype=np.float64)
@@ -257,6 +344,7 @@ class PMixED(AccountableMechanism):
         if self.ball is Ball.ALL_ORDERS:
             # Theorem 3.1 / C.1 at each order k: its proof applies Theorem A.5 with the ball at every order
             return pmixed_epsilon(orders, self.beta, self.teachers, self.relation)
+        # one order alpha (proven there for proof-orders, as claimed for the paper's ball); lower orders by monotonicity
         return np.where(orders <= self.alpha + 1e-12, self.per_query_epsilon, np.inf)
 
     def mixing_weights(self, teachers: npt.ArrayLike | torch.Tensor,
@@ -288,11 +376,11 @@ class PMixED(AccountableMechanism):
         Returns:
             (..., N) float64 mixing weights.
         """
-        if self.ball is Ball.ALL_ORDERS:
-            if self.beta == 0.0:  # radius 0 at every order: only the public model itself is in the ball
-                return torch.zeros(teachers.shape[:-1], dtype=torch.float64)
-            return ball_mixing_weights(teachers, public, *all_orders_ball_constraints(self.beta))
-        return mixing_weights(teachers, public, self.alpha, self.radius)
+        if self.ball is Ball.PROJECTION_ORDER:
+            return mixing_weights(teachers, public, self.alpha, self.radius)
+        if self.beta == 0.0:  # radius 0: only the public model itself is in the ball
+            return torch.zeros(teachers.shape[:-1], dtype=torch.float64)
+        return ball_mixing_weights(teachers, public, *self.ball_constraints)
 
     def step(self, teachers: npt.ArrayLike | torch.Tensor, public: npt.ArrayLike | torch.Tensor,
              generator: torch.Generator | StepGenerators | None = None,
@@ -432,6 +520,9 @@ class SubsampledPMixED(Mechanism):
         set_validated(self, sampling_probability=require_in_closed("sampling_probability", self.sampling_probability,
                                                                    0.0, 1.0),
                       variant=subsampling_variant(self.variant))
+        require(self.pmixed.ball is not Ball.PROOF_ORDERS,
+                "Poisson subsampling of a PMixED with ball = proof-orders is not accounted here: use ball = "
+                "all-orders (variant all-orders-ball), which holds Theorem 3.1 at every order the amplification sums")
         require((self.variant is SubsamplingVariant.ALL_ORDERS_BALL) == (self.pmixed.ball is Ball.ALL_ORDERS),
                 f"variant {self.variant} needs a PMixED with ball = "
                 f"{'all-orders' if self.variant is SubsamplingVariant.ALL_ORDERS_BALL else 'projection-order'}, "

@@ -20,7 +20,6 @@ from dpledger.accounting.errors import require
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, neighbouring_relation, path_accounting
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
-from dpledger.mechanisms.ball import Ball
 from dpledger.mechanisms.distributions import validated_ensemble
 from dpledger.mechanisms.kernels import mixed_teachers
 from dpledger.mechanisms.leave_one_out import leave_one_out_curve
@@ -190,9 +189,8 @@ def data_dependent_step_curve(
     output = output.to(public.device)
     added = None
     if "add" in relation.moves:
-        beta = pmixed.beta if pmixed.ball is Ball.ALL_ORDERS else None
-        added = add_one_divergence_bounds(output, public, teachers.shape[-2], torch.from_numpy(orders), pmixed.alpha,
-                                          pmixed.radius, beta, dual=add_one_dual).numpy()
+        added = add_one_divergence_bounds(output, public, teachers.shape[-2], torch.from_numpy(orders),
+                                          *pmixed.one_order_ball, dual=add_one_dual).numpy()
     covering = removed if added is None else (np.maximum(removed, added) if "remove" in relation.moves else added)
     return covering, exact, removed, added, output
 

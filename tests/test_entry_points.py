@@ -150,7 +150,8 @@ ROWS = {
         (lambda: d.SubsampledPMixED(None, 0.3), r"pmixed must be a PMixED, got NoneType"),
     ],
     "SubsamplingVariant": [(lambda: d.SubsamplingVariant("x"), r"'x' is not a valid SubsamplingVariant")],
-    "Ball": [(lambda: d.PMixED(2.0, 0.1, 3, ball="x"), r"ball must be one of \['projection-order', 'all-orders'\], got 'x'")],
+    "Ball": [(lambda: d.PMixED(2.0, 0.1, 3, ball="x"),
+              r"ball must be one of \['projection-order', 'proof-orders', 'all-orders'\], got 'x'")],
     "add_one_bound_values": [
         (lambda: d.add_one_bound_values(d.PMixED(2.0, 0.1, 2), [[0.5, 0.5], [0.2, 0.8]], [0.5, 0.5], [1.0, 1.0], [1.0]),
          r"must be"),
