@@ -992,3 +992,59 @@ def calibrate_pmixed(epsilon: float, delta: float, queries: int, alpha: float, t
         fixed["seed"] = seed
     return Calibration("pmixed", "beta", beta, epsilon, delta, queries, "rdp", float(result.epsilon),
                        float(result.epsilon), result.order, None, mechanism(beta), fixed, tuple(notes), grid_warnings)
+
+
+PMIXED_CANDIDATE_ORDERS: tuple[float, ...] = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
+"""The projection orders `calibrate_pmixed_order` tries (Flemings et al. 2024 use 6; dp-accounting's
+grid spans 1.25 to 256)."""
+
+
+def calibrate_pmixed_order(epsilon: float, delta: float, queries: int, teachers: int, *,
+                           ball: Ball | str = Ball.PROOF_ORDERS,
+                           alphas: Sequence[float] = PMIXED_CANDIDATE_ORDERS,
+                           method: ConversionMethod | str = ConversionMethod.IMPROVED) -> Calibration:
+    """PMixED's calibration (`calibrate_pmixed`) at the projection order that allows the largest beta.
+
+    beta is the comparable quantity across orders: for a teacher near the public law, D_k(pbar || p0)
+    is about k chi^2(pbar || p0) / 2 at every order k (van Erven & Harremoes 2014, Section on small
+    perturbations), so the ball D_k <= beta k is chi^2 <= 2 beta whatever its order; the largest beta
+    lets every such teacher keep the most weight. The choice reads the budget only, never the data, so
+    it costs no privacy. Orders whose target is out of reach (the projection-order and proof-orders
+    curves are +inf above alpha, so the conversion term at orders <= alpha may exceed epsilon) are
+    skipped.
+
+    Args:
+        epsilon: the target epsilon of the whole run (> 0).
+        delta: the target delta, in (0, 1).
+        queries: the number of queries Q (>= 1).
+        teachers: the ensemble size N.
+        ball: the Ball (or its name).
+        alphas: the candidate projection orders (each > 1).
+        method: the RDP -> (epsilon, delta) conversion.
+
+    Returns:
+        The Calibration with the largest beta (its `fixed["alpha"]` is the order chosen; ties go to
+        the smaller order).
+
+    Raises:
+        ValueError: if a target or parameter is out of range, `alphas` is empty, or no candidate
+            order reaches the target.
+    """
+    require(len(alphas) > 0, "alphas must name at least one projection order, got none")
+    best: Calibration | None = None
+    refusals = []
+    for alpha in sorted(float(a) for a in alphas):
+        try:
+            result = calibrate_pmixed(epsilon, delta, queries, alpha, teachers, ball=ball, method=method)
+        except ValueError as error:
+            if "out of reach" not in str(error):
+                raise
+            refusals.append(f"{alpha:g}")
+            continue
+        if best is None or result.value > best.value:
+            best = result
+    if best is None:
+        raise ValueError(f"epsilon = {epsilon:g} is out of reach for PMixED (ball = {ball_named(ball).value}) at every "
+                         f"candidate order ({', '.join(refusals)}) at delta = {delta:g} over {queries} queries; "
+                         "raise epsilon or delta, or try larger orders")
+    return best

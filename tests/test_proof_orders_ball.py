@@ -230,3 +230,20 @@ def test_a_decoded_run_with_the_ball_passes_its_audit(micro_models, tmp_path, me
     if mechanism["type"] == "pmixed":
         assert checks["theorem_3_1"].status.value == "PASS"
         assert report.bracket is not None and all(0 < row["lower"] <= row["upper"] for row in report.bracket["rows"])
+
+
+def test_the_order_with_the_largest_beta_is_chosen_from_the_budget_alone():
+    from dpledger.mechanisms.calibration import calibrate_pmixed_order
+
+    chosen = calibrate_pmixed_order(8.0, 1e-5, 1024, 8, ball="proof-orders", alphas=(2.0, 4.0, 6.0, 64.0))
+    # order 2 cannot reach epsilon 8 (its conversion term alone is 10.1): skipped
+    each = {a: calibrate_pmixed(8.0, 1e-5, 1024, a, 8, ball="proof-orders").value for a in (4.0, 6.0, 64.0)}
+    assert chosen.fixed["alpha"] == max(each, key=lambda a: each[a]) == 4.0
+    assert chosen.value == max(each.values()) and chosen.forward_epsilon <= 8.0
+    # a candidate whose conversion term alone exceeds the target is skipped, not fatal
+    assert calibrate_pmixed_order(1.0, 1e-5, 1024, 8, ball="proof-orders", alphas=(2.0, 16.0)).fixed["alpha"] == 16.0
+    with pytest.raises(ValueError, match=r"epsilon = 1 is out of reach for PMixED \(ball = proof-orders\) at every "
+                                         r"candidate order \(2, 3\)"):
+        calibrate_pmixed_order(1.0, 1e-5, 1024, 8, ball="proof-orders", alphas=(2.0, 3.0))
+    with pytest.raises(ValueError, match="alphas must name at least one projection order"):
+        calibrate_pmixed_order(8.0, 1e-5, 1024, 8, alphas=())
