@@ -120,7 +120,7 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
                   subsampling_variant: str | None = None, ball: str = Ball.PROJECTION_ORDER.value,
                   relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> Runner:
     """PMixED (Flemings et al. 2024, Algorithm 2): charges Theorem 3.1 (as claimed for the paper's
-    ball, proven for ball="all-orders"), or a named subsampling variant. Theorem 3.1 is
+    ball, proven for ball="proof-orders" and "all-orders"), or a named subsampling variant. Theorem 3.1 is
     data-independent, so it covers adding and removing a teacher alike (any claimed relation).
 
     Args:

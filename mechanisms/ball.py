@@ -79,7 +79,7 @@ def ball_named(value: "Ball | str") -> Ball:
     """The Ball named by `value`; ValueError listing the names for anything else.
 
     Args:
-        value: a Ball, or its name ("projection-order" or "all-orders").
+        value: a Ball, or its name ("projection-order", "proof-orders" or "all-orders").
 
     Returns:
         The Ball.

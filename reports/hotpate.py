@@ -284,7 +284,7 @@ def hotpate_figure(result: HotPateResult) -> bytes:
                                   "transferred support size")):
         axis.set_xlabel("T / N")
         axis.set_title(title, fontsize=10)
-        axis.axvline(0.25, color="#999", lw=0.8, ls=":")
+        axis.axvline(0.25, color="#999", lw=0.8, ls=":", label="T = N/4 (hot's coverage should exceed cold's above it)")
         axis.grid(alpha=0.3)
     axes[2].set_yscale("log")
     axes[0].legend(fontsize=8)

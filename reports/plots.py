@@ -90,7 +90,7 @@ def cumulative_epsilon_series(run: RunData, per_step: np.ndarray, points: int = 
 
 def comparison_series(run: RunData) -> tuple[str, np.ndarray] | None:
     """The other bound to draw beside the charged one: the data-independent bound (Theorem 3.1, proven
-    for the all-orders ball and as claimed for the paper's, plus screening) for a data-dependent run,
+    for the proof-orders and all-orders balls and as claimed for the paper's, plus screening) for a data-dependent run,
     the observed data-dependent loss otherwise.
 
     Args:
@@ -108,8 +108,9 @@ def comparison_series(run: RunData) -> tuple[str, np.ndarray] | None:
     answered = np.asarray([r["answered_by"] == "mechanism" for r in run.records])[:, None]
     if run.data_dependent:
         bound = np.asarray([r["data_independent"] for r in run.records], dtype=np.float64)
-        proven = run.manifest["mechanism"]["params"].get("ball") == "all-orders"
-        label = f"data-independent bound (Theorem 3.1, {'proven: all-orders ball' if proven else 'as claimed'})"
+        ball = run.manifest["mechanism"]["params"].get("ball", "projection-order")
+        label = ("data-independent bound (Theorem 3.1, "
+                 f"{'as claimed' if ball == 'projection-order' else f'proven: {ball} ball'})")
         return label, screen + np.where(answered, bound, 0.0)
     observed = np.asarray([r["observed_data_dependent"] for r in run.records], dtype=np.float64)
     return "data-dependent loss (Flemings et al. 2024, Eq. 3, observed)", screen + np.where(answered, observed, 0.0)
@@ -137,10 +138,10 @@ def cumulative_epsilon_lines(run: RunData) -> list[str]:
         charged = f"Solid: the data-independent bound charged to this run, covering {relation.replace('_', '-')} neighbours."
     lines = [charged]
     if run.records and run.records[0]["data_independent"]:
-        proven = run.manifest["mechanism"]["params"].get("ball") == "all-orders"
+        ball = run.manifest["mechanism"]["params"].get("ball", "projection-order")
         lines.append("Dashed: Theorem 3.1 of Flemings et al. 2024 (data-independent; "
-                     + ("proven for this run's all-orders ball" if proven else "as claimed, not guaranteed for the "
-                        "paper's ball") + ", docs/soundness.md), for comparison, not charged"
+                     + (f"proven for this run's {ball} ball" if ball != "projection-order" else "as claimed, not "
+                        "guaranteed for the paper's ball") + ", docs/soundness.md), for comparison, not charged"
                      + (": the charged loss may lie above it, as the add-one bound is looser than Eq. 3." if adds else ".")
                      if run.data_dependent else
                      "Dashed: the data-dependent loss observed on this run's data (Eq. 3), for comparison: not charged.")
@@ -263,7 +264,9 @@ def plot_mixing_weights(run: RunData) -> bytes | None:
         run: the run whose per-step records' `lambdas` are plotted.
 
     Returns:
-        The figure as PNG bytes, or None when the records hold no mixing weight.
+        The figure as PNG bytes, or None when the records hold no mixing weight. When every weight
+        falls in one of the histogram's 50 bins, the smallest, mean and largest weight per query are
+        drawn instead (a one-bar histogram shows nothing).
 
     Raises:
         ValueError: if a mixing weight is NaN (naming the first steps where one is).
@@ -274,10 +277,24 @@ def plot_mixing_weights(run: RunData) -> bytes | None:
     if lambdas.size == 0:
         return None
     figure, axis = _figure(6.4, 3.2)
-    axis.hist(lambdas, bins=50, range=(0, 1), color="tab:green", alpha=0.8)
-    axis.set_xlabel("mixing weight lambda")
-    axis.set_ylabel("teacher-steps")
-    _title(axis, f"{run.label}: mixing weights (mean {lambdas.mean():.3f})")
+    if np.count_nonzero(np.histogram(lambdas, bins=50, range=(0, 1))[0]) >= 2:
+        axis.hist(lambdas, bins=50, range=(0, 1), color="tab:green", alpha=0.8)
+        axis.set_xlabel("mixing weight lambda")
+        axis.set_ylabel("teacher-steps")
+        axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+    else:
+        per_query = [np.asarray(r["lambdas"], dtype=np.float64) for r in run.records]
+        queries = np.arange(1, len(per_query) + 1)
+        for values, label, style in (([v.min() for v in per_query], "smallest", ":"),
+                                     ([v.mean() for v in per_query], "mean", "-"),
+                                     ([v.max() for v in per_query], "largest", "--")):
+            axis.plot(queries, values, style, color="tab:green", label=f"{label} over the teachers")
+        axis.set_xlabel("query")
+        axis.set_ylabel("mixing weight lambda")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.legend(fontsize=7)
+    _title(axis, f"{run.label}: mixing weights (mean {lambdas.mean():.3f}, range [{lambdas.min():.3g}, "
+                 f"{lambdas.max():.3g}])")
     return _png(figure)
 
 

@@ -73,3 +73,35 @@ def test_a_varying_charge_draws_a_histogram_of_several_bars(runs):
         assert len(bars) >= 2
     finally:
         plt.close(figure)
+
+
+def test_the_proof_orders_ball_is_named_proven(tmp_path):
+    proven = load_run(write_synthetic_run(tmp_path / "proof", teachers=4, vocab=32, steps=24, block_size=8,
+                                          mechanism={**ADAPMIXED, "ball": "proof-orders"}))
+    dashed = next(line for line in cumulative_epsilon_lines(proven) if line.startswith("Dashed"))
+    assert "proven for this run's proof-orders ball" in dashed
+    figure = cumulative_epsilon_figure(proven)
+    try:
+        assert "data-independent bound (Theorem 3.1, proven: proof-orders ball)" in [
+            label for label, _ in labelled_lines(figure)]
+    finally:
+        plt.close(figure)
+
+
+def test_mixing_weights_in_one_bin_are_drawn_per_query_not_as_one_bar(runs, monkeypatch):
+    import copy
+
+    from dpledger.reports import plots
+
+    run = copy.deepcopy(runs["pmixed"])   # the fixture is shared by the module
+    for record in run.records:
+        record["lambdas"] = [1.0] * len(record["lambdas"])
+    captured = []
+    monkeypatch.setattr(plots, "_png", lambda figure: captured.append(figure) or b"png")
+    assert plots.plot_mixing_weights(run) == b"png"
+    axis = captured[0].axes[0]
+    assert not axis.patches                                   # no histogram bar
+    assert [line.get_label() for line in axis.get_lines()] == [
+        "smallest over the teachers", "mean over the teachers", "largest over the teachers"]
+    assert axis.get_xlabel() == "query" and "range [1, 1]" in axis.get_title()
+    plt.close(captured[0])
