@@ -65,8 +65,8 @@ def step_bound_caveat(kind: str, params: dict) -> str:
 
     Returns:
         A clause to append to the budget's guarantee (starting ", which rests on ..."), or "" when
-        the bound is proven (a mechanism other than PMixED and AdaPMixED, or the all-orders ball with
-        a proven subsampling variant).
+        the bound is proven (a mechanism other than PMixED and AdaPMixED, or the proof-orders or
+        all-orders ball, with a proven subsampling variant where one is used).
 
     Raises:
         ValueError: if params' subsampling_variant is not a SubsamplingVariant's value.
@@ -78,9 +78,9 @@ def step_bound_caveat(kind: str, params: dict) -> str:
     if variant is not None and not SubsamplingVariant(variant).proven:
         return (f", which rests on the subsampling variant {variant}, not a proven bound (docs/soundness.md, "
                 "docs/pitfalls.md)")
-    if params.get("ball", "projection-order") != "all-orders":
+    if params.get("ball", "projection-order") == "projection-order":
         return (", which rests on Theorem 3.1 as claimed for the paper's one-order ball (not guaranteed for inputs "
-                "with extreme tails; ball = \"all-orders\" is proven: docs/soundness.md)")
+                "with extreme tails; ball = \"proof-orders\" or \"all-orders\" is proven: docs/soundness.md)")
     return ""
 
 
