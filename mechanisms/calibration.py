@@ -740,6 +740,7 @@ def calibrate_gnmax(epsilon: float, delta: float, queries: int, **options: Unpac
 
 def calibrate_confident_gnmax(epsilon: float, delta: float, queries: int, *, ratio: float = 1.0,
                               threshold: float = 0.0, mechanism_name: str = "confident-gnmax",
+                              relation: NeighbouringRelation | str = NeighbouringRelation.REPLACE_ONE,
                               **options: Unpack[NoiseOptions]) -> Calibration:
     """Smallest GNMax sigma s2 with the screen's s1 = ratio * s2 (default s1 = s2), every query charged
     a / (2 s1^2) + a / s2^2 (Papernot et al. 2018, Algorithm 1 and Proposition 8; released-output
@@ -752,6 +753,8 @@ def calibrate_confident_gnmax(epsilon: float, delta: float, queries: int, *, rat
         ratio: s1 / s2, in [1 / MAX_NOISE_RATIO, MAX_NOISE_RATIO].
         threshold: the screen's threshold T on the noisy largest count.
         mechanism_name: the name recorded.
+        relation: the neighbouring relation the run claims (GNMax's sensitivity follows it:
+            Papernot et al. 2018, Proposition 8; the screen's count has sensitivity 1 under every one).
         **options: calibrate_noise's options (NoiseOptions: accountant, orders, method,
             value_discretization_interval, compare_pld).
 
@@ -767,10 +770,11 @@ def calibrate_confident_gnmax(epsilon: float, delta: float, queries: int, *, rat
             f"ratio must be in [{1.0 / MAX_NOISE_RATIO:g}, {MAX_NOISE_RATIO:g}] (s1 = ratio * s2: beyond it one noise's "
             "RDP is under 1e-12 of the other's, so calibrate the other alone: gnmax for s2, gaussian for s1), "
             f"got {ratio:g}")
-    ConfidentGNMax(threshold=threshold, sigma_threshold=1.0, sigma=1.0)  # validates the threshold
+    relation = neighbouring_relation(relation)
+    ConfidentGNMax(threshold=threshold, sigma_threshold=1.0, sigma=1.0, relation=relation)  # validates them
 
     def factory(s2: float) -> ConfidentGNMax:
-        return ConfidentGNMax(threshold=threshold, sigma_threshold=ratio * s2, sigma=s2)
+        return ConfidentGNMax(threshold=threshold, sigma_threshold=ratio * s2, sigma=s2, relation=relation)
 
     result = calibrate_noise(factory, epsilon, delta, queries, mechanism_name=mechanism_name, parameter="sigma",
                              fixed={"ratio": ratio, "threshold": threshold}, **options)

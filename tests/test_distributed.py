@@ -14,7 +14,7 @@ from dpledger.audit import audit_run
 from dpledger.decoding import trace
 from dpledger.decoding.config import config_from_dict
 from dpledger.decoding.run import run_decode
-from dpledger.demo import DEMO_BUDGET, PAPER_ADAPMIXED, PAPER_PMIXED
+from dpledger.demo import DEMO_TARGET, PAPER_ADAPMIXED, PAPER_PMIXED
 from tests.micro import micro_config, write_toml
 
 pytest.importorskip("distributed")
@@ -26,7 +26,7 @@ from dpledger.decoding.cluster import ClusterSpec, dask_client  # noqa: E402
 DEMO_MECHANISMS = {
     "pmixed": ({"type": "pmixed", **PAPER_PMIXED}, None),
     "adapmixed": ({"type": "adapmixed", **PAPER_ADAPMIXED}, None),
-    "pmixed-with-a-budget": ({"type": "pmixed", **PAPER_PMIXED}, {"epsilon": 6.0, "delta": DEMO_BUDGET.delta}),
+    "pmixed-with-a-budget": ({"type": "pmixed", **PAPER_PMIXED}, {"epsilon": 6.0, "delta": DEMO_TARGET.delta}),
     "hot-pate-dpargmax": ({"type": "voting", "votes": "coordinated", "aggregator": "dpargmax", "threshold": 2.0,
                            "sigma": 1.0, "sigma_threshold": 1.0}, None),
 }
