@@ -138,8 +138,10 @@ class AuditReport:
         if ablation is None or ablation.status is Status.SKIPPED:  # the verdict then rests on no neighbour
             parts.append("no neighbour was tested")
         if self.bracket is not None:
-            parts.extend(f"epsilon(delta={row['delta']:g}) in [{row['lower']:.4g}, {row['upper']:.4g}] (certified lower "
-                         f"bound, claim; claim / lower bound = {row['ratio']:.3g})" for row in self.bracket["rows"])
+            for row in self.bracket["rows"]:
+                by = " (the privacy filter's budget)" if row.get("claimed_by") == "the privacy filter's budget" else ""
+                parts.append(f"epsilon(delta={row['delta']:g}) in [{row['lower']:.4g}, {row['upper']:.4g}] (certified "
+                             f"lower bound, claim{by}; claim / lower bound = {row['ratio']:.3g})")
         claim = ablation.evidence.get("claimed_epsilon") if ablation is not None else None
         for entry in self.relations.values():
             if not entry["claimed"]:

@@ -90,6 +90,7 @@ the window was charged (every step refused by the privacy filter)."""
 class _BracketRow(TypedDict):
     delta: float
     upper: float                  # the claimed epsilon at delta
+    claimed_by: str               # what the claim is: ledger.json's epsilon or the privacy filter's budget
     lower: float                  # the certified lower bound
     ratio: float
     neighbour: str | None         # the pair attaining the lower bound
@@ -385,6 +386,18 @@ def _voting_pairs(trace: LoadedTrace, evidence: dict, claimed: NeighbouringRelat
     return pairs, estimates
 
 
+def _filter_guarantee(trace: LoadedTrace, delta: float) -> float | None:
+    """The epsilon a privacy filter guarantees at `delta`, where the run has one that is a guarantee:
+    charged the data-independent step bound (not data-dependent losses, not realised-path charges),
+    so every step's charge is fixed by the configuration (Feldman & Zrnic 2021, Theorem 3.1), and
+    its delta is at most `delta`. None otherwise."""
+    budget = trace.manifest.get("budget") or {}
+    if (not budget or budget.get("data_dependent") or budget.get("charging") == "realised-path"
+            or not delta >= float(budget.get("delta", math.inf))):
+        return None
+    return float(budget["epsilon"])
+
+
 def _claimed_epsilons(trace: LoadedTrace) -> list[dict]:
     return [e for e in trace.ledger.get("epsilon", []) if isinstance(e, dict) and e.get("method") == "improved"]
 
@@ -443,8 +456,10 @@ def _mixture_pairs(evidence: dict, claimed: NeighbouringRelation, screened: bool
 
 def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_samples: int = 400,
                           seed: int = 0) -> CheckResult:
-    """For each requested delta: the claim (upper), a certified lower bound on epsilon(delta) from the
-    strongest tested neighbours of the claimed relation, their ratio and the neighbour attaining it.
+    """For each requested delta: the claim (upper: ledger.json's epsilon, or a privacy filter's budget
+    where that is smaller and a guarantee, `_filter_guarantee`), a certified lower bound on
+    epsilon(delta) from the strongest tested neighbours of the claimed relation, their ratio and the
+    neighbour attaining it.
     FAILs when a lower bound exceeds the claim (the claim under-states).
 
     Args:
@@ -528,7 +543,11 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
             if lower > best:
                 best, best_pair, rounding = lower, pair, max(forward.rounding, backward.rounding)
         upper = float(claim["epsilon"]) if claim.get("epsilon") is not None else math.inf
-        rows.append({"delta": delta, "upper": upper, "lower": best,
+        filtered = _filter_guarantee(trace, delta)
+        claimed_by = "ledger.json's epsilon"
+        if filtered is not None and filtered < upper:
+            upper, claimed_by = filtered, "the privacy filter's budget"
+        rows.append({"delta": delta, "upper": upper, "claimed_by": claimed_by, "lower": best,
                      "ratio": (upper / best) if best > 0 else math.inf,
                      "neighbour": best_pair.label if best_pair else None,
                      "relation": best_pair.relation.value if best_pair else None,
@@ -541,7 +560,9 @@ def check_epsilon_bracket(trace: LoadedTrace, ablation_evidence: dict, mc_sample
          "draws a step, empirical Bernstein "
          "with a union bound over steps, laws and outcomes)") if dpws else ""
     text = "; ".join(f"delta {r['delta']:g}: epsilon in [{r['lower']:.4g}, {r['upper']:.4g}] (ratio "
-                     f"{r['ratio']:.3g}, lower bound from {r['neighbour'] or 'no pair'})" for r in rows)
+                     f"{r['ratio']:.3g}, lower bound from {r['neighbour'] or 'no pair'}"
+                     + ("; upper: the privacy filter's budget" if r["claimed_by"] != "ledger.json's epsilon" else "")
+                     + ")" for r in rows)
     evidence = {"rows": rows, "claimed_relation": claimed_relation.value, "pairs": [p.label for p in pairs],
                 "confidence": CONFIDENCE if screened or dpws else 1.0,
                 "method": "exact per-step output laws of each pair, privacy loss distributions composed with losses "

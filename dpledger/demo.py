@@ -70,6 +70,7 @@ def demo_methods(queries: int = DEMO_QUERIES, teachers: int = DEMO_TEACHERS,
     Raises:
         ValueError: if the target is out of reach for a mechanism, or a parameter is out of range.
     """
+    from dpledger.mechanisms import PMixED
     from dpledger.mechanisms.calibration import calibrate_pmixed_order
 
     methods = {"Public model": DemoMethod({"type": "public"}, None, "no private data"),
@@ -78,7 +79,8 @@ def demo_methods(queries: int = DEMO_QUERIES, teachers: int = DEMO_TEACHERS,
     for ball, label in (("projection-order", "paper's ball"), ("proof-orders", "proof-orders ball"),
                         ("all-orders", "all-orders ball")):
         result = calibrate_pmixed_order(target.epsilon, target.delta, queries, teachers, ball=ball)
-        calibrated[ball] = {"alpha": float(result.fixed["alpha"]), "beta": result.value}
+        calibrated[ball] = {"alpha": result.mechanism.alpha if isinstance(result.mechanism, PMixED) else math.nan,
+                            "beta": result.value}
         methods[f"PMixED, {label}"] = DemoMethod(
             {"type": "pmixed", **calibrated[ball], "ball": ball}, None,
             "as claimed (Theorem 3.1 unproven for this ball)" if ball == "projection-order" else "proven")
@@ -337,6 +339,7 @@ def _bracket_text(report) -> str:
         check = next((c for c in report.checks if c.name == "epsilon_bracket"), None)
         return "no bracket" + (f" ({check.detail})" if check is not None else "")
     return "; ".join(f"epsilon({row['delta']:g}) in [{row['lower']:.4g}, {row['upper']:.4g}], ratio {row['ratio']:.3g}"
+                     + (" (upper: the filter's budget)" if row.get("claimed_by") == "the privacy filter's budget" else "")
                      for row in bracket["rows"])
 
 

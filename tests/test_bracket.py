@@ -131,11 +131,34 @@ def test_a_sound_claim_never_fails_through_the_choice_of_orders():
 def test_the_demo_prints_each_audited_runs_bracket(audited, tmp_path, capsys):
     from dpledger.demo import audit_and_report
 
+    import shutil
+
     directory, report = audited["pmixed"]
-    audit_and_report(tmp_path, [directory])
+    audited_name = tmp_path / "pmixed-proof-orders-ball"   # a name the demo audits (dpledger.demo.AUDITED)
+    shutil.copytree(directory, audited_name)
+    audit_and_report(tmp_path, [audited_name])
     out = capsys.readouterr().out
     row = report.bracket["rows"][0]
-    assert f"pmixed     PASS: epsilon(1e-05) in [{row['lower']:.4g}, {row['upper']:.4g}], ratio {row['ratio']:.3g}" in out
+    assert (f"pmixed-proof-orders-ball PASS: epsilon(1e-05) in [{row['lower']:.4g}, {row['upper']:.4g}], "
+            f"ratio {row['ratio']:.3g}") in out
+
+
+def test_a_filtered_runs_claim_is_its_budget_where_that_is_smaller(micro_models, tmp_path):
+    """AdaPMixED in a privacy filter charged the data-independent bound: the filter's (epsilon, delta) is
+    the guarantee (Feldman & Zrnic 2021), so the bracket's upper end is the budget, not the larger
+    data-dependent ledger epsilon; at a delta below the budget's it is the ledger's."""
+    # a small beta at a low order: Theorem 3.1, which the filter charges, is far below the add-one bound
+    config = micro_config(micro_models, tmp_path / "run",
+                          {**PAPER_ADAPMIXED, "alpha": 4.0, "beta": 0.003, "ball": "proof-orders"},
+                          queries=48, block_size=24, deltas=[1e-5, 1e-7])
+    config["budget"] = {"epsilon": 6.0, "delta": 1e-5}
+    run_decode(config_from_dict(config), progress=False, verbose=False)
+    report = audit_run(tmp_path / "run", mc_samples=200, play_game=False)
+    assert report.verdict == "PASS"
+    at_budget, below = report.bracket["rows"]
+    assert at_budget["claimed_by"] == "the privacy filter's budget" and at_budget["upper"] == 6.0
+    assert below["claimed_by"] == "ledger.json's epsilon" and below["upper"] > 6.0
+    assert 0 < at_budget["lower"] <= at_budget["upper"] and "the privacy filter's budget" in report.headline
 
 
 def test_data_independent_claims_are_also_bracketed_by_constructed_datasets(audited):
