@@ -150,7 +150,8 @@ def _adversary(params: dict, output: torch.Tensor, public: torch.Tensor, teacher
     """dpledger.mechanisms.add_one.add_one_adversary on the window's steps at one order (its cost is the
     dual's, which runs with add_one_dual = true charge anyway)."""
     pmixed = PMixED(params["alpha"], params["beta"], teachers, ball=params.get("ball", Ball.PROJECTION_ORDER.value))
-    return add_one_adversary(output.numpy(), public.numpy(), teachers, np.asarray([order]), *pmixed.one_order_ball)
+    return add_one_adversary(output.numpy(), public.numpy(), teachers, np.asarray([order]), *pmixed.one_order_ball,
+                             constraints=pmixed.ball_constraints)
 
 
 def _log(law: torch.Tensor) -> np.ndarray:

@@ -134,7 +134,8 @@ class BudgetGate:
                               "then charged the screen's bound, plus the answer's where the screen passed (the decision "
                               "is released before the answer is charged: fully adaptive composition, Feldman & Zrnic "
                               "2021, Theorem 3.1; the answer's bound is the mechanism's data-independent one, for "
-                              "AdaPMixED Theorem 3.1, as claimed for the paper's ball)")
+                              "AdaPMixED Theorem 3.1: as claimed for the paper's ball, proven for the proof-orders and "
+                              "all-orders balls)")
         return entry
 
     def restore(self, charges: Iterable[float]) -> None:

@@ -304,7 +304,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     def step_bound(orders: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """The screen's charge plus Theorem 3.1 for the answer (Flemings et al. 2024, Theorem 4.2 with
         the data-independent PMixED bound): a data-independent bound on one step's released output
-        (as claimed for the paper's ball, proven for the all-orders ball). The data-dependent charge
+        (as claimed for the paper's ball, proven for the proof-orders and all-orders balls). The data-dependent charge
         (Eq. 3, and the add-one bound for add-or-remove-one) is a separate, data-dependent measurement
         and can exceed it: the add-one bound is loose."""
         return (screen.rdp_values(orders) if screening else 0.0) + pmixed.rdp_values(orders)

@@ -67,9 +67,9 @@ CALIBRATE_FLAG_SPECS: dict[str, FlagSpec] = {
                          "proven one, which implies --ball all-orders; worst-case-size-general with --ball "
                          "projection-order)"),
     "ball": FlagSpec(choices=[b.value for b in Ball], default=None,
-                 help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed) or all-orders "
-                      "(proven at every order; docs/soundness.md) (default: projection-order, all-orders with "
-                      "--sample-rate)"),
+                 help="PMixED's Renyi ball: projection-order (the paper's; Theorem 3.1 as claimed), proof-orders "
+                      "(orders 2a-1 and 2a; Theorem 3.1 proven at orders <= a) or all-orders (proven at every "
+                      "order; docs/soundness.md) (default: projection-order, all-orders with --sample-rate)"),
 }
 
 

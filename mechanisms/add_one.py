@@ -1539,14 +1539,22 @@ def _plain_divergences(log_p: np.ndarray, log_plus: np.ndarray, orders: np.ndarr
     return forward, reverse
 
 
+BallConstraints = tuple[tuple[float, ...], tuple[float, ...], "float | None"]
+"""(orders, radii, D<->_inf radius or None): the finite constraints a PMixED ball enforces (PMixED.ball_constraints)."""
+
+
 def _project(candidates: np.ndarray, p0: np.ndarray, alpha: float, radius: float,
-             all_orders_beta: float | None) -> np.ndarray:
+             all_orders_beta: float | None, constraints: BallConstraints | None = None) -> np.ndarray:
     """PMixED's own projection of each candidate teacher x (C, V): q = lambda x + (1 - lambda) p0 with
     lambda the largest keeping q in the ball as the decode loop enforces it (Flemings et al. 2024,
-    Algorithm 2; the all-orders ball through dpledger.mechanisms.pmixed.all_orders_ball_constraints)."""
+    Algorithm 2; the all-orders ball through dpledger.mechanisms.pmixed.all_orders_ball_constraints;
+    `constraints`, when given, are the ball's own (PMixED.ball_constraints), e.g. the proof-orders
+    ball's two orders, which the one-order ball (alpha, radius) only contains)."""
     x = torch.from_numpy(np.ascontiguousarray(candidates))
     public = torch.from_numpy(np.ascontiguousarray(p0))
-    if all_orders_beta is None:
+    if constraints is not None:
+        lambdas = ball_mixing_weights(x, public, *constraints).numpy()
+    elif all_orders_beta is None:
         lambdas = ball_mixing_weights(x, public, (float(alpha),), (float(radius),)).numpy()
     else:
         lambdas = ball_mixing_weights(x, public, *all_orders_ball_constraints(float(all_orders_beta))).numpy()
@@ -1587,7 +1595,8 @@ def _candidates(p: np.ndarray, p0: np.ndarray, hi: np.ndarray, maximisers: np.nd
 
 
 def add_one_adversary(output: Laws, public: Laws, teachers: int, orders: Laws, alpha: float, radius: float,
-                      all_orders_beta: float | None = None, details: DualDetails | None = None) -> dict[str, FloatArray]:
+                      all_orders_beta: float | None = None, details: DualDetails | None = None,
+                      constraints: BallConstraints | None = None) -> dict[str, FloatArray]:
     """A primal adversary for the add-one neighbour: per step and order, an explicit added teacher's
     projected law q (so q is in PMixED's ball by construction: the decode loop's own projection,
     dpledger.mechanisms.kernels.ball_mixing_weights, 1e-12 inside) and its divergences. Its value is a LOWER
@@ -1608,6 +1617,10 @@ def add_one_adversary(output: Laws, public: Laws, teachers: int, orders: Laws, a
         radius: the ball's radius in nats at order alpha (>= 0).
         all_orders_beta: beta of the all-orders ball, or None.
         details: a DualDetails for the same inputs, or None to compute it.
+        constraints: (orders, radii, D<->_inf radius or None) of the ball the mechanism enforces
+            (PMixED.ball_constraints) where it is smaller than the one-order ball (alpha, radius) the
+            bounds use (the proof-orders ball): the candidates are projected onto it, so every q is a
+            teacher the mechanism can produce. None: the ball (alpha, radius, all_orders_beta) itself.
 
     Returns:
         The dict described above: divergences in nats (..., K) and the laws q (..., K, V).
@@ -1634,7 +1647,8 @@ def add_one_adversary(output: Laws, public: Laws, teachers: int, orders: Laws, a
         with np.errstate(divide="ignore"):
             log_p = np.log(p)
         for direction in range(2):
-            q = _project(_candidates(p, p0, hi_rows[row], maximisers, direction), p0, alpha, radius, all_orders_beta)
+            q = _project(_candidates(p, p0, hi_rows[row], maximisers, direction), p0, alpha, radius, all_orders_beta,
+                         constraints)
             with np.errstate(divide="ignore"):
                 log_plus = np.log((n * p[None, :] + q) / (n + 1.0))
             values = _plain_divergences(log_p, log_plus, orders_np)[direction]

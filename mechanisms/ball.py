@@ -45,8 +45,8 @@ class Ball(enum.Enum):
 _THEOREM_3_1_BASIS = {
     Ball.PROJECTION_ORDER: ("Theorem 3.1 (Flemings et al. 2024) at the projection order, as claimed: its proof needs "
                             "the ball at other orders (Theorem A.5), which the one-order projection does not enforce"),
-    Ball.PROOF_ORDERS: ("Theorem 3.1 (Flemings et al. 2024) at the projection order a and below, proven with the ball "
-                        "at orders 2a-1 and 2a, the orders its proof reads (docs/soundness.md)"),
+    Ball.PROOF_ORDERS: ("Theorem 3.1 (Flemings et al. 2024) at the projection order a, charged at every order <= a, "
+                        "proven with the ball at orders 2a-1 and 2a, the orders its proof reads (docs/soundness.md)"),
     Ball.ALL_ORDERS: ("Theorem 3.1 (Flemings et al. 2024) at every order, proven with the ball at every order "
                       "(Theorem A.5's hypothesis; docs/soundness.md)"),
 }

@@ -99,7 +99,10 @@ def covering_ensemble_sizes(teachers: int, relation: NeighbouringRelation) -> tu
 def proof_orders_epsilon(alpha: npt.ArrayLike, beta: float, teachers: int,
                          relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> NDArray[np.float64]:
     """PMixED's per-query RDP at order a for the ball at the proof's two orders (Ball.PROOF_ORDERS:
-    D<->_{2a-1}(pbar_i, p0) <= beta (2a - 1), D<->_{2a}(pbar_i, p0) <= 2 beta a), PROVEN.
+    D<->_{2a-1}(pbar_i, p0) <= beta (2a - 1), D<->_{2a}(pbar_i, p0) <= 2 beta a), PROVEN at a (and, by
+    monotonicity, at every order <= a, where the value at a is what holds: a ball enforced for a
+    projection order a holds nothing at order a' < a with the value for a'). `alpha` is the ball's
+    projection order (an array gives the value for each such ball, not a curve of one ball).
 
     For an ensemble of m >= 2 teachers it is Theorem 3.1 of Flemings et al. 2024 at order a: its proof
     reads the ball only through Theorem A.5 at order a, and Hoelder's inequality with exponents

@@ -199,7 +199,7 @@ def pmixed_step(pmixed: PMixED, teachers: torch.Tensor | npt.ArrayLike, public: 
                 orders: Sequence[float] | NDArray[np.float64] | None = None,
                 mask: torch.Tensor | None = None) -> StepResult:
     """PMixED (Flemings et al. 2024, Algorithm 2) for a batch of steps: lambdas, the mixed output,
-    and Theorem 3.1's per-step curve (as claimed for the paper's ball, proven for all-orders).
+    and Theorem 3.1's per-step curve (as claimed for the paper's ball, proven for proof-orders and all-orders).
 
     Args:
         pmixed: the PMixED spec.

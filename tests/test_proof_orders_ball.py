@@ -21,6 +21,7 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 import pytest
+import torch
 
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.mechanisms.adapmixed import data_dependent_pmixed_values
@@ -247,3 +248,34 @@ def test_the_order_with_the_largest_beta_is_chosen_from_the_budget_alone():
         calibrate_pmixed_order(1.0, 1e-5, 1024, 8, ball="proof-orders", alphas=(2.0, 3.0))
     with pytest.raises(ValueError, match="alphas must name at least one projection order"):
         calibrate_pmixed_order(8.0, 1e-5, 1024, 8, alphas=())
+
+
+def test_the_brackets_add_one_adversary_is_a_teacher_the_ball_admits():
+    """The audit's optimised added teacher (a lower bound's witness) must be one the mechanism can
+    produce: projected onto the proof-orders ball itself, not the order-2a ball that contains it
+    (found by review: there it reached D<->_3 of 1.33 times the radius and a per-step loss 2.4 times
+    the true worst case)."""
+    from dpledger.mechanisms.add_one import add_one_adversary
+
+    teachers = np.array([[0.965062412242975, 0.034937587757025], [0.061144356616501166, 0.9388556433834988],
+                         [0.0006838525191276714, 0.9993161474808723]])
+    public = np.array([0.9809461509702123, 0.01905384902978771])
+    pmixed = PMixED(2.0, 1.0, 3, ball=Ball.PROOF_ORDERS)
+    lambdas = pmixed.mixing_weights(teachers, public)
+    output = (lambdas[:, None] * teachers + (1 - lambdas[:, None]) * public).mean(0)
+    found = add_one_adversary(output, public, 3, np.array([2.0]), *pmixed.one_order_ball,
+                              constraints=pmixed.ball_constraints)
+    with mpmath.workdps(DPS):
+        for key in ("q_forward", "q_reverse"):
+            pair = _Pair(_law(found[key][0]), _law(public))
+            for order, radius in zip(*pmixed.ball_constraints[:2]):
+                assert _within(pair.divergence(order), radius), (key, order)
+    # the true worst case over every admitted added teacher, by a fine scan of the one free coordinate
+    scan = np.linspace(0.0, 1.0, 20001)
+    laws = np.stack([scan, 1 - scan], axis=1)
+    lam = pmixed.mixing_weights_tensor(torch.from_numpy(laws)[:, None, :],
+                                       torch.from_numpy(public).expand(len(scan), 2).contiguous()).numpy()[:, 0]
+    added = lam[:, None] * laws + (1 - lam[:, None]) * public
+    plus = (3 * output + added) / 4
+    worst = float(np.max(np.maximum(np.log((plus ** 2 / output).sum(1)), np.log((output ** 2 / plus).sum(1)))))
+    assert found["forward"][0] <= worst * (1 + 1e-9) + 1e-12
