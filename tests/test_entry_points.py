@@ -242,7 +242,6 @@ ROWS = {
 # Exported names that take no input to validate (constants, warning classes).
 NO_INPUT = {
     "DEFAULT_ORDERS": "constant",
-    "FRONTIER_VARIANTS": "constant",
     "GridEdgeWarning": "warning class",
     "__version__": "constant",
 }

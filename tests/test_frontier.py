@@ -242,3 +242,16 @@ def test_every_variant_at_the_four_default_budgets(tmp_path, micro_models):
             if math.isfinite(row["sound_epsilon"]):
                 assert row["sound_epsilon"] <= row["target_epsilon"]
     assert Path(tmp_path / "out" / "frontier.html").exists()
+
+
+def test_the_package_level_run_frontier_is_the_reports_one():
+    """dpledger.run_frontier forwards to dpledger.reports.frontier.run_frontier with the same parameters and
+    defaults (it is defined apart so that `import dpledger` stays light)."""
+    import inspect
+
+    import dpledger
+
+    assert inspect.signature(dpledger.run_frontier).parameters.keys() == inspect.signature(
+        F.run_frontier).parameters.keys()
+    for name, parameter in inspect.signature(dpledger.run_frontier).parameters.items():
+        assert parameter.default == inspect.signature(F.run_frontier).parameters[name].default, name
