@@ -255,3 +255,29 @@ def test_the_package_level_run_frontier_is_the_reports_one():
         F.run_frontier).parameters.keys()
     for name, parameter in inspect.signature(dpledger.run_frontier).parameters.items():
         assert parameter.default == inspect.signature(F.run_frontier).parameters[name].default, name
+
+
+def test_voting_coverage_reads_the_payload_at_the_runs_threshold(tmp_path, micro_models):
+    """Coverage (Cohen et al. 2023) from the run's replay payload: in [0, 1], no smaller at a lower
+    threshold, and 0 without drawing when T exceeds N."""
+    from dpledger.decoding.config import DataConfig, ModelsConfig, RunConfig
+    from dpledger.decoding.run import run_decode
+    from dpledger.reports.run_data import load_run
+
+    models = ModelsConfig(embedded=False, teachers=len(micro_models.teachers), public=str(micro_models.public),
+                          teacher_paths=tuple(str(p) for p in micro_models.teachers),
+                          tokenizer=str(micro_models.tokenizer))
+
+    def coverage(threshold: float, name: str) -> float:
+        mechanism = {"type": "voting", "votes": "coordinated", "aggregator": "dpargmax", "threshold": threshold,
+                     "sigma": 1.0, "sigma_threshold": 1.0}
+        config = RunConfig(out=str(tmp_path / name), mechanism=mechanism, models=models, queries=20,
+                           data=DataConfig(text=str(micro_models.heldout_text), block_size=16), relation="replace_one")
+        run_decode(config, progress=False, verbose=False)
+        value, reason = F.voting_coverage(load_run(tmp_path / name), samples=16)
+        assert reason is None
+        return value
+
+    low, high, above = coverage(1.0, "t1"), coverage(3.0, "t3"), coverage(3.5, "t4")
+    assert 0.0 < high <= low <= 1.0
+    assert above == 0.0   # ceil(3.5) = 4 > N = 3 votes: no count reaches it
