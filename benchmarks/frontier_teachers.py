@@ -5,8 +5,8 @@ the frontier. Writes benchmarks/results/frontier_<N>.json per N (strict JSON: +i
 `nulls`). `--teachers 8` reproduces the reference frontier of docs/frontier.md.
 
     python benchmarks/frontier_teachers.py                        # N = 32 and 100, 1,024 queries, epsilon 1 2 4 8
-    python benchmarks/frontier_teachers.py --teachers 100 --queries 16 --epsilons 8 --variants public pmixed-all-orders
-                                                                  # a smoke check: trains 100 teachers, then 2 short runs
+    python benchmarks/frontier_teachers.py --teachers 100 --queries 16 --epsilons 8 --suffix _smoke \
+        --variants public pmixed-all-orders hot-dpargmax          # a smoke check: trains 100 teachers, 3 short runs
 
 Disk: every run keeps its replay payload, (N + 1) x queries x V float32: about 0.4 GB per run at N = 100
 and 1,024 queries, about 20 GB for the full grid (runs under --out-root, default runs/frontier-bench/).
@@ -67,7 +67,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=None)
     parser.add_argument("--no-audit", action="store_true")
     parser.add_argument("--out-root", default="runs/frontier-bench")
-    parser.add_argument("--results", default=str(RESULTS), help="where frontier_<N>.json is written")
+    parser.add_argument("--results", default=str(RESULTS), help="where frontier_<N><suffix>.json is written")
+    parser.add_argument("--suffix", default="", help="appended to the results file's name (e.g. _smoke for a short check)")
     args = parser.parse_args()
     budgets = [(epsilon, args.delta) for epsilon in args.epsilons]
     for teachers in args.teachers:
@@ -92,7 +93,7 @@ def main() -> None:
                                            "a rerun into the same out only reads the finished runs",
                   "out": str(out), "best_by_budget": best, "best_lines": best_lines(best),
                   "rows": table_records(frame.drop(columns=["trace"]), f"frontier_{teachers}.rows")}
-        path = Path(args.results) / f"frontier_{teachers}.json"
+        path = Path(args.results) / f"frontier_{teachers}{args.suffix}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, (strict_json(record, path.name, "no guarantee") + "\n").encode())
         print(f"wrote {path} ({seconds:.0f} s)")
