@@ -10,6 +10,7 @@ from importlib.metadata import version
 from typing import NoReturn
 
 from dpledger import account_cli, audit_cli, decode_cli, demo_cli, hotpate_cli, report_cli, sweep_cli
+from dpledger import frontier_cli
 from dpledger import verify_cli
 from dpledger import calibrate_cli
 from dpledger import teachers_cli
@@ -36,7 +37,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The `dpledger` parser: --version and one subcommand per command module (account, decode, audit,
-    report, sweep, hotpate, demo, verify, teachers, calibrate), each with its handler as `handler`.
+    report, sweep, frontier, hotpate, demo, verify, teachers, calibrate), each with its handler as `handler`.
 
     Returns:
         The parser (a OneLineErrorParser: usage errors on one line, exit status 2).
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit_cli.add_parser(subparsers)
     report_cli.add_parser(subparsers)
     sweep_cli.add_parser(subparsers)
+    frontier_cli.add_parser(subparsers)
     hotpate_cli.add_parser(subparsers)
     demo_cli.add_parser(subparsers)
     verify_cli.add_parser(subparsers)

@@ -173,6 +173,23 @@ def latex_table(frame: pd.DataFrame, caption: str, label: str) -> str:
     return "\n".join(lines)
 
 
+def html_table(frame: pd.DataFrame, css: str) -> str:
+    """A table as HTML, as the report renders its tables: every cell escaped, a missing value "n/a" and a
+    missing or infinite one with a numbered note listed below the table.
+
+    Args:
+        frame: the table; `frame.attrs["reasons"]` (optional) holds one {column: reason} per row.
+        css: the table's class ("comparison", "breakdown" or "checks" in the report's style).
+
+    Returns:
+        The HTML text: the table in a scrolling wrapper, then its notes.
+
+    Raises:
+        ValueError: if a cell is a float NaN.
+    """
+    return _html_table(frame, css)
+
+
 def _html_table(frame: pd.DataFrame, css: str) -> str:
     rows, notes = _cells(frame, "html")
     # a header may break after "_" but not inside "epsilon@1e-05"; a short cell never breaks (a number, "n/a")
@@ -274,6 +291,23 @@ def strict_json(value: object, where: str = "report", inf_reason: str = "no fini
     if isinstance(checked, dict):
         return strict_json_text(checked, default=str, sort_keys=False)
     return json.dumps(_nulled(checked), indent=2, allow_nan=False, default=str)
+
+
+def table_records(frame: pd.DataFrame, where: str) -> list[dict]:
+    """A table's rows as JSON objects, as the JSON report writes its tables: a missing or infinite value
+    has a "<key>_missing" reason beside it (`frame.attrs["reasons"]`, or a generic one).
+
+    Args:
+        frame: the table.
+        where: the table's name in error messages.
+
+    Returns:
+        One dict per row (infinities stay floats: `strict_json` writes them as null).
+
+    Raises:
+        ValueError: if a cell is a float NaN.
+    """
+    return _records(frame, where)
 
 
 def _records(frame: pd.DataFrame, where: str) -> list[dict]:
@@ -546,6 +580,8 @@ nav ul{columns:2;font-size:0.9em}
 pre.prompt,pre.continuation{white-space:pre-wrap;word-break:break-word;padding:6px 10px;margin:0.3em 0 0.8em;
 font-size:0.88em;border-radius:3px}pre.prompt{background:#eef;border-left:4px solid #88a}
 pre.continuation{background:#f6f6f0;border-left:4px solid #bb9}.generation h4{margin:0.8em 0 0.2em}"""
+REPORT_STYLE = _STYLE
+"""The HTML report's style sheet, for pages that show sections in the report's look (`dpledger frontier`)."""
 
 
 def _html_generations(run: RunData) -> list[str]:
@@ -649,4 +685,4 @@ def render(runs: list[RunData], output_format: str) -> str:
             "csv": render_csv}[output_format](runs)
 
 
-__all__ = ["FORMATS", "MISSING", "render", "strict_json"]
+__all__ = ["FORMATS", "MISSING", "REPORT_STYLE", "html_table", "render", "strict_json", "table_records"]

@@ -257,6 +257,12 @@ ROWS["EpsilonConversion"] = [
 ROWS["DeltaConversion"] = [(lambda: d.DeltaConversion(-1.0, 1.0, 2.0, False, False), r"delta must be in \[0, 1\], got -1")]
 ROWS["Breakdown"] = [(lambda: d.Breakdown([{"component": "screen", "epsilon": 1.0}], None),
                       r"rows must hold BreakdownRow instances, got dict: \{'component': 'screen'")]
+ROWS["run_frontier"] = [  # refused before anything is built, run or written
+    (lambda: d.run_frontier("unused", budgets=((-1.0, 1e-5),)), r"epsilon must be a finite number in \(0, 700\], got -1.0"),
+    (lambda: d.run_frontier("unused", budgets=((1.0, 2.0),)), r"delta must be in \(0, 1\), got 2"),
+    (lambda: d.run_frontier("unused", queries=0), r"queries must be .*>= 1, got 0"),
+    (lambda: d.run_frontier("unused", variants=["nowhere"]), r"unknown frontier variant 'nowhere'; known: public"),
+]
 ROWS["StepResult"] = [(lambda: d.StepResult(None, None, np.array([2.0]), {"x": np.array([[NAN]])}),
                        r"charged\['x'\] holds NaN RDP values")]
 
