@@ -63,8 +63,9 @@ from dpledger.decoding.ensemble import Ensemble  # noqa: E402
 from dpledger.decoding.run import run_decode  # noqa: E402
 from dpledger.decoding.totals import step_bound_caveat  # noqa: E402
 from dpledger.mechanisms.ball import Ball, ball_named  # noqa: E402
-from dpledger.mechanisms.calibration import (MAX_TARGET_EPSILON, Calibration, calibrate_confident_gnmax,  # noqa: E402
-                                             calibrate_dpws, calibrate_pmixed)
+from dpledger.mechanisms.calibration import (MAX_TARGET_EPSILON, PMIXED_CANDIDATE_ORDERS,  # noqa: E402
+                                             Calibration, calibrate_confident_gnmax, calibrate_dpws,
+                                             calibrate_pmixed_order)
 from dpledger.mechanisms.diversity import mean_diversity_curve  # noqa: E402
 from dpledger.mechanisms.pmixed import PMixED  # noqa: E402
 from dpledger.mechanisms.randomness import seed_commitment  # noqa: E402
@@ -79,7 +80,7 @@ DEFAULT_BUDGETS: tuple[tuple[float, float], ...] = ((1.0, 1e-5), (2.0, 1e-5), (4
 """The default targets: epsilon 1, 2, 4, 8 at delta 1e-5 over the run's queries."""
 DEFAULT_QUERIES = 1024
 DEFAULT_TEACHERS = 8
-ALPHA_CANDIDATES: tuple[float, ...] = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
+ALPHA_CANDIDATES: tuple[float, ...] = PMIXED_CANDIDATE_ORDERS
 """PMixED's projection orders tried for each target (`calibrate_pmixed_alpha`)."""
 PAPER_ALPHA, PAPER_BETA = PAPER_DEFAULTS["alpha"], PAPER_DEFAULTS["beta"]
 SCREEN = {key: PAPER_DEFAULTS[key] for key in ("lam", "sigma", "threshold", "top_k")}
@@ -275,16 +276,8 @@ def require_same_settings(out: Path, queries: int, teachers: int) -> None:
 def calibrate_pmixed_alpha(epsilon: float, delta: float, queries: int, teachers: int, ball: Ball | str,
                            candidates: Sequence[float] = ALPHA_CANDIDATES) -> tuple[Calibration | None, str | None]:
     """PMixED's beta for a target at the candidate alpha that allows the largest beta, chosen from the
-    target alone (data-independently).
-
-    Each candidate is calibrated by `calibrate_pmixed` (Theorem 3.1 of Flemings et al. 2024 per query,
-    composed Q times, converted by Balle et al. 2020, Theorem 21). beta is the quantity comparable
-    across orders: the ball at order k is D_k <= beta k, and for a small perturbation p = q (1 + e),
-    sum_j q_j (1 + e_j)^k = 1 + k (k - 1) chi^2 / 2 + O(e^3) (Taylor's theorem, sum_j q_j e_j = 0), so
-    D_k = log(1 + k (k - 1) chi^2 / 2) / (k - 1) ~ k chi^2 / 2: D_k <= beta k is chi^2 <= 2 beta at
-    every order, and a larger beta lets each teacher move further from the public model. A candidate
-    the target cannot reach (calibrate_pmixed's ValueError "out of reach") is skipped. Ties go to
-    the smaller alpha.
+    target alone (data-independently): `dpledger.mechanisms.calibration.calibrate_pmixed_order`, with
+    a target no candidate reaches turned into a reason instead of an error.
 
     Args:
         epsilon: the target epsilon.
@@ -300,22 +293,12 @@ def calibrate_pmixed_alpha(epsilon: float, delta: float, queries: int, teachers:
     Raises:
         ValueError: if an argument is invalid for calibrate_pmixed other than by being out of reach.
     """
-    best: Calibration | None = None
-    refusals = []
-    for alpha in candidates:
-        try:
-            found = calibrate_pmixed(epsilon, delta, queries, alpha, teachers, ball=ball)
-        except ValueError as error:
-            if "out of reach" not in str(error):
-                raise
-            refusals.append(str(error))
-            continue
-        if best is None or found.value > best.value:
-            best = found
-    if best is None:
-        return None, (f"out of reach at every alpha in {', '.join(f'{a:g}' for a in candidates)}: "
-                      + refusals[-1])
-    return best, None
+    try:
+        return calibrate_pmixed_order(epsilon, delta, queries, teachers, ball=ball, alphas=candidates), None
+    except ValueError as error:
+        if "out of reach" not in str(error):
+            raise
+        return None, str(error)
 
 
 def voting_threshold(sigma: float, teachers: int, vocab_size: int) -> float:
