@@ -220,8 +220,48 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
     hotpate = run_hotpate(HOTPATE_TEACHERS, queries=32, samples=100, verbose=False)
     write_hotpate(hotpate, root / "hotpate")
     print(hotpate_markdown(hotpate))
-    audit_and_report(root, [Path(row["trace"]) for row in rows], extra_html=hotpate_html(hotpate))
+    frontier_html = run_small_frontier(root, teachers, progress)
+    audit_and_report(root, [Path(row["trace"]) for row in rows], extra_html=hotpate_html(hotpate) + frontier_html)
     return table, summaries, root
+
+
+DEMO_FRONTIER_BUDGETS = ((2.0, 1e-5), (8.0, 1e-5))
+DEMO_FRONTIER_QUERIES = 256
+DEMO_FRONTIER_VARIANTS = ("public", "ensemble", "pmixed-projection-order", "pmixed-proof-orders", "pmixed-all-orders")
+"""The demo's small frontier: PMixED's three balls between the anchors at two budgets over 256 queries
+(`dpledger frontier` runs every variant at four)."""
+
+
+def run_small_frontier(root: Path, teachers: int, progress: bool) -> str:
+    """A small privacy-utility frontier (dpledger.reports.frontier.run_frontier, unaudited: the demo
+    audits its own runs) under root/frontier, printed, and returned as the report's HTML section.
+
+    Args:
+        root: the demo's output directory.
+        teachers: the ensemble size N.
+        progress: whether a progress bar runs over the frontier's runs.
+
+    Returns:
+        The frontier's HTML section (frontier_html).
+
+    Raises:
+        ValueError: if the frontier's settings are invalid or its directory holds another frontier.
+    """
+    from dpledger.reports.frontier import best_by_budget, best_lines, compact_table, frontier_html, run_frontier
+
+    budgets = ", ".join(f"epsilon {e:g}" for e, _ in DEMO_FRONTIER_BUDGETS)
+    print(f"\n== A small privacy-utility frontier: PMixED's three balls at {budgets} (delta "
+          f"{DEMO_FRONTIER_BUDGETS[0][1]:g}) over {DEMO_FRONTIER_QUERIES} queries, each calibrated before it runs "
+          f"(dpledger frontier runs every mechanism at four budgets) ==")
+    frame = run_frontier(root / "frontier", DEMO_FRONTIER_BUDGETS, DEMO_FRONTIER_QUERIES, teachers,
+                         DEMO_FRONTIER_VARIANTS, audit=False, progress=progress, verbose=False)
+    shown = compact_table(frame).drop(columns=["audit"], errors="ignore")
+    print(shown.astype(object).where(shown.notna(), "").to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    best = best_by_budget(frame)
+    for line in best_lines(best):
+        print(f"  {line}")
+    print(f"  table, figure and LaTeX: {root / 'frontier'}/frontier.{{csv,png,tex,html}}")
+    return frontier_html(frame, best=best)
 
 
 HOTPATE_TEACHERS = 64
