@@ -14,7 +14,6 @@ import math
 import secrets
 import sys
 from pathlib import Path
-import torch
 
 LR_DEFAULT = {"lora": 1e-3, "full": 5e-5}
 
@@ -192,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
     _check(args.device == "cpu" or args.device.startswith("cuda"), "--device", args.device,
            "must be cpu, cuda or cuda:N")
     if args.device.startswith("cuda"):
+        import torch  # deferred: torch (1-2 s) only once a CUDA device is asked for
+
         _check(torch.cuda.is_available(), "--device", args.device, "CUDA is not available on this machine")
     separator = None if args.separator is None else args.separator.replace("\\n", "\n").replace("\\t", "\t")
     units, description = lib.read_units(args.input, args.format, separator, args.text_field, args.partition_key)

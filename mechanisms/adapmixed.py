@@ -14,24 +14,26 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from numpy.typing import NDArray
 
 from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders
 from dpledger.accounting.errors import require
 from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
-from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.distributions import validated_ensemble, validated_lambdas
 from dpledger.mechanisms.kernels import mixed_teachers
 from dpledger.mechanisms.leave_one_out import leave_one_out_curve
 from dpledger.mechanisms.pmixed import PMixED
 from dpledger.mechanisms.screening import NoisyScreening
 from dpledger.mechanisms.step import StepResult, adapmixed_step
+from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:
+    import torch
     from dpledger.accounting.relation import PathAccounting
     from dpledger.mechanisms.randomness import StepGenerators
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 
 def data_dependent_pmixed_values(teachers: npt.ArrayLike | torch.Tensor, public: npt.ArrayLike | torch.Tensor,
@@ -87,6 +89,8 @@ def add_one_bound_values(pmixed: PMixED, teachers: npt.ArrayLike | torch.Tensor,
     lambdas_np = validated_lambdas(lambdas, teachers_np)
     mixed = mixed_teachers(torch.from_numpy(teachers_np), torch.from_numpy(public_np), torch.from_numpy(lambdas_np))
     orders_t = torch.tensor(canonical_orders(orders), dtype=torch.float64)
+    from dpledger.mechanisms.add_one import add_one_divergence_bounds  # numba kernels, on first use
+
     bound: NDArray[np.float64] = add_one_divergence_bounds(
         mixed.mean(dim=-2), torch.from_numpy(public_np), teachers_np.shape[-2], orders_t, *pmixed.one_order_ball).numpy()
     return bound

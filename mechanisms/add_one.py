@@ -64,10 +64,9 @@ certified bounds beside it, so the gap between them brackets the bound's remaini
 from __future__ import annotations
 
 import math
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
-import torch
 from numpy.typing import ArrayLike, NDArray
 
 from dpledger.accounting.rounding import ROUNDING_ULPS
@@ -76,6 +75,12 @@ from dpledger.mechanisms.ball import ALL_ORDERS_BALL_GRID, all_orders_ball_const
 from dpledger.mechanisms.kernels import FloatArray, _log, _set_threads, ball_mixing_weights, renyi_divergence_orders
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
 from dpledger.mechanisms.fused import add_one_order_sums
+from dpledger.accounting.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 BoolArray = NDArray[np.bool_]
 Laws = torch.Tensor | ArrayLike

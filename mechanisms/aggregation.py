@@ -29,11 +29,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import MISSING, dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping, NamedTuple, Self, Sequence, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, NamedTuple, Self, Sequence, TypedDict, TypeVar, Unpack
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from numpy.typing import NDArray
 
 from dpledger.accounting.curve import RdpCurve
@@ -41,6 +40,12 @@ from dpledger.accounting.errors import require, require_int_at_least
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, path_accounting
 from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 from dpledger.mechanisms.calibration import Calibration, calibrate_scale
+from dpledger.accounting.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 COMMANDS = frozenset({"account", "calibrate", "verify", "decode"})
 """Where a parameter is read: `dpledger account` and `calibrate` flags, claim keys, the config's [mechanism]."""

@@ -1,15 +1,20 @@
 """Renyi divergence between next-token distributions (van Erven & Harremoes 2014), numpy or torch in, same out."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import torch
 from numpy.typing import ArrayLike, NDArray
 
 from dpledger.accounting.errors import require, require_bool, require_order
 from dpledger.mechanisms.distributions import as_float64_array, require_same_vocabulary
 from dpledger.mechanisms.kernels import renyi_divergence_orders, symmetric_renyi_orders
+from dpledger.accounting.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 
 def renyi_divergence(p: torch.Tensor | ArrayLike, q: torch.Tensor | ArrayLike, alpha: float | Sequence[float] | ArrayLike,

@@ -23,14 +23,19 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
-import torch
 from numpy.typing import ArrayLike, NDArray
 
 from dpledger.accounting.errors import require, require_bool, require_finite, require_in_closed, require_int_at_least
 from dpledger.mechanisms.hot_pate import Targmax, coordinated_votes
+from dpledger.accounting.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]

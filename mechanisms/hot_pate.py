@@ -15,7 +15,6 @@ import numpy as np
 import numpy.typing as npt
 from numpy.typing import NDArray
 from scipy.special import log_ndtr, ndtr
-import torch
 
 from dpledger.accounting.errors import require, require_bool, require_finite, require_int_at_least, require_positive
 from dpledger.accounting.relation import NeighbouringRelation
@@ -24,9 +23,13 @@ from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 from dpledger.mechanisms.distributions import as_float64_array
 from dpledger.mechanisms.pate import histogram_sensitivity_squared, require_generator, validated_counts
 from dpledger.mechanisms.kernels import _log
+from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
+    import torch
     from dp_accounting.dp_event import DpEvent
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 
 def vote_histogram(votes: npt.ArrayLike, vocabulary_size: int) -> NDArray[np.int64]:

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from numpy.typing import NDArray
 from scipy.special import log_ndtr
 
@@ -37,9 +36,13 @@ from dpledger.mechanisms.calibration import Calibration, calibrate_confident_gnm
 from dpledger.mechanisms.hot_pate import (DPWeightedSampler, ThresholdWeightedSampler, dpws_draws, dpws_law_bounds,
                                           require_finite_at_least_one, require_vote_threshold)
 from dpledger.mechanisms.pate import ConfidentGNMax, GNMax, gnmax_log_output_law
+from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
+    import torch
     from dp_accounting.dp_event import DpEvent
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 LEGACY_PARAMETERS = {"threshold": None, "gamma": 1.0, "sigma": None, "sigma_threshold": None, "data_dependent": False}
 """The parameter table every Hot PATE run records, with the value of a key its aggregator does not read."""

@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from dpledger.accounting.rounding import ROUNDING_ULPS
+from dpledger.accounting.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 _SLACK_PER_ULP = 1.0
 """The rounding-up allowance is ROUNDING_ULPS * _SLACK_PER_ULP per unit of magnitude: 8 ulps,

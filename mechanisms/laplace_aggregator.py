@@ -30,11 +30,10 @@ relation of the run:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from numpy.typing import NDArray
 from scipy.special import logsumexp
 
@@ -44,6 +43,12 @@ from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.rounding import ROUNDING_ULPS, positive_floor
 from dpledger.mechanisms.aggregation import VoteAggregator, parameter, register_aggregator
 from dpledger.mechanisms.pate import validated_counts
+from dpledger.accounting.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 _GAUSS_NODES, _GAUSS_WEIGHTS = np.polynomial.legendre.leggauss(16)
 _COARSE_NODES, _COARSE_WEIGHTS = np.polynomial.legendre.leggauss(8)

@@ -8,13 +8,20 @@ up) are in dpledger.mechanisms.kernels.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 from numpy.typing import ArrayLike, NDArray
 
 from dpledger.accounting.rounding import ROUNDING_ULPS
 from dpledger.mechanisms.kernels import (_SLACK_ULPS, FloatArray, IntArray, _divergences_from_moments, _LeaveOneOut,
                                          leave_one_out_divergences_torch, mixed_teachers)
+from dpledger.accounting.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 
 def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: torch.Tensor | None = None,

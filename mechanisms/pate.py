@@ -18,7 +18,6 @@ import numpy as np
 import numpy.typing as npt
 from numpy.typing import NDArray
 from scipy.special import log_ndtr, logsumexp
-from scipy.stats import norm
 
 from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.errors import require, require_bool, require_non_negative, require_positive
@@ -75,7 +74,8 @@ def require_generator(rng: object) -> np.random.Generator:
 
 def _log_union_bound(gaps: NDArray[np.float64], sigma: float) -> float:
     """log sum_j Pr[N(0, 2 sigma^2) >= gap_j] (the noisy difference of two counts has variance 2 sigma^2)."""
-    return float(logsumexp(norm.logsf(gaps, scale=math.sqrt(2.0) * sigma)))
+    # log Pr[N(0, s^2) >= g] = log Phi(-g / s): what scipy.stats.norm.logsf computes, without loading scipy.stats
+    return float(logsumexp(log_ndtr(-(gaps / (math.sqrt(2.0) * sigma)))))
 
 
 def log_q_gnmax(counts: npt.ArrayLike, sigma: float) -> float:

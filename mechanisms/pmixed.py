@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from numpy.typing import NDArray
 
 from dpledger.accounting.curve import RdpCurve, compose_curves
@@ -29,10 +28,14 @@ from dpledger.mechanisms.kernels import ball_mixing_weights, mixing_weights
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
 from dpledger.mechanisms.step import pmixed_step
 from dpledger.mechanisms.subsampling import amplified_rdp
+from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:
+    import torch
     from dpledger.mechanisms.randomness import StepGenerators
     from dpledger.mechanisms.step import StepResult
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 
 def theorem_3_1_epsilon(alpha: npt.ArrayLike, beta: float, teachers: npt.ArrayLike) -> NDArray[np.float64]:

@@ -7,11 +7,16 @@ replayed in windows of rows (bounded memory at any block size) and still reprodu
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
 
 from dpledger.accounting.errors import require
+from dpledger.accounting.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 
 SEED_COMMITMENT_SALT = b"dpledger run-seed commitment v1"

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from numpy.typing import NDArray
 
 from dpledger.accounting.errors import (require, require_bool, require_in_closed, require_int_at_least, require_non_negative,
@@ -19,9 +18,13 @@ from dpledger.mechanisms.base import require_relation, set_validated
 from dpledger.mechanisms.distributions import validated_ensemble
 from dpledger.mechanisms.kernels import renyi_divergence_orders
 from dpledger.mechanisms.randomness import StepGenerators, standard_normal
+from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
+    import torch
     from dp_accounting.dp_event import DpEvent
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 
 @dataclass(frozen=True)

@@ -13,21 +13,23 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from numpy.typing import NDArray
 
 from dpledger.accounting.errors import require
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, neighbouring_relation, path_accounting
-from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.distributions import validated_ensemble
 from dpledger.mechanisms.kernels import mixed_teachers
 from dpledger.mechanisms.leave_one_out import leave_one_out_curve
+from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:  # the mechanisms import this module: their types are for the checker only
+    import torch
     from dpledger.mechanisms.adapmixed import AdaPMixED
     from dpledger.mechanisms.pmixed import PMixED
     from dpledger.mechanisms.randomness import StepGenerators
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,8 @@ def data_dependent_step_curve(
     output = output.to(public.device)
     added = None
     if "add" in relation.moves:
+        from dpledger.mechanisms.add_one import add_one_divergence_bounds  # numba kernels, on first use
+
         added = add_one_divergence_bounds(output, public, teachers.shape[-2], torch.from_numpy(orders),
                                           *pmixed.one_order_ball, dual=add_one_dual).numpy()
     covering = removed if added is None else (np.maximum(removed, added) if "remove" in relation.moves else added)

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from numpy.typing import NDArray
 from scipy.special import logsumexp
 
@@ -32,9 +31,13 @@ from dpledger.mechanisms.aggregation import VoteAggregator, pick_token
 from dpledger.mechanisms.aggregators import build_aggregator
 from dpledger.mechanisms.base import Mechanism, set_validated
 from dpledger.mechanisms.pate import gnmax_log_output_law
+from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
+    import torch
     from dp_accounting.dp_event import DpEvent
+else:
+    torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
 __all__ = ["VoteCoordination", "VotingMechanism", "gnmax_log_output_law", "histograms", "pick_token",
            "renyi_divergence_of_log_laws", "votes_from_seeds"]
