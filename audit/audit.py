@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from dpledger.audit import bounds, consistency, replay, voting
 from dpledger.audit.ablation import check_ablation
 from dpledger.audit.bracket import check_epsilon_bracket
@@ -241,7 +243,8 @@ def _guarded(name: str, check, loaded) -> CheckResult:
 
 def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_samples: int = 400,
               game_trials: int = 2000, play_game: bool = True, seed: int = 0, write: bool = True,
-              expect_head: str | None = None, executor=None, audit_out: str | Path | None = None) -> AuditReport:
+              expect_head: str | None = None, executor=None, audit_out: str | Path | None = None,
+              progress: bool = False) -> AuditReport:
     """Audit a finished run directory; writes audit.json there (unless write=False; to `audit_out`
     instead when given), bound to the hashes of the manifest, ledger.json and the chain head it
     audited. A write that fails (a read-only run) leaves the report's verdict as it is and says why
@@ -265,6 +268,7 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
         executor: computes the per-window work elsewhere (dpledger.audit.dask_audit.DaskWindowExecutor);
             None: in this process.
         audit_out: where to write audit.json instead of the run directory.
+        progress: whether progress bars (stderr) show the check running and its windows of steps.
 
     Returns:
         The AuditReport; its `not_written` says why audit.json could not be written, if so.
@@ -292,6 +296,7 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
             _write_audit(report, audit_out)
         return report
     loaded.executor = executor
+    loaded.progress = progress
     plan = [("files", lambda: consistency.check_files(loaded)),
             ("hash_chain", lambda: replay.check_hash_chain(loaded)),
             ("final_record", lambda: consistency.check_final_record(loaded, expect_head)),
@@ -314,23 +319,22 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
                             ("voting_charges", lambda: voting.check_voting_charges(loaded))]
     if loaded.manifest.get("budget") is not None:
         plan.append(("budget_filter", lambda: check_budget_filter(loaded)))
-    checks = [_guarded(name, check, loaded) for name, check in plan]
-    if loaded.mechanism_type == "voting":
-        ablation = _guarded("neighbour_ablation", lambda: voting.check_voting_ablation(loaded), loaded)
-        checks.append(ablation)
-        checks.append(_guarded("epsilon_bracket", lambda: check_epsilon_bracket(loaded, ablation.evidence, mc_samples,
-                                                                                seed), loaded))
-        if play_game:
-            checks.append(_guarded("sampled_aggregator", lambda: voting.check_sampled_aggregator(loaded, seed=seed),
-                                   loaded))
-    else:
-        ablation = _guarded("neighbour_ablation", lambda: check_ablation(loaded, teachers_sample, mc_samples, seed)[0],
-                            loaded)
-        checks.append(ablation)
-        checks.append(_guarded("epsilon_bracket", lambda: check_epsilon_bracket(loaded, ablation.evidence, mc_samples,
-                                                                                seed), loaded))
-        if play_game:
-            checks.append(_guarded("canary_game", lambda: check_canary_game(loaded, game_trials, seed=seed)[0], loaded))
+    voting_run = loaded.mechanism_type == "voting"
+    evidence: dict = {}  # the ablation's, read by the bracket and the lint
+    plan.append(("neighbour_ablation", lambda: (voting.check_voting_ablation(loaded) if voting_run
+                                                else check_ablation(loaded, teachers_sample, mc_samples, seed)[0])))
+    plan.append(("epsilon_bracket", lambda: check_epsilon_bracket(loaded, evidence, mc_samples, seed)))
+    if play_game:
+        plan.append(("sampled_aggregator", lambda: voting.check_sampled_aggregator(loaded, seed=seed)) if voting_run
+                    else ("canary_game", lambda: check_canary_game(loaded, game_trials, seed=seed)[0]))
+    checks = []
+    with tqdm(plan, desc="audit", unit="check", leave=False, disable=not progress) as bar:
+        for name, check in bar:
+            bar.set_postfix_str(name)
+            checks.append(_guarded(name, check, loaded))
+            if name == "neighbour_ablation":
+                evidence = checks[-1].evidence
+    ablation = next(check for check in checks if check.name == "neighbour_ablation")
     try:
         findings = lint(loaded, ablation.evidence) if loaded.consistent else []
     except (ValueError, KeyError, TypeError, IndexError) as error:

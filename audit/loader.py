@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Protocol, TypeVar
 import numpy as np
 import torch
 from dataclasses import replace
+from tqdm.auto import tqdm
 
 from dpledger.accounting import safe_files
 from dpledger.decoding import trace
@@ -140,6 +141,8 @@ class LoadedTrace:
     memo: dict = field(default_factory=dict)
     """Per-process memo of what the window functions rebuild (the runner, the re-encoded text, a block's
     model logits): built once per process, not once per window."""
+    progress: bool = False
+    """Whether `map_windows` in this process shows a progress bar over the windows (on stderr, tqdm)."""
 
     @property
     def orders(self) -> np.ndarray:
@@ -483,8 +486,13 @@ class LoadedTrace:
         if self.executor is not None:
             yield from self.executor.map_windows(self, compute, args, desc)
             return
-        for block, records, logits in self.iter_payload():
-            yield block, compute(self, records, logits, *args)
+        window = self.window_rows()
+        windows = sum(-(-info.length // window) for info in self.blocks_info)
+        with tqdm(total=windows, desc=f"  {desc or 'windows'}", unit="window", leave=False,
+                  disable=not self.progress) as bar:
+            for block, records, logits in self.iter_payload(window):
+                yield block, compute(self, records, logits, *args)
+                bar.update(1)
 
     def for_workers(self) -> "LoadedTrace":
         """A copy to send to workers: what the window functions read, without the recomputed totals,
@@ -494,7 +502,7 @@ class LoadedTrace:
             A copy with the directory resolved and the window length and logits source decided here.
         """
         return replace(self, directory=self.directory.resolve(), totals=None, _ensemble=None, executor=None, memo={},
-                       problems=[], _window_rows=self.window_rows(), _logits_source=self.logits_source)
+                       progress=False, problems=[], _window_rows=self.window_rows(), _logits_source=self.logits_source)
 
     def prepare_worker(self) -> None:
         """On a worker, once: load the run's models where the driver found them (their content

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 report = audit_run(run_dir, args.teachers_sample, args.mc_samples, args.trials, not args.no_game,
                                    args.seed, expect_head=args.expect_head, executor=executor,
-                                   audit_out=args.audit_out)
+                                   audit_out=args.audit_out, progress=not args.no_progress)
             except ClusterError:
                 raise  # the cluster, not this run: stop (the CLI prints one line, exit 2)
             except (ValueError, OSError) as error:
