@@ -171,7 +171,8 @@ def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torc
     """The window's largest relative shortfall of the charge below the loss covering `relation`, and
     the steps charged less (or holding a NaN)."""
     public, teachers = Ensemble.split_distributions(logits)
-    # every teacher at every order, in the decode loop's own arithmetic (no sub-grid, no chords)
+    # every teacher at every order, in the decode loop's own arithmetic (no sub-grid, no chords; the add-one
+    # bound's chords too are recomputed order by order, which the charge must never be below)
     exact, _, output = leave_one_out_curve(teachers, public, _recorded_lambdas(records), trace.orders,
                                            relative_tolerance=None)
     dual = bool(trace.params.get("add_one_dual", False))
@@ -185,7 +186,7 @@ def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torc
     expected = loss_covering(
         relation, lambda: exact,
         lambda: add_one_divergence_bounds(output, public, trace.n_teachers, torch.from_numpy(trace.orders),
-                                          *_pmixed(trace).one_order_ball, dual=dual).numpy())
+                                          *_pmixed(trace).one_order_ball, dual=dual, relative_tolerance=None).numpy())
     charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
     answered = np.asarray([(every_step or r["screen_passed"]) and not r.get("budget_refused") for r in records])
     gap = np.where(answered[:, None], (expected - charged) / np.maximum(expected, 1e-300), 0.0)

@@ -64,7 +64,7 @@ certified bounds beside it, so the gap between them brackets the bound's remaini
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Callable, TypedDict
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -72,9 +72,9 @@ from numpy.typing import ArrayLike, NDArray
 from dpledger.accounting.rounding import ROUNDING_ULPS
 from dpledger.mechanisms.fastmath import JitOptions, jit  # first: it sets numba's vector width
 from dpledger.mechanisms.ball import ALL_ORDERS_BALL_GRID, all_orders_ball_constraints
-from dpledger.mechanisms.kernels import FloatArray, _log, _set_threads, ball_mixing_weights, renyi_divergence_orders
+from dpledger.mechanisms.kernels import _SLACK_ULPS, FloatArray, _log, _set_threads, ball_mixing_weights
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
-from dpledger.mechanisms.fused import add_one_order_sums
+from dpledger.mechanisms.fused import add_one_order_sums, renyi_log_moments
 from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:
@@ -973,9 +973,14 @@ def _add_one_order_sums(log_allocation: np.ndarray, log_t: np.ndarray, orders: n
     return u2.reshape(*batch, orders.size), chord.reshape(*batch, orders.size)
 
 
+ADD_ONE_RELATIVE_TOLERANCE = 0.005
+"""The add-one bound's sub-grid certificate: every order's value is within 0.5% of computing that order."""
+
+
 def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teachers: int, orders: torch.Tensor,
                               alpha: float, radius: float, all_orders_beta: float | None = None,
-                              dual: bool = False) -> torch.Tensor:
+                              dual: bool = False, relative_tolerance: float | None = ADD_ONE_RELATIVE_TOLERANCE
+                              ) -> torch.Tensor:
     """max(forward, reverse) of add_one_direction_bounds (its docstring has the derivation): (..., K).
 
     dual=True takes, in each direction, the smaller of the closed-form bound and the Lagrangian dual
@@ -996,6 +1001,8 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
         all_orders_beta: beta of the all-orders ball (D<->_k <= beta k at every k > 1), or None for the
             ball at order alpha only.
         dual: also compute the certified Lagrangian dual bound and keep the smaller per direction.
+        relative_tolerance: the closed form's sub-grid certificate (add_one_direction_bounds); None: every
+            order computed.
 
     Returns:
         float64 tensor (..., K): an upper bound in nats on the add-one divergence at each order.
@@ -1004,7 +1011,8 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
         ValueError: if the bound is NaN (an input distribution holds NaN or inf), or (dual=True) the
             inputs fail dual_add_one_bounds' checks.
     """
-    forward, reverse = add_one_direction_bounds(output, public, teachers, orders, alpha, radius, all_orders_beta)
+    forward, reverse = add_one_direction_bounds(output, public, teachers, orders, alpha, radius, all_orders_beta,
+                                                relative_tolerance)
     if dual:
         dual_forward, dual_reverse, _ = _dual_add_one(output, public, teachers, orders, alpha, radius, all_orders_beta)
         forward = np.minimum(forward, dual_forward.reshape(forward.shape))
@@ -1016,7 +1024,8 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
 
 
 def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teachers: int, orders: torch.Tensor,
-                             alpha: float, radius: float, all_orders_beta: float | None = None
+                             alpha: float, radius: float, all_orders_beta: float | None = None,
+                             relative_tolerance: float | None = ADD_ONE_RELATIVE_TOLERANCE
                              ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, reverse), numpy (..., K): upper bounds, per order k, on the max of D_k(p_+ || p)
     (forward) and of D_k(p || p_+) (reverse) over every teacher an adversary
@@ -1054,14 +1063,30 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         D_k(p || p) = 0; W_k = log(sum_j p_j^k qmin_j^(1-k)) / (k-1) >= D_k(p || q) as 1-k < 0.
     Every value is rounded up (the Renyi kernel's slack, ROUNDING_ULPS on the rest).
 
+    Orders on a sub-grid (`relative_tolerance`): the three sums that cost V (or the knapsack's tokens)
+    per order, (k-1) U2_k, the log of the chord bound's sum and (k-1) W_k, are each convex in k: each is
+    the log of a nonnegative combination of exponentials of affine functions of k (for the chord sum,
+    (1 - sum_j a_j / t_j) phi_k(0) + sum_j (a_j / t_j) phi_k(t_j), with sum_j a_j / t_j <= sum_j p_j as
+    a_j <= qmax_j), hence convex (van Erven & Harremoes 2014, Corollary 2; Boyd & Vandenberghe 2004,
+    Section 3.1.5). So each lies under its chord between two orders where it was computed and above the
+    extensions of its neighbouring chords (`_convex_sandwich`); every formula above is nondecreasing in
+    each sum, so the chords give an upper bound and the extensions a lower bound on what the sums give
+    at that order. The sub-grid starts at every 4th order of the grid and its last and bisects
+    every interval where the upper bound of a direction exceeds (1 + relative_tolerance) times its
+    lower bound, so every value is within that factor of the all-orders computation and never below it
+    (a chord carries twice the sums' rounding allowance, `_chord_values`). relative_tolerance=None
+    computes every order.
+
     Args:
         output: the ensemble's output law p, shape (..., V).
         public: the public model's law p0, shape (..., V).
         teachers: the ensemble size N >= 1.
-        orders: the Renyi orders k > 1, shape (K,).
+        orders: the Renyi orders k > 1, strictly increasing, shape (K,).
         alpha: the projection order of PMixED's ball (> 1).
         radius: the ball's radius in nats at order alpha (>= 0).
         all_orders_beta: beta of the all-orders ball, or None for the ball at order alpha only.
+        relative_tolerance: the sub-grid's certificate, > 0 (0.005: within 0.5% of the all-orders
+            computation); None: every order computed.
 
     Returns:
         (forward, reverse), float64 numpy arrays (..., K): upper bounds in nats on D_k(p_+ || p) and
@@ -1088,30 +1113,179 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     max_ratio = ratio_p0_p.max(axis=-1)
     slack = ROUNDING_ULPS * (np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1)
                              + np.abs(np.where(on_public, log_p0, 0.0)).max(axis=-1) + abs(log_r) + 4.0)
-    orders_col = orders_np.reshape((1,) * max_ratio.ndim + (-1,))
     # One allocation serves U2 and the chord bound at every order: both fill tokens by decreasing
     # t_j = qmax_j / p_j (the chord's slope (phi_k(t) - phi_k(0)) / t grows with t, phi_k being convex).
     log_allocation, log_t = _knapsack_allocation(log_qmax, ratio_q_p)
-    u2_moment, chord_total = _add_one_order_sums(log_allocation, log_t, orders_np, n)
-    with np.errstate(invalid="ignore", over="ignore"):
-        above = ((alpha - 1.0) * radius + (orders_col - alpha) * log_m[..., None]) / (orders_col - 1.0)
-        rho = np.where(orders_col <= alpha, radius, above)
-        if all_orders_beta is not None:
-            rho = np.minimum(rho, all_orders_beta * orders_col)
-        u2 = u2_moment / (orders_col - 1.0)
-        u = np.minimum(rho + max_ratio[..., None], u2) + slack[..., None]
-        jensen = log_mean_with_one_exp((orders_col - 1.0) * u, n + 1.0) / (orders_col - 1.0)
     magnitude = np.abs(np.where(np.isfinite(log_t), log_t, 0.0)).max(axis=-1)[..., None]
-    chord = (chord_total + ROUNDING_ULPS * (np.abs(np.where(np.isfinite(chord_total), chord_total, 0.0))
-                                            + orders_col * (magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0))
-             ) / (orders_col - 1.0)
-    forward = np.minimum(jensen, chord)
-    w = renyi_divergence_orders(torch.from_numpy(log_p), torch.from_numpy(log_qmin), orders.cpu()).numpy()
-    reverse = np.minimum(np.log1p(1.0 / n), w / (n + 1.0))
+    w_magnitude = (np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1)
+                   + np.abs(np.where(np.isfinite(log_qmin), log_qmin, 0.0)).max(axis=-1) + 2.0)[..., None]
+    vocab = log_p.shape[-1]
+
+    def sums(index: np.ndarray) -> list[np.ndarray]:
+        """The three convex sums at orders_np[index]: (k-1) U2_k and the chord sum (computed, within
+        their allowances below of the exact values) and (k-1) W_k (rounded up by the Renyi kernel)."""
+        u2_moment, chord_total = _add_one_order_sums(log_allocation, log_t, orders_np[index], n)
+        return [u2_moment, chord_total, _log_moments(log_p, log_qmin, orders_np[index])]
+
+    def allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
+        """Each sum's rounding allowance at the orders `grid`: a bound on |computed - exact| (for W,
+        the Renyi kernel's own slack, which it adds to its value)."""
+        finite = [np.abs(np.where(np.isfinite(v), v, 0.0)) for v in values]
+        return [(grid - 1.0) * slack[..., None] + 0.0 * finite[0],
+                ROUNDING_ULPS * (finite[1] + grid * (magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0)),
+                _SLACK_ULPS * ((grid + 1.0) * w_magnitude + np.log2(vocab) + 2.0 + finite[2])]
+
+    def directions(values: list[np.ndarray], grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, reverse) at the orders `grid` from the three sums there (nondecreasing in each)."""
+        u2_moment, chord_total, w_moment = values
+        with np.errstate(invalid="ignore", over="ignore"):
+            above = ((alpha - 1.0) * radius + (grid - alpha) * log_m[..., None]) / (grid - 1.0)
+            rho = np.where(grid <= alpha, radius, above)
+            if all_orders_beta is not None:
+                rho = np.minimum(rho, all_orders_beta * grid)
+            u = np.minimum(rho + max_ratio[..., None], u2_moment / (grid - 1.0)) + slack[..., None]
+            jensen = log_mean_with_one_exp((grid - 1.0) * u, n + 1.0) / (grid - 1.0)
+            chord = (chord_total + allowances(values, grid)[1]) / (grid - 1.0)
+            w = np.maximum(w_moment / (grid - 1.0), 0.0)
+        return np.minimum(jensen, chord), np.minimum(np.log1p(1.0 / n), w / (n + 1.0))
+
+    forward, reverse = _order_curves_on_subgrid(sums, allowances, directions, orders_np, log_p.shape[:-1],
+                                                relative_tolerance)
     if np.any(np.isnan(forward)) or np.any(np.isnan(reverse)):
         raise ValueError("add-one bound is NaN: an input distribution holds NaN or inf")
     # the last divisions' rounding
     return forward * (1.0 + ROUNDING_ULPS), reverse * (1.0 + ROUNDING_ULPS)
+
+
+def _log_moments(log_p: np.ndarray, log_q: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    """(k - 1) D_k(P || Q) rounded up by the Renyi kernel (dpledger.mechanisms.fused.renyi_log_moments),
+    for rows of the same shape (..., V): (..., K). Unlike renyi_divergence_orders it keeps the moment,
+    which a chord interpolates (dividing by k - 1 and multiplying back could round it down)."""
+    vocab = log_p.shape[-1]
+    lp = np.ascontiguousarray(log_p.reshape(-1, vocab))
+    lq = np.ascontiguousarray(log_q.reshape(-1, vocab))
+    out = np.empty((lp.shape[0], orders.size))
+    rows = np.arange(lp.shape[0], dtype=np.int64)
+    _set_threads()
+    renyi_log_moments(lp, lq, rows, rows, np.ascontiguousarray(orders, dtype=np.float64), _SLACK_ULPS, out)
+    return out.reshape(*log_p.shape[:-1], orders.size)
+
+
+_Sums = Callable[[np.ndarray], list[np.ndarray]]
+"""The three convex sums at the orders grid[index], given index."""
+_Allowances = Callable[[list[np.ndarray], np.ndarray], list[np.ndarray]]
+"""Each sum's rounding allowance at the given orders, from the sums' values there."""
+_Directions = Callable[[list[np.ndarray], np.ndarray], tuple[np.ndarray, np.ndarray]]
+"""(forward, reverse) at the given orders from the three sums there."""
+
+ADD_ONE_SEED_SPACING = 4
+"""The first sub-grid takes every 4th order of the grid (and its last): dense enough that one or two
+refinement rounds certify the rest, as each round costs more Python than evaluating a few orders."""
+
+
+def _seed_orders(grid: np.ndarray) -> np.ndarray:
+    """The first sub-grid: every ADD_ONE_SEED_SPACING-th order of the grid and its last."""
+    return np.unique(np.append(np.arange(0, grid.size, ADD_ONE_SEED_SPACING), grid.size - 1))
+
+
+def _convex_sandwich(grid: np.ndarray, anchors: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                                         np.ndarray]:
+    """For a function convex in the order, known at grid[anchors] (values (..., A)), at every grid order:
+    (the chord between the enclosing anchors (..., K), a bound on that chord's rounding (..., K), the
+    largest extension of the neighbouring chords (..., K), a lower bound; both equal the value at an
+    anchor). A convex function lies under its chords and, outside a chord's interval, above the chord's
+    line (Boyd & Vandenberghe 2004, Section 3.1.3). +inf anywhere in a row makes the row +inf: (k-1) D_k
+    is infinite at one order > 1 exactly when the support condition fails, at every order."""
+    size = grid.size
+    position = np.clip(np.searchsorted(anchors, np.arange(size), side="right") - 1, 0, anchors.size - 2)
+    left, right = anchors[position], anchors[position + 1]
+    weight = (grid - grid[left]) / (grid[right] - grid[left])
+    index = np.searchsorted(anchors, np.arange(size))
+    on_anchor = np.zeros(size, dtype=bool)
+    on_anchor[anchors] = True
+    a_left, a_right = values[..., position], values[..., position + 1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        chord = (1.0 - weight) * a_left + weight * a_right
+        rounding = 4.0 * ROUNDING_ULPS * (np.abs((1.0 - weight) * a_left) + np.abs(weight * a_right))
+        lower = np.full(values.shape[:-1] + (size,), -np.inf)
+        for before, after in ((position - 1, position), (position + 1, position + 2)):
+            valid = (before >= 0) & (after < anchors.size) & (before < after)
+            b, c = np.clip(before, 0, anchors.size - 1), np.clip(after, 0, anchors.size - 1)
+            run = np.where(valid, grid[anchors[c]] - grid[anchors[b]], 1.0)
+            slope = (values[..., c] - values[..., b]) / run
+            line = values[..., b] + slope * (grid - grid[anchors[b]])
+            lower = np.where(valid, np.fmax(lower, line), lower)
+        exact_here = values[..., np.clip(index, 0, anchors.size - 1)]
+        chord = np.where(on_anchor, exact_here, chord)
+        rounding = np.where(on_anchor, 0.0, rounding)
+        lower = np.where(on_anchor, exact_here, lower)
+    infinite = np.expand_dims(np.isposinf(values).any(axis=-1), -1)
+    return (np.where(infinite, np.inf, chord), np.where(infinite, 0.0, rounding),
+            np.where(infinite, np.inf, lower))
+
+
+def _order_curves_on_subgrid(sums: _Sums, allowances: _Allowances, directions: _Directions, grid: np.ndarray,
+                             batch: tuple[int, ...],
+                             relative_tolerance: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, reverse) of add_one_direction_bounds at every order of `grid` from sums convex in the
+    order, computed on a sub-grid refined until each direction's chord-based value is within
+    (1 + relative_tolerance) of its lower bound (add_one_direction_bounds explains why it is sound).
+    `sums(index)` gives the sums at grid[index]; `allowances(values, orders)` bounds their rounding;
+    `directions(values, orders)` turns the sums into the two directions, nondecreasing in each sum."""
+    if relative_tolerance is None:
+        return directions(sums(np.arange(grid.size)), grid)
+    if not (relative_tolerance > 0):
+        raise ValueError(f"relative_tolerance must be > 0 or None, got {relative_tolerance!r}")
+    if grid.size > 1 and not np.all(np.diff(grid) > 0):
+        raise ValueError("the add-one bound's sub-grid needs strictly increasing orders")
+    done = np.zeros(grid.size, dtype=bool)
+    known: list[np.ndarray] = [np.full(batch + (grid.size,), np.nan) for _ in range(3)]
+
+    def evaluate(index: np.ndarray) -> None:
+        for store, value in zip(known, sums(index)):
+            store[..., index] = value
+        done[index] = True
+
+    evaluate(_seed_orders(grid))
+    while not done.all():
+        anchors = np.flatnonzero(done)
+        sandwiches = [_convex_sandwich(grid, anchors, store[..., anchors]) for store in known]
+        upper = directions(_chord_values(sandwiches, allowances, grid, anchors, known), grid)
+        lower = directions([floor for _, _, floor in sandwiches], grid)
+        failing = np.zeros(grid.size, dtype=bool)
+        for high, low in zip(upper, lower):
+            with np.errstate(invalid="ignore"):
+                loose = ~(high <= (1.0 + relative_tolerance) * np.fmax(low, 0.0) + 1e-300)
+            failing |= loose.reshape(-1, grid.size).any(axis=0)
+        failing &= ~done
+        if not failing.any():
+            return upper
+        position = np.searchsorted(anchors, np.flatnonzero(failing)) - 1
+        evaluate(np.unique((anchors[position] + anchors[position + 1]) // 2))
+    return directions(known, grid)
+
+
+def _chord_values(sandwiches: list[tuple[np.ndarray, np.ndarray, np.ndarray]], allowances: _Allowances, grid: np.ndarray,
+                  anchors: np.ndarray, known: list[np.ndarray]) -> list[np.ndarray]:
+    """The sums between sub-grid orders: each chord plus its rounding, plus the larger rounding
+    allowance of its two anchors (the computed anchors may sit that far below the exact values, under
+    whose chord the exact sum lies) and the allowance at the order itself (so the value is never below
+    what computing that order would give). W's kernel rounds its anchors up already, and its value at
+    an order is at most the exact one plus twice its slack: twice the slack at the order covers it.
+    Exact at the anchors."""
+    chords = [chord + rounding for chord, rounding, _ in sandwiches]
+    at_order = allowances(chords, grid)
+    at_anchors = allowances([store[..., anchors] for store in known], grid[anchors])
+    position = np.clip(np.searchsorted(anchors, np.arange(grid.size), side="right") - 1, 0, anchors.size - 2)
+    on_anchor = np.zeros(grid.size, dtype=bool)
+    on_anchor[anchors] = True
+    values = []
+    for piece, (chord, here, there) in enumerate(zip(chords, at_order, at_anchors)):
+        near = np.maximum(there[..., position], there[..., position + 1])
+        extra = 2.0 * here if piece == 2 else here + near
+        with np.errstate(invalid="ignore"):
+            values.append(np.where(on_anchor, chord, chord + extra))
+    return values
 
 
 # ----------------------------------------------------------------------------- the ball, the box, the orders

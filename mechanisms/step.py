@@ -165,9 +165,10 @@ def data_dependent_step_curve(
 
     Remove-one: Flemings et al. 2024, Eq. 3, max_i D<->(p, p_-i), exact on a sub-grid and a chord
     bound within `relative_tolerance` between (dpledger.mechanisms.leave_one_out.leave_one_out_curve). Add-one:
-    dpledger.mechanisms.add_one.add_one_divergence_bounds at every order of the grid (one row per step, so
-    its fused kernel costs less than the sub-grid bookkeeping would save); add_one_dual=True also
-    takes the certified Lagrangian dual bound there (dpledger.mechanisms.add_one), per direction the smaller.
+    dpledger.mechanisms.add_one.add_one_divergence_bounds, computed on a sub-grid of orders with chord bounds
+    in between certified within the same `relative_tolerance` of computing every order (its sums are convex
+    in the order; add_one_direction_bounds has the proof); add_one_dual=True also takes the certified
+    Lagrangian dual bound at every order (dpledger.mechanisms.add_one), per direction the smaller.
 
     Args:
         pmixed: the PMixED spec (alpha, radius, ball).
@@ -194,7 +195,8 @@ def data_dependent_step_curve(
         from dpledger.mechanisms.add_one import add_one_divergence_bounds  # numba kernels, on first use
 
         added = add_one_divergence_bounds(output, public, teachers.shape[-2], torch.from_numpy(orders),
-                                          *pmixed.one_order_ball, dual=add_one_dual).numpy()
+                                          *pmixed.one_order_ball, dual=add_one_dual,
+                                          relative_tolerance=relative_tolerance).numpy()
     covering = removed if added is None else (np.maximum(removed, added) if "remove" in relation.moves else added)
     return covering, exact, removed, added, output
 

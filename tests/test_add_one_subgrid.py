@@ -1,0 +1,105 @@
+"""The add-one bound on a sub-grid of orders (mechanisms/add_one.py, `add_one_direction_bounds` with
+`relative_tolerance`): its three sums are convex in the order, so chords between computed orders bound
+them from above. Checked on generated inputs against computing every order: never below it (the
+chords carry the sums' rounding allowances), within the certificate's factor of it, equal to it where
+an order was computed; and the convexity the proof rests on, in mpmath, on the same sums."""
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+
+from dpledger.accounting import DEFAULT_ORDERS
+from dpledger.mechanisms.add_one import (ADD_ONE_RELATIVE_TOLERANCE, _convex_sandwich, add_one_direction_bounds,
+                                         add_one_divergence_bounds)
+
+ORDERS = torch.tensor(DEFAULT_ORDERS)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def generated_case(seed: int) -> dict:
+    """An output law p (a mix of teachers and the public law, batch of 1 to 4 steps), the public law p0,
+    N, the ball; with zeros, near-identical laws and spiky laws among them."""
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.choice([2, 3, 17, 256, 1024]))
+    rows = int(rng.integers(1, 5))
+    teachers = int(rng.choice([1, 2, 8, 100]))
+    public_logits = rng.uniform(0.5, 8.0) * rng.standard_normal((rows, vocab))
+    p0 = _softmax(public_logits)
+    kind = seed % 4
+    if kind == 0:     # teachers near the public model
+        p = _softmax(public_logits + 0.05 * rng.standard_normal((rows, vocab)))
+    elif kind == 1:   # far from it
+        p = _softmax(public_logits + rng.uniform(1, 4) * rng.standard_normal((rows, vocab)))
+    elif kind == 2:   # zeros in both laws (the public model never emits some tokens)
+        p0[:, : max(1, vocab // 5)] = 0.0
+        p0 /= p0.sum(axis=-1, keepdims=True)
+        lam = rng.uniform(0, 1)
+        p = lam * _softmax(public_logits + rng.standard_normal((rows, vocab))) + (1 - lam) * p0
+        p[:, : max(1, vocab // 5)] = 0.0
+        p /= p.sum(axis=-1, keepdims=True)
+    else:             # the output equals the public law
+        p = p0.copy()
+    alpha = float(rng.choice([1.5, 2.0, 4.0, 6.0, 18.0]))
+    radius = float(10 ** rng.uniform(-4, 0.5))
+    beta = float(radius / alpha) if rng.random() < 0.3 else None
+    return dict(output=torch.from_numpy(p), public=torch.from_numpy(p0), teachers=teachers, alpha=alpha,
+                radius=radius, all_orders_beta=beta)
+
+
+@pytest.mark.parametrize("seed", range(48))
+def test_the_subgrid_is_never_below_computing_every_order_and_within_its_certificate(seed):
+    case = generated_case(seed)
+    every = add_one_direction_bounds(case["output"], case["public"], case["teachers"], ORDERS, case["alpha"],
+                                     case["radius"], case["all_orders_beta"], relative_tolerance=None)
+    sub = add_one_direction_bounds(case["output"], case["public"], case["teachers"], ORDERS, case["alpha"],
+                                   case["radius"], case["all_orders_beta"])
+    for full, chord in zip(every, sub):
+        assert chord.shape == full.shape
+        assert not np.isnan(chord).any()
+        assert np.all(chord >= full), f"below every-order value by {np.max(full - chord):.3g}"
+        finite = np.isfinite(full)
+        assert np.array_equal(np.isfinite(chord), finite)
+        assert np.all(chord[finite] <= (1.0 + ADD_ONE_RELATIVE_TOLERANCE) * full[finite] + 1e-12)
+
+
+def test_the_charged_maximum_follows_the_same_rule():
+    case = generated_case(5)
+    args = (case["output"], case["public"], case["teachers"], ORDERS, case["alpha"], case["radius"])
+    every = add_one_divergence_bounds(*args, relative_tolerance=None).numpy()
+    sub = add_one_divergence_bounds(*args).numpy()
+    assert np.all(sub >= every) and np.all(sub <= (1 + ADD_ONE_RELATIVE_TOLERANCE) * every + 1e-12)
+
+
+def test_a_tolerance_that_is_not_positive_is_refused():
+    case = generated_case(1)
+    with pytest.raises(ValueError, match="relative_tolerance must be > 0"):
+        add_one_direction_bounds(case["output"], case["public"], case["teachers"], ORDERS, case["alpha"],
+                                 case["radius"], relative_tolerance=0.0)
+
+
+def _log_sum_exp_affine(weights: np.ndarray, slopes: np.ndarray, order: float) -> mpmath.mpf:
+    """log sum_j w_j exp(k s_j) in mpmath, the shape of each of the bound's three sums."""
+    return mpmath.log(mpmath.fsum(mpmath.mpf(float(w)) * mpmath.exp(order * mpmath.mpf(float(s)))
+                                  for w, s in zip(weights, slopes)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_sandwich_brackets_a_convex_sum_computed_in_mpmath(seed):
+    """_convex_sandwich's chord is above and its extended chords below a log-sum-exp of affine functions
+    of the order (the form of every sum the sub-grid interpolates), evaluated exactly in mpmath."""
+    mpmath.mp.dps = 40
+    rng = np.random.default_rng(seed)
+    weights, slopes = rng.uniform(0, 1, 12), rng.normal(0, 3, 12)
+    grid = np.asarray(DEFAULT_ORDERS[:60])
+    anchors = np.unique(np.append(np.arange(0, grid.size, 7), grid.size - 1))
+    exact = np.asarray([float(_log_sum_exp_affine(weights, slopes, k)) for k in grid])
+    chord, rounding, lower = _convex_sandwich(grid, anchors, exact[anchors][None])
+    assert np.all(chord[0] + rounding[0] >= exact - 1e-15 * np.abs(exact))
+    assert np.all(lower[0] <= exact + 1e-12 * np.abs(exact))
+    assert np.array_equal(chord[0][anchors], exact[anchors])
