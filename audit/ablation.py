@@ -40,6 +40,8 @@ from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.errors import require
 from dpledger.accounting.orders import canonical_orders
 from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.accounting.rounding import ROUNDING_ULPS
+from dpledger.accounting.summation import UNIT_ROUNDOFF
 from dpledger.audit.checks import CheckResult, failed, skipped, verdict
 from dpledger.audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
 from dpledger.decoding.ensemble import Ensemble
@@ -328,15 +330,54 @@ def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas:
             renyi_divergence_orders(torch.log(neighbours), torch.log(output).unsqueeze(1), orders)])
         answered = (passed if passed is not None else torch.ones(length, dtype=torch.bool)).double()
         realised = decision_divergence + answered[None, :, None, None] * token_divergence
-        laws = torch.cat([output.unsqueeze(1), neighbours], dim=1)                            # (L, 1+E, V)
-        joint = torch.cat([pass_probability.unsqueeze(-1) * laws,
-                           (1 - pass_probability).unsqueeze(-1) * public.unsqueeze(1).expand_as(laws)], dim=-1)
-        output, neighbours = joint[:, 0], joint[:, 1:]
+        released = released_pair_divergences(token_divergence, pass_probability, public, orders)
+        return released, halfwidth, realised
     log_output = torch.log(output).unsqueeze(1)
     log_neighbours = torch.log(neighbours)
     forward = renyi_divergence_orders(log_output, log_neighbours, orders)
     backward = renyi_divergence_orders(log_neighbours, log_output, orders)
     return torch.stack([forward, backward]), halfwidth, realised
+
+
+def released_pair_divergences(token: torch.Tensor, pass_probability: torch.Tensor, public: torch.Tensor,
+                              orders: torch.Tensor) -> torch.Tensor:
+    """D_a in both directions between the laws of the released pair (decision, token) of the ensemble and of
+    each neighbour, from the token laws' divergences and the pass probabilities: the pair's law is
+    L = [pi p, (1 - pi) p0] over 2V outcomes, so its moment splits into the two halves,
+
+        sum L^a L'^(1-a) = pi^a pi'^(1-a) exp((a - 1) D_a(p || p')) + (1 - pi)^a (1 - pi')^(1-a) sum_j p0_j
+
+    (van Erven & Harremoes 2014, Definition 2, summed over the two halves). No second pass over the
+    vocabulary: the token divergences (rounded up) give the first half. Rounded up: sum_j p0_j by the
+    float sum's error bound (Higham 2002, Eq. 4.4: (V - 1) u of the sum, the terms being >= 0), every
+    other sum by ROUNDING_ULPS of its terms' magnitudes.
+
+    Args:
+        token: (2, L, E, K) D_a(p || p_e) (forward) and D_a(p_e || p) (backward), rounded up.
+        pass_probability: (L, 1 + E) the screen's pass probability, the ensemble's first, in (0, 1).
+        public: (L, V) the public model's law p0.
+        orders: (K,) the Renyi orders a > 1.
+
+    Returns:
+        (2, L, E, K) float64: the pair laws' D_a, forward and backward, in nats, rounded up.
+    """
+    a = orders.double()
+    a_minus_1 = a - 1.0
+    moments = token * a_minus_1 * (1.0 + 4.0 * ROUNDING_ULPS)      # (a - 1) D, never below the kernel's moment
+    vocab = public.shape[-1]
+    sum_error = (vocab - 1) * UNIT_ROUNDOFF / (1.0 - (vocab - 1) * UNIT_ROUNDOFF)
+    log_mass = (torch.log(public.double().sum(dim=-1)) + 2.0 * sum_error)[:, None, None]       # >= log sum_j p0_j
+    ours, theirs = pass_probability[:, :1, None], pass_probability[:, 1:, None]                # (L, 1, 1), (L, E, 1)
+    halves = []
+    for moment, (first, second) in zip(moments, ((ours, theirs), (theirs, ours))):
+        terms = [a * torch.log(first), (1.0 - a) * torch.log(second), moment,
+                 a * torch.log1p(-first), (1.0 - a) * torch.log1p(-second), log_mass]
+        passed, failed = terms[0] + terms[1] + terms[2], terms[3] + terms[4] + terms[5]
+        total = torch.logaddexp(passed, failed)
+        magnitude = sum(term.abs() for term in terms) + total.abs() + 1.0
+        allowance = ROUNDING_ULPS * magnitude.nan_to_num(posinf=0.0)       # +inf stays +inf through total
+        halves.append(torch.clamp((total + allowance) / a_minus_1 * (1.0 + ROUNDING_ULPS), min=0.0))
+    return torch.stack(halves)
 
 
 def monte_carlo_seed(seed: int, first_step: int) -> int:
