@@ -13,10 +13,12 @@ direction:
   (Dekker 1971, with Veltkamp's split); for composing two curves or one curve k times.
 - `UpperSum`: a vectorised running sum over many rows (steps) of many columns (orders) kept as an
   unevaluated pair hi + lo with a rigorous bound `err` on |exact - (hi + lo)|; `upper()` rounds
-  hi + lo + err upwards. Each block of rows is summed by a pairwise tree of TwoSums whose exact
-  errors are summed separately (the cascaded summation of Ogita, Rump & Oishi 2005, Algorithm 4.4),
-  so the result is within a few ulps of the exact sum (not the n ulps of a naive sum) and never
-  below it. For the ledger and for composing many curves.
+  hi + lo + err upwards. Each block of rows is summed in cache-sized chunks by the error-free
+  extraction of Rump, Ogita & Oishi 2008 (exact high parts; the residuals' float sum carries
+  Higham's a-priori error bound), the chunks merged with TwoSums; columns within a factor 2^11 of
+  the largest float fall back to a pairwise tree of TwoSums (the cascaded summation of Ogita, Rump
+  & Oishi 2005, Algorithm 4.4). The result is within a few ulps of the exact sum (not the n ulps of
+  a naive sum) and never below it. For the ledger and for composing many curves.
 
 +inf terms give +inf ("no guarantee"); NaN is refused by the callers before it gets here.
 """
@@ -334,8 +336,9 @@ class UpperSum:
     Tightness: each block of rows is cut into chunks of up to CHUNK_ROWS rows summed by error-free
     extraction (`_extracted_sum`), the chunks' results are merged with TwoSums, and what a merge drops
     goes into err; `upper()` is then at most 2 u |S| + 2^-64 sum|x_i| above the exact sum S of the
-    terms x_i (u = 2^-53), for fewer than 2^40 rows. For nonnegative terms (privacy losses) that is
-    within 2^-51 relative, a few ulps, whatever the number of rows.
+    terms x_i (u = 2^-53), plus 2^-1074 per chunk where the bounds underflow, for fewer than 2^40
+    rows. For nonnegative terms (privacy losses) that is within 2^-51 relative (two ulps) whatever
+    the number of rows; where err = 0 (one row, or no rounding anywhere) it is the smallest float >= hi + lo.
     """
 
     _BUFFER_ROWS_FIRST = 64  # the buffer doubles from here up to CHUNK_ROWS rows
