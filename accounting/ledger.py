@@ -147,13 +147,18 @@ class PrivacyLedger:
             total = self._totals[name] = UpperSum(len(self.orders))
             self._data_dependent[name] = data_dependent
             self._direction[name] = direction
-        else:
-            self._data_dependent[name] = self._data_dependent[name] or data_dependent
+            self._relation[name] = relation
+            self._total_relation = self._total_relation.composed_with(relation)
+            return total
+        # each update is skipped when it changes nothing (the usual step): composing equals is the identity
+        if data_dependent and not self._data_dependent[name]:
+            self._data_dependent[name] = True
+        if direction is not self._direction[name]:
             self._direction[name] = self._direction[name].composed_with(direction)
+        if relation is not self._relation[name]:
             # the same name charged under another relation holds for the common neighbours only
-            relation = self._relation[name].composed_with(relation)
-        self._relation[name] = relation
-        self._total_relation = self._total_relation.composed_with(relation)
+            self._relation[name] = relation = self._relation[name].composed_with(relation)
+            self._total_relation = self._total_relation.composed_with(relation)
         return total
 
     def total_relation_with(self, *relations: NeighbouringRelation) -> NeighbouringRelation:
@@ -204,8 +209,8 @@ class PrivacyLedger:
         for curve in components.values():
             total_relation = total_relation.composed_with(curve.relation)  # ValueError before anything is charged
         for name, curve in components.items():
-            # an RdpCurve's values are checked (>= 0, no NaN) and immutable; add_row copies them
-            self._total_for(name, curve.data_dependent, curve.direction, curve.relation).add_row(curve.values)
+            # an RdpCurve's values are checked (>= 0, no NaN, one per order) at construction; they are copied
+            self._total_for(name, curve.data_dependent, curve.direction, curve.relation)._add_checked_row(curve.values)
         self.steps += 1
 
     def charge_many(self, components: Mapping[str, BlockEntry]) -> None:

@@ -378,6 +378,11 @@ class UpperSum:
             raise ValueError(f"a row must have shape ({self.hi.shape[0]},), got {values.shape}")
         if not _smallest(values) > -math.inf:  # NaN fails the comparison too
             raise ValueError("a summed privacy loss must be a number or +inf, got NaN or -inf")
+        self._add_checked_row(values)
+
+    def _add_checked_row(self, values: FloatArray) -> None:
+        """add_row for a float64 row of the right shape already known to hold no NaN or -inf (an
+        RdpCurve's values): the ledger's per-step path. `_fold_buffer` checks the block again."""
         buffer = self._buffer
         if buffer is None or self._buffered == buffer.shape[0]:
             if buffer is not None and buffer.shape[0] >= CHUNK_ROWS:
@@ -394,6 +399,8 @@ class UpperSum:
         """Sum the buffered rows (validated by add_row) into hi, lo and err; empty the buffer."""
         if self._buffered and self._buffer is not None:
             block = BlockSum.of(self._buffer[:self._buffered])
+            if block.refused:  # only if an RdpCurve's values were changed after its checks: fail loudly, never drop it
+                raise ValueError("a buffered privacy loss became NaN or -inf after it was added")
             self._buffered = 0
             self.absorb(block)
 

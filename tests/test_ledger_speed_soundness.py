@@ -236,3 +236,15 @@ def test_upper_sum_state_counts_what_each_merge_drops():
     exact = sum((Fraction(row[0]) for block in blocks for row in block), Fraction(0))
     assert abs(exact - Fraction(float(total.hi[0])) - Fraction(float(total.lo[0]))) <= Fraction(float(total.err[0]))
     assert Fraction(float(total.upper()[0])) >= exact
+
+
+def test_a_tampered_curve_is_never_summed_as_zero():
+    """A curve whose read-only values were made writable and set to NaN after its checks: the
+    buffered step is not silently dropped from the total; reading it fails."""
+    curve = RdpCurve(ORDERS, [1.0, 1.0, 1.0])
+    curve.values.flags.writeable = True
+    curve.values[1] = math.nan
+    ledger = PrivacyLedger(ORDERS)
+    ledger.charge({"a": curve})
+    with pytest.raises(ValueError, match="NaN or -inf"):
+        ledger.component_curve("a")
