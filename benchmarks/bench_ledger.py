@@ -68,10 +68,10 @@ def baseline_ledger_class(directory: Path, commit: str) -> type:
 
 def per_step_values(steps: int, orders: tuple[float, ...], seed: int = 0) -> np.ndarray:
     """RDP-like rows: a Gaussian mechanism's alpha / (2 sigma^2) with sigma spread over two decades,
-    times a data-dependent factor over six decades (seeded)."""
+    times a data-dependent factor over six decades (seeded); 100,000 of them convert to epsilon ~ 1."""
     rng = np.random.default_rng(seed)
     sigma = 10.0 ** rng.uniform(0.0, 2.0, (steps, 1))
-    factor = 10.0 ** rng.uniform(-6.0, 0.0, (steps, 1))
+    factor = 10.0 ** rng.uniform(-9.0, -3.0, (steps, 1))
     return factor * np.asarray(orders)[None, :] / (2.0 * sigma ** 2)
 
 
