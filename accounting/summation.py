@@ -275,9 +275,11 @@ overhead is small."""
 
 def _residual_bound_factor(rows: int) -> float:
     """A float >= gamma / (1 - gamma), gamma = gamma_{rows-1} = (rows-1) u / (1 - (rows-1) u) (Higham
-    2002, Lemma 3.1), rounded upwards from its exact rational value. A float sum of `rows` terms errs by
-    at most gamma times the exact sum of their magnitudes (Higham 2002, Eq. 4.4), which is at most
-    the computed sum of magnitudes over (1 - gamma): times that computed sum, this bounds the error."""
+    2002, Lemma 3.1), rounded upwards from its exact rational value. A float sum of `rows` terms, in any
+    order, is sum x_i (1 + theta_i) with |theta_i| <= gamma, each term passing through at most rows - 1
+    additions (Higham 2002, Section 4.2, Eq. 4.4 made rigorous by Lemma 3.1), so it errs by at most
+    gamma sum|x_i|; the computed sum of the |x_i| (exact magnitudes) is at least (1 - gamma) sum|x_i|,
+    so this factor times that computed sum bounds the error."""
     u = Fraction(1, 2 ** 53)
     gamma = (rows - 1) * u / (1 - (rows - 1) * u)
     exact = gamma / (1 - gamma)
@@ -292,20 +294,21 @@ _SIGMA_EXPONENT_LIMIT = 1023  # 2^1023 is the largest power of two that is a flo
 def _extracted_sum(chunk: FloatArray, largest: FloatArray
                    ) -> tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.bool_]]:
     """(tau, rho, bound, huge) for a finite (m, k) chunk, 1 <= m <= CHUNK_ROWS, whose columns' largest
-    magnitudes max|x| are `largest`: outside the `huge`
-    columns the exact column sums are tau + R with |R - rho| <= bound.
+    magnitudes max|x| are `largest`: outside the `huge` columns the exact column sums are tau + R with
+    |R - rho| <= bound.
 
-    The error-free extraction of Rump, Ogita & Oishi 2008 (Accurate floating-point summation part I,
-    SIAM J. Sci. Comput. 31(1), Section 3, ExtractVector): with sigma = 2^E >= 2 m max|x| per column,
-    q = fl(fl(sigma + x) - sigma) is x rounded to a multiple of u sigma (the subtraction is exact by
-    Sterbenz's lemma, fl(sigma + x) lying in [sigma/2, 2 sigma]), r = fl(x - q) = x - q exactly with
-    |r| <= u sigma. Every partial sum of the q's is a multiple of u sigma below sigma in magnitude
-    (sum|x| <= sigma/2 and m u sigma < sigma/2), hence a float: tau = fl(sum q) is exact in any
-    summation order. rho = fl(sum r) errs by at most gamma_{m-1} sum|r| (Higham 2002, Eq. 4.4, any
-    order); `bound` is that with sum|r| taken from its computed value (`_residual_bound_factor`),
-    rounded upwards: 0 when every residual is 0 (then the sum is exact), and at most about
-    m u * m u sigma <= 4 m^3 u^2 max|x| (2^-74 max|x| for m = 1024). `huge` marks the columns where
-    sigma would not be a float (2 m max|x| >= 2^1023); their tau, rho and bound are meaningless."""
+    The error-free extraction of Rump, Ogita & Oishi 2008 (Accurate floating-point summation part I:
+    faithful rounding, SIAM J. Sci. Comput. 31(1), Section 3, ExtractScalar and ExtractVector): with
+    sigma = 2^E >= 2 m max|x| per column, q = fl(fl(sigma + x) - sigma) is x rounded to a multiple of
+    g = max(u sigma, 2^-1074) (the subtraction is exact by Sterbenz's lemma, fl(sigma + x) lying in
+    [sigma/2, 2 sigma]), and r = fl(x - q) = x - q exactly, |r| <= u sigma. Every partial sum of the
+    q's is a multiple of g below sigma in magnitude (sum|x| <= sigma/2 and m u sigma < sigma/2), hence
+    a float: tau = fl(sum q) is exact in any summation order. rho = fl(sum r) errs by at most
+    gamma_{m-1} sum|r| (Higham 2002, Eq. 4.4 with Lemma 3.1, any order); `bound` is that with sum|r|
+    taken from its computed value (`_residual_bound_factor`), rounded upwards: 0 when every residual
+    is 0 (then the sum is exact), and at most about m u * m u sigma <= 4 m^3 u^2 max|x| (2^-74 max|x|
+    for m = 1024). `huge` marks the columns where sigma would not be a float (2 m max|x| >= 2^1023);
+    their tau, rho and bound are meaningless."""
     rows = chunk.shape[0]
     with np.errstate(over="ignore", invalid="ignore"):
         span = largest * (2.0 * rows)
