@@ -24,6 +24,7 @@ direction:
 """
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from typing import Iterable, TypeVar
@@ -273,6 +274,7 @@ residuals' error bound near 2^-74 of the chunk's largest term, large enough that
 overhead is small."""
 
 
+@functools.cache  # a few row counts recur (CHUNK_ROWS above all); computed when first needed, not at import
 def _residual_bound_factor(rows: int) -> float:
     """A float >= gamma / (1 - gamma), gamma = gamma_{rows-1} = (rows-1) u / (1 - (rows-1) u) (Higham
     2002, Lemma 3.1), rounded upwards from its exact rational value. A float sum of `rows` terms, in any
@@ -287,7 +289,6 @@ def _residual_bound_factor(rows: int) -> float:
     return math.nextafter(nearest, math.inf) if Fraction(nearest) < exact else nearest
 
 
-_RESIDUAL_BOUND_FACTORS = [0.0] + [_residual_bound_factor(rows) for rows in range(1, CHUNK_ROWS + 1)]
 _SIGMA_EXPONENT_LIMIT = 1023  # 2^1023 is the largest power of two that is a float
 
 
@@ -323,7 +324,7 @@ def _extracted_sum(chunk: FloatArray, largest: FloatArray
     rho = np.add.reduce(residuals, axis=0)
     absolute = np.add.reduce(np.abs(residuals, out=residuals), axis=0)
     # the product rounds to nearest: one step up covers it (also where it underflows); 0 stays 0
-    product = absolute * _RESIDUAL_BOUND_FACTORS[rows]
+    product = absolute * _residual_bound_factor(rows)
     bound = np.where(product > 0, np.nextafter(product, np.inf), product)
     return tau, rho, bound, huge
 
