@@ -15,12 +15,12 @@ import numpy as np
 import numpy.typing as npt
 
 from dpledger.accounting.conversion import ConversionMethod, EpsilonConversion, epsilon_from_rdp
-from dpledger.accounting.curve import RdpCurve
+from dpledger.accounting.curve import RdpCurve, _validated_grid
 from dpledger.accounting.errors import require, require_bool, require_int_at_least, require_member, require_not_nan, require_str
-from dpledger.accounting.orders import DEFAULT_ORDERS, paired_orders
+from dpledger.accounting.orders import DEFAULT_ORDERS
 from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelation
 from dpledger.accounting.strict_json import JsonObject
-from dpledger.accounting.summation import UpperSum
+from dpledger.accounting.summation import BlockSum, UpperSum
 
 if TYPE_CHECKING:
     import pandas as pd  # imported only by to_frame at run time: the accounting needs numpy and scipy only
@@ -113,7 +113,9 @@ class PrivacyLedger:
     """Running composition of named RDP components over steps.
 
     Each component's running total is an dpledger.accounting.summation.UpperSum: never below the exact sum
-    of its charges (a float sum rounds to nearest and can lose small charges after large ones).
+    of its charges (a float sum rounds to nearest and can lose small charges after large ones), and
+    within a few ulps of it. Steps charged one at a time are buffered and summed in blocks when a
+    total is read, so `charge` costs a few microseconds.
 
     Each component keeps the neighbouring relation its charges hold for; `relation` is the one
     assumed for `charge_many` entries that name none. The total holds for the neighbours every
@@ -123,32 +125,41 @@ class PrivacyLedger:
 
     def __init__(self, orders: Sequence[float] = DEFAULT_ORDERS,
                  relation: NeighbouringRelation = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> None:
-        self.orders, self._permutation = paired_orders(orders)
+        # a grid tuple seen before (DEFAULT_ORDERS) gives the very tuple its curves hold: `charge`
+        # then compares grids by identity
+        self.orders, permutation, _ = _validated_grid(orders)
+        self._permutation = permutation  # None when the orders were given sorted
         require(isinstance(relation, NeighbouringRelation), f"relation must be a NeighbouringRelation, got {relation!r}")
         self.relation = relation
         self._totals: dict[str, UpperSum] = {}
         self._data_dependent: dict[str, bool] = {}
         self._direction: dict[str, DivergenceDirection] = {}
         self._relation: dict[str, NeighbouringRelation] = {}
+        self._total_relation = relation  # the ledger's relation composed with every component's
         self.steps = 0
 
-    def _add(self, name: str, rows: npt.NDArray[np.float64], data_dependent: bool,
-             direction: DivergenceDirection = DivergenceDirection.BOTH,
-             relation: NeighbouringRelation | None = None) -> None:
-        """Add `rows` (one row of values per order, or (steps, orders)) to component `name`."""
-        relation = self.relation if relation is None else relation
-        if name in self._totals:
-            self._totals[name].add_rows(rows)
-            self._data_dependent[name] = self._data_dependent[name] or data_dependent
-            self._direction[name] = self._direction[name].composed_with(direction)
-            # the same name charged under another relation holds for the common neighbours only
-            relation = self._relation[name].composed_with(relation)
-        else:
-            self._totals[name] = UpperSum(len(self.orders))
-            self._totals[name].add_rows(rows)
+    def _total_for(self, name: str, data_dependent: bool, direction: DivergenceDirection,
+                   relation: NeighbouringRelation) -> UpperSum:
+        """Component `name`'s running total, its data dependence, direction and relation updated for a
+        charge about to be added to it (the relation already checked against the others')."""
+        total = self._totals.get(name)
+        if total is None:
+            total = self._totals[name] = UpperSum(len(self.orders))
             self._data_dependent[name] = data_dependent
             self._direction[name] = direction
-        self._relation[name] = relation
+            self._relation[name] = relation
+            self._total_relation = self._total_relation.composed_with(relation)
+            return total
+        # each update is skipped when it changes nothing (the usual step): composing equals is the identity
+        if data_dependent and not self._data_dependent[name]:
+            self._data_dependent[name] = True
+        if direction is not self._direction[name]:
+            self._direction[name] = self._direction[name].composed_with(direction)
+        if relation is not self._relation[name]:
+            # the same name charged under another relation holds for the common neighbours only
+            self._relation[name] = relation = self._relation[name].composed_with(relation)
+            self._total_relation = self._total_relation.composed_with(relation)
+        return total
 
     def total_relation_with(self, *relations: NeighbouringRelation) -> NeighbouringRelation:
         """The relation the total would hold for with components for `relations` added; ValueError
@@ -164,8 +175,8 @@ class PrivacyLedger:
         Raises:
             ValueError: they share no neighbouring move.
         """
-        total = self.relation
-        for relation in (*self._relation.values(), *relations):
+        total = self._total_relation  # components' relations only narrow, so composing with the last total is enough
+        for relation in relations:
             total = total.composed_with(relation)
         return total
 
@@ -173,7 +184,7 @@ class PrivacyLedger:
     def total_relation(self) -> NeighbouringRelation:
         """The neighbouring relation the composed total holds for: the pairs that the ledger's relation
         and every component cover."""
-        return self.total_relation_with()
+        return self._total_relation
 
     def charge(self, components: Mapping[str, RdpCurve]) -> None:
         """Charge one step: every named component's curve is added to its running total.
@@ -186,14 +197,20 @@ class PrivacyLedger:
             ValueError: an empty mapping, a value that is not an RdpCurve or is on another grid, or
                 relations that share no neighbouring pair with the ledger's (nothing is charged then).
         """
-        require(isinstance(components, Mapping) and len(components) > 0,
-                f"a step must charge a non-empty mapping of component name to RdpCurve, got {components!r}")
+        # checks written out, their messages formatted only on failure: this runs once per step
+        if not ((type(components) is dict or isinstance(components, Mapping)) and len(components) > 0):
+            raise ValueError(f"a step must charge a non-empty mapping of component name to RdpCurve, got {components!r}")
+        total_relation = self._total_relation
         for name, curve in components.items():
-            require(isinstance(curve, RdpCurve), f"component {name!r} must be an RdpCurve, got {type(curve).__name__}")
-            require(curve.orders == self.orders, f"component {name!r} is on a different order grid than the ledger")
-        self.total_relation_with(*(curve.relation for curve in components.values()))
+            if not isinstance(curve, RdpCurve):
+                raise ValueError(f"component {name!r} must be an RdpCurve, got {type(curve).__name__}")
+            if curve.orders is not self.orders and curve.orders != self.orders:
+                raise ValueError(f"component {name!r} is on a different order grid than the ledger")
+        for curve in components.values():
+            total_relation = total_relation.composed_with(curve.relation)  # ValueError before anything is charged
         for name, curve in components.items():
-            self._add(name, curve.values, curve.data_dependent, curve.direction, curve.relation)
+            # an RdpCurve's values are checked (>= 0, no NaN, one per order) at construction; they are copied
+            self._total_for(name, curve.data_dependent, curve.direction, curve.relation)._add_checked_row(curve.values)
         self.steps += 1
 
     def charge_many(self, components: Mapping[str, BlockEntry]) -> None:
@@ -215,6 +232,7 @@ class PrivacyLedger:
         require(isinstance(components, Mapping) and len(components) > 0,
                 f"a block must charge a non-empty mapping of component name to (values, data_dependent), got {components!r}")
         steps = -1  # the block's step count, set by the first component
+        blocks: dict[str, BlockSum] = {}
         for name, entry in components.items():
             require(isinstance(entry, tuple) and len(entry) in (2, 3),
                     f"component {name!r} must be (values[steps, orders], data_dependent[, relation]), got {entry!r}")
@@ -223,18 +241,20 @@ class PrivacyLedger:
             require_bool(f"component {name!r} data_dependent", entry[1])
             raw = np.asarray(entry[0])
             require(raw.dtype.kind in "biuf", f"component {name!r} values must be numbers, got dtype {raw.dtype}")
-            values = raw.astype(np.float64)
+            values = np.asarray(raw, dtype=np.float64)  # float64 values are read in place, not copied
             require(values.ndim == 2 and values.shape[1] == len(self.orders),
                     f"component {name!r} values must have shape (steps, {len(self.orders)}), got {values.shape}")
-            require(not bool(np.any(np.isnan(values))), f"component {name!r} has NaN RDP values")
-            require(bool(np.all(values >= 0)), f"component {name!r} has negative RDP values")
+            # one pass checks and sums the block; nothing is added until every component passed
+            block = BlockSum.of(values)
+            require(not bool(np.any(np.isnan(block.smallest))), f"component {name!r} has NaN RDP values")
+            require(bool(np.all(block.smallest >= 0)), f"component {name!r} has negative RDP values")
             require(steps == -1 or values.shape[0] == steps, "every component must cover the same steps")
             steps = values.shape[0]
+            blocks[name] = block if self._permutation is None else block.permuted(self._permutation)
         relations = {name: self.relation if len(entry) == 2 else entry[2] for name, entry in components.items()}
         self.total_relation_with(*relations.values())
         for name, entry in components.items():
-            self._add(name, np.asarray(entry[0], dtype=np.float64)[:, self._permutation], bool(entry[1]),
-                      relation=relations[name])
+            self._total_for(name, bool(entry[1]), DivergenceDirection.BOTH, relations[name]).absorb(blocks[name])
         self.steps += steps
 
     def component_curve(self, name: str) -> RdpCurve:
@@ -354,7 +374,7 @@ class PrivacyLedger:
                 curve = RdpCurve.from_dict(curve_data)
                 require(curve.orders == ledger.orders, f"component {name!r} is on a different order grid than the ledger")
                 ledger.total_relation_with(curve.relation)
-                ledger._add(name, curve.values, curve.data_dependent, curve.direction, curve.relation)
+                ledger._total_for(name, curve.data_dependent, curve.direction, curve.relation).add_row(curve.values)
             ledger.steps = require_int_at_least("steps", data["steps"], 0)
         except KeyError as missing:
             raise ValueError(f"ledger record lacks the field {missing}") from None

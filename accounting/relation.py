@@ -78,6 +78,8 @@ class NeighbouringRelation(enum.Enum):
         Raises:
             ValueError: other is not a NeighbouringRelation, or the two share no move.
         """
+        if other is self:  # the common case of a ledger's every step: nothing narrows
+            return self
         if not isinstance(other, NeighbouringRelation):
             raise ValueError(f"relation must be a NeighbouringRelation, got {other!r}")
         common = self.moves & other.moves

@@ -13,15 +13,18 @@ direction:
   (Dekker 1971, with Veltkamp's split); for composing two curves or one curve k times.
 - `UpperSum`: a vectorised running sum over many rows (steps) of many columns (orders) kept as an
   unevaluated pair hi + lo with a rigorous bound `err` on |exact - (hi + lo)|; `upper()` rounds
-  hi + lo + err upwards. Each block of rows is summed by a pairwise tree of TwoSums whose exact
-  errors are summed separately (the cascaded summation of Ogita, Rump & Oishi 2005, Algorithm 4.4),
-  so the result is within a few ulps of the exact sum (not the n ulps of a naive sum) and never
-  below it. For the ledger and for composing many curves.
+  hi + lo + err upwards. Each block of rows is summed in cache-sized chunks by the error-free
+  extraction of Rump, Ogita & Oishi 2008 (exact high parts; the residuals' float sum carries
+  Higham's a-priori error bound), the chunks merged with TwoSums; columns within a factor 2^11 of
+  the largest float fall back to a pairwise tree of TwoSums (the cascaded summation of Ogita, Rump
+  & Oishi 2005, Algorithm 4.4). The result is within a few ulps of the exact sum (not the n ulps of
+  a naive sum) and never below it. For the ledger and for composing many curves.
 
 +inf terms give +inf ("no guarantee"); NaN is refused by the callers before it gets here.
 """
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from typing import Iterable, TypeVar
@@ -247,7 +250,8 @@ class ExactSum:
 
 def _block_sum(rows: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
     """(s, e_sum, e_bound) for a finite (n, k) block: the exact column sums are s + E where E is the
-    sum of the pairwise tree's TwoSum errors, |E - e_sum| <= e_bound."""
+    sum of the pairwise tree's TwoSum errors, |E - e_sum| <= e_bound. Used for the columns whose
+    magnitudes are too close to the largest float for `_extracted_sum`'s split."""
     total_errors = np.zeros(rows.shape[1])
     absolute_errors = np.zeros(rows.shape[1])
     level = rows
@@ -264,27 +268,145 @@ def _block_sum(rows: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
     return level[0], total_errors, 3.0 * count * UNIT_ROUNDOFF * absolute_errors
 
 
+CHUNK_ROWS = 1024
+"""Rows summed by one extraction (`_extracted_sum`): small enough to stay in cache and to keep the
+residuals' error bound near 2^-74 of the chunk's largest term, large enough that the per-chunk
+overhead is small."""
+
+
+@functools.cache  # a few row counts recur (CHUNK_ROWS above all); computed when first needed, not at import
+def _residual_bound_factor(rows: int) -> float:
+    """A float >= gamma / (1 - gamma), gamma = gamma_{rows-1} = (rows-1) u / (1 - (rows-1) u) (Higham
+    2002, Lemma 3.1), rounded upwards from its exact rational value. A float sum of `rows` terms, in any
+    order, is sum x_i (1 + theta_i) with |theta_i| <= gamma, each term passing through at most rows - 1
+    additions (Higham 2002, Section 4.2, Eq. 4.4 made rigorous by Lemma 3.1), so it errs by at most
+    gamma sum|x_i|; the computed sum of the |x_i| (exact magnitudes) is at least (1 - gamma) sum|x_i|,
+    so this factor times that computed sum bounds the error."""
+    u = Fraction(1, 2 ** 53)
+    gamma = (rows - 1) * u / (1 - (rows - 1) * u)
+    exact = gamma / (1 - gamma)
+    nearest = float(exact)
+    return math.nextafter(nearest, math.inf) if Fraction(nearest) < exact else nearest
+
+
+_SIGMA_EXPONENT_LIMIT = 1023  # 2^1023 is the largest power of two that is a float
+
+
+def _extracted_sum(chunk: FloatArray, largest: FloatArray
+                   ) -> tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.bool_]]:
+    """(tau, rho, bound, huge) for a finite (m, k) chunk, 1 <= m <= CHUNK_ROWS, whose columns' largest
+    magnitudes max|x| are `largest`: outside the `huge` columns the exact column sums are tau + R with
+    |R - rho| <= bound.
+
+    The error-free extraction of Rump, Ogita & Oishi 2008 (Accurate floating-point summation part I:
+    faithful rounding, SIAM J. Sci. Comput. 31(1), Section 3, ExtractScalar and ExtractVector): with
+    sigma = 2^E >= 2 m max|x| per column, q = fl(fl(sigma + x) - sigma) is x rounded to a multiple of
+    g = max(u sigma, 2^-1074) (the subtraction is exact by Sterbenz's lemma, fl(sigma + x) lying in
+    [sigma/2, 2 sigma]), and r = fl(x - q) = x - q exactly, |r| <= u sigma. Every partial sum of the
+    q's is a multiple of g below sigma in magnitude (sum|x| <= sigma/2 and m u sigma < sigma/2), hence
+    a float: tau = fl(sum q) is exact in any summation order. rho = fl(sum r) errs by at most
+    gamma_{m-1} sum|r| (Higham 2002, Eq. 4.4 with Lemma 3.1, any order); `bound` is that with sum|r|
+    taken from its computed value (`_residual_bound_factor`), rounded upwards: 0 when every residual
+    is 0 (then the sum is exact), and at most about m u * m u sigma <= 4 m^3 u^2 max|x| (2^-74 max|x|
+    for m = 1024). `huge` marks the columns where sigma would not be a float (2 m max|x| >= 2^1023);
+    their tau, rho and bound are meaningless."""
+    rows = chunk.shape[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        span = largest * (2.0 * rows)
+        # fl(2 m max) < 2^E and rounding is monotone, so the exact 2 m max is <= 2^E too
+        exponent = np.frexp(span)[1]
+    huge = (exponent > _SIGMA_EXPONENT_LIMIT) | ~np.isfinite(span)   # frexp(inf) gives exponent 0
+    sigma = np.ldexp(1.0, np.where(huge, 0, exponent))
+    extracted = np.add(chunk, sigma)
+    extracted -= sigma
+    tau = np.add.reduce(extracted, axis=0)
+    residuals = np.subtract(chunk, extracted, out=extracted)
+    rho = np.add.reduce(residuals, axis=0)
+    absolute = np.add.reduce(np.abs(residuals, out=residuals), axis=0)
+    # the product rounds to nearest: one step up covers it (also where it underflows); 0 stays 0
+    product = absolute * _residual_bound_factor(rows)
+    bound = np.where(product > 0, np.nextafter(product, np.inf), product)
+    return tau, rho, bound, huge
+
+
 class UpperSum:
     """Running column sums of rows added over time, never reported below the exact sums.
 
     State: hi + lo (an unevaluated sum of two floats per column) and err, with |exact - (hi + lo)|
-    <= err in exact arithmetic; columns that received +inf (or overflowed) are +inf."""
+    <= err in exact arithmetic over the rows summed so far; columns that received +inf (or
+    overflowed) are +inf. Rows given one at a time (`add_row`) wait in a buffer and are summed in
+    blocks when it fills or a total is read (`upper`), so hi, lo and err may not count them yet.
+
+    Tightness: each block of rows is cut into chunks of up to CHUNK_ROWS rows summed by error-free
+    extraction (`_extracted_sum`), the chunks' results are merged with TwoSums, and what a merge drops
+    goes into err; `upper()` is then at most 2 u |S| + 2^-64 sum|x_i| above the exact sum S of the
+    terms x_i (u = 2^-53), plus 2^-1074 per chunk where the bounds underflow, for fewer than 2^40
+    rows. For nonnegative terms (privacy losses) that is within 2^-51 relative (two ulps) whatever
+    the number of rows; where err = 0 (one row, or no rounding anywhere) it is the smallest float >= hi + lo.
+    """
+
+    _BUFFER_ROWS_FIRST = 64  # the buffer doubles from here up to CHUNK_ROWS rows
 
     def __init__(self, columns: int) -> None:
         self.hi: FloatArray = np.zeros(columns)
         self.lo: FloatArray = np.zeros(columns)
         self.err: FloatArray = np.zeros(columns)
         self.infinite: npt.NDArray[np.bool_] = np.zeros(columns, dtype=bool)
+        self._buffer: FloatArray | None = None  # rows given by add_row, not yet in hi, lo and err
+        self._buffered = 0
 
     def copy(self) -> "UpperSum":
-        """An independent UpperSum with the same state (hi, lo, err and the infinite columns copied).
+        """An independent UpperSum with the same state (hi, lo, err, the infinite columns and the
+        buffered rows copied).
 
         Returns:
             A new UpperSum equal in state to this one.
         """
         copy = UpperSum(self.hi.shape[0])
         copy.hi, copy.lo, copy.err, copy.infinite = self.hi.copy(), self.lo.copy(), self.err.copy(), self.infinite.copy()
+        copy._buffer, copy._buffered = (None if self._buffer is None else self._buffer.copy()), self._buffered
         return copy
+
+    def add_row(self, row: npt.ArrayLike) -> None:
+        """Add one row of terms; it is buffered and summed with the next ones in a block (the cheap
+        way to add rows one at a time). ValueError for NaN or -inf, nothing added then.
+
+        Args:
+            row: the terms, shape (columns,); finite or +inf.
+
+        Raises:
+            ValueError: a row of another shape, or a NaN or -inf term (nothing is added).
+        """
+        values = row if type(row) is np.ndarray and row.dtype == np.float64 else np.asarray(row, dtype=np.float64)
+        if values.shape != self.hi.shape:
+            raise ValueError(f"a row must have shape ({self.hi.shape[0]},), got {values.shape}")
+        if not _smallest(values) > -math.inf:  # NaN fails the comparison too
+            raise ValueError("a summed privacy loss must be a number or +inf, got NaN or -inf")
+        self._add_checked_row(values)
+
+    def _add_checked_row(self, values: FloatArray) -> None:
+        """add_row for a float64 row of the right shape already known to hold no NaN or -inf (an
+        RdpCurve's values): the ledger's per-step path. `_fold_buffer` checks the block again."""
+        buffer = self._buffer
+        if buffer is None or self._buffered == buffer.shape[0]:
+            if buffer is not None and buffer.shape[0] >= CHUNK_ROWS:
+                self._fold_buffer()
+            else:
+                grown = np.empty((self._BUFFER_ROWS_FIRST if buffer is None else 2 * buffer.shape[0], self.hi.shape[0]))
+                if buffer is not None:
+                    grown[:self._buffered] = buffer[:self._buffered]
+                self._buffer = buffer = grown
+        buffer[self._buffered] = values
+        self._buffered += 1
+
+    def _fold_buffer(self) -> None:
+        """Sum the buffered rows (validated by add_row) into hi, lo and err; empty the buffer."""
+        if self._buffered and self._buffer is not None:
+            block = BlockSum.of(self._buffer[:self._buffered])
+            if block.refused:  # only if an RdpCurve's values were changed after its checks: fail loudly, never drop it
+                raise ValueError("a buffered privacy loss became NaN or -inf after it was added")
+            self._buffered = 0
+            self.absorb(block)
 
     def add_rows(self, rows: npt.ArrayLike) -> None:
         """Add each row of `rows` (shape (n, columns), or one row of shape (columns,)) to the sums;
@@ -301,34 +423,121 @@ class UpperSum:
             block_rows = block_rows[None, :]
         if block_rows.shape != (block_rows.shape[0], self.hi.shape[0]):
             raise ValueError(f"rows must have shape (n, {self.hi.shape[0]}), got {block_rows.shape}")
-        if block_rows.shape[0] == 0:
-            return
-        finite = np.isfinite(block_rows)
-        if not finite.all():
-            if np.any(np.isnan(block_rows) | (block_rows == -np.inf)):
-                raise ValueError("a summed privacy loss must be a number or +inf, got NaN or -inf")
-            self.infinite |= ~finite.all(axis=0)
-            block_rows = np.where(finite, block_rows, 0.0)
-        block, block_errors, block_bound = _block_sum(block_rows)
+        block = BlockSum.of(block_rows)
+        if block.refused:
+            raise ValueError("a summed privacy loss must be a number or +inf, got NaN or -inf")
+        self.absorb(block)
+
+    def absorb(self, block: "BlockSum") -> None:
+        """Add a block's sums (from `BlockSum.of`; a refused block must not be added).
+
+        Args:
+            block: the block's sums, over the same columns.
+        """
         with np.errstate(invalid="ignore", over="ignore"):
-            hi, carry = _two_sum(self.hi, block)               # exact: old hi + block = hi + carry
-            low, dropped = _two_sum(self.lo, carry)            # exact: old lo + carry = low + dropped
-            low, dropped_too = _two_sum(low, block_errors)     # exact: low + e_sum = low' + dropped_too
-            # what hi + lo does not keep goes into the bound; (1 + 4u) covers the bound's own rounding
-            self.err = (self.err + block_bound + np.abs(dropped) + np.abs(dropped_too)) * (1 + 4 * UNIT_ROUNDOFF)
-            self.hi, self.lo = _two_sum(hi, low)               # exact renormalisation
-        self.infinite |= ~np.isfinite(self.hi) | ~np.isfinite(self.err)
+            hi, lo, err = _merged(self.hi, self.lo, self.err, block.hi, block.lo, block.err)
+        self.hi, self.lo, self.err = hi, lo, err
+        self.infinite |= block.infinite | ~np.isfinite(hi) | ~np.isfinite(err)
 
     def upper(self) -> FloatArray:
         """Each column's sum rounded upwards: a float >= hi + lo + err >= the exact sum (the correctly
         rounded-up sum whenever every addition was exact, err = 0); +inf where a term was +inf.
+        Buffered rows are summed first.
 
         Returns:
             A float64 array of shape (columns,), each entry >= the exact column sum.
         """
+        self._fold_buffer()
         with np.errstate(invalid="ignore", over="ignore"):
             total = up_add(self.hi, up_add(self.lo, self.err))
         return np.where(self.infinite | ~np.isfinite(total), np.inf, total)
+
+
+_smallest = np.minimum.reduce   # the ufuncs themselves: ndarray.min's Python wrapper costs as much as the reduction
+_largest = np.maximum.reduce
+_ERR_GROWTH = 1.0 + 8.0 * UNIT_ROUNDOFF  # covers the rounding of a sum of four nonnegative floats: (1 + u)^4 < 1 + 8u
+
+
+def _merged(hi: FloatArray, lo: FloatArray, err: FloatArray, other_hi: FloatArray, other_lo: FloatArray,
+            other_err: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """(hi, lo, err) of the sum of two (hi + lo, err) pairs: TwoSums keep everything exact except
+    two dropped error terms, which go into err with the other bounds (rounded upwards)."""
+    high, carry = _two_sum(hi, other_hi)                # exact: hi + other_hi = high + carry
+    low, dropped = _two_sum(lo, other_lo)               # exact: lo + other_lo = low + dropped
+    low, dropped_too = _two_sum(low, carry)             # exact: low + carry = low' + dropped_too
+    bound = (err + other_err + np.abs(dropped) + np.abs(dropped_too)) * _ERR_GROWTH
+    high, low = _two_sum(high, low)                     # exact renormalisation
+    return high, low, bound
+
+
+class BlockSum:
+    """A block of rows summed column by column, ready to be added to an UpperSum (`UpperSum.absorb`):
+    checking and summing a block are one pass, so a caller can refuse a block before anything is added.
+
+    Attributes:
+      hi, lo, err: as in UpperSum, |exact - (hi + lo)| <= err per column (outside `infinite`).
+      infinite: the columns holding +inf (or whose sum overflowed).
+      smallest: each column's smallest term (+inf for no rows), NaN in a column holding NaN; when
+        the block holds NaN or -inf (`refused`) it was not summed and its sums are zero.
+    """
+
+    __slots__ = ("hi", "lo", "err", "infinite", "smallest")
+
+    def __init__(self, hi: FloatArray, lo: FloatArray, err: FloatArray, infinite: npt.NDArray[np.bool_],
+                 smallest: FloatArray) -> None:
+        self.hi, self.lo, self.err, self.infinite, self.smallest = hi, lo, err, infinite, smallest
+
+    def permuted(self, permutation: npt.NDArray[np.intp]) -> "BlockSum":
+        """The same sums with the columns reordered (column sums of values[:, permutation]).
+
+        Args:
+            permutation: an index array over the columns.
+
+        Returns:
+            A new BlockSum whose column j is this one's column permutation[j].
+        """
+        return BlockSum(self.hi[permutation], self.lo[permutation], self.err[permutation], self.infinite[permutation],
+                        self.smallest[permutation])
+
+    @property
+    def refused(self) -> bool:
+        """Whether the block holds NaN or -inf (no sum of privacy losses does): it was not summed."""
+        return not bool(_smallest(self.smallest) > -math.inf)
+
+    @classmethod
+    def of(cls, rows: FloatArray) -> "BlockSum":
+        """Sum an (n, k) float64 block chunk by chunk (`_extracted_sum`), in one pass that also finds
+        each column's smallest term. A block holding NaN or -inf is not summed: its `smallest` says so
+        (NaN wherever any term of the block is NaN) and its sums are zero.
+
+        Args:
+            rows: the terms, a float64 array of shape (n, k), n >= 0.
+
+        Returns:
+            The block's BlockSum.
+        """
+        columns = rows.shape[1]
+        hi, lo, err = np.zeros(columns), np.zeros(columns), np.zeros(columns)
+        infinite = np.zeros(columns, dtype=bool)
+        smallest = np.full(columns, np.inf)
+        with np.errstate(invalid="ignore", over="ignore"):
+            for start in range(0, rows.shape[0], CHUNK_ROWS):
+                chunk = rows[start:start + CHUNK_ROWS]
+                chunk_smallest = np.minimum.reduce(chunk, axis=0)
+                if not _smallest(chunk_smallest) > -math.inf:   # NaN or -inf: refused, report it exactly
+                    return cls(hi * 0.0, lo * 0.0, err * 0.0, infinite, np.minimum.reduce(rows, axis=0))
+                np.minimum(smallest, chunk_smallest, out=smallest)
+                chunk_largest = np.maximum.reduce(chunk, axis=0)
+                if _largest(chunk_largest) == math.inf:
+                    infinite |= chunk_largest == math.inf
+                    chunk = np.where(chunk == math.inf, 0.0, chunk)  # the column is +inf whatever the rest adds
+                    chunk_largest = np.maximum.reduce(chunk, axis=0)
+                magnitude = np.maximum(chunk_largest, np.negative(chunk_smallest))
+                tau, rho, bound, huge = _extracted_sum(chunk, magnitude)
+                if huge.any():
+                    tau[huge], rho[huge], bound[huge] = _block_sum(chunk[:, huge])
+                hi, lo, err = _merged(hi, lo, err, tau, rho, bound)
+        return cls(hi, lo, err, infinite | ~np.isfinite(hi) | ~np.isfinite(err), smallest)
 
 
 def upper_sum(rows: npt.ArrayLike) -> FloatArray:
