@@ -346,16 +346,19 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
         Theorem 3.1.
 
     Returns:
-        The "theorem_3_1" CheckResult: SKIPPED for a mechanism without mixing, or for a version 3
-        run charged by Theorem 3.1 without its per-step distributions; FAIL where a step was charged
-        Theorem 3.1 although its Eq. 3 exceeds it, where either is NaN, or where an old trace's
-        recorded Eq. 3 differs from the recomputation; else PASS, counting the steps whose Eq. 3
+        The "theorem_3_1" CheckResult: SKIPPED for a mechanism without mixing, a grid without an
+        order where Theorem 3.1 is claimed, or a version 3 run charged by Theorem 3.1 without its
+        per-step distributions; FAIL where a step was charged Theorem 3.1 although its Eq. 3 exceeds
+        it, where either is NaN, or where an old trace's recorded Eq. 3 differs from the recomputation; else PASS, counting the steps whose Eq. 3
         exceeds Theorem 3.1 and the largest ratio. Its evidence says where Eq. 3 came from
         (`eq3_source`), at which orders it was compared (`orders`) and on how many steps (`steps_compared`).
     """
     if not _uses_pmixed(trace):
         return skipped("theorem_3_1", f"mechanism {trace.mechanism_type} makes no Theorem 3.1 claim")
     orders = theorem_3_1_orders(trace)
+    if not orders.size:
+        return skipped("theorem_3_1", f"the run's grid has no order <= alpha = {trace.params['alpha']:g}, where "
+                       "Theorem 3.1 is claimed")
     within = np.isin(trace.orders, orders)
     charged_names = [n for n in trace.components if n.startswith("pmixed_theorem_3_1") or n.startswith("pmixed_subsampled")]
     version = trace.manifest.get("records_version", 1)
