@@ -44,6 +44,7 @@ from dpledger.accounting.rounding import ROUNDING_ULPS
 from dpledger.accounting.summation import UNIT_ROUNDOFF
 from dpledger.audit.checks import CheckResult, failed, skipped, verdict
 from dpledger.audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
+from dpledger.decoding import trace as trace_files
 from dpledger.decoding.ensemble import Ensemble
 from dpledger.mechanisms.kernels import renyi_divergence_orders, sums_without_each
 from dpledger.mechanisms.ball import Ball
@@ -542,7 +543,10 @@ def per_teacher_accounting(trace: LoadedTrace, result: AblationResult, relations
         composed_key = "observed_data_dependent_total"
     composed = trace.ledger.get(composed_key)
     if not isinstance(composed, dict) or not isinstance(composed.get("epsilon"), (int, float)):
-        return {"reason": f"ledger.json has no {composed_key} to compare with"}
+        why = (" (a run charged by Theorem 3.1 records no Eq. 3 since records_version 3: the theorem_3_1 check "
+               "computes it)" if not trace_files.records_losses(trace.manifest.get("records_version", 1),
+                                                                 trace.components) else "")
+        return {"reason": f"ledger.json has no {composed_key} to compare with{why}"}
     epsilon = max(parts.values())
     return {"epsilon": epsilon, "delta": delta, "relation": claimed_relation.value, "parts": parts,
             "attained_by": max(parts, key=lambda name: parts[name]),

@@ -4,16 +4,18 @@ from __future__ import annotations
 from typing import TypedDict
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.audit.checks import CheckResult, skipped, verdict
 from dpledger.audit.loader import LoadedTrace
+from dpledger.decoding import trace as trace_files
 from dpledger.decoding.ensemble import Ensemble
 from dpledger.decoding.totals import component_relations
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.kernels import max_divergence_symmetric, mixed_teachers, symmetric_renyi_orders
-from dpledger.mechanisms.leave_one_out import leave_one_out_curve
+from dpledger.mechanisms.leave_one_out import leave_one_out_curve, leave_one_out_divergences
 from dpledger.mechanisms.adapmixed import loss_covering
 from dpledger.mechanisms.step import as_ensemble
 from dpledger.mechanisms.ball import Ball
@@ -235,54 +237,181 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
                    worst_relative_shortfall=worst, undercharged_steps=len(under))
 
 
+class _Theorem31Partial(TypedDict):
+    """One window of the theorem_3_1 check: what it found on its steps."""
+
+    exceeding: int            # steps whose Eq. 3 exceeds Theorem 3.1 at an order it covers
+    charged_there: list[int]  # of those, the steps charged Theorem 3.1
+    ratio: float              # the largest Eq. 3 / Theorem 3.1 over the steps and orders
+    nan_steps: dict[str, list[int]]
+    disagreeing: list[int]    # steps whose recorded Eq. 3 (an old trace's) differs from the recomputation
+    steps: int                # steps compared
+
+
+def theorem_3_1_orders(trace: LoadedTrace) -> npt.NDArray[np.float64]:
+    """The orders at which the theorem_3_1 check compares Eq. 3 with Theorem 3.1: those of the run's
+    grid where Theorem 3.1 is claimed (Flemings et al. 2024, Theorem 3.1: orders <= alpha for the
+    paper's one-order ball and the proof-orders ball, every order for the all-orders ball), the only
+    orders where its charge rests on the comparison.
+
+    Args:
+        trace: the loaded run (its grid, alpha and ball).
+
+    Returns:
+        The orders, increasing (a subset of the run's grid).
+    """
+    limit = np.inf if _ball(trace) is Ball.ALL_ORDERS else trace.params["alpha"] + 1e-12
+    return trace.orders[trace.orders <= limit]
+
+
+def exact_eq3(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor, orders: torch.Tensor,
+              mask: torch.Tensor | None = None) -> npt.NDArray[np.float64]:
+    """Flemings et al. 2024, Eq. 3, exact at every order: max_i D<->_a(p, p_-i) over the teachers i of
+    the ensemble (the Poisson-sampled ones under `mask`, removing the only sampled teacher leaving the
+    public model), with one unsampled teacher D<->_a(pbar_1, p0), through
+    dpledger.mechanisms.leave_one_out.leave_one_out_divergences.
+
+    Args:
+        teachers: (L, N, V) teacher distributions.
+        public: (L, V) public distributions.
+        lambdas: (L, N) the mixing weights.
+        orders: (K,) Renyi orders > 1.
+        mask: (L, N) bool, the sampled teachers of a subsampled run; None for all.
+
+    Returns:
+        (L, K) float64: Eq. 3 of each step at each order.
+
+    Raises:
+        ValueError: if a divergence is NaN (an input holds NaN).
+    """
+    mixed = mixed_teachers(teachers, public, lambdas)
+    if mixed.shape[-2] == 1 and mask is None:
+        return symmetric_renyi_orders(torch.log(mixed[..., 0, :]), torch.log(public), orders).numpy()
+    return leave_one_out_divergences(mixed, orders, mask, None if mask is None else public).amax(dim=-2).numpy()
+
+
+def _theorem_3_1_rows(records: list[dict], eq3: npt.NDArray[np.float64], within: npt.NDArray[np.bool_],
+                      field_name: str, charged_names: list[str]) -> _Theorem31Partial:
+    """The comparison on a window's steps: Eq. 3 (K' orders, those `within` of the grid) against each
+    record's Theorem 3.1 value at the same orders."""
+    bound = np.asarray([r["data_independent"] for r in records], dtype=np.float64)[:, within]
+    nan_steps = {field: [int(r["step"]) for r, row in zip(records, values) if np.isnan(row).any()]
+                 for field, values in ((field_name, eq3), ("data_independent", bound))}
+    exceeds = np.any(eq3 > bound * (1 + 1e-9), axis=1)
+    charged_there = [int(r["step"]) for r, e in zip(records, exceeds)
+                     if e and any(np.any(np.asarray(r[f"rdp_{n}"]) > 0) for n in charged_names)]
+    ratio = float(np.max(eq3 / np.maximum(bound, 1e-300), initial=0.0))
+    return {"exceeding": int(exceeds.sum()), "charged_there": charged_there, "ratio": ratio, "nan_steps": nan_steps,
+            "disagreeing": [], "steps": len(records)}
+
+
+def _theorem_3_1_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, orders: tuple[float, ...],
+                        recorded_field: str | None, charged_names: list[str]) -> _Theorem31Partial:
+    """The window's comparison with Eq. 3 recomputed from its distributions and recorded mixing weights
+    (and sampled teachers) at `orders`; where an old trace recorded Eq. 3 (`recorded_field`), the
+    steps whose recorded values differ from the recomputation."""
+    public, teachers = Ensemble.split_distributions(logits)
+    mask = None
+    if trace.params.get("sample_rate") is not None:
+        mask = torch.zeros(teachers.shape[:-1], dtype=torch.bool)
+        for row, record in enumerate(records):
+            mask[row, record["sampled_teachers"]] = True
+    within = np.isin(trace.orders, orders)
+    eq3 = exact_eq3(teachers, public, _recorded_lambdas(records), torch.tensor(orders, dtype=torch.float64), mask)
+    partial = _theorem_3_1_rows(records, eq3, within, "Eq. 3", charged_names)
+    if recorded_field is not None:
+        recorded = np.asarray([r[recorded_field] for r in records], dtype=np.float64)[:, within]
+        close = np.isclose(recorded, eq3, rtol=1e-9, atol=1e-300) | ((recorded == eq3) & np.isinf(eq3))
+        partial["disagreeing"] = [int(r["step"]) for r, row in zip(records, close) if not row.all()]
+    return partial
+
+
 def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
     """Steps where Eq. 3 (the data-dependent loss of a removed teacher, which Theorem 3.1 bounds)
     exceeds Theorem 3.1 (Flemings et al. 2024; not guaranteed: its proof's Theorem A.5 needs the ball
-    at every order, the projection enforces one) are counted; the run fails where it charged Theorem
-    3.1 at such a step, or where either loss is NaN. Version 1 records hold only the loss covering the
-    run's relation (with the add-one bound under add-or-remove-one): the check then says so.
+    at every order, the projection enforces one) at an order where Theorem 3.1 is claimed
+    (theorem_3_1_orders) are counted; the run fails where it charged Theorem 3.1 at such a step, or
+    where either loss is NaN.
+
+    Where Eq. 3 comes from: a run charged by Theorem 3.1 does not record it (records_version 3), so the
+    check computes it exactly from the per-step distributions (payload or models) and the recorded
+    mixing weights, at theorem_3_1_orders only; an older trace's recorded values must agree with that
+    recomputation (relative 1e-9). A data-dependent run records the Eq. 3 it charges (verified by the
+    replay check) and the check reads it. Without the distributions, an older trace's recorded
+    values are read (and the check says they are not recomputed); version 1 records hold only the loss
+    covering the run's relation (with the add-one bound under add-or-remove-one): the check then says so.
 
     Args:
         trace: the loaded run (load_trace).
+        Its per-step distributions are read window by window (payload or models) for a run charged by
+        Theorem 3.1.
 
     Returns:
-        The "theorem_3_1" CheckResult: SKIPPED for a mechanism without mixing; FAIL where a step was
-        charged Theorem 3.1 although its measured loss exceeds it, or where either is NaN; else PASS,
-        counting the steps whose loss exceeds Theorem 3.1 and the largest ratio.
+        The "theorem_3_1" CheckResult: SKIPPED for a mechanism without mixing, a grid without an
+        order where Theorem 3.1 is claimed, or a version 3 run charged by Theorem 3.1 without its
+        per-step distributions; FAIL where a step was charged Theorem 3.1 although its Eq. 3 exceeds
+        it, where either is NaN, or where an old trace's recorded Eq. 3 differs from the recomputation; else PASS, counting the steps whose Eq. 3
+        exceeds Theorem 3.1 and the largest ratio. Its evidence says where Eq. 3 came from
+        (`eq3_source`), at which orders it was compared (`orders`) and on how many steps (`steps_compared`).
     """
     if not _uses_pmixed(trace):
         return skipped("theorem_3_1", f"mechanism {trace.mechanism_type} makes no Theorem 3.1 claim")
-    alpha = trace.params["alpha"]
-    # the paper's and the proof-orders ball bound orders <= alpha only; the all-orders ball every order
-    within = trace.orders <= (np.inf if _ball(trace) is Ball.ALL_ORDERS else alpha + 1e-12)
+    orders = theorem_3_1_orders(trace)
+    if not orders.size:
+        return skipped("theorem_3_1", f"the run's grid has no order <= alpha = {trace.params['alpha']:g}, where "
+                       "Theorem 3.1 is claimed")
+    within = np.isin(trace.orders, orders)
     charged_names = [n for n in trace.components if n.startswith("pmixed_theorem_3_1") or n.startswith("pmixed_subsampled")]
-    field_name = "eq3_remove_one" if trace.manifest.get("records_version", 1) >= 2 else "observed_data_dependent"
-    measured = ("Eq. 3" if field_name == "eq3_remove_one" else
-                "the recorded data-dependent loss (this version 1 trace records Eq. 3 with the add-one bound where the "
-                "relation adds a teacher, which Theorem 3.1 does not bound)")
-    nan_steps: dict[str, list[int]] = {field_name: [], "data_independent": []}
-    exceeding, charged_there, ratio = 0, [], 0.0
-    for _, records in trace.iter_blocks():
-        observed = np.asarray([r[field_name] for r in records], dtype=np.float64)
-        bound = np.asarray([r["data_independent"] for r in records], dtype=np.float64)
-        for field, values in ((field_name, observed), ("data_independent", bound)):
-            nan_steps[field] += [int(r["step"]) for r, row in zip(records, values) if np.isnan(row).any()]
-        observed, bound = observed[:, within], bound[:, within]
-        exceeds = np.any(observed > bound * (1 + 1e-9), axis=1)
-        exceeding += int(exceeds.sum())
-        charged_there += [int(r["step"]) for r, e in zip(records, exceeds)
-                          if e and any(np.any(np.asarray(r[f"rdp_{n}"]) > 0) for n in charged_names)]
-        ratio = float(np.maximum(ratio, float(np.max(observed / np.maximum(bound, 1e-300)))))
+    version = trace.manifest.get("records_version", 1)
+    recorded_field = None if not trace_files.records_losses(version, trace.components) else (
+        "eq3_remove_one" if version >= 2 else "observed_data_dependent")
+    data_dependent = trace_files.DATA_DEPENDENT_COMPONENT in trace.components
+    measured = "Eq. 3"
+    if not data_dependent and trace.has_payload:
+        source = "recomputed"
+        partials = [window for _, window in trace.map_windows(
+            _theorem_3_1_window, tuple(float(o) for o in orders), recorded_field, charged_names, desc="Theorem 3.1")]
+    elif recorded_field is not None:
+        source = "recorded (the charged loss's remove-one part, which the replay check recomputes)" if data_dependent else \
+            "recorded, not recomputed: the per-step distributions are not available"
+        if recorded_field == "observed_data_dependent" and data_dependent:
+            measured = ("the recorded data-dependent loss (this version 1 trace records Eq. 3 with the add-one bound "
+                        "where the relation adds a teacher, which Theorem 3.1 does not bound)")
+        partials = [_theorem_3_1_rows(records, np.asarray([r[recorded_field] for r in records],
+                                                          dtype=np.float64)[:, within], within, recorded_field,
+                                      charged_names)
+                    for _, records in trace.iter_blocks()]
+    else:
+        return skipped("theorem_3_1", "the run charges Theorem 3.1 and does not record Eq. 3: comparing them needs "
+                       "the per-step distributions (the exact-replay payload or the run's models)")
+    exceeding = sum(p["exceeding"] for p in partials)
+    charged_there = [step for p in partials for step in p["charged_there"]]
+    disagreeing = [step for p in partials for step in p["disagreeing"]]
+    ratio = 0.0
+    nan_steps: dict[str, list[int]] = {}
+    for p in partials:
+        ratio = float(np.maximum(ratio, p["ratio"]))  # not max(): it would skip a NaN
+        for field, steps in p["nan_steps"].items():
+            nan_steps.setdefault(field, []).extend(steps)
     nan_causes = [f"{field} is NaN at steps {steps[:5]}" for field, steps in nan_steps.items() if steps]
-    return verdict("theorem_3_1", not charged_there and not nan_causes,
-                   (f"no step's {measured} exceeds Theorem 3.1's value (largest ratio {ratio:.3g}), so no Theorem 3.1 "
-                    "charge is below the step's measured loss" if not exceeding else
+    where = (f"at the {orders.size} orders where Theorem 3.1 is claimed ({orders[0]:g} to {orders[-1]:g}), Eq. 3 "
+             f"{source}")
+    if nan_causes:
+        problem = "; ".join(nan_causes)
+    elif disagreeing:
+        problem = (f"{len(disagreeing)} steps record an Eq. 3 ({recorded_field}) that differs from its recomputation "
+                   f"from the per-step distributions (first: {disagreeing[:5]})")
+    else:
+        problem = (f"{len(charged_there)} steps were charged Theorem 3.1 although their {measured} exceeds it "
+                   f"(first: {charged_there[:5]}); Theorem 3.1 is not guaranteed")
+    return verdict("theorem_3_1", not charged_there and not nan_causes and not disagreeing,
+                   (f"no step's {measured} exceeds Theorem 3.1's value (largest ratio {ratio:.3g}; {where}), so no "
+                    "Theorem 3.1 charge is below the step's measured loss" if not exceeding else
                     f"{exceeding} of {trace.steps} steps have {measured} above Theorem 3.1's value (largest ratio "
-                    f"{ratio:.3g}); the run charged none of those steps Theorem 3.1"),
-                   "; ".join(nan_causes) if nan_causes else
-                   f"{len(charged_there)} steps were charged Theorem 3.1 although their {measured} exceeds it "
-                   f"(first: {charged_there[:5]}); Theorem 3.1 is not guaranteed",
-                   exceeding_steps=exceeding, charged_exceeding_steps=len(charged_there), max_ratio=ratio)
+                    f"{ratio:.3g}; {where}); the run charged none of those steps Theorem 3.1"),
+                   problem, exceeding_steps=exceeding, charged_exceeding_steps=len(charged_there), max_ratio=ratio,
+                   eq3_source=source, orders=orders.tolist(),
+                   steps_compared=sum(p["steps"] for p in partials))
 
 
 class _UtilityPartial(TypedDict):

@@ -207,11 +207,17 @@ def build_manifest(config: RunConfig, runner: Runner, orders: npt.NDArray[np.flo
     }
 
 
+def _row(values: npt.NDArray[np.float64] | None, row: int) -> list[float]:
+    """Row `row` of a per-step array as a list; [] where the mechanism does not compute it."""
+    return [] if values is None else values[row].tolist()
+
+
 def _outcome_records(runner: Runner, block: int, first_step: int, outcome: BlockOutcome,
                      output_tokens: npt.NDArray[np.int64], true_tokens: npt.NDArray[np.int64],
                      context_tokens: npt.NDArray[np.int64], payload_sha256: str) -> list[dict]:
     output = outcome.output.numpy()
     length = output.shape[0]
+    losses = trace.records_losses(trace.RECORDS_VERSION, runner.components)
     records = []
     for row in range(length):
         true = int(true_tokens[row])
@@ -225,13 +231,12 @@ def _outcome_records(runner: Runner, block: int, first_step: int, outcome: Block
             "screen_passed": passed, "answered_by": "mechanism" if passed else "public",
             "lambdas": [] if outcome.lambdas is None else outcome.lambdas[row].tolist(),
             "sampled_teachers": [] if outcome.sampled is None else np.flatnonzero(outcome.sampled[row]).tolist(),
-            "observed_data_dependent": ([] if outcome.observed_data_dependent is None
-                                        else outcome.observed_data_dependent[row].tolist()),
-            "eq3_remove_one": [] if outcome.eq3_remove_one is None else outcome.eq3_remove_one[row].tolist(),
-            "add_one_bound": [] if outcome.add_one_bound is None else outcome.add_one_bound[row].tolist(),
             "data_independent": [] if outcome.data_independent is None else outcome.data_independent[row].tolist(),
             "payload_sha256": payload_sha256,
         }
+        if losses:
+            record.update(observed_data_dependent=_row(outcome.observed_data_dependent, row),
+                          eq3_remove_one=_row(outcome.eq3_remove_one, row), add_one_bound=_row(outcome.add_one_bound, row))
         for name in runner.components:
             record[f"rdp_{name}"] = outcome.charged[name][row].tolist()
         if outcome.budget_refused is not None:

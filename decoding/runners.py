@@ -2,8 +2,10 @@
 
 A runner turns the public and teacher distributions of L queries into the output distribution the
 mechanism samples from, the per-step RDP components it charges, and everything the audit needs
-to check it (mixing weights, screening statistic and decision, the observed data-dependent loss
-and the data-independent bound). Runners are built from a config's [mechanism] table.
+to check it (mixing weights, screening statistic and decision, the data-independent bound, and the
+data-dependent loss where it is charged). A runner computes nothing it does not charge: what only
+the audit needs (Eq. 3 beside a Theorem 3.1 charge) the audit computes from the replay payload.
+Runners are built from a config's [mechanism] table.
 """
 from __future__ import annotations
 
@@ -18,8 +20,6 @@ import inspect
 from dpledger.accounting.errors import require
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, neighbouring_relation, path_accounting
 from dpledger.mechanisms.adapmixed import AdaPMixED
-from dpledger.mechanisms.kernels import mixed_teachers, symmetric_renyi_orders
-from dpledger.mechanisms.leave_one_out import leave_one_out_divergences
 from dpledger.mechanisms.ball import Ball, ball_named
 from dpledger.mechanisms.pmixed import PMixED, SubsampledPMixED, SubsamplingVariant
 from dpledger.mechanisms.pmixed import subsampling_variant as variant_named
@@ -47,10 +47,11 @@ class BlockOutcome:
     sampled: np.ndarray | None = None          # (L, N) bool, Poisson-sampled teachers
     screen_statistic: np.ndarray | None = None  # (L,)
     screen_passed: np.ndarray | None = None     # (L,) bool
+    # the data-dependent losses, only where a data-dependent component charges them (None otherwise)
     observed_data_dependent: np.ndarray | None = None  # (L, K) the data-dependent loss covering the run's relation
     data_independent: np.ndarray | None = None          # (L, K) Theorem 3.1 where it applies
-    eq3_remove_one: np.ndarray | None = None            # (L, K) Eq. 3, max_i D<->(p, p_-i), charged or not
-    add_one_bound: np.ndarray | None = None             # (L, K) bound for an added teacher, charged or not
+    eq3_remove_one: np.ndarray | None = None            # (L, K) Eq. 3, max_i D<->(p, p_-i): its remove-one part
+    add_one_bound: np.ndarray | None = None             # (L, K) bound for an added teacher
     vote_seeds: np.ndarray | None = None       # (L,) voting: each step's shared-randomness seed
     vote_counts: np.ndarray | None = None      # (L, V) voting: the vote histogram
     aggregator_noise: list | None = None       # L lists: the draws the aggregator consumed
@@ -101,19 +102,12 @@ def _ensemble(public: torch.Tensor, teachers: torch.Tensor, generator: Randomnes
     return BlockOutcome(output=teachers.mean(dim=-2), charged={"non_private_ensemble": infinite})
 
 
-def _pmixed_step(pmixed: PMixED, public: torch.Tensor, teachers: torch.Tensor, orders_t: torch.Tensor,
-                 mask: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, npt.NDArray[np.float64]]:
-    """PMixED's step (dpledger.mechanisms.step.pmixed_step) plus Eq. 3's leave-one-out loss, exact at every order,
-    recorded for the audit's Theorem 3.1 check though not charged. With one teacher its removal leaves
-    the public model: the loss is D<->(pbar_1, p0)."""
-    result = pmixed_step(pmixed, teachers, public, orders_t.numpy(), mask)
-    mixed = mixed_teachers(teachers, public, result.lambdas)
-    if mixed.shape[-2] == 1 and mask is None:
-        observed = symmetric_renyi_orders(torch.log(mixed[..., 0, :]), torch.log(public), orders_t)
-    else:
-        observed = leave_one_out_divergences(mixed, orders_t, mask, None if mask is None else public).max(dim=-2).values
-    return result.lambdas, result.output, observed.numpy()
+def _pmixed_step(pmixed: PMixED, public: torch.Tensor, teachers: torch.Tensor, orders: npt.NDArray[np.float64],
+                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PMixED's step (dpledger.mechanisms.step.pmixed_step): its mixing weights and output. Nothing
+    it does not charge: the audit's theorem_3_1 check computes Eq. 3 itself from the replay payload."""
+    result = pmixed_step(pmixed, teachers, public, orders, mask)
+    return result.lambdas, result.output
 
 
 def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float | None = None,
@@ -153,10 +147,9 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
 
         def process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
                     orders: npt.NDArray[np.float64]) -> BlockOutcome:
-            lambdas, output, observed = _pmixed_step(pmixed, public, teacher_probs, torch.from_numpy(orders))
-            bound = np.broadcast_to(pmixed.rdp_values(orders), observed.shape).copy()
-            return BlockOutcome(output=output, charged={name: bound}, lambdas=lambdas.numpy(),
-                                observed_data_dependent=observed, data_independent=bound, eq3_remove_one=observed)
+            lambdas, output = _pmixed_step(pmixed, public, teacher_probs, orders)
+            bound = np.broadcast_to(pmixed.rdp_values(orders), (public.shape[0], orders.size)).copy()
+            return BlockOutcome(output=output, charged={name: bound}, lambdas=lambdas.numpy(), data_independent=bound)
 
         return Runner("pmixed", dict(alpha=alpha, beta=beta, teachers=teachers, **ball_params), {name: False}, process,
                       step_bound=pmixed.rdp_values)
@@ -172,7 +165,7 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
     def subsampled_process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
                            orders: npt.NDArray[np.float64]) -> BlockOutcome:
         mask = uniform(teacher_probs.shape[:-1], generator) < sample_rate
-        lambdas, output, observed = _pmixed_step(pmixed, public, teacher_probs, torch.from_numpy(orders), mask)
+        lambdas, output = _pmixed_step(pmixed, public, teacher_probs, orders, mask)
         sizes = mask.sum(dim=-1).numpy()
         unique, index = np.unique(sizes, return_inverse=True)  # curves depend on the subsample size only
         charged = np.stack([SubsampledPMixED(pmixed, sample_rate, variant,
@@ -180,7 +173,7 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
                             for m in unique])[index]
         bound = np.stack([PMixED(alpha, beta, max(int(m), 1), ball=ball_kind).rdp_values(orders) for m in unique])[index]
         return BlockOutcome(output=output, charged={name: charged}, lambdas=lambdas.numpy(), sampled=mask.numpy(),
-                            observed_data_dependent=observed, data_independent=bound, eq3_remove_one=observed)
+                            data_independent=bound)
 
     def step_bound(orders: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """The variant's charge, at its largest over the subsample sizes it may be charged at."""
@@ -283,11 +276,10 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
                 orders: npt.NDArray[np.float64]) -> BlockOutcome:
         result = adapmixed_step(mechanism, teacher_probs, public, generator if screening else None, orders, relation,
                                 accounting, screening, data_dependent, add_one_dual)
-        if data_dependent:   # what was charged: the loss covering the relation; Eq. 3 its remove-one part
-            observed, eq3 = result.data_dependent, result.details["eq3_remove_one"]
-        else:                # not charged: Eq. 3 exact at every order, for the audit's Theorem 3.1 check
-            observed = eq3 = leave_one_out_divergences(mixed_teachers(teacher_probs, public, result.lambdas),
-                                                       torch.from_numpy(orders)).max(dim=-2).values.numpy()
+        # what was charged: the loss covering the relation, Eq. 3 its remove-one part; a run charged by
+        # Theorem 3.1 records neither (the audit's theorem_3_1 check computes Eq. 3 from the payload)
+        observed = result.data_dependent if data_dependent else None
+        eq3 = result.details["eq3_remove_one"] if data_dependent else None
         return BlockOutcome(output=result.output, charged=result.charged, lambdas=result.lambdas.numpy(),
                             screen_statistic=result.screen_statistic if screening else None,
                             screen_passed=result.screen_passed, observed_data_dependent=observed,

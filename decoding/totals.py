@@ -143,7 +143,8 @@ class RunTotals:
                     self.budget_refused += 1
                     if self.first_refused_step is None:
                         self.first_refused_step = record["step"]
-        rows = [r for r in records if r["observed_data_dependent"]]
+        # a version 3 run charged by Theorem 3.1 records no data-dependent loss (trace.records_losses)
+        rows = [r for r in records if r.get("observed_data_dependent")]
         if rows:
             answered = np.asarray([r["answered_by"] == "mechanism" for r in rows])[:, None]
             bound = np.where(answered, np.asarray([r["data_independent"] for r in rows], dtype=np.float64), 0.0)

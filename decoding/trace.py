@@ -48,10 +48,13 @@ from dpledger.accounting.strict_json import MAX_BYTES as MAX_JSON_BYTES
 from dpledger.accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
-RECORDS_VERSION = 2
+RECORDS_VERSION = 3
 """Version 2 records hold Eq. 3 (`eq3_remove_one`) and the add-one bound (`add_one_bound`) apart
 from the loss covering the run's relation (`observed_data_dependent`); a trace without the key is
-version 1 (that loss only). The manifest records it; dpledger.decoding.blocks writes the records."""
+version 1 (that loss only). Version 3 records hold these three losses only where a component charges
+them (`records_losses`): a run charged by Theorem 3.1 no longer records Eq. 3 beside it (the audit's
+theorem_3_1 check computes it from the replay payload). The manifest records the version;
+dpledger.decoding.blocks writes the records."""
 MANIFEST = "manifest.json"
 LEDGER = "ledger.json"
 FINAL = "final.json"
@@ -62,14 +65,31 @@ CHUNK_NAME = re.compile(r"chunk-(\d{6})\.parquet")
 PAYLOAD_NAME = re.compile(r"block-(\d{6})\.npy")
 # The fields of one step's record (the decoder writes them in dpledger.decoding.blocks; the audit
 # refuses a record with any other set): every run's, then those of voting runs, of runs under a privacy
-# filter and of records_version >= 2; plus one rdp_<component> per mechanism component.
+# filter and the data-dependent losses (records_losses); plus one rdp_<component> per mechanism component.
 BASE_FIELDS = frozenset({"step", "block", "position", "query_id", "context_token", "true_token", "output_token",
                          "prob_true_token", "screen_statistic", "screen_passed", "answered_by", "lambdas",
-                         "sampled_teachers", "observed_data_dependent", "data_independent", "payload_sha256",
-                         "prev_hash", "record_hash"})
+                         "sampled_teachers", "data_independent", "payload_sha256", "prev_hash", "record_hash"})
 VOTING_FIELDS = frozenset({"vote_seed", "vote_tokens", "vote_counts", "aggregator_noise"})
 BUDGET_FIELDS = frozenset({"budget_refused", "budget_charge"})  # runs with a privacy filter (dpledger.decoding.budget)
-SPLIT_LOSS_FIELDS = frozenset({"eq3_remove_one", "add_one_bound"})  # records_version >= 2 (RECORDS_VERSION)
+LOSS_FIELD = "observed_data_dependent"  # records_version 1 and 2: every record; 3: where records_losses
+SPLIT_LOSS_FIELDS = frozenset({"eq3_remove_one", "add_one_bound"})  # records_version 2; 3: where records_losses
+DATA_DEPENDENT_COMPONENT = "pmixed_data_dependent"
+"""The component that charges the data-dependent loss (AdaPMixED's, dpledger.decoding.runners)."""
+
+
+def records_losses(records_version: int, components: Iterable[str]) -> bool:
+    """Whether a run's step records hold the data-dependent losses (`observed_data_dependent`, and from
+    version 2 `eq3_remove_one` and `add_one_bound`): every record up to version 2; from version 3 only
+    where a component charges them, since the decode loop computes nothing it does not charge.
+
+    Args:
+        records_version: the manifest's records_version (1 when absent).
+        components: the run's mechanism components.
+
+    Returns:
+        True when the records hold the losses.
+    """
+    return records_version < 3 or DATA_DEPENDENT_COMPONENT in components
 
 
 def record_fields(manifest: dict) -> set[str]:
@@ -79,16 +99,18 @@ def record_fields(manifest: dict) -> set[str]:
         manifest: the run's manifest (its mechanism type and components, budget and records_version).
 
     Returns:
-        The field names: the base fields, voting, budget and split-loss fields where they apply, and
-        rdp_<name> for each mechanism component.
+        The field names: the base fields, voting, budget and data-dependent loss fields where they
+        apply, and rdp_<name> for each mechanism component.
 
     Raises:
         KeyError: if the manifest has no mechanism type or components (the loader checks both first).
     """
     voting = VOTING_FIELDS if manifest["mechanism"]["type"] == "voting" else frozenset()
     budget = BUDGET_FIELDS if manifest.get("budget") is not None else frozenset()
-    split = SPLIT_LOSS_FIELDS if manifest.get("records_version", 1) >= 2 else frozenset()
-    return (set(BASE_FIELDS) | voting | budget | split
+    version = manifest.get("records_version", 1)
+    losses = ({LOSS_FIELD} | (SPLIT_LOSS_FIELDS if version >= 2 else frozenset())
+              if records_losses(version, manifest["mechanism"]["components"]) else frozenset())
+    return (set(BASE_FIELDS) | voting | budget | losses
             | {f"rdp_{name}" for name in manifest["mechanism"]["components"]})
 
 

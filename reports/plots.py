@@ -91,17 +91,20 @@ def cumulative_epsilon_series(run: RunData, per_step: np.ndarray, points: int = 
 def comparison_series(run: RunData) -> tuple[str, np.ndarray] | None:
     """The other bound to draw beside the charged one: the data-independent bound (Theorem 3.1, proven
     for the proof-orders and all-orders balls and as claimed for the paper's, plus screening) for a data-dependent run,
-    the observed data-dependent loss otherwise.
+    the data-dependent loss (Eq. 3) otherwise, where the records hold it (traces before records_version 3:
+    a newer run charged by Theorem 3.1 does not compute it, and the figure says so: `eq3_not_drawn`).
 
     Args:
         run: the run whose per-step records are read.
 
     Returns:
         (legend label, (steps, orders) per-step RDP values in nats, the screen's charge included), or
-        None when the records carry no data-independent bound.
+        None when the records carry no data-independent bound, or no Eq. 3 beside a Theorem 3.1 charge.
     """
     components = run.manifest["mechanism"]["components"]
     if not run.records or not run.records[0]["data_independent"]:
+        return None
+    if not run.data_dependent and "observed_data_dependent" not in run.records[0]:
         return None
     screen = (np.asarray([r["rdp_screen"] for r in run.records], dtype=np.float64)
               if "screen" in components else 0.0)
@@ -116,16 +119,43 @@ def comparison_series(run: RunData) -> tuple[str, np.ndarray] | None:
     return "data-dependent loss (Flemings et al. 2024, Eq. 3, observed)", screen + np.where(answered, observed, 0.0)
 
 
+def eq3_not_drawn(run: RunData) -> str | None:
+    """Why a run charged by Theorem 3.1 draws no Eq. 3 line, with what the audit found comparing the
+    two (its theorem_3_1 check, where audit.json is shown).
+
+    Args:
+        run: the run plotted.
+
+    Returns:
+        One sentence starting "Not drawn:", or None where the figure draws the comparison line or the
+        run makes no Theorem 3.1 comparison.
+    """
+    if run.data_dependent or not run.records or not run.records[0]["data_independent"] \
+            or "observed_data_dependent" in run.records[0]:
+        return None
+    sentence = ("Not drawn: the data-dependent loss (Eq. 3), which this run neither charges nor records (the decode "
+                "loop computes only what it charges); the audit compares it with Theorem 3.1 at every step, at the "
+                "orders where Theorem 3.1 is claimed")
+    check = next((c for c in (run.audit or {}).get("checks", []) if c.get("name") == "theorem_3_1"), None)
+    evidence = (check or {}).get("evidence") or {}
+    if check is None or check.get("status") == "SKIPPED" or "exceeding_steps" not in evidence:
+        return sentence + " (no audit of it is shown here)."
+    return (sentence + f": Eq. 3 above Theorem 3.1 at {evidence['exceeding_steps']} of {len(run.records)} queries, "
+            f"largest ratio {evidence['max_ratio']:.3g} (audit check theorem_3_1, {check['status']}).")
+
+
 def cumulative_epsilon_lines(run: RunData) -> list[str]:
     """What each line of the cumulative privacy-loss figure is, one sentence each (the figure prints
-    them under its axes; a reader must not guess why one line crosses another).
+    them under its axes; a reader must not guess why one line crosses another), and why a line is not
+    drawn where one is missing.
 
     Args:
         run: the run plotted.
 
     Returns:
         One sentence per line drawn: the charged loss, the other bound where the records hold one, and
-        the budget's lines where the run has a budget.
+        the budget's lines where the run has a budget; then, for a run charged by Theorem 3.1 whose
+        records hold no Eq. 3, the "Not drawn:" sentence (eq3_not_drawn).
     """
     relation = run.manifest["relation"]
     adds = relation in ("add_or_remove_one", "add_one")   # neighbours with one more teacher
@@ -137,7 +167,7 @@ def cumulative_epsilon_lines(run: RunData) -> list[str]:
     else:
         charged = f"Solid: the data-independent bound charged to this run, covering {relation.replace('_', '-')} neighbours."
     lines = [charged]
-    if run.records and run.records[0]["data_independent"]:
+    if comparison_series(run) is not None:
         ball = run.manifest["mechanism"]["params"].get("ball", "projection-order")
         lines.append("Dashed: Theorem 3.1 of Flemings et al. 2024 (data-independent; "
                      + (f"proven for this run's {ball} ball" if ball != "projection-order" else "as claimed, not "
@@ -148,7 +178,8 @@ def cumulative_epsilon_lines(run: RunData) -> list[str]:
     budget = run.ledger.get("budget")
     if budget is not None:
         lines.append("Dotted: the budget's epsilon; grey: the query from which the filter lets the public model answer.")
-    return lines
+    missing = eq3_not_drawn(run)
+    return lines + ([missing] if missing else [])
 
 
 def cumulative_epsilon_figure(run: RunData) -> Figure | None:

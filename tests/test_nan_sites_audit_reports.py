@@ -86,12 +86,17 @@ def test_site4_eq3_nan_charge_on_an_answered_step_fails(runs):
     assert result.status is Status.FAIL and f"step {step}: rdp_pmixed_data_dependent NaN" in result.detail
 
 
-def test_site5_theorem_3_1_nan_observed_loss_fails_with_its_cause(runs):
-    loaded = editable(load_trace(runs["pmixed"]))
-    assert loaded.manifest["records_version"] == 2  # Eq. 3 is recorded on its own: the check reads it
+def test_site5_theorem_3_1_nan_loss_fails_with_its_cause(runs):
+    loaded = editable(load_trace(runs["adapmixed"]))
+    assert loaded.manifest["records_version"] == 3  # the charged Eq. 3 is recorded on its own: the check reads it
     loaded.records[6]["eq3_remove_one"][0] = NAN
     result = bounds.check_theorem_3_1(loaded)
     assert result.status is Status.FAIL and result.detail == "eq3_remove_one is NaN at steps [6]"
+    # a run charged by Theorem 3.1 records no Eq. 3 (the check recomputes it): its bound's NaN is named
+    loaded = editable(load_trace(runs["pmixed"]))
+    loaded.records[6]["data_independent"][0] = NAN
+    result = bounds.check_theorem_3_1(loaded)
+    assert result.status is Status.FAIL and result.detail == "data_independent is NaN at steps [6]"
 
 
 def test_site6_utility_bound_nan_fails_and_lambda_one_term_vanishes(runs):
