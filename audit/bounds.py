@@ -350,8 +350,8 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
         The "theorem_3_1" CheckResult: SKIPPED for a mechanism without mixing, a grid without an
         order where Theorem 3.1 is claimed, or a version 3 run charged by Theorem 3.1 without its
         per-step distributions; FAIL where a step was charged Theorem 3.1 although its Eq. 3 exceeds
-        it, where either is NaN, or where an old trace's recorded Eq. 3 differs from the recomputation; else PASS, counting the steps whose Eq. 3
-        exceeds Theorem 3.1 and the largest ratio. Its evidence says where Eq. 3 came from
+        it, where either is NaN, or where an old trace's recorded Eq. 3 differs from the recomputation;
+        else PASS, counting the steps whose Eq. 3 exceeds Theorem 3.1 and the largest ratio. Its evidence says where Eq. 3 came from
         (`eq3_source`), at which orders it was compared (`orders`) and on how many steps (`steps_compared`).
     """
     if not _uses_pmixed(trace):
