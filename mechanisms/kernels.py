@@ -398,11 +398,18 @@ def sums_without_each(values: torch.Tensor) -> torch.Tensor:
     Returns:
         Tensor of the same shape and dtype: entry i holds the sum over the other N - 1 rows.
     """
-    zeros = torch.zeros_like(values[..., :1, :])
-    before = torch.cat([zeros, torch.cumsum(values[..., :-1, :], dim=-2)], dim=-2)
-    after = torch.flip(torch.cat([zeros, torch.cumsum(torch.flip(values, dims=(-2,))[..., :-1, :], dim=-2)], dim=-2),
-                       dims=(-2,))
-    return before + after
+    # running sums in place, one row at a time: the same additions in the same order as exclusive
+    # cumsums from each end (bitwise the same result), without their flipped and concatenated copies
+    out = torch.empty_like(values)
+    running = torch.zeros_like(values[..., 0, :])
+    for i in range(values.shape[-2]):
+        out[..., i, :] = running
+        running += values[..., i, :]
+    running.zero_()
+    for i in range(values.shape[-2] - 1, -1, -1):
+        out[..., i, :] += running
+        running += values[..., i, :]
+    return out
 
 
 _SCALE_BELOW = 2.0 ** -900
