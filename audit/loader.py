@@ -365,7 +365,8 @@ class LoadedTrace:
         Returns:
             The Runner decode used (dpledger.decoding.runners.build_runner).
         """
-        return build_runner({"type": self.mechanism_type, **self.params}, self.n_teachers, self.manifest["relation"])
+        return build_runner({"type": self.mechanism_type, **self.params}, self.n_teachers, self.manifest["relation"],
+                            self.manifest.get("records_version", 1))
 
     @property
     def data_dependent_filter(self) -> bool:

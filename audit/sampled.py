@@ -226,7 +226,7 @@ def check_canary_game(trace: LoadedTrace, trials: int = 2000, confidence: float 
     runner_in = trace.runner()
     runner_out = build_runner({"type": trace.mechanism_type,
                                **{**trace.params, **({"teachers": len(keep)} if "teachers" in trace.params else {})}},
-                              len(keep), trace.manifest["relation"])
+                              len(keep), trace.manifest["relation"], trace.manifest.get("records_version", 1))
     logits_out = torch.cat([logits[:1], logits[1:][keep]])
     claimed_one = {}
 

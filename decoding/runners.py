@@ -19,6 +19,7 @@ import inspect
 
 from dpledger.accounting.errors import require
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, neighbouring_relation, path_accounting
+from dpledger.decoding.trace import RECORDS_VERSION
 from dpledger.mechanisms.adapmixed import AdaPMixED
 from dpledger.mechanisms.ball import Ball, ball_named
 from dpledger.mechanisms.pmixed import PMixED, SubsampledPMixED, SubsamplingVariant
@@ -189,7 +190,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
                      top_k: int, screening: bool = True, data_dependent: bool = True,
                      accounting: str = "released-output", ball: str = Ball.PROJECTION_ORDER.value,
                      relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
-                     add_one_dual: bool = False) -> Runner:
+                     add_one_dual: bool = False, add_one_subgrid: bool = True) -> Runner:
     """AdaPMixED (Flemings et al. 2024, Algorithm 1) and its Table 2a ablations.
 
     screening=True, data_dependent=True: AdaPMixED (screen, then PMixED charged data-dependently);
@@ -241,6 +242,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
         ball: the projection's ball (dpledger.mechanisms.ball.Ball's value).
         relation: the run's claimed neighbouring relation (replace-one is not covered).
         add_one_dual: tighten the add-one bound by the certified Lagrangian dual.
+        add_one_subgrid: the add-one bound on its certified sub-grid of orders; not a config key: it
+            follows the code that wrote a trace (records_version 4 and later; build_runner).
 
     Returns:
         The runner: kind "adapmixed", its recorded parameters, its components ("screen" when
@@ -275,7 +278,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     def process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
                 orders: npt.NDArray[np.float64]) -> BlockOutcome:
         result = adapmixed_step(mechanism, teacher_probs, public, generator if screening else None, orders, relation,
-                                accounting, screening, data_dependent, add_one_dual)
+                                accounting, screening, data_dependent, add_one_dual, add_one_subgrid)
         # what was charged: the loss covering the relation, Eq. 3 its remove-one part; a run charged by
         # Theorem 3.1 records neither (the audit's theorem_3_1 check computes Eq. 3 from the payload)
         observed = result.data_dependent if data_dependent else None
@@ -438,7 +441,12 @@ def runner_parameters(kind: str) -> set[str]:
     """
     if kind == "voting":
         return set(_voting_parameter_types())
-    return set(inspect.signature(_PARAMETERISED[kind]).parameters) - {"teachers", "relation"}
+    return set(inspect.signature(_PARAMETERISED[kind]).parameters) - {"teachers", "relation"} - _CODE_VERSION_OPTIONS
+
+
+_CODE_VERSION_OPTIONS = frozenset({"add_one_subgrid"})
+"""Runner arguments that follow the version of the code that wrote a trace, never a config key: build_runner
+sets them from the trace's records_version."""
 
 
 _BUILDERS = {
@@ -487,7 +495,8 @@ def _check_parameter(kind: str, name: str, value: object, annotation: str) -> No
 
 
 def build_runner(mechanism: dict, teachers: int,
-                 relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> Runner:
+                 relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
+                 records_version: int = RECORDS_VERSION) -> Runner:
     """A runner from a config's [mechanism] table: `type` plus that mechanism's parameters;
     `relation` is the run's claimed neighbouring relation (the [run] table's `relation`).
 
@@ -496,6 +505,8 @@ def build_runner(mechanism: dict, teachers: int,
             `teachers` must equal `teachers`).
         teachers: the number of teacher models the run loads.
         relation: the run's claimed neighbouring relation.
+        records_version: the version of the code whose arithmetic to follow (a trace's manifest
+            records it; 1 when absent): before 4 the add-one bound was charged at every order.
 
     Returns:
         The runner (pmixed_runner, adapmixed_runner, voting_runner, or the public or ensemble baseline).
@@ -537,6 +548,8 @@ def build_runner(mechanism: dict, teachers: int,
         _check_parameter(kind, name, value, annotations[name])
     if kind == "voting":
         aggregator_class(params["aggregator"])   # an unknown name: the registry's one line
+    if kind == "adapmixed":
+        params = {**params, "add_one_subgrid": records_version >= 4}
     try:
         return _PARAMETERISED[kind](teachers=teachers, relation=relation, **params)
     except TypeError as error:

@@ -48,13 +48,15 @@ from dpledger.accounting.strict_json import MAX_BYTES as MAX_JSON_BYTES
 from dpledger.accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
-RECORDS_VERSION = 3
+RECORDS_VERSION = 4
 """Version 2 records hold Eq. 3 (`eq3_remove_one`) and the add-one bound (`add_one_bound`) apart
 from the loss covering the run's relation (`observed_data_dependent`); a trace without the key is
 version 1 (that loss only). Version 3 records hold these three losses only where a component charges
 them (`records_losses`): a run charged by Theorem 3.1 no longer records Eq. 3 beside it (the audit's
-theorem_3_1 check computes it from the replay payload). The manifest records the version;
-dpledger.decoding.blocks writes the records."""
+theorem_3_1 check computes it from the replay payload). Version 4 records charge AdaPMixED's add-one
+bound on its certified sub-grid of orders (dpledger.mechanisms.add_one.add_one_direction_bounds); earlier
+ones at every order, which the replay follows (dpledger.decoding.runners.build_runner). The manifest
+records the version; dpledger.decoding.blocks writes the records."""
 MANIFEST = "manifest.json"
 LEDGER = "ledger.json"
 FINAL = "final.json"

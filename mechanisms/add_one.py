@@ -951,26 +951,27 @@ def _knapsack_allocation(log_qmax: np.ndarray, log_t: np.ndarray) -> tuple[np.nd
 
 
 def _add_one_order_sums(log_allocation: np.ndarray, log_t: np.ndarray, orders: np.ndarray,
-                        teachers: float) -> tuple[np.ndarray, np.ndarray]:
-    """(log sum_j a_j t_j^(k-1), log of the chord bound's sum) per row of (..., V) and order k, by the
-    fused kernel (dpledger.mechanisms.fused.add_one_order_sums) over the allocated tokens only: (..., K) each.
+                        teachers: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(log sum_j a_j t_j^(k-1), log of the chord bound's sum, and their derivatives in k) per row of
+    (..., V) and order k, by the fused kernel (dpledger.mechanisms.fused.add_one_order_sums) over the
+    allocated tokens only: (..., K) each.
     A token with t_j = +inf (p_j = 0 < qmax_j) that receives mass makes both +inf."""
     batch = log_t.shape[:-1]
     flat_allocation = log_allocation.reshape(-1, log_t.shape[-1])
     flat_t = log_t.reshape(-1, log_t.shape[-1])
-    u2 = np.empty((flat_t.shape[0], orders.size))
-    chord = np.empty((flat_t.shape[0], orders.size))
+    u2, chord, u2_slope, chord_slope = (np.empty((flat_t.shape[0], orders.size)) for _ in range(4))
     _set_threads()
     for row in range(flat_t.shape[0]):
         allocated = np.isfinite(flat_allocation[row])
         if np.isposinf(flat_t[row][allocated]).any():
-            u2[row], chord[row] = np.inf, np.inf
+            u2[row], chord[row], u2_slope[row], chord_slope[row] = np.inf, np.inf, 0.0, 0.0
             continue
         la, lt = flat_allocation[row][allocated], flat_t[row][allocated]
         shift = np.logaddexp(np.log(teachers), lt) - np.log(teachers + 1.0)
         add_one_order_sums(np.ascontiguousarray(la), np.ascontiguousarray(lt), np.ascontiguousarray(shift),
-                           orders, float(teachers), u2[row], chord[row])
-    return u2.reshape(*batch, orders.size), chord.reshape(*batch, orders.size)
+                           orders, float(teachers), u2[row], chord[row], u2_slope[row], chord_slope[row])
+    shape = (*batch, orders.size)
+    return u2.reshape(shape), chord.reshape(shape), u2_slope.reshape(shape), chord_slope.reshape(shape)
 
 
 ADD_ONE_RELATIVE_TOLERANCE = 0.005
@@ -1068,14 +1069,17 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     the log of a nonnegative combination of exponentials of affine functions of k (for the chord sum,
     (1 - sum_j a_j / t_j) phi_k(0) + sum_j (a_j / t_j) phi_k(t_j), with sum_j a_j / t_j <= sum_j p_j as
     a_j <= qmax_j), hence convex (van Erven & Harremoes 2014, Corollary 2; Boyd & Vandenberghe 2004,
-    Section 3.1.5). So each lies under its chord between two orders where it was computed and above the
-    extensions of its neighbouring chords (`_convex_sandwich`); every formula above is nondecreasing in
-    each sum, so the chords give an upper bound and the extensions a lower bound on what the sums give
-    at that order. The sub-grid starts at every 4th order of the grid and its last and bisects
-    every interval where the upper bound of a direction exceeds (1 + relative_tolerance) times its
-    lower bound, so every value is within that factor of the all-orders computation and never below it
-    (a chord carries twice the sums' rounding allowance, `_chord_values`). relative_tolerance=None
-    computes every order.
+    Section 3.1.5). (A float law p may sum to 1 + e, e > 0: then the weight of phi_k(0) may be -e, and
+    log S lies at most e below the log of the same sum with that weight raised to 0, which is convex and
+    at least phi_k(0); e joins the chord sum's allowance.) So each lies under its chord between two
+    orders where it was computed, and above its tangents there (the kernel gives the derivatives of the
+    first two) and the extensions of its neighbouring chords (`_convex_sandwich`). Every formula above
+    is nondecreasing in each sum, so the chords give an upper bound and the tangents and extensions a
+    lower bound on what the sums give at that order. Each direction's sub-grid starts at every 8th
+    order of the grid and its last, and bisects every interval where the direction's upper bound
+    exceeds (1 + relative_tolerance) times its lower bound, so every value is within that factor of
+    the all-orders computation and never below it (a chord carries the sums' rounding allowances,
+    `_chord_values`). relative_tolerance=None computes every order.
 
     Args:
         output: the ensemble's output law p, shape (..., V).
@@ -1120,24 +1124,27 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     w_magnitude = (np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1)
                    + np.abs(np.where(np.isfinite(log_qmin), log_qmin, 0.0)).max(axis=-1) + 2.0)[..., None]
     vocab = log_p.shape[-1]
+    # the chord sum is a nonnegative combination of exponentials only when sum_j a_j / t_j <= 1; as that
+    # sum is at most sum_j p_j, a float law summing above 1 can make it slightly negative on e^(kz), which
+    # moves log S below its chords by at most that excess (add_one_direction_bounds): it joins the allowance
+    mass_excess = (np.maximum(output.numpy().sum(axis=-1) * (1.0 + vocab * _U) - 1.0, 0.0))[..., None]
 
-    def sums(index: np.ndarray) -> list[np.ndarray]:
-        """The three convex sums at orders_np[index]: (k-1) U2_k and the chord sum (computed, within
-        their allowances below of the exact values) and (k-1) W_k (rounded up by the Renyi kernel)."""
-        u2_moment, chord_total = _add_one_order_sums(log_allocation, log_t, orders_np[index], n)
-        return [u2_moment, chord_total, _log_moments(log_p, log_qmin, orders_np[index])]
+    def forward_sums(index: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+        """(k-1) U2_k and the chord sum at orders_np[index] (computed, within their allowances of the
+        exact values), with their derivatives in k."""
+        u2_moment, chord_total, u2_slope, chord_slope = _add_one_order_sums(log_allocation, log_t, orders_np[index], n)
+        return [u2_moment, chord_total], [u2_slope, chord_slope]
 
-    def allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
-        """Each sum's rounding allowance at the orders `grid`: a bound on |computed - exact| (for W,
-        the Renyi kernel's own slack, which it adds to its value)."""
-        finite = [np.abs(np.where(np.isfinite(v), v, 0.0)) for v in values]
-        return [(grid - 1.0) * slack[..., None] + 0.0 * finite[0],
-                ROUNDING_ULPS * (finite[1] + grid * (magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0)),
-                _SLACK_ULPS * ((grid + 1.0) * w_magnitude + np.log2(vocab) + 2.0 + finite[2])]
+    def forward_allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
+        """A bound on |computed - exact| of each forward sum at the orders `grid`."""
+        chord_size = np.abs(np.where(np.isfinite(values[1]), values[1], 0.0))
+        return [(grid - 1.0) * slack[..., None] + 0.0 * chord_size,
+                ROUNDING_ULPS * (chord_size + grid * (magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0))
+                + 2.0 * mass_excess]
 
-    def directions(values: list[np.ndarray], grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(forward, reverse) at the orders `grid` from the three sums there (nondecreasing in each)."""
-        u2_moment, chord_total, w_moment = values
+    def forward_bound(values: list[np.ndarray], grid: np.ndarray) -> np.ndarray:
+        """D_k(p_+ || p)'s bound at the orders `grid` from the two sums there (nondecreasing in each)."""
+        u2_moment, chord_total = values
         with np.errstate(invalid="ignore", over="ignore"):
             above = ((alpha - 1.0) * radius + (grid - alpha) * log_m[..., None]) / (grid - 1.0)
             rho = np.where(grid <= alpha, radius, above)
@@ -1145,12 +1152,31 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
                 rho = np.minimum(rho, all_orders_beta * grid)
             u = np.minimum(rho + max_ratio[..., None], u2_moment / (grid - 1.0)) + slack[..., None]
             jensen = log_mean_with_one_exp((grid - 1.0) * u, n + 1.0) / (grid - 1.0)
-            chord = (chord_total + allowances(values, grid)[1]) / (grid - 1.0)
-            w = np.maximum(w_moment / (grid - 1.0), 0.0)
-        return np.minimum(jensen, chord), np.minimum(np.log1p(1.0 / n), w / (n + 1.0))
+            chord = (chord_total + forward_allowances(values, grid)[1]) / (grid - 1.0)
+        bound: np.ndarray = np.minimum(jensen, chord)
+        return bound
 
-    forward, reverse = _order_curves_on_subgrid(sums, allowances, directions, orders_np, log_p.shape[:-1],
-                                                relative_tolerance)
+    def reverse_sums(index: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+        """(k-1) W_k at orders_np[index], rounded up by the Renyi kernel (no derivative: secants only)."""
+        return [_log_moments(log_p, log_qmin, orders_np[index])], None
+
+    def reverse_allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
+        """The Renyi kernel's slack at the orders `grid` (which it adds to its value)."""
+        size = np.abs(np.where(np.isfinite(values[0]), values[0], 0.0))
+        return [_SLACK_ULPS * ((grid + 1.0) * w_magnitude + np.log2(vocab) + 2.0 + size)]
+
+    def reverse_bound(values: list[np.ndarray], grid: np.ndarray) -> np.ndarray:
+        """D_k(p || p_+)'s bound at the orders `grid` from (k-1) W_k there (nondecreasing in it)."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            w = np.maximum(values[0] / (grid - 1.0), 0.0)
+        bound: np.ndarray = np.minimum(np.log1p(1.0 / n), w / (n + 1.0))
+        return bound
+
+    batch = log_p.shape[:-1]
+    forward = _order_curve_on_subgrid(forward_sums, forward_allowances, forward_bound, [False, False], orders_np,
+                                      batch, relative_tolerance)
+    reverse = _order_curve_on_subgrid(reverse_sums, reverse_allowances, reverse_bound, [True], orders_np, batch,
+                                      relative_tolerance)
     if np.any(np.isnan(forward)) or np.any(np.isnan(reverse)):
         raise ValueError("add-one bound is NaN: an input distribution holds NaN or inf")
     # the last divisions' rounding
@@ -1171,16 +1197,17 @@ def _log_moments(log_p: np.ndarray, log_q: np.ndarray, orders: np.ndarray) -> np
     return out.reshape(*log_p.shape[:-1], orders.size)
 
 
-_Sums = Callable[[np.ndarray], list[np.ndarray]]
-"""The three convex sums at the orders grid[index], given index."""
+_Sums = Callable[[np.ndarray], tuple[list[np.ndarray], list[np.ndarray] | None]]
+"""The convex sums at the orders grid[index], given index, and their derivatives in the order (or None)."""
 _Allowances = Callable[[list[np.ndarray], np.ndarray], list[np.ndarray]]
 """Each sum's rounding allowance at the given orders, from the sums' values there."""
-_Directions = Callable[[list[np.ndarray], np.ndarray], tuple[np.ndarray, np.ndarray]]
-"""(forward, reverse) at the given orders from the three sums there."""
+_Bound = Callable[[list[np.ndarray], np.ndarray], np.ndarray]
+"""A direction's bound at the given orders from the sums there."""
 
-ADD_ONE_SEED_SPACING = 4
-"""The first sub-grid takes every 4th order of the grid (and its last): dense enough that one or two
-refinement rounds certify the rest, as each round costs more Python than evaluating a few orders."""
+ADD_ONE_SEED_SPACING = 8
+"""The first sub-grid takes every 8th order of the grid (and its last): dense enough that two or three
+refinement rounds certify the rest, as each round costs more Python than evaluating a few orders
+(measured at V = 1,024 x 32 steps and V = 50,257 with N = 8 and 100: spacings 4, 8 and 16 within 20%)."""
 
 
 def _seed_orders(grid: np.ndarray) -> np.ndarray:
@@ -1188,14 +1215,15 @@ def _seed_orders(grid: np.ndarray) -> np.ndarray:
     return np.unique(np.append(np.arange(0, grid.size, ADD_ONE_SEED_SPACING), grid.size - 1))
 
 
-def _convex_sandwich(grid: np.ndarray, anchors: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                                         np.ndarray]:
-    """For a function convex in the order, known at grid[anchors] (values (..., A)), at every grid order:
-    (the chord between the enclosing anchors (..., K), a bound on that chord's rounding (..., K), the
-    largest extension of the neighbouring chords (..., K), a lower bound; both equal the value at an
-    anchor). A convex function lies under its chords and, outside a chord's interval, above the chord's
-    line (Boyd & Vandenberghe 2004, Section 3.1.3). +inf anywhere in a row makes the row +inf: (k-1) D_k
-    is infinite at one order > 1 exactly when the support condition fails, at every order."""
+def _convex_sandwich(grid: np.ndarray, anchors: np.ndarray, values: np.ndarray,
+                     slopes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For a function convex in the order, known at grid[anchors] (values (..., A), with its derivatives
+    there or None), at every grid order: (the chord between the enclosing anchors (..., K), a bound on
+    that chord's rounding (..., K), a lower bound (..., K): the largest of the tangents at the two
+    enclosing anchors and the extensions of the neighbouring chords); both equal the value at an anchor.
+    A convex function lies under its chords, above its tangents and, outside a chord's interval, above
+    the chord's line (Boyd & Vandenberghe 2004, Section 3.1.3). +inf anywhere in a row makes the row
+    +inf: (k-1) D_k is infinite at one order > 1 exactly when the support condition fails, at every order."""
     size = grid.size
     position = np.clip(np.searchsorted(anchors, np.arange(size), side="right") - 1, 0, anchors.size - 2)
     left, right = anchors[position], anchors[position + 1]
@@ -1215,6 +1243,9 @@ def _convex_sandwich(grid: np.ndarray, anchors: np.ndarray, values: np.ndarray) 
             slope = (values[..., c] - values[..., b]) / run
             line = values[..., b] + slope * (grid - grid[anchors[b]])
             lower = np.where(valid, np.fmax(lower, line), lower)
+        if slopes is not None:
+            for end, at in ((position, left), (position + 1, right)):
+                lower = np.fmax(lower, values[..., end] + slopes[..., end] * (grid - grid[at]))
         exact_here = values[..., np.clip(index, 0, anchors.size - 1)]
         chord = np.where(on_anchor, exact_here, chord)
         rounding = np.where(on_anchor, 0.0, rounding)
@@ -1224,55 +1255,61 @@ def _convex_sandwich(grid: np.ndarray, anchors: np.ndarray, values: np.ndarray) 
             np.where(infinite, np.inf, lower))
 
 
-def _order_curves_on_subgrid(sums: _Sums, allowances: _Allowances, directions: _Directions, grid: np.ndarray,
-                             batch: tuple[int, ...],
-                             relative_tolerance: float | None) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, reverse) of add_one_direction_bounds at every order of `grid` from sums convex in the
-    order, computed on a sub-grid refined until each direction's chord-based value is within
-    (1 + relative_tolerance) of its lower bound (add_one_direction_bounds explains why it is sound).
-    `sums(index)` gives the sums at grid[index]; `allowances(values, orders)` bounds their rounding;
-    `directions(values, orders)` turns the sums into the two directions, nondecreasing in each sum."""
+def _order_curve_on_subgrid(sums: _Sums, allowances: _Allowances, bound: _Bound, rounded_up: list[bool],
+                            grid: np.ndarray, batch: tuple[int, ...], relative_tolerance: float | None) -> np.ndarray:
+    """One direction of add_one_direction_bounds at every order of `grid` from sums convex in the order,
+    computed on a sub-grid refined until the chord-based value is within (1 + relative_tolerance) of its
+    lower bound (add_one_direction_bounds explains why it is sound). `sums(index)` gives the sums at
+    grid[index] and their derivatives (or None); `allowances(values, orders)` bounds their rounding,
+    `rounded_up` says which sums the kernel already rounded up; `bound(values, orders)` is the direction's
+    bound, nondecreasing in each sum."""
     if relative_tolerance is None:
-        return directions(sums(np.arange(grid.size)), grid)
+        return bound(sums(np.arange(grid.size))[0], grid)
     if not (relative_tolerance > 0):
         raise ValueError(f"relative_tolerance must be > 0 or None, got {relative_tolerance!r}")
     if grid.size > 1 and not np.all(np.diff(grid) > 0):
         raise ValueError("the add-one bound's sub-grid needs strictly increasing orders")
     done = np.zeros(grid.size, dtype=bool)
-    known: list[np.ndarray] = [np.full(batch + (grid.size,), np.nan) for _ in range(3)]
+    known = [np.full(batch + (grid.size,), np.nan) for _ in rounded_up]
+    slopes = [np.full(batch + (grid.size,), np.nan) for _ in rounded_up]
+    has_slopes = False
 
     def evaluate(index: np.ndarray) -> None:
-        for store, value in zip(known, sums(index)):
+        nonlocal has_slopes
+        values, derivatives = sums(index)
+        for store, value in zip(known, values):
             store[..., index] = value
+        if derivatives is not None:
+            has_slopes = True
+            for store, value in zip(slopes, derivatives):
+                store[..., index] = value
         done[index] = True
 
     evaluate(_seed_orders(grid))
     while not done.all():
         anchors = np.flatnonzero(done)
-        sandwiches = [_convex_sandwich(grid, anchors, store[..., anchors]) for store in known]
-        upper = directions(_chord_values(sandwiches, allowances, grid, anchors, known), grid)
-        lower = directions([floor for _, _, floor in sandwiches], grid)
-        failing = np.zeros(grid.size, dtype=bool)
-        for high, low in zip(upper, lower):
-            with np.errstate(invalid="ignore"):
-                loose = ~(high <= (1.0 + relative_tolerance) * np.fmax(low, 0.0) + 1e-300)
-            failing |= loose.reshape(-1, grid.size).any(axis=0)
-        failing &= ~done
+        sandwiches = [_convex_sandwich(grid, anchors, store[..., anchors], slope[..., anchors] if has_slopes else None)
+                      for store, slope in zip(known, slopes)]
+        upper = bound(_chord_values(sandwiches, allowances, grid, anchors, known, rounded_up), grid)
+        lower = bound([floor for _, _, floor in sandwiches], grid)
+        with np.errstate(invalid="ignore"):
+            loose = ~(upper <= (1.0 + relative_tolerance) * np.fmax(lower, 0.0) + 1e-300)
+        failing = loose.reshape(-1, grid.size).any(axis=0) & ~done
         if not failing.any():
             return upper
         position = np.searchsorted(anchors, np.flatnonzero(failing)) - 1
         evaluate(np.unique((anchors[position] + anchors[position + 1]) // 2))
-    return directions(known, grid)
+    return bound(known, grid)
 
 
 def _chord_values(sandwiches: list[tuple[np.ndarray, np.ndarray, np.ndarray]], allowances: _Allowances, grid: np.ndarray,
-                  anchors: np.ndarray, known: list[np.ndarray]) -> list[np.ndarray]:
+                  anchors: np.ndarray, known: list[np.ndarray], rounded_up: list[bool]) -> list[np.ndarray]:
     """The sums between sub-grid orders: each chord plus its rounding, plus the larger rounding
     allowance of its two anchors (the computed anchors may sit that far below the exact values, under
     whose chord the exact sum lies) and the allowance at the order itself (so the value is never below
-    what computing that order would give). W's kernel rounds its anchors up already, and its value at
-    an order is at most the exact one plus twice its slack: twice the slack at the order covers it.
-    Exact at the anchors."""
+    what computing that order would give). A sum the kernel rounds up (W) has anchors above the exact
+    values already, and its value at an order is at most the exact one plus twice its slack: twice the
+    slack at the order covers it. Exact at the anchors."""
     chords = [chord + rounding for chord, rounding, _ in sandwiches]
     at_order = allowances(chords, grid)
     at_anchors = allowances([store[..., anchors] for store in known], grid[anchors])
@@ -1280,9 +1317,9 @@ def _chord_values(sandwiches: list[tuple[np.ndarray, np.ndarray, np.ndarray]], a
     on_anchor = np.zeros(grid.size, dtype=bool)
     on_anchor[anchors] = True
     values = []
-    for piece, (chord, here, there) in enumerate(zip(chords, at_order, at_anchors)):
+    for chord, here, there, up in zip(chords, at_order, at_anchors, rounded_up):
         near = np.maximum(there[..., position], there[..., position + 1])
-        extra = 2.0 * here if piece == 2 else here + near
+        extra = 2.0 * here if up else here + near
         with np.errstate(invalid="ignore"):
             values.append(np.where(on_anchor, chord, chord + extra))
     return values

@@ -559,7 +559,8 @@ def _renyi_row(lp: FloatArray, lq: FloatArray, orders: FloatArray, slack_ulps: f
 
 @jit(**_FLAGS)
 def add_one_order_sums(log_allocation: FloatArray, log_t: FloatArray, shift: FloatArray, orders: FloatArray,
-                       teachers: float, out_u2: FloatArray, out_chord: FloatArray) -> None:
+                       teachers: float, out_u2: FloatArray, out_chord: FloatArray, out_u2_slope: FloatArray,
+                       out_chord_slope: FloatArray) -> None:
     """The two order-dependent sums of the add-one bound (dpledger.mechanisms.add_one.add_one_divergence_bounds)
     over the allocated tokens of the fractional knapsack (log allocation a_j, log t_j, all finite),
     for every order k:
@@ -567,6 +568,9 @@ def add_one_order_sums(log_allocation: FloatArray, log_t: FloatArray, shift: Flo
       out_chord = log(phi_k(0) + sum_j a_j (phi_k(t_j) - phi_k(0)) / t_j),  phi_k(t) = ((N + t)/(N + 1))^k,
     with shift_j = log((N + t_j) / (N + 1)) given, log phi_k(0) = k log(N / (N + 1)); the difference
     phi_k(t) - phi_k(0) = phi_k(t) (1 - exp(k (log phi(0) - shift_j))) uses vexpm1 (no cancellation).
+    With them their derivatives in k, from the same exps (the sub-grid's tangents): the u2 sum's is the
+    mean of log t_j under the weights a_j t_j^(k-1); with c_j = a_j / t_j, z = log(N / (N + 1)) and the
+    chord sum S = e^(kz) + sum_j c_j (e^(k shift_j) - e^(kz)), dS/dk = z S + sum_j c_j (shift_j - z) e^(k shift_j).
 
     Args:
         log_allocation: log a_j of the allocated tokens (all finite), shape (M,).
@@ -576,6 +580,8 @@ def add_one_order_sums(log_allocation: FloatArray, log_t: FloatArray, shift: Flo
         teachers: the ensemble size N (> 0), as a float.
         out_u2: output, shape (K,): log sum_j a_j t_j^(k-1).
         out_chord: output, shape (K,): the log of the chord bound's sum.
+        out_u2_slope: output, shape (K,): d out_u2 / dk.
+        out_chord_slope: output, shape (K,): d out_chord / dk.
     """
     zero_shift = math.log(teachers) - math.log(teachers + 1.0)
     size = log_t.size
@@ -585,16 +591,25 @@ def add_one_order_sums(log_allocation: FloatArray, log_t: FloatArray, shift: Flo
         for j in range(size):
             top = vmax(top, log_allocation[j] + (k - 1.0) * log_t[j])
         total = 0.0
+        weighted = 0.0
         for j in range(size):
-            total += vexp(log_allocation[j] + (k - 1.0) * log_t[j] - top)
+            term = vexp(log_allocation[j] + (k - 1.0) * log_t[j] - top)
+            total += term
+            weighted += term * log_t[j]
         out_u2[index] = math.log(total) + top
+        out_u2_slope[index] = weighted / total
         top = -np.inf
         for j in range(size):
             top = vmax(top, log_allocation[j] - log_t[j] + k * shift[j])
         total = 0.0
+        weighted = 0.0
         for j in range(size):
-            total += vexp(log_allocation[j] - log_t[j] + k * shift[j] - top) * -vexpm1(k * (zero_shift - shift[j]))
+            term = vexp(log_allocation[j] - log_t[j] + k * shift[j] - top)
+            total += term * -vexpm1(k * (zero_shift - shift[j]))
+            weighted += term * (shift[j] - zero_shift)
         chord = math.log(total) + top if total > 0.0 else -np.inf
         phi_zero = k * zero_shift
         high, low = max(chord, phi_zero), min(chord, phi_zero)
         out_chord[index] = high + math.log1p(math.exp(low - high))
+        out_chord_slope[index] = zero_shift + (math.exp(math.log(weighted) + top - out_chord[index])
+                                               if weighted > 0.0 else 0.0)

@@ -103,3 +103,29 @@ def test_the_sandwich_brackets_a_convex_sum_computed_in_mpmath(seed):
     assert np.all(chord[0] + rounding[0] >= exact - 1e-15 * np.abs(exact))
     assert np.all(lower[0] <= exact + 1e-12 * np.abs(exact))
     assert np.array_equal(chord[0][anchors], exact[anchors])
+
+
+def test_a_trace_follows_the_arithmetic_of_the_code_that_wrote_it():
+    """build_runner with records_version < 4 charges the add-one bound at every order, as the code that
+    wrote such traces did (their replay must reproduce it); version 4 on the sub-grid, never below."""
+    from dpledger.decoding.runners import build_runner
+    from dpledger.mechanisms import PMixED
+    from dpledger.mechanisms.randomness import StepGenerators
+
+    rng = np.random.default_rng(3)
+    teachers = torch.from_numpy(_softmax(rng.normal(0, 2, (2, 4, 64))))
+    public = torch.from_numpy(_softmax(rng.normal(0, 2, (2, 64))))
+    table = dict(type="adapmixed", alpha=6.0, beta=0.05, lam=1e-4, sigma=1e-2, threshold=4.5, top_k=8,
+                 screening=False)
+    outcomes = {}
+    for version in (3, 4):
+        runner = build_runner(dict(table), 4, "add_or_remove_one", records_version=version)
+        assert "add_one_subgrid" not in runner.params        # never a config key: the manifest check is unchanged
+        outcomes[version] = runner.process(public, teachers, StepGenerators.for_steps(1, 0, 2), np.asarray(DEFAULT_ORDERS))
+    every_order = add_one_divergence_bounds(outcomes[3].output, public, 4, ORDERS, *PMixED(6.0, 0.05, 4).one_order_ball,
+                                            relative_tolerance=None).numpy()
+    np.testing.assert_allclose(outcomes[3].add_one_bound, every_order, rtol=1e-6)   # (from the step's own output law)
+    new_bound = outcomes[4].add_one_bound
+    assert np.all(new_bound >= outcomes[3].add_one_bound)
+    assert np.all(new_bound <= (1 + ADD_ONE_RELATIVE_TOLERANCE) * outcomes[3].add_one_bound + 1e-12)
+    assert np.all(outcomes[4].charged["pmixed_data_dependent"] >= outcomes[3].charged["pmixed_data_dependent"])
