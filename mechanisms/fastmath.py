@@ -60,7 +60,7 @@ def _reload_numba_config() -> None:
     if "numba" in sys.modules:
         from numba.core.config import reload_config
 
-        reload_config()
+        reload_config()  # type: ignore[no-untyped-call]  # numba.core.config has no annotations
 
 
 _KERNEL_SOURCES = ("mechanisms/fastmath.py", "mechanisms/fused.py", "mechanisms/add_one.py", "accounting/rounding.py")
@@ -153,12 +153,13 @@ def jit(**options: Unpack[JitOptions]) -> Callable[[F], F]:
     def compile_function(function: F) -> F:
         # numba's stubs type njit(function) as Dispatcher[F], which mypy cannot call with F's arguments;
         # at run time the dispatcher takes exactly those arguments (and compiled callers call it natively)
+        uncached: JitOptions = {**options, "cache": False}
         if options.get("cache") and "NUMBA_CACHE_DIR" not in os.environ and kernel_cache_dir() is None:
-            return cast(F, njit(function, **{**options, "cache": False}))
+            return cast(F, njit(function, **uncached))
         try:
             return cast(F, njit(function, **options))
         except RuntimeError:   # numba found no writable cache directory: compile in memory only
-            return cast(F, njit(function, **{**options, "cache": False}))
+            return cast(F, njit(function, **uncached))
     return compile_function
 
 
