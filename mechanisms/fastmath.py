@@ -14,8 +14,8 @@ them there, a Dask worker included, starts in about a second instead of compilin
 numba keys its cache on the CPU name and features (which carry the vector width
 `prefer_wide_vectors` chose) and on the source file's hash; the directory's name adds a hash of
 every module whose code or constants the kernels compile in, since numba does not notice a change
-in another module's function that a kernel inlines. (Cached code can still differ from fresh code
-in the last bits: dpledger.mechanisms.fused says by how much and how the audit allows for it.)
+in another module's function that a kernel inlines. Cached and fresh code give the same bits
+(dpledger.mechanisms.fused says what that takes).
 """
 from __future__ import annotations
 

@@ -19,6 +19,10 @@ from dpledger.mechanisms.leave_one_out import leave_one_out_allowance, leave_one
 
 ROOT = Path(__file__).resolve().parent.parent
 
+VOCAB, TEACHERS = 4096, 64
+"""Large enough that a kernel whose helpers were linked rather than inlined gave cached and fresh
+lambdas apart (the history-dependent binding described in dpledger.mechanisms.fused)."""
+
 _STEP = """
 import json, sys
 import numpy as np
@@ -27,44 +31,53 @@ from bench_step import synthetic_ensemble
 from dpledger.mechanisms.adapmixed import AdaPMixED
 from dpledger.accounting.orders import DEFAULT_ORDERS
 import torch
-probs, public = synthetic_ensemble(1024, 8, seed=3)
-result = AdaPMixED.paper_defaults(8).step(probs, public, torch.Generator().manual_seed(0), np.asarray(DEFAULT_ORDERS))
+probs, public = synthetic_ensemble({vocab}, {teachers}, seed=3)
+result = AdaPMixED.paper_defaults({teachers}).step(probs, public, torch.Generator().manual_seed(0),
+                                                   np.asarray(DEFAULT_ORDERS))
 print(json.dumps({{"lambdas": result.lambdas.numpy().tolist(), "eq3": result.details["eq3_remove_one"].tolist(),
-                  "exact": result.exact_orders.tolist()}}))
+                  "added": result.add_one_bound.tolist(), "exact": result.exact_orders.tolist()}}))
 """
 
 
-def _step_in_subprocess(cache: str) -> dict:
-    env = {**os.environ, "DPLEDGER_NUMBA_CACHE": cache, "OMP_NUM_THREADS": "1"}
+def _step_in_subprocess(cache: str, **environment: str) -> dict:
+    env = {**os.environ, "DPLEDGER_NUMBA_CACHE": cache, "OMP_NUM_THREADS": "1", **environment}
     env.pop("NUMBA_CACHE_DIR", None)
-    done = subprocess.run([sys.executable, "-c", _STEP.format(benchmarks=str(ROOT / "benchmarks"))], env=env,
-                          capture_output=True, text=True, timeout=600, check=True)
+    script = _STEP.format(benchmarks=str(ROOT / "benchmarks"), vocab=VOCAB, teachers=TEACHERS)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900,
+                          check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_cached_and_fresh_kernels_record_the_same_step_within_the_allowance(tmp_path):
-    """Three processes: one compiling into an empty cache, one loading that cache, one with the cache
-    off: their lambdas agree within the replay's 1e-9 and their Eq. 3 values within twice the
-    derived allowance (in practice bit for bit at this size)."""
+def _host_features() -> str:
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    return str(llvm.get_host_cpu_features().flatten())
+
+
+def test_cached_and_fresh_kernels_record_the_same_step(tmp_path):
+    """Processes that compile into an empty cache, load that cache, or run with the cache off record
+    the same step bit for bit (lambdas, Eq. 3, the add-one bound). One compiled for 256-bit vectors
+    sums in another order: its values stay within the replay's 1e-9 on lambdas and twice the derived
+    allowance on Eq. 3 (leave_one_out_allowance)."""
     cache = str(tmp_path / "numba-cache")
     fresh = _step_in_subprocess(cache)
     assert any(Path(cache).rglob("*.nbi")), "the first process wrote no numba cache index"
-    warm = _step_in_subprocess(cache)
-    uncached = _step_in_subprocess("off")
+    for other in (_step_in_subprocess(cache), _step_in_subprocess("off")):
+        assert other == fresh
+    narrow = _step_in_subprocess(cache, NUMBA_CPU_FEATURES=_host_features() + ",+prefer-256-bit")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_step import synthetic_ensemble
 
-    probs, public = synthetic_ensemble(1024, 8, seed=3)
     from dpledger.accounting.orders import DEFAULT_ORDERS
 
-    orders = np.asarray(DEFAULT_ORDERS)
-    lambdas = torch.tensor(fresh["lambdas"], dtype=torch.float64)
-    allowance = leave_one_out_allowance(torch.from_numpy(probs), torch.from_numpy(public), lambdas, orders,
-                                        np.asarray(fresh["eq3"]))
-    for other in (warm, uncached):
-        assert np.max(np.abs(np.subtract(other["lambdas"], fresh["lambdas"]))) <= 1e-9
-        assert other["exact"] == fresh["exact"]
-        assert np.all(np.abs(np.subtract(other["eq3"], fresh["eq3"])) <= 2.0 * allowance)
+    probs, public = synthetic_ensemble(VOCAB, TEACHERS, seed=3)
+    allowance = leave_one_out_allowance(torch.from_numpy(probs), torch.from_numpy(public),
+                                        torch.tensor(fresh["lambdas"], dtype=torch.float64),
+                                        np.asarray(DEFAULT_ORDERS), np.asarray(fresh["eq3"]))
+    assert np.max(np.abs(np.subtract(narrow["lambdas"], fresh["lambdas"]))) <= 1e-9
+    assert narrow["exact"] == fresh["exact"]
+    assert np.all(np.abs(np.subtract(narrow["eq3"], fresh["eq3"])) <= 2.0 * allowance)
 
 
 def test_kernel_cache_dir_honours_the_settings(monkeypatch, tmp_path):
@@ -120,3 +133,21 @@ def test_remove_one_adapmixed_run_passes_the_eq3_and_replay_checks(tmp_path):
     replay = check_replay(trace)
     assert eq3.status is Status.PASS, eq3.to_dict()
     assert replay.status is Status.PASS, replay.to_dict()
+
+
+def test_kernels_compile_uncached_where_no_cache_directory_can_be_written(tmp_path):
+    """A read-only installation (site-packages and home not writable; simulated with files where
+    numba's cache directories would go, since the tests may run as root): numba finds no cache
+    directory, and `jit(cache=True)` compiles in memory instead of failing at import."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "__pycache__").write_text("")   # numba's in-tree cache cannot be created beside the source
+    (package / "kernel.py").write_text("from dpledger.mechanisms.fastmath import jit\n\n\n@jit(cache=True)\n"
+                                       "def plus_one(x: float) -> float:\n    return x + 1.0\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(blocker / "numba"), "XDG_CACHE_HOME": str(blocker / "home"),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, "-c", "import kernel; print(kernel.plus_one(1.0))"], cwd=package, env=env,
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip() == "2.0"
