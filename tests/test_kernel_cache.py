@@ -133,6 +133,17 @@ def test_remove_one_adapmixed_run_passes_the_eq3_and_replay_checks(tmp_path):
     replay = check_replay(trace)
     assert eq3.status is Status.PASS, eq3.to_dict()
     assert replay.status is Status.PASS, replay.to_dict()
+    # a charge a relative 1e-6 below at every order: far above the allowance at the high orders
+    from tests.forging import copy, first_record, forge
+
+    def lower(record):
+        record["rdp_pmixed_data_dependent"] = [v * (1.0 - 1e-6) for v in record["rdp_pmixed_data_dependent"]]
+
+    forged = copy(directory, tmp_path / "forged")
+    forge(forged, edit_record=first_record(lower))
+    forged_trace = load_trace(forged)
+    assert check_data_dependent_charge(forged_trace).status is Status.FAIL
+    assert check_replay(forged_trace).status is Status.FAIL
 
 
 def test_kernels_compile_uncached_where_no_cache_directory_can_be_written(tmp_path):
