@@ -21,10 +21,16 @@ from dpledger.decoding.blocks import replay_steps
 from dpledger.decoding.trace import json_bytes, loads_json, read_chunk
 from dpledger.decoding.cluster import ClusterError
 from dpledger.decoding.recipe import encode_documents
+from dpledger.decoding.ensemble import Ensemble
+from dpledger.mechanisms.leave_one_out import leave_one_out_allowance
+from dpledger.mechanisms.step import as_ensemble
 
 RTOL = 1e-9
 """Relative tolerance for recomputed floats: the same float64 code on the same inputs agrees to
-~1e-15; 1e-9 leaves room for summation order while catching any real change."""
+~1e-15; 1e-9 leaves room for summation order while catching any real change. The data-dependent
+loss (Eq. 3) is also allowed twice the leave-one-out kernels' rounding allowance on top
+(_DATA_DEPENDENT_KEYS): its values at low orders are ~1e-9 and smaller, where the last bits of a sum
+summed in another order (another vector width) are more than 1e-9 of the value."""
 LAMBDA_ATOL = 1e-9
 MAX_TEXT_BYTES = 2 ** 31
 """The run's data text (named by its manifest, outside the run) is re-read up to this size."""
@@ -44,15 +50,18 @@ def check_hash_chain(trace: LoadedTrace) -> CheckResult:
     return passed("hash_chain", f"all {trace.steps} records chain from the manifest's genesis hash")
 
 
-def _close(a, b, rtol=RTOL) -> bool:
-    """Equal within rtol, with +-inf equal only to itself; a NaN on either side is a mismatch."""
+def _close(a, b, rtol=RTOL, atol=None) -> bool:
+    """Equal within rtol (plus atol, an absolute tolerance per element, where given), with +-inf
+    equal only to itself; a NaN on either side is a mismatch."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape or np.isnan(a).any() or np.isnan(b).any():
         return False
     same_inf = np.isinf(a) == np.isinf(b)
     finite = np.isfinite(a) & np.isfinite(b)
+    absolute = np.broadcast_to(1e-300 if atol is None else np.maximum(np.asarray(atol, dtype=np.float64), 1e-300),
+                               a.shape)
     return bool(np.all(same_inf) and np.all(np.isinf(a) <= (a == b))
-                and np.allclose(a[finite], b[finite], rtol=rtol, atol=1e-300))
+                and np.all(np.abs(a[finite] - b[finite]) <= absolute[finite] + rtol * np.abs(b[finite])))
 
 
 def _nan_note(recorded, recomputed) -> str:
@@ -151,7 +160,26 @@ LOGIT_ATOL = 1e-3
 ~1e-5 across BLAS builds; an edit that moves a charge moves logits by far more."""
 
 
-def _compare_arrays(mismatches: list, worst: dict, key: str, where: str, recorded, replayed, absolute: bool) -> None:
+_DATA_DEPENDENT_KEYS = ("rdp_pmixed_data_dependent", "observed_data_dependent", "eq3_remove_one")
+"""Recorded curves that hold Eq. 3 (alone or as the larger part of a covering loss): compared within
+RTOL plus twice the kernels' rounding allowance (_eq3_allowance)."""
+
+
+def _eq3_allowance(trace: LoadedTrace, logits: torch.Tensor, lambdas, eq3) -> np.ndarray | None:
+    """Per step and order, twice the leave-one-out kernels' rounding allowance on the replayed Eq. 3
+    values (dpledger.mechanisms.leave_one_out.leave_one_out_allowance derives it: every value the
+    kernels return lies in [Eq. 3, Eq. 3 + 2 allowance], so two of them differ by at most twice it);
+    None for a run without Eq. 3."""
+    if eq3 is None or lambdas is None:
+        return None
+    public, teachers = Ensemble.split_distributions(logits)
+    teachers, public = as_ensemble(teachers, public, trace.n_teachers)   # the decode loop's inputs
+    return 2.0 * leave_one_out_allowance(teachers, public, torch.as_tensor(lambdas, dtype=torch.float64),
+                                         trace.orders, eq3)
+
+
+def _compare_arrays(mismatches: list, worst: dict, key: str, where: str, recorded, replayed, absolute: bool,
+                    atol=None) -> None:
     recorded = np.asarray(recorded, dtype=np.float64)
     replayed = np.asarray(replayed, dtype=np.float64)
     if recorded.shape != replayed.shape:
@@ -163,7 +191,7 @@ def _compare_arrays(mismatches: list, worst: dict, key: str, where: str, recorde
         worst[key] = float(np.maximum(worst.get(key, 0.0), gap))
         if not np.isfinite(gap) or gap > LAMBDA_ATOL:
             mismatches.append(f"{where}: mixing weights differ by {gap:.3g}{_nan_note(recorded, replayed)}")
-    elif not _close(recorded, replayed):
+    elif not _close(recorded, replayed, atol=atol):
         mismatches.append(f"{where}: {key} differs from the mechanism's{_nan_note(recorded, replayed)}")
 
 
@@ -234,6 +262,7 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     outcome, tokens = replay_steps(memo["runner"], logits, trace.manifest["config"]["seed"], first, trace.orders,
                                    trace.manifest["data"]["stream"] == "generate", gate)
     output = outcome.output.numpy()
+    allowance = _eq3_allowance(trace, logits, outcome.lambdas, outcome.eq3_remove_one)
     worst = {"lambdas": 0.0, "logits_vs_models": 0.0}
     mismatches: list[str] = []
     if cross_check:
@@ -265,14 +294,17 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
                                   f"{_nan_note(recorded, replayed)}")
         if outcome.sampled is not None and record["sampled_teachers"] != np.flatnonzero(outcome.sampled[row]).tolist():
             mismatches.append(f"{where}: sampled teachers differ from the replayed Poisson subsample")
+        eq3_atol = None if allowance is None else allowance[row]
         for name in trace.components:
-            if not _close(record[f"rdp_{name}"], outcome.charged[name][row]):
+            atol = eq3_atol if f"rdp_{name}" in _DATA_DEPENDENT_KEYS else None
+            if not _close(record[f"rdp_{name}"], outcome.charged[name][row], atol=atol):
                 mismatches.append(f"{where}: charged {name} differs from the mechanism's"
                                   f"{_nan_note(record[f'rdp_{name}'], outcome.charged[name][row])}")
         for key in ("observed_data_dependent", "data_independent", "eq3_remove_one", "add_one_bound"):
             replayed = getattr(outcome, key)
             if replayed is not None and key in record:   # version 1 records hold the first two only
-                _compare_arrays(mismatches, worst, key, where, record[key], replayed[row], False)
+                _compare_arrays(mismatches, worst, key, where, record[key], replayed[row], False,
+                                eq3_atol if key in _DATA_DEPENDENT_KEYS else None)
         if outcome.vote_counts is not None:
             if outcome.aggregator_noise is None:
                 raise RuntimeError("a voting step records its aggregator's draws")

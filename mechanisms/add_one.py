@@ -93,7 +93,7 @@ _ALLOW = ROUNDING_ULPS / 2.0 ** -52 * _U
 quantity below has a derived first-order error of at most ~7 u per unit of its magnitude (libm's
 exp, expm1, log and log1p err by at most 1 ulp = 2 u), so the allowance holds with a factor 2."""
 
-_EXACT: JitOptions = dict(fastmath=False, error_model="numpy", cache=False, nogil=True)
+_EXACT: JitOptions = dict(fastmath=False, error_model="numpy", cache=True, nogil=True)
 """IEEE semantics for everything certified (no reassociation: the error analysis assumes it)."""
 
 DUAL_SUBGRID_RATIO = 1.35

@@ -8,21 +8,42 @@ by its odd series to f^23 (truncation < 1e-19). Special values follow IEEE: exp(
 exp(+inf) = inf, log(0) = -inf, log(inf) = inf, NaN in gives NaN out. exp returns 0 below
 -708.39 (where the C library gives a subnormal): every caller sums terms shifted so that the
 largest is 1, so a term below 2.2e-308 changes no sum by more than the rounding already allowed.
+
+Compiled kernels are cached on disk (numba's cache, `configure_kernel_cache`): a process that finds
+them there, a Dask worker included, starts in about a second instead of compiling for 10-60 s.
+numba keys its cache on the CPU name and features (which carry the vector width
+`prefer_wide_vectors` chose) and on the source file's hash; the directory's name adds a hash of
+every module whose code or constants the kernels compile in, since numba does not notice a change
+in another module's function that a kernel inlines. Cached and fresh code give the same bits
+(dpledger.mechanisms.fused says what that takes).
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import sys
+from importlib.metadata import version
+from pathlib import Path
 from typing import Callable, Literal, TypedDict, TypeVar, Unpack, cast
 
 
 def prefer_wide_vectors() -> None:
-    """Let LLVM use 512-bit vectors on CPUs with AVX-512 (it prefers 256 there by default): the
-    fused kernels are arithmetic-bound and run 1.4x faster. Set before numba compiles anything;
-    skipped when NUMBA_CPU_FEATURES is already set, when numba was imported before dpledger, or
-    with DPLEDGER_VECTOR_BITS=256. Runs when this module is imported; calling it again is a no-op."""
-    if os.environ.get("DPLEDGER_VECTOR_BITS") == "256" or "NUMBA_CPU_FEATURES" in os.environ or "numba" in sys.modules:
+    """Let LLVM use 512-bit vectors on CPUs with AVX-512 (Intel's models prefer 256 there by default):
+    the fused kernels are arithmetic-bound and run 1.4x faster. Set before numba builds its CPU
+    target: skipped when NUMBA_CPU_FEATURES is already set, with DPLEDGER_VECTOR_BITS=256, or when
+    a numba function imported before dpledger already compiled (numba's target machine then exists).
+    The vector width changes the last bits of the kernels' sums (they are reassociated into vector
+    lanes), so it is part of numba's cache key (the CPU features) and, where it differs between two
+    processes, of the rounding the audit allows (dpledger.audit.replay). Runs when this module is
+    imported; calling it again is a no-op."""
+    if os.environ.get("DPLEDGER_VECTOR_BITS") == "256" or "NUMBA_CPU_FEATURES" in os.environ:
         return
+    if "numba" in sys.modules:
+        from numba.core.registry import cpu_target
+
+        if "_toplevel_target_context" in vars(cpu_target):   # its target machine is built: too late
+            return
     import llvmlite.binding as llvm
 
     llvm.initialize_native_target()
@@ -30,9 +51,66 @@ def prefer_wide_vectors() -> None:
     if "+avx512f" in features.split(","):
         os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
         os.environ["NUMBA_CPU_NAME"] = llvm.get_host_cpu_name()
+        _reload_numba_config()
+
+
+def _reload_numba_config() -> None:
+    """Where numba was imported before dpledger, re-read its NUMBA_* settings now, as its compiler does
+    before each compilation (numba.core.config.reload_config)."""
+    if "numba" in sys.modules:
+        from numba.core.config import reload_config
+
+        reload_config()  # type: ignore[no-untyped-call]  # numba.core.config has no annotations
+
+
+_KERNEL_SOURCES = ("mechanisms/fastmath.py", "mechanisms/fused.py", "mechanisms/add_one.py", "accounting/rounding.py")
+"""The files (relative to the package root) whose code or module constants the cached kernels compile in."""
+
+
+def kernel_cache_dir() -> str | None:
+    """Where numba caches dpledger's compiled kernels: $DPLEDGER_NUMBA_CACHE ("off": no on-disk cache;
+    default the user cache directory, $XDG_CACHE_HOME or ~/.cache, under dpledger/numba), in a
+    subdirectory named by the numba version and a hash of _KERNEL_SOURCES, so that an edit to any
+    of them starts a fresh cache. A NUMBA_CACHE_DIR the user set is used as it is.
+
+    Returns:
+        The directory (not created here), or None when caching is off.
+    """
+    if "NUMBA_CACHE_DIR" in os.environ:
+        return os.environ["NUMBA_CACHE_DIR"]
+    chosen = os.environ.get("DPLEDGER_NUMBA_CACHE", "")
+    if chosen.lower() == "off":
+        return None
+    base = Path(chosen) if chosen else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpledger" / "numba"
+    return str(base / _cache_subdirectory())
+
+
+@functools.lru_cache(maxsize=1)
+def _cache_subdirectory() -> str:
+    """numba-<version>-<hash of _KERNEL_SOURCES>."""
+    numba_version = version("numba")
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256(numba_version.encode())
+    for name in _KERNEL_SOURCES:
+        digest.update((root / name).read_bytes())
+    return f"numba-{numba_version}-{digest.hexdigest()[:16]}"
+
+
+def configure_kernel_cache() -> None:
+    """Point numba's on-disk cache at kernel_cache_dir() (NUMBA_CACHE_DIR, which Dask workers started
+    from this process inherit, so they share it). Where that directory cannot be written, numba
+    falls back to __pycache__ beside the source, then to the user cache directory; where none of
+    them can (a read-only site-packages and home), `jit` compiles without caching. Runs when this
+    module is imported; calling it again is a no-op."""
+    directory = kernel_cache_dir()
+    if directory is None or os.environ.get("NUMBA_CACHE_DIR") == directory:
+        return
+    os.environ["NUMBA_CACHE_DIR"] = directory
+    _reload_numba_config()
 
 
 prefer_wide_vectors()
+configure_kernel_cache()
 
 import numpy as np  # noqa: E402 (numba reads the CPU features when it is imported)
 from llvmlite import ir  # noqa: E402
@@ -66,7 +144,8 @@ def jit(**options: Unpack[JitOptions]) -> Callable[[F], F]:
     given are passed on: `@jit()` compiles exactly as a bare `@njit` does.
 
     Args:
-        **options: numba.njit's keyword options (JitOptions), passed on unchanged.
+        **options: numba.njit's keyword options (JitOptions), passed on unchanged, except that
+            cache=True compiles without caching where caching is off or no cache directory is writable.
 
     Returns:
         A decorator that compiles a function lazily, on its first call, for the argument types of that call.
@@ -74,7 +153,13 @@ def jit(**options: Unpack[JitOptions]) -> Callable[[F], F]:
     def compile_function(function: F) -> F:
         # numba's stubs type njit(function) as Dispatcher[F], which mypy cannot call with F's arguments;
         # at run time the dispatcher takes exactly those arguments (and compiled callers call it natively)
-        return cast(F, njit(function, **options))
+        uncached: JitOptions = {**options, "cache": False}
+        if options.get("cache") and "NUMBA_CACHE_DIR" not in os.environ and kernel_cache_dir() is None:
+            return cast(F, njit(function, **uncached))
+        try:
+            return cast(F, njit(function, **options))
+        except RuntimeError:   # numba found no writable cache directory: compile in memory only
+            return cast(F, njit(function, **uncached))
     return compile_function
 
 

@@ -3,9 +3,14 @@ order, in float64 log space, with exp and log from dpledger.mechanisms.fastmath 
 
 Why numba: it installs from a wheel on every platform torch supports, needs no C compiler on the
 user's machine (torch.compile's CPU backend does), and lets one loop fuse what torch would run as
-ten passes with temporaries. The price is a compile on first use in each process. It is not cached
-on disk: a process that loaded numba's cached code replayed a freshly compiling one's lambdas 1e-12
-apart, which failed an audit's replay of Eq. 3 at tiny values.
+ten passes with temporaries. The price is a compile on first use, once per machine: the compiled
+code is cached on disk (dpledger.mechanisms.fastmath.configure_kernel_cache says where and how the
+cache is keyed). Cached and fresh code give the same bits, whatever the process ran before and with
+any number of threads (no sum is split across threads): every helper is inlined into its kernel
+(_HELPER_FLAGS says why that matters). What does change the last bits of the reassociated sums is
+the vector width (dpledger.mechanisms.fastmath.prefer_wide_vectors); every value stays within the
+kernels' rounding allowance of the exact one either way, and the audit compares Eq. 3 within that
+allowance (dpledger.mechanisms.leave_one_out.leave_one_out_allowance), lambdas within 1e-9.
 Tensors on a GPU never come here: dpledger.mechanisms.kernels runs the torch form of the same arithmetic
 on their device.
 """
@@ -25,18 +30,24 @@ IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
 
 # reassociation lets sums and maxima vectorise; no "nnan"/"ninf": infinities carry meaning here
-# cache=False: see the module docstring (cached and fresh code gave lambdas 1e-12 apart)
-_FLAGS: JitOptions = dict(fastmath={"reassoc", "contract", "arcp", "nsz"}, error_model="numpy", cache=False, nogil=True)
+_FLAGS: JitOptions = dict(fastmath={"reassoc", "contract", "arcp", "nsz"}, error_model="numpy", cache=True, nogil=True)
 _PARALLEL_FLAGS: JitOptions = {**_FLAGS, "parallel": True}
+# Helpers are inlined into the kernels that call them (numba IR), so that every kernel runs one copy of
+# its helpers, optimised once with it. Called as separate functions, numba links a copy of each helper
+# into every caller and optimises it again there, and the process's linker binds the call to whichever
+# copy it loaded first: the helper compiled alone in a process that compiles, the caller's own copy in
+# one that loads the caller from the cache. Reassociated sums then differ in their last bits between the
+# two (lambdas 4e-12 apart at V = 50257, N = 100) and with what the process happened to run before.
+_HELPER_FLAGS: JitOptions = {**_FLAGS, "inline": "always"}
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _log_public(public: FloatArray, out: FloatArray) -> None:
     for j in range(public.size):
         out[j] = vlog(public[j])
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _ratios(teacher: FloatArray, public: FloatArray, ratio: FloatArray) -> tuple[float, float, float, bool]:
     """ratio_j = p_j / p0_j (1 where p0_j = 0 = p_j); returns (min, max, chi-square, outside):
     chi-square = sum_j p0_j (ratio_j - 1)^2, and `outside` says p puts mass where p0 has none
@@ -58,7 +69,7 @@ _FAST_RANGE = 600.0
 overflows: every shifted power lies in [e^-600, 1])."""
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _ball_residual(lam: float, teacher: FloatArray, public: FloatArray, log_public: FloatArray, ratio: FloatArray,
                    low: float, high: float, orders: FloatArray, log_targets: FloatArray, max_log_ratio: float,
                    log_r: FloatArray, slope: FloatArray, mixed_ratio: FloatArray, public_magnitude: float,
@@ -146,7 +157,7 @@ def _ball_residual(lam: float, teacher: FloatArray, public: FloatArray, log_publ
     return worst, derivative
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _secant_root(lo: float, residual_lo: float, hi: float, residual_hi: float) -> float:
     """Root of the line through (lo, residual_lo < 0) and (hi, residual_hi > 0): on the feasible
     side when the residual is convex in lam, nearly exact when it is nearly linear."""
@@ -155,7 +166,7 @@ def _secant_root(lo: float, residual_lo: float, hi: float, residual_hi: float) -
     return lo + (-residual_lo) / (residual_hi - residual_lo) * (hi - lo)
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _solve_teacher(teacher: FloatArray, public: FloatArray, log_public: FloatArray, orders: FloatArray,
                    log_targets: FloatArray, max_log_ratio: float, tolerance: float, max_evaluations: int,
                    slack_ulps: float, public_magnitude: float, smallest_target: float,
@@ -302,7 +313,7 @@ def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: 
             spans[i, 0], spans[i, 1] = _ratio_row(ratios[i], log_ratios[i], output, log_output, n - 1.0)
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _accumulate_mixed(out: FloatArray, before: FloatArray, teacher: FloatArray, public: FloatArray,
                       lam: float) -> None:
     """out = before + lam * teacher + (1 - lam) * public, elementwise (out may be before)."""
@@ -311,13 +322,13 @@ def _accumulate_mixed(out: FloatArray, before: FloatArray, teacher: FloatArray, 
         out[j] = before[j] + fma(lam, teacher[j], keep * public[j])
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _add_into(out: FloatArray, values: FloatArray) -> None:
     for j in range(out.size):
         out[j] += values[j]
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _same_mixture(teacher: FloatArray, lam: float, other: FloatArray, other_lam: float,
                   public: FloatArray) -> bool:
     for j in range(public.size):
@@ -331,7 +342,7 @@ RATIO_RANGE = (2.0 ** -1000, 2.0 ** 1000)
 ratio has lost digits (subnormal) or overflowed, and its log is taken as log p_-i - log p."""
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _ratio_row(sums: FloatArray, log_ratios: FloatArray, output: FloatArray, log_output: FloatArray,
                others: float) -> tuple[float, float]:
     """sums (the other teachers' total) -> rho = (sums / others) / p in place, its logs; (min, max) log."""
@@ -353,7 +364,7 @@ _CHUNK = 2048
 """Tokens per cache-resident chunk: every order's pass over a row reads the chunk from L1/L2."""
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _fast_moments(a: float, high: float, output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
                   start: int, stop: int, sums: FloatArray) -> None:
     """One exp per token: y = (rho / rho_max)^a; reverse += p y, forward += p rho / y, and the
@@ -373,7 +384,7 @@ def _fast_moments(a: float, high: float, output: FloatArray, ratios: FloatArray,
     sums[3] += reverse_moment
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _shifted_moments(a: float, top_forward: float, top_reverse: float, log_output: FloatArray,
                      log_ratios: FloatArray, start: int, stop: int, sums: FloatArray) -> None:
     """Two exps per token, each shifted by its direction's largest exponent."""
@@ -391,7 +402,7 @@ def _shifted_moments(a: float, top_forward: float, top_reverse: float, log_outpu
     sums[3] += reverse_moment
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _largest_magnitude(values: FloatArray) -> float:
     """max_j |values_j| over the finite entries."""
     largest = 0.0
@@ -400,7 +411,7 @@ def _largest_magnitude(values: FloatArray) -> float:
     return largest
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _largest_exponents(a: float, log_output: FloatArray, log_ratios: FloatArray) -> tuple[float, float]:
     top_forward, top_reverse = -np.inf, -np.inf
     for j in range(log_ratios.size):
@@ -516,7 +527,7 @@ def renyi_log_moments(log_p: FloatArray, log_q: FloatArray, p_rows: IntArray, q_
         _renyi_row(log_p[p_rows[r]], log_q[q_rows[r]], orders, slack_ulps, out[r])
 
 
-@jit(**_FLAGS)
+@jit(**_HELPER_FLAGS)
 def _renyi_row(lp: FloatArray, lq: FloatArray, orders: FloatArray, slack_ulps: float, out: FloatArray) -> None:
     size = lp.size
     nan, identical, outside = False, True, False

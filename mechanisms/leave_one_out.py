@@ -134,6 +134,56 @@ def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: t
             torch.from_numpy(output.reshape(*batch, vocab)))
 
 
+def leave_one_out_allowance(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor, orders: ArrayLike,
+                            values: ArrayLike) -> FloatArray:
+    """The rounding allowance, in nats, that the leave-one-out kernels add to each Eq. 3 value
+    (dpledger.mechanisms.fused.leave_one_out_log_moments, at its largest over the teachers), the
+    bound against which two computations of the same step are compared.
+
+    Derivation: at order a the kernel computes g = (a - 1) D<->_a(p, p_-i) with an error below
+    s(a) = _SLACK_ULPS ((a + 1) M + log2 V + 2 + |g|), M = max_j |log p_j| + N + 2 + the widest
+    row's log-ratio span (each exponent a log rho_j - a log rho_max carries ~(a + 1) ulps of its
+    terms, the N-term sums behind rho N ulps, the V-term sum log2 V, the final log |g|; ROUNDING_ULPS
+    is 8 ulps per unit, 4x the 2-ulp error of the vectorised exp and log), and returns g + s(a).
+    So every returned value lies in [exact, exact + 2 s(a)], whatever the order of its sums (vector
+    width, thread count, cached or fresh code), and two returned values of one step differ by at most
+    2 s(a) / (a - 1) in D; a charge below the exact Eq. 3 by more than that cannot come from the kernels.
+    A chord bound between sub-grid orders (leave_one_out_curve) carries 2 s(a) on top and is never
+    below a returned value.
+
+    Args:
+        teachers: the teachers' probabilities p_i, shape (..., N, V), N >= 2, on the CPU.
+        public: the public model's probabilities p0, shape (..., V).
+        lambdas: the mixing weights lambda_i in [0, 1], shape (..., N).
+        orders: the Renyi orders a > 1, shape (K,).
+        values: the Eq. 3 values D (nats) the allowance is for, shape (..., K) (|g| enters s(a)).
+
+    Returns:
+        float64 array (..., K): s(a) / (a - 1), the allowance on D at each step and order.
+
+    Raises:
+        ValueError: if N < 2 or an order is not > 1.
+    """
+    grid = np.asarray(orders, dtype=np.float64).reshape(-1)
+    if not np.all(grid > 1.0):
+        raise ValueError(f"Renyi orders must be > 1, got {float(grid.min())!r}")
+    n, vocab = teachers.shape[-2], teachers.shape[-1]
+    if n < 2:
+        raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
+    flat_teachers = teachers.detach().double().reshape(-1, n, vocab).numpy()
+    flat_public = public.detach().double().reshape(-1, vocab).numpy()
+    flat_lambdas = lambdas.detach().double().reshape(-1, n).numpy()
+    magnitude = np.empty(flat_teachers.shape[0])
+    ratios = None
+    for row in range(flat_teachers.shape[0]):
+        ratios = _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios)
+        magnitude[row] = ratios.magnitude
+    moments = np.abs(np.asarray(values, dtype=np.float64).reshape(-1, grid.size)) * (grid - 1.0)
+    slack = _SLACK_ULPS * ((grid + 1.0) * magnitude[:, None] + np.log2(vocab) + 2.0 + moments)
+    allowance: FloatArray = (slack / (grid - 1.0)).reshape(*teachers.shape[:-2], grid.size)
+    return allowance
+
+
 def _seed_indices(grid: FloatArray) -> list[int]:
     """The first sub-grid, where every teacher is evaluated: both ends and the orders nearest 4 and 32."""
     seeds = {0, grid.size - 1} | {int(np.argmin(np.abs(grid - a))) for a in (4.0, 32.0)}
