@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 from numba import njit
 
 from dpledger.accounting.curve import RdpCurve, compose_curves
@@ -162,6 +162,7 @@ def test_leave_one_out_fused_equals_the_torch_form(seed, teachers, vocab, spread
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 10**6), st.integers(2, 12), st.integers(3, 500), st.floats(0.1, 2.5),
        st.sampled_from([0.001, 0.005, 0.02]))
+@example(378522, 6, 272, 0.5, 0.001)
 def test_sub_grid_curve_is_never_below_the_exact_curve_and_within_its_tolerance(seed, teachers, vocab, spread,
                                                                                  tolerance):
     ensemble, public = _ensemble(seed, teachers, vocab, spread)
@@ -171,7 +172,9 @@ def test_sub_grid_curve_is_never_below_the_exact_curve_and_within_its_tolerance(
     assert all_exact.all() and exact_mask[[0, -1]].all()
     assert np.all(bounded >= exact)
     assert np.all(bounded <= exact * (1 + tolerance) + 1e-12)
-    np.testing.assert_array_equal(bounded[exact_mask], exact[exact_mask])
+    # at an order evaluated exactly the maximum may still be a stand-in's chord (a teacher not evaluated
+    # there, above the evaluated ones by its rounding allowance: seed 378522, 7e-13 relative at order 128)
+    np.testing.assert_allclose(bounded[exact_mask], exact[exact_mask], rtol=1e-11, atol=0)
     np.testing.assert_allclose(output.numpy(), mixed_teachers(ensemble, public, lambdas).mean(dim=-2).numpy(),
                                rtol=1e-13)
     # and the same machinery against the torch form, every teacher and order
