@@ -1,6 +1,6 @@
 """Per-step cost of dpledger's PMixED and AdaPMixED beside the public reference implementation's own
 step functions, in one process, on one thread, plus the accountant and the audit's ablation.
-Writes benchmarks/results.json and benchmarks/results.md.
+Writes benchmarks/results/step.json and benchmarks/results.md.
 
 Comparator: with $DPLEDGER_REFERENCE naming a checkout of github.com/james-flemings/pmixed, the
 reference's own steps run (`Ensemble.priv_pred`, main branch, for PMixED;
@@ -366,6 +366,8 @@ def markdown(results: dict) -> str:
               f"run epsilon ratio {g['run_epsilon_ratio']}.",
               f"Load (1, 5, 15-minute averages) at the start: {results['load_start']['loadavg_1_5_15']}, "
               f"at the end: {results['load_end']['loadavg_1_5_15']} on {results['machine']['cores']} cores."]
+    lines += ["", "The distributed audit and decode against one plain process: benchmarks/results/distributed.json "
+              "(bench_distributed.py; docs/distributed.md)."]
     return "\n".join(lines) + "\n"
 
 
@@ -382,7 +384,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 pairs of one step each, no ablation (a smoke run)")
     parser.add_argument("--only", nargs="*", help="run only these step sections (names in SECTIONS)")
-    parser.add_argument("--out", default=str(HERE / "results.json"))
+    parser.add_argument("--out", default=str(HERE / "results" / "step.json"))
+    parser.add_argument("--markdown", default=str(HERE / "results.md"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     reference = load_reference()
@@ -412,7 +415,7 @@ def main() -> None:
         results["ablation"] = ablation_section(steps=4, threads=2)
     results["load_end"] = load()
     Path(args.out).write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
-    Path(args.out).with_suffix(".md").write_text(markdown(results))
+    Path(args.markdown).write_text(markdown(results))
     print(markdown(results))
 
 

@@ -1,4 +1,4 @@
-"""make bench: the per-step benchmark against the public PMixED reference (benchmarks/results.json and
+"""make bench: the per-step benchmark against the public PMixED reference (benchmarks/results/step.json and
 results.md), the model forward benchmark (benchmarks/results/forward.json), and the distributed audit
 and decode against one plain process (benchmarks/results/distributed.json and distributed.png).
 
