@@ -46,6 +46,8 @@ wheel-check: install
 demo: install
 	$(PY) -m dpledger demo
 
+# DPLEDGER_REFERENCE=/path/to/pmixed (a checkout of james-flemings/pmixed): time its own steps beside
+# dpledger's; unset, an in-repo baseline that follows them (benchmarks/baselines.py)
 bench: install
 	$(PY) benchmarks/run_benchmarks.py
 

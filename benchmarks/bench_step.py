@@ -1,31 +1,56 @@
-"""Per-step cost of PMixED and AdaPMixED against a baseline that follows the public reference
-implementation's algorithm, side by side in one process, plus the accountant and the audit's
-ablation. Writes benchmarks/results.json and benchmarks/results.md.
+"""Per-step cost of dpledger's PMixED and AdaPMixED beside the public reference implementation's own
+step functions, in one process, on one thread, plus the accountant and the audit's ablation.
+Writes benchmarks/results/step.json and benchmarks/results.md.
 
-Baseline (written here, as the public PMixED code runs it): distributions in float32 torch; each
-teacher's mixing weight by scalar bisection with 20 halvings on D<->_alpha(mix, p0) - beta alpha, the
-divergence evaluated as 1/(a-1) log sum (p/q)^a q after a cast to float64; the data-dependent loss at
-one order by a Python loop over teachers (mean of the others, then the symmetric divergence); the
-noisy screen on the public top-k. dpledger: PMixED.step / AdaPMixED.step with the run's full
-156-order charged curve (remove-one Eq. 3 and the add-one bound, add-or-remove relation).
+Comparator: with $DPLEDGER_REFERENCE naming a checkout of github.com/james-flemings/pmixed, the
+reference's own steps run (`Ensemble.priv_pred`, main branch, for PMixED;
+`PMixED.gen_priv_output_dist` with data-dependent accounting, noisy-screening branch, for
+AdaPMixED; only their model loading is stubbed: benchmarks/baselines.py), the in-repo baseline runs
+beside them and must reproduce their lambdas and outputs bit for bit. Without a copy the in-repo
+baseline (benchmarks/baselines.py, which follows the reference step for step) is the comparator.
+Every figure names the comparator that ran.
+
+dpledger: AdaPMixED.paper_defaults(N).step (alpha 18, beta 0.2, the screen at lam 1e-4, sigma 1e-2,
+T 4.5, top-60) with the full 156-order charged curve (remove-one Eq. 3 and the add-one bound,
+add-or-remove relation); PMixED(6, 0.01, N).step; and PMixED's decode step, the per-block process of
+decoding/runners.py's pmixed_runner on one step (the step plus Eq. 3 at every order for the audit).
+The reference's PMixED solves beta per step from a per-query budget: the budget is set so that its
+beta is 0.01 (to 20 bisections). The reference runs in float32 (its models' softmax), dpledger in
+float64 (its decode loop's).
+
+Timing: interleaved pairs (comparator, dpledger, in rotating order), each sample `steps` calls, after
+a warm-up call of each (numba compiles on first use); the speed-up is the per-pair ratio, reported
+as median and range. One thread: OMP_NUM_THREADS=1, NUMBA_NUM_THREADS=1, torch.set_num_threads(1).
 
 Synthetic LM-like inputs (seeded): public logits 4.5 z, teacher i logits = public logits + 1.0 z_i,
-z standard normal, softmax. Every figure is a median over repetitions; one thread unless stated.
+z standard normal, softmax.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
-import statistics
-import time
-from pathlib import Path
 
-import numpy as np
-import torch
+for _variable in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_variable] = "1"   # before numpy, torch and numba start their pools
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+
+from benchmarks.baselines import (IN_REPO, InRepoAdaPMixED, InRepoPMixED, load_reference,  # noqa: E402
+                                  reference_adapmixed, reference_pmixed, subsampled_ball_loss)
+
+ADA = dict(alpha=18, beta=0.2, lam=1e-4, sigma=1e-2, threshold=4.5, top_k=60)
+PMIXED_ALPHA, PMIXED_BETA = 6, 0.01
 
 
 def synthetic_ensemble(vocab: int, teachers: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -40,128 +65,172 @@ def synthetic_ensemble(vocab: int, teachers: int, seed: int = 0) -> tuple[np.nda
     return softmax(teacher_logits), softmax(public_logits)
 
 
-# ---- baseline: the public reference's algorithm -------------------------------------------------
+def load() -> dict:
+    """The machine's load: 1-minute load average and uptime's line."""
+    import subprocess
 
-def _renyi(p: torch.Tensor, q: torch.Tensor, alpha: float) -> torch.Tensor:
-    return torch.log(torch.sum((p / q) ** alpha * q)) / (alpha - 1)
-
-
-def _symmetric(p: torch.Tensor, q: torch.Tensor, alpha: float) -> float:
-    p, q = p.double(), q.double()
-    return max(float(_renyi(p, q, alpha)), float(_renyi(q, p, alpha)))
+    return {"loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+            "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}
 
 
-def baseline_lambda(teacher: torch.Tensor, public: torch.Tensor, alpha: float, target: float) -> float:
-    def excess(lam: float) -> float:
-        return _symmetric(lam * teacher + (1 - lam) * public, public, alpha) - target
+# ---- interleaved pairs --------------------------------------------------------------------------------
 
-    if excess(1.0) <= 0:
-        return 1.0
-    low, high = 0.0, 1.0
-    for _ in range(20):                 # scipy.optimize.bisect(maxiter=20), as the reference calls it
-        middle = 0.5 * (low + high)
-        if excess(middle) > 0:
-            high = middle
-        else:
-            low = middle
-    return 0.5 * (low + high)
+def interleaved(functions: dict, pairs: int, steps: int) -> dict:
+    """Seconds per step of each function, sampled in rotation: sample k runs them starting at the k-th
+    (so none is always first), each `steps` times. One warm-up call of each first.
 
-
-def baseline_loss(mixed: torch.Tensor, alpha: float) -> float:
-    p = mixed.mean(dim=0)
-    worst = 0.0
-    for i in range(mixed.shape[0]):
-        without = torch.cat((mixed[:i], mixed[i + 1:])).mean(dim=0)
-        worst = max(worst, _symmetric(p, without, alpha))
-    return worst
+    Returns:
+        name -> list of `pairs` seconds-per-step samples.
+    """
+    names = list(functions)
+    for name in names:
+        functions[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for k in range(pairs):
+        for name in names[k % len(names):] + names[:k % len(names)]:
+            started = time.perf_counter()
+            for _ in range(steps):
+                functions[name]()
+            samples[name].append((time.perf_counter() - started) / steps)
+    return samples
 
 
-def baseline_screen(teachers: torch.Tensor, public: torch.Tensor, lam: float, sigma: float, alpha: float, top_k: int,
-                    generator: torch.Generator) -> float:
-    top = torch.topk(public, top_k).indices
-    mean = (lam * teachers[:, top] + (1 - lam) * public[top]).mean(dim=0)
-    noisy = (mean + sigma * torch.randn(top_k, generator=generator)).clamp_min(0)
-    return _symmetric(noisy / noisy.sum(), public[top] / public[top].sum(), alpha)
+def summary(values: list[float], digits: int = 5) -> dict:
+    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
+            "max": round(max(values), digits)}
 
 
-def baseline_step(teachers: torch.Tensor, public: torch.Tensor, alpha: float, beta: float, screen: dict | None,
-                  generator: torch.Generator) -> tuple[torch.Tensor, np.ndarray]:
-    if screen is not None:
-        baseline_screen(teachers, public, screen["lam"], screen["sigma"], alpha, screen["top_k"], generator)
-    lambdas = np.array([baseline_lambda(t, public, alpha, beta * alpha) for t in teachers])
-    mixed = torch.stack([float(lam) * t + (1 - float(lam)) * public for lam, t in zip(lambdas, teachers)])
-    if screen is not None:
-        baseline_loss(mixed, alpha)
-    return mixed.mean(dim=0), lambdas
+def ratios(samples: dict, numerator: str, denominator: str) -> dict:
+    """Per-pair ratio numerator / denominator: median, range and the pairs."""
+    per_pair = [a / b for a, b in zip(samples[numerator], samples[denominator])]
+    return {**summary(per_pair, 3), "pairs": len(per_pair)}
 
 
-# ---- measurement ------------------------------------------------------------------------------------
+# ---- the steps ------------------------------------------------------------------------------------------
 
-def median_seconds(function, repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        function()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def comparators(reference, which: str, teachers: int, t32: list, p32: torch.Tensor) -> tuple[dict, dict]:
+    """The comparator's step (reference or in-repo) and, with the reference present, the in-repo
+    baseline beside it, after checking that the two agree bit for bit on three steps."""
+    if which == "adapmixed":
+        baseline = InRepoAdaPMixED(**ADA)
+        generator = torch.Generator().manual_seed(0)
+        functions = {"in_repo": lambda: baseline.step(t32, p32, generator)}
+    else:
+        budget = subsampled_ball_loss(PMIXED_ALPHA, 1.0, teachers, PMIXED_BETA)
+        baseline = InRepoPMixED(teachers, PMIXED_ALPHA, budget)
+        functions = {"in_repo": lambda: baseline.step(t32, p32)}
+    module = None if reference is None else (reference.adapmixed_module if which == "adapmixed"
+                                             else reference.pmixed_module)
+    if module is None:
+        return functions, {"comparator": "in_repo", "comparator_is": IN_REPO}
+    if which == "adapmixed":
+        ours = reference_adapmixed(module, teachers, **ADA)
+        check = InRepoAdaPMixED(**ADA)
+        agree = []
+        for seed in range(3):
+            torch.manual_seed(seed)
+            theirs = ours.gen_priv_output_dist(p32, t32)
+            output, lambdas, _ = check.step(t32, p32, torch.Generator().manual_seed(seed))
+            agree.append(torch.equal(theirs, output) and np.array_equal(ours.lambdas, lambdas)
+                         and ours.priv_loss == check.privacy_loss)
+            module.PMixED.data_dep_loss.cache_clear()
+
+        def reference_step():
+            ours.gen_priv_output_dist(p32, t32)
+            module.PMixED.data_dep_loss.cache_clear()   # its cache keeps every step's N x V tensors alive
+    else:
+        budget = subsampled_ball_loss(PMIXED_ALPHA, 1.0, teachers, PMIXED_BETA)
+        ours = reference_pmixed(module, teachers, PMIXED_ALPHA, budget)
+        check = InRepoPMixED(teachers, PMIXED_ALPHA, budget, seed=0)
+        np.random.seed(0)
+        agree = []
+        for _ in range(3):
+            theirs = ours.priv_pred(t32 + [p32])
+            output, lambdas = check.step(t32, p32)
+            agree.append(torch.equal(theirs, output) and np.array_equal(ours.lambdas, lambdas))
+
+        def reference_step():
+            ours.priv_pred(t32 + [p32])
+    if not all(agree):
+        raise SystemExit(f"{which}: the in-repo baseline does not reproduce the reference's step")
+    return ({"reference": reference_step, **functions},
+            {"comparator": "reference", "comparator_is": reference.describe(which),
+             "in_repo_reproduces_reference_bit_for_bit": True})
 
 
-def step_section(vocab: int, teachers: int, repeats: int, baseline_repeats: int) -> dict:
+def adapmixed_section(reference, vocab: int, teachers: int, pairs: int, steps: int) -> dict:
     from dpledger.accounting.orders import DEFAULT_ORDERS
     from dpledger.mechanisms.adapmixed import AdaPMixED
-    from dpledger.mechanisms.add_one import add_one_divergence_bounds
-    from dpledger.mechanisms.kernels import mixed_teachers, mixing_weights
-    from dpledger.mechanisms.leave_one_out import leave_one_out_curve, leave_one_out_divergences
+
+    probs, public = synthetic_ensemble(vocab, teachers)
+    t64, p64 = torch.from_numpy(probs), torch.from_numpy(public)
+    t32, p32 = [t.float() for t in t64], p64.float()
+    orders = np.asarray(DEFAULT_ORDERS)
+    ada = AdaPMixED.paper_defaults(teachers)
+    generator = torch.Generator().manual_seed(0)
+    first = ada.step(t64, p64, generator, orders)
+    functions, about = comparators(reference, "adapmixed", teachers, t32, p32)
+    functions["dpledger"] = lambda: ada.step(t64, p64, generator, orders)
+    before = load()
+    samples = interleaved(functions, pairs, steps)
+    out = {"vocab": vocab, "teachers": teachers, **about, "steps_per_sample": steps,
+           "dpledger_charged_components": sorted(first.charged), "dpledger_orders": int(orders.size),
+           "dpledger_relation": first.relation.value, "dpledger_screen_passed": bool(first.screen_passed),
+           "seconds_per_step": {name: summary(values) for name, values in samples.items()},
+           "speedup": ratios(samples, about["comparator"], "dpledger"), "load_before": before, "load_after": load()}
+    if about["comparator"] == "reference":
+        out["in_repo_over_reference_time"] = ratios(samples, "in_repo", "reference")
+    return out
+
+
+def pmixed_section(reference, vocab: int, teachers: int, pairs: int, steps: int) -> dict:
+    from dpledger.accounting.orders import DEFAULT_ORDERS
+    from dpledger.decoding.runners import pmixed_runner
     from dpledger.mechanisms.pmixed import PMixED
 
     probs, public = synthetic_ensemble(vocab, teachers)
     t64, p64 = torch.from_numpy(probs), torch.from_numpy(public)
-    t32, p32 = t64.float(), p64.float()
+    t32, p32 = [t.float() for t in t64], p64.float()
     orders = np.asarray(DEFAULT_ORDERS)
-    ada = AdaPMixED.paper_defaults(teachers)
-    pmixed6 = PMixED(6.0, 0.01, teachers)
+    pmixed = PMixED(float(PMIXED_ALPHA), PMIXED_BETA, teachers)
+    runner = pmixed_runner(float(PMIXED_ALPHA), PMIXED_BETA, teachers)
     generator = torch.Generator().manual_seed(0)
-    screen = {"lam": 1e-4, "sigma": 1e-2, "top_k": 60}
+    block_public, block_teachers = p64[None], t64[None]     # a block of one step, as the decode loop hands it
+    functions, about = comparators(reference, "pmixed", teachers, t32, p32)
+    functions["dpledger_step"] = lambda: pmixed.step(t64, p64, orders=orders)
+    functions["dpledger_decode_step"] = lambda: runner.process(block_public, block_teachers, generator, orders)
+    before = load()
+    samples = interleaved(functions, pairs, steps)
+    out = {"vocab": vocab, "teachers": teachers, **about, "steps_per_sample": steps, "alpha": PMIXED_ALPHA,
+           "beta": PMIXED_BETA, "dpledger_orders": int(orders.size),
+           "seconds_per_step": {name: summary(values) for name, values in samples.items()},
+           "speedup_step": ratios(samples, about["comparator"], "dpledger_step"),
+           "speedup_decode_step": ratios(samples, about["comparator"], "dpledger_decode_step"),
+           "load_before": before, "load_after": load()}
+    if about["comparator"] == "reference":
+        out["in_repo_over_reference_time"] = ratios(samples, "in_repo", "reference")
+    return out
+
+
+# ---- dpledger alone ---------------------------------------------------------------------------------
+
+def sub_grid_section(vocab: int, teachers: int) -> dict:
+    """Accuracy of the Eq. 3 sub-grid curve (exact on a sub-grid, chords between) against the exact
+    value at every order, and what it does to a run's epsilon."""
+    from dpledger.accounting.orders import DEFAULT_ORDERS
+    from dpledger.mechanisms.kernels import mixing_weights
+    from dpledger.mechanisms.leave_one_out import leave_one_out_curve
+
+    probs, public = synthetic_ensemble(vocab, teachers)
+    t64, p64 = torch.from_numpy(probs), torch.from_numpy(public)
+    orders = np.asarray(DEFAULT_ORDERS)
     lambdas = mixing_weights(t64, p64, 18.0, 3.6)
-    figures = {
-        "baseline_adapmixed_step": median_seconds(lambda: baseline_step(t32, p32, 18.0, 0.2, screen, generator),
-                                                  baseline_repeats),
-        "baseline_pmixed_step": median_seconds(lambda: baseline_step(t32, p32, 6.0, 0.01, None, generator),
-                                               baseline_repeats),
-        "baseline_mixing_weights": median_seconds(
-            lambda: [baseline_lambda(t, p32, 18.0, 3.6) for t in t32], baseline_repeats),
-        "baseline_loss_one_order": median_seconds(
-            lambda: baseline_loss(mixed_teachers(t64, p64, lambdas).float(), 18.0), baseline_repeats),
-        "dpledger_adapmixed_step": median_seconds(lambda: ada.step(probs, public, generator, orders), repeats),
-        "dpledger_pmixed_step": median_seconds(lambda: pmixed6.step(probs, public, orders=orders), repeats),
-        "dpledger_mixing_weights": median_seconds(lambda: mixing_weights(t64, p64, 18.0, 3.6), repeats),
-        "dpledger_loss_one_order": median_seconds(
-            lambda: leave_one_out_divergences(mixed_teachers(t64, p64, lambdas), torch.tensor([18.0])), repeats),
-        "dpledger_remove_one_curve": median_seconds(lambda: leave_one_out_curve(t64, p64, lambdas, orders), repeats),
-        "dpledger_add_one_curve": median_seconds(
-            lambda: add_one_divergence_bounds(mixed_teachers(t64, p64, lambdas).mean(dim=-2), p64, teachers,
-                                              torch.from_numpy(orders), 18.0, 3.6), repeats),
-    }
-    # accuracy of the sub-grid curve against the exact value at every order
     coarse, exact_mask, _ = leave_one_out_curve(t64, p64, lambdas, orders)
     exact = leave_one_out_curve(t64, p64, lambdas, orders, relative_tolerance=None)[0]   # every teacher, every order
     ratio = coarse / exact
-    epsilons = run_epsilon_ratio(coarse, exact, orders)
-    return {
-        "vocab": vocab, "teachers": teachers,
-        "seconds": {k: round(v, 5) for k, v in figures.items()},
-        "speedup": {
-            "adapmixed_step": round(figures["baseline_adapmixed_step"] / figures["dpledger_adapmixed_step"], 2),
-            "pmixed_step": round(figures["baseline_pmixed_step"] / figures["dpledger_pmixed_step"], 2),
-            "mixing_weights": round(figures["baseline_mixing_weights"] / figures["dpledger_mixing_weights"], 2),
-            "loss_one_order": round(figures["baseline_loss_one_order"] / figures["dpledger_loss_one_order"], 2),
-        },
-        "sub_grid": {"exact_orders": int(exact_mask.sum()), "grid_orders": int(orders.size),
-                     "min_ratio_to_exact": float(ratio.min()), "max_ratio_to_exact": float(ratio.max()),
-                     "run_epsilon_ratio": epsilons},
-    }
+    return {"vocab": vocab, "teachers": teachers, "exact_orders": int(exact_mask.sum()), "grid_orders": int(orders.size),
+            "min_ratio_to_exact": float(ratio.min()), "max_ratio_to_exact": float(ratio.max()),
+            "run_epsilon_ratio": run_epsilon_ratio(coarse, exact, orders)}
 
 
 def run_epsilon_ratio(coarse: np.ndarray, exact: np.ndarray, orders: np.ndarray) -> dict:
@@ -176,6 +245,16 @@ def run_epsilon_ratio(coarse: np.ndarray, exact: np.ndarray, orders: np.ndarray)
         true = epsilon_from_rdp(RdpCurve(tuple(orders), exact * steps), 1e-5).epsilon
         out[str(steps)] = round(bounded / true, 6)
     return out
+
+
+def median_seconds(function, repeats: int) -> float:
+    function()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def accountant_section(steps: int = 100_000) -> dict:
@@ -242,49 +321,101 @@ def gpu_section() -> dict:
     return {"device": torch.cuda.get_device_name(0), "seconds_adapmixed_step": round(median_seconds(step, 5), 5)}
 
 
+def _range(figure: dict, unit: float = 1.0, digits: int = 4) -> str:
+    return (f"{figure['median'] * unit:.{digits}f} ({figure['min'] * unit:.{digits}f} to "
+            f"{figure['max'] * unit:.{digits}f})")
+
+
+def _speedup(figure: dict) -> str:
+    return f"{figure['median']:.2f}x ({figure['min']:.2f}x to {figure['max']:.2f}x, {figure['pairs']} pairs)"
+
+
 def markdown(results: dict) -> str:
-    lines = ["| figure | baseline (reference algorithm) | dpledger | speed-up |", "|---|---|---|---|"]
-    for name, section in (("paper scale (V=50,257, N=100)", results["paper"]), ("demo scale (V=1,024, N=8)", results["demo"])):
-        s = section["seconds"]
-        lines += [f"| {name}: AdaPMixED step, full 156-order curve | {s['baseline_adapmixed_step']:.4f} s (one order) | "
-                  f"{s['dpledger_adapmixed_step']:.4f} s | {section['speedup']['adapmixed_step']}x |",
-                  f"| {name}: PMixED step (alpha 6, beta 0.01) | {s['baseline_pmixed_step']:.4f} s | "
-                  f"{s['dpledger_pmixed_step']:.4f} s | {section['speedup']['pmixed_step']}x |",
-                  f"| {name}: mixing weights | {s['baseline_mixing_weights']:.4f} s | {s['dpledger_mixing_weights']:.4f} s | "
-                  f"{section['speedup']['mixing_weights']}x |",
-                  f"| {name}: Eq. 3 loss at order 18 | {s['baseline_loss_one_order']:.4f} s | {s['dpledger_loss_one_order']:.4f} s | "
-                  f"{section['speedup']['loss_one_order']}x |"]
+    comparators = sorted({s["comparator_is"] for s in results["steps"].values()})
+    lines = ["Comparator: " + "; ".join(comparators) + ".", "",
+             "| per step, one thread | comparator | comparator s | dpledger s | speed-up (median, range over pairs) |",
+             "|---|---|---|---|---|"]
+    for key, section in results["steps"].items():
+        scale = f"V={section['vocab']:,}, N={section['teachers']}"
+        seconds = section["seconds_per_step"]
+        theirs = seconds[section["comparator"]]
+        who = "reference" if section["comparator"] == "reference" else "in-repo baseline"
+        if key.startswith("adapmixed"):
+            lines.append(f"| AdaPMixED step ({scale}; dpledger: {section['dpledger_orders']} orders, "
+                         f"{' + '.join(section['dpledger_charged_components'])}) | {who} | {_range(theirs)} | "
+                         f"{_range(seconds['dpledger'])} | {_speedup(section['speedup'])} |")
+        else:
+            lines.append(f"| PMixED step ({scale}) | {who} | {_range(theirs)} | {_range(seconds['dpledger_step'])} | "
+                         f"{_speedup(section['speedup_step'])} |")
+            lines.append(f"| PMixED decode step, pmixed_runner's process ({scale}) | {who} | {_range(theirs)} | "
+                         f"{_range(seconds['dpledger_decode_step'])} | {_speedup(section['speedup_decode_step'])} |")
+        if "in_repo_over_reference_time" in section:
+            lines.append(f"| ... in-repo baseline's time over the reference's ({scale}) | | | | "
+                         f"{_speedup(section['in_repo_over_reference_time'])} |")
     a = results["accountant"]
-    lines += [f"| 100,000 per-step curves: RdpCurve objects, compose_curves, epsilon | | "
-              f"{a['seconds_rdpcurve_objects_composed_and_converted']} s | |",
-              f"| 100,000 per-step curves: ledger.charge_many, epsilon | | {a['seconds_ledger_charge_many_and_convert']} s | |"]
+    lines += [f"| 100,000 per-step curves: RdpCurve objects, compose_curves, epsilon | | | "
+              f"{a['seconds_rdpcurve_objects_composed_and_converted']} | |",
+              f"| 100,000 per-step curves: ledger.charge_many, epsilon | | | {a['seconds_ledger_charge_many_and_convert']} | |"]
     if "ablation" in results:
         b = results["ablation"]
         lines.append(f"| audit ablation, 1,000 paper-scale steps ({b['threads']} threads, extrapolated from "
-                     f"{b['steps_measured']}) | | {b['seconds_per_1000_steps']} s | |")
+                     f"{b['steps_measured']}) | | | {b['seconds_per_1000_steps']} | |")
+    g = results["sub_grid"]
+    lines += ["", f"Eq. 3 sub-grid at V={g['vocab']:,}, N={g['teachers']}: {g['exact_orders']} exact orders of "
+              f"{g['grid_orders']}, curve / exact in [{g['min_ratio_to_exact']:.4f}, {g['max_ratio_to_exact']:.4f}], "
+              f"run epsilon ratio {g['run_epsilon_ratio']}.",
+              f"Load (1, 5, 15-minute averages) at the start: {results['load_start']['loadavg_1_5_15']}, "
+              f"at the end: {results['load_end']['loadavg_1_5_15']} on {results['machine']['cores']} cores."]
+    lines += ["", "The distributed audit and decode against one plain process: benchmarks/results/distributed.json "
+              "(bench_distributed.py; docs/distributed.md)."]
     return "\n".join(lines) + "\n"
 
 
+# (name, kind, vocab, teachers, pairs, steps per sample); --quick: 3 pairs of 1 step
+SECTIONS = (("adapmixed_paper", "adapmixed", 50257, 100, 5, 1),
+            ("adapmixed_n8_full_vocab", "adapmixed", 50257, 8, 5, 3),
+            ("adapmixed_demo", "adapmixed", 1024, 8, 7, 20),
+            ("pmixed_paper", "pmixed", 50257, 100, 5, 1),
+            ("pmixed_n8_full_vocab", "pmixed", 50257, 8, 5, 2),
+            ("pmixed_demo", "pmixed", 1024, 8, 7, 10))
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions, no ablation (a smoke run)")
-    parser.add_argument("--out", default=str(HERE / "results.json"))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 pairs of one step each, no ablation (a smoke run)")
+    parser.add_argument("--only", nargs="*", help="run only these step sections (names in SECTIONS)")
+    parser.add_argument("--out", default=str(HERE / "results" / "step.json"))
+    parser.add_argument("--markdown", default=str(HERE / "results.md"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    repeats, baseline_repeats = (3, 1) if args.quick else (7, 3)
+    reference = load_reference()
+    print(f"comparator: {'the reference from $DPLEDGER_REFERENCE' if reference else IN_REPO}", flush=True)
     results = {
         "benchmark": __doc__.split("\n\n")[0],
-        "machine": {"processor": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
-                    "python": platform.python_version(), "torch": torch.__version__},
-        "paper": step_section(50257, 100, repeats, baseline_repeats),
-        "demo": step_section(1024, 8, repeats * 5, baseline_repeats * 5),
-        "accountant": accountant_section(),
-        "gpu": gpu_section(),
+        "machine": {"processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(), "numba_threads": os.environ["NUMBA_NUM_THREADS"],
+                    "omp_threads": os.environ["OMP_NUM_THREADS"], "python": platform.python_version(),
+                    "torch": torch.__version__},
+        "reference_folder": None if reference is None else str(reference.folder),
+        "load_start": load(),
+        "steps": {},
     }
+    for name, kind, vocab, teachers, pairs, steps in SECTIONS:
+        if args.only and name not in args.only:
+            continue
+        if args.quick:
+            pairs, steps = 3, 1
+        print(f"{name}: V={vocab}, N={teachers}, {pairs} pairs of {steps} step(s)", flush=True)
+        section = adapmixed_section if kind == "adapmixed" else pmixed_section
+        results["steps"][name] = section(reference, vocab, teachers, pairs, steps)
+    results["sub_grid"] = sub_grid_section(50257, 100)
+    results["accountant"] = accountant_section()
+    results["gpu"] = gpu_section()
     if not args.quick:
         results["ablation"] = ablation_section(steps=4, threads=2)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    Path(args.out).with_suffix(".md").write_text(markdown(results))
+    results["load_end"] = load()
+    Path(args.out).write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
+    Path(args.markdown).write_text(markdown(results))
     print(markdown(results))
 
 
