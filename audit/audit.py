@@ -268,7 +268,8 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
         executor: computes the per-window work elsewhere (dpledger.audit.dask_audit.DaskWindowExecutor);
             None: in this process.
         audit_out: where to write audit.json instead of the run directory.
-        progress: whether progress bars (stderr) show the check running and its windows of steps.
+        progress: whether progress bars show the check running and its windows of steps (on stderr, when it
+            is a terminal).
 
     Returns:
         The AuditReport; its `not_written` says why audit.json could not be written, if so.
@@ -328,7 +329,7 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
         plan.append(("sampled_aggregator", lambda: voting.check_sampled_aggregator(loaded, seed=seed)) if voting_run
                     else ("canary_game", lambda: check_canary_game(loaded, game_trials, seed=seed)[0]))
     checks = []
-    with tqdm(plan, desc="audit", unit="check", leave=False, disable=not progress) as bar:
+    with tqdm(plan, desc="audit", unit="check", leave=False, disable=None if progress else True) as bar:  # None: only on a terminal
         for name, check in bar:
             bar.set_postfix_str(name)
             checks.append(_guarded(name, check, loaded))

@@ -490,7 +490,7 @@ class LoadedTrace:
         window = self.window_rows()
         windows = sum(-(-info.length // window) for info in self.blocks_info)
         with tqdm(total=windows, desc=f"  {desc or 'windows'}", unit="window", leave=False,
-                  disable=not self.progress) as bar:
+                  disable=None if self.progress else True) as bar:  # None: only on a terminal
             for block, records, logits in self.iter_payload(window):
                 yield block, compute(self, records, logits, *args)
                 bar.update(1)
