@@ -1273,12 +1273,12 @@ def _order_curve_on_subgrid(sums: _Sums, allowances: _Allowances, bound: _Bound,
     grid[index] and their derivatives (or None); `allowances(values, orders)` bounds their rounding,
     `rounded_up` says which sums the kernel already rounded up; `bound(values, orders)` is the direction's
     bound, nondecreasing in each sum."""
-    if relative_tolerance is None:
-        return bound(sums(np.arange(grid.size))[0], grid)
-    if not (relative_tolerance > 0):
+    if relative_tolerance is not None and not (relative_tolerance > 0):
         raise ValueError(f"relative_tolerance must be > 0 or None, got {relative_tolerance!r}")
+    if relative_tolerance is None or grid.size == 0:   # an empty grid has no sub-grid to seed
+        return bound(sums(np.arange(grid.size))[0], grid)
     if grid.size > 1 and not np.all(np.diff(grid) > 0):
-        raise ValueError("the add-one bound's sub-grid needs strictly increasing orders")
+        raise ValueError(f"the add-one bound's sub-grid needs strictly increasing orders, got {grid.tolist()!r}")
     done = np.zeros(grid.size, dtype=bool)
     known = [np.full(batch + (grid.size,), np.nan) for _ in rounded_up]
     slopes = [np.full(batch + (grid.size,), np.nan) for _ in rounded_up]

@@ -86,3 +86,19 @@ def test_the_generated_case_that_went_below():
     sub = add_one_direction_bounds(p, p0, 10, orders, 64.0, 1.0)
     for every, chord in zip(full, sub):
         assert np.all(chord >= every), f"below every-order value by {np.max(every - chord):.3g}"
+
+
+def test_an_empty_grid_gives_empty_bounds_as_computing_every_order_does():
+    p = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    p0 = torch.tensor([[0.4, 0.6]], dtype=torch.float64)
+    for tolerance in (None, 0.005):
+        forward, reverse = add_one_direction_bounds(p, p0, 3, torch.zeros(0, dtype=torch.float64), 2.0, 0.1,
+                                                    relative_tolerance=tolerance)
+        assert forward.shape == reverse.shape == (1, 0)
+
+
+def test_orders_out_of_order_are_refused_naming_them():
+    p = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    p0 = torch.tensor([[0.4, 0.6]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"strictly increasing orders, got \[3.0, 2.0\]"):
+        add_one_direction_bounds(p, p0, 3, torch.tensor([3.0, 2.0], dtype=torch.float64), 2.0, 0.1)
