@@ -355,7 +355,7 @@ def released_pair_divergences(token: torch.Tensor, pass_probability: torch.Tenso
 
     Args:
         token: (2, L, E, K) D_a(p || p_e) (forward) and D_a(p_e || p) (backward), rounded up.
-        pass_probability: (L, 1 + E) the screen's pass probability, the ensemble's first, in (0, 1).
+        pass_probability: (L, 1 + E) the screen's pass probability, the ensemble's first, in [0, 1].
         public: (L, V) the public model's law p0.
         orders: (K,) the Renyi orders a > 1.
 
@@ -364,6 +364,8 @@ def released_pair_divergences(token: torch.Tensor, pass_probability: torch.Tenso
     """
     a = orders.double()
     a_minus_1 = a - 1.0
+    # float64 throughout: float32 logs of the pass probabilities would err far beyond the allowance
+    token, pass_probability = token.double(), pass_probability.double()
     moments = token * a_minus_1 * (1.0 + 4.0 * ROUNDING_ULPS)      # (a - 1) D, never below the kernel's moment
     vocab = public.shape[-1]
     sum_error = (vocab - 1) * UNIT_ROUNDOFF / (1.0 - (vocab - 1) * UNIT_ROUNDOFF)
@@ -374,9 +376,14 @@ def released_pair_divergences(token: torch.Tensor, pass_probability: torch.Tenso
         terms = [a * torch.log(first), (1.0 - a) * torch.log(second), moment,
                  a * torch.log1p(-first), (1.0 - a) * torch.log1p(-second), log_mass]
         passed, failed = terms[0] + terms[1] + terms[2], terms[3] + terms[4] + terms[5]
+        # a half without mass under the first law (pi = 0; for the failed half pi = 1) adds 0 at a > 1,
+        # whatever the second law and the token divergence are, not 0 * inf
+        passed = torch.where(first == 0.0, -torch.inf, passed)
+        failed = torch.where(first == 1.0, -torch.inf, failed)
         total = torch.logaddexp(passed, failed)
-        magnitude = sum(term.abs() for term in terms) + total.abs() + 1.0
-        allowance = ROUNDING_ULPS * magnitude.nan_to_num(posinf=0.0)       # +inf stays +inf through total
+        # the finite terms' rounding (an infinite one leaves the others' allowance due); +inf stays +inf
+        magnitude = sum(torch.where(torch.isfinite(term), term.abs(), 0.0) for term in [*terms, total]) + 1.0
+        allowance = ROUNDING_ULPS * magnitude
         halves.append(torch.clamp((total + allowance) / a_minus_1 * (1.0 + ROUNDING_ULPS), min=0.0))
     return torch.stack(halves)
 

@@ -334,9 +334,15 @@ def _theorem_3_1_window(trace: LoadedTrace, records: list[dict], logits: torch.T
     eq3 = exact_eq3(teachers, public, _recorded_lambdas(records), torch.tensor(orders, dtype=torch.float64), mask)
     partial = _theorem_3_1_rows(records, eq3, within, "Eq. 3", charged_names)
     if recorded_field is not None:
-        recorded = np.asarray([r[recorded_field] for r in records], dtype=np.float64)[:, within]
-        close = np.isclose(recorded, eq3, rtol=1e-9, atol=1e-300) | ((recorded == eq3) & np.isinf(eq3))
-        partial["disagreeing"] = [int(r["step"]) for r, row in zip(records, close) if not row.all()]
+        # a version 2 run charged by Theorem 3.1 recorded the same Eq. 3 as its observed loss too: the
+        # replay no longer recomputes that field (the decode loop does not compute it), so it is held here
+        fields = [recorded_field] + (["observed_data_dependent"] if recorded_field == "eq3_remove_one" else [])
+        disagreeing: set[int] = set()
+        for field in fields:
+            recorded = np.asarray([r[field] for r in records], dtype=np.float64)[:, within]
+            close = np.isclose(recorded, eq3, rtol=1e-9, atol=1e-300) | ((recorded == eq3) & np.isinf(eq3))
+            disagreeing |= {int(r["step"]) for r, row in zip(records, close) if not row.all()}
+        partial["disagreeing"] = sorted(disagreeing)
     return partial
 
 
@@ -349,8 +355,9 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
 
     Where Eq. 3 comes from: a run charged by Theorem 3.1 does not record it (records_version 3), so the
     check computes it exactly from the per-step distributions (payload or models) and the recorded
-    mixing weights, at theorem_3_1_orders only; an older trace's recorded values must agree with that
-    recomputation (relative 1e-9). A data-dependent run records the Eq. 3 it charges (verified by the
+    mixing weights, at theorem_3_1_orders only; an older trace's recorded values (version 2:
+    eq3_remove_one and observed_data_dependent, the same Eq. 3) must agree with that recomputation
+    (relative 1e-9). A data-dependent run records the Eq. 3 it charges (verified by the
     replay check) and the check reads it. Without the distributions, an older trace's recorded
     values are read (and the check says they are not recomputed); version 1 records hold only the loss
     covering the run's relation (with the add-one bound under add-or-remove-one): the check then says so.
@@ -413,7 +420,8 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
     if nan_causes:
         problem = "; ".join(nan_causes)
     elif disagreeing:
-        problem = (f"{len(disagreeing)} steps record an Eq. 3 ({recorded_field}) that differs from its recomputation "
+        fields = f"{recorded_field}{' or observed_data_dependent' if recorded_field == 'eq3_remove_one' else ''}"
+        problem = (f"{len(disagreeing)} steps record an Eq. 3 ({fields}) that differs from its recomputation "
                    f"from the per-step distributions (first: {disagreeing[:5]})")
     else:
         problem = (f"{len(charged_there)} steps were charged Theorem 3.1 although their {measured} exceeds it "

@@ -1128,6 +1128,15 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     # sum is at most sum_j p_j, a float law summing above 1 can make it slightly negative on e^(kz), which
     # moves log S below its chords by at most that excess (add_one_direction_bounds): it joins the allowance
     mass_excess = (np.maximum(output.numpy().sum(axis=-1) * (1.0 + vocab * _U) - 1.0, 0.0))[..., None]
+    allocation_magnitude = np.abs(np.where(np.isfinite(log_allocation), log_allocation, 0.0)).max(axis=-1)[..., None]
+
+    def u2_allowance(u2_moment: np.ndarray, grid: np.ndarray) -> np.ndarray:
+        """A bound on the computed (k-1) U2_k's error: its exponents' rounding and the log of the sum's.
+        Not proportional to k - 1 (slack, an allowance on U2_k itself, is), so needed near k = 1."""
+        allowance: np.ndarray = ROUNDING_ULPS * (np.abs(np.where(np.isfinite(u2_moment), u2_moment, 0.0))
+                                                 + allocation_magnitude + (grid - 1.0) * (magnitude + 4.0)
+                                                 + 2.0 * np.log2(log_t.shape[-1] + 1.0))
+        return allowance
 
     def forward_sums(index: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
         """(k-1) U2_k and the chord sum at orders_np[index] (computed, within their allowances of the
@@ -1138,7 +1147,7 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     def forward_allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
         """A bound on |computed - exact| of each forward sum at the orders `grid`."""
         chord_size = np.abs(np.where(np.isfinite(values[1]), values[1], 0.0))
-        return [(grid - 1.0) * slack[..., None] + 0.0 * chord_size,
+        return [(grid - 1.0) * slack[..., None] + u2_allowance(values[0], grid),
                 ROUNDING_ULPS * (chord_size + grid * (magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0))
                 + 2.0 * mass_excess]
 
@@ -1150,7 +1159,8 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
             rho = np.where(grid <= alpha, radius, above)
             if all_orders_beta is not None:
                 rho = np.minimum(rho, all_orders_beta * grid)
-            u = np.minimum(rho + max_ratio[..., None], u2_moment / (grid - 1.0)) + slack[..., None]
+            u2 = (u2_moment + u2_allowance(u2_moment, grid)) / (grid - 1.0)
+            u = np.minimum(rho + max_ratio[..., None], u2) + slack[..., None]
             jensen = log_mean_with_one_exp((grid - 1.0) * u, n + 1.0) / (grid - 1.0)
             chord = (chord_total + forward_allowances(values, grid)[1]) / (grid - 1.0)
         bound: np.ndarray = np.minimum(jensen, chord)
@@ -1263,12 +1273,12 @@ def _order_curve_on_subgrid(sums: _Sums, allowances: _Allowances, bound: _Bound,
     grid[index] and their derivatives (or None); `allowances(values, orders)` bounds their rounding,
     `rounded_up` says which sums the kernel already rounded up; `bound(values, orders)` is the direction's
     bound, nondecreasing in each sum."""
-    if relative_tolerance is None:
-        return bound(sums(np.arange(grid.size))[0], grid)
-    if not (relative_tolerance > 0):
+    if relative_tolerance is not None and not (relative_tolerance > 0):
         raise ValueError(f"relative_tolerance must be > 0 or None, got {relative_tolerance!r}")
+    if relative_tolerance is None or grid.size == 0:   # an empty grid has no sub-grid to seed
+        return bound(sums(np.arange(grid.size))[0], grid)
     if grid.size > 1 and not np.all(np.diff(grid) > 0):
-        raise ValueError("the add-one bound's sub-grid needs strictly increasing orders")
+        raise ValueError(f"the add-one bound's sub-grid needs strictly increasing orders, got {grid.tolist()!r}")
     done = np.zeros(grid.size, dtype=bool)
     known = [np.full(batch + (grid.size,), np.nan) for _ in rounded_up]
     slopes = [np.full(batch + (grid.size,), np.nan) for _ in rounded_up]

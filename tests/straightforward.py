@@ -183,8 +183,15 @@ def reference_add_one_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         rho = np.where(orders_col <= alpha, radius, above)
         if all_orders_beta is not None:
             rho = np.minimum(rho, all_orders_beta * orders_col)
-        u2 = _log_sum_exp(np.where(allocated, log_allocation[..., None, :] + (k - 1.0) * log_t[..., None, :],
-                                   -np.inf)) / (orders_col - 1.0)
+        u2_moment = _log_sum_exp(np.where(allocated, log_allocation[..., None, :] + (k - 1.0) * log_t[..., None, :],
+                                          -np.inf))
+        # the moment's own rounding (its exponents and the log of its sum), not proportional to k - 1
+        u2_allowance = ROUNDING_ULPS * (
+            np.abs(np.where(np.isfinite(u2_moment), u2_moment, 0.0))
+            + np.abs(np.where(np.isfinite(log_allocation), log_allocation, 0.0)).max(axis=-1)[..., None]
+            + (orders_col - 1.0) * (np.abs(np.where(np.isfinite(log_t), log_t, 0.0)).max(axis=-1)[..., None] + 4.0)
+            + 2.0 * np.log2(log_t.shape[-1] + 1.0))
+        u2 = (u2_moment + u2_allowance) / (orders_col - 1.0)
         u = np.minimum(rho + max_ratio[..., None], u2) + slack[..., None]
         jensen = log_mean_with_one_exp((orders_col - 1.0) * u, n + 1.0) / (orders_col - 1.0)
         # chord bound: c_j = p_j (phi_k(t_j) - phi_k(0)) / qmax_j = (phi_k(t_j) - phi_k(0)) / t_j, in logs
@@ -195,9 +202,11 @@ def reference_add_one_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         chord_total = np.logaddexp(log_phi0, _log_sum_exp(np.where(allocated, log_allocation[..., None, :] + log_c,
                                                                    -np.inf)))
     magnitude = np.abs(np.where(np.isfinite(log_t), log_t, 0.0)).max(axis=-1)[..., None]
+    # a float law p summing above 1 may give the chord sum a negative weight of at most that excess
+    mass_excess = np.maximum(output.numpy().sum(axis=-1) * (1.0 + log_p.shape[-1] * 2.0 ** -53) - 1.0, 0.0)[..., None]
     chord = (chord_total + ROUNDING_ULPS * (np.abs(np.where(np.isfinite(chord_total), chord_total, 0.0))
                                             + orders_col * (magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0))
-             ) / (orders_col - 1.0)
+             + 2.0 * mass_excess) / (orders_col - 1.0)
     forward = np.minimum(jensen, chord)
     w = reference_renyi_orders(torch.from_numpy(log_p), torch.from_numpy(log_qmin), orders.cpu()).numpy()
     reverse = np.minimum(np.log1p(1.0 / n), w / (n + 1.0))
