@@ -111,10 +111,12 @@ def test_a_trace_follows_the_arithmetic_of_the_code_that_wrote_it():
     from dpledger.decoding.runners import build_runner
     from dpledger.mechanisms import PMixED
     from dpledger.mechanisms.randomness import StepGenerators
+    from dpledger.mechanisms.step import ADD_ONE_SUBGRID_MIN_VOCABULARY
 
     rng = np.random.default_rng(3)
-    teachers = torch.from_numpy(_softmax(rng.normal(0, 2, (2, 4, 64))))
-    public = torch.from_numpy(_softmax(rng.normal(0, 2, (2, 64))))
+    vocab = ADD_ONE_SUBGRID_MIN_VOCABULARY     # the sub-grid's smallest vocabulary in the decode loop
+    teachers = torch.from_numpy(_softmax(rng.normal(0, 2, (2, 4, vocab))))
+    public = torch.from_numpy(_softmax(rng.normal(0, 2, (2, vocab))))
     table = dict(type="adapmixed", alpha=6.0, beta=0.05, lam=1e-4, sigma=1e-2, threshold=4.5, top_k=8,
                  screening=False)
     outcomes = {}
@@ -129,3 +131,4 @@ def test_a_trace_follows_the_arithmetic_of_the_code_that_wrote_it():
     assert np.all(new_bound >= outcomes[3].add_one_bound)
     assert np.all(new_bound <= (1 + ADD_ONE_RELATIVE_TOLERANCE) * outcomes[3].add_one_bound + 1e-12)
     assert np.all(outcomes[4].charged["pmixed_data_dependent"] >= outcomes[3].charged["pmixed_data_dependent"])
+    assert not np.array_equal(new_bound, outcomes[3].add_one_bound)    # the sub-grid did run
