@@ -54,7 +54,7 @@ from the loss covering the run's relation (`observed_data_dependent`); a trace w
 version 1 (that loss only). Version 3 records hold these three losses only where a component charges
 them (`records_losses`): a run charged by Theorem 3.1 no longer records Eq. 3 beside it (the audit's
 theorem_3_1 check computes it from the replay payload). Version 4 records charge AdaPMixED's add-one
-bound on its certified sub-grid of orders where V >= 8192 (dpledger.mechanisms.step.data_dependent_step_curve); earlier
+bound on its certified sub-grid of orders where V >= 8192 (dpledger.mechanisms.add_one); earlier
 ones at every order, which the replay follows (dpledger.decoding.runners.build_runner). The manifest
 records the version; dpledger.decoding.blocks writes the records."""
 MANIFEST = "manifest.json"

@@ -155,13 +155,6 @@ def mixed_output(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Te
     return mixed, torch.where(size > 0, (weights * mixed).sum(dim=-2) / size.clamp_min(1.0), public)
 
 
-ADD_ONE_SUBGRID_MIN_VOCABULARY = 8192
-"""Below this vocabulary the add-one bound is computed at every order: its sub-grid's bookkeeping (a few
-numpy passes a round) costs more than the orders it saves (V = 1,024: 1-1.5 ms every order against 2-5 ms
-refined, per call; V = 50,257: 80 -> 30 ms at N = 8). A property of the row, so a replay in windows of
-another size decides the same."""
-
-
 def data_dependent_step_curve(
         pmixed: PMixED, teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
         orders: NDArray[np.float64], relation: NeighbouringRelation | str, relative_tolerance: float = 0.005,
@@ -174,7 +167,7 @@ def data_dependent_step_curve(
     bound within `relative_tolerance` between (dpledger.mechanisms.leave_one_out.leave_one_out_curve). Add-one:
     dpledger.mechanisms.add_one.add_one_divergence_bounds, computed on a sub-grid of orders with chord bounds
     in between certified within the same `relative_tolerance` of computing every order (its sums are convex
-    in the order; add_one_direction_bounds has the proof), from ADD_ONE_SUBGRID_MIN_VOCABULARY tokens on;
+    in the order; add_one_direction_bounds has the proof), from its ADD_ONE_SUBGRID_MIN_VOCABULARY tokens on;
     add_one_dual=True also takes the certified Lagrangian dual bound at every order
     (dpledger.mechanisms.add_one), per direction the smaller.
 
@@ -187,9 +180,9 @@ def data_dependent_step_curve(
         relation: the neighbouring relation to cover (or its value).
         relative_tolerance: the chord bound's relative tolerance between exact orders.
         add_one_dual: also take the certified dual add-one bound.
-        add_one_subgrid: compute the add-one bound on the certified sub-grid where the vocabulary has at
-            least ADD_ONE_SUBGRID_MIN_VOCABULARY tokens (False: at every order, as traces of
-            records_version < 4 were charged).
+        add_one_subgrid: compute the add-one bound on its certified sub-grid (from
+            dpledger.mechanisms.add_one.ADD_ONE_SUBGRID_MIN_VOCABULARY tokens on; False: at every order, as
+            traces of records_version < 4 were charged).
 
     Returns:
         (covering loss (..., K), exact mask (..., K), remove-one part (..., K), add-one part (..., K) or None,
@@ -207,9 +200,7 @@ def data_dependent_step_curve(
 
         added = add_one_divergence_bounds(output, public, teachers.shape[-2], torch.from_numpy(orders),
                                           *pmixed.one_order_ball, dual=add_one_dual,
-                                          relative_tolerance=relative_tolerance
-                                          if add_one_subgrid and public.shape[-1] >= ADD_ONE_SUBGRID_MIN_VOCABULARY
-                                          else None).numpy()
+                                          relative_tolerance=relative_tolerance if add_one_subgrid else None).numpy()
     covering = removed if added is None else (np.maximum(removed, added) if "remove" in relation.moves else added)
     return covering, exact, removed, added, output
 

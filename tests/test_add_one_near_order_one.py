@@ -70,7 +70,8 @@ def test_near_order_one_the_subgrid_is_never_below_computing_every_order(seed):
     case = near_one_case(seed)
     args = (torch.from_numpy(case["p"]), torch.from_numpy(case["p0"]), case["teachers"],
             torch.from_numpy(case["orders"]), case["alpha"], case["radius"])
-    for full, chord in zip(add_one_direction_bounds(*args, relative_tolerance=None), add_one_direction_bounds(*args)):
+    for full, chord in zip(add_one_direction_bounds(*args, relative_tolerance=None),
+                           add_one_direction_bounds(*args, subgrid_from_vocabulary=0)):
         assert np.all(chord >= full), f"below every-order value by {np.max(full - chord):.3g}"
 
 
@@ -83,7 +84,7 @@ def test_the_generated_case_that_went_below():
                       dtype=torch.float64)
     orders = torch.from_numpy(1.0 + np.geomspace(1e-8, 1e4, 155))
     full = add_one_direction_bounds(p, p0, 10, orders, 64.0, 1.0, relative_tolerance=None)
-    sub = add_one_direction_bounds(p, p0, 10, orders, 64.0, 1.0)
+    sub = add_one_direction_bounds(p, p0, 10, orders, 64.0, 1.0, subgrid_from_vocabulary=0)
     for every, chord in zip(full, sub):
         assert np.all(chord >= every), f"below every-order value by {np.max(every - chord):.3g}"
 
@@ -93,7 +94,7 @@ def test_an_empty_grid_gives_empty_bounds_as_computing_every_order_does():
     p0 = torch.tensor([[0.4, 0.6]], dtype=torch.float64)
     for tolerance in (None, 0.005):
         forward, reverse = add_one_direction_bounds(p, p0, 3, torch.zeros(0, dtype=torch.float64), 2.0, 0.1,
-                                                    relative_tolerance=tolerance)
+                                                    relative_tolerance=tolerance, subgrid_from_vocabulary=0)
         assert forward.shape == reverse.shape == (1, 0)
 
 
@@ -101,4 +102,5 @@ def test_orders_out_of_order_are_refused_naming_them():
     p = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
     p0 = torch.tensor([[0.4, 0.6]], dtype=torch.float64)
     with pytest.raises(ValueError, match=r"strictly increasing orders, got \[3.0, 2.0\]"):
-        add_one_direction_bounds(p, p0, 3, torch.tensor([3.0, 2.0], dtype=torch.float64), 2.0, 0.1)
+        add_one_direction_bounds(p, p0, 3, torch.tensor([3.0, 2.0], dtype=torch.float64), 2.0, 0.1,
+                                 subgrid_from_vocabulary=0)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from dpledger.accounting import DEFAULT_ORDERS
-from dpledger.mechanisms.add_one import (ADD_ONE_RELATIVE_TOLERANCE, _convex_sandwich, add_one_direction_bounds,
-                                         add_one_divergence_bounds)
+from dpledger.mechanisms.add_one import (ADD_ONE_RELATIVE_TOLERANCE, ADD_ONE_SUBGRID_MIN_VOCABULARY, _convex_sandwich,
+                                         add_one_direction_bounds, add_one_divergence_bounds)
 
 ORDERS = torch.tensor(DEFAULT_ORDERS)
 
@@ -58,7 +58,7 @@ def test_the_subgrid_is_never_below_computing_every_order_and_within_its_certifi
     every = add_one_direction_bounds(case["output"], case["public"], case["teachers"], ORDERS, case["alpha"],
                                      case["radius"], case["all_orders_beta"], relative_tolerance=None)
     sub = add_one_direction_bounds(case["output"], case["public"], case["teachers"], ORDERS, case["alpha"],
-                                   case["radius"], case["all_orders_beta"])
+                                   case["radius"], case["all_orders_beta"], subgrid_from_vocabulary=0)
     for full, chord in zip(every, sub):
         assert chord.shape == full.shape
         assert not np.isnan(chord).any()
@@ -72,7 +72,7 @@ def test_the_charged_maximum_follows_the_same_rule():
     case = generated_case(5)
     args = (case["output"], case["public"], case["teachers"], ORDERS, case["alpha"], case["radius"])
     every = add_one_divergence_bounds(*args, relative_tolerance=None).numpy()
-    sub = add_one_divergence_bounds(*args).numpy()
+    sub = add_one_divergence_bounds(*args, subgrid_from_vocabulary=0).numpy()
     assert np.all(sub >= every) and np.all(sub <= (1 + ADD_ONE_RELATIVE_TOLERANCE) * every + 1e-12)
 
 
@@ -80,7 +80,7 @@ def test_a_tolerance_that_is_not_positive_is_refused():
     case = generated_case(1)
     with pytest.raises(ValueError, match="relative_tolerance must be > 0"):
         add_one_direction_bounds(case["output"], case["public"], case["teachers"], ORDERS, case["alpha"],
-                                 case["radius"], relative_tolerance=0.0)
+                                 case["radius"], relative_tolerance=0.0, subgrid_from_vocabulary=0)
 
 
 def _log_sum_exp_affine(weights: np.ndarray, slopes: np.ndarray, order: float) -> mpmath.mpf:
@@ -111,7 +111,6 @@ def test_a_trace_follows_the_arithmetic_of_the_code_that_wrote_it():
     from dpledger.decoding.runners import build_runner
     from dpledger.mechanisms import PMixED
     from dpledger.mechanisms.randomness import StepGenerators
-    from dpledger.mechanisms.step import ADD_ONE_SUBGRID_MIN_VOCABULARY
 
     rng = np.random.default_rng(3)
     vocab = ADD_ONE_SUBGRID_MIN_VOCABULARY     # the sub-grid's smallest vocabulary in the decode loop
@@ -132,3 +131,11 @@ def test_a_trace_follows_the_arithmetic_of_the_code_that_wrote_it():
     assert np.all(new_bound <= (1 + ADD_ONE_RELATIVE_TOLERANCE) * outcomes[3].add_one_bound + 1e-12)
     assert np.all(outcomes[4].charged["pmixed_data_dependent"] >= outcomes[3].charged["pmixed_data_dependent"])
     assert not np.array_equal(new_bound, outcomes[3].add_one_bound)    # the sub-grid did run
+
+
+def test_below_the_smallest_vocabulary_every_order_is_computed():
+    case = generated_case(5)     # V < ADD_ONE_SUBGRID_MIN_VOCABULARY
+    assert case["output"].shape[-1] < ADD_ONE_SUBGRID_MIN_VOCABULARY
+    args = (case["output"], case["public"], case["teachers"], ORDERS, case["alpha"], case["radius"])
+    every = add_one_divergence_bounds(*args, relative_tolerance=None).numpy()
+    assert np.array_equal(add_one_divergence_bounds(*args).numpy(), every)
