@@ -55,6 +55,7 @@ def _host_features() -> str:
     return str(llvm.get_host_cpu_features().flatten())
 
 
+@pytest.mark.slow   # four interpreters, three compiling every kernel (60 s): make test-slow
 def test_cached_and_fresh_kernels_record_the_same_step(tmp_path):
     """Processes that compile into an empty cache, load that cache, or run with the cache off record
     the same step bit for bit (lambdas, Eq. 3, the add-one bound). One compiled for 256-bit vectors
