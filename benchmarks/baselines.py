@@ -43,6 +43,19 @@ ADAPMIXED_SOURCE = ("noisy-screening", "pmixed.py")  # ... and of its AdaPMixED 
 
 # ---- the in-repo baseline ----------------------------------------------------------------------------
 
+def _renyi(p: torch.Tensor, q: torch.Tensor, alpha: float,
+           moment: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> torch.Tensor:
+    """D_alpha(p || q) with a branch's finite-order sum `moment`: +inf order log max p/q, order 1 KL,
+    a NaN falling back to log max p/q, as both reference branches write it."""
+    if alpha == float("inf"):
+        value = torch.log(torch.max(p / q))
+    elif alpha == 1:
+        value = torch.sum(p * torch.log(p / q))
+    else:
+        value = 1 / (alpha - 1) * torch.log(moment(p, q, alpha))
+    return torch.log(torch.max(p / q)) if torch.isnan(value) else value
+
+
 def renyi_main(p: torch.Tensor, q: torch.Tensor, alpha: float) -> torch.Tensor:
     """D_alpha(p || q) as the reference's main branch writes it: 1/(a - 1) * log(sum p^a / q^(a-1)), in
     the inputs' dtype; +inf order: log max p/q; order 1: KL; a NaN falls back to log max p/q.
@@ -55,13 +68,7 @@ def renyi_main(p: torch.Tensor, q: torch.Tensor, alpha: float) -> torch.Tensor:
     Returns:
         A 0-d tensor.
     """
-    if alpha == float("inf"):
-        value = torch.log(torch.max(p / q))
-    elif alpha == 1:
-        value = torch.sum(p * torch.log(p / q))
-    else:
-        value = 1 / (alpha - 1) * torch.log(torch.sum(p ** alpha / q ** (alpha - 1)))
-    return torch.log(torch.max(p / q)) if torch.isnan(value) else value
+    return _renyi(p, q, alpha, lambda p, q, a: torch.sum(p ** a / q ** (a - 1)))
 
 
 def renyi_noisy_screening(p: torch.Tensor, q: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -76,13 +83,7 @@ def renyi_noisy_screening(p: torch.Tensor, q: torch.Tensor, alpha: float) -> tor
     Returns:
         A 0-d tensor.
     """
-    if alpha == float("inf"):
-        value = torch.log(torch.max(p / q))
-    elif alpha == 1:
-        value = torch.sum(p * torch.log(p / q))
-    else:
-        value = 1 / (alpha - 1) * torch.log(torch.sum((p / q) ** alpha * q))
-    return torch.log(torch.max(p / q)) if torch.isnan(value) else value
+    return _renyi(p, q, alpha, lambda p, q, a: torch.sum((p / q) ** a * q))
 
 
 def symmetric(renyi: Callable, p: torch.Tensor, q: torch.Tensor, alpha: float) -> float:
