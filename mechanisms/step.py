@@ -53,8 +53,8 @@ class StepResult:
         require(isinstance(self.relation, NeighbouringRelation),
                 f"relation must be a NeighbouringRelation, got {self.relation!r}")
         orders = validated_orders(self.orders)
-        require(isinstance(self.charged, dict) and len(self.charged) > 0,
-                f"charged must be a non-empty mapping of component name to RDP values, got {self.charged!r}")
+        if not (isinstance(self.charged, dict) and len(self.charged) > 0):  # the message's repr only when it fails
+            raise ValueError(f"charged must be a non-empty mapping of component name to RDP values, got {self.charged!r}")
         named: dict[str, NDArray[np.float64] | None] = {f"charged[{name!r}]": values
                                                          for name, values in self.charged.items()}
         named.update(data_dependent=self.data_dependent, add_one_bound=self.add_one_bound)
@@ -66,7 +66,8 @@ class StepResult:
                     f"{name} must be numbers with a last axis of {orders.size} orders, got {values.dtype} "
                     f"{values.shape}")
             require(not bool(np.any(np.isnan(values))), f"{name} holds NaN RDP values")
-            require(not bool(np.any(values < 0)), f"{name} holds negative RDP values, e.g. {float(values.min()):g}")
+            if bool(np.any(values < 0)):
+                raise ValueError(f"{name} holds negative RDP values, e.g. {float(values.min()):g}")
         require(self.screen_statistic is None or not bool(np.any(np.isnan(np.asarray(self.screen_statistic)))),
                 "screen_statistic holds NaN")
 
