@@ -112,3 +112,16 @@ def test_bad_input_raises_one_line_value_errors(change, message):
     with pytest.raises(ValueError, match=message) as caught:
         baseline_rows(**{**arguments, **change})
     assert "\n" not in str(caught.value)
+
+
+def test_a_target_out_of_pmixeds_reach_is_a_row_that_says_why():
+    """PMixED's curve is +inf above its projection order (at most 64 here), so at epsilon 0.1 over 1000 queries
+    the conversion term log(1/delta) / (alpha - 1) >= 0.18 alone exceeds the target; DP-ICL's Gaussian curve
+    has every order and still meets it."""
+    teachers, public, targets = synthetic_ensemble(seed=7, queries=2, vocabulary=6)
+    rows = baseline_rows(teachers, public, targets, (0.1,), 1e-5, 1000, top_k=3)
+    pmixed, dp_icl = by_mechanism(rows, "pmixed")[0], by_mechanism(rows, "dp-icl")[0]
+    assert pmixed["epsilon"] is None and pmixed["epsilon_label"] == "out of reach"
+    assert all(pmixed[name] is None for name in METRICS) and "out of reach" in pmixed["notes"][0]
+    assert dp_icl["epsilon"] <= 0.1
+    json.dumps(rows, allow_nan=False)
