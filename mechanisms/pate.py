@@ -152,6 +152,9 @@ def log_q_gnmax_neighbours(counts: npt.ArrayLike, sigma: float,
     return min(_log_union_bound(gaps, sigma), 0.0)
 
 
+_ROUNDING = float(np.finfo(np.float64).eps)
+
+
 def _log1mexp(x: float) -> float:
     """log(1 - exp(x)) for x < 0, stable at both ends."""
     return math.log(-math.expm1(x)) if x > -0.693 else math.log1p(-math.exp(x))
@@ -211,18 +214,21 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: NDArray[np.floa
     if log_q > condition:
         return independent
     log_1mq = _log1mexp(log_q)
-    log_a = log_1mq - _log1mexp((log_q + eps2) * (1.0 - 1.0 / mu2))
+    log_1m_a = _log1mexp((log_q + eps2) * (1.0 - 1.0 / mu2))
+    log_a = log_1mq - log_1m_a
     log_b = eps1 - log_q / (mu1 - 1.0)
     bound = np.logaddexp(log_1mq + (orders - 1.0) * log_a, log_q + (orders - 1.0) * log_b) / (orders - 1.0)
+    # log(1 - q~) + (a - 1) log A nearly cancels when q~ is tiny (a bound of 1e-58 from terms of 1e-44):
+    # raise the bound by 8 ulps of the terms that cancel, and by 1e-10 of itself for log q~'s own
+    # rounding (a few ulps, amplified at most ~a times), so that rounding never lowers it
+    bound = (bound + 8.0 * _ROUNDING * (orders * abs(log_1mq) + (orders - 1.0) * abs(log_1m_a)) / (orders - 1.0)) \
+        * (1.0 + 1e-10)
     require(not bool(np.any(np.isnan(bound))), f"Theorem 6 bound is NaN at log_q={log_q!r}, sigma={sigma!r}")
     valid = orders < mu1
     # neighbouring GNMax output laws always differ, so the bound is > 0: a value that underflows is
     # rounded up to the smallest float, never to 0 (an all-zero curve would convert to epsilon 0)
     result: NDArray[np.float64] = np.where(valid, np.minimum(independent, positive_floor(bound)), independent)
     return result
-
-
-_ROUNDING = float(np.finfo(np.float64).eps)
 
 
 def _log_screen_law(top_count: float, threshold: float,
