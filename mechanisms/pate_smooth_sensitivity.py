@@ -238,7 +238,7 @@ def smooth_sensitivity_release(histograms: npt.ArrayLike, mechanism: ConfidentGN
                                data_dependent_answer: bool = True) -> SmoothSensitivityRelease:
     """Publish the run's data-dependent epsilon at `order` (Papernot et al. 2018, Section 4 and Appendix C).
 
-    The released RDP is F(D) + SS_beta(D) Z, Z ~ N(0, sigma_ss^2) (`smooth_sensitivity`); releasing it
+    The released RDP is max(0, F(D) + SS_beta(D) Z), Z ~ N(0, sigma_ss^2) (`smooth_sensitivity`); releasing it
     costs gnss_rdp(order, beta, sigma_ss) at `order` (Theorem 23), which composes with the run's own
     data-dependent RDP (Mironov 2017, Proposition 1). The published epsilon is
     released RDP + release cost + log(1 / delta) / (order - 1) (Mironov 2017, Proposition 3), labelled
@@ -267,7 +267,8 @@ def smooth_sensitivity_release(histograms: npt.ArrayLike, mechanism: ConfidentGN
     require_generator(rng)
     private = smooth_sensitivity(histograms, mechanism, order, beta, data_dependent_screen=data_dependent_screen,
                                  data_dependent_answer=data_dependent_answer)
-    noisy = private.statistic + private.smooth_sensitivity * float(rng.normal(0.0, sigma_ss))
+    # an RDP is >= 0: clipping the noisy value there is post-processing (Mironov 2017, Proposition 9)
+    noisy = max(0.0, private.statistic + private.smooth_sensitivity * float(rng.normal(0.0, sigma_ss)))
     published = {"data_dependent": True, "label": RELEASE_LABEL, "order": float(order), "beta": float(beta),
                  "sigma_ss": float(sigma_ss), "delta": float(delta), "relation": mechanism.relation.value,
                  "steps": int(np.asarray(histograms).shape[0]), "released_rdp": noisy,
