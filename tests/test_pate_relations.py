@@ -217,3 +217,17 @@ def test_release_is_labelled_data_dependent_and_the_statistic_bounds_the_charge(
                   for h in histograms)
     assert release.private.charged == pytest.approx(charged, rel=1e-12)
     assert charged <= release.private.statistic <= 20 * mechanism.rdp_values(np.array([10.0]))[0]
+
+
+@pytest.mark.parametrize("relation, expected", [("add-or-remove-one", 10.73), ("replace-one", 13.78)])
+def test_a_confident_gnmax_claim_is_verified_at_its_own_relation(relation, expected):
+    # dpledger verify: the DPARGMAX (T = 32, s1 = s2 = 8, 128 queries) at each claimed relation
+    from dpledger.audit.claims import claim_from_mapping, verify_claim
+
+    claim = claim_from_mapping({"claim": {"source": "constructed", "epsilon": expected, "delta": 1e-5,
+                                          "queries": 128, "relation": relation},
+                                "mechanism": {"type": "confident-gnmax", "sigma": 8.0, "sigma_threshold": 8.0,
+                                              "threshold": 32.0}})
+    verdict = verify_claim(claim)
+    released = next(v for v in verdict.variants if v.name == "released-output" and v.conversion == "improved")
+    assert released.sound and released.epsilon == pytest.approx(expected, abs=0.01)
