@@ -666,17 +666,22 @@ def _accounts(claim: Claim) -> list[_Account]:
                                         _required(claim.sigma, "sigma"))
         return [_Account("screening", "proven", "(lam/(N sigma))^2 a per query (Flemings et al. 2024, Theorem 4.1)",
                          True, curve=screening_only.rdp_curve(orders).composed(queries))]
+    # GNMax's curve at the claim's own relation (L2 sensitivity sqrt 2 replace-one, 1 add or remove):
+    # never an add-or-remove curve for a replace-one claim (Papernot et al. 2018, Proposition 8)
+    relation = claim.relation or _natural_relation(kind)
     if kind == "gnmax":
-        return [_Account("gnmax", "proven", "a / sigma^2 per query (Papernot et al. 2018, Proposition 8)", True,
-                         curve=GNMax(_required(claim.sigma, "sigma")).rdp_curve(orders).composed(queries))]
+        gnmax = GNMax(_required(claim.sigma, "sigma"), relation)
+        return [_Account("gnmax", "proven", "a s^2 / (2 sigma^2) per query at the relation's L2 sensitivity s "
+                         "(Papernot et al. 2018, Proposition 8)", True,
+                         curve=gnmax.rdp_curve(orders).composed(queries))]
     if kind == "confident-gnmax":
         confident = ConfidentGNMax(claim.threshold or 0.0, _required(claim.sigma_threshold, "sigma_threshold"),
-                                   _required(claim.sigma, "sigma"))
+                                   _required(claim.sigma, "sigma"), relation)
         grid = np.asarray(orders)
         screen = RdpCurve(orders, confident.screen_rdp(grid), confident.relation)
         answer = RdpCurve(orders, confident.answer_rdp(grid), confident.relation)
         accounts = [_Account("released-output", "proven",
-                             "threshold check a/(2 s1^2) plus GNMax a/s2^2 on every query: a bound on the released "
+                             "threshold check a/(2 s1^2) plus GNMax a s^2/(2 s2^2) on every query: a bound on the released "
                              "(decision, token) pair (Papernot et al. 2018, Algorithm 1; Mironov 2017, Proposition 1)",
                              claim.path == "released-output", curve=screen.composed(queries) + answer.composed(queries))]
         if claim.answered is not None:

@@ -1,17 +1,23 @@
 """Hot PATE's four aggregators (Cohen et al. 2023) as registered classes.
 
-What each is charged per step (one teacher added, removed or replaced moves at most one vote: L2
-sensitivity <= sqrt(2), max-count sensitivity 1; dpledger.mechanisms.voting):
+What each is charged per step (one teacher added or removed moves one count by one: L2 sensitivity
+1; one replaced moves a vote: L2 sensitivity sqrt(2); the largest count moves by at most 1 under
+every relation; dpledger.mechanisms.voting):
 - TARGMAX_T and TWS_{T, gamma}: T-threshold private (robustness, not DP): +inf, "no guarantee".
 - DPARGMAX, Confident-GNMax (Papernot et al. 2018, Algorithm 1): the screen alpha / (2 s1^2) every
-  step; the answer GNMax alpha s^2 / (2 s2^2) at the histogram's L2 sensitivity s (ibid., Proposition
-  8) or, data-dependently, Theorem 6 at the histogram (both directions, `GNMax.data_dependent_rdp`).
+  step, or with data_dependent_screen its exact data-dependent divergence at the step's largest
+  count (`pate.data_dependent_screen_rdp`); the answer GNMax alpha s^2 / (2 s2^2) at the histogram's
+  L2 sensitivity s under the run's relation (ibid., Proposition 8) or, data-dependently, Theorem 6 at
+  the histogram with that relation's RDP and neighbours (both directions, `GNMax.data_dependent_rdp`).
   accounting = "released-output" charges the answer at every step: the released pair (decision,
   token) has divergence at most screen + answer whichever branch is taken (Mironov 2017, Proposition
   1). "realised-path" charges the answer only where the screen passed (Papernot et al. 2018's
   convention): an ex-post statement about this run, not an RDP bound (docs/soundness.md).
 - DPWS: Gaussian noise on every count, then TWS on the noisy counts with the public N as n: the
-  Gaussian mechanism's alpha s^2 / (2 sigma^2) every step (post-processing).
+  Gaussian mechanism's alpha s^2 / (2 sigma^2) every step at the relation's s (post-processing).
+
+`verify_accounts` computes every curve at the claim's relation, so a curve computed at add-or-remove
+is never offered as covering replace-one.
 
 Their recorded parameter tables keep the layout runs have always had (threshold, gamma, sigma,
 sigma_threshold, data_dependent, whichever the aggregator reads), and their account, verify and
@@ -44,8 +50,10 @@ if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque 
 else:
     torch = lazy_module("torch")  # imported on first use: `import dpledger` stays light
 
-LEGACY_PARAMETERS = {"threshold": None, "gamma": 1.0, "sigma": None, "sigma_threshold": None, "data_dependent": False}
-"""The parameter table every Hot PATE run records, with the value of a key its aggregator does not read."""
+LEGACY_PARAMETERS = {"threshold": None, "gamma": 1.0, "sigma": None, "sigma_threshold": None, "data_dependent": False,
+                     "data_dependent_screen": False}
+"""The parameter table every Hot PATE run records, with the value of a key its aggregator does not read
+(a manifest written before data_dependent_screen existed reads it as False)."""
 
 _ADD_REMOVE = {NeighbouringRelation.ADD_OR_REMOVE_ONE, NeighbouringRelation.REMOVE_ONE, NeighbouringRelation.ADD_ONE}
 
@@ -53,7 +61,8 @@ _ADD_REMOVE = {NeighbouringRelation.ADD_OR_REMOVE_ONE, NeighbouringRelation.REMO
 class _HotPateAggregator(VoteAggregator):
     """What the four share: the recorded table above and the report's labels."""
 
-    unused_defaults: ClassVar[Mapping[str, Any]] = {"gamma": 1.0, "data_dependent": False}
+    unused_defaults: ClassVar[Mapping[str, Any]] = {"gamma": 1.0, "data_dependent": False,
+                                                    "data_dependent_screen": False}
 
     @classmethod
     def recorded_parameters(cls, parameters: Mapping[str, Any]) -> dict[str, Any]:
@@ -244,6 +253,10 @@ class DpargmaxAggregator(_HotPateAggregator):
     data_dependent: bool = parameter(help="charge the answer Papernot et al. 2018's data-dependent Theorem 6 at the "
                                           "step's histogram", unit="true or false", default=False, type=bool,
                                      commands={"decode"})
+    data_dependent_screen: bool = parameter(
+        help="charge the screen its data-dependent divergence at the step's largest count (Papernot et al. 2018, "
+             "Section 4; data-dependent: not a DP epsilon without a smooth-sensitivity release)",
+        unit="true or false", default=False, type=bool, commands={"decode"})
 
     def check(self) -> None:
         threshold: float | None
@@ -255,6 +268,8 @@ class DpargmaxAggregator(_HotPateAggregator):
         object.__setattr__(self, "sigma", require_positive("sigma", self.sigma))
         object.__setattr__(self, "sigma_threshold", require_positive("sigma_threshold", self.sigma_threshold))
         object.__setattr__(self, "data_dependent", require_bool("data_dependent", self.data_dependent))
+        object.__setattr__(self, "data_dependent_screen", require_bool("data_dependent_screen",
+                                                                       self.data_dependent_screen))
 
     @property
     def confident_gnmax(self) -> ConfidentGNMax:
@@ -265,8 +280,17 @@ class DpargmaxAggregator(_HotPateAggregator):
     def answer_component(self) -> str:
         return "gnmax_data_dependent" if self.data_dependent else "gnmax"
 
+    @property
+    def screen_component(self) -> str:
+        return "confident_gnmax_screen_data_dependent" if self.data_dependent_screen else "confident_gnmax_screen"
+
+    @property
+    def any_data_dependent(self) -> bool:
+        """Whether some part of the step's charge is data-dependent (answer or screen)."""
+        return bool(self.data_dependent or self.data_dependent_screen)
+
     def components(self) -> dict[str, bool]:
-        return {"confident_gnmax_screen": False, self.answer_component: self.data_dependent}
+        return {self.screen_component: self.data_dependent_screen, self.answer_component: self.data_dependent}
 
     def _decode_threshold(self) -> float:
         """T, which deciding and the output law need (a decode requires it; accounting does not)."""
@@ -284,7 +308,7 @@ class DpargmaxAggregator(_HotPateAggregator):
         Returns:
             ConfidentGNMax.dp_event()'s event, or None.
         """
-        if self.accounting is not PathAccounting.RELEASED_OUTPUT or self.data_dependent:
+        if self.accounting is not PathAccounting.RELEASED_OUTPUT or self.any_data_dependent:
             return None
         return self.confident_gnmax.dp_event()
 
@@ -293,6 +317,8 @@ class DpargmaxAggregator(_HotPateAggregator):
             return "realised-path accounting charges the answer only where the screen passed: an ex-post total, no PLD"
         if self.data_dependent:
             return "the answer is charged Papernot et al. 2018's data-dependent Theorem 6: no PLD in dp-accounting"
+        if self.data_dependent_screen:
+            return "the screen is charged its data-dependent divergence at the histogram: no PLD in dp-accounting"
         return super().no_pld_reason()
 
     def decide(self, counts: NDArray[np.int64], generator: torch.Generator) -> tuple[int | None, float, list[float]]:
@@ -322,7 +348,10 @@ class DpargmaxAggregator(_HotPateAggregator):
     def charges(self, counts: NDArray[np.int64], passed: NDArray[np.bool_],
                 orders: NDArray[np.float64]) -> dict[str, NDArray[np.float64]]:
         rows = counts.shape[0]
-        screen = np.broadcast_to(self.confident_gnmax.screen_rdp(orders), (rows, orders.size)).copy()
+        if self.data_dependent_screen and rows:
+            screen = np.stack([self.confident_gnmax.data_dependent_screen_rdp(c, orders) for c in counts])
+        else:
+            screen = np.broadcast_to(self.confident_gnmax.screen_rdp(orders), (rows, orders.size)).copy()
         if self.data_dependent:
             gnmax = GNMax(self.sigma, self.relation)
             answer = np.stack([gnmax.data_dependent_rdp(c, orders, DivergenceDirection.BOTH) for c in counts]) \
@@ -331,7 +360,7 @@ class DpargmaxAggregator(_HotPateAggregator):
             answer = np.broadcast_to(self.confident_gnmax.answer_rdp(orders), (rows, orders.size)).copy()
         if self.accounting is PathAccounting.REALISED_PATH:
             answer = np.where(np.asarray(passed, dtype=bool)[:, None], answer, 0.0)
-        return {"confident_gnmax_screen": screen, self.answer_component: answer}
+        return {self.screen_component: screen, self.answer_component: answer}
 
     def realised_path_bounds(self, orders: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]] | None:
         """Confident-GNMax's screen (every step) and its answer (passed steps only), data-independent.
@@ -444,33 +473,44 @@ class DpargmaxAggregator(_HotPateAggregator):
             record.update(answered=answered, data_dependent=True)
             record["label"] = (f"realised-path: an ex-post statement about one run with {answered} answered "
                                "queries, not an RDP guarantee of the mechanism")
-            record["note"] = ("screen alpha/(2 s1^2) on all queries, GNMax alpha/s2^2 on the answered ones only "
-                              "(Papernot et al. 2018's convention)")
+            record["note"] = (f"screen alpha/(2 s1^2) on all queries, GNMax {self.answer_formula} on the answered ones "
+                              f"only ({self.relation.value}; Papernot et al. 2018's convention)")
         else:
-            record["note"] = ("released-output: every query charged screen alpha/(2 s1^2) + GNMax alpha/s2^2, which "
+            record["note"] = (f"released-output: every query charged screen alpha/(2 s1^2) + GNMax {self.answer_formula} "
+                              f"({self.relation.value}: the histogram's L2 sensitivity is "
+                              f"{'sqrt 2' if self.relation is NeighbouringRelation.REPLACE_ONE else '1'}), which "
                               "bounds the released (decision, token) pair whichever branch is taken (Mironov 2017, "
                               "Proposition 1); T is recorded, the RDP does not depend on it")
         return record
 
+    @property
+    def answer_formula(self) -> str:
+        """GNMax's per-query RDP under the relation: "alpha/s2^2" (replace-one) or "alpha/(2 s2^2)"."""
+        return "alpha/s2^2" if self.relation is NeighbouringRelation.REPLACE_ONE else "alpha/(2 s2^2)"
+
     def verify_accounts(self, orders: Sequence[float], queries: int, answered: int | None, path: PathAccounting,
                         relation: NeighbouringRelation) -> list[AccountingVariant]:
-        """At replace-one whatever the claim's relation (it covers them all: Papernot et al. 2018, Proposition 8).
+        """At the claim's relation: GNMax's a s^2 / (2 s2^2) at that relation's L2 sensitivity s (Papernot et
+        al. 2018, Proposition 8; Mironov 2017, Corollary 3), so an add-or-remove curve is never offered
+        for a replace-one claim.
 
         Args:
             orders: Renyi orders, each > 1.
             queries: the number of steps.
             answered: the number of answered steps, if known (adds the realised-path variant).
             path: the claim's path accounting (which variant it declared).
-            relation: the claim's relation (covered whatever it is).
+            relation: the claim's relation, at which every curve is computed.
 
         Returns:
             The released-output variant, and the realised-path one when `answered` is given.
         """
-        screen, answer = self.with_context(relation=NeighbouringRelation.REPLACE_ONE)._screen_and_answer(orders)
+        at = self.with_context(relation=relation)
+        screen, answer = at._screen_and_answer(orders)
         accounts = [AccountingVariant("released-output", "proven",
-                                      "threshold check a/(2 s1^2) plus GNMax a/s2^2 on every query: a bound on the "
-                                      "released (decision, token) pair (Papernot et al. 2018, Algorithm 1; Mironov "
-                                      "2017, Proposition 1)", path is PathAccounting.RELEASED_OUTPUT,
+                                      f"threshold check a/(2 s1^2) plus GNMax {at.answer_formula} ({relation.value}) on "
+                                      "every query: a bound on the released (decision, token) pair (Papernot et al. "
+                                      "2018, Algorithm 1 and Proposition 8; Mironov 2017, Proposition 1)",
+                                      path is PathAccounting.RELEASED_OUTPUT,
                                       screen.composed(queries) + answer.composed(queries))]
         if answered is not None:
             accounts.append(AccountingVariant("realised-path", "not-a-guarantee",
@@ -498,15 +538,19 @@ class DpargmaxAggregator(_HotPateAggregator):
         """
         threshold = 0.0 if fixed.get("threshold") is None else fixed["threshold"]
         return calibrate_confident_gnmax(epsilon, delta, queries, ratio=fixed["ratio"], threshold=threshold,
-                                         mechanism_name=cls.name, **options)
+                                         mechanism_name=cls.name, **{"relation": cls.natural_relation, **options})
 
     @classmethod
     def charge_statement(cls, parameters: Mapping[str, Any]) -> str:
+        replace = str(parameters.get("relation", cls.natural_relation.value)) == NeighbouringRelation.REPLACE_ONE.value
         answer = ("the noisy argmax's data-dependent RDP at the step's histogram (Papernot et al. 2018, Theorem 6)"
                   if parameters.get("data_dependent") else
-                  "the noisy argmax's a / sigma^2 (Papernot et al. 2018, Proposition 8)")
+                  f"the noisy argmax's {'a / sigma^2' if replace else 'a / (2 sigma^2)'} (Papernot et al. 2018, "
+                  "Proposition 8, at the relation's L2 sensitivity)")
+        screen = ("the screen's data-dependent divergence at the step's largest count (data-dependent)"
+                  if parameters.get("data_dependent_screen") else "the screen's a / (2 sigma_threshold^2)")
         realised = parameters.get("accounting") == PathAccounting.REALISED_PATH
-        return (f"Every step is charged the screen's a / (2 sigma_threshold^2) plus {answer}, "
+        return (f"Every step is charged {screen} plus {answer}, "
                 + ("only where the screen passed (Papernot et al. 2018's convention)." if realised else
                    "the screen passed or not: a step releases the decision and the token (Mironov 2017, "
                    "Proposition 1; docs/hotpate.md)."))
@@ -531,10 +575,12 @@ class DpwsAggregator(_HotPateAggregator):
     surrogate_note = ("DPWS: measured on the Gaussian noisy histogram, the same formula as the charge; this checks the "
                       "charge's arithmetic, not the released law")
     claim_voters = True
-    soundness = ("N(0, sigma^2) on every count, a / sigma^2 per query (Mironov 2017, Corollary 3); TWS on the noisy "
-                 "counts is post-processing (Mironov 2017, Proposition 9)")
-    account_note = ("Gaussian N(0, sigma^2) on every count (L2 sensitivity sqrt 2 under replace-one): alpha / sigma^2 "
-                    "per query; TWS on the clipped noisy counts is post-processing")
+    soundness = ("N(0, sigma^2) on every count, a s^2 / (2 sigma^2) per query at the relation's L2 sensitivity s "
+                 "(sqrt 2 replace-one, 1 add or remove; Mironov 2017, Corollary 3); TWS on the noisy counts is "
+                 "post-processing (Mironov 2017, Proposition 9)")
+    account_note = ("Gaussian N(0, sigma^2) on every count: alpha / sigma^2 per query under replace-one (L2 sensitivity "
+                    "sqrt 2), alpha / (2 sigma^2) when one teacher is added or removed (L2 sensitivity 1, with the "
+                    "public N as TWS's n); TWS on the clipped noisy counts is post-processing")
 
     sigma: float = parameter(help="standard deviation of the Gaussian added to each vote count before TWS",
                              unit="votes", symbol="sigma", metavar="SIGMA")
@@ -626,19 +672,22 @@ class DpwsAggregator(_HotPateAggregator):
 
     def verify_accounts(self, orders: Sequence[float], queries: int, answered: int | None, path: PathAccounting,
                         relation: NeighbouringRelation) -> list[AccountingVariant]:
-        """At replace-one: the claim's voters make add/remove covered too (covered_relations).
+        """At the claim's relation where covered_relations covers it (a / (2 sigma^2) add or remove, a / sigma^2
+        replace-one: Mironov 2017, Corollary 3), else at replace-one (the claim is then demoted).
 
         Args:
             orders: Renyi orders, each > 1.
             queries: the number of steps.
             answered: unused (DPWS charges every step).
             path: unused (one accounting).
-            relation: unused (the replace-one curve covers what covered_relations lists).
+            relation: the claim's relation.
 
         Returns:
             One proven variant: the Gaussian counts' curve over `queries` steps.
         """
-        curve = DPWeightedSampler(self.sigma, self.threshold, self.gamma).rdp_curve(orders).composed(queries)
+        at = relation if relation in self.covered_relations() else NeighbouringRelation.REPLACE_ONE
+        curve = DPWeightedSampler(self.sigma, self.threshold, self.gamma, at,
+                                  voters=self.teachers).rdp_curve(orders).composed(queries)
         return [AccountingVariant("gaussian-counts", "proven", self.soundness, True, curve)]
 
     def covered_relations(self) -> set[NeighbouringRelation]:
@@ -664,9 +713,12 @@ class DpwsAggregator(_HotPateAggregator):
         Returns:
             The Calibration of sigma.
         """
-        return calibrate_dpws(epsilon, delta, queries, threshold=fixed["threshold"], gamma=fixed["gamma"], **options)
+        return calibrate_dpws(epsilon, delta, queries, threshold=fixed["threshold"], gamma=fixed["gamma"],
+                              **{"relation": cls.natural_relation, **options})
 
     @classmethod
     def charge_statement(cls, parameters: Mapping[str, Any]) -> str:
-        return ("Every step is charged a / sigma^2 at order a: the Gaussian mechanism on the histogram, whose L2 "
-                "sensitivity is at most sqrt(2); sampling from the noisy counts is post-processing (docs/hotpate.md).")
+        replace = str(parameters.get("relation", cls.natural_relation.value)) == NeighbouringRelation.REPLACE_ONE.value
+        return (f"Every step is charged {'a / sigma^2' if replace else 'a / (2 sigma^2)'} at order a: the Gaussian "
+                "mechanism on the histogram, whose L2 sensitivity is sqrt(2) when one teacher is replaced and 1 when "
+                "one is added or removed; sampling from the noisy counts is post-processing (docs/hotpate.md).")

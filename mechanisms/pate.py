@@ -1,12 +1,20 @@
 """GNMax and Confident-GNMax over vote histograms (Papernot et al. 2018, "Scalable Private Learning
-with PATE"). Neighbouring relation: replace one teacher (one vote moves).
+with PATE"). Neighbouring relation: replace one teacher (one vote moves: L2 sensitivity sqrt 2, the
+paper's), or add or remove one (one count moves by one: L2 sensitivity 1); the largest count moves by
+at most 1 under every relation.
 
 Data-dependent bounds come in two directions. Papernot et al. 2018 Theorem 6 bounds
 D_a(M(D) || M(D')) at the actual histogram D only (DivergenceDirection.FROM_ACTUAL); the reverse
 direction D_a(M(D') || M(D)) can be far larger (counts (9, 1), sigma 1, order 2: 0.0157 against the
 forward bound's 1.35e-4). The symmetric bound (DivergenceDirection.BOTH, the default) adds Theorem 6
 applied at every neighbour D', whose failure probability is bounded by Proposition 7 with every gap
-reduced by 2 (one moved vote changes c_{j*} - c_j by at most 2).
+reduced by the most one neighbour moves it: 2 when a teacher is replaced, 1 when one is added or
+removed. Theorem 6 is applied with GNMax's own RDP under the relation (mu / sigma^2 replace-one,
+mu / (2 sigma^2) add or remove: the replace-one analysis at sigma sqrt 2).
+
+The threshold check's data-dependent RDP (`data_dependent_screen_rdp`) is the exact Renyi divergence
+of its two-outcome law at the actual largest count against the largest count one step up or down,
+both directions.
 """
 from __future__ import annotations
 
@@ -101,28 +109,50 @@ def log_q_gnmax(counts: npt.ArrayLike, sigma: float) -> float:
     return min(_log_union_bound(gaps, sigma), math.log1p(-1.0 / values.size))
 
 
-def log_q_gnmax_neighbours(counts: npt.ArrayLike, sigma: float) -> float:
-    """log of an upper bound on Pr[GNMax(D') != argmax counts of D] over every replace-one neighbour D'.
+def gap_shift(relation: NeighbouringRelation) -> float:
+    """The most one neighbour moves a plurality gap c_{j*} - c_j: 2 when a teacher is replaced (one
+    count down, another up), 1 when one is added or removed (one count moves by one).
+
+    Args:
+        relation: the neighbouring relation.
+
+    Returns:
+        2.0 under replace-one, 1.0 under the others.
+
+    Raises:
+        ValueError: if `relation` is not a NeighbouringRelation.
+    """
+    return 2.0 if require_relation(relation) is NeighbouringRelation.REPLACE_ONE else 1.0
+
+
+def log_q_gnmax_neighbours(counts: npt.ArrayLike, sigma: float,
+                           relation: NeighbouringRelation = NeighbouringRelation.REPLACE_ONE) -> float:
+    """log of an upper bound on Pr[GNMax(D') != argmax counts of D] over every neighbour D' of D.
 
     Proposition 7's union bound (Papernot et al. 2018) at D' with the outcome j* = argmax of D: one
-    moved vote changes each gap c_{j*} - c_j by at most 2, so every gap is reduced by 2. Capped at 0
-    (q <= 1); no 1 - 1/V cap, because j* need not be the plurality of D'.
+    neighbour changes each gap c_{j*} - c_j by at most `gap_shift(relation)` (2 replace-one, 1 add or
+    remove), so every gap is reduced by that. Capped at 0 (q <= 1); no 1 - 1/V cap, because j* need
+    not be the plurality of D'.
 
     Args:
         counts: (V,) the vote histogram D.
         sigma: GNMax's noise standard deviation, > 0 (votes).
+        relation: the neighbouring relation (default replace-one, the paper's).
 
     Returns:
         The log of the bound, <= 0.
 
     Raises:
-        ValueError: if `counts` is not a valid histogram or sigma is not > 0.
+        ValueError: if `counts` is not a valid histogram, sigma is not > 0 or the relation is unknown.
     """
     values = validated_counts(counts)
     sigma = require_positive("sigma", sigma)
     top = int(np.argmax(values))
-    gaps = values[top] - np.delete(values, top) - 2.0
+    gaps = values[top] - np.delete(values, top) - gap_shift(relation)
     return min(_log_union_bound(gaps, sigma), 0.0)
+
+
+_ROUNDING = float(np.finfo(np.float64).eps)
 
 
 def _log1mexp(x: float) -> float:
@@ -147,7 +177,9 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: NDArray[np.floa
 
     Args:
         log_q: log q~, a real <= 0 (log_q_gnmax or log_q_gnmax_neighbours); -inf allowed.
-        sigma: GNMax's noise standard deviation, > 0 (votes).
+        sigma: the sigma of the mechanism's RDP mu / sigma^2, > 0 (votes): GNMax's noise under
+            replace-one, the noise times sqrt 2 when one teacher is added or removed
+            (GNMax.theorem_6_sigma).
         orders: Renyi orders, each finite and > 1.
 
     Returns:
@@ -182,14 +214,102 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: NDArray[np.floa
     if log_q > condition:
         return independent
     log_1mq = _log1mexp(log_q)
-    log_a = log_1mq - _log1mexp((log_q + eps2) * (1.0 - 1.0 / mu2))
+    log_1m_a = _log1mexp((log_q + eps2) * (1.0 - 1.0 / mu2))
+    log_a = log_1mq - log_1m_a
     log_b = eps1 - log_q / (mu1 - 1.0)
     bound = np.logaddexp(log_1mq + (orders - 1.0) * log_a, log_q + (orders - 1.0) * log_b) / (orders - 1.0)
+    # log(1 - q~) + (a - 1) log A nearly cancels when q~ is tiny (a bound of 1e-58 from terms of 1e-44):
+    # raise the bound by 8 ulps of the terms that cancel, and by 1e-10 of itself for log q~'s own
+    # rounding (a few ulps, amplified at most ~a times), so that rounding never lowers it
+    bound = (bound + 8.0 * _ROUNDING * (orders * abs(log_1mq) + (orders - 1.0) * abs(log_1m_a)) / (orders - 1.0)) \
+        * (1.0 + 1e-10)
     require(not bool(np.any(np.isnan(bound))), f"Theorem 6 bound is NaN at log_q={log_q!r}, sigma={sigma!r}")
     valid = orders < mu1
     # neighbouring GNMax output laws always differ, so the bound is > 0: a value that underflows is
     # rounded up to the smallest float, never to 0 (an all-zero curve would convert to epsilon 0)
     result: NDArray[np.float64] = np.where(valid, np.minimum(independent, positive_floor(bound)), independent)
+    return result
+
+
+def _log_screen_law(top_count: float, threshold: float,
+                    sigma_threshold: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """((log Pr[pass], log Pr[fail]), an absolute error bound on each) of the check max c + N(0, s1^2) >= T.
+
+    scipy's log_ndtr is log(ndtr(x)) on (-20, 6), a few ulps absolute, and an expansion of relative
+    accuracy outside it; 8 ulps of the value, plus 8 absolute ulps on that interval, cover both."""
+    x = (top_count - threshold) / sigma_threshold
+    logs = np.array([log_ndtr(x), log_ndtr(-x)], dtype=np.float64)
+    middle = np.array([8.0 * _ROUNDING if -21.0 < x < 7.0 else 0.0, 8.0 * _ROUNDING if -7.0 < x < 21.0 else 0.0])
+    return logs, 8.0 * _ROUNDING * np.where(np.isfinite(logs), np.abs(logs), 0.0) + middle
+
+
+def _bernoulli_renyi_upper(log_p: NDArray[np.float64], log_q: NDArray[np.float64], error: NDArray[np.float64],
+                           orders: NDArray[np.float64]) -> NDArray[np.float64]:
+    """An upper bound on D_a(P || Q) for two-outcome laws given by their log-probabilities, log p_i
+    and log q_i together within error_i of the truth (van Erven & Harremoes 2014, Definition 2).
+
+    exp((a - 1) D) - 1 = sum_i p_i expm1(r_i), r_i = (a - 1)(log p_i - log q_i), since sum_i p_i = 1:
+    no cancellation against 1 when D is tiny (both laws near a point mass). Each r_i is raised by
+    its rounding allowance (a - 1) error_i, and the sum by 8 ulps of its terms' magnitudes; an
+    outcome P gives no mass adds nothing, one Q gives none (in floats) makes D infinite."""
+    scale = (orders - 1.0)[:, None]
+    mass = log_p > -np.inf
+    if np.any(mass & (log_q == -np.inf)):
+        return np.full(orders.shape, np.inf)
+    difference = np.where(mass, log_p - np.where(mass, log_q, 0.0) + error, 0.0)   # 0 where P has no mass
+    raised = scale * difference[None, :]                                             # (K, 2)
+    probabilities = np.exp(log_p)
+    with np.errstate(over="ignore", invalid="ignore"):  # such rows take the log-space value below
+        terms = np.where(mass[None, :], probabilities[None, :] * np.expm1(raised), 0.0)
+        excess = terms.sum(axis=1) + 8.0 * _ROUNDING * np.abs(terms).sum(axis=1)
+        small = np.log1p(np.maximum(excess, 0.0)) / scale[:, 0]
+    large = logsumexp(np.where(mass[None, :], log_p[None, :] + raised, -np.inf), axis=1) / scale[:, 0]
+    # log space where a term is large (expm1 would overflow); relative rounding allowance 1e-12
+    result: NDArray[np.float64] = np.where(raised.max(axis=1) > 30.0, large, small) * (1.0 + 1e-12)
+    return result
+
+
+def data_dependent_screen_rdp(top_count: float, threshold: float, sigma_threshold: float,
+                              orders: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Data-dependent RDP of Confident-GNMax's threshold check at the histogram whose largest count is
+    `top_count`, both directions (DivergenceDirection.BOTH), under every neighbouring relation.
+
+    The check releases one bit, pass with probability p(m) = Phi((m - T) / s1) at largest count m
+    (Papernot et al. 2018, Algorithm 1). One teacher added, removed or replaced moves m by at most 1,
+    so the neighbours' laws are those at m - 1 (m >= 1) and m + 1; a Renyi divergence with one law
+    fixed is quasi-convex in the other (its exp((a - 1) D) is convex), so these extremes bound every
+    m' in between. The value is max over them of D_a(P_m || P_m') and D_a(P_m' || P_m), computed
+    exactly with a rounding allowance (`_bernoulli_renyi_upper`), and capped by the data-independent
+    a / (2 s1^2) (Mironov 2017, Corollary 3 at sensitivity 1). Papernot et al. 2018 (Section 4 and
+    Appendix; their compute_rdp_threshold) bound the forward direction by Theorem 6 instead; the
+    exact two-point divergence is never larger than a valid bound of that direction.
+
+    Args:
+        top_count: the largest vote count m, a finite real >= 0.
+        threshold: the check's threshold T, a finite real >= 0.
+        sigma_threshold: the check's noise s1, > 0 (votes).
+        orders: Renyi orders, each finite and > 1.
+
+    Returns:
+        A float64 array, one bound per order, in (0, a / (2 s1^2)].
+
+    Raises:
+        ValueError: if a parameter is out of range or an order is not finite and > 1.
+    """
+    top_count = require_non_negative("top_count", top_count)
+    threshold = require_non_negative("threshold", threshold)
+    sigma_threshold = require_positive("sigma_threshold", sigma_threshold)
+    grid = validated_orders(orders)
+    independent = grid / (2.0 * np.float64(sigma_threshold) ** 2)
+    actual, error = _log_screen_law(top_count, threshold, sigma_threshold)
+    worst = np.zeros_like(grid)
+    for neighbour in ([top_count - 1.0] if top_count >= 1.0 else []) + [top_count + 1.0]:
+        other, other_error = _log_screen_law(neighbour, threshold, sigma_threshold)
+        worst = np.maximum(worst, _bernoulli_renyi_upper(actual, other, error + other_error, grid))
+        worst = np.maximum(worst, _bernoulli_renyi_upper(other, actual, error + other_error, grid))
+    require(not bool(np.any(np.isnan(worst))), f"screen divergence is NaN at top_count={top_count!r}, "
+                                               f"threshold={threshold!r}, sigma_threshold={sigma_threshold!r}")
+    result: NDArray[np.float64] = positive_floor(np.minimum(worst, independent))
     return result
 
 
@@ -246,18 +366,24 @@ class GNMax(AccountableMechanism):
 
         return dp_accounting.GaussianDpEvent(self.sigma / math.sqrt(histogram_sensitivity_squared(self.relation)))
 
+    @property
+    def theorem_6_sigma(self) -> float:
+        """The sigma at which Theorem 6 reads this relation's RDP mu / sigma'^2: sigma under replace-one
+        (mu / sigma^2, Papernot et al. 2018, Proposition 8), sigma sqrt 2 when one teacher is added or
+        removed (mu / (2 sigma^2) = mu / (sigma sqrt 2)^2; Mironov 2017, Corollary 3 at sensitivity 1)."""
+        return float(self.sigma) * math.sqrt(2.0 / histogram_sensitivity_squared(self.relation))
+
     def data_dependent_rdp(self, counts: npt.ArrayLike, orders: NDArray[np.float64],
                            direction: DivergenceDirection = DivergenceDirection.BOTH) -> NDArray[np.float64]:
         """Data-dependent RDP at the histogram `counts` (Papernot et al. 2018, Theorem 6 with Proposition 7).
 
         FROM_ACTUAL: Theorem 6 at D, bounding D_a(M(D) || M(D')). BOTH (default): the larger of that
-        and Theorem 6 at every neighbour D' (`log_q_gnmax_neighbours`), which bounds
-        D_a(M(D') || M(D)) because D is a neighbour of D'.
-        Theorem 6 is applied with the replace-one data-independent bound alpha / sigma^2, which holds
-        under every relation (a mechanism that is (a, e)-RDP is (a, e')-RDP for e' >= e, and the
-        replace-one neighbours' q~ covers those one vote added or removed: a replacement moves the
-        plurality margin by 2, an addition or a removal by 1); the result is capped by this relation's
-        own data-independent curve.
+        and Theorem 6 at every neighbour D' (`log_q_gnmax_neighbours`: every gap reduced by 2 under
+        replace-one, by 1 when one teacher is added or removed), which bounds D_a(M(D') || M(D))
+        because D is a neighbour of D'. Theorem 6 holds for any mechanism that is (mu_i, eps_i)-RDP
+        under the relation; it is applied with this relation's own GNMax RDP (`theorem_6_sigma`:
+        mu / sigma^2 replace-one, mu / (2 sigma^2) add or remove), and q~ is Proposition 7's at the
+        noise actually added (sigma). The result is capped by this relation's data-independent curve.
 
         Args:
             counts: (V,) the vote histogram D.
@@ -272,10 +398,12 @@ class GNMax(AccountableMechanism):
                 direction is unknown.
         """
         direction = DivergenceDirection(direction)
-        forward = data_dependent_gnmax_rdp(log_q_gnmax(counts, self.sigma), self.sigma, orders)
+        rdp_sigma = self.theorem_6_sigma
+        forward = data_dependent_gnmax_rdp(log_q_gnmax(counts, self.sigma), rdp_sigma, orders)
         if direction is DivergenceDirection.FROM_ACTUAL:
             return np.minimum(forward, self.rdp_values(orders))
-        reverse = data_dependent_gnmax_rdp(log_q_gnmax_neighbours(counts, self.sigma), self.sigma, orders)
+        reverse = data_dependent_gnmax_rdp(log_q_gnmax_neighbours(counts, self.sigma, self.relation), rdp_sigma,
+                                           orders)
         return np.minimum(np.maximum(forward, reverse), self.rdp_values(orders))
 
     def data_dependent_curve(self, counts: npt.ArrayLike, orders: Sequence[float] = DEFAULT_ORDERS,
@@ -393,27 +521,50 @@ class ConfidentGNMax(AccountableMechanism):
         return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(self.sigma_threshold),
                                               GNMax(self.sigma, self.relation).dp_event()])
 
+    def data_dependent_screen_rdp(self, counts: npt.ArrayLike, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        """The threshold check's data-dependent RDP at the histogram, both directions, every relation
+        (`data_dependent_screen_rdp`: the exact two-outcome divergence against the largest count one
+        step up or down, capped by a / (2 s1^2); Papernot et al. 2018, Algorithm 1 and Section 4).
+
+        Args:
+            counts: (V,) the vote histogram.
+            orders: Renyi orders, each finite and > 1.
+
+        Returns:
+            A float64 array, one value per order, at most screen_rdp's.
+
+        Raises:
+            ValueError: if `counts` is not a valid histogram or an order is not finite and > 1.
+        """
+        values = validated_counts(counts)
+        return data_dependent_screen_rdp(float(values.max()), self.threshold, self.sigma_threshold, orders)
+
     def data_dependent_rdp(self, counts: npt.ArrayLike, orders: NDArray[np.float64], answered: bool,
-                           direction: DivergenceDirection = DivergenceDirection.BOTH) -> NDArray[np.float64]:
-        """Screening (data-independent) plus, if answered, GNMax's data-dependent bound in `direction`
-        (Papernot et al. 2018, Theorem 6; see GNMax.data_dependent_rdp).
+                           direction: DivergenceDirection = DivergenceDirection.BOTH,
+                           data_dependent_screen: bool = False) -> NDArray[np.float64]:
+        """The screen plus, if answered, GNMax's data-dependent bound in `direction` (Papernot et al.
+        2018, Theorem 6; see GNMax.data_dependent_rdp). The screen is charged its data-independent
+        a / (2 s1^2), or with `data_dependent_screen` its data-dependent divergence at the histogram
+        (`data_dependent_screen_rdp`, both directions).
 
         Args:
             counts: (V,) the vote histogram.
             orders: Renyi orders, each finite and > 1.
             answered: whether the query passed the check and was answered.
             direction: FROM_ACTUAL or BOTH.
+            data_dependent_screen: charge the screen data-dependently too.
 
         Returns:
             A float64 array, one value per order.
 
         Raises:
-            ValueError: if an order, `counts` or `answered` is invalid.
+            ValueError: if an order, `counts`, `answered` or `data_dependent_screen` is invalid.
         """
         grid = validated_orders(orders)
         values = validated_counts(counts)
         answered = require_bool("answered", answered)
-        screen = self.screen_rdp(grid)
+        screen = (self.data_dependent_screen_rdp(values, grid)
+                  if require_bool("data_dependent_screen", data_dependent_screen) else self.screen_rdp(grid))
         answer = GNMax(self.sigma, self.relation).data_dependent_rdp(values, grid, direction)
         return screen + answer if answered else screen
 

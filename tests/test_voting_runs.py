@@ -143,6 +143,25 @@ def test_data_dependent_dpargmax_is_labelled_and_never_above_gnmax(micro_models,
     assert audit_run(result.directory, play_game=False).verdict == "PASS"
 
 
+def test_data_dependent_screen_is_opt_in_labelled_recorded_and_audited(micro_models, tmp_path):
+    result = decode(micro_models, tmp_path / "dds", voting("dpargmax", data_dependent_screen=True, sigma=0.5,
+                                                           sigma_threshold=0.5))
+    assert result.summary["data_dependent"] is True
+    manifest = json.loads((result.directory / trace.MANIFEST).read_text())
+    assert manifest["mechanism"]["params"]["data_dependent_screen"] is True
+    assert manifest["mechanism"]["components"] == {"confident_gnmax_screen_data_dependent": True, "gnmax": False}
+    orders = np.asarray(manifest["orders"])
+    mechanism = ConfidentGNMax(2.0, 0.5, 0.5, NeighbouringRelation.ADD_OR_REMOVE_ONE)
+    for record in trace.read_records(result.directory):
+        counts = np.zeros(400, dtype=np.int64)
+        counts[record["vote_tokens"]] = record["vote_counts"]
+        np.testing.assert_allclose(record["rdp_confident_gnmax_screen_data_dependent"],
+                                   mechanism.data_dependent_screen_rdp(counts, orders), rtol=1e-12)
+        assert np.all(np.asarray(record["rdp_confident_gnmax_screen_data_dependent"])
+                      <= mechanism.screen_rdp(orders) * (1 + 1e-12))
+    assert audit_run(result.directory, play_game=False).verdict == "PASS"
+
+
 def test_voting_runs_may_claim_replace_one_and_the_ablation_tests_it(micro_models, tmp_path):
     result = decode(micro_models, tmp_path / "replace", voting("dpargmax"), queries=16, relation="replace_one")
     assert result.summary["relation"] == "replace_one"
