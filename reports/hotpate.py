@@ -469,14 +469,18 @@ def _simulate(data: TeacherDistributions, thresholds: tuple[int, ...], gamma: fl
 
 def _ceiling(data: TeacherDistributions, samples: int, seed: int) -> dict[str, Any]:
     """The non-private ensemble at the same number of rounds: `samples` draws from the mean teacher per query."""
-    coverage, tokens = [], []
+    coverage, tokens, utility = [], [], []
     for q, teachers in enumerate(data.teachers):
         pbar = mean_teacher(teachers)
         rng = np.random.default_rng([seed, q, 7])
         draws = np.minimum(np.searchsorted(np.cumsum(pbar), rng.random(samples), side="right"), pbar.size - 1)
         coverage.append(float(pbar[np.unique(draws)].sum()))
         tokens.append(draws)
-    return {"coverage": float(np.mean(coverage)), "yield": 1.0, **_text_diversity(np.stack(tokens))}
+        # the empirical law of the draws: how far a law estimated from `samples` rounds sits from its own reference
+        empirical = np.bincount(draws, minlength=pbar.size) / samples
+        utility.append(output_law_utility(empirical[None], pbar[None], data.targets[q:q + 1]))
+    return {"coverage": float(np.mean(coverage)), "yield": 1.0, **pooled_utility(utility),
+            **_text_diversity(np.stack(tokens))}
 
 
 def _text_diversity(tokens: np.ndarray) -> dict[str, float | None]:
@@ -863,7 +867,7 @@ def read_partitioned_dataset(path: str | Path, partition_key: str, teachers: int
                 and record[text_key].strip() != "",
                 f"--dataset {path} line {number} must be an object with {partition_key!r} and a non-empty string "
                 f"{text_key!r}")
-        groups.setdefault(json.dumps(record[partition_key], sort_keys=True), []).append(record[text_key].strip())
+        groups.setdefault(json.dumps(record[partition_key], sort_keys=True, allow_nan=False), []).append(record[text_key].strip())
     require(len(groups) >= teachers, f"--dataset {path} has {len(groups)} distinct {partition_key!r} values, "
                                      f"fewer than the {teachers} teachers")
     examples: list[list[str]] = [[] for _ in range(teachers)]
@@ -1118,7 +1122,9 @@ def summary_lines(result: HotPateResult) -> list[str]:
     ceiling = result.ceiling
     lines = [f"Non-private ceiling ({result.samples} draws of the teachers' mean per query): coverage "
              f"{ceiling['coverage']:.3f}, yield 1, distinct-1 {_fmt(ceiling['distinct_1'])}, distinct-2 "
-             f"{_fmt(ceiling['distinct_2'])}, self-BLEU {_fmt(ceiling['self_bleu'])}.",
+             f"{_fmt(ceiling['distinct_2'])}, self-BLEU {_fmt(ceiling['self_bleu'])}; the empirical law of those "
+             f"draws is at TV {ceiling['tv_to_reference']:.3f} from the mean (Monte Carlo error: voting laws are "
+             "estimated from as many rounds).",
              f"Matched coverage {result.target_coverage:.3f} (coverage of released tokens; DP epsilons over "
              f"{result.budget_queries} queries at delta = {result.delta:g}, {result.retries} retries):"]
     for mechanism in THRESHOLD_PRIVATE + DIFFERENTIALLY_PRIVATE:
