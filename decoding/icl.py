@@ -326,7 +326,7 @@ class InContextEnsemble:
         """
         require(isinstance(dtype, torch.dtype) and dtype.is_floating_point,
                 f"dtype must be a floating torch dtype, got {dtype!r}")
-        self._model = self._model.to(dtype)  # type: ignore[arg-type]
+        self._model = self._model.to(dtype)
 
     @torch.no_grad()
     def public_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
