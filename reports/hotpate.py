@@ -1040,6 +1040,9 @@ def hotpate_figure(result: HotPateResult) -> bytes:
             axes[4].plot(eps, [r["coverage"] for r in rows], line + markers[mechanism], ms=4,
                          label=f"{mechanism} {scheme}")
     axes[4].axhline(ceiling, color="k", lw=0.8, ls=":", label="non-private ceiling")
+    for axis in (axes[3], axes[5]):  # a law estimated from `samples` rounds is this far from exact, even sampling pbar
+        axis.axhline(result.ceiling["tv_to_reference"], color="k", lw=0.8, ls=":",
+                     label=f"non-private ceiling's Monte Carlo TV ({result.samples} draws)")
     axes[4].axhline(result.target_coverage, color="#c33", lw=0.8, ls="-.", label="matched coverage")
     for mechanism in THRESHOLD_PRIVATE:
         for scheme in SCHEMES:
