@@ -1135,8 +1135,10 @@ def summary_lines(result: HotPateResult) -> list[str]:
         for scheme in SCHEMES:
             lines.append(f"  {mechanism} {scheme}: {_describe(entry[scheme])}")
         if mechanism in DIFFERENTIALLY_PRIVATE:
-            lines.append(f"  {mechanism}: epsilon cold / hot = {_fmt(entry['epsilon_cold_over_hot'])} (epsilon grid "
-                         "resolution)")
+            bound = entry["epsilon_cold_over_hot_at_least"]
+            lines.append(f"  {mechanism}: epsilon cold / hot = {_fmt(entry['epsilon_cold_over_hot'])}"
+                         + ("" if bound is None else f" (cold never reaches it: at least {bound:.3g})")
+                         + "; " + "; ".join(f"{s}: {entry[s + '_note']}" for s in SCHEMES if entry.get(s + "_note")))
         else:
             lines.append(f"  {mechanism}: usable T hot / cold = {_fmt(entry['threshold_hot_over_cold'])} ({NO_DP})")
     lines.append(f"Matched epsilon (best T by {SELECTION}): epsilon: hot TV / cold TV, hot coverage / cold coverage")
