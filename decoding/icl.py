@@ -314,6 +314,38 @@ class InContextEnsemble:
                                             digest.hexdigest()))
         return cls(public_model, prompts, identities, device, prompt_tokens)
 
+    def cast(self, dtype: torch.dtype) -> None:
+        """Run the public model in `dtype` from now on (e.g. torch.bfloat16 on a GPU that has it); the
+        logits still come back as float32 and the distributions as float64.
+
+        Args:
+            dtype: a floating torch dtype.
+
+        Raises:
+            ValueError: if `dtype` is not a floating dtype.
+        """
+        require(isinstance(dtype, torch.dtype) and dtype.is_floating_point,
+                f"dtype must be a floating torch dtype, got {dtype!r}")
+        self._model = self._model.to(dtype)
+
+    @torch.no_grad()
+    def public_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """float32 logits (B, L, V) of the public model alone (no teacher prompt) on `input_ids`.
+
+        Args:
+            input_ids: token ids (B, L), 1 <= L <= the model's context.
+
+        Returns:
+            The public model's logits at every position, on the CPU.
+
+        Raises:
+            ValueError: if input_ids is not 2-d or its length is outside [1, the model's context].
+        """
+        require(input_ids.ndim == 2 and 1 <= input_ids.shape[1] <= self.context,
+                f"input_ids must be (batch, length) with length in [1, {self.context}], "
+                f"got shape {tuple(input_ids.shape)}")
+        return self._model(input_ids=input_ids.long().to(self.device), use_cache=False).logits.float().cpu()
+
     @property
     def context_description(self) -> str:
         """The query's room in words, for errors: the model's context, the prompt budget, what is left."""

@@ -598,3 +598,102 @@ def aggregator_output_law(aggregate_probabilities: Callable[[IntArray], ArrayLik
     law = total / samples
     variance = np.maximum(total_sq / samples - law ** 2, 0.0) * (samples / (samples - 1) if samples > 1 else 0.0)
     return law, np.sqrt(variance / samples)
+
+
+# ----------------------------------------------------------------------------------------------
+# the public Hot PATE implementation's per-round quantities, and the largest preserved beta
+
+
+@dataclass(frozen=True)
+class VoteStatistics:
+    """Per-round vote quantities of the public Hot PATE code (github.com/bencw99/hot-pate), averaged
+    over rounds.
+
+    transferred_mass[k]: the mean over rounds of sum_{j : c_j >= T_k} c_j / N, the fraction of votes
+    on tokens that pass T_k (that code's `estimate_transfer_mass`; DiversityCurve.passing_mass weighs
+    the passing tokens by pbar instead). max_passing_threshold: the mean of max_j c_j, the largest T
+    at which a round still passes (what that code's max aggregator returns beside the token);
+    margin: the mean of c_(1) - c_(2), the gap between the two largest counts (the quantity
+    Papernot et al. 2018's data-dependent bounds depend on). The last two are defined here from the
+    paper (Cohen et al. 2023) and that code's outputs: it publishes no function for them.
+    """
+
+    thresholds: tuple[int, ...]
+    transferred_mass: tuple[float, ...]
+    max_passing_threshold: float
+    margin: float
+
+    def to_dict(self) -> dict[str, object]:
+        """Strict JSON-safe dict of the statistics.
+
+        Returns:
+            thresholds (ints), transferred_mass (floats), max_passing_threshold and margin (floats).
+        """
+        return {"thresholds": [int(t) for t in self.thresholds],
+                "transferred_mass": [_json_float(v) for v in self.transferred_mass],
+                "max_passing_threshold": _json_float(self.max_passing_threshold), "margin": _json_float(self.margin)}
+
+
+def vote_statistics(histograms: ArrayLike, thresholds: Iterable[int]) -> VoteStatistics:
+    """VoteStatistics of vote histograms (rounds, V), each summing to the same N >= 1.
+
+    Args:
+        histograms: (rounds, V) integer vote counts, rounds >= 1, V >= 2, every row summing to N.
+        thresholds: the thresholds T_k, strictly increasing integers >= 1.
+
+    Returns:
+        The VoteStatistics, means over the rounds.
+
+    Raises:
+        ValueError: if the histograms are not a (rounds, V) array of non-negative integers with one
+            common positive row sum, or the thresholds are invalid.
+    """
+    counts = np.asarray(histograms)
+    require(counts.ndim == 2 and counts.shape[0] >= 1 and counts.shape[1] >= 2,
+            f"histograms must be a (rounds, vocabulary) array with vocabulary >= 2, got shape {counts.shape}")
+    require(np.issubdtype(counts.dtype, np.integer), f"histograms must hold integer counts, got {counts.dtype}")
+    require(int(counts.min()) >= 0, f"histograms must be non-negative, got a count {int(counts.min())}")
+    totals = counts.sum(axis=1)
+    require(int(totals.min()) == int(totals.max()) >= 1,
+            f"every histogram must count the same N >= 1 votes, got totals from {int(totals.min())} to {int(totals.max())}")
+    levels = _validated_thresholds(thresholds)
+    voters = float(totals[0])
+    ordered = np.sort(counts, axis=1)
+    transferred = [float(np.where(counts >= level, counts, 0).sum(axis=1).mean() / voters) for level in levels]
+    return VoteStatistics(levels, tuple(transferred), float(ordered[:, -1].mean()),
+                          float((ordered[:, -1] - ordered[:, -2]).mean()))
+
+
+def largest_preserved_beta(output_law: torch.Tensor | ArrayLike, teachers: torch.Tensor | ArrayLike,
+                           tau: int, q_grid: ArrayLike | None = None) -> float | None:
+    """The largest beta in (0, 1] for which `output_law` meets the transfer condition of (tau, beta,
+    gamma)-diversity preservation (Cohen et al. 2023; `diversity_preservation`): the minimum over
+    constrained tokens j of output_law[j] / max_q (c_{j,q} / n * q), capped at 1.
+
+    Args:
+        output_law: the aggregator's output probabilities (V,), summing to <= 1.
+        teachers: the teacher distributions (n, V).
+        tau: the count threshold (an integer >= 1).
+        q_grid: the grid of q values, each in (0, 1], or None for the distinct teacher probabilities
+            (with full-support teachers every token is then constrained at a tiny q).
+
+    Returns:
+        The largest such beta (0.0 when some constrained token gets no mass), or None when no token is
+        constrained (no tau teachers share a token).
+
+    Raises:
+        ValueError: if an argument is out of range (as `diversity_preservation`).
+    """
+    teachers_np = validated_teachers(teachers)
+    law = _validated_law(output_law, teachers_np.shape[1])
+    tau = require_int_at_least("tau", tau, 1)
+    grid: FloatArray | None = None
+    if q_grid is not None:
+        grid = np.asarray(q_grid, dtype=np.float64).ravel()
+        require(grid.size > 0 and bool(np.all(np.isfinite(grid) & (grid > 0.0) & (grid <= 1.0))),
+                "q_grid must be non-empty with values in (0, 1]")
+    required = _required_transfer(teachers_np, tau, 1.0, grid)
+    constrained = np.isfinite(required)
+    if not bool(constrained.any()):
+        return None
+    return float(min(1.0, float((law[constrained] / required[constrained]).min())))
