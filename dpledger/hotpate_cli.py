@@ -61,6 +61,13 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--beta", type=float, default=0.1, help="beta of the (tau, beta, gamma) check, in (0, 1]")
     parser.add_argument("--budget-queries", type=int, default=1000, help="queries every epsilon is charged for")
     parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--relation", default="add_or_remove_one", choices=("add_or_remove_one", "replace_one"),
+                        help="the neighbouring relation every epsilon holds for (default: a voting run's, "
+                             "add_or_remove_one)")
+    parser.add_argument("--baselines", action="store_true",
+                        help="also run DP-ICL (Tang et al. 2023) and PMixED on the same teachers at the same epsilons")
+    parser.add_argument("--baseline-samples", type=int,
+                        help="DP-ICL's law from this many Monte Carlo releases per query (default: exact quadrature)")
     parser.set_defaults(handler=run)
 
 
@@ -89,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
                          dtype=args.dtype, device=args.device, temperature=args.temperature, top_p=args.top_p,
                          thresholds=args.thresholds, gamma=args.gamma, heterogeneity=args.heterogeneity,
                          epsilons=args.epsilons or EPSILONS, retries=args.retries,
-                         target_coverage=args.target_coverage, beta=args.beta)
+                         target_coverage=args.target_coverage, beta=args.beta, relation=args.relation,
+                         baselines=args.baselines, baseline_samples=args.baseline_samples)
     paths = write_hotpate(result, out)
     print(hotpate_markdown(result))
     print("wrote " + ", ".join(str(p) for p in paths.values()))

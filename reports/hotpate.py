@@ -51,6 +51,7 @@ from dpledger.accounting.conversion import epsilon_from_rdp
 from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.errors import require, require_in_closed, require_in_open, require_int_at_least
 from dpledger.accounting.orders import default_orders
+from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
 from dpledger.accounting.safe_files import write_atomic
 from dpledger.accounting.strict_json import strict_json_text
 from dpledger.decoding.recipe import encode_documents, set_single_thread
@@ -73,6 +74,11 @@ SCHEMES = ("hot", "cold")
 THRESHOLD_PRIVATE = ("TARGMAX", "TWS")
 DIFFERENTIALLY_PRIVATE = ("DPARGMAX", "DPWS")
 NO_DP = "none: threshold privacy"
+DEFAULT_RELATION = NeighbouringRelation.ADD_OR_REMOVE_ONE
+"""The relation the DP aggregators' epsilons hold for unless asked otherwise: a voting run's default, and the
+one the baselines (DP-ICL, PMixED) are accounted for."""
+RELATIONS = (NeighbouringRelation.ADD_OR_REMOVE_ONE, NeighbouringRelation.REPLACE_ONE)
+"""The relations `dpledger hotpate` accounts for (the matched comparisons need one epsilon per setting)."""
 TEXT_SEQUENCES = 40
 """At most this many rounds' released sequences enter distinct-n and self-BLEU (self-BLEU is quadratic)."""
 Q_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -234,11 +240,12 @@ def mixed_teachers(shared: np.ndarray, own: np.ndarray, heterogeneity: float) ->
 # accounting of the DP aggregators, with retries
 
 
-def dpargmax_epsilon(sigma_threshold: float, sigma: float, budget_queries: int, retries: int,
-                     delta: float) -> tuple[float, float | None]:
+def dpargmax_epsilon(sigma_threshold: float, sigma: float, budget_queries: int, retries: int, delta: float,
+                     relation: NeighbouringRelation | str = DEFAULT_RELATION) -> tuple[float, float | None]:
     """DPARGMAX's (epsilon, order) over `budget_queries` queries, each with up to `retries` retries:
-    (retries + 1) screens a / (2 s1^2) and one GNMax answer a / s2^2 per query at replace-one
-    sensitivity sqrt(2) (Papernot et al. 2018, Algorithm 1 and Proposition 8), composed (Mironov 2017,
+    (retries + 1) screens a / (2 s1^2) and one GNMax answer per query at the histogram's L2 sensitivity
+    under `relation`, a / (2 s2^2) adding or removing one teacher, a / s2^2 replacing one (Papernot et al.
+    2018, Algorithm 1 and Proposition 8; Mironov 2017, Corollary 3), composed (Mironov 2017,
     Proposition 1) and converted at delta (Balle et al. 2020, Theorem 21). Charging the answer on every
     query, released or not, bounds the released (decisions, token) whichever branch is taken.
 
@@ -248,6 +255,7 @@ def dpargmax_epsilon(sigma_threshold: float, sigma: float, budget_queries: int, 
         budget_queries: the queries charged (>= 1).
         retries: the retries per query (>= 0).
         delta: the delta of the conversion, in (0, 1).
+        relation: the neighbouring relation the epsilon holds for (a NeighbouringRelation or its value).
 
     Returns:
         (epsilon, the order it was reached at).
@@ -257,7 +265,7 @@ def dpargmax_epsilon(sigma_threshold: float, sigma: float, budget_queries: int, 
     """
     budget_queries = require_int_at_least("budget_queries", budget_queries, 1)
     retries = require_int_at_least("retries", retries, 0)
-    mechanism = ConfidentGNMax(0.0, sigma_threshold, sigma)
+    mechanism = ConfidentGNMax(0.0, sigma_threshold, sigma, neighbouring_relation(relation))
     orders = default_orders()
     grid = np.asarray(orders, dtype=np.float64)
     screen = RdpCurve(tuple(orders), mechanism.screen_rdp(grid), mechanism.relation)
@@ -269,9 +277,11 @@ def dpargmax_epsilon(sigma_threshold: float, sigma: float, budget_queries: int, 
     return float(conversion.epsilon), conversion.order
 
 
-def dpws_epsilon(sigma: float, budget_queries: int, retries: int, delta: float) -> tuple[float, float | None]:
-    """DPWS's (epsilon, order): (retries + 1) Gaussian noisy histograms a / sigma^2 per query (L2 sensitivity
-    sqrt(2) under replace-one; Mironov 2017, Corollary 3; TWS on them is post-processing), composed over
+def dpws_epsilon(sigma: float, budget_queries: int, retries: int, delta: float, voters: int,
+                 relation: NeighbouringRelation | str = DEFAULT_RELATION) -> tuple[float, float | None]:
+    """DPWS's (epsilon, order): (retries + 1) Gaussian noisy histograms per query, a / (2 sigma^2) adding or
+    removing one teacher, a / sigma^2 replacing one (the histogram's L2 sensitivity 1 or sqrt(2); Mironov 2017,
+    Corollary 3; TWS on them with the public N as n is post-processing), composed over
     `budget_queries` queries and converted at delta (Balle et al. 2020, Theorem 21).
 
     Args:
@@ -279,6 +289,8 @@ def dpws_epsilon(sigma: float, budget_queries: int, retries: int, delta: float) 
         budget_queries: the queries charged (>= 1).
         retries: the retries per query (>= 0).
         delta: the delta of the conversion, in (0, 1).
+        voters: the public number of teachers N, TWS's normaliser n (public under every relation).
+        relation: the neighbouring relation the epsilon holds for (a NeighbouringRelation or its value).
 
     Returns:
         (epsilon, the order it was reached at).
@@ -290,13 +302,14 @@ def dpws_epsilon(sigma: float, budget_queries: int, retries: int, delta: float) 
     retries = require_int_at_least("retries", retries, 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        conversion = epsilon_from_rdp(DPWeightedSampler(sigma, 1.0, 1.0).rdp_curve(default_orders())
+        conversion = epsilon_from_rdp(DPWeightedSampler(sigma, 1.0, 1.0, neighbouring_relation(relation), voters)
+                                      .rdp_curve(default_orders())
                                       .composed(budget_queries * (retries + 1)), delta)
     return float(conversion.epsilon), conversion.order
 
 
-def calibrated_noise(epsilons: Sequence[float], delta: float, budget_queries: int,
-                     retries: int) -> dict[str, list[dict[str, Any]]]:
+def calibrated_noise(epsilons: Sequence[float], delta: float, budget_queries: int, retries: int, voters: int,
+                     relation: NeighbouringRelation | str = DEFAULT_RELATION) -> dict[str, list[dict[str, Any]]]:
     """For each target epsilon, the smallest noise that meets it (dpledger.mechanisms.calibration):
     DPARGMAX with s1 = s2 per attempt ((r + 1) screens at s1 are one screen at s1 / sqrt(r + 1), so
     Confident-GNMax is calibrated with ratio 1 / sqrt(r + 1)), DPWS over budget_queries * (r + 1)
@@ -307,6 +320,8 @@ def calibrated_noise(epsilons: Sequence[float], delta: float, budget_queries: in
         delta: the delta, in (0, 1).
         budget_queries: the queries charged (>= 1).
         retries: the retries per query (>= 0).
+        voters: the public number of teachers N (DPWS's normaliser).
+        relation: the neighbouring relation every epsilon holds for.
 
     Returns:
         "DPARGMAX" and "DPWS" -> one dict per epsilon: target_epsilon, sigma, sigma_threshold (DPARGMAX),
@@ -316,14 +331,16 @@ def calibrated_noise(epsilons: Sequence[float], delta: float, budget_queries: in
         ValueError: if an argument is out of range or a target cannot be met.
     """
     retries = require_int_at_least("retries", retries, 0)
+    relation = neighbouring_relation(relation)
     out: dict[str, list[dict[str, Any]]] = {"DPARGMAX": [], "DPWS": []}
     for target in epsilons:
-        s2 = calibrate_confident_gnmax(target, delta, budget_queries, ratio=1.0 / math.sqrt(retries + 1)).value
-        epsilon, order = dpargmax_epsilon(s2, s2, budget_queries, retries, delta)
+        s2 = calibrate_confident_gnmax(target, delta, budget_queries, ratio=1.0 / math.sqrt(retries + 1),
+                                       relation=relation).value
+        epsilon, order = dpargmax_epsilon(s2, s2, budget_queries, retries, delta, relation)
         out["DPARGMAX"].append({"target_epsilon": float(target), "sigma": s2, "sigma_threshold": s2,
                                 "epsilon": epsilon, "order": order})
-        sigma = calibrate_dpws(target, delta, budget_queries * (retries + 1)).value
-        epsilon, order = dpws_epsilon(sigma, budget_queries, retries, delta)
+        sigma = calibrate_dpws(target, delta, budget_queries * (retries + 1), voters=voters, relation=relation).value
+        epsilon, order = dpws_epsilon(sigma, budget_queries, retries, delta, voters, relation)
         out["DPWS"].append({"target_epsilon": float(target), "sigma": sigma, "sigma_threshold": None,
                             "epsilon": epsilon, "order": order})
     return out
@@ -406,6 +423,26 @@ def pooled_utility(per_query: Sequence[dict[str, float | None]]) -> dict[str, fl
     return pooled
 
 
+def finite_utility(metrics: dict[str, float | None]) -> dict[str, Any]:
+    """`metrics` for strict JSON: a +inf cross-entropy (some query's law gives its true token probability 0)
+    becomes None beside a note saying so, never the JSON layer's privacy wording for +inf.
+
+    Args:
+        metrics: output_law_utility's (or pooled_utility's) result.
+
+    Returns:
+        The same keys, each non-finite value None, and "<key>_note" for each one replaced.
+    """
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if value is not None and not math.isfinite(value):
+            out[key] = None
+            out[key + "_note"] = "+inf: some query's law gives its true next token probability 0"
+        else:
+            out[key] = value
+    return out
+
+
 def _simulate(data: TeacherDistributions, thresholds: tuple[int, ...], gamma: float, noise: dict, samples: int,
               retries: int, seed: int, schemes: tuple[str, ...] = SCHEMES,
               threshold_private: bool = True) -> list[_Config]:
@@ -479,7 +516,7 @@ def _ceiling(data: TeacherDistributions, samples: int, seed: int) -> dict[str, A
         # the empirical law of the draws: how far a law estimated from `samples` rounds sits from its own reference
         empirical = np.bincount(draws, minlength=pbar.size) / samples
         utility.append(output_law_utility(empirical[None], pbar[None], data.targets[q:q + 1]))
-    return {"coverage": float(np.mean(coverage)), "yield": 1.0, **pooled_utility(utility),
+    return {"coverage": float(np.mean(coverage)), "yield": 1.0, **finite_utility(pooled_utility(utility)),
             **_text_diversity(np.stack(tokens))}
 
 
@@ -492,19 +529,19 @@ def _text_diversity(tokens: np.ndarray) -> dict[str, float | None]:
 
 
 def _row(config: _Config, data: TeacherDistributions, delta: float, budget_queries: int, gamma: float,
-         retries: int) -> dict[str, Any]:
+         retries: int, relation: NeighbouringRelation) -> dict[str, Any]:
     dp = config.mechanism in DIFFERENTIALLY_PRIVATE
     teachers = data.teachers.shape[1]
     row: dict[str, Any] = {
         "mechanism": config.mechanism, "scheme": config.scheme,
         "epsilon": config.noise["epsilon"] if dp else None, "epsilon_label": None if dp else NO_DP,
-        "delta": delta if dp else None, "budget_queries": budget_queries,
+        "delta": delta if dp else None, "budget_queries": budget_queries, "relation": relation.value if dp else None,
         "target_epsilon": config.noise["target_epsilon"] if dp else None,
         "threshold": config.threshold, "threshold_fraction": config.threshold / teachers,
         "sigma": config.noise["sigma"] if dp else None,
         "sigma_threshold": config.noise["sigma_threshold"] if dp else None,
         "gamma": gamma if config.mechanism in ("TWS", "DPWS") else None, "retries": retries,
-        **pooled_utility(config.laws),
+        **finite_utility(pooled_utility(config.laws)),
         "yield": float(np.mean(config.yields)), "coverage": float(np.mean(config.coverage))}
     if config.mechanism == "TWS":
         betas = [b for b in config.betas if b is not None]
@@ -547,6 +584,8 @@ class HotPateResult:
     diversity_preservation: dict
     seconds: float
     source: dict = field(default_factory=dict)
+    relation: NeighbouringRelation = DEFAULT_RELATION
+    baselines: list = field(default_factory=list)
 
     @property
     def hot_coverage_higher_from_quarter(self) -> bool:
@@ -567,13 +606,14 @@ class HotPateResult:
                 "samples": self.samples, "seed": self.seed, "thresholds": list(self.thresholds),
                 "threshold_fractions": [t / self.teachers for t in self.thresholds],
                 "budget_queries": self.budget_queries, "delta": self.delta, "gamma": self.gamma,
-                "retries": self.retries, "selection": f"the threshold of smallest {SELECTION} at each epsilon",
+                "retries": self.retries, "relation": self.relation.value,
+                "selection": f"the threshold of smallest {SELECTION} at each epsilon",
                 "hot": self.hot.to_dict(), "cold": self.cold.to_dict(),
                 "hot_coverage_higher_at_every_T_from_N_over_4": self.hot_coverage_higher_from_quarter,
                 "non_private_ceiling": self.ceiling, "target_coverage": self.target_coverage,
                 "matched_coverage": self.matched_coverage, "matched_epsilon": self.matched_epsilon,
                 "vote_statistics": self.vote_statistics, "diversity_preservation": self.diversity_preservation,
-                "frontier": self.frontier, "grid": self.grid, "seconds": round(self.seconds, 1),
+                "frontier": self.frontier, "baselines": self.baselines, "grid": self.grid, "seconds": round(self.seconds, 1),
                 "source": self.source}
 
 
@@ -667,7 +707,9 @@ def _matched_coverage(grid: list[dict[str, Any]], target: float, run: Any) -> di
 def hot_vs_cold(data: TeacherDistributions, samples: int = 200, seed: int = 0, budget_queries: int = 1000,
                 delta: float = 1e-5, thresholds: Sequence[int] | None = None, gamma: float = 1.0,
                 epsilons: Sequence[float] = EPSILONS, retries: int = 0, target_coverage: float | None = None,
-                beta: float = 0.1, source: dict | None = None, started: float | None = None) -> HotPateResult:
+                beta: float = 0.1, source: dict | None = None, started: float | None = None,
+                relation: NeighbouringRelation | str = DEFAULT_RELATION, baselines: bool = False,
+                baseline_samples: int | None = None) -> HotPateResult:
     """Both voting schemes and the four aggregators on the same teachers (module docstring).
 
     Args:
@@ -684,6 +726,10 @@ def hot_vs_cold(data: TeacherDistributions, samples: int = 200, seed: int = 0, b
         beta: the beta of the (tau, beta, gamma) diversity-preservation check, in (0, 1].
         source: a description of where the distributions came from, recorded in the result.
         started: the time.time() the run started (default: now), for the recorded run time.
+        relation: the neighbouring relation of the DP aggregators' epsilons, one of RELATIONS.
+        baselines: also run DP-ICL and PMixED on the same teachers at the same epsilons, beside the public
+            model and the non-private ensemble (dpledger.reports.hotpate_baselines.baseline_rows).
+        baseline_samples: DP-ICL's law from this many Monte Carlo releases per query; None: by quadrature.
 
     Returns:
         The HotPateResult.
@@ -705,14 +751,16 @@ def hot_vs_cold(data: TeacherDistributions, samples: int = 200, seed: int = 0, b
     if target_coverage is not None:
         target_coverage = require_in_closed("target_coverage", target_coverage, 0.0, 1.0)
         require(target_coverage > 0.0, f"target_coverage must be in (0, 1], got {target_coverage:g}")
+    relation = neighbouring_relation(relation)
+    require(relation in RELATIONS, f"relation must be one of {', '.join(r.value for r in RELATIONS)}, got {relation.value}")
     started = time.time() if started is None else started
     queries, teachers, _ = data.teachers.shape
     levels = _thresholds(thresholds, teachers)
     hot = mean_diversity_curve(data.teachers, levels, True, samples, seed)
     cold = mean_diversity_curve(data.teachers, levels, False, samples, seed)
-    noise = calibrated_noise(epsilons, delta, budget_queries, retries)
+    noise = calibrated_noise(epsilons, delta, budget_queries, retries, teachers, relation)
     configs = _simulate(data, levels, gamma, noise, samples, retries, seed)
-    grid = [_row(c, data, delta, budget_queries, gamma, retries) for c in configs]
+    grid = [_row(c, data, delta, budget_queries, gamma, retries, relation) for c in configs]
     for row, config in zip(grid, configs):
         row["_config"] = config
     ceiling = _ceiling(data, samples, seed)
@@ -726,9 +774,9 @@ def hot_vs_cold(data: TeacherDistributions, samples: int = 200, seed: int = 0, b
     extra: list[tuple[dict[str, Any], _Config]] = []
 
     def run(mechanism: str, scheme: str, target_epsilon: float) -> list[dict[str, Any]]:
-        entry = calibrated_noise([target_epsilon], delta, budget_queries, retries)[mechanism]
+        entry = calibrated_noise([target_epsilon], delta, budget_queries, retries, teachers, relation)[mechanism]
         found = _simulate(data, levels, gamma, {mechanism: entry}, samples, retries, seed, (scheme,), False)
-        rows = [_row(c, data, delta, budget_queries, gamma, retries) for c in found]
+        rows = [_row(c, data, delta, budget_queries, gamma, retries, relation) for c in found]
         for row, config in zip(rows, found):
             row["_config"] = config
         extra.extend(zip(rows, found))
@@ -784,9 +832,15 @@ def hot_vs_cold(data: TeacherDistributions, samples: int = 200, seed: int = 0, b
                             "(top count minus second) defined from the paper, that code publishes no function")
     for row in grid + [row for row, _ in extra]:
         row.pop("_config", None)
+    rows = []
+    if baselines:
+        from dpledger.reports.hotpate_baselines import baseline_rows
+
+        rows = baseline_rows(data.teachers, data.public, data.targets, epsilons, delta, budget_queries,
+                             samples=baseline_samples, seed=seed, relation=relation)
     return HotPateResult(teachers, queries, samples, seed, levels, hot, cold, budget_queries, delta, gamma, retries,
                          ceiling, target, grid, frontier, matched_coverage, matched_epsilon, statistics, preservation,
-                         time.time() - started, source or {})
+                         time.time() - started, source or {}, relation, rows)
 
 
 def _histograms(teachers: np.ndarray, coordinated: bool, samples: int, seed: int, q: int) -> np.ndarray:
@@ -883,7 +937,8 @@ def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed:
                 dtype: str = "auto", device: str = "auto", temperature: float = 1.0, top_p: float = 1.0,
                 thresholds: Sequence[int] | None = None, gamma: float = 1.0, heterogeneity: float = 0.0,
                 epsilons: Sequence[float] = EPSILONS, retries: int = 0, target_coverage: float | None = None,
-                beta: float = 0.1) -> HotPateResult:
+                beta: float = 0.1, relation: NeighbouringRelation | str = DEFAULT_RELATION, baselines: bool = False,
+                baseline_samples: int | None = None) -> HotPateResult:
     """Hot vs cold voting with N in-context teachers (module docstring): the embedded default unless a
     model, examples or a dataset are given.
 
@@ -916,6 +971,9 @@ def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed:
         retries: retries of the shared randomness on a failed round (>= 0).
         target_coverage: the matched coverage; None: half the non-private ceiling.
         beta: the beta of the diversity-preservation check, in (0, 1].
+        relation: the neighbouring relation of every epsilon, one of RELATIONS.
+        baselines: also run DP-ICL and PMixED on the same teachers (hot_vs_cold).
+        baseline_samples: DP-ICL's law from this many Monte Carlo releases per query; None: by quadrature.
 
     Returns:
         The HotPateResult (`hot_vs_cold`), its source naming the model, examples, text and settings.
@@ -941,6 +999,8 @@ def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed:
     require_in_open("temperature", temperature, 0.0, math.inf)
     require(isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0, f"top_p must be in (0, 1], got {top_p!r}")
     heterogeneity = require_in_closed("heterogeneity", heterogeneity, 0.0, 1.0)
+    relation = neighbouring_relation(relation)
+    require(relation in RELATIONS, f"relation must be one of {', '.join(r.value for r in RELATIONS)}, got {relation.value}")
     require(examples is None or dataset is None, "give either --examples or --dataset, not both")
     require(dataset is None or partition_key is not None, "--dataset needs --partition-key")
     require(model is None or examples is not None or dataset is not None,
@@ -985,7 +1045,7 @@ def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed:
               "heterogeneity_rule": "p_i = (1 - h) p_i^icl + h p_i^own, p_i^own the public model on teacher i's own "
                                     "examples at the same index (module docstring)"}
     return hot_vs_cold(data, samples, seed, budget_queries, delta, thresholds, gamma, epsilons, retries,
-                       target_coverage, beta, source, started)
+                       target_coverage, beta, source, started, relation, baselines, baseline_samples)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1129,7 +1189,8 @@ def summary_lines(result: HotPateResult) -> list[str]:
              f"draws is at TV {ceiling['tv_to_reference']:.3f} from the mean (Monte Carlo error: voting laws are "
              "estimated from as many rounds).",
              f"Matched coverage {result.target_coverage:.3f} (coverage of released tokens; DP epsilons over "
-             f"{result.budget_queries} queries at delta = {result.delta:g}, {result.retries} retries):"]
+             f"{result.budget_queries} queries at delta = {result.delta:g}, {result.relation.value}, "
+             f"{result.retries} retries):"]
     for mechanism in THRESHOLD_PRIVATE + DIFFERENTIALLY_PRIVATE:
         entry = result.matched_coverage[mechanism]
         for scheme in SCHEMES:
@@ -1141,11 +1202,23 @@ def summary_lines(result: HotPateResult) -> list[str]:
                          + "; " + "; ".join(f"{s}: {entry[s + '_note']}" for s in SCHEMES if entry.get(s + "_note")))
         else:
             lines.append(f"  {mechanism}: usable T hot / cold = {_fmt(entry['threshold_hot_over_cold'])} ({NO_DP})")
-    lines.append(f"Matched epsilon (best T by {SELECTION}): epsilon: hot TV / cold TV, hot coverage / cold coverage")
+    lines.append(f"Matched epsilon (best T by {SELECTION}): epsilon: hot TV / cold TV, hot coverage / cold coverage, "
+                 "hot / cold P(true next token) (TV is biased upward by the rounds' Monte Carlo error, as the ceiling's "
+                 "is; the true token's probability is linear in the law, so unbiased)")
     for mechanism in DIFFERENTIALLY_PRIVATE:
         cells = [f"{p['epsilon']:.3g}: {p['hot'][SELECTION]:.3f}/{p['cold'][SELECTION]:.3f}, "
-                 f"{p['hot']['coverage']:.3f}/{p['cold']['coverage']:.3f}" for p in result.matched_epsilon[mechanism]]
+                 f"{p['hot']['coverage']:.3f}/{p['cold']['coverage']:.3f}, "
+                 f"{_fmt(p['hot']['target_probability'])}/{_fmt(p['cold']['target_probability'])}"
+                 for p in result.matched_epsilon[mechanism]]
         lines.append(f"  {mechanism}: " + "; ".join(cells))
+    if result.baselines:
+        lines.append("Baselines on the same teachers (exact or stated laws; epsilon: TV, P(true next token)):")
+        for name in dict.fromkeys(row["mechanism"] for row in result.baselines):
+            cells = [(f"{_fmt(row['epsilon'])}: " if row["target_epsilon"] is not None else "")
+                     + (f"{_fmt(row['tv_to_reference'])}, {_fmt(row['target_probability'])}"
+                        if row["tv_to_reference"] is not None else str(row["epsilon_label"]))
+                     for row in result.baselines if row["mechanism"] == name]
+            lines.append(f"  {name} ({result.baselines[0]['relation']}): " + "; ".join(cells))
     stats = result.vote_statistics
     lines.append(f"Votes (public Hot PATE code's quantities): max passing threshold hot "
                  f"{stats['hot']['max_passing_threshold']:.2f} / cold {stats['cold']['max_passing_threshold']:.2f} "

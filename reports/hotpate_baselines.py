@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpledger.accounting.errors import require, require_in_open, require_int_at_least, require_positive
-from dpledger.accounting.relation import NeighbouringRelation
+from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
 from dpledger.mechanisms.ball import Ball
 from dpledger.mechanisms.calibration import calibrate_pmixed_order, require_query_count
 from dpledger.mechanisms.distributions import validated_ensemble
@@ -29,12 +29,12 @@ from dpledger.reports.law_utility import output_law_utility
 DP_ICL_TOP_K = 100
 """Tang et al. 2023 restrict the teachers to the public model's 100 most likely tokens."""
 RELATION = NeighbouringRelation.ADD_OR_REMOVE_ONE
-"""Both baselines are accounted for one teacher added or removed: PMixED has no replace-one bound."""
+"""The baselines' default relation, one teacher added or removed (PMixED has no replace-one bound)."""
 
 
 def _row(mechanism: str, target_epsilon: float | None, epsilon: float | None, epsilon_label: str, delta: float,
          budget_queries: int, parameters: dict[str, object], law_label: str,
-         metrics: dict[str, float | None]) -> dict[str, object]:
+         metrics: dict[str, float | None], relation: NeighbouringRelation = RELATION) -> dict[str, object]:
     """One row; a non-finite metric (a cross-entropy of +inf) is written as None with a note, so that the
     row stays strict JSON."""
     notes = [f"{name} is +inf (some query's law gives its true token probability 0): written as null"
@@ -42,12 +42,13 @@ def _row(mechanism: str, target_epsilon: float | None, epsilon: float | None, ep
     finite = {name: (value if value is None or math.isfinite(value) else None) for name, value in metrics.items()}
     return {"mechanism": mechanism, "target_epsilon": target_epsilon, "epsilon": epsilon,
             "epsilon_label": epsilon_label, "delta": delta, "budget_queries": budget_queries,
-            "relation": RELATION.value, "parameters": parameters, "law": law_label, **finite, "notes": notes}
+            "relation": relation.value, "parameters": parameters, "law": law_label, **finite, "notes": notes}
 
 
 def baseline_rows(teachers: npt.ArrayLike, public: npt.ArrayLike, targets: npt.ArrayLike | None,
                   epsilons: Sequence[float], delta: float, budget_queries: int, samples: int | None = None,
-                  seed: int = 0, top_k: int = DP_ICL_TOP_K) -> list[dict[str, object]]:
+                  seed: int = 0, top_k: int = DP_ICL_TOP_K,
+                  relation: NeighbouringRelation | str = RELATION) -> list[dict[str, object]]:
     """The frontier rows of the module docstring: two anchors, then DP-ICL and PMixED at each target epsilon.
 
     Calibration: DP-ICL's sigma is the smallest whose Gaussian curve composed `budget_queries` times
@@ -67,6 +68,8 @@ def baseline_rows(teachers: npt.ArrayLike, public: npt.ArrayLike, targets: npt.A
         samples: None for DP-ICL's law by quadrature; else the Monte Carlo releases per query (>= 1).
         seed: the seed of the Monte Carlo releases (>= 0).
         top_k: DP-ICL's public candidate count k (>= 1; V if larger).
+        relation: the neighbouring relation every epsilon holds for: add_or_remove_one, or replace_one (DP-ICL
+            at L2 sensitivity sqrt(2); PMixED has no replace-one bound, so its rows then say so, epsilon None).
 
     Returns:
         A list of strict-JSON-serialisable dicts with keys mechanism, target_epsilon, epsilon,
@@ -87,6 +90,11 @@ def baseline_rows(teachers: npt.ArrayLike, public: npt.ArrayLike, targets: npt.A
     if samples is not None:
         samples = require_int_at_least("samples", samples, 1)
     top_k = min(require_int_at_least("top_k", top_k, 1), teachers_np.shape[-1])
+    relation = neighbouring_relation(relation)
+    require(relation in (NeighbouringRelation.ADD_OR_REMOVE_ONE, NeighbouringRelation.REPLACE_ONE),
+            f"relation must be add_or_remove_one or replace_one, got {relation.value}")
+    sensitivity = "sqrt(2)" if relation is NeighbouringRelation.REPLACE_ONE else "1"
+    gaussian = "a / sigma^2" if relation is NeighbouringRelation.REPLACE_ONE else "a / (2 sigma^2)"
     reference = teachers_np.mean(axis=1)
     ensemble_size = teachers_np.shape[1]
 
@@ -95,13 +103,13 @@ def baseline_rows(teachers: npt.ArrayLike, public: npt.ArrayLike, targets: npt.A
 
     rows = [
         _row("non-private ensemble", None, None, "no privacy: the teachers' mean law itself (no finite epsilon)",
-             delta, budget_queries, {"teachers": ensemble_size}, "exact (the reference)", metrics(reference)),
+             delta, budget_queries, {"teachers": ensemble_size}, "exact (the reference)", metrics(reference), relation),
         _row("public model", None, 0.0, "reads no private data: epsilon 0", delta, budget_queries, {},
-             "exact (the public law)", metrics(public_np)),
+             "exact (the public law)", metrics(public_np), relation),
     ]
     rng = np.random.default_rng(seed)
     for target in targets_epsilon:
-        dp_icl = calibrate_dp_icl(target, delta, budget_queries, top_k, relation=RELATION)
+        dp_icl = calibrate_dp_icl(target, delta, budget_queries, top_k, relation=relation)
         noisy_max = cast(DPICL, dp_icl.mechanism)  # calibrate_dp_icl builds a DPICL
         if samples is None:
             laws, error = noisy_max.output_law(teachers_np, public_np)
@@ -111,10 +119,18 @@ def baseline_rows(teachers: npt.ArrayLike, public: npt.ArrayLike, targets: npt.A
             law_label = f"Monte Carlo, {samples} releases per query (seed {seed})"
         rows.append(_row(
             "dp-icl", target, dp_icl.forward_epsilon,
-            f"Gaussian RDP a / (2 sigma^2) at L2 sensitivity 1 (Mironov 2017, Corollary 3) composed over "
+            f"Gaussian RDP {gaussian} at L2 sensitivity {sensitivity} (Mironov 2017, Corollary 3) composed over "
             f"{budget_queries} queries, converted at delta (Balle et al. 2020, Theorem 21); sigma calibrated",
             delta, budget_queries, {"sigma": dp_icl.value, "sigma_on_mean": dp_icl.value / ensemble_size,
-                                    "top_k": top_k}, law_label, metrics(laws)))
+                                    "top_k": top_k}, law_label, metrics(laws), relation))
+        if relation is not RELATION:
+            row = _row("pmixed", target, None, "not covered", delta, budget_queries, {}, "none",
+                       dict.fromkeys(("tv_to_reference", "reference_top1_mass", "target_probability",
+                                      "target_cross_entropy")), relation)
+            row["notes"] = ["PMixED's Theorem 3.1 (Flemings et al. 2024) bounds adding or removing one teacher; "
+                            "it gives no replace-one epsilon"]
+            rows.append(row)
+            continue
         try:
             pmixed = calibrate_pmixed_order(target, delta, budget_queries, ensemble_size, ball=Ball.PROOF_ORDERS)
         except ValueError as error:

@@ -66,27 +66,31 @@ def test_mixed_teachers_spans_shared_to_own():
         mixed_teachers(shared, own, 1.5)
 
 
+@pytest.mark.parametrize("relation, sensitivity", [("add_or_remove_one", 1.0), ("replace_one", math.sqrt(2.0))])
 @pytest.mark.parametrize("retries", [0, 2])
-def test_retry_accounting_matches_dp_accounting(retries):
-    """(r + 1) screens N(0, s1^2) at sensitivity 1 and one answer N(0, s2^2) at sqrt(2) per query for DPARGMAX,
-    (r + 1) noisy histograms at sqrt(2) for DPWS, composed over Q queries."""
+def test_retry_accounting_matches_dp_accounting(retries, relation, sensitivity):
+    """(r + 1) screens N(0, s1^2) at sensitivity 1 and one answer N(0, s2^2) at the relation's sensitivity s
+    (1 adding or removing a teacher, sqrt(2) replacing one) per query for DPARGMAX, (r + 1) noisy histograms at
+    s for DPWS, composed over Q queries."""
     queries, delta = 300, 1e-6
     s1, s2 = 37.0, 53.0
-    assert dpargmax_epsilon(s1, s2, queries, retries, delta)[0] == pytest.approx(
-        gaussian_reference([(s1, queries * (retries + 1)), (s2 / math.sqrt(2.0), queries)], delta), rel=1e-9)
-    assert dpws_epsilon(s2, queries, retries, delta)[0] == pytest.approx(
-        gaussian_reference([(s2 / math.sqrt(2.0), queries * (retries + 1))], delta), rel=1e-9)
+    assert dpargmax_epsilon(s1, s2, queries, retries, delta, relation)[0] == pytest.approx(
+        gaussian_reference([(s1, queries * (retries + 1)), (s2 / sensitivity, queries)], delta), rel=1e-9)
+    assert dpws_epsilon(s2, queries, retries, delta, 16, relation)[0] == pytest.approx(
+        gaussian_reference([(s2 / sensitivity, queries * (retries + 1))], delta), rel=1e-9)
 
 
 def test_calibrated_noise_meets_each_target_and_retries_cost_noise():
-    plain = calibrated_noise((1.0, 8.0), 1e-5, 200, 0)
-    retried = calibrated_noise((1.0, 8.0), 1e-5, 200, 2)
-    for noise in (plain, retried):
+    plain = calibrated_noise((1.0, 8.0), 1e-5, 200, 0, 16)
+    retried = calibrated_noise((1.0, 8.0), 1e-5, 200, 2, 16)
+    replaced = calibrated_noise((1.0, 8.0), 1e-5, 200, 0, 16, "replace_one")
+    for noise in (plain, retried, replaced):
         for name in ("DPARGMAX", "DPWS"):
             for entry in noise[name]:
                 assert 0.99 * entry["target_epsilon"] <= entry["epsilon"] <= entry["target_epsilon"]
     for name in ("DPARGMAX", "DPWS"):
         assert all(r["sigma"] > p["sigma"] for p, r in zip(plain[name], retried[name]))
+        assert all(r["sigma"] > p["sigma"] for p, r in zip(plain[name], replaced[name]))
         assert plain[name][0]["sigma"] > plain[name][1]["sigma"]
 
 
