@@ -251,7 +251,8 @@ def _bernoulli_renyi_upper(log_p: NDArray[np.float64], log_q: NDArray[np.float64
     exp((a - 1) D) - 1 = sum_i p_i expm1(r_i), r_i = (a - 1)(log p_i - log q_i), since sum_i p_i = 1:
     no cancellation against 1 when D is tiny (both laws near a point mass). Each r_i is raised by
     its rounding allowance (a - 1) error_i, and the sum by 8 ulps of its terms' magnitudes; an
-    outcome P gives no mass adds nothing, one Q gives none (in floats) makes D infinite."""
+    outcome P gives no mass adds nothing, one Q gives none (in floats) makes D infinite. The result is
+    raised by the smallest subnormal too: a divergence near 1e-323 has no relative precision left."""
     scale = (orders - 1.0)[:, None]
     mass = log_p > -np.inf
     if np.any(mass & (log_q == -np.inf)):
@@ -264,8 +265,9 @@ def _bernoulli_renyi_upper(log_p: NDArray[np.float64], log_q: NDArray[np.float64
         excess = terms.sum(axis=1) + 8.0 * _ROUNDING * np.abs(terms).sum(axis=1)
         small = np.log1p(np.maximum(excess, 0.0)) / scale[:, 0]
     large = logsumexp(np.where(mass[None, :], log_p[None, :] + raised, -np.inf), axis=1) / scale[:, 0]
-    # log space where a term is large (expm1 would overflow); relative rounding allowance 1e-12
-    result: NDArray[np.float64] = np.where(raised.max(axis=1) > 30.0, large, small) * (1.0 + 1e-12)
+    # log space where a term is large (expm1 would overflow); relative rounding allowance 1e-12, and one
+    # subnormal step, which a relative allowance cannot add (1.24e-323 would round down to 9.9e-324)
+    result: NDArray[np.float64] = np.where(raised.max(axis=1) > 30.0, large, small) * (1.0 + 1e-12) + SMALLEST_POSITIVE
     return result
 
 
