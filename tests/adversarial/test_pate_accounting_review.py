@@ -102,6 +102,42 @@ def test_gnmax_data_dependent_rdp_bounds_the_exact_divergence_over_every_neighbo
     assert checked > 200
 
 
+def two_token_law(counts: tuple[int, int], sigma: float) -> tuple[mpmath.mpf, mpmath.mpf]:
+    """GNMax's exact log-law on two tokens: token 1 wins iff N(0, 2 sigma^2) > c_0 - c_1, with probability
+    Phi(-(c_0 - c_1) / (sigma sqrt 2)); the larger mass as log1p(-the smaller)."""
+    x = (mpmath.mpf(counts[0]) - counts[1]) / (mpmath.mpf(sigma) * mpmath.sqrt(2))
+    small = mpmath.ncdf(-abs(x))
+    return (mpmath.log1p(-small), mpmath.log(small)) if x >= 0 else (mpmath.log(small), mpmath.log1p(-small))
+
+
+def test_gnmax_two_token_charges_bound_the_closed_form_divergence_at_every_order():
+    # closed form, so gaps of thousands of sigma and orders up to 1024: Theorem 6 down to 1e-320, where
+    # float rounding lost relative precision (1.4e-320 charged 5e-324 for counts (366, 11), sigma 6.53)
+    orders = np.array([1.0001, 1.01, 1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0])
+    rng = np.random.default_rng(5)
+    cases = [((366, 11), 6.53457033843372), ((41, 2551), 45.635975131147674), ((0, 0), 1.0), ((1, 0), 0.01)]
+    for trial in range(120):
+        gap = int(rng.integers(0, 4000)) if trial % 2 else int(rng.integers(0, 40))
+        low = int(rng.integers(0, 50))
+        cases.append(((low + gap, low) if trial % 3 else (low, low + gap), float(10 ** rng.uniform(-1, 2.5))))
+    checked = 0
+    with mpmath.workdps(60):
+        for counts, sigma in cases:
+            for relation in (R.REPLACE_ONE, R.ADD_OR_REMOVE_ONE):
+                gnmax = GNMax(sigma, relation)
+                both = gnmax.data_dependent_rdp(np.array(counts), orders, DivergenceDirection.BOTH)
+                forward = gnmax.data_dependent_rdp(np.array(counts), orders, DivergenceDirection.FROM_ACTUAL)
+                actual = two_token_law(counts, sigma)
+                for other in neighbours(counts, relation):
+                    law = two_token_law(other, sigma)
+                    for index, alpha in enumerate(orders):
+                        to_neighbour, from_neighbour = renyi(actual, law, alpha), renyi(law, actual, alpha)
+                        assert forward[index] >= to_neighbour, (counts, other, sigma, relation, alpha)
+                        assert both[index] >= max(to_neighbour, from_neighbour), (counts, other, sigma, relation, alpha)
+                        checked += 1
+    assert checked > 9000
+
+
 def screen_law(top: int, threshold: float, sigma_threshold: float) -> tuple[mpmath.mpf, mpmath.mpf]:
     """(log Pr[pass], log Pr[fail]) of the check top + N(0, s1^2) >= T: the smaller mass from its tail,
     the larger as log1p(-the smaller), so neither loses digits to a 1 - tiny."""
