@@ -258,6 +258,23 @@ def test_smooth_sensitivity_dominates_the_local_sensitivity_at_every_distance_an
                 [other], mechanism, order, beta).smooth_sensitivity * (1 + 1e-12), (center, other)
 
 
+def test_smooth_sensitivity_stopped_at_its_last_radius_charges_the_rest(monkeypatch):
+    # a beta too small for e^{-beta d} to fall within MOST_RADII distances: stopping there used to drop
+    # the larger distances' terms; here MOST_RADII = 1 stands in for 10^6 (hours of evaluation)
+    from dpledger.mechanisms import pate_smooth_sensitivity
+
+    monkeypatch.setattr(pate_smooth_sensitivity, "MOST_RADII", 1)
+    mechanism, beta = ConfidentGNMax(6.0, 1.5, 1.2, R.REPLACE_ONE), 1e-9
+    center = (7, 2, 1)
+    stopped = smooth_sensitivity([center], mechanism, 6.0, beta).smooth_sensitivity
+    statistic = functools.lru_cache(maxsize=None)(
+        lambda histogram: smooth_sensitivity([histogram], mechanism, 6.0, beta).statistic)
+    for histogram, distance in ball(center, 2, R.REPLACE_ONE).items():
+        if distance < 2:
+            local = max(abs(statistic(histogram) - statistic(other)) for other in neighbours(histogram, R.REPLACE_ONE))
+            assert stopped >= math.exp(-beta) * local, (histogram, local, stopped)
+
+
 def test_smooth_sensitivity_release_is_labelled_data_dependent():
     mechanism = ConfidentGNMax(6.0, 1.5, 1.2, R.REPLACE_ONE)
     release = smooth_sensitivity_release([[7, 2, 1], [3, 3, 4]], mechanism, 6.0, beta=0.05, sigma_ss=2.0,
