@@ -270,6 +270,9 @@ class DpargmaxAggregator(_HotPateAggregator):
         object.__setattr__(self, "data_dependent", require_bool("data_dependent", self.data_dependent))
         object.__setattr__(self, "data_dependent_screen", require_bool("data_dependent_screen",
                                                                        self.data_dependent_screen))
+        # the data-dependent screen's divergence reads T: a stand-in T would charge another check's value
+        require(threshold is not None or not self.data_dependent_screen,
+                "data_dependent_screen needs the screen threshold T, got threshold None")
 
     @property
     def confident_gnmax(self) -> ConfidentGNMax:

@@ -153,6 +153,11 @@ def log_q_gnmax_neighbours(counts: npt.ArrayLike, sigma: float,
 
 
 _ROUNDING = float(np.finfo(np.float64).eps)
+_SUBNORMAL_ALLOWANCE = 2.0 ** -1000
+"""An absolute allowance, times a / (a - 1), on a bound near or below the smallest normal float (2.2e-308):
+there every operation errs by up to 2^-1074 absolute, which no relative allowance covers (a Theorem 6
+bound of 1.4e-320 came out 5e-324), and the final division by a - 1 amplifies it; 2^-1000 covers 2^74 such
+errors, and is far below any privacy loss that matters."""
 
 
 def _log1mexp(x: float) -> float:
@@ -222,7 +227,7 @@ def data_dependent_gnmax_rdp(log_q: float, sigma: float, orders: NDArray[np.floa
     # raise the bound by 8 ulps of the terms that cancel, and by 1e-10 of itself for log q~'s own
     # rounding (a few ulps, amplified at most ~a times), so that rounding never lowers it
     bound = (bound + 8.0 * _ROUNDING * (orders * abs(log_1mq) + (orders - 1.0) * abs(log_1m_a)) / (orders - 1.0)) \
-        * (1.0 + 1e-10)
+        * (1.0 + 1e-10) + _SUBNORMAL_ALLOWANCE * orders / (orders - 1.0)
     require(not bool(np.any(np.isnan(bound))), f"Theorem 6 bound is NaN at log_q={log_q!r}, sigma={sigma!r}")
     valid = orders < mu1
     # neighbouring GNMax output laws always differ, so the bound is > 0: a value that underflows is
@@ -251,7 +256,8 @@ def _bernoulli_renyi_upper(log_p: NDArray[np.float64], log_q: NDArray[np.float64
     exp((a - 1) D) - 1 = sum_i p_i expm1(r_i), r_i = (a - 1)(log p_i - log q_i), since sum_i p_i = 1:
     no cancellation against 1 when D is tiny (both laws near a point mass). Each r_i is raised by
     its rounding allowance (a - 1) error_i, and the sum by 8 ulps of its terms' magnitudes; an
-    outcome P gives no mass adds nothing, one Q gives none (in floats) makes D infinite."""
+    outcome P gives no mass adds nothing, one Q gives none (in floats) makes D infinite. The result is
+    raised by _SUBNORMAL_ALLOWANCE too: a divergence near 1e-320 has no relative precision left."""
     scale = (orders - 1.0)[:, None]
     mass = log_p > -np.inf
     if np.any(mass & (log_q == -np.inf)):
@@ -264,8 +270,10 @@ def _bernoulli_renyi_upper(log_p: NDArray[np.float64], log_q: NDArray[np.float64
         excess = terms.sum(axis=1) + 8.0 * _ROUNDING * np.abs(terms).sum(axis=1)
         small = np.log1p(np.maximum(excess, 0.0)) / scale[:, 0]
     large = logsumexp(np.where(mass[None, :], log_p[None, :] + raised, -np.inf), axis=1) / scale[:, 0]
-    # log space where a term is large (expm1 would overflow); relative rounding allowance 1e-12
-    result: NDArray[np.float64] = np.where(raised.max(axis=1) > 30.0, large, small) * (1.0 + 1e-12)
+    # log space where a term is large (expm1 would overflow); relative rounding allowance 1e-12, and the
+    # absolute one a subnormal value needs (1.24e-323 came out 9.9e-324)
+    result: NDArray[np.float64] = np.where(raised.max(axis=1) > 30.0, large, small) * (1.0 + 1e-12) \
+        + _SUBNORMAL_ALLOWANCE * orders / (orders - 1.0)
     return result
 
 

@@ -46,6 +46,10 @@ LOG_Q_GRID = -np.geomspace(1e7, 1e-8, 8001)
 """Fixed points of log q~ (ascending, plus 0) at which the released statistic reads Theorem 6: a
 relative spacing of 0.43% in log(1/q~), public and independent of the data."""
 
+MOST_RADII = 10 ** 6
+"""The distances at which the smooth sensitivity's maximum is evaluated one by one; beyond them (a beta
+so small that e^{-beta d} barely falls) every spread is bounded by the largest possible, the curve caps."""
+
 RELEASE_LABEL = ("data-dependent epsilon released with smooth sensitivity (Papernot et al. 2018, Section 4): a "
                  "noisy estimate of this run's data-dependent bound, published at the stated release cost; not a "
                  "data-independent DP guarantee of the run")
@@ -218,7 +222,10 @@ def smooth_sensitivity(histograms: npt.ArrayLike, mechanism: ConfidentGNMax, ord
             spread += float(np.sum(answer(radius, True) - answer(radius, False)))
         spreads.append(spread)
         best = max(best, math.exp(-beta * (radius - 1)) * spread)
-        if math.exp(-beta * radius) * bound <= best or radius > 10 ** 6:
+        if math.exp(-beta * radius) * bound <= best:
+            break
+        if radius >= MOST_RADII:  # distances d >= radius add at most e^{-beta d} bound: charge that, never drop it
+            best = math.exp(-beta * radius) * bound
             break
     return SmoothSensitivity(statistic, charged_answer + float(screen_terms.sum()),
                              best * (1.0 + 1e-9), np.asarray(spreads))
