@@ -392,6 +392,8 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
         if count > 50:
             break
     source = {"payload": "the exact-replay payload", "models": "the run's models, re-run"}[trace.logits_source]
+    if trace.logits_source == "payload" and trace.bounded_payload:
+        source = "the bounded vote payload (each vote certified by its teacher's top-k race entries)"
     if cross_check:
         source += f", whose logits equal the run's models' (max gap {worst['logits_vs_models']:.2g})"
     if check_tokens:

@@ -149,11 +149,14 @@ def top_race_entries(logits: torch.Tensor, seeds: Sequence[int], coordination: V
     for row in range(steps):
         teachers = torch.softmax(logits[1:, row].double(), dim=-1)   # as Ensemble.split_distributions computes them
         scores = race_scores(teachers[None], [seeds[row]], coordination)[0]
-        # the vote is torch.argmax's choice; forcing it first settles any tie the top-k might order otherwise
-        forced = scores.scatter(-1, torch.argmax(scores, dim=-1, keepdim=True), math.inf)
-        chosen = torch.topk(forced, k, dim=-1, sorted=True).indices
+        chosen = torch.topk(scores, k, dim=-1, sorted=True).indices
+        winners = torch.argmax(scores, dim=-1)
+        for teacher in torch.nonzero(chosen[:, 0] != winners).flatten().tolist():
+            # a tie the top-k ordered otherwise: the vote is torch.argmax's choice, forced first
+            forced = scores[teacher].scatter(0, winners[teacher:teacher + 1], math.inf)
+            chosen[teacher] = torch.topk(forced, k, sorted=True).indices
         ids[row] = chosen.numpy()
-        log_probs[row] = torch.log(teachers).gather(-1, chosen).numpy()
+        log_probs[row] = torch.log(teachers.gather(-1, chosen)).numpy()   # the same float64 log the race took
     return VotePayload(np.ascontiguousarray(logits[0].numpy(), dtype=np.float32), ids, log_probs)
 
 

@@ -190,3 +190,16 @@ def test_payload_options_are_checked(micro_models, tmp_path, run, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
                        .replace(")", r"\)")):
         config_from_dict(micro_config(micro_models, tmp_path / "x", DPARGMAX, **run))
+
+
+def test_a_tied_race_stores_argmaxs_choice_first(monkeypatch):
+    """Where two tokens tie for the highest score, the vote (torch.argmax: the lower id) is stored
+    first, whatever order the top-k gives them, and the certificate's tie rule accepts exactly that."""
+    import dpledger.decoding.vote_payload as vote_payload
+
+    tied = torch.ones(1, 1, 4, dtype=torch.float64)   # torch.topk orders these 2, 3, 0; argmax takes 0
+    assert torch.topk(tied[0, 0], 3).indices[0] != 0
+    monkeypatch.setattr(vote_payload, "race_scores", lambda teachers, seeds, coordination: tied.clone())
+    payload = top_race_entries(torch.zeros(2, 1, 4), [3], VoteCoordination.COORDINATED, 3)
+    stored = payload.token_ids[0, 0].tolist()
+    assert stored[0] == 0 and len(set(stored)) == 3
