@@ -43,10 +43,10 @@ import torch
 from dpledger.accounting.loss_distribution import LossDistribution, RunningComposition
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.audit.checks import CheckResult, failed, skipped, verdict
-from dpledger.audit.loader import LoadedTrace
+from dpledger.audit.loader import LoadedTrace, WindowData
 from dpledger.decoding.ensemble import Ensemble
 from dpledger.audit.ablation import clopper_pearson, ensemble_output, monte_carlo_seed, screen_pass_counts
-from dpledger.audit.voting import _candidates, _mechanism
+from dpledger.audit.voting import _candidates, _mechanism, window_votes
 from dpledger.mechanisms.add_one import add_one_adversary
 from dpledger.mechanisms.hot_pate import DPWS_MAX_SAMPLES, DPWS_SAMPLES, DPWS_WORK, dpws_draws, dpws_law_bounds  # noqa: F401
 from dpledger.mechanisms.kernels import sums_without_each
@@ -168,7 +168,7 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     Args:
         trace: the loaded run (its mechanism type and parameters).
         records: the window's per-step records.
-        logits: (N+1, L, V) the window's logits, public model first.
+        logits: (N+1, L, V) the window's logits, public model first, or its bounded vote payload.
         pairs: the neighbours to bracket (PMixED / AdaPMixED pairs).
         intervals: each pair's loss grid interval (losses are rounded down to it).
         mc_samples: Monte Carlo draws per step for a screened run's pass probability.
@@ -269,7 +269,7 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     return partial
 
 
-def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, pairs: list[Pair],
+def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: WindowData, pairs: list[Pair],
                           intervals: list[float], seed: int, steps_total: int) -> PairLosses:
     """One window's composed loss distributions (forward, backward) per voting pair (DPARGMAX and
     DPWS, released output): removed and replaced teachers by index, an added vote. DPWS's laws are
@@ -278,7 +278,7 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
     Args:
         trace: the loaded run (a voting run).
         records: the window's per-step records (their vote seeds).
-        logits: (N+1, L, V) the window's logits, public model first.
+        logits: (N+1, L, V) the window's logits, public model first, or its bounded vote payload.
         pairs: the neighbours to bracket ("remove", "replace" or "add").
         intervals: each pair's loss grid interval.
         seed: the audit's seed (monte_carlo_seed gives each step's, for DPWS).
@@ -289,8 +289,7 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: torch
         charged steps, None where every step was refused.
     """
     mechanism = _mechanism(trace)
-    _, teachers = Ensemble.split_distributions(logits)
-    votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
+    votes, counts = window_votes(trace, records, logits)
     steps = {pair: (RunningComposition(), RunningComposition()) for pair in pairs}   # O(log steps) alive
     two = np.array([2.0])
     aggregator = mechanism.aggregator

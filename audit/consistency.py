@@ -15,6 +15,7 @@ from dpledger.accounting import safe_files
 from dpledger.accounting.orders import default_orders
 from dpledger.audit.checks import CheckResult, failed, passed, skipped, verdict
 from dpledger.audit.loader import LoadedTrace
+from dpledger.decoding.vote_payload import payload_format_entry
 from dpledger.decoding import trace
 from dpledger.decoding.config import BudgetConfig, DataConfig, ModelsConfig, RunConfig
 from dpledger.decoding.totals import component_relations
@@ -127,6 +128,9 @@ def check_manifest(loaded: LoadedTrace) -> CheckResult:
     expected = {"relation": config.relation, "orders": orders, "n_teachers": config.models.teachers,
                 "queries": config.queries, "n_blocks": math.ceil(config.queries / block_size),
                 "replay_payload": config.replay_payload, "seeds": {"run": config.seed}}
+    if "replay_payload_format" in manifest:  # records version 5 on; earlier traces kept the logits
+        expected["replay_payload_format"] = payload_format_entry(config.replay_payload_format, config.replay_top_k,
+                                                                 runner.kind == "voting")
     for key, value in expected.items():
         if manifest.get(key) != value:
             problems.append(f"{key} is {manifest.get(key)!r}, the config gives {value!r}")
@@ -201,10 +205,16 @@ def check_payload(loaded: LoadedTrace) -> CheckResult:
     """
     if not loaded.manifest.get("replay_payload"):
         return skipped("payload", "the run kept no exact-replay payload")
-    named = {state: [trace.replay_path(loaded.directory, index).name for index, s in loaded.payload_states.items()
-                     if s == state] for state in ("changed", "missing", "unreadable")}
+    def name(index: int) -> str:
+        try:
+            return loaded.payload_file(index)[0].name
+        except trace.TraceError:  # a malformed replay_payload_format: named by the logits' file
+            return trace.replay_path(loaded.directory, index).name
+
+    named = {state: [name(index) for index, s in loaded.payload_states.items() if s == state]
+             for state in ("changed", "missing", "unreadable")}
     changed, missing, unreadable = named["changed"], named["missing"], named["unreadable"]
-    expected = {trace.replay_path(loaded.directory, info.index).name for info in loaded.blocks_info}
+    expected = {name(info.index) for info in loaded.blocks_info}
     try:
         listing = safe_files.entries(loaded.directory / trace.REPLAY_DIR, root=loaded.directory)
     except (FileNotFoundError, safe_files.UnsafeFileError):  # absent, or a link: the blocks say so already

@@ -25,6 +25,7 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from dpledger.accounting import safe_files
+from dpledger.accounting.errors import require
 from dpledger.decoding import trace
 from dpledger.decoding.totals import RunTotals
 from dpledger.decoding.runners import Runner, build_runner
@@ -34,6 +35,10 @@ from dpledger.decoding.cluster import ClusterError
 from dpledger.decoding.corpus import generate_corpus
 from dpledger.decoding.ensemble import Ensemble, file_problems, identity_problems, tokenizer_files
 from dpledger.decoding.icl import InContextEnsemble, load_icl_ensemble
+from dpledger.decoding.vote_payload import VotePayload, block_payload_file, read_vote_payload
+
+WindowData = torch.Tensor | VotePayload
+"""What a payload window holds: the logits (N+1, W, V), or a voting run's bounded vote payload."""
 
 PAYLOAD_WINDOW_BYTES = 256 * 2 ** 20
 """Replay windows hold at most this much of a block's float64 work (N+1 distributions and the
@@ -200,7 +205,7 @@ class LoadedTrace:
         if not self.manifest.get("replay_payload"):
             return ["the run kept no exact-replay payload (replay_payload = false)"]
         problems = [self.payload_reasons[index] if state == "unreadable" else
-                    f"{trace.replay_path(self.directory, index)}: " + ("missing" if state == "missing" else
+                    f"{self.payload_file(index)[0]}: " + ("missing" if state == "missing" else
                     f"its sha256 differs from the one chained in block {index}'s records (changed after the run)")
                     for index, state in self.payload_states.items() if state != "intact"]
         return problems[:5]
@@ -217,6 +222,39 @@ class LoadedTrace:
         return self.n_teachers + 1, length, int(self.manifest["vocab_size"])
 
     @property
+    def payload_entry(self) -> dict:
+        """The run's replay_payload_format (trace.payload_format: the logits where the manifest names none).
+
+        Raises:
+            TraceError: if the manifest's entry is malformed.
+        """
+        return trace.payload_format(self.manifest)
+
+    @property
+    def bounded_payload(self) -> bool:
+        """Whether the run keeps the bounded vote payload (dpledger.decoding.vote_payload), not the logits."""
+        try:
+            return bool(self.manifest.get("replay_payload")) and self.payload_entry["format"] == trace.VOTE_FORMAT
+        except TraceError:
+            return False
+
+    def payload_file(self, index: int) -> tuple[Path, int]:
+        """Block `index`'s payload file and the most bytes it may take (its format's bound).
+
+        Args:
+            index: the block's index.
+
+        Returns:
+            (its path, its size bound in bytes).
+
+        Raises:
+            TraceError: if the manifest's replay_payload_format is malformed.
+        """
+        length = next(info.length for info in self.blocks_info if info.index == index)
+        return block_payload_file(self.directory, index, self.payload_entry, length, self.n_teachers,
+                                  int(self.manifest["vocab_size"]))
+
+    @property
     def payload_states(self) -> dict[int, str]:
         """Per block: "intact" (its file has the chained sha256), "missing", "changed", or "unreadable"
         (a link, not a regular file, or larger than a float32 block of its shape: the reason is in
@@ -225,8 +263,12 @@ class LoadedTrace:
         if self._payload_states is None:
             states, bounds = {}, {}
             for info in self.blocks_info if self.manifest.get("replay_payload") else []:
-                path = trace.replay_path(self.directory, info.index)
-                bounds[info.index] = trace.payload_bytes_bound(self.payload_shape(info.length))
+                try:
+                    path, bounds[info.index] = self.payload_file(info.index)
+                except TraceError as error:  # the manifest names no payload format this code knows
+                    states[info.index] = "unreadable"
+                    self.payload_reasons[info.index] = str(error)
+                    continue
                 try:
                     safe_files.regular_size(path, bounds[info.index], root=self.directory, what="its block of logits")
                 except FileNotFoundError:
@@ -235,7 +277,7 @@ class LoadedTrace:
                     states[info.index] = "unreadable"
                     self.payload_reasons[info.index] = _unreadable(path, error)
             present = [index for index in bounds if index not in states]
-            paths = [trace.replay_path(self.directory, index) for index in present]
+            paths = [self.payload_file(index)[0] for index in present]
             if self.executor is not None:  # at paper scale the payload is 20 MB a step: hashed on the workers
                 digests = dict(zip(present, self.executor.file_digests(paths)))
             else:
@@ -401,7 +443,8 @@ class LoadedTrace:
         """
         if self._window_rows is None:
             # a few float64 copies of a step's (N+1) x V distributions and of the kernels' (orders x V) work
-            per_step = (self.n_teachers + 1 + len(self.manifest["orders"])) * int(self.manifest["vocab_size"]) * 8 * 4
+            models = 1 if self.bounded_payload else self.n_teachers + 1   # the bounded payload: the public row
+            per_step = (models + len(self.manifest["orders"])) * int(self.manifest["vocab_size"]) * 8 * 4
             self._window_rows = max(1, PAYLOAD_WINDOW_BYTES // max(per_step, 1))
         return self._window_rows
 
@@ -411,9 +454,10 @@ class LoadedTrace:
             raise RuntimeError("logits_source 'models' loaded the ensemble")
         return self._ensemble.logits(contexts)[:, 0]
 
-    def iter_payload(self, window: int | None = None) -> Iterator[tuple[int, list[dict], torch.Tensor]]:
+    def iter_payload(self, window: int | None = None) -> Iterator[tuple[int, list[dict], WindowData]]:
         """(block, records of a window of consecutive steps, their logits (N+1, W, V)), block by
         block and within a block window by window (at most `window` steps, default window_rows()).
+        A run with the bounded vote payload read from it gives the window's VotePayload instead of logits.
 
         Args:
             window: steps per window; None or 0: window_rows().
@@ -426,11 +470,16 @@ class LoadedTrace:
             yield from self._block_windows(block, records, window, 0, len(records))
 
     def _block_windows(self, block: int, records: list[dict], window: int, first: int,
-                       last: int) -> Iterator[tuple[int, list[dict], torch.Tensor]]:
+                       last: int) -> Iterator[tuple[int, list[dict], WindowData]]:
         """The windows of rows first..last of one block (`first` on a window boundary)."""
+        window_of: Callable[[int, int], WindowData]
         if self.logits_source == "models":  # a forward pass needs the block's whole context
             logits = self._model_logits(records)
             window_of = lambda start, stop: logits[:, start:stop]  # noqa: E731
+        elif self.bounded_payload:  # read whole (a few MB a block), windows are views of it
+            votes = read_vote_payload(self.directory, block, len(records), self.n_teachers,
+                                      int(self.manifest["vocab_size"]), self.payload_entry["top_k"])
+            window_of = lambda start, stop: votes.rows(start, stop)  # noqa: E731
         else:
             payload = trace.ReplayPayload(self.directory, block, self.payload_shape(len(records)))
             window_of = lambda start, stop: torch.from_numpy(payload.rows(start, stop))  # noqa: E731
@@ -452,7 +501,7 @@ class LoadedTrace:
         return [WindowTask(info.index, start, min(start + span, info.length))
                 for info in self.blocks_info for start in range(0, info.length, span)]
 
-    def task_windows(self, task: WindowTask) -> Iterator[tuple[list[dict], torch.Tensor]]:
+    def task_windows(self, task: WindowTask) -> Iterator[tuple[list[dict], WindowData]]:
         """(records, logits) of each window of `task`. The block's chunk is read again here (on a worker,
         from the shared run directory): its bytes must still be the ones read when the trace was loaded
         (sha256), or TraceError.
@@ -527,9 +576,14 @@ class LoadedTrace:
 
         Returns:
             Its windows' logits concatenated along the steps (every block is read to find it).
+
+        Raises:
+            ValueError: if the run keeps the bounded vote payload, which holds no teacher logits.
         """
         parts = [logits for b, _, logits in self.iter_payload() if b == block]
-        return torch.cat(parts, dim=1)
+        require(all(isinstance(part, torch.Tensor) for part in parts),
+                "a run with the bounded vote payload keeps no logits (run.replay_payload_format = \"bounded\")")
+        return torch.cat([part for part in parts if isinstance(part, torch.Tensor)], dim=1)
 
 
 def _unreadable(path: Path, error: safe_files.UnsafeFileError | OSError) -> str:

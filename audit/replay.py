@@ -16,8 +16,9 @@ from dpledger.accounting import safe_files
 from dpledger.accounting.conversion import ConversionMethod, epsilon_from_rdp
 from dpledger.accounting.summation import ExactSum
 from dpledger.audit.checks import CheckResult, failed, passed, skipped, verdict
-from dpledger.audit.loader import LoadedTrace
-from dpledger.decoding.blocks import replay_steps
+from dpledger.audit.loader import LoadedTrace, WindowData
+from dpledger.decoding.blocks import replay_steps, replay_vote_steps
+from dpledger.decoding.vote_payload import VotePayload
 from dpledger.decoding.trace import json_bytes, loads_json, read_chunk
 from dpledger.decoding.cluster import ClusterError
 from dpledger.decoding.recipe import encode_documents
@@ -195,6 +196,21 @@ def _compare_arrays(mismatches: list, worst: dict, key: str, where: str, recorde
         mismatches.append(f"{where}: {key} differs from the mechanism's{_nan_note(recorded, replayed)}")
 
 
+def _payload_gap(model_logits: torch.Tensor, payload: WindowData) -> float:
+    """The largest gap between the models' logits (N+1, W, V) and what the payload stored of them:
+    every logit, or for a bounded vote payload the public logits and each teacher's stored
+    log-probabilities (log-softmax of its logits at the stored tokens)."""
+    if not isinstance(payload, VotePayload):
+        return float(torch.max(torch.abs(model_logits.double() - payload.double())))
+    public = torch.max(torch.abs(model_logits[0].double() - torch.from_numpy(payload.public_logits).double()))
+    # as the decoder computed them (log of the float64 softmax), so a probability that underflows to 0 compares equal
+    log_probs = torch.log(torch.softmax(model_logits[1:].double(), dim=-1)).movedim(0, 1)   # (W, N, V)
+    stored = torch.from_numpy(payload.token_ids.astype(np.int64))
+    recomputed, kept = log_probs.gather(-1, stored), torch.from_numpy(payload.log_probs)
+    teachers = torch.where(recomputed == kept, 0.0, torch.abs(recomputed - kept))   # -inf on both sides: equal
+    return float(torch.maximum(public, torch.nan_to_num(teachers, nan=math.inf).max()))
+
+
 def _data_tokens(trace: LoadedTrace) -> np.ndarray | None:
     """The run's teacher-forced token stream re-encoded from its text file, when the text (with the
     recorded sha256) and the tokenizer are available; None otherwise."""
@@ -237,7 +253,7 @@ class _ReplayPartial(TypedDict):
     worst: dict[str, float]
 
 
-def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, cross_check: bool,
+def _replay_window(trace: LoadedTrace, records: list[dict], logits: WindowData, cross_check: bool,
                    check_tokens: bool, spent_before: dict[int, ExactSum] | None) -> _ReplayPartial:
     """One window replayed: its mismatches (in step order) and the largest deviations seen."""
     memo = trace.memo
@@ -259,18 +275,25 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
             memo["gate"] = trace.budget_gate()
         gate = memo["gate"]
         gate.filter.set_state(spent_before[first])
-    outcome, tokens = replay_steps(memo["runner"], logits, trace.manifest["config"]["seed"], first, trace.orders,
-                                   trace.manifest["data"]["stream"] == "generate", gate)
-    output = outcome.output.numpy()
-    allowance = _eq3_allowance(trace, logits, outcome.lambdas, outcome.eq3_remove_one)
-    worst = {"lambdas": 0.0, "logits_vs_models": 0.0}
+    seed, sequential = trace.manifest["config"]["seed"], trace.manifest["data"]["stream"] == "generate"
     mismatches: list[str] = []
+    if isinstance(logits, VotePayload):  # a voting run's bounded payload: certified votes, public logits
+        outcome, tokens, uncertified = replay_vote_steps(memo["runner"], logits, seed, first, trace.orders, sequential,
+                                                         int(trace.manifest["vocab_size"]), gate)
+        mismatches += [f"step {first + row}: the bounded payload does not certify its votes: {problem}"
+                       for row, problem in uncertified]
+        allowance = None
+    else:
+        outcome, tokens = replay_steps(memo["runner"], logits, seed, first, trace.orders, sequential, gate)
+        allowance = _eq3_allowance(trace, logits, outcome.lambdas, outcome.eq3_remove_one)
+    output = outcome.output.numpy()
+    worst = {"lambdas": 0.0, "logits_vs_models": 0.0}
     if cross_check:
         if memo.get("model_logits_block") != block:  # a block's forward pass serves all its windows
             memo["model_logits"] = trace._model_logits(read_chunk(trace.directory, block))
             memo["model_logits_block"] = block
         rows = [r["position"] for r in records]
-        gap = float(torch.max(torch.abs(memo["model_logits"][:, rows].double() - logits.double())))
+        gap = _payload_gap(memo["model_logits"][:, rows], logits)
         worst["logits_vs_models"] = gap
         if not gap <= LOGIT_ATOL:
             mismatches.append(f"block {block}: payload logits differ from the models' by {gap:.3g}")
@@ -369,6 +392,8 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
         if count > 50:
             break
     source = {"payload": "the exact-replay payload", "models": "the run's models, re-run"}[trace.logits_source]
+    if trace.logits_source == "payload" and trace.bounded_payload:
+        source = "the bounded vote payload (each vote certified by its teacher's top-k race entries)"
     if cross_check:
         source += f", whose logits equal the run's models' (max gap {worst['logits_vs_models']:.2g})"
     if check_tokens:

@@ -21,22 +21,44 @@ import warnings
 from typing import TypedDict
 
 import numpy as np
-import torch
 from scipy.stats import beta as beta_distribution
 
 from dpledger.accounting.conversion import epsilon_from_rdp
 from dpledger.accounting.curve import RdpCurve
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.audit.checks import CheckResult, failed, skipped, verdict
-from dpledger.audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
+from dpledger.audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace, WindowData
 from dpledger.decoding.ensemble import Ensemble
 from dpledger.decoding.runners import voting_mechanism
+from dpledger.decoding.vote_payload import VotePayload, certify_votes
 from dpledger.mechanisms.randomness import seed_commitment, vote_seed
 from dpledger.accounting.relation import PathAccounting
-from dpledger.mechanisms.voting import VotingMechanism, renyi_divergence_of_log_laws
+from dpledger.mechanisms.voting import VotingMechanism, histograms, renyi_divergence_of_log_laws
 
 def _mechanism(trace: LoadedTrace) -> VotingMechanism:
     return voting_mechanism(trace.params, trace.n_teachers, trace.manifest["relation"])
+
+
+def window_votes(trace: LoadedTrace, records: list[dict], window: WindowData) -> tuple[np.ndarray, np.ndarray]:
+    """The window's votes (W, N) and histograms (W, V): recomputed from the teachers' distributions
+    with the recorded vote seeds, or read from a bounded payload's certified race entries
+    (dpledger.decoding.vote_payload.certify_votes; the replay check FAILs a step whose certificate fails).
+
+    Args:
+        trace: the loaded run (a voting run).
+        records: the window's records (their vote seeds).
+        window: the window's logits (N+1, W, V) or its bounded vote payload.
+
+    Returns:
+        (votes (W, N), counts (W, V)), int64.
+    """
+    mechanism = _mechanism(trace)
+    seeds = [record["vote_seed"] for record in records]
+    if isinstance(window, VotePayload):
+        votes, _ = certify_votes(window, seeds, mechanism.coordination, int(trace.manifest["vocab_size"]))
+        return votes, histograms(votes, int(trace.manifest["vocab_size"]))
+    _, teachers = Ensemble.split_distributions(window)
+    return mechanism.histograms(teachers, seeds)
 
 
 def check_shared_randomness(trace: LoadedTrace) -> CheckResult:
@@ -209,7 +231,7 @@ def _sum_of(total: np.ndarray | None, part: np.ndarray | None) -> np.ndarray | N
     return total + part
 
 
-def _voting_ablation_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, realised_path: bool,
+def _voting_ablation_window(trace: LoadedTrace, records: list[dict], logits: WindowData, realised_path: bool,
                             replace: bool) -> VotingWindowPartial:
     """One window's per-neighbour divergences summed over its steps, and its largest numerical error."""
     mechanism, orders = _mechanism(trace), np.asarray(trace.orders, dtype=np.float64)
@@ -219,8 +241,7 @@ def _voting_ablation_window(trace: LoadedTrace, records: list[dict], logits: tor
     added = np.zeros(orders.size)
     released_total = np.zeros((n, orders.size)) if realised_path else None
     error = 0.0
-    _, teachers = Ensemble.split_distributions(logits)
-    votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
+    votes, counts = window_votes(trace, records, logits)
     for row, record in enumerate(records):
         if record.get("budget_refused"):  # answered publicly by the privacy filter: the same law under every neighbour
             continue
@@ -394,13 +415,12 @@ def _clopper_pearson(successes: int, trials: int, confidence: float) -> tuple[fl
 
 
 def _narrowest_margin_window(trace: LoadedTrace, records: list[dict],
-                             logits: torch.Tensor) -> tuple[int, int, np.ndarray, int, np.ndarray | int] | None:
+                             logits: WindowData) -> tuple[int, int, np.ndarray, int, np.ndarray | int] | None:
     """The window's step whose plurality margin is narrowest (the first of equals), as (score, step,
     histogram, plurality token, charged curve); None when no step in it was charged an answer."""
     mechanism = _mechanism(trace)
     best: tuple[int, int, np.ndarray, int, np.ndarray | int] | None = None
-    _, teachers = Ensemble.split_distributions(logits)
-    votes, counts = mechanism.histograms(teachers, [record["vote_seed"] for record in records])
+    votes, counts = window_votes(trace, records, logits)
     for row, record in enumerate(records):
         if (mechanism.accounting is PathAccounting.REALISED_PATH and not record["screen_passed"]) \
                 or record.get("budget_refused"):

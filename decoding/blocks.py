@@ -29,6 +29,9 @@ from dpledger.decoding.embedded import build_or_load
 from dpledger.decoding.icl import embedded_icl_default, load_icl_ensemble
 from dpledger.decoding.recipe import TinyModelRecipe
 from dpledger.decoding.recipe import encode_documents, set_single_thread
+from dpledger.decoding.vote_payload import (VotePayload, certify_votes, payload_format_entry, top_race_entries,
+                                            write_vote_payload)
+from dpledger.mechanisms.voting import VoteCoordination
 
 
 PACKAGE_VERSION = __version__
@@ -203,6 +206,8 @@ def build_manifest(config: RunConfig, runner: Runner, orders: npt.NDArray[np.flo
         "data": data_identity, "tokenizer": tokenizer_path, "canaries": canaries,
         "seeds": {"run": config.seed}, "queries": config.queries, "n_blocks": math.ceil(config.queries / size),
         "replay_payload": config.replay_payload,
+        "replay_payload_format": payload_format_entry(config.replay_payload_format, config.replay_top_k,
+                                                      runner.kind == "voting"),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
 
@@ -312,6 +317,52 @@ def replay_steps(runner: Runner, logits: torch.Tensor, seed: int, first_step: in
     return _concat_outcomes([o for o, _ in steps]), np.concatenate([t for _, t in steps])
 
 
+def replay_vote_steps(runner: Runner, payload: VotePayload, seed: int, first_step: int,
+                      orders: npt.NDArray[np.float64], sequential: bool, vocabulary_size: int,
+                      budget: BudgetGate | None = None) -> tuple[BlockOutcome, npt.NDArray[np.int64],
+                                                                  list[tuple[int, str]]]:
+    """Recompute consecutive voting steps from their bounded payload (dpledger.decoding.vote_payload):
+    the votes certified from the stored race entries, then the runner on the public distributions
+    and those votes, as replay_steps does on the logits.
+
+    Args:
+        runner: the run's voting mechanism (with process_votes).
+        payload: the steps' bounded payload.
+        seed: the run's seed.
+        first_step: the run-wide index of the first step.
+        orders: the ledger's Renyi orders.
+        sequential: replay one step at a time (free generation) rather than the L steps at once.
+        vocabulary_size: V.
+        budget: the run's privacy filter, in its state before `first_step`; None without a budget.
+
+    Returns:
+        (the outcome, the L sampled tokens, the steps whose argmax certificate failed (certify_votes)).
+
+    Raises:
+        ValueError: if the runner is not a voting runner.
+    """
+    process_votes = _present(runner.process_votes, "a voting runner's process_votes")
+    length = payload.steps
+    generators = StepGenerators.for_steps(seed, first_step, length)
+    votes, problems = certify_votes(payload, generators.vote_seeds(), VoteCoordination(runner.params["votes"]),
+                                    vocabulary_size)
+    public = torch.softmax(torch.from_numpy(payload.public_logits).double(), dim=-1)
+
+    def step(rows: slice, randomness: StepGenerators) -> tuple[BlockOutcome, npt.NDArray[np.int64]]:
+        outcome = process_votes(public[rows], votes[rows], randomness, orders)
+        tokens = randomness.multinomial(outcome.output).numpy()
+        if budget is not None:
+            tokens = budget.apply(outcome, tokens, public[rows], seed,
+                                  _present(randomness.first_step, "the window's first step"))
+        return outcome, tokens
+
+    if not sequential:
+        outcome, tokens = step(slice(0, length), generators)
+        return outcome, tokens, problems
+    steps = [step(slice(i, i + 1), StepGenerators.for_steps(seed, first_step + i, 1)) for i in range(length)]
+    return _concat_outcomes([o for o, _ in steps]), np.concatenate([t for _, t in steps]), problems
+
+
 def run_block(prepared: PreparedRun, block: int) -> tuple[BlockOutcome, npt.NDArray[np.int64], npt.NDArray[np.int64],
                                                          npt.NDArray[np.int64], torch.Tensor]:
     """Process one block; returns (outcome, output tokens, true tokens, context tokens, logits (N+1, L, V)).
@@ -370,6 +421,16 @@ def block_records(prepared: PreparedRun, block: int) -> list[dict]:
         OSError: if the replay payload cannot be written.
     """
     outcome, tokens, true_tokens, contexts, logits = run_block(prepared, block)
-    payload = trace.write_replay(prepared.config.out, block, logits.numpy()) if prepared.config.replay_payload else ""
+    payload = ""
+    if prepared.config.replay_payload:
+        entry = payload_format_entry(prepared.config.replay_payload_format, prepared.config.replay_top_k,
+                                     prepared.runner.kind == "voting")
+        if entry["format"] == trace.VOTE_FORMAT:
+            seeds = _present(outcome.vote_seeds, "a voting step's vote seed").tolist()
+            coordination = VoteCoordination(prepared.runner.params["votes"])
+            payload = write_vote_payload(prepared.config.out, block,
+                                         top_race_entries(logits, seeds, coordination, entry["top_k"]))
+        else:
+            payload = trace.write_replay(prepared.config.out, block, logits.numpy())
     return _outcome_records(prepared.runner, block, block * prepared.block_size, outcome, tokens, true_tokens,
                             contexts, payload)

@@ -6,6 +6,8 @@ runnable examples: examples/.
     queries = 1024
     seed = 0
     replay_payload = true       # keep the logits seen (exact replay; small runs)
+    replay_payload_format = "bounded"  # voting runs: each teacher's top-k race entries, not its logits
+    replay_top_k = 4            # race entries kept per teacher and step (bounded voting payload)
     deltas = [1e-5]
     relation = "add_or_remove_one"  # the claimed neighbouring relation: add_or_remove_one | remove_one | add_one
 
@@ -65,6 +67,8 @@ the default grid (dp-accounting's), and of the range in which the kernels' log-s
 checked against mpmath (tests/test_differential.py). Far above it they lose every digit: measured,
 AdaPMixED's leave-one-out divergences are NaN from alpha = 1e12, PMixED's from 1e20, and alpha = 1e308
 overflowed the grid itself."""
+PAYLOAD_FORMATS = ("bounded", "logits")
+"""run.replay_payload_format's values: a voting run's bounded vote payload, or every model's logits."""
 MAX_TEACHERS = 512
 """The largest ensemble a run config may name (models.teachers). The private-decoding literature uses
 at most a few hundred teachers (Flemings et al. 2024, Table 4: N = 100), and every block holds N + 1
@@ -212,6 +216,11 @@ class RunConfig:
     queries: int = 1024
     seed: int = 0
     replay_payload: bool = True
+    replay_payload_format: str = "bounded"
+    """"bounded": a voting run keeps the public logits and each teacher's replay_top_k highest race
+    entries (dpledger.decoding.vote_payload); "logits": every model's logits. Runs of the other
+    mechanisms always keep the logits."""
+    replay_top_k: int = 4
     deltas: tuple[float, ...] = (1e-5,)
     relation: str = "add_or_remove_one"
     """The neighbouring relation the run claims; the mechanism charges what covers it and the audit
@@ -232,6 +241,12 @@ class RunConfig:
                             ("data.max_new_tokens", self.data.max_new_tokens)):
             _check_type(name, value, int)
         _check_type("run.replay_payload", self.replay_payload, bool)
+        _check_type("run.replay_payload_format", self.replay_payload_format, str)
+        require(self.replay_payload_format in PAYLOAD_FORMATS,
+                f"run.replay_payload_format must be one of {list(PAYLOAD_FORMATS)}, got {self.replay_payload_format!r}")
+        _check_type("run.replay_top_k", self.replay_top_k, int)
+        require(self.replay_top_k >= 2, f"run.replay_top_k must be an integer >= 2 (the vote and the runner-up that "
+                                        f"certifies it), got {self.replay_top_k}")
         _check_type("models.embedded", self.models.embedded, bool)
         require_int_at_least("queries", self.queries, 1)
         require(self.queries <= MAX_QUERIES, f"run.queries must be at most 2^53 = {MAX_QUERIES} (exact in double "
@@ -319,6 +334,10 @@ class RunConfig:
             in-context, without the in-context keys at their defaults).
         """
         payload = {k: v for k, v in self.to_dict().items() if k != "out"}
+        # the payload's format changes what is kept beside the records, never the records: left out, so
+        # runs written before these keys existed keep their hash (resume checks the manifest's format)
+        payload.pop("replay_payload_format")
+        payload.pop("replay_top_k")
         # the in-context keys at their defaults are left out, so runs written before they existed keep their hash
         defaults = {"icl_examples": None, "icl_prompt_tokens": 48}
         if self.models.teacher_kind != "icl":
@@ -327,7 +346,8 @@ class RunConfig:
 
 
 _SCHEMA: dict[str, dict[str, type | list[type]]] = {
-    "run": {"out": str, "queries": int, "seed": int, "replay_payload": bool, "deltas": [float], "relation": str},
+    "run": {"out": str, "queries": int, "seed": int, "replay_payload": bool, "replay_payload_format": str,
+            "replay_top_k": int, "deltas": [float], "relation": str},
     "models": {"embedded": bool, "teachers": int, "public": str, "teacher_paths": [str], "teacher_kind": str,
                "tokenizer": str, "device": str, "icl_examples": str, "icl_prompt_tokens": int},
     "data": {"stream": str, "text": str, "block_size": int, "prompts": [str], "max_new_tokens": int},

@@ -26,6 +26,7 @@ import torch
 
 from dpledger.decoding import trace
 from dpledger.decoding.blocks import PreparedRun, block_records, prepare
+from dpledger.decoding.vote_payload import block_payload_file
 from dpledger.decoding.cluster import ClusterError, require_single_threaded_workers, result_of, worker_count
 from dpledger.decoding.config import RunConfig
 from dpledger.decoding.runners import build_runner
@@ -166,7 +167,8 @@ def distributed_blocks(prepared: PreparedRun, client: Client, first_block: int,
             if prepared.budget is not None:  # the driver's filter, restored from the committed steps, decides too
                 prepared.budget.require_decisions(records)
             if config.replay_payload:
-                path = trace.replay_path(config.out, block)
+                path, _ = block_payload_file(config.out, block, trace.payload_format(trace.read_manifest(config.out)),
+                                             len(records), prepared.ensemble.n_teachers, prepared.ensemble.vocab_size)
                 if not path.is_file() or trace.file_sha256(path) != records[0]["payload_sha256"]:
                     raise trace.TraceError(f"{path}: the payload a worker wrote for block {block} is missing or differs "
                                            "from its records' hash (workers must write to the run directory the driver "

@@ -44,8 +44,8 @@ chunk holds when B x (N+1) is large, and keeps them in cache (on 1 CPU thread, N
 def _fitting_examples(examples: Sequence[str], tokenizer: PreTrainedTokenizerBase,
                       budget: int) -> tuple[int, list[int]]:
     """How many leading examples fit `budget` tokens whole, and the prompt's token ids: each
-    example followed by the end-of-text token (the documents' separator the models were trained
-    on, dpledger.decoding.recipe.encode_documents). When not even the first fits, it is cut at the budget
+    example followed by the tokenizer's document separator (its own end-of-sequence token, ...,
+    never its unknown token: dpledger.decoding.recipe.encode_documents). When not even the first fits, it is cut at the budget
     (count 1), so a prompt is never empty."""
     ids: list[int] = []
     for count, example in enumerate(examples):
@@ -62,7 +62,7 @@ def prompt_text(examples: Sequence[str], tokenizer: PreTrainedTokenizerBase, pro
 
     Args:
         examples: a teacher's private examples, in order.
-        tokenizer: the public model's tokenizer (each example is encoded with its end-of-text token).
+        tokenizer: the public model's tokenizer (each example is encoded with its document separator).
         prompt_tokens: the prompt budget in tokens (models.icl_prompt_tokens).
 
     Returns:
@@ -81,7 +81,7 @@ def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, prompt: str, prompt_tok
         prompt_tokens: the prompt budget in tokens.
 
     Returns:
-        At most `prompt_tokens` ids: whole examples, each ending with the end-of-text token (the
+        At most `prompt_tokens` ids: whole examples, each ending with the tokenizer's document separator (the
         first example cut at the budget when even it does not fit).
     """
     return _fitting_examples(prompt.removesuffix("\n\n").split("\n\n"), tokenizer, prompt_tokens)[1]

@@ -187,24 +187,67 @@ def end_of_text_id(tokenizer: PreTrainedTokenizerBase) -> int:
     return eos
 
 
-def encode_documents(tokenizer: PreTrainedTokenizerBase, text: str) -> npt.NDArray[np.int64]:
-    """Token ids of `text`, documents (split on blank lines) joined by the end-of-text token.
+SEPARATOR_ROLES = ("eos_token", "sep_token", "bos_token", "cls_token")
+"""The special tokens that may separate documents, in order of preference: the end of a sequence
+first (what a causal LM is trained to see between documents), never the unknown token."""
+NEWLINE_SEPARATOR = "\n\n"
+"""The fallback separator of a tokenizer with none of SEPARATOR_ROLES: a blank line, as the
+documents are written, when the tokenizer encodes it without its unknown token."""
+
+
+def document_separator_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The ids that separate documents: the tokenizer's own end-of-sequence token, else its
+    separator, beginning-of-sequence or classifier token (the first that maps to one known id, not
+    the unknown token's), else the blank line NEWLINE_SEPARATOR encoded without special tokens when
+    that needs no unknown token. The embedded tokenizer's is END_OF_TEXT (its eos), as before.
 
     Args:
-        tokenizer: a tokenizer with the END_OF_TEXT token.
+        tokenizer: the tokenizer.
+
+    Returns:
+        One id (a special token) or the blank line's ids.
+
+    Raises:
+        ValueError: if the tokenizer has none of those special tokens and cannot encode a blank line
+            without its unknown token.
+    """
+    unknown = tokenizer.unk_token_id
+    vocabulary = len(tokenizer)
+    for role in SEPARATOR_ROLES:
+        token = getattr(tokenizer, role, None)
+        if not isinstance(token, str) or token == tokenizer.unk_token:
+            continue
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and 0 <= token_id < vocabulary and token_id != unknown:
+            return [token_id]
+    newline = list(tokenizer(NEWLINE_SEPARATOR, add_special_tokens=False)["input_ids"])
+    if newline and (unknown is None or unknown not in newline):
+        return newline
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    raise ValueError(f"tokenizer {name!r} has no token to separate documents: no end-of-sequence, separator, "
+                     f"beginning-of-sequence or classifier token other than its unknown token, and it encodes a blank "
+                     f"line as {newline} (unknown token id {unknown}); give it an eos_token")
+
+
+def encode_documents(tokenizer: PreTrainedTokenizerBase, text: str) -> npt.NDArray[np.int64]:
+    """Token ids of `text`, each document (split on blank lines) followed by the tokenizer's
+    document separator (document_separator_ids: its eos, ..., never its unknown token).
+
+    Args:
+        tokenizer: the tokenizer.
         text: documents separated by blank lines.
 
     Returns:
-        The int64 ids, each document's followed by END_OF_TEXT's id.
+        The int64 ids, each document's followed by the separator's ids.
 
     Raises:
-        ValueError: if the tokenizer has no id for END_OF_TEXT (end_of_text_id).
+        ValueError: if the tokenizer has no usable separator (document_separator_ids).
     """
-    eos = end_of_text_id(tokenizer)
+    separator = document_separator_ids(tokenizer)
     ids: list[int] = []
     for encoded in tokenizer(text.split("\n\n"), add_special_tokens=False)["input_ids"]:
         ids.extend(encoded)
-        ids.append(eos)
+        ids.extend(separator)
     return np.asarray(ids, dtype=np.int64)
 
 

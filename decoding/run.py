@@ -27,6 +27,7 @@ from dpledger.decoding.config import RunConfig
 from dpledger.decoding.dask_decode import distributed_blocks, sequential_reason
 from dpledger.decoding.ensemble import file_problems, identity_problems, tokenizer_files
 from dpledger.decoding.totals import RunTotals, finish_run
+from dpledger.decoding.vote_payload import block_payload_file, payload_format_entry
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -37,6 +38,12 @@ def _manifest(prepared: PreparedRun) -> dict:
                           [identity.manifest_entry() for identity in prepared.ensemble.identities],
                           prepared.ensemble.vocab_size, prepared.data_identity, prepared.tokenizer_path,
                           prepared.canaries, prepared.budget, tokenizer_files(prepared.tokenizer_path))
+
+
+def _payload_entry(prepared: PreparedRun) -> dict:
+    """The replay_payload_format this run's config gives (vote_payload.payload_format_entry)."""
+    return payload_format_entry(prepared.config.replay_payload_format, prepared.config.replay_top_k,
+                                prepared.runner.kind == "voting")
 
 
 def _model_changes(manifest: dict, prepared: PreparedRun) -> list[str]:
@@ -69,6 +76,15 @@ def _open_run_dir(prepared: PreparedRun, resume: bool) -> trace.RunLock:
             changes = _model_changes(manifest, prepared)
             if changes:
                 raise ValueError(f"output directory {out} was written with other models: {changes[0]}")
+            kept, asked = trace.payload_format(manifest), _payload_entry(prepared)
+            if prepared.config.replay_payload and kept["format"] != asked["format"]:
+                raise ValueError(f"output directory {out} keeps a {kept['format']} replay payload, this config asks for "
+                                 f"{asked['format']}: resume it with run.replay_payload_format = "
+                                 f"\"{'logits' if kept['format'] == trace.LOGITS_FORMAT else 'bounded'}\"")
+            if prepared.config.replay_payload and kept.get("top_k") != asked.get("top_k"):
+                raise ValueError(f"output directory {out} keeps {kept.get('top_k')} race entries per teacher, this "
+                                 f"config asks for {asked.get('top_k')}: resume it with run.replay_top_k = "
+                                 f"{kept.get('top_k')}")
             trace.remove_temporary_files(out)
         except BaseException:
             lock.release()
@@ -166,10 +182,10 @@ def _decode_locked(prepared: PreparedRun, out: Path, progress: bool, client: Cli
     for block, records in reader:
         committed_charges += [record.get("budget_charge", 0.0) for record in records]
         if config.replay_payload:
-            path = trace.replay_path(out, block)
-            shape = (prepared.ensemble.n_teachers + 1, len(records), prepared.ensemble.vocab_size)
+            path, bound = block_payload_file(out, block, trace.payload_format(manifest), len(records),
+                                             prepared.ensemble.n_teachers, prepared.ensemble.vocab_size)
             try:
-                problem = (None if trace.file_sha256(path, trace.payload_bytes_bound(shape), root=out)
+                problem = (None if trace.file_sha256(path, bound, root=out)
                            == records[0].get("payload_sha256") else "differs from the hash in its chunk")
             except FileNotFoundError:
                 problem = "missing"

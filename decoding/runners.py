@@ -29,7 +29,7 @@ from dpledger.mechanisms.randomness import StepGenerators, uniform
 from dpledger.mechanisms.screening import NoisyScreening
 from dpledger.mechanisms.step import adapmixed_step, pmixed_step
 from dpledger.mechanisms.aggregators import aggregator_class, aggregators
-from dpledger.mechanisms.voting import VotingMechanism
+from dpledger.mechanisms.voting import VotingMechanism, histograms
 
 Randomness: TypeAlias = torch.Generator | StepGenerators
 """What a runner's `process` draws from: one generator for the block, or one per step (StepGenerators,
@@ -78,6 +78,10 @@ class Runner:
     """orders -> (the screen's data-independent bound, the answer's), for realised-path runs whose
     screen decision is released before the answer is charged: a privacy filter then charges the
     screen at every step and the answer only where the screen passed (dpledger.decoding.budget)."""
+    process_votes: Callable[[torch.Tensor, npt.NDArray[np.int64], Randomness, npt.NDArray[np.float64]], BlockOutcome] \
+        | None = field(default=None, repr=False)
+    """Voting runners: `process` from the public distributions (L, V) and the teachers' votes (L, N)
+    instead of their distributions, what a bounded vote payload replays (dpledger.decoding.vote_payload)."""
 
     def relation_of(self, name: str) -> NeighbouringRelation:
         """The neighbouring relation component `name`'s charges hold for.
@@ -348,8 +352,15 @@ def voting_runner(teachers: int, votes: str, aggregator: str, accounting: str = 
                 orders: npt.NDArray[np.float64]) -> BlockOutcome:
         if not isinstance(generator, StepGenerators):
             raise ValueError("voting needs per-step generators (dpledger.mechanisms.randomness.StepGenerators)")
+        votes, _ = mechanism.histograms(teacher_probs, generator.vote_seeds())
+        return process_votes(public, votes, generator, orders)
+
+    def process_votes(public: torch.Tensor, votes: npt.NDArray[np.int64], generator: Randomness,
+                      orders: npt.NDArray[np.float64]) -> BlockOutcome:
+        if not isinstance(generator, StepGenerators):
+            raise ValueError("voting needs per-step generators (dpledger.mechanisms.randomness.StepGenerators)")
         seeds = generator.vote_seeds()
-        _, counts = mechanism.histograms(teacher_probs, seeds)
+        counts = histograms(votes, public.shape[-1])
         decisions = [mechanism.decide(row, g) for row, g in zip(counts, generator.generators)]
         passed = np.asarray([token is not None for token, _, _ in decisions], dtype=bool)
         output = public.clone()
@@ -368,7 +379,7 @@ def voting_runner(teachers: int, votes: str, aggregator: str, accounting: str = 
     components = mechanism.components()
     realised = _realised_path_bounds(rule) if mechanism.accounting is PathAccounting.REALISED_PATH else None
     return Runner("voting", params, components, process, {name: relation for name in components},
-                  mechanism.rdp_values, realised)
+                  mechanism.rdp_values, realised, process_votes)
 
 
 def _realised_path_bounds(rule: VoteAggregator) -> Callable[[npt.NDArray[np.float64]],

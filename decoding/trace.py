@@ -3,7 +3,9 @@
 Layout of a run directory:
   manifest.json                what ran: mechanism, grid, models, data, seeds, versions, start time
   steps/chunk-NNNNNN.parquet   per-step records, one chunk per block, each committed atomically
-  replay/block-NNNNNN.npy      optional exact-replay payload: the logits (N+1, L, V) the mechanism saw
+  replay/block-NNNNNN.npy      optional exact-replay payload: the logits (N+1, L, V) the mechanism saw,
+  replay/block-NNNNNN.npz      or, for a voting run, the bounded payload: the public logits and each
+                               teacher's top-k race entries (dpledger.decoding.vote_payload)
   ledger.json                  the composed curve, epsilons, breakdown, utility
   final.json                   written last: step count, last record hash, hashes of manifest and
                                ledger, and the head hash that binds them (`dpledger decode` prints it)
@@ -48,15 +50,17 @@ from dpledger.accounting.strict_json import MAX_BYTES as MAX_JSON_BYTES
 from dpledger.accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
-RECORDS_VERSION = 4
+RECORDS_VERSION = 5
 """Version 2 records hold Eq. 3 (`eq3_remove_one`) and the add-one bound (`add_one_bound`) apart
 from the loss covering the run's relation (`observed_data_dependent`); a trace without the key is
 version 1 (that loss only). Version 3 records hold these three losses only where a component charges
 them (`records_losses`): a run charged by Theorem 3.1 no longer records Eq. 3 beside it (the audit's
 theorem_3_1 check computes it from the replay payload). Version 4 records charge AdaPMixED's add-one
 bound on its certified sub-grid of orders where V >= 8192 (dpledger.mechanisms.add_one); earlier
-ones at every order, which the replay follows (dpledger.decoding.runners.build_runner). The manifest
-records the version; dpledger.decoding.blocks writes the records."""
+ones at every order, which the replay follows (dpledger.decoding.runners.build_runner). Version 5
+voting runs may keep the bounded payload (the manifest's `replay_payload_format`,
+dpledger.decoding.vote_payload) instead of the logits; a manifest without that key (every earlier
+trace) kept the logits. The manifest records the version; dpledger.decoding.blocks writes the records."""
 MANIFEST = "manifest.json"
 LEDGER = "ledger.json"
 FINAL = "final.json"
@@ -64,7 +68,12 @@ LOCK = ".lock"
 STEPS_DIR = "steps"
 REPLAY_DIR = "replay"
 CHUNK_NAME = re.compile(r"chunk-(\d{6})\.parquet")
-PAYLOAD_NAME = re.compile(r"block-(\d{6})\.npy")
+PAYLOAD_NAME = re.compile(r"block-(\d{6})\.np[yz]")
+LOGITS_FORMAT = "logits"
+"""The payload of every model's logits (N+1, L, V) float32: replays any mechanism; every trace
+before records version 5 holds it."""
+VOTE_FORMAT = "vote-top-k"
+"""A voting run's bounded payload (dpledger.decoding.vote_payload)."""
 # The fields of one step's record (the decoder writes them in dpledger.decoding.blocks; the audit
 # refuses a record with any other set): every run's, then those of voting runs, of runs under a privacy
 # filter and the data-dependent losses (records_losses); plus one rdp_<component> per mechanism component.
@@ -282,17 +291,41 @@ def chunk_path(run_dir: str | Path, index: int) -> Path:
     return Path(run_dir) / STEPS_DIR / f"chunk-{index:06d}.parquet"
 
 
-def replay_path(run_dir: str | Path, index: int) -> Path:
-    """Where block `index`'s exact-replay payload (its logits) is written.
+def replay_path(run_dir: str | Path, index: int, payload_format: str = LOGITS_FORMAT) -> Path:
+    """Where block `index`'s exact-replay payload is written.
 
     Args:
         run_dir: the run directory.
         index: the block's index (0-based).
+        payload_format: LOGITS_FORMAT (.npy) or VOTE_FORMAT (.npz).
 
     Returns:
-        run_dir/replay/block-NNNNNN.npy.
+        run_dir/replay/block-NNNNNN.npy, or .npz for the bounded vote payload.
     """
-    return Path(run_dir) / REPLAY_DIR / f"block-{index:06d}.npy"
+    suffix = ".npz" if payload_format == VOTE_FORMAT else ".npy"
+    return Path(run_dir) / REPLAY_DIR / f"block-{index:06d}{suffix}"
+
+
+def payload_format(manifest: dict) -> dict:
+    """The run's payload format as its manifest records it ({"format": LOGITS_FORMAT} when it does
+    not: a trace before records version 5).
+
+    Args:
+        manifest: the run's manifest.
+
+    Returns:
+        {"format": ..., and for VOTE_FORMAT "top_k": k and "bytes_per_block": the size formula}.
+
+    Raises:
+        TraceError: if the entry is not one of the two formats, or a bounded one has no integer top_k >= 2.
+    """
+    entry = manifest.get("replay_payload_format", {"format": LOGITS_FORMAT})
+    if not isinstance(entry, dict) or entry.get("format") not in (LOGITS_FORMAT, VOTE_FORMAT):
+        raise TraceError(f"manifest: replay_payload_format must name {LOGITS_FORMAT!r} or {VOTE_FORMAT!r}, got {entry!r}")
+    top_k = entry.get("top_k")
+    if entry["format"] == VOTE_FORMAT and not (isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 2):
+        raise TraceError(f"manifest: a {VOTE_FORMAT} payload needs an integer top_k >= 2, got {top_k!r}")
+    return entry
 
 
 def write_chunk(run_dir: str | Path, index: int, records: list[dict]) -> None:

@@ -473,7 +473,8 @@ def _config(plan: FrontierPlan, out: Path, queries: int, models: ModelsConfig, d
     deltas = (plan.delta,) if plan.delta is not None else (DEFAULT_BUDGETS[0][1],)
     return RunConfig(out=str(directory), mechanism=dict(plan.mechanism or {}), models=models, data=data,
                      queries=queries, seed=_run_seed(directory), replay_payload=True, deltas=deltas,
-                     relation=plan.variant.relation, budget=plan.budget)
+                     relation=plan.variant.relation, budget=plan.budget,
+                     replay_payload_format="logits")  # the voting coverage reads every teacher's distribution
 
 
 def run_frontier(out: str | Path, budgets: Iterable[Sequence[float]] = DEFAULT_BUDGETS, queries: int = DEFAULT_QUERIES,
@@ -773,6 +774,8 @@ def voting_coverage(run: RunData, samples: int = COVERAGE_SAMPLES, seed: int = 0
         return 0.0, None
     if not run.manifest.get("replay_payload"):
         return None, "the run keeps no replay payload (the teachers' distributions)"
+    if trace.payload_format(run.manifest)["format"] != trace.LOGITS_FORMAT:
+        return None, "the run keeps the bounded vote payload, not the teachers' distributions"
     blocks: dict[int, int] = {}
     for record in run.records:
         blocks[record["block"]] = blocks.get(record["block"], 0) + 1

@@ -116,7 +116,8 @@ def forge(run_dir: Path, edit_record=None, edit_manifest=None, keep_blocks=None,
     touched = False
     if keep_blocks is not None:
         for index in range(keep_blocks, len(chunks)):
-            trace.replay_path(run_dir, index).unlink(missing_ok=True)
+            for payload_format in (trace.LOGITS_FORMAT, trace.VOTE_FORMAT):
+                trace.replay_path(run_dir, index, payload_format).unlink(missing_ok=True)
         chunks, touched = chunks[:keep_blocks], True
     if edit_record is not None:
         for records in chunks:

@@ -32,7 +32,8 @@ def write_synthetic_run(out: Path, teachers: int, vocab: int, steps: int, block_
     models = ModelsConfig(embedded=False, teachers=teachers, public="synthetic://public",
                           teacher_paths=tuple(f"synthetic://teacher-{i}" for i in range(teachers)))
     config = RunConfig(out=str(out), mechanism=mechanism, models=models, data=DataConfig(text=str(text),
-                       block_size=block_size), queries=steps, replay_payload=payload, seed=seed, relation=relation)
+                       block_size=block_size), queries=steps, replay_payload=payload, seed=seed, relation=relation,
+                       replay_payload_format="logits")  # what this writer keeps, voting runs included
     runner = build_runner(config.mechanism, teachers, config.relation)
     orders = np.asarray(default_orders(*([runner.params["alpha"]] if "alpha" in runner.params else [])))
     models = [{"role": "public", "source": "synthetic://public", "content_hash": "0" * 64}]

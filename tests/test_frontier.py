@@ -268,16 +268,18 @@ def test_voting_coverage_reads_the_payload_at_the_runs_threshold(tmp_path, micro
                           teacher_paths=tuple(str(p) for p in micro_models.teachers),
                           tokenizer=str(micro_models.tokenizer))
 
-    def coverage(threshold: float, name: str) -> float:
+    def coverage(threshold: float, name: str, payload_format: str = "logits") -> tuple[float | None, str | None]:
         mechanism = {"type": "voting", "votes": "coordinated", "aggregator": "dpargmax", "threshold": threshold,
                      "sigma": 1.0, "sigma_threshold": 1.0}
         config = RunConfig(out=str(tmp_path / name), mechanism=mechanism, models=models, queries=20,
-                           data=DataConfig(text=str(micro_models.heldout_text), block_size=16), relation="replace_one")
+                           data=DataConfig(text=str(micro_models.heldout_text), block_size=16), relation="replace_one",
+                           replay_payload_format=payload_format)
         run_decode(config, progress=False, verbose=False)
-        value, reason = F.voting_coverage(load_run(tmp_path / name), samples=16)
-        assert reason is None
-        return value
+        return F.voting_coverage(load_run(tmp_path / name), samples=16)
 
-    low, high, above = coverage(1.0, "t1"), coverage(3.0, "t3"), coverage(3.5, "t4")
-    assert 0.0 < high <= low <= 1.0
+    (low, _), (high, _), (above, _) = coverage(1.0, "t1"), coverage(3.0, "t3"), coverage(3.5, "t4")
+    assert low is not None and high is not None and 0.0 < high <= low <= 1.0
     assert above == 0.0   # ceil(3.5) = 4 > N = 3 votes: no count reaches it
+    # the bounded vote payload keeps the votes, not the distributions coverage reads
+    assert coverage(1.0, "bounded", "bounded") == (None, "the run keeps the bounded vote payload, not the teachers' "
+                                                         "distributions")
