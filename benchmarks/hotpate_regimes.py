@@ -3,7 +3,8 @@ near-identical teachers (h = 0), mixed (h = 0.2: each teacher 80% the shared in-
 own; the mixture the issue's synthetic ensembles used) and distinct (h = 1). For each regime: hot vs cold at
 matched coverage (threshold-private aggregators: the largest usable T; DPARGMAX and DPWS: the smallest
 epsilon reaching it, refined by bisection, and the epsilon ratio cold / hot) and at matched epsilon, with the
-diversity of what is released (distinct-n, self-BLEU) and the (tau, beta, gamma) check.
+diversity of what is released (distinct-n, self-BLEU) and the (tau, beta, gamma) check; every epsilon under
+add-or-remove-one, beside DP-ICL and PMixED on the same teachers at the same epsilons (`--baselines`).
 
 Writes benchmarks/results/hotpate_regimes.json (strict JSON) and hotpate_regimes.md.
 
@@ -54,7 +55,11 @@ def regime_summary(result) -> dict:
     return {"non_private_ceiling": result.ceiling, "target_coverage": result.target_coverage,
             "hot_coverage_higher_at_every_T_from_N_over_4": result.hot_coverage_higher_from_quarter,
             "matched_coverage": matched, "matched_epsilon": at_epsilon, "vote_statistics": result.vote_statistics,
-            "diversity_preservation": result.diversity_preservation, "seconds": round(result.seconds, 1)}
+            "diversity_preservation": result.diversity_preservation, "relation": result.relation.value,
+            "baselines": [{key: row[key] for key in ("mechanism", "target_epsilon", "epsilon", "relation", "parameters",
+                                                     "tv_to_reference", "target_probability", "law")}
+                          for row in result.baselines],
+            "seconds": round(result.seconds, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                     "settings": {"teachers": args.teachers, "queries": args.queries, "samples": args.samples,
                                  "budget_queries": args.budget_queries, "delta": 1e-5, "epsilons": list(EPSILONS),
                                  "temperature": 1.0, "top_p": 1.0, "gamma": 1.0, "retries": 0,
-                                 "thresholds": "T/N = 0.05, ..., 1", "target_coverage": "half the non-private ceiling"},
+                                 "thresholds": "T/N = 0.05, ..., 1", "target_coverage": "half the non-private ceiling",
+                                 "relation": "add_or_remove_one", "baselines": "DP-ICL (k = 100, quadrature), PMixED"},
                     "regimes": {}}
     markdown = ["# Hot vs cold PATE in three regimes (benchmarks/hotpate_regimes.py)", "",
                 f"Embedded default, N = {args.teachers}, {args.queries} queries, {args.samples} rounds per query and "
@@ -87,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, heterogeneity in REGIMES.items():
         started = time.time()
         result = run_hotpate(args.teachers, args.queries, args.samples, budget_queries=args.budget_queries,
-                             heterogeneity=heterogeneity, epsilons=EPSILONS, verbose=False)
+                             heterogeneity=heterogeneity, epsilons=EPSILONS, verbose=False, baselines=True)
         record["regimes"][name] = {"heterogeneity": heterogeneity, "wall_seconds": round(time.time() - started, 1),
                                    **regime_summary(result)}
         markdown += [f"## {name} (h = {heterogeneity:g}; {time.time() - started:.0f} s)", "", *summary_lines(result), ""]
