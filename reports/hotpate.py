@@ -61,6 +61,7 @@ from dpledger.mechanisms.diversity import (DiversityCurve, diversity_preservatio
                                            vote_draws, vote_statistics)
 from dpledger.mechanisms.hot_pate import DPWeightedSampler
 from dpledger.mechanisms.pate import ConfidentGNMax
+from dpledger.reports.hotpate_baselines import baseline_rows
 from dpledger.reports.html_text import escaped
 from dpledger.reports.law_utility import output_law_utility
 from dpledger.reports.text_diversity import distinct_n, self_bleu
@@ -834,8 +835,6 @@ def hot_vs_cold(data: TeacherDistributions, samples: int = 200, seed: int = 0, b
         row.pop("_config", None)
     rows = []
     if baselines:
-        from dpledger.reports.hotpate_baselines import baseline_rows
-
         rows = baseline_rows(data.teachers, data.public, data.targets, epsilons, delta, budget_queries,
                              samples=baseline_samples, seed=seed, relation=relation)
     return HotPateResult(teachers, queries, samples, seed, levels, hot, cold, budget_queries, delta, gamma, retries,

@@ -88,7 +88,7 @@ def test_site4_eq3_nan_charge_on_an_answered_step_fails(runs):
 
 def test_site5_theorem_3_1_nan_loss_fails_with_its_cause(runs):
     loaded = editable(load_trace(runs["adapmixed"]))
-    assert loaded.manifest["records_version"] == 4  # the charged Eq. 3 is recorded on its own: the check reads it
+    assert loaded.manifest["records_version"] >= 4  # the charged Eq. 3 is recorded on its own: the check reads it
     loaded.records[6]["eq3_remove_one"][0] = NAN
     result = bounds.check_theorem_3_1(loaded)
     assert result.status is Status.FAIL and result.detail == "eq3_remove_one is NaN at steps [6]"
