@@ -110,24 +110,24 @@ def test_allowance_bounds_the_gap_between_two_summation_orders(rng):
         leave_one_out_allowance(teachers, public, lambdas, np.array([1.0]), values[:, :1])
 
 
-def test_remove_one_adapmixed_run_passes_the_eq3_and_replay_checks(tmp_path):
-    """Regression: an AdaPMixED run on the embedded default claiming remove-one FAILed
-    data_dependent_eq3, the audit recomputing Eq. 3 from the softmax's rows where the decode loop
-    charged it on their renormalised copies (values ~1e-9 apart by ~1e-14, beyond the old relative
-    1e-9). Its screening off so that every step is charged Eq. 3."""
+def test_remove_one_adapmixed_run_passes_the_eq3_and_replay_checks(micro_models, tmp_path):
+    """Regression: an AdaPMixED run claiming remove-one FAILed data_dependent_eq3 (first seen on the
+    embedded default), the audit recomputing Eq. 3 from the softmax's rows where the decode loop charged
+    it on their renormalised copies (values ~1e-9 apart by ~1e-14, beyond the old relative 1e-9). Its
+    screening off so that every step is charged Eq. 3; the session's micro models, so that no test
+    trains the embedded default."""
     from dpledger.audit.bounds import check_data_dependent_charge
     from dpledger.audit.checks import Status
     from dpledger.audit.loader import load_trace
     from dpledger.audit.replay import check_replay
     from dpledger.decoding.config import config_from_dict
     from dpledger.decoding.run import run_decode
+    from tests.micro import micro_config
 
-    config = config_from_dict({
-        "run": {"out": str(tmp_path / "remove-one"), "queries": 32, "relation": "remove_one"},
-        "mechanism": {"type": "adapmixed", "alpha": 18.0, "beta": 0.2, "lam": 1e-4, "sigma": 1e-2, "threshold": 4.5,
-                      "top_k": 60, "screening": False},
-        "models": {"embedded": True, "teachers": 8},
-    })
+    mechanism = {"type": "adapmixed", "alpha": 18.0, "beta": 0.2, "lam": 1e-4, "sigma": 1e-2, "threshold": 4.5,
+                 "top_k": 60, "screening": False}
+    config = config_from_dict(micro_config(micro_models, tmp_path / "remove-one", mechanism, queries=32,
+                                           relation="remove_one"))
     directory = run_decode(config, progress=False, verbose=False).directory
     trace = load_trace(directory)
     eq3 = check_data_dependent_charge(trace)
