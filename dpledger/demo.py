@@ -217,7 +217,9 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
     from dpledger.reports.hotpate import hotpate_html, hotpate_markdown, run_hotpate, write_hotpate
 
     print(f"\n== Hot vs cold PATE: N = {HOTPATE_TEACHERS} in-context teachers (dpledger hotpate, short) ==")
-    hotpate = run_hotpate(HOTPATE_TEACHERS, queries=32, samples=100, verbose=False)
+    # short: 16 queries, 60 rounds, T/N = 0.1, ..., 1 and three epsilons (about 40 s; dpledger hotpate runs the full grid)
+    hotpate = run_hotpate(HOTPATE_TEACHERS, queries=16, samples=60, verbose=False, epsilons=(1.0, 4.0, 16.0),
+                          thresholds=[round(HOTPATE_TEACHERS * k / 10) for k in range(1, 11)])
     write_hotpate(hotpate, root / "hotpate")
     print(hotpate_markdown(hotpate))
     frontier_html = run_small_frontier(root, teachers, progress)
