@@ -754,6 +754,8 @@ def hot_vs_cold(data: TeacherDistributions, samples: int = 200, seed: int = 0, b
         require(target_coverage > 0.0, f"target_coverage must be in (0, 1], got {target_coverage:g}")
     relation = neighbouring_relation(relation)
     require(relation in RELATIONS, f"relation must be one of {', '.join(r.value for r in RELATIONS)}, got {relation.value}")
+    if baseline_samples is not None:
+        require_int_at_least("baseline_samples", baseline_samples, 1)
     started = time.time() if started is None else started
     queries, teachers, _ = data.teachers.shape
     levels = _thresholds(thresholds, teachers)
@@ -1000,6 +1002,8 @@ def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed:
     heterogeneity = require_in_closed("heterogeneity", heterogeneity, 0.0, 1.0)
     relation = neighbouring_relation(relation)
     require(relation in RELATIONS, f"relation must be one of {', '.join(r.value for r in RELATIONS)}, got {relation.value}")
+    if baseline_samples is not None:
+        require_int_at_least("baseline_samples", baseline_samples, 1)
     require(examples is None or dataset is None, "give either --examples or --dataset, not both")
     require(dataset is None or partition_key is not None, "--dataset needs --partition-key")
     require(model is None or examples is not None or dataset is not None,
@@ -1098,6 +1102,11 @@ def hotpate_figure(result: HotPateResult) -> bytes:
             axes[3].plot(eps, [r[SELECTION] for r in rows], line + markers[mechanism], ms=4, label=f"{mechanism} {scheme}")
             axes[4].plot(eps, [r["coverage"] for r in rows], line + markers[mechanism], ms=4,
                          label=f"{mechanism} {scheme}")
+    for name, style in (("dp-icl", "s"), ("pmixed", "D")):  # each row says how its law was obtained (hotpate.json)
+        rows = [r for r in result.baselines if r["mechanism"] == name and r["tv_to_reference"] is not None]
+        if rows:
+            axes[3].plot([r["epsilon"] for r in rows], [r["tv_to_reference"] for r in rows], ":" + style, ms=4,
+                         color="grey" if name == "pmixed" else "k", label=f"{name} (same teachers)")
     axes[4].axhline(ceiling, color="k", lw=0.8, ls=":", label="non-private ceiling")
     for axis in (axes[3], axes[5]):  # a law estimated from `samples` rounds is this far from exact, even sampling pbar
         axis.axhline(result.ceiling["tv_to_reference"], color="k", lw=0.8, ls=":",

@@ -44,3 +44,8 @@ def test_an_infinite_cross_entropy_is_null_with_its_own_note():
     got = finite_utility({"tv_to_reference": 0.2, "target_cross_entropy": float("inf"), "target_probability": None})
     assert got["tv_to_reference"] == 0.2 and got["target_probability"] is None
     assert got["target_cross_entropy"] is None and "probability 0" in got["target_cross_entropy_note"]
+
+
+def test_bad_baseline_samples_are_refused_before_any_work():
+    with pytest.raises(ValueError, match="baseline_samples must be an integer >= 1, got 0"):
+        hot_vs_cold(_data(), samples=4, epsilons=(4.0,), thresholds=(3,), baselines=True, baseline_samples=0)
