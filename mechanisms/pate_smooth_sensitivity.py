@@ -274,8 +274,14 @@ def smooth_sensitivity_release(histograms: npt.ArrayLike, mechanism: ConfidentGN
     require_generator(rng)
     private = smooth_sensitivity(histograms, mechanism, order, beta, data_dependent_screen=data_dependent_screen,
                                  data_dependent_answer=data_dependent_answer)
-    # an RDP is >= 0: clipping the noisy value there is post-processing (Mironov 2017, Proposition 9)
-    noisy = max(0.0, private.statistic + private.smooth_sensitivity * float(rng.normal(0.0, sigma_ss)))
+    statistic, sensitivity = float(private.statistic), float(private.smooth_sensitivity)
+    require(not (math.isnan(statistic) or math.isnan(sensitivity)),
+            f"the data-dependent RDP and its smooth sensitivity must not be NaN, got {statistic} and {sensitivity}")
+    if math.isinf(statistic) or math.isinf(sensitivity):
+        noisy = math.inf   # noise of unbounded scale bounds nothing: +inf, "no guarantee", never clipped to 0
+    else:
+        # an RDP is >= 0: clipping the noisy value there is post-processing (Mironov 2017, Proposition 9)
+        noisy = max(0.0, statistic + sensitivity * float(rng.normal(0.0, sigma_ss)))
     published = {"data_dependent": True, "label": RELEASE_LABEL, "order": float(order), "beta": float(beta),
                  "sigma_ss": float(sigma_ss), "delta": float(delta), "relation": mechanism.relation.value,
                  "steps": int(np.asarray(histograms).shape[0]), "released_rdp": noisy,

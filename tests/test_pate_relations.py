@@ -219,6 +219,26 @@ def test_release_is_labelled_data_dependent_and_the_statistic_bounds_the_charge(
     assert charged <= release.private.statistic <= 20 * mechanism.rdp_values(np.array([10.0]))[0]
 
 
+@pytest.mark.parametrize("statistic, sensitivity", [(math.inf, 1.0), (1.0, math.inf), (math.nan, 1.0), (1.0, math.nan)])
+def test_a_release_without_a_finite_bound_publishes_no_guarantee_and_nan_is_refused(monkeypatch, statistic,
+                                                                                     sensitivity):
+    """An unbounded statistic or smooth sensitivity publishes +inf (max(0, x) would have made a draw of
+    -inf a published 0); a NaN stops the release with one line."""
+    import dpledger.mechanisms.pate_smooth_sensitivity as module
+
+    monkeypatch.setattr(module, "smooth_sensitivity", lambda *args, **kwargs: module.SmoothSensitivity(
+        statistic, statistic, sensitivity, np.zeros(1)))
+    mechanism = ConfidentGNMax(32.0, 8.0, 8.0, ADD_REMOVE)
+    release = lambda: smooth_sensitivity_release(np.array([[40, 3, 1]]), mechanism, 10.0, beta=0.04,  # noqa: E731
+                                                 sigma_ss=5.0, delta=1e-5,
+                                                 rng=np.random.default_rng(4))   # its first draw is negative
+    if math.isnan(statistic) or math.isnan(sensitivity):
+        with pytest.raises(ValueError, match="must not be NaN"):
+            release()
+    else:
+        assert release().published["epsilon"] == math.inf
+
+
 @pytest.mark.parametrize("relation, expected", [("add-or-remove-one", 10.73), ("replace-one", 13.78)])
 def test_a_confident_gnmax_claim_is_verified_at_its_own_relation(relation, expected):
     # dpledger verify: the issue's DPARGMAX (T = 32, s1 = s2 = 8, 128 queries) at each claimed relation
