@@ -63,7 +63,7 @@ from dpledger.mechanisms.hot_pate import DPWeightedSampler
 from dpledger.mechanisms.pate import ConfidentGNMax
 from dpledger.reports.hotpate_baselines import baseline_rows
 from dpledger.reports.html_text import escaped
-from dpledger.reports.law_utility import output_law_utility
+from dpledger.reports.law_utility import finite_utility, output_law_utility
 from dpledger.reports.text_diversity import distinct_n, self_bleu
 
 FRACTIONS = tuple(round(f, 4) for f in np.arange(0.05, 1.0001, 0.05))
@@ -422,26 +422,6 @@ def pooled_utility(per_query: Sequence[dict[str, float | None]]) -> dict[str, fl
         values = [entry[key] for entry in per_query]
         pooled[key] = None if any(v is None for v in values) else float(np.mean(np.asarray(values, dtype=np.float64)))
     return pooled
-
-
-def finite_utility(metrics: dict[str, float | None]) -> dict[str, Any]:
-    """`metrics` for strict JSON: a +inf cross-entropy (some query's law gives its true token probability 0)
-    becomes None beside a note saying so, never the JSON layer's privacy wording for +inf.
-
-    Args:
-        metrics: output_law_utility's (or pooled_utility's) result.
-
-    Returns:
-        The same keys, each non-finite value None, and "<key>_note" for each one replaced.
-    """
-    out: dict[str, Any] = {}
-    for key, value in metrics.items():
-        if value is not None and not math.isfinite(value):
-            out[key] = None
-            out[key + "_note"] = "+inf: some query's law gives its true next token probability 0"
-        else:
-            out[key] = value
-    return out
 
 
 def _simulate(data: TeacherDistributions, thresholds: tuple[int, ...], gamma: float, noise: dict, samples: int,

@@ -11,7 +11,6 @@ its mixture, which is its law exactly.
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence, cast
 
 import numpy as np
@@ -24,7 +23,7 @@ from dpledger.mechanisms.calibration import calibrate_pmixed_order, require_quer
 from dpledger.mechanisms.distributions import validated_ensemble
 from dpledger.mechanisms.dp_icl import DPICL, calibrate_dp_icl
 from dpledger.mechanisms.pmixed import PMixED
-from dpledger.reports.law_utility import output_law_utility
+from dpledger.reports.law_utility import finite_utility, output_law_utility
 
 DP_ICL_TOP_K = 100
 """Tang et al. 2023 restrict the teachers to the public model's 100 most likely tokens."""
@@ -35,11 +34,11 @@ RELATION = NeighbouringRelation.ADD_OR_REMOVE_ONE
 def _row(mechanism: str, target_epsilon: float | None, epsilon: float | None, epsilon_label: str, delta: float,
          budget_queries: int, parameters: dict[str, object], law_label: str,
          metrics: dict[str, float | None], relation: NeighbouringRelation = RELATION) -> dict[str, object]:
-    """One row; a non-finite metric (a cross-entropy of +inf) is written as None with a note, so that the
-    row stays strict JSON."""
-    notes = [f"{name} is +inf (some query's law gives its true token probability 0): written as null"
-             for name, value in metrics.items() if value is not None and not math.isfinite(value)]
-    finite = {name: (value if value is None or math.isfinite(value) else None) for name, value in metrics.items()}
+    """One row; a non-finite metric (a cross-entropy of +inf) is written as None with a note in `notes`
+    (law_utility.finite_utility), so that the row stays strict JSON."""
+    finite = finite_utility(metrics)
+    notes = [f"{name.removesuffix('_note')} is {finite.pop(name)}, written as null"
+             for name in [key for key in finite if key.endswith("_note")]]
     return {"mechanism": mechanism, "target_epsilon": target_epsilon, "epsilon": epsilon,
             "epsilon_label": epsilon_label, "delta": delta, "budget_queries": budget_queries,
             "relation": relation.value, "parameters": parameters, "law": law_label, **finite, "notes": notes}

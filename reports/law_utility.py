@@ -16,6 +16,7 @@ sample from), and, where known, the held-out text's true next tokens:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -73,3 +74,23 @@ def output_law_utility(output_laws: npt.ArrayLike, reference_laws: npt.ArrayLike
             losses = -np.log(probabilities)
         metrics["target_cross_entropy"] = float(losses.mean()) if np.isfinite(losses).all() else math.inf
     return metrics
+
+
+def finite_utility(metrics: dict[str, float | None]) -> dict[str, Any]:
+    """`metrics` for strict JSON: a +inf cross-entropy (some query's law gives its true token probability 0)
+    becomes None beside a note saying so, never the JSON layer's privacy wording for +inf.
+
+    Args:
+        metrics: output_law_utility's (or pooled_utility's) result.
+
+    Returns:
+        The same keys, each non-finite value None, and "<key>_note" for each one replaced.
+    """
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if value is not None and not math.isfinite(value):
+            out[key] = None
+            out[key + "_note"] = "+inf: some query's law gives its true next token probability 0"
+        else:
+            out[key] = value
+    return out
