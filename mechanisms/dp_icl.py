@@ -41,6 +41,9 @@ from dpledger.mechanisms.pate import gnmax_log_output_law, require_generator
 if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
     from dp_accounting.dp_event import DpEvent
 
+MONTE_CARLO_DRAWS_PER_CHUNK = 2 ** 24
+"""The Monte Carlo law draws at most this many Gaussians at once (128 MiB of float64), rows in blocks."""
+
 
 def public_top_k(public: npt.ArrayLike, top_k: int) -> NDArray[np.int64]:
     """The candidate tokens of DP-ICL: the `top_k` most likely tokens of the public model (Tang et al. 2023,
@@ -244,10 +247,15 @@ class DPICL(Mechanism):
         sums, tokens = self.scores(teachers, public)
         vocabulary = np.asarray(public).shape[-1]
         flat_sums, flat_tokens = sums.reshape(-1, sums.shape[-1]), tokens.reshape(-1, tokens.shape[-1])
-        laws = np.zeros((flat_sums.shape[0], vocabulary))
-        for row, (row_sums, row_tokens) in enumerate(zip(flat_sums, flat_tokens)):
-            winners = np.argmax(row_sums + rng.normal(0.0, self.sigma, size=(samples, row_sums.size)), axis=1)
-            laws[row, row_tokens] = np.bincount(winners, minlength=row_sums.size) / samples
+        rows, k = flat_sums.shape
+        laws = np.zeros((rows, vocabulary))
+        chunk = max(1, MONTE_CARLO_DRAWS_PER_CHUNK // (samples * k))
+        for start in range(0, rows, chunk):   # rows in order: the same draws as one row at a time
+            part = slice(start, min(start + chunk, rows))
+            noisy = flat_sums[part, None, :] + rng.normal(0.0, self.sigma, size=(part.stop - start, samples, k))
+            winners = np.argmax(noisy, axis=-1) + k * np.arange(part.stop - start)[:, None]
+            counts = np.bincount(winners.ravel(), minlength=(part.stop - start) * k).reshape(-1, k)
+            np.put_along_axis(laws[part], flat_tokens[part], counts / samples, axis=-1)
         return laws.reshape(sums.shape[:-1] + (vocabulary,))
 
 
