@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from dpledger.mechanisms.fastmath import JitOptions, fma, jit, vexp, vexpm1, vlog, vmax, vmin  # first: numba's vector width
+from dpledger.mechanisms.fastmath import JitOptions, fma, jit, vexp, vexp_pair, vexpm1, vlog, vmax, vmin  # first: numba's vector width
 
 from numba import prange  # noqa: E402,I001
 
@@ -64,6 +64,11 @@ def _ratios(teacher: FloatArray, public: FloatArray, ratio: FloatArray) -> tuple
     return low, high, chi_square, outside > 0.0
 
 
+NORMAL_PUBLIC = 2.0 ** -968
+"""Where every positive p0_j is at least this, (1 - lam) p0_j is a normal float for every lam < 1
+(1 - lam >= 2^-53): the solver forms the mixed ratio m_j / p0_j as lam (p_j / p0_j) + 1 - lam."""
+
+
 _FAST_RANGE = 600.0
 """Exponent span below which a sum is formed from one shifted exp per term (no term under- or
 overflows: every shifted power lies in [e^-600, 1])."""
@@ -73,28 +78,38 @@ overflows: every shifted power lies in [e^-600, 1])."""
 def _ball_residual(lam: float, teacher: FloatArray, public: FloatArray, log_public: FloatArray, ratio: FloatArray,
                    low: float, high: float, orders: FloatArray, log_targets: FloatArray, max_log_ratio: float,
                    log_r: FloatArray, slope: FloatArray, mixed_ratio: FloatArray, public_magnitude: float,
-                   slack_ulps: float) -> tuple[float, float]:
+                   slack_ulps: float, normal_public: bool) -> tuple[float, float]:
     """The largest constraint residual of the mixed teacher m = lam p + (1 - lam) p0 and its
     derivative in lam, each residual <= 0 exactly when its constraint holds. Order constraint k, both
     directions: sqrt(log sum_j p0_j r_j^c) - sqrt((a - 1) radius_k), r_j = m_j / p0_j with m_j
     formed as the decode loop forms it (one fma of two non-negative terms: no cancellation, and a
     mixture that underflows to 0 where p0_j > 0 counts as infinitely far), c = a forward and 1 - a
-    reverse ((a - 1) D_a = the log-sum). The square root makes the residual nearly linear in lam
+    reverse ((a - 1) D_a = the log-sum); `normal_public` (every positive p0_j >= NORMAL_PUBLIC) forms
+    r_j as lam ratio_j + (1 - lam) instead, the same within 2 ulps. The square root makes the residual nearly linear in lam
     (D_a ~ lam^2 chi^2 a / 2 for small lam), so Newton needs few steps. Max-divergence constraint:
     (log max_j r_j - max_log_ratio) / (2 sqrt(max_log_ratio)) and the same with -log min_j r_j
     (low and high are the extreme ratios p_j / p0_j, where r is extreme too).
 
-    When a times the span of log r is below _FAST_RANGE both sums come from one exp per token,
-    y_j = r_j^a / r_max^a: forward sum_j p0_j y_j, reverse sum_j p0_j r_j / y_j. Otherwise each
+    When a times the span of log r is below _FAST_RANGE both sums come from one exp pair per token,
+    y_j = r_j^a / r_max^a and 1 / y_j (vexp_pair): forward sum_j p0_j y_j, reverse sum_j p0_j r_j / y_j. Otherwise each
     sum is a two-pass log-sum-exp (maximum first)."""
     size = ratio.size
     keep = 1.0 - lam
-    for j in range(size):
-        # a division, not a product with 1 / p0_j: that is inf for a subnormal p0_j, and inf * 0 = NaN
-        r = fma(lam, teacher[j], keep * public[j]) / public[j] if public[j] > 0.0 else 1.0
-        mixed_ratio[j] = r
-        log_r[j] = vlog(r)
-        slope[j] = (ratio[j] - 1.0) / r
+    if normal_public:
+        # keep * p0_j is then a normal float (keep >= 2^-53 or 0), so m_j / p0_j = lam ratio_j + keep
+        # to within 2 ulps, with no division and no underflow of m_j
+        for j in range(size):
+            r = fma(lam, ratio[j], keep) if public[j] > 0.0 else 1.0
+            mixed_ratio[j] = r
+            log_r[j] = vlog(r)
+            slope[j] = (ratio[j] - 1.0) / r
+    else:
+        for j in range(size):
+            # a division, not a product with 1 / p0_j: that is inf for a subnormal p0_j, and inf * 0 = NaN
+            r = fma(lam, teacher[j], keep * public[j]) / public[j] if public[j] > 0.0 else 1.0
+            mixed_ratio[j] = r
+            log_r[j] = vlog(r)
+            slope[j] = (ratio[j] - 1.0) / r
     top, bottom = 0.0, 0.0
     for j in range(size):   # a separate pass: with the stores above the loop does not vectorise
         top = vmax(top, log_r[j])
@@ -109,9 +124,9 @@ def _ball_residual(lam: float, teacher: FloatArray, public: FloatArray, log_publ
         if a * (top - bottom) + top + math.log(size) < _FAST_RANGE:
             sum_forward, moment_forward, sum_reverse, moment_reverse = 0.0, 0.0, 0.0, 0.0
             for j in range(size):
-                y = vexp(a * (log_r[j] - top))
+                y, inverse = vexp_pair(a * (log_r[j] - top))
                 u = public[j] * y
-                w = public[j] * mixed_ratio[j] / y
+                w = public[j] * mixed_ratio[j] * inverse
                 sum_forward += u
                 sum_reverse += w
                 moment_forward += u * slope[j]
@@ -170,7 +185,7 @@ def _secant_root(lo: float, residual_lo: float, hi: float, residual_hi: float) -
 def _solve_teacher(teacher: FloatArray, public: FloatArray, log_public: FloatArray, orders: FloatArray,
                    log_targets: FloatArray, max_log_ratio: float, tolerance: float, max_evaluations: int,
                    slack_ulps: float, public_magnitude: float, smallest_target: float,
-                   curvature: float) -> tuple[float, int]:
+                   curvature: float, normal_public: bool) -> tuple[float, int]:
     """One teacher's lambda and the evaluations it took (solve_mixing_weights has the method)."""
     size = public.size
     ratio = np.empty(size)
@@ -187,7 +202,7 @@ def _solve_teacher(teacher: FloatArray, public: FloatArray, log_public: FloatArr
     while True:
         residual, derivative = _ball_residual(trial, teacher, public, log_public, ratio, low, high, orders,
                                               log_targets, max_log_ratio, log_r, slope, mixed_ratio,
-                                              public_magnitude, slack_ulps)
+                                              public_magnitude, slack_ulps, normal_public)
         count += 1
         latest, residual_latest, derivative_latest = trial, residual, derivative
         if residual <= 0.0:
@@ -203,7 +218,7 @@ def _solve_teacher(teacher: FloatArray, public: FloatArray, log_public: FloatArr
             if close and lo < chord < hi and count < max_evaluations:
                 residual, derivative = _ball_residual(chord, teacher, public, log_public, ratio, low, high,
                                                       orders, log_targets, max_log_ratio, log_r, slope,
-                                                      mixed_ratio, public_magnitude, slack_ulps)
+                                                      mixed_ratio, public_magnitude, slack_ulps, normal_public)
                 count += 1
                 if residual <= 0.0:
                     lo, residual_lo = chord, residual
@@ -256,6 +271,10 @@ def solve_mixing_weights(teachers: FloatArray, public: FloatArray, orders: Float
     public_magnitude = 0.0
     for j in range(size):
         public_magnitude = vmax(public_magnitude, abs(log_public[j]) if public[j] > 0.0 else 0.0)
+    smallest_public = np.inf
+    for j in range(size):
+        smallest_public = vmin(smallest_public, public[j] if public[j] > 0.0 else np.inf)
+    normal_public = smallest_public >= NORMAL_PUBLIC
     smallest_target = 0.5 * math.sqrt(max_log_ratio) if max_log_ratio < np.inf else np.inf   # -residual at lam = 0
     curvature = 0.0   # the largest a (a - 1) / (2 target) over the order constraints
     for k in range(orders.size):
@@ -264,7 +283,7 @@ def solve_mixing_weights(teachers: FloatArray, public: FloatArray, orders: Float
     for i in range(n):   # one thread: the decode loop's budget (a prange body here ran 20% slower)
         lambdas[i], evaluations[i] = _solve_teacher(teachers[i], public, log_public, orders, log_targets,
                                                     max_log_ratio, tolerance, max_evaluations, slack_ulps,
-                                                    public_magnitude, smallest_target, curvature)
+                                                    public_magnitude, smallest_target, curvature, normal_public)
 
 
 @jit(**_FLAGS)
@@ -366,14 +385,16 @@ _CHUNK = 2048
 
 @jit(**_HELPER_FLAGS)
 def _fast_moments(a: float, high: float, output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
-                  start: int, stop: int, sums: FloatArray) -> None:
-    """One exp per token: y = (rho / rho_max)^a; reverse += p y, forward += p rho / y, and the
-    a-derivative moments; sums = (forward, forward moment, reverse, reverse moment)."""
+                  sums: FloatArray) -> None:
+    """One exp pair per token: y = (rho / rho_max)^a and 1 / y; reverse += p y, forward += p rho / y,
+    and the a-derivative moments; sums = (forward, forward moment, reverse, reverse moment). The arrays
+    are one chunk's slices, indexed from 0: a loop from a variable start keeps numba's negative-index
+    wraparound and does not vectorise (2.7x slower)."""
     forward, forward_moment, reverse, reverse_moment = 0.0, 0.0, 0.0, 0.0
-    for j in range(start, stop):
-        y = vexp(a * (log_ratios[j] - high))
+    for j in range(output.size):
+        y, inverse = vexp_pair(a * (log_ratios[j] - high))
         v = output[j] * y
-        w = output[j] * ratios[j] / y
+        w = output[j] * ratios[j] * inverse
         reverse += v
         forward += w
         reverse_moment += v * log_ratios[j]
@@ -386,10 +407,11 @@ def _fast_moments(a: float, high: float, output: FloatArray, ratios: FloatArray,
 
 @jit(**_HELPER_FLAGS)
 def _shifted_moments(a: float, top_forward: float, top_reverse: float, log_output: FloatArray,
-                     log_ratios: FloatArray, start: int, stop: int, sums: FloatArray) -> None:
-    """Two exps per token, each shifted by its direction's largest exponent."""
+                     log_ratios: FloatArray, sums: FloatArray) -> None:
+    """Two exps per token, each shifted by its direction's largest exponent (one chunk's slices, as
+    _fast_moments)."""
     forward, forward_moment, reverse, reverse_moment = 0.0, 0.0, 0.0, 0.0
-    for j in range(start, stop):
+    for j in range(log_output.size):
         w = vexp(log_output[j] + (1.0 - a) * log_ratios[j] - top_forward)
         v = vexp(log_output[j] + a * log_ratios[j] - top_reverse)
         forward += w
@@ -428,7 +450,7 @@ def leave_one_out_log_moments(output: FloatArray, log_output: FloatArray, ratios
     g = log sum_j p_j^a q_j^(1-a) and log sum_j q_j^a p_j^(1-a) (q = p_-i), i.e. (a - 1) D<->_a(p, p_-i),
     rounded up, and the derivative in a of the larger one (a subgradient of the convex max).
     In terms of rho_j = q_j / p_j: forward sum_j p_j rho_j^(1-a), reverse sum_j p_j rho_j^a; when
-    a times the row's log rho span is below _FAST_RANGE, both come from one exp per token,
+    a times the row's log rho span is below _FAST_RANGE, both come from one exp pair per token (vexp_pair),
     y_j = (rho_j / rho_max)^a: reverse sum_j p_j y_j, forward sum_j p_j rho_j / y_j; otherwise from
     two-pass log-sum-exps. Every order is summed chunk by chunk, so a row is read from memory once.
     +inf where q_j = 0 < p_j (teacher i holds all of token j's mass); exactly 0 for q = p. Rounded up
@@ -479,14 +501,15 @@ def leave_one_out_log_moments(output: FloatArray, log_output: FloatArray, ratios
         sums = np.zeros((count, 4))
         for start in range(0, size, _CHUNK):
             stop = min(size, start + _CHUNK)
+            chunk_output, chunk_log_output = output[start:stop], log_output[start:stop]
+            chunk_ratios, chunk_log_ratios = ratios[i, start:stop], log_ratios[i, start:stop]
             for k in range(count):
                 if not wanted[r, k]:
                     continue
                 if fast[k]:
-                    _fast_moments(orders[k], high, output, ratios[i], log_ratios[i], start, stop, sums[k])
+                    _fast_moments(orders[k], high, chunk_output, chunk_ratios, chunk_log_ratios, sums[k])
                 else:
-                    _shifted_moments(orders[k], tops[k, 0], tops[k, 1], log_output, log_ratios[i], start, stop,
-                                     sums[k])
+                    _shifted_moments(orders[k], tops[k, 0], tops[k, 1], chunk_log_output, chunk_log_ratios, sums[k])
         for k in range(count):
             a = orders[k]
             if not wanted[r, k]:

@@ -29,7 +29,7 @@ else:
 _SLACK_PER_ULP = 1.0
 """The rounding-up allowance is ROUNDING_ULPS * _SLACK_PER_ULP per unit of magnitude: 8 ulps,
 which covers the fused kernels' exp and log (within dpledger.mechanisms.fastmath.MAX_ULPS = 2 ulps of the
-true value) as it covered the C library's; tests/test_differential.py holds both to mpmath."""
+true value, vexp_pair within PAIR_MAX_ULPS = 2.5) as it covered the C library's; tests/test_differential.py holds both to mpmath."""
 _SLACK_ULPS = ROUNDING_ULPS * _SLACK_PER_ULP
 
 FloatArray = NDArray[np.float64]

@@ -18,7 +18,7 @@ from dpledger.accounting.relation import NeighbouringRelation
 from tests.conftest import lm_like
 from dpledger.mechanisms.adapmixed import AdaPMixED
 from dpledger.mechanisms.divergence import renyi_divergence
-from dpledger.mechanisms.fastmath import vexp, vexpm1, vlog
+from dpledger.mechanisms.fastmath import PAIR_MAX_ULPS, vexp, vexp_pair, vexpm1, vlog
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.kernels import (ball_mixing_weights, ball_mixing_weights_torch, leave_one_out_divergences_torch,
                                 mixed_teachers, mixing_weights, renyi_divergence_orders,
@@ -60,6 +60,29 @@ def test_vectorised_exp_log_expm1_are_within_a_few_ulps_and_keep_special_values(
     np.testing.assert_array_equal(_apply(0, special), [0.0, np.inf, np.nan, 1.0, 0.0, np.inf])
     np.testing.assert_array_equal(_apply(1, np.array([0.0, np.inf, -1.0, np.nan, 1.0])),
                                   [-np.inf, np.inf, np.nan, np.nan, 0.0])
+
+
+@njit
+def _pairs(values, up, down):
+    for j in range(values.size):
+        up[j], down[j] = vexp_pair(values[j])
+
+
+def test_the_exp_pair_is_within_its_stated_ulps_of_extended_precision_and_keeps_special_values():
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.uniform(-708, 708, 400_000), rng.uniform(-1, 1, 200_000), rng.uniform(-1e-9, 1e-9, 10_000),
+                        np.arange(-1000, 1001) * np.log(2.0) / 2])   # both ends of the reduced range
+    up, down = np.empty_like(x), np.empty_like(x)
+    _pairs(x, up, down)
+    extended = x.astype(np.longdouble)    # 64-bit mantissa: the reference's own error is 1/2048 ulp
+    for got, want in ((up, np.exp(extended)), (down, np.exp(-extended))):
+        ulps = np.abs(got.astype(np.longdouble) - want) / np.spacing(want.astype(np.float64)).astype(np.longdouble)
+        assert float(ulps.max()) <= PAIR_MAX_ULPS
+    special = np.array([-np.inf, np.inf, np.nan, 0.0, -745.2, 710.0, -709.0, 709.0])
+    up, down = np.empty_like(special), np.empty_like(special)
+    _pairs(special, up, down)
+    np.testing.assert_array_equal(up, [0.0, np.inf, np.nan, 1.0, 0.0, np.inf, 0.0, np.exp(709.0)])
+    np.testing.assert_array_equal(down, [np.inf, 0.0, np.nan, 1.0, np.inf, 0.0, np.exp(709.0), 0.0])
 
 
 distributions = st.integers(0, 2**31 - 1).map(lambda seed: np.random.default_rng(seed))
