@@ -47,6 +47,7 @@ from dpledger.audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
 from dpledger.decoding import trace as trace_files
 from dpledger.decoding.ensemble import Ensemble
 from dpledger.mechanisms.kernels import renyi_divergence_orders, sums_without_each
+from dpledger.mechanisms.leave_one_out import leave_one_out_direction_divergences
 from dpledger.mechanisms.ball import Ball
 from dpledger.mechanisms.pmixed import PMixED
 from dpledger.mechanisms.screening import NoisyScreening
@@ -160,17 +161,46 @@ def screen_pass_counts(teacher_sums: torch.Tensor, sizes: torch.Tensor, public: 
     Returns:
         (L, E) float64 counts of draws whose screening statistic passed (<= threshold).
     """
-    screening = NoisyScreening(teachers=1, lam=params["lam"], sigma=params["sigma"], alpha=params["alpha"],
-                               threshold=params["threshold"], top_k=int(params["top_k"]))
-    top = screening.top_indices(public)                                               # (L, k)
-    public_top = torch.gather(public, -1, top)
+    top = screening_of(params).top_indices(public)                                    # (L, k)
     teacher_top = torch.gather(teacher_sums, -1, top.unsqueeze(1).expand(-1, teacher_sums.shape[1], -1))
+    return screen_pass_counts_on_top(teacher_top, sizes, torch.gather(public, -1, top), params, samples, generator)
+
+
+def screening_of(params: dict) -> NoisyScreening:
+    """The run's noisy screen from its mechanism parameters (lam, sigma, alpha, threshold, top_k).
+
+    Args:
+        params: the run's mechanism parameters.
+
+    Returns:
+        The NoisyScreening (its N is irrelevant here: the ensembles' sizes are given apart).
+    """
+    return NoisyScreening(teachers=1, lam=params["lam"], sigma=params["sigma"], alpha=params["alpha"],
+                          threshold=params["threshold"], top_k=int(params["top_k"]))
+
+
+def screen_pass_counts_on_top(teacher_top: torch.Tensor, sizes: torch.Tensor, public_top: torch.Tensor, params: dict,
+                              samples: int, generator: torch.Generator) -> torch.Tensor:
+    """screen_pass_counts on the public model's top-k tokens already gathered: teacher_top (L, E, k)
+    sums of each ensemble's raw teachers there, public_top (L, k) the public model's probabilities
+    there, largest first (NoisyScreening.top_indices' order, which the noise draws follow).
+
+    Args:
+        teacher_top: (L, E, k) sums of each ensemble's raw teacher distributions on the top-k tokens.
+        sizes: (L, E) the ensembles' sizes.
+        public_top: (L, k) the public model's probabilities on its top-k tokens.
+        params: the run's mechanism parameters (lam, sigma, alpha, threshold, top_k).
+        samples: Monte Carlo draws per step.
+        generator: the source of the screening noise.
+
+    Returns:
+        (L, E) float64 counts of draws whose screening statistic passed (<= threshold).
+    """
+    screening = screening_of(params)
     mean = screening.lam * teacher_top / sizes.double().unsqueeze(-1) + (1 - screening.lam) * public_top.unsqueeze(1)
-    noise = screening.sigma * torch.randn((public.shape[0], samples, top.shape[-1]), generator=generator,
+    noise = screening.sigma * torch.randn((public_top.shape[0], samples, public_top.shape[-1]), generator=generator,
                                           dtype=torch.float64)
-    statistic = screening.statistic_from_mean(mean.unsqueeze(2), public_top.unsqueeze(1).unsqueeze(1),
-                                              noise.unsqueeze(1))                    # (L, E, S)
-    return (statistic <= screening.threshold).double().sum(dim=2)
+    return screening.pass_counts(mean, public_top, noise)
 
 
 def smoothed_probability(successes: torch.Tensor, samples: int) -> torch.Tensor:
@@ -257,6 +287,25 @@ def block_divergences(trace: LoadedTrace, records: list[dict], logits: torch.Ten
                                  mc_samples, generator, confidence, passed)
 
 
+def _added_neighbours(output: torch.Tensor, total: torch.Tensor, teachers: int, public: torch.Tensor, kind: str,
+                      params: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The three add-one adversaries (point_mass_adversaries), projected on the run's ball like any
+    teacher, and the output laws of the ensembles of `teachers` + 1 they join (total: the N mixed
+    teachers' sum): ((L, 3, V) point masses, (L, 3, V) laws)."""
+    tokens = point_mass_adversaries(output, public)                                         # (L, 3)
+    point_masses = torch.nn.functional.one_hot(tokens, public.shape[-1]).double()            # (L, 3, V)
+    if kind == "ensemble":
+        adversary_lambdas = torch.ones(tokens.shape, dtype=torch.float64)
+    else:
+        # projected like any teacher, on the run's own ball
+        projection = PMixED(params["alpha"], params["beta"], 1, ball=params.get("ball", Ball.PROJECTION_ORDER.value))
+        adversary_lambdas = projection.mixing_weights_tensor(point_masses, public)
+    adversaries = adversary_lambdas.unsqueeze(-1) * point_masses + (1 - adversary_lambdas.unsqueeze(-1)) * public.unsqueeze(-2)
+    sizes = torch.full(tokens.shape, teachers + 1)
+    return point_masses, ensemble_output(total.unsqueeze(1) + adversaries, sizes, public.unsqueeze(1),
+                                         params.get("sample_rate"))
+
+
 def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas: torch.Tensor, kind: str,
                           params: dict, removed: list[int], orders: torch.Tensor, mc_samples: int = 400,
                           generator: torch.Generator | None = None, confidence: float = 0.95,
@@ -290,54 +339,57 @@ def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas:
         ValueError: if the output or public law holds a NaN (point_mass_adversaries).
     """
     n = teachers.shape[-2]
-    mixed = lambdas.unsqueeze(-1) * teachers + (1 - lambdas.unsqueeze(-1)) * public.unsqueeze(-2)
     rate = params.get("sample_rate")
-    total = mixed.sum(dim=-2)
     length = public.shape[0]
-    output = ensemble_output(total, torch.full((length,), n), public, rate)
-    tokens = point_mass_adversaries(output, public)                                         # (L, 3)
-    point_masses = torch.nn.functional.one_hot(tokens, public.shape[-1]).double()            # (L, 3, V)
-    if kind == "ensemble":
-        adversary_lambdas = torch.ones(tokens.shape, dtype=torch.float64)
-    else:
-        # projected like any teacher, on the run's own ball
-        projection = PMixED(params["alpha"], params["beta"], 1, ball=params.get("ball", Ball.PROJECTION_ORDER.value))
-        adversary_lambdas = projection.mixing_weights_tensor(point_masses, public)
-    adversaries = adversary_lambdas.unsqueeze(-1) * point_masses + (1 - adversary_lambdas.unsqueeze(-1)) * public.unsqueeze(-2)
     removed_t = torch.tensor(removed, dtype=torch.long)
-    # sums without each removed teacher, never total - mixed[i] (that cancels: see sums_without_each)
-    neighbour_totals = torch.cat([sums_without_each(mixed)[:, removed_t], total.unsqueeze(1) + adversaries], dim=1)
+
+    def divergences(log_output: torch.Tensor, log_neighbours: torch.Tensor) -> torch.Tensor:
+        return torch.stack([renyi_divergence_orders(log_output, log_neighbours, orders),
+                            renyi_divergence_orders(log_neighbours, log_output, orders)])
+
+    # without subsampling on the CPU, the removals run through the leave-one-out kernel (both directions
+    # from one exp pair per token), with no (L, N, V) temporaries; otherwise in torch, every neighbour's law built
+    if rate is None and n >= 2 and teachers.device.type == "cpu":
+        output, removal = leave_one_out_direction_divergences(teachers, public, lambdas, removed, orders)
+        total = output * n           # within an ulp of the mixed teachers' sum
+        point_masses, added = _added_neighbours(output, total, n, public, kind, params)
+        token_divergence = torch.cat([removal, divergences(torch.log(output).unsqueeze(1), torch.log(added))], dim=2)
+    else:
+        mixed = lambdas.unsqueeze(-1) * teachers + (1 - lambdas.unsqueeze(-1)) * public.unsqueeze(-2)
+        total = mixed.sum(dim=-2)
+        output = ensemble_output(total, torch.full((length,), n), public, rate)
+        point_masses, added = _added_neighbours(output, total, n, public, kind, params)
+        # sums without each removed teacher, never total - mixed[i] (that cancels: see sums_without_each)
+        removal_laws = ensemble_output(sums_without_each(mixed)[:, removed_t],
+                                       torch.full((length, len(removed)), n - 1), public.unsqueeze(1), rate)
+        token_divergence = divergences(torch.log(output).unsqueeze(1), torch.log(torch.cat([removal_laws, added], dim=1)))
     neighbour_sizes = torch.cat([torch.full((len(removed),), n - 1), torch.full((3,), n + 1)])
-    neighbours = ensemble_output(neighbour_totals, neighbour_sizes.expand(length, -1), public.unsqueeze(1), rate)
-    halfwidth, realised = None, None
-    if kind == "adapmixed" and params.get("screening", True):
-        raw_total = teachers.sum(dim=-2)
-        raw_neighbours = torch.cat([sums_without_each(teachers)[:, removed_t],
-                                    raw_total.unsqueeze(1) + point_masses], dim=1)
-        sums = torch.cat([raw_total.unsqueeze(1), raw_neighbours], dim=1)
-        sizes = torch.cat([torch.tensor([n]), neighbour_sizes]).expand(length, -1)
-        generator = generator if generator is not None else torch.Generator().manual_seed(0)
-        passes = screen_pass_counts(sums, sizes, public, params, mc_samples, generator)  # (L, 1+E) counts
-        low, high = clopper_pearson(passes.numpy(), mc_samples, confidence)
-        halfwidth = float(np.max(high - low) / 2)
-        pass_probability = smoothed_probability(passes, mc_samples)
-        decision = torch.stack([pass_probability, 1 - pass_probability], dim=-1)              # (L, 1+E, 2)
-        log_decision = torch.log(decision)
-        decision_divergence = torch.stack([
-            renyi_divergence_orders(log_decision[:, :1], log_decision[:, 1:], orders),
-            renyi_divergence_orders(log_decision[:, 1:], log_decision[:, :1], orders)])       # (2, L, E, K)
-        token_divergence = torch.stack([
-            renyi_divergence_orders(torch.log(output).unsqueeze(1), torch.log(neighbours), orders),
-            renyi_divergence_orders(torch.log(neighbours), torch.log(output).unsqueeze(1), orders)])
-        answered = (passed if passed is not None else torch.ones(length, dtype=torch.bool)).double()
-        realised = decision_divergence + answered[None, :, None, None] * token_divergence
-        released = released_pair_divergences(token_divergence, pass_probability, public, orders)
-        return released, halfwidth, realised
-    log_output = torch.log(output).unsqueeze(1)
-    log_neighbours = torch.log(neighbours)
-    forward = renyi_divergence_orders(log_output, log_neighbours, orders)
-    backward = renyi_divergence_orders(log_neighbours, log_output, orders)
-    return torch.stack([forward, backward]), halfwidth, realised
+    if not (kind == "adapmixed" and params.get("screening", True)):
+        return token_divergence, None, None
+    # the screen reads the public model's top-k tokens only: the raw sums are formed on those columns
+    top = screening_of(params).top_indices(public)                                            # (L, k)
+    teachers_top = torch.gather(teachers, -1, top.unsqueeze(1).expand(-1, n, -1))              # (L, N, k)
+    raw_total = teachers_top.sum(dim=-2)
+    raw_neighbours = torch.cat([sums_without_each(teachers_top)[:, removed_t],
+                                raw_total.unsqueeze(1) + torch.gather(point_masses, -1, top.unsqueeze(1).expand(-1, 3, -1))],
+                               dim=1)
+    sums = torch.cat([raw_total.unsqueeze(1), raw_neighbours], dim=1)
+    sizes = torch.cat([torch.tensor([n]), neighbour_sizes]).expand(length, -1)
+    generator = generator if generator is not None else torch.Generator().manual_seed(0)
+    passes = screen_pass_counts_on_top(sums, sizes, torch.gather(public, -1, top), params, mc_samples,
+                                       generator)                                             # (L, 1+E) counts
+    low, high = clopper_pearson(passes.numpy(), mc_samples, confidence)
+    halfwidth = float(np.max(high - low) / 2)
+    pass_probability = smoothed_probability(passes, mc_samples)
+    decision = torch.stack([pass_probability, 1 - pass_probability], dim=-1)              # (L, 1+E, 2)
+    log_decision = torch.log(decision)
+    decision_divergence = torch.stack([
+        renyi_divergence_orders(log_decision[:, :1], log_decision[:, 1:], orders),
+        renyi_divergence_orders(log_decision[:, 1:], log_decision[:, :1], orders)])       # (2, L, E, K)
+    answered = (passed if passed is not None else torch.ones(length, dtype=torch.bool)).double()
+    realised = decision_divergence + answered[None, :, None, None] * token_divergence
+    released = released_pair_divergences(token_divergence, pass_probability, public, orders)
+    return released, halfwidth, realised
 
 
 def released_pair_divergences(token: torch.Tensor, pass_probability: torch.Tensor, public: torch.Tensor,

@@ -445,7 +445,8 @@ def _largest_exponents(a: float, log_output: FloatArray, log_ratios: FloatArray)
 @jit(**_PARALLEL_FLAGS)
 def leave_one_out_log_moments(output: FloatArray, log_output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
                               spans: FloatArray, rows: IntArray, orders: FloatArray, wanted: BoolArray,
-                              shifted_only: bool, slack_ulps: float, moments: FloatArray, slopes: FloatArray) -> None:
+                              shifted_only: bool, slack_ulps: float, moments: FloatArray, slopes: FloatArray,
+                              directions: FloatArray) -> None:
     """For each teacher in `rows` and order a: max over the two directions of
     g = log sum_j p_j^a q_j^(1-a) and log sum_j q_j^a p_j^(1-a) (q = p_-i), i.e. (a - 1) D<->_a(p, p_-i),
     rounded up, and the derivative in a of the larger one (a subgradient of the convex max).
@@ -474,9 +475,14 @@ def leave_one_out_log_moments(output: FloatArray, log_output: FloatArray, ratios
         moments: output, shape (R, K): g = (a - 1) D<->_a(p, p_-i), rounded up, >= 0 (+inf where
             q_j = 0 < p_j).
         slopes: output, shape (R, K): dg/da of the larger direction.
+        directions: output, shape (R, K, 2), or (0, K, 2) for none: each direction's g apart, rounded
+            up as `moments` (forward: (a - 1) D_a(p || p_-i), reverse: (a - 1) D_a(p_-i || p)); both
+            +inf where q_j = 0 < p_j (the reverse is finite there: a caller that needs it alone
+            computes it another way).
     """
     n, size = log_ratios.shape
     count = orders.size
+    separate = directions.shape[0] == rows.size
     magnitude = _largest_magnitude(log_output) + n + 2.0
     for r in prange(rows.size):
         i = rows[r]
@@ -485,11 +491,15 @@ def leave_one_out_log_moments(output: FloatArray, log_output: FloatArray, ratios
             for k in range(count):
                 if wanted[r, k]:
                     moments[r, k], slopes[r, k] = 0.0, 0.0
+                    if separate:
+                        directions[r, k, 0], directions[r, k, 1] = 0.0, 0.0
             continue
         if low == -np.inf:                        # q_j = 0 < p_j
             for k in range(count):
                 if wanted[r, k]:
                     moments[r, k], slopes[r, k] = np.inf, 0.0
+                    if separate:
+                        directions[r, k, 0], directions[r, k, 1] = np.inf, np.inf
             continue
         fast = np.empty(count, dtype=np.bool_)
         tops = np.zeros((count, 2))
@@ -523,8 +533,11 @@ def leave_one_out_log_moments(output: FloatArray, log_output: FloatArray, ratios
             value = max(forward, reverse)
             slopes[r, k] = sums[k, 1] / sums[k, 0] if forward >= reverse else sums[k, 3] / sums[k, 2]
             # the row's log-rho span joins the magnitude: the shifted exponents a (log rho - max) reach it
-            slack = slack_ulps * ((a + 1.0) * (magnitude + high - low) + math.log2(size) + 2.0 + abs(value))
-            moments[r, k] = max(value + slack, 0.0)
+            common = slack_ulps * ((a + 1.0) * (magnitude + high - low) + math.log2(size) + 2.0)
+            moments[r, k] = max(value + common + slack_ulps * abs(value), 0.0)
+            if separate:
+                directions[r, k, 0] = max(forward + common + slack_ulps * abs(forward), 0.0)
+                directions[r, k, 1] = max(reverse + common + slack_ulps * abs(reverse), 0.0)
 
 
 @jit(**_PARALLEL_FLAGS)
@@ -548,6 +561,47 @@ def renyi_log_moments(log_p: FloatArray, log_q: FloatArray, p_rows: IntArray, q_
     """
     for r in prange(p_rows.size):
         _renyi_row(log_p[p_rows[r]], log_q[q_rows[r]], orders, slack_ulps, out[r])
+
+
+@jit(**_PARALLEL_FLAGS)
+def screen_pass_counts(mean: FloatArray, log_public: FloatArray, noise: FloatArray, alpha: float, threshold: float,
+                       slack_ulps: float, counts: FloatArray) -> None:
+    """Monte Carlo counts of AdaPMixED's noisy screen passing (Flemings et al. 2024, Algorithm 1) for
+    E ensembles of each of L steps, S noise draws each (the same draws for every ensemble of a step):
+    the statistic D_alpha(clip(mean + noise, 0) renormalised || p0 on the top-k renormalised) is
+    computed as dpledger.mechanisms.screening.NoisyScreening.statistic_from_mean computes it (the Renyi
+    kernel's rounding up; +inf where every clipped entry is 0) and compared with the threshold.
+
+    Args:
+        mean: the lam-mixed ensemble means on the public model's top-k tokens, shape (L, E, k).
+        log_public: log of the public model's renormalised top-k probabilities, shape (L, k).
+        noise: the Gaussian noise, sigma included, shape (L, S, k).
+        alpha: the statistic's Renyi order (> 1).
+        threshold: the screen passes where the statistic is <= threshold.
+        slack_ulps: the Renyi kernel's rounding-up allowance (kernels._SLACK_ULPS).
+        counts: output, shape (L, E): how many of the S draws passed.
+    """
+    steps, ensembles, size = mean.shape
+    samples = noise.shape[1]
+    order = np.array([alpha])
+    for row in prange(steps * ensembles):
+        step, ensemble = row // ensembles, row % ensembles
+        noisy = np.empty(size)
+        log_noisy = np.empty(size)
+        value = np.empty(1)
+        passed = 0.0
+        for sample in range(samples):
+            total = 0.0
+            for j in range(size):
+                noisy[j] = max(mean[step, ensemble, j] + noise[step, sample, j], 0.0)
+                total += noisy[j]
+            if not total > 0.0:
+                continue
+            for j in range(size):
+                log_noisy[j] = vlog(noisy[j] / total)
+            _renyi_row(log_noisy, log_public[step], order, slack_ulps, value)
+            passed += 1.0 if max(value[0] / (alpha - 1.0), 0.0) <= threshold else 0.0
+        counts[step, ensemble] = passed
 
 
 @jit(**_HELPER_FLAGS)

@@ -494,8 +494,25 @@ class _LeaveOneOut:
         slopes = np.full((rows.size, orders.size), np.nan)
         _set_threads()
         leave_one_out_log_moments(self.output, self.log_output, self.ratios, self.log_ratios, self.spans, rows, orders,
-                                  wanted, self.shifted_only, _SLACK_ULPS, values, slopes)
+                                  wanted, self.shifted_only, _SLACK_ULPS, values, slopes, np.empty((0, orders.size, 2)))
         return values, slopes
+
+    def direction_moments(self, rows: IntArray, orders: FloatArray) -> FloatArray:
+        """(2, R, K): g = (a - 1) D_a(p || p_-i) (forward) and (a - 1) D_a(p_-i || p) (reverse) for
+        teachers `rows` at every order, each rounded up as `moments` rounds the larger; both +inf for
+        a row where p_-i vanishes on a token p keeps (`spans` says which: its smallest log ratio is -inf)."""
+        from dpledger.mechanisms.fused import leave_one_out_log_moments
+
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        orders = np.ascontiguousarray(orders, dtype=np.float64)
+        values = np.empty((rows.size, orders.size))
+        slopes = np.empty((rows.size, orders.size))
+        directions = np.empty((rows.size, orders.size, 2))
+        _set_threads()
+        leave_one_out_log_moments(self.output, self.log_output, self.ratios, self.log_ratios, self.spans, rows, orders,
+                                  np.ones((rows.size, orders.size), dtype=bool), self.shifted_only, _SLACK_ULPS,
+                                  values, slopes, directions)
+        return np.moveaxis(directions, -1, 0)
 
 
 def _has_tiny_positive(values: FloatArray) -> bool:

@@ -1,7 +1,8 @@
 """Flemings et al. 2024, Eq. 3: PMixED's data-dependent privacy loss max_i D<->_a(p, p_{-i}) of one
 step (removing teacher i from the ensemble of mixed teachers), exact at every order
-(`leave_one_out_divergences`), and its curve over a grid of orders with chord certificates
-(`leave_one_out_curve`: exact on a sub-grid, a certified upper bound in between).
+(`leave_one_out_divergences`), its curve over a grid of orders with chord certificates
+(`leave_one_out_curve`: exact on a sub-grid, a certified upper bound in between), and each removal's two
+directions apart (`leave_one_out_direction_divergences`, the audit's neighbours).
 
 The numerics it runs on (the fused CPU kernels and their torch forms on a GPU, with the same rounding
 up) are in dpledger.mechanisms.kernels.
@@ -62,6 +63,59 @@ def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: t
         return torch.from_numpy(out.reshape(*mixed.shape[:-1], orders_np.size))
     return leave_one_out_divergences_torch(mixed, orders, mask, public)
 
+
+
+def leave_one_out_direction_divergences(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
+                                        rows: list[int], orders: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """D_a(p || p_-i) and D_a(p_-i || p) apart, for the teachers i in `rows` at every order, with p the
+    mean of the mixed teachers lambda_i p_i + (1 - lambda_i) p0 and p_-i the mean without teacher i
+    (Flemings et al. 2024, Eq. 3, before its maximum over i and the two directions): the audit's
+    removal neighbours. CPU tensors; one exp pair per token, order and teacher, from the same kernel
+    and rounding up as Eq. 3 (dpledger.mechanisms.fused.leave_one_out_log_moments). A step where some
+    p_-i vanishes on a token p keeps (its forward divergence is +inf, its reverse finite) is computed
+    directly in the Renyi kernel instead.
+
+    Args:
+        teachers: the teachers' probabilities p_i, shape (L, N, V), N >= 2, on the CPU.
+        public: the public model's probabilities p0, shape (L, V).
+        lambdas: the mixing weights, shape (L, N).
+        rows: the teachers i to remove (indices into N).
+        orders: the Renyi orders a > 1, shape (K,).
+
+    Returns:
+        (p as a float64 tensor (L, V), float64 tensor (2, L, len(rows), K): forward D_a(p || p_-i) and
+        reverse D_a(p_-i || p) in nats, rounded up).
+
+    Raises:
+        ValueError: if N < 2 or a divergence is NaN (an input holds NaN).
+    """
+    from dpledger.mechanisms.kernels import renyi_divergence_orders, sums_without_each
+
+    length, n, vocab = teachers.shape
+    if n < 2:
+        raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
+    orders_np = orders.detach().cpu().double().numpy().reshape(-1)
+    rows_np = np.asarray(rows, dtype=np.int64)
+    flat_teachers, flat_public = teachers.detach().double().numpy(), public.detach().double().numpy()
+    flat_lambdas = lambdas.detach().double().numpy()
+    output = np.empty((length, vocab))
+    divergences = np.empty((2, length, rows_np.size, orders_np.size))
+    ratios = None
+    for step in range(length):
+        ratios = _LeaveOneOut(flat_teachers[step], flat_public[step], flat_lambdas[step], ratios)
+        output[step] = ratios.output
+        if np.isneginf(ratios.spans[rows_np, 0]).any():   # a neighbour without mass where p has some
+            mixed = mixed_teachers(teachers[step], public[step], lambdas[step])
+            log_without = torch.log(sums_without_each(mixed)[rows_np] / (n - 1))
+            log_output = torch.log(torch.from_numpy(ratios.output)).unsqueeze(0)
+            orders_t = torch.from_numpy(orders_np)
+            divergences[0, step] = renyi_divergence_orders(log_output, log_without, orders_t).numpy()
+            divergences[1, step] = renyi_divergence_orders(log_without, log_output, orders_t).numpy()
+            continue
+        moments = ratios.direction_moments(rows_np, orders_np)
+        divergences[:, step] = _divergences_from_moments(moments.reshape(-1, orders_np.size),
+                                                         orders_np).reshape(moments.shape)
+    return torch.from_numpy(output), torch.from_numpy(divergences)
 
 
 def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor, orders: ArrayLike,

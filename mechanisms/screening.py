@@ -177,6 +177,35 @@ class NoisyScreening(AccountableMechanism):
                                             torch.log(public_top / public_top.sum(dim=-1, keepdim=True)), order)[..., 0]
         return torch.where(total[..., 0] > 0, statistic, torch.full_like(statistic, torch.inf))
 
+    def pass_counts(self, mean: torch.Tensor, public_top: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """How many of S noise draws pass the screen, for E ensembles of each of L steps with the same
+        draws for all of a step's ensembles (the audit's Monte Carlo): statistic_from_mean per draw,
+        compared with the threshold. CPU tensors run one fused kernel
+        (dpledger.mechanisms.fused.screen_pass_counts), others broadcast statistic_from_mean.
+
+        Args:
+            mean: (L, E, k) the lam-mixed ensemble means on the top-k tokens.
+            public_top: (L, k) the public model's probabilities on them.
+            noise: (L, S, k) the Gaussian noise, sigma included.
+
+        Returns:
+            (L, E) float64 counts of passing draws.
+        """
+        if mean.device.type != "cpu":
+            statistic = self.statistic_from_mean(mean.unsqueeze(2), public_top.unsqueeze(1).unsqueeze(1),
+                                                 noise.unsqueeze(1))                    # (L, E, S)
+            return (statistic <= self.threshold).double().sum(dim=2)
+        from dpledger.mechanisms.fused import screen_pass_counts
+        from dpledger.mechanisms.kernels import _SLACK_ULPS, _set_threads
+
+        log_public = torch.log(public_top / public_top.sum(dim=-1, keepdim=True)).double().numpy()
+        counts = np.empty(tuple(mean.shape[:2]))
+        _set_threads()
+        screen_pass_counts(np.ascontiguousarray(mean.double().numpy()), np.ascontiguousarray(log_public),
+                           np.ascontiguousarray(noise.double().numpy()), float(self.alpha), float(self.threshold),
+                           _SLACK_ULPS, counts)
+        return torch.from_numpy(counts)
+
     def screen(self, teachers: npt.ArrayLike | torch.Tensor, public: npt.ArrayLike | torch.Tensor,
                generator: torch.Generator) -> ScreeningOutcome:
         """One query: teachers (N, V), public (V,).

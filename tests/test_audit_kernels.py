@@ -1,0 +1,95 @@
+"""The audit's fused paths against the straightforward torch forms they replace: each removal's two
+directions through the leave-one-out kernel, and the screen's Monte Carlo pass counts."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dpledger.audit.ablation import neighbour_divergences
+from dpledger.mechanisms.kernels import mixed_teachers, renyi_divergence_orders_torch, sums_without_each
+from dpledger.mechanisms.leave_one_out import leave_one_out_direction_divergences
+from dpledger.mechanisms.screening import NoisyScreening
+from tests.conftest import examples, lm_like
+
+ORDERS = torch.tensor([1.01, 1.25, 2.0, 3.5, 18.0, 64.0, 512.0], dtype=torch.float64)
+
+
+def straightforward_removals(teachers, public, lambdas, rows, orders):
+    """Every p_-i built and both directions by one logsumexp per order (the torch form)."""
+    mixed = mixed_teachers(teachers, public, lambdas)
+    n = mixed.shape[-2]
+    log_output = torch.log(mixed.sum(dim=-2) / n).unsqueeze(1)
+    log_without = torch.log(sums_without_each(mixed)[:, rows] / (n - 1))
+    return torch.stack([renyi_divergence_orders_torch(log_output, log_without, orders),
+                        renyi_divergence_orders_torch(log_without, log_output, orders)])
+
+
+def ensembles(rng, steps, teachers, vocab, kind):
+    public = lm_like(rng, vocab, (steps,), 2.0)
+    probs = lm_like(rng, vocab, (steps, teachers), 2.5)
+    if kind == "holes":         # a teacher alone on a token: its removal leaves p_-i = 0 there (lambda 1)
+        probs[:, 1:, 0] = 0.0
+        public[:, 0] = 0.0
+        probs /= probs.sum(axis=-1, keepdims=True)
+        public /= public.sum(axis=-1, keepdims=True)
+    if kind == "tiny":          # probabilities below the normal range: the kernel works scaled
+        probs[:, 0, : vocab // 2] *= 1e-300
+        probs /= probs.sum(axis=-1, keepdims=True)
+    lambdas = rng.uniform(0.0, 1.0, (steps, teachers))
+    if kind == "holes":
+        lambdas[:, 0] = 1.0
+    return torch.from_numpy(probs), torch.from_numpy(public), torch.from_numpy(lambdas)
+
+
+@examples(30, 300)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 9), st.integers(2, 400), st.sampled_from(["plain", "holes", "tiny"]))
+def test_each_removal_in_both_directions_is_the_torch_value_rounded_up_within_its_allowance(seed, teachers, vocab,
+                                                                                             kind):
+    rng = np.random.default_rng(seed)
+    probs, public, lambdas = ensembles(rng, 2, teachers, vocab, kind)
+    rows = sorted(rng.choice(teachers, size=max(1, teachers // 2), replace=False).tolist())
+    output, fused = leave_one_out_direction_divergences(probs, public, lambdas, rows, ORDERS)
+    reference = straightforward_removals(probs, public, lambdas, rows, ORDERS)
+    np.testing.assert_allclose(output.numpy(), mixed_teachers(probs, public, lambdas).mean(dim=-2).numpy(),
+                               rtol=1e-12, atol=0.0)
+    both_infinite = torch.isinf(fused) & torch.isinf(reference)
+    assert torch.equal(torch.isinf(fused), torch.isinf(reference))
+    finite = ~both_infinite
+    # both round up g = (a - 1) D by a few ulps per unit of magnitude: D within 1e-9 relative plus 1e-12 / (a - 1)
+    allowed = 1e-9 * reference.abs() + 1e-12 / (ORDERS - 1.0)
+    assert torch.all((fused - reference).abs()[finite] <= allowed[finite])
+
+
+def test_the_neighbour_ablation_through_the_kernel_equals_every_neighbour_built_in_torch():
+    # (the three added neighbours run the same code on both paths; the removals differ)
+    rng = np.random.default_rng(3)
+    probs, public, lambdas = ensembles(rng, 3, 6, 300, "plain")
+    params = {"alpha": 6.0, "beta": 0.3}
+    removed = [0, 2, 5]
+    fused, _, _ = neighbour_divergences(public, probs, lambdas, "pmixed", params, removed, ORDERS)
+    # subsampling at rate 1 is the same law and takes the torch path, every neighbour built
+    torch_path, _, _ = neighbour_divergences(public, probs, lambdas, "pmixed", {**params, "sample_rate": 1.0},
+                                             removed, ORDERS)
+    assert fused.shape == torch_path.shape == (2, 3, len(removed) + 3, ORDERS.numel())
+    assert torch.all((fused - torch_path).abs() <= 1e-9 * torch_path.abs() + 1e-12 / (ORDERS - 1.0))
+
+
+@pytest.mark.parametrize("quantile", [0.1, 0.5, 0.9])
+def test_the_fused_screen_counts_are_the_broadcast_statistics_counted(quantile):
+    generator = torch.Generator().manual_seed(1)
+    steps, ensembles_per_step, samples, top = 3, 5, 300, 40
+    public_top = torch.rand(steps, top, generator=generator, dtype=torch.float64)
+    public_top = public_top / public_top.sum(-1, keepdim=True) * 0.7
+    mean = public_top.unsqueeze(1) * (1 + torch.rand(steps, ensembles_per_step, top, generator=generator,
+                                                     dtype=torch.float64))
+    noise = 0.02 * torch.randn(steps, samples, top, generator=generator, dtype=torch.float64)
+    noise[0, 0] = -1.0          # a draw that clips every entry to 0: +inf, never a pass
+    probe = NoisyScreening(teachers=1, lam=1e-2, sigma=1e-2, alpha=18, threshold=1.0, top_k=top)
+    statistic = probe.statistic_from_mean(mean.unsqueeze(2), public_top.unsqueeze(1).unsqueeze(1), noise.unsqueeze(1))
+    threshold = float(torch.quantile(statistic[torch.isfinite(statistic)], quantile))   # some pass, some fail
+    screen = NoisyScreening(teachers=1, lam=1e-2, sigma=1e-2, alpha=18, threshold=threshold, top_k=top)
+    counts = screen.pass_counts(mean, public_top, noise)
+    expected = (statistic <= threshold).double().sum(dim=2)
+    assert torch.equal(counts, expected)
+    assert 0 < float(counts.sum()) < steps * ensembles_per_step * samples
