@@ -287,9 +287,56 @@ def solve_mixing_weights(teachers: FloatArray, public: FloatArray, orders: Float
 
 
 @jit(**_FLAGS)
+def normalised_distributions(rows: FloatArray, out: FloatArray, sums: FloatArray) -> tuple[bool, bool, float]:
+    """Each row divided by its sum, with what validating the rows as distributions needs, in two
+    passes per row (dpledger.mechanisms.distributions.as_float64_array's checks, fused for large inputs).
+
+    Args:
+        rows: the rows, shape (R, V).
+        out: output, shape (R, V): each row divided by its sum.
+        sums: output, shape (R,): each row's sum.
+
+    Returns:
+        (whether some entry is NaN, whether every entry is finite, the smallest entry).
+    """
+    nan, infinite, smallest = 0.0, 0.0, np.inf
+    for r in range(rows.shape[0]):
+        row = rows[r]
+        total = 0.0
+        for j in range(row.size):
+            value = row[j]
+            total += value
+            nan += 1.0 if value != value else 0.0
+            infinite += 1.0 if abs(value) == np.inf else 0.0
+            smallest = vmin(smallest, value)
+        sums[r] = total
+        target = out[r]
+        for j in range(row.size):
+            target[j] = row[j] / total
+    return nan > 0.0, infinite == 0.0, smallest
+
+
+@jit(**_FLAGS)
+def has_positive_below(values: FloatArray, below: float) -> bool:
+    """Whether some entry of `values` (one-dimensional) lies in (0, below): one vectorised pass.
+
+    Args:
+        values: the numbers to scan, shape (M,).
+        below: the bound.
+
+    Returns:
+        True where 0 < values_j < below for some j.
+    """
+    found = 0.0
+    for j in range(values.size):
+        found += 1.0 if 0.0 < values[j] < below else 0.0
+    return found > 0.0
+
+
+@jit(**_FLAGS)
 def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: FloatArray, output: FloatArray,
                              log_output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
-                             spans: FloatArray) -> None:
+                             spans: FloatArray) -> bool:
     """The mixed teachers pbar_i = lambda_i p_i + (1 - lambda_i) p0 (never stored), their mean p and
     rho_ij = p_-i,j / p_j for every teacher i, p_-i = sum_{k != i} pbar_k / (N-1) formed from
     exclusive prefix and suffix sums (no subtraction: dpledger.mechanisms.kernels.sums_without_each says
@@ -297,7 +344,8 @@ def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: 
     pbar_i is the same law (e.g. every lambda 0) every rho is exactly 1, although sum / N and
     sum / (N - 1) can differ in the last ulp. Writes output (V,) = p, log_output (V,), ratios and
     log_ratios (N, V) (ratios holds the sums first), and spans (N, 2): each row's smallest and
-    largest log rho.
+    largest log rho. Returns whether some positive rho lies outside RATIO_RANGE (its log was then
+    taken from the logs).
 
     Args:
         teachers: the teachers' probabilities p_i, shape (N, V), N >= 2.
@@ -308,6 +356,9 @@ def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: 
         ratios: output, shape (N, V): rho_ij = p_-i,j / p_j.
         log_ratios: output, shape (N, V): log rho_ij.
         spans: output, shape (N, 2): each row's smallest and largest log rho.
+
+    Returns:
+        True where a positive ratio rho lies outside RATIO_RANGE.
     """
     n, size = teachers.shape
     ratios[0, :] = 0.0
@@ -323,13 +374,16 @@ def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: 
     identical = True
     for i in range(1, n):
         identical = identical and _same_mixture(teachers[i], lambdas[i], teachers[0], lambdas[0], public)
+    outside = False
     for i in range(n):
         if identical:
             ratios[i, :] = 1.0
             log_ratios[i, :] = 0.0
             spans[i, 0], spans[i, 1] = 0.0, 0.0
         else:
-            spans[i, 0], spans[i, 1] = _ratio_row(ratios[i], log_ratios[i], output, log_output, n - 1.0)
+            spans[i, 0], spans[i, 1], row_outside = _ratio_row(ratios[i], log_ratios[i], output, log_output, n - 1.0)
+            outside = outside or row_outside
+    return outside
 
 
 @jit(**_HELPER_FLAGS)
@@ -363,8 +417,9 @@ ratio has lost digits (subnormal) or overflowed, and its log is taken as log p_-
 
 @jit(**_HELPER_FLAGS)
 def _ratio_row(sums: FloatArray, log_ratios: FloatArray, output: FloatArray, log_output: FloatArray,
-               others: float) -> tuple[float, float]:
-    """sums (the other teachers' total) -> rho = (sums / others) / p in place, its logs; (min, max) log."""
+               others: float) -> tuple[float, float, bool]:
+    """sums (the other teachers' total) -> rho = (sums / others) / p in place, its logs; (min, max) log
+    and whether a positive rho lies outside RATIO_RANGE."""
     low_ratio, high_ratio = RATIO_RANGE
     for j in range(sums.size):
         share = sums[j] / others
@@ -372,11 +427,12 @@ def _ratio_row(sums: FloatArray, log_ratios: FloatArray, output: FloatArray, log
         sums[j] = ratio
         inside = low_ratio <= ratio <= high_ratio or ratio == 0.0 or output[j] == 0.0
         log_ratios[j] = vlog(ratio) if inside else vlog(share) - log_output[j]
-    low, high = 0.0, 0.0
+    low, high, outside = 0.0, 0.0, 0.0
     for j in range(sums.size):   # a separate pass: with the stores above the loop does not vectorise
         low = vmin(low, log_ratios[j])
         high = vmax(high, log_ratios[j])
-    return low, high
+        outside += 1.0 if sums[j] > 0.0 and not (low_ratio <= sums[j] <= high_ratio) else 0.0
+    return low, high, outside > 0.0
 
 
 _CHUNK = 2048

@@ -442,7 +442,7 @@ class _LeaveOneOut:
 
     def __init__(self, teachers: FloatArray, public: FloatArray, lambdas: FloatArray,
                  reuse: "_LeaveOneOut | None" = None) -> None:
-        from dpledger.mechanisms.fused import RATIO_RANGE, leave_one_out_log_ratios
+        from dpledger.mechanisms.fused import leave_one_out_log_ratios
 
         teachers = np.ascontiguousarray(teachers, dtype=np.float64)
         public = np.ascontiguousarray(public, dtype=np.float64)
@@ -459,10 +459,9 @@ class _LeaveOneOut:
             self.ratios = np.empty_like(teachers)
             self.log_ratios = np.empty_like(teachers)
             self.spans = np.empty((teachers.shape[0], 2))
-        leave_one_out_log_ratios(teachers, public, lambdas, self.output, self.log_output, self.ratios,
-                                 self.log_ratios, self.spans)
-        low, high = RATIO_RANGE
-        self.shifted_only = self.scaled or bool(np.any((self.ratios > 0.0) & ((self.ratios < low) | (self.ratios > high))))
+        outside = leave_one_out_log_ratios(teachers, public, lambdas, self.output, self.log_output, self.ratios,
+                                           self.log_ratios, self.spans)
+        self.shifted_only = self.scaled or bool(outside)   # a ratio outside RATIO_RANGE is not accurate as a float
         if self.scaled:   # back to the true scale: log p exactly shifted, p itself only for the output law
             self.log_output = (self.log_output - _SCALE_BITS * _LN2_HIGH) - _SCALE_BITS * _LN2_LOW
             self.output = np.ldexp(self.output, -_SCALE_BITS)
@@ -516,7 +515,9 @@ class _LeaveOneOut:
 
 
 def _has_tiny_positive(values: FloatArray) -> bool:
-    return bool(np.any((values > 0.0) & (values < _SCALE_BELOW)))
+    from dpledger.mechanisms.fused import has_positive_below
+
+    return bool(has_positive_below(np.ascontiguousarray(values).reshape(-1), _SCALE_BELOW))
 
 
 def leave_one_out_divergences_torch(mixed: torch.Tensor, orders: torch.Tensor, mask: torch.Tensor | None = None,

@@ -18,6 +18,7 @@ from dpledger.accounting.relation import NeighbouringRelation
 from tests.conftest import lm_like
 from dpledger.mechanisms.adapmixed import AdaPMixED
 from dpledger.mechanisms.divergence import renyi_divergence
+from dpledger.mechanisms.distributions import FUSED_FROM_VOCABULARY, as_float64_array
 from dpledger.mechanisms.fastmath import PAIR_MAX_ULPS, vexp, vexp_pair, vexpm1, vlog
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.kernels import (ball_mixing_weights, ball_mixing_weights_torch, leave_one_out_divergences_torch,
@@ -435,3 +436,19 @@ def test_eq3_with_subnormal_entries_is_never_below_the_exact_value():
                 oracle = max(leave_one_out_losses(ensemble, public, lambdas, float(order)))
                 assert mpmath.mpf(float(value)) >= oracle, (order, value, float(oracle))
                 assert mpmath.mpf(float(charged)) >= oracle, (order, charged, float(oracle))
+
+
+@pytest.mark.parametrize("vocab", [FUSED_FROM_VOCABULARY - 1, FUSED_FROM_VOCABULARY])
+def test_validation_is_the_same_on_both_sides_of_the_fused_kernel(vocab):
+    rng = np.random.default_rng(4)
+    rows = lm_like(rng, vocab, (3,), 2.0) * (1 + 5e-5)          # sums off 1 within the tolerance
+    normalised = as_float64_array("teachers", rows)
+    np.testing.assert_allclose(normalised, rows / rows.sum(axis=-1, keepdims=True), rtol=4e-16 * np.log2(vocab), atol=0)
+    for bad, message in ((np.nan, "must not contain NaN"), (np.inf, "must be finite"),
+                         (-0.25, "must be non-negative, got entry -0.25")):
+        broken = rows.copy()
+        broken[1, 7] = bad
+        with pytest.raises(ValueError, match=message):
+            as_float64_array("teachers", broken)
+    with pytest.raises(ValueError, match="must sum to 1 along the last axis within 0.0001, off by 0.01"):
+        as_float64_array("teachers", rows / rows.sum(axis=-1, keepdims=True) * 1.01)
