@@ -333,7 +333,12 @@ def has_positive_below(values: FloatArray, below: float) -> bool:
     return found > 0.0
 
 
-@jit(**_FLAGS)
+_CHUNK = 2048
+"""Tokens per cache-resident chunk: every order's pass over a row reads the chunk from L1/L2, and the
+leave-one-out ratios are formed chunk by chunk (in parallel)."""
+
+
+@jit(**_PARALLEL_FLAGS)
 def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: FloatArray, output: FloatArray,
                              log_output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
                              spans: FloatArray) -> bool:
@@ -361,28 +366,47 @@ def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: 
         True where a positive ratio rho lies outside RATIO_RANGE.
     """
     n, size = teachers.shape
-    ratios[0, :] = 0.0
-    for i in range(1, n):
-        _accumulate_mixed(ratios[i], ratios[i - 1], teachers[i - 1], public, lambdas[i - 1])
-    suffix = np.zeros(size)
-    for i in range(n - 1, -1, -1):
-        _add_into(ratios[i], suffix)
-        _accumulate_mixed(suffix, suffix, teachers[i], public, lambdas[i])
-    for j in range(size):
-        output[j] = suffix[j] / n
-        log_output[j] = vlog(output[j])
-    identical = True
-    for i in range(1, n):
-        identical = identical and _same_mixture(teachers[i], lambdas[i], teachers[0], lambdas[0], public)
+    chunks = (size + _CHUNK - 1) // _CHUNK
+    # token chunks in parallel (prange): every token's sums are formed within one chunk, in the same
+    # order whatever the number of threads, so the bits do not depend on it
+    differs = np.zeros(chunks)
+    for c in prange(chunks):
+        start, stop = c * _CHUNK, min(size, (c + 1) * _CHUNK)
+        chunk_public, chunk_output, chunk_log_output = public[start:stop], output[start:stop], log_output[start:stop]
+        ratios[0, start:stop] = 0.0
+        for i in range(1, n):
+            _accumulate_mixed(ratios[i, start:stop], ratios[i - 1, start:stop], teachers[i - 1, start:stop],
+                              chunk_public, lambdas[i - 1])
+        suffix = np.zeros(stop - start)
+        for i in range(n - 1, -1, -1):
+            _add_into(ratios[i, start:stop], suffix)
+            _accumulate_mixed(suffix, suffix, teachers[i, start:stop], chunk_public, lambdas[i])
+        for j in range(stop - start):
+            chunk_output[j] = suffix[j] / n
+            chunk_log_output[j] = vlog(chunk_output[j])
+        for i in range(1, n):
+            if not _same_mixture(teachers[i, start:stop], lambdas[i], teachers[0, start:stop], lambdas[0], chunk_public):
+                differs[c] = 1.0
+                break
+    identical = differs.sum() == 0.0
+    extremes = np.zeros((chunks, n, 3))    # per chunk and row: smallest and largest log rho, outside RATIO_RANGE
+    for c in prange(chunks):
+        start, stop = c * _CHUNK, min(size, (c + 1) * _CHUNK)
+        for i in range(n):
+            if identical:
+                ratios[i, start:stop] = 1.0
+                log_ratios[i, start:stop] = 0.0
+            else:
+                low, high, row_outside = _ratio_row(ratios[i, start:stop], log_ratios[i, start:stop], output[start:stop],
+                                                    log_output[start:stop], n - 1.0)
+                extremes[c, i, 0], extremes[c, i, 1], extremes[c, i, 2] = low, high, 1.0 if row_outside else 0.0
     outside = False
     for i in range(n):
-        if identical:
-            ratios[i, :] = 1.0
-            log_ratios[i, :] = 0.0
-            spans[i, 0], spans[i, 1] = 0.0, 0.0
-        else:
-            spans[i, 0], spans[i, 1], row_outside = _ratio_row(ratios[i], log_ratios[i], output, log_output, n - 1.0)
-            outside = outside or row_outside
+        low, high = 0.0, 0.0
+        for c in range(chunks):
+            low, high = min(low, extremes[c, i, 0]), max(high, extremes[c, i, 1])
+            outside = outside or extremes[c, i, 2] > 0.0
+        spans[i, 0], spans[i, 1] = low, high
     return outside
 
 
@@ -433,10 +457,6 @@ def _ratio_row(sums: FloatArray, log_ratios: FloatArray, output: FloatArray, log
         high = vmax(high, log_ratios[j])
         outside += 1.0 if sums[j] > 0.0 and not (low_ratio <= sums[j] <= high_ratio) else 0.0
     return low, high, outside > 0.0
-
-
-_CHUNK = 2048
-"""Tokens per cache-resident chunk: every order's pass over a row reads the chunk from L1/L2."""
 
 
 @jit(**_HELPER_FLAGS)
