@@ -16,7 +16,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from dpledger.accounting.rounding import ROUNDING_ULPS
 from dpledger.mechanisms.kernels import (_SLACK_ULPS, FloatArray, IntArray, _divergences_from_moments, _LeaveOneOut,
-                                         leave_one_out_divergences_torch, mixed_teachers)
+                                         leave_one_out_divergences_torch, mixed_teachers, renyi_divergence_orders,
+                                         sums_without_each)
 from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:
@@ -89,8 +90,6 @@ def leave_one_out_direction_divergences(teachers: torch.Tensor, public: torch.Te
     Raises:
         ValueError: if N < 2 or a divergence is NaN (an input holds NaN).
     """
-    from dpledger.mechanisms.kernels import renyi_divergence_orders, sums_without_each
-
     length, n, vocab = teachers.shape
     if n < 2:
         raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")

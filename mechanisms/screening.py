@@ -16,7 +16,7 @@ from dpledger.accounting.rounding import positive_floor
 from dpledger.mechanisms.accountable import TEACHERS_HELP, AccountableMechanism, mechanism_parameter, register_mechanism
 from dpledger.mechanisms.base import require_relation, set_validated
 from dpledger.mechanisms.distributions import validated_ensemble
-from dpledger.mechanisms.kernels import renyi_divergence_orders
+from dpledger.mechanisms.kernels import _SLACK_ULPS, _set_threads, renyi_divergence_orders
 from dpledger.mechanisms.randomness import StepGenerators, standard_normal
 from dpledger.accounting.lazy_import import lazy_module
 
@@ -196,7 +196,6 @@ class NoisyScreening(AccountableMechanism):
                                                  noise.unsqueeze(1))                    # (L, E, S)
             return (statistic <= self.threshold).double().sum(dim=2)
         from dpledger.mechanisms.fused import screen_pass_counts
-        from dpledger.mechanisms.kernels import _SLACK_ULPS, _set_threads
 
         log_public = torch.log(public_top / public_top.sum(dim=-1, keepdim=True)).double().numpy()
         counts = np.empty(tuple(mean.shape[:2]))
