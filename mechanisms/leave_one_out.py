@@ -197,7 +197,8 @@ def leave_one_out_allowance(teachers: torch.Tensor, public: torch.Tensor, lambda
     s(a) = _SLACK_ULPS ((a + 1) M + log2 V + 2 + |g|), M = max_j |log p_j| + N + 2 + the widest
     row's log-ratio span (each exponent a log rho_j - a log rho_max carries ~(a + 1) ulps of its
     terms, the N-term sums behind rho N ulps, the V-term sum log2 V, the final log |g|; ROUNDING_ULPS
-    is 8 ulps per unit, 4x the 2-ulp error of the vectorised exp and log), and returns g + s(a).
+    is 8 ulps per unit, 4x the 2-ulp error of the vectorised exp and log and 3.2x the 2.5 ulps of the
+    exp pair the fast path takes), and returns g + s(a).
     So every returned value lies in [exact, exact + 2 s(a)], whatever the order of its sums (vector
     width, thread count, cached or fresh code), and two returned values of one step differ by at most
     2 s(a) / (a - 1) in D; a charge below the exact Eq. 3 by more than that cannot come from the kernels.
