@@ -108,16 +108,17 @@ def _ensemble(public: torch.Tensor, teachers: torch.Tensor, generator: Randomnes
 
 
 def _pmixed_step(pmixed: PMixED, public: torch.Tensor, teachers: torch.Tensor, orders: npt.NDArray[np.float64],
-                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 mask: torch.Tensor | None = None, fitted_steps: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """PMixED's step (dpledger.mechanisms.step.pmixed_step): its mixing weights and output. Nothing
     it does not charge: the audit's theorem_3_1 check computes Eq. 3 itself from the replay payload."""
-    result = pmixed_step(pmixed, teachers, public, orders, mask)
+    result = pmixed_step(pmixed, teachers, public, orders, mask, fitted_steps)
     return result.lambdas, result.output
 
 
 def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float | None = None,
                   subsampling_variant: str | None = None, ball: str = Ball.PROJECTION_ORDER.value,
-                  relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE) -> Runner:
+                  relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
+                  fitted_steps: bool = True) -> Runner:
     """PMixED (Flemings et al. 2024, Algorithm 2): charges Theorem 3.1 (as claimed for the paper's
     ball, proven for ball="proof-orders" and "all-orders"), or a named subsampling variant. Theorem 3.1 is
     data-independent, so it covers adding and removing a teacher alike (any claimed relation).
@@ -131,6 +132,8 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
             value); None: the proven default for the ball. Needs `sample_rate`.
         ball: the projection's ball (dpledger.mechanisms.ball.Ball's value).
         relation: the run's claimed neighbouring relation (replace-one is not covered).
+        fitted_steps: the mixing-weight solver's fitted steps; not a config key: it follows the code
+            that wrote a trace (records_version 6 and later; build_runner).
 
     Returns:
         The runner: kind "pmixed", its recorded parameters, one data-independent component, its
@@ -152,7 +155,7 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
 
         def process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
                     orders: npt.NDArray[np.float64]) -> BlockOutcome:
-            lambdas, output = _pmixed_step(pmixed, public, teacher_probs, orders)
+            lambdas, output = _pmixed_step(pmixed, public, teacher_probs, orders, fitted_steps=fitted_steps)
             bound = np.broadcast_to(pmixed.rdp_values(orders), (public.shape[0], orders.size)).copy()
             return BlockOutcome(output=output, charged={name: bound}, lambdas=lambdas.numpy(), data_independent=bound)
 
@@ -170,7 +173,7 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
     def subsampled_process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
                            orders: npt.NDArray[np.float64]) -> BlockOutcome:
         mask = uniform(teacher_probs.shape[:-1], generator) < sample_rate
-        lambdas, output = _pmixed_step(pmixed, public, teacher_probs, orders, mask)
+        lambdas, output = _pmixed_step(pmixed, public, teacher_probs, orders, mask, fitted_steps)
         sizes = mask.sum(dim=-1).numpy()
         unique, index = np.unique(sizes, return_inverse=True)  # curves depend on the subsample size only
         charged = np.stack([SubsampledPMixED(pmixed, sample_rate, variant,
@@ -194,7 +197,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
                      top_k: int, screening: bool = True, data_dependent: bool = True,
                      accounting: str = "released-output", ball: str = Ball.PROJECTION_ORDER.value,
                      relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
-                     add_one_dual: bool = False, add_one_subgrid: bool = True) -> Runner:
+                     add_one_dual: bool = False, add_one_subgrid: bool = True, fitted_steps: bool = True) -> Runner:
     """AdaPMixED (Flemings et al. 2024, Algorithm 1) and its Table 2a ablations.
 
     screening=True, data_dependent=True: AdaPMixED (screen, then PMixED charged data-dependently);
@@ -248,6 +251,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
         add_one_dual: tighten the add-one bound by the certified Lagrangian dual.
         add_one_subgrid: the add-one bound on its certified sub-grid of orders; not a config key: it
             follows the code that wrote a trace (records_version 4 and later; build_runner).
+        fitted_steps: the mixing-weight solver's fitted steps; not a config key either (records_version
+            6 and later).
 
     Returns:
         The runner: kind "adapmixed", its recorded parameters, its components ("screen" when
@@ -282,7 +287,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     def process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
                 orders: npt.NDArray[np.float64]) -> BlockOutcome:
         result = adapmixed_step(mechanism, teacher_probs, public, generator if screening else None, orders, relation,
-                                accounting, screening, data_dependent, add_one_dual, add_one_subgrid)
+                                accounting, screening, data_dependent, add_one_dual, add_one_subgrid, fitted_steps)
         # what was charged: the loss covering the relation, Eq. 3 its remove-one part; a run charged by
         # Theorem 3.1 records neither (the audit's theorem_3_1 check computes Eq. 3 from the payload)
         observed = result.data_dependent if data_dependent else None
@@ -455,7 +460,7 @@ def runner_parameters(kind: str) -> set[str]:
     return set(inspect.signature(_PARAMETERISED[kind]).parameters) - {"teachers", "relation"} - _CODE_VERSION_OPTIONS
 
 
-_CODE_VERSION_OPTIONS = frozenset({"add_one_subgrid"})
+_CODE_VERSION_OPTIONS = frozenset({"add_one_subgrid", "fitted_steps"})
 """Runner arguments that follow the version of the code that wrote a trace, never a config key: build_runner
 sets them from the trace's records_version."""
 
@@ -517,7 +522,8 @@ def build_runner(mechanism: dict, teachers: int,
         teachers: the number of teacher models the run loads.
         relation: the run's claimed neighbouring relation.
         records_version: the version of the code whose arithmetic to follow (a trace's manifest
-            records it; 1 when absent): before 4 the add-one bound was charged at every order.
+            records it; 1 when absent): before 4 the add-one bound was charged at every order, before
+            6 the mixing weights were solved by Newton points only.
 
     Returns:
         The runner (pmixed_runner, adapmixed_runner, voting_runner, or the public or ensemble baseline).
@@ -561,6 +567,8 @@ def build_runner(mechanism: dict, teachers: int,
         aggregator_class(params["aggregator"])   # an unknown name: the registry's one line
     if kind == "adapmixed":
         params = {**params, "add_one_subgrid": records_version >= 4}
+    if kind in ("pmixed", "adapmixed"):
+        params = {**params, "fitted_steps": records_version >= 6}
     try:
         return _PARAMETERISED[kind](teachers=teachers, relation=relation, **params)
     except TypeError as error:

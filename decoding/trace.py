@@ -50,7 +50,7 @@ from dpledger.accounting.strict_json import MAX_BYTES as MAX_JSON_BYTES
 from dpledger.accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
-RECORDS_VERSION = 5
+RECORDS_VERSION = 6
 """Version 2 records hold Eq. 3 (`eq3_remove_one`) and the add-one bound (`add_one_bound`) apart
 from the loss covering the run's relation (`observed_data_dependent`); a trace without the key is
 version 1 (that loss only). Version 3 records hold these three losses only where a component charges
@@ -60,7 +60,10 @@ bound on its certified sub-grid of orders where V >= 8192 (dpledger.mechanisms.a
 ones at every order, which the replay follows (dpledger.decoding.runners.build_runner). Version 5
 voting runs may keep the bounded payload (the manifest's `replay_payload_format`,
 dpledger.decoding.vote_payload) instead of the logits; a manifest without that key (every earlier
-trace) kept the logits. The manifest records the version; dpledger.decoding.blocks writes the records."""
+trace) kept the logits. Version 6 solves PMixED's and AdaPMixED's mixing weights with fitted steps
+(dpledger.mechanisms.fused.solve_mixing_weights): the same ball and tolerance, lambdas within ~1e-10
+of version 5's, which the replay of an earlier trace reproduces by solving as it did (build_runner).
+The manifest records the version; dpledger.decoding.blocks writes the records."""
 MANIFEST = "manifest.json"
 LEDGER = "ledger.json"
 FINAL = "final.json"

@@ -372,21 +372,24 @@ class PMixED(AccountableMechanism):
         teachers_np, public_np = validated_ensemble(teachers, public, self.teachers)
         return self.mixing_weights_tensor(torch.from_numpy(teachers_np), torch.from_numpy(public_np)).numpy()
 
-    def mixing_weights_tensor(self, teachers: torch.Tensor, public: torch.Tensor) -> torch.Tensor:
+    def mixing_weights_tensor(self, teachers: torch.Tensor, public: torch.Tensor,
+                              fitted_steps: bool = True) -> torch.Tensor:
         """mixing_weights on float64 tensors, unvalidated (the decode loop's inner call).
 
         Args:
             teachers: (..., N, V) float64 distributions.
             public: (..., V) float64 distributions.
+            fitted_steps: the solver's fitted steps (dpledger.mechanisms.kernels.ball_mixing_weights;
+                False: as traces of records_version < 6 were solved).
 
         Returns:
             (..., N) float64 mixing weights.
         """
         if self.ball is Ball.PROJECTION_ORDER:
-            return mixing_weights(teachers, public, self.alpha, self.radius)
+            return mixing_weights(teachers, public, self.alpha, self.radius, fitted_steps=fitted_steps)
         if self.beta == 0.0:  # radius 0: only the public model itself is in the ball
             return torch.zeros(teachers.shape[:-1], dtype=torch.float64)
-        return ball_mixing_weights(teachers, public, *self.ball_constraints)
+        return ball_mixing_weights(teachers, public, *self.ball_constraints, fitted_steps=fitted_steps)
 
     def step(self, teachers: npt.ArrayLike | torch.Tensor, public: npt.ArrayLike | torch.Tensor,
              generator: torch.Generator | StepGenerators | None = None,

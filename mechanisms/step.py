@@ -208,7 +208,7 @@ def data_dependent_step_curve(
 
 def pmixed_step(pmixed: PMixED, teachers: torch.Tensor | npt.ArrayLike, public: torch.Tensor | npt.ArrayLike,
                 orders: Sequence[float] | NDArray[np.float64] | None = None,
-                mask: torch.Tensor | None = None) -> StepResult:
+                mask: torch.Tensor | None = None, fitted_steps: bool = True) -> StepResult:
     """PMixED (Flemings et al. 2024, Algorithm 2) for a batch of steps: lambdas, the mixed output,
     and Theorem 3.1's per-step curve (as claimed for the paper's ball, proven for proof-orders and all-orders).
 
@@ -218,6 +218,7 @@ def pmixed_step(pmixed: PMixED, teachers: torch.Tensor | npt.ArrayLike, public: 
         public: (..., V) distributions.
         orders: Renyi orders of the curve; None for DEFAULT_ORDERS.
         mask: (..., N) bool, a Poisson subsample of the teachers; None for all.
+        fitted_steps: the mixing-weight solver's fitted steps (PMixED.mixing_weights_tensor).
 
     Returns:
         The StepResult, charged "pmixed_theorem_3_1" at every step.
@@ -227,7 +228,7 @@ def pmixed_step(pmixed: PMixED, teachers: torch.Tensor | npt.ArrayLike, public: 
     """
     ensemble, reference = as_ensemble(teachers, public, pmixed.teachers)
     grid = step_orders(orders)
-    lambdas = pmixed.mixing_weights_tensor(ensemble, reference)
+    lambdas = pmixed.mixing_weights_tensor(ensemble, reference, fitted_steps)
     _, output = mixed_output(ensemble, reference, lambdas, mask)
     curve = np.broadcast_to(pmixed.rdp_values(grid), tuple(output.shape[:-1]) + (grid.size,)).copy()
     return StepResult(output=output, lambdas=lambdas, orders=grid, charged={"pmixed_theorem_3_1": curve},
@@ -239,7 +240,8 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
                    orders: Sequence[float] | NDArray[np.float64] | None = None,
                    relation: NeighbouringRelation | str | None = None,
                    accounting: PathAccounting | str = "released-output", screening: bool = True,
-                   data_dependent: bool = True, add_one_dual: bool = False, add_one_subgrid: bool = True) -> StepResult:
+                   data_dependent: bool = True, add_one_dual: bool = False, add_one_subgrid: bool = True,
+                   fitted_steps: bool = True) -> StepResult:
     """AdaPMixED (Flemings et al. 2024, Algorithm 1) for a batch of steps: the noisy screen
     (Theorem 4.1), PMixED's projection, and the charged curve by component: "screen" and
     "pmixed_data_dependent" (the loss covering `relation`, the mechanism's own by default) or,
@@ -261,6 +263,7 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
         data_dependent: charge the data-dependent loss (else Theorem 3.1).
         add_one_dual: the add-one bound also takes the certified dual.
         add_one_subgrid: the add-one bound on the certified sub-grid (data_dependent_step_curve).
+        fitted_steps: the mixing-weight solver's fitted steps (PMixED.mixing_weights_tensor).
 
     Returns:
         The StepResult, charged by component.
@@ -287,7 +290,7 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
         passed = statistic <= screen.threshold
     else:
         statistic, passed = None, torch.ones(batch, dtype=torch.bool)
-    lambdas = pmixed.mixing_weights_tensor(ensemble, reference)
+    lambdas = pmixed.mixing_weights_tensor(ensemble, reference, fitted_steps)
     covering: NDArray[np.float64] | None
     exact: NDArray[np.bool_] | None
     removed: NDArray[np.float64] | None

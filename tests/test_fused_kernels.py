@@ -452,3 +452,35 @@ def test_validation_is_the_same_on_both_sides_of_the_fused_kernel(vocab):
             as_float64_array("teachers", broken)
     with pytest.raises(ValueError, match="must sum to 1 along the last axis within 0.0001, off by 0.01"):
         as_float64_array("teachers", rows / rows.sum(axis=-1, keepdims=True) * 1.01)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10**6), st.integers(2, 10), st.integers(3, 3000), st.sampled_from([2.0, 6.0, 18.0, 3.5]),
+       st.floats(0.001, 0.5), st.floats(0.2, 3.0))
+def test_fitted_steps_find_the_same_boundary_inside_the_ball(seed, teachers, vocab, alpha, beta, spread):
+    ensemble, public = _ensemble(seed, teachers, vocab, spread)
+    radius = alpha * beta
+    fitted = mixing_weights(ensemble, public, alpha, radius, fitted_steps=True).numpy()
+    newton = mixing_weights(ensemble, public, alpha, radius, fitted_steps=False).numpy()
+    # both stop within 1e-10 of the radius from inside: the lambdas agree far below the replay's 1e-9
+    np.testing.assert_allclose(fitted, newton, rtol=0, atol=1e-9)
+    mixed = fitted[:, None] * ensemble.numpy() + (1 - fitted[:, None]) * public.numpy()
+    assert np.all(renyi_divergence(mixed, public.numpy(), alpha, symmetric=True) <= radius)
+
+
+@pytest.mark.parametrize("kind", ["pmixed", "adapmixed"])
+def test_a_trace_replays_with_the_solver_of_the_code_that_wrote_it(kind):
+    from dpledger.decoding.runners import build_runner
+    from dpledger.mechanisms.randomness import StepGenerators
+
+    ensemble, public = _ensemble(4, 6, 3000, 1.0)
+    table = dict(type=kind, alpha=18.0, beta=0.2)
+    if kind == "adapmixed":
+        table.update(lam=1e-4, sigma=1e-2, threshold=4.5, top_k=8, screening=False)
+    replayed = {}
+    for version, fitted in ((5, False), (6, True)):
+        runner = build_runner(dict(table), 6, "add_or_remove_one", records_version=version)
+        assert "fitted_steps" not in runner.params        # never a config key: the manifest check is unchanged
+        replayed[version] = runner.process(public[None], ensemble[None], StepGenerators.for_steps(1, 0, 1), GRID).lambdas[0]
+        assert np.array_equal(replayed[version], mixing_weights(ensemble, public, 18.0, 3.6, fitted_steps=fitted).numpy())
+    assert not np.array_equal(replayed[5], replayed[6])     # the two solvers' last bits differ on this ensemble

@@ -78,7 +78,7 @@ def _exact_eq3(mixed: torch.Tensor, orders: torch.Tensor) -> np.ndarray:
 @pytest.mark.parametrize("name", list(KINDS))
 def test_each_per_step_field_holds_what_it_is_named_for(runs, name):
     trace = load_trace(runs[name])
-    assert trace.manifest["records_version"] >= 4  # 5 changed voting payloads only
+    assert trace.manifest["records_version"] >= 4  # 5 changed voting payloads, 6 the solver only
     relation = NeighbouringRelation(trace.manifest["relation"])
     params = trace.params
     orders = torch.as_tensor(trace.orders, dtype=torch.float64)

@@ -101,7 +101,7 @@ def test_a_run_charged_by_theorem_3_1_passes_with_eq3_recomputed_at_the_claimed_
 @pytest.mark.parametrize("name", list(CHARGED_BY_THEOREM_3_1))
 def test_the_trace_holds_no_loss_it_does_not_charge(runs, name):
     manifest = trace_files.read_manifest(runs[name])
-    assert manifest["records_version"] == trace_files.RECORDS_VERSION >= 4  # 5: voting payloads only
+    assert manifest["records_version"] == trace_files.RECORDS_VERSION >= 4  # 5: voting payloads, 6: the solver only
     for chunk in sorted((runs[name] / trace_files.STEPS_DIR).glob("chunk-*.parquet")):
         assert not LOSS_FIELDS & set(pq.read_schema(chunk).names), chunk
     ledger = trace_files.read_ledger(runs[name])

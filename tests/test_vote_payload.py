@@ -82,7 +82,7 @@ def test_a_voting_run_keeps_the_bounded_payload_of_the_stated_size_and_audits(mi
     manifest = trace.read_manifest(result.directory)
     entry = manifest["replay_payload_format"]
     assert entry["format"] == "vote-top-k" and entry["top_k"] == 4 and "12 N L k" in entry["bytes_per_block"]
-    assert manifest["records_version"] == 5
+    assert manifest["records_version"] == trace.RECORDS_VERSION >= 5   # 5: the bounded payload
     vocab, teachers = manifest["vocab_size"], manifest["n_teachers"]
     files = sorted((result.directory / "replay").iterdir())
     assert [f.name for f in files] == ["block-000000.npz", "block-000001.npz"]
