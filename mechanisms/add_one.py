@@ -950,28 +950,41 @@ def _knapsack_allocation(log_qmax: np.ndarray, log_t: np.ndarray) -> tuple[np.nd
         return np.log(allocation), np.take_along_axis(log_t, order, axis=-1)
 
 
-def _add_one_order_sums(log_allocation: np.ndarray, log_t: np.ndarray, orders: np.ndarray,
-                        teachers: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(log sum_j a_j t_j^(k-1), log of the chord bound's sum, and their derivatives in k) per row of
-    (..., V) and order k, by the fused kernel (dpledger.mechanisms.fused.add_one_order_sums) over the
-    allocated tokens only: (..., K) each.
-    A token with t_j = +inf (p_j = 0 < qmax_j) that receives mass makes both +inf."""
-    batch = log_t.shape[:-1]
-    flat_allocation = log_allocation.reshape(-1, log_t.shape[-1])
-    flat_t = log_t.reshape(-1, log_t.shape[-1])
-    u2, chord, u2_slope, chord_slope = (np.empty((flat_t.shape[0], orders.size)) for _ in range(4))
-    _set_threads()
-    for row in range(flat_t.shape[0]):
-        allocated = np.isfinite(flat_allocation[row])
-        if np.isposinf(flat_t[row][allocated]).any():
-            u2[row], chord[row], u2_slope[row], chord_slope[row] = np.inf, np.inf, 0.0, 0.0
-            continue
-        la, lt = flat_allocation[row][allocated], flat_t[row][allocated]
-        shift = np.logaddexp(np.log(teachers), lt) - np.log(teachers + 1.0)
-        add_one_order_sums(np.ascontiguousarray(la), np.ascontiguousarray(lt), np.ascontiguousarray(shift),
-                           orders, float(teachers), u2[row], chord[row], u2_slope[row], chord_slope[row])
-    shape = (*batch, orders.size)
-    return u2.reshape(shape), chord.reshape(shape), u2_slope.reshape(shape), chord_slope.reshape(shape)
+class _AllocatedTokens:
+    """Per row of (..., V): the tokens the fractional knapsack allocates mass to (log a_j, log t_j and
+    shift_j = log((N + t_j) / (N + 1)), compacted), found once per step for every order the sub-grid
+    asks for; a row where a token with t_j = +inf (p_j = 0 < qmax_j) receives mass is marked infinite."""
+
+    def __init__(self, log_allocation: np.ndarray, log_t: np.ndarray, teachers: float) -> None:
+        self.batch = log_t.shape[:-1]
+        self.teachers = teachers
+        flat_allocation = log_allocation.reshape(-1, log_t.shape[-1])
+        flat_t = log_t.reshape(-1, log_t.shape[-1])
+        self.rows: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = []
+        for row in range(flat_t.shape[0]):
+            allocated = np.isfinite(flat_allocation[row])
+            if np.isposinf(flat_t[row][allocated]).any():
+                self.rows.append(None)
+                continue
+            la, lt = np.ascontiguousarray(flat_allocation[row][allocated]), np.ascontiguousarray(flat_t[row][allocated])
+            shift = np.ascontiguousarray(np.logaddexp(np.log(teachers), lt) - np.log(teachers + 1.0))
+            self.rows.append((la, lt, shift))
+
+    def order_sums(self, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(log sum_j a_j t_j^(k-1), log of the chord bound's sum, and their derivatives in k) per row
+        and order k, by the fused kernel (dpledger.mechanisms.fused.add_one_order_sums) over the
+        allocated tokens only: (..., K) each; +inf (slopes 0) in an infinite row."""
+        orders = np.ascontiguousarray(orders, dtype=np.float64)
+        u2, chord, u2_slope, chord_slope = (np.empty((len(self.rows), orders.size)) for _ in range(4))
+        _set_threads()
+        for row, tokens in enumerate(self.rows):
+            if tokens is None:
+                u2[row], chord[row], u2_slope[row], chord_slope[row] = np.inf, np.inf, 0.0, 0.0
+                continue
+            add_one_order_sums(*tokens, orders, float(self.teachers), u2[row], chord[row], u2_slope[row],
+                               chord_slope[row])
+        shape = (*self.batch, orders.size)
+        return u2.reshape(shape), chord.reshape(shape), u2_slope.reshape(shape), chord_slope.reshape(shape)
 
 
 ADD_ONE_RELATIVE_TOLERANCE = 0.005
@@ -1130,6 +1143,7 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     # One allocation serves U2 and the chord bound at every order: both fill tokens by decreasing
     # t_j = qmax_j / p_j (the chord's slope (phi_k(t) - phi_k(0)) / t grows with t, phi_k being convex).
     log_allocation, log_t = _knapsack_allocation(log_qmax, ratio_q_p)
+    allocated_tokens = _AllocatedTokens(log_allocation, log_t, n)
     magnitude = np.abs(np.where(np.isfinite(log_t), log_t, 0.0)).max(axis=-1)[..., None]
     w_magnitude = (np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1)
                    + np.abs(np.where(np.isfinite(log_qmin), log_qmin, 0.0)).max(axis=-1) + 2.0)[..., None]
@@ -1151,7 +1165,7 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     def forward_sums(index: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
         """(k-1) U2_k and the chord sum at orders_np[index] (computed, within their allowances of the
         exact values), with their derivatives in k."""
-        u2_moment, chord_total, u2_slope, chord_slope = _add_one_order_sums(log_allocation, log_t, orders_np[index], n)
+        u2_moment, chord_total, u2_slope, chord_slope = allocated_tokens.order_sums(orders_np[index])
         return [u2_moment, chord_total], [u2_slope, chord_slope]
 
     def forward_allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
