@@ -93,3 +93,18 @@ def test_the_fused_screen_counts_are_the_broadcast_statistics_counted(quantile):
     expected = (statistic <= threshold).double().sum(dim=2)
     assert torch.equal(counts, expected)
     assert 0 < float(counts.sum()) < steps * ensembles_per_step * samples
+
+
+def test_leave_one_out_scratch_rows_are_reused_only_once_their_holder_is_gone():
+    from dpledger.mechanisms.kernels import _LeaveOneOut
+
+    rng = np.random.default_rng(7)
+    probs, public, lambdas = (x.numpy() for x in ensembles(rng, 1, 4, 50, "plain"))
+    first = _LeaveOneOut(probs[0], public[0], lambdas[0])
+    kept = first.ratios.copy()
+    second = _LeaveOneOut(probs[0][::-1].copy(), public[0], lambdas[0])   # while `first` lives: its own rows
+    assert second.ratios is not first.ratios and np.array_equal(first.ratios, kept)
+    rows = second.ratios
+    del first, second
+    third = _LeaveOneOut(probs[0], public[0], lambdas[0])                 # the last holder is gone: its rows
+    assert third.ratios is rows and np.array_equal(third.ratios, kept)
