@@ -652,6 +652,135 @@ def leave_one_out_log_moments(output: FloatArray, log_output: FloatArray, ratios
                 directions[r, k, 1] = max(reverse + common + slack_ulps * abs(reverse), 0.0)
 
 
+_POWER_CHUNK = 512
+"""Tokens per chunk of _power_sums: its rows of powers stay in L1/L2 across the orders."""
+
+_POWER_LEVELS = 13
+"""y^(2^b) for b < 13: steps between consecutive quarter multiples up to 8191 (orders 2,048 apart)."""
+
+
+@jit(**_HELPER_FLAGS)
+def _power_sums(quarters: IntArray, high: float, output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
+                ups: FloatArray, downs: FloatArray, power: FloatArray, inverse: FloatArray, sums: FloatArray) -> None:
+    """One chunk's forward and reverse sums at the orders a_k = quarters_k / 4 (increasing) from one exp
+    pair per token: y = (rho / rho_max)^(1/4) and 1 / y, their squarings y^(2^b), and then y^(4 a) and
+    y^(-4 a) by products, each order's from the previous one's times y^(quarters_k - quarters_(k-1)),
+    one multiply per set bit of the step. sums[k] = (forward sum p rho y^(-4a), reverse sum p y^(4a)).
+    ups and downs hold _POWER_LEVELS rows of the chunk's width back to back; power and inverse one each."""
+    size = output.size
+    levels = 1
+    previous = 0
+    for k in range(quarters.size):
+        difference = quarters[k] - previous
+        previous = quarters[k]
+        while (1 << levels) <= difference:
+            levels += 1
+    for j in range(size):
+        y, z = vexp_pair(0.25 * (log_ratios[j] - high))
+        ups[j], downs[j], power[j], inverse[j] = y, z, 1.0, 1.0
+    for b in range(1, levels):
+        below_up, below_down = ups[(b - 1) * size:b * size], downs[(b - 1) * size:b * size]
+        level_up, level_down = ups[b * size:(b + 1) * size], downs[b * size:(b + 1) * size]
+        for j in range(size):
+            level_up[j] = below_up[j] * below_up[j]
+            level_down[j] = below_down[j] * below_down[j]
+    previous = 0
+    for k in range(quarters.size):
+        difference = quarters[k] - previous
+        previous = quarters[k]
+        last = 0
+        for b in range(levels):
+            if difference >> b & 1:
+                last = b
+        for b in range(last):          # every set bit but the highest: a multiply pass
+            if difference >> b & 1:
+                level_up, level_down = ups[b * size:(b + 1) * size], downs[b * size:(b + 1) * size]
+                for j in range(size):
+                    power[j] *= level_up[j]
+                    inverse[j] *= level_down[j]
+        level_up, level_down = ups[last * size:(last + 1) * size], downs[last * size:(last + 1) * size]
+        forward, reverse = 0.0, 0.0
+        for j in range(size):          # the highest bit's multiply and the sums in one pass
+            power[j] *= level_up[j]
+            inverse[j] *= level_down[j]
+            reverse += output[j] * power[j]
+            forward += output[j] * ratios[j] * inverse[j]
+        sums[k, 0] += forward
+        sums[k, 1] += reverse
+
+
+@jit(**_PARALLEL_FLAGS)
+def leave_one_out_direction_power_moments(output: FloatArray, log_output: FloatArray, ratios: FloatArray,
+                                          log_ratios: FloatArray, spans: FloatArray, rows: IntArray, orders: FloatArray,
+                                          shifted_only: bool, slack_ulps: float, directions: FloatArray) -> None:
+    """leave_one_out_log_moments' `directions` alone, for increasing orders that are multiples of 1/4
+    (the audit's): where a row's order is in the fast range, its two sums come from one exp pair per
+    token for all such orders together (_power_sums: y^(4a) by products), elsewhere from the two-pass
+    log-sum-exp as there. Rounded up by the same allowance: a product of m factors each within u of
+    its value adds m u to the pair's error (4.5 m u in all, m = 4 a; 18 a ulps), which the allowance's
+    8 (a + 1) (N + 2) ulps covers beside what it covered before (the exp path's (a + 1) ulps per unit
+    of magnitude and N ulps of the sums behind rho), since N >= 2.
+
+    Args:
+        output, log_output, ratios, log_ratios, spans, rows: as leave_one_out_log_moments.
+        orders: Renyi orders a > 1, increasing, each a multiple of 1/4, shape (K,).
+        shifted_only: take the log-sum-exp path at every order.
+        slack_ulps: the rounding-up allowance, in ulps per unit of magnitude (kernels._SLACK_ULPS).
+        directions: output, shape (R, K, 2): forward (a - 1) D_a(p || p_-i) and reverse
+            (a - 1) D_a(p_-i || p), rounded up; both +inf where q_j = 0 < p_j.
+    """
+    n, size = log_ratios.shape
+    count = orders.size
+    magnitude = _largest_magnitude(log_output) + n + 2.0
+    quarters_all = np.empty(count, dtype=np.int64)
+    for k in range(count):
+        quarters_all[k] = int(round(4.0 * orders[k]))
+    for r in prange(rows.size):
+        i = rows[r]
+        low, high = spans[i, 0], spans[i, 1]
+        if low == 0.0 and high == 0.0:            # q = p
+            for k in range(count):
+                directions[r, k, 0], directions[r, k, 1] = 0.0, 0.0
+            continue
+        if low == -np.inf:                        # q_j = 0 < p_j
+            for k in range(count):
+                directions[r, k, 0], directions[r, k, 1] = np.inf, np.inf
+            continue
+        fast_count = 0                             # the fast orders are the smallest ones: a prefix
+        for k in range(count):
+            if not shifted_only and orders[k] * (high - low) + abs(high) + math.log(size) < _FAST_RANGE:
+                fast_count = k + 1
+        tops = np.zeros((count, 2))
+        for k in range(fast_count, count):
+            tops[k, 0], tops[k, 1] = _largest_exponents(orders[k], log_output, log_ratios[i])
+        fast_sums = np.zeros((count, 2))
+        slow_sums = np.zeros((count, 4))
+        ups, downs = np.empty(_POWER_LEVELS * _POWER_CHUNK), np.empty(_POWER_LEVELS * _POWER_CHUNK)
+        power, inverse = np.empty(_POWER_CHUNK), np.empty(_POWER_CHUNK)
+        for start in range(0, size, _POWER_CHUNK):
+            stop = min(size, start + _POWER_CHUNK)
+            chunk_output, chunk_log_output = output[start:stop], log_output[start:stop]
+            chunk_ratios, chunk_log_ratios = ratios[i, start:stop], log_ratios[i, start:stop]
+            if fast_count > 0:
+                width = stop - start
+                _power_sums(quarters_all[:fast_count], high, chunk_output, chunk_ratios, chunk_log_ratios,
+                            ups[:_POWER_LEVELS * width], downs[:_POWER_LEVELS * width], power[:width], inverse[:width],
+                            fast_sums)
+            for k in range(fast_count, count):
+                _shifted_moments(orders[k], tops[k, 0], tops[k, 1], chunk_log_output, chunk_log_ratios, slow_sums[k])
+        for k in range(count):
+            a = orders[k]
+            if k < fast_count:
+                forward = math.log(fast_sums[k, 0]) - a * high
+                reverse = math.log(fast_sums[k, 1]) + a * high
+            else:
+                forward = math.log(slow_sums[k, 0]) + tops[k, 0]
+                reverse = math.log(slow_sums[k, 2]) + tops[k, 1]
+            common = slack_ulps * ((a + 1.0) * (magnitude + high - low) + math.log2(size) + 2.0)
+            directions[r, k, 0] = max(forward + common + slack_ulps * abs(forward), 0.0)
+            directions[r, k, 1] = max(reverse + common + slack_ulps * abs(reverse), 0.0)
+
+
 @jit(**_PARALLEL_FLAGS)
 def renyi_log_moments(log_p: FloatArray, log_q: FloatArray, p_rows: IntArray, q_rows: IntArray, orders: FloatArray,
                       slack_ulps: float, out: FloatArray) -> None:

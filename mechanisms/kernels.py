@@ -522,18 +522,26 @@ class _LeaveOneOut:
     def direction_moments(self, rows: IntArray, orders: FloatArray) -> FloatArray:
         """(2, R, K): g = (a - 1) D_a(p || p_-i) (forward) and (a - 1) D_a(p_-i || p) (reverse) for
         teachers `rows` at every order, each rounded up as `moments` rounds the larger; both +inf for
-        a row where p_-i vanishes on a token p keeps (`spans` says which: its smallest log ratio is -inf)."""
-        from dpledger.mechanisms.fused import leave_one_out_log_moments
+        a row where p_-i vanishes on a token p keeps (`spans` says which: its smallest log ratio is -inf).
+        Increasing orders that are all multiples of 1/4 (the audit's) take one exp pair per token for
+        all of them (dpledger.mechanisms.fused.leave_one_out_direction_power_moments)."""
+        from dpledger.mechanisms.fused import leave_one_out_direction_power_moments, leave_one_out_log_moments
 
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         orders = np.ascontiguousarray(orders, dtype=np.float64)
-        values = np.empty((rows.size, orders.size))
-        slopes = np.empty((rows.size, orders.size))
         directions = np.empty((rows.size, orders.size, 2))
         _set_threads()
-        leave_one_out_log_moments(self.output, self.log_output, self.ratios, self.log_ratios, self.spans, rows, orders,
-                                  np.ones((rows.size, orders.size), dtype=bool), self.shifted_only, _SLACK_ULPS,
-                                  values, slopes, directions)
+        quarters = 4.0 * orders
+        if orders.size and np.all(np.diff(orders) > 0) and np.array_equal(quarters, np.round(quarters)) \
+                and np.diff(quarters, prepend=0.0).max() < 2 ** 13:   # fused._POWER_LEVELS
+            leave_one_out_direction_power_moments(self.output, self.log_output, self.ratios, self.log_ratios,
+                                                  self.spans, rows, orders, self.shifted_only, _SLACK_ULPS, directions)
+        else:
+            values = np.empty((rows.size, orders.size))
+            slopes = np.empty((rows.size, orders.size))
+            leave_one_out_log_moments(self.output, self.log_output, self.ratios, self.log_ratios, self.spans, rows,
+                                      orders, np.ones((rows.size, orders.size), dtype=bool), self.shifted_only,
+                                      _SLACK_ULPS, values, slopes, directions)
         return np.moveaxis(directions, -1, 0)
 
 

@@ -13,6 +13,8 @@ from dpledger.mechanisms.screening import NoisyScreening
 from tests.conftest import examples, lm_like
 
 ORDERS = torch.tensor([1.01, 1.25, 2.0, 3.5, 18.0, 64.0, 512.0], dtype=torch.float64)
+QUARTERS = torch.tensor([1.25, 1.5, 2.0, 2.75, 3.0, 6.0, 18.0, 64.0, 200.0, 2048.0], dtype=torch.float64)
+"""Multiples of 1/4, as the audit's orders are: one exp pair per token for all of them, powers by products."""
 
 
 def straightforward_removals(teachers, public, lambdas, rows, orders):
@@ -43,21 +45,22 @@ def ensembles(rng, steps, teachers, vocab, kind):
 
 
 @examples(30, 300)
-@given(st.integers(0, 2**31 - 1), st.integers(2, 9), st.integers(2, 400), st.sampled_from(["plain", "holes", "tiny"]))
+@given(st.integers(0, 2**31 - 1), st.integers(2, 9), st.integers(2, 3000), st.sampled_from(["plain", "holes", "tiny"]),
+       st.sampled_from([ORDERS, QUARTERS]))
 def test_each_removal_in_both_directions_is_the_torch_value_rounded_up_within_its_allowance(seed, teachers, vocab,
-                                                                                             kind):
+                                                                                             kind, orders):
     rng = np.random.default_rng(seed)
     probs, public, lambdas = ensembles(rng, 2, teachers, vocab, kind)
     rows = sorted(rng.choice(teachers, size=max(1, teachers // 2), replace=False).tolist())
-    output, fused = leave_one_out_direction_divergences(probs, public, lambdas, rows, ORDERS)
-    reference = straightforward_removals(probs, public, lambdas, rows, ORDERS)
+    output, fused = leave_one_out_direction_divergences(probs, public, lambdas, rows, orders)
+    reference = straightforward_removals(probs, public, lambdas, rows, orders)
     np.testing.assert_allclose(output.numpy(), mixed_teachers(probs, public, lambdas).mean(dim=-2).numpy(),
                                rtol=1e-12, atol=0.0)
     both_infinite = torch.isinf(fused) & torch.isinf(reference)
     assert torch.equal(torch.isinf(fused), torch.isinf(reference))
     finite = ~both_infinite
     # both round up g = (a - 1) D by a few ulps per unit of magnitude: D within 1e-9 relative plus 1e-12 / (a - 1)
-    allowed = 1e-9 * reference.abs() + 1e-12 / (ORDERS - 1.0)
+    allowed = 1e-9 * reference.abs() + 1e-12 / (orders - 1.0)
     assert torch.all((fused - reference).abs()[finite] <= allowed[finite])
 
 
@@ -108,3 +111,25 @@ def test_leave_one_out_scratch_rows_are_reused_only_once_their_holder_is_gone():
     del first, second
     third = _LeaveOneOut(probs[0], public[0], lambdas[0])                 # the last holder is gone: its rows
     assert third.ratios is rows and np.array_equal(third.ratios, kept)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_power_path_never_falls_below_the_exact_divergence_in_mpmath(seed):
+    import mpmath
+
+    mpmath.mp.dps = 60
+    rng = np.random.default_rng(seed)
+    probs, public, lambdas = ensembles(rng, 1, 4, 40, "plain")
+    _, fused = leave_one_out_direction_divergences(probs, public, lambdas, [0, 3], QUARTERS)
+    mixed = [[mpmath.mpf(float(x)) for x in row] for row in mixed_teachers(probs, public, lambdas)[0].numpy()]
+    n = len(mixed)
+    output = [sum(row[j] for row in mixed) / n for j in range(40)]
+    for position, removed in enumerate([0, 3]):
+        without = [sum(row[j] for i, row in enumerate(mixed) if i != removed) / (n - 1) for j in range(40)]
+        for k, order in enumerate(QUARTERS.tolist()):
+            a = mpmath.mpf(order)
+            for direction, (first, second) in enumerate(((output, without), (without, output))):
+                exact = mpmath.log(mpmath.fsum(f ** a * s ** (1 - a) for f, s in zip(first, second))) / (a - 1)
+                value = float(fused[direction, 0, position, k])
+                assert value >= exact, (order, direction, value, exact)
+                assert value <= exact * (1 + 1e-9) + 1e-13 / (order - 1)
