@@ -74,7 +74,7 @@ from dpledger.mechanisms.fastmath import JitOptions, jit  # first: it sets numba
 from dpledger.mechanisms.ball import ALL_ORDERS_BALL_GRID, all_orders_ball_constraints
 from dpledger.mechanisms.kernels import _SLACK_ULPS, FloatArray, _log, _set_threads, ball_mixing_weights
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
-from dpledger.mechanisms.fused import add_one_order_sums, renyi_log_moments
+from dpledger.mechanisms.fused import add_one_order_sums, knapsack_allocation, renyi_log_moments
 from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:
@@ -941,13 +941,23 @@ def _knapsack_allocation(log_qmax: np.ndarray, log_t: np.ndarray) -> tuple[np.nd
     """The fractional-knapsack allocation of unit mass to tokens in decreasing order of log_t, each
     capped at qmax_j = exp(log_qmax_j): (log of each token's allocation, -inf where none; log_t in the
     same order). Rounded up: the mass placed is at least 1 (extra weight on the largest ratios only
-    raises a bound built on it). A ball around a law has qmax_j >= p0_j, so the caps hold unit mass."""
-    order = np.argsort(-log_t, axis=-1, kind="stable")
-    caps = np.take_along_axis(np.exp(log_qmax), order, axis=-1)
-    before = np.cumsum(caps, axis=-1) - caps
-    allocation = np.minimum(caps, np.clip(1.0 - before, 0.0, None) * (1.0 + 4.0 * ROUNDING_ULPS * caps.shape[-1]))
-    with np.errstate(divide="ignore"):
-        return np.log(allocation), np.take_along_axis(log_t, order, axis=-1)
+    raises a bound built on it). A ball around a law has qmax_j >= p0_j, so the caps hold unit mass.
+    Tokens keep their order (dpledger.mechanisms.fused.knapsack_allocation sorts only the tokens where
+    the mass crosses 1); an input holding NaN is ranked by a full sort, NaN last."""
+    inflate = 1.0 + 4.0 * ROUNDING_ULPS * log_t.shape[-1]
+    if np.isnan(log_t).any() or np.isnan(log_qmax).any():   # (the bound then comes out NaN and is refused)
+        order = np.argsort(-log_t, axis=-1, kind="stable")
+        caps = np.take_along_axis(np.exp(log_qmax), order, axis=-1)
+        before = np.cumsum(caps, axis=-1) - caps
+        allocation = np.minimum(caps, np.clip(1.0 - before, 0.0, None) * inflate)
+        with np.errstate(divide="ignore"):
+            return np.log(allocation), np.take_along_axis(log_t, order, axis=-1)
+    flat_caps = np.ascontiguousarray(log_qmax, dtype=np.float64).reshape(-1, log_t.shape[-1])
+    flat_t = np.ascontiguousarray(log_t, dtype=np.float64).reshape(-1, log_t.shape[-1])
+    out = np.empty(flat_t.shape)
+    for row in range(flat_t.shape[0]):
+        knapsack_allocation(flat_caps[row], flat_t[row], inflate, out[row])
+    return out.reshape(log_t.shape), log_t
 
 
 class _AllocatedTokens:

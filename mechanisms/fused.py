@@ -886,6 +886,67 @@ def _renyi_row(lp: FloatArray, lq: FloatArray, orders: FloatArray, slack_ulps: f
         out[k] = max(value + slack, 0.0)
 
 
+_KNAPSACK_BUCKETS = 4096
+"""Value buckets of knapsack_allocation: only the bucket where the mass crosses 1 is sorted."""
+
+
+@jit(**_FLAGS)
+def knapsack_allocation(log_caps: FloatArray, log_t: FloatArray, inflate: float, out: FloatArray) -> None:
+    """The fractional knapsack of unit mass over tokens in decreasing order of log_t (ties: the
+    lower index first), each capped at exp(log_caps_j): out_j = log of token j's allocation
+    min(cap_j, max(1 - before_j, 0) inflate) (-inf where none), before_j the caps of the tokens ranked
+    above it. Without a full sort: the finite log_t are bucketed by value (monotone, so the buckets
+    keep the order), whole buckets above the one where the mass crosses 1 are filled, and only that
+    bucket's tokens are sorted. log_t = +inf ranks first, -inf last; no NaN (the caller checks).
+
+    Args:
+        log_caps: log qmax_j, shape (V,).
+        log_t: the ranking key log t_j, shape (V,), no NaN.
+        inflate: the factor on the last token's share (>= 1): rounding up the mass placed.
+        out: output, shape (V,): log of each token's allocation, -inf where none.
+    """
+    size = log_t.size
+    low, high = np.inf, -np.inf
+    for j in range(size):
+        if math.isfinite(log_t[j]):
+            low, high = min(low, log_t[j]), max(high, log_t[j])
+    top = _KNAPSACK_BUCKETS + 1                 # bucket of +inf; 0 holds -inf; finite ones 1.._KNAPSACK_BUCKETS
+    width = (high - low) / (_KNAPSACK_BUCKETS - 1) if high > low else 1.0
+    bucket = np.empty(size, dtype=np.int64)
+    mass = np.zeros(top + 1)
+    for j in range(size):
+        t = log_t[j]
+        index = top if t == np.inf else (0 if t == -np.inf else 1 + int(math.floor((t - low) / width)))
+        bucket[j] = index
+        mass[index] += math.exp(log_caps[j])
+    above = 0.0                                 # the caps of every bucket above the current one
+    crossing = -1
+    for index in range(top, -1, -1):
+        if above + mass[index] >= 1.0:
+            crossing = index
+            break
+        above += mass[index]
+    for j in range(size):
+        if bucket[j] > crossing:
+            out[j] = log_caps[j]                # before_j + cap_j <= the mass above the crossing bucket < 1
+        elif bucket[j] < crossing:
+            out[j] = -np.inf
+    if crossing < 0:                            # the caps hold less than unit mass: every token is full
+        return
+    members = np.flatnonzero(bucket == crossing)
+    keys = np.empty(members.size)
+    for m in range(members.size):
+        keys[m] = -log_t[members[m]]
+    order = np.argsort(keys, kind="mergesort")  # stable: ties keep the lower index first
+    before = above
+    for m in range(order.size):
+        j = members[order[m]]
+        cap = math.exp(log_caps[j])
+        share = min(cap, max(1.0 - before, 0.0) * inflate)
+        out[j] = math.log(share) if share > 0.0 else -np.inf
+        before += cap
+
+
 @jit(**_FLAGS)
 def add_one_order_sums(log_allocation: FloatArray, log_t: FloatArray, shift: FloatArray, orders: FloatArray,
                        teachers: float, out_u2: FloatArray, out_chord: FloatArray, out_u2_slope: FloatArray,

@@ -501,3 +501,33 @@ def test_looseness_summary_slow():
         note = (f"a reduced sweep: the first {projection} projection-order and {all_orders} all-orders seeded cases "
                 f"of the full {SLOW_CASES[Ball.PROJECTION_ORDER]} and {SLOW_CASES[Ball.ALL_ORDERS]} (time)")
     report_looseness(counts, SLOW_EFFORT, write=True, note=note)
+
+
+@examples(40, 400)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 3000), st.sampled_from(["spread", "ties", "infinite", "light"]))
+def test_the_knapsack_fills_the_same_tokens_as_a_full_sort(seed, vocab, kind):
+    """dpledger's knapsack sorts only the bucket where the mass crosses 1; a stable sort of every token
+    (the definition) must give the same allocation, token for token, to rounding."""
+    from dpledger.accounting.rounding import ROUNDING_ULPS
+    from dpledger.mechanisms.add_one import _knapsack_allocation
+
+    rng = np.random.default_rng(seed)
+    caps = rng.dirichlet(np.full(vocab, rng.uniform(0.05, 2.0))) * rng.uniform(1.0, 3.0)
+    log_t = rng.normal(0.0, 2.0, vocab)
+    if kind == "ties":
+        log_t = np.round(log_t)
+    if kind == "infinite":
+        log_t[rng.random(vocab) < 0.1] = np.inf
+        log_t[rng.random(vocab) < 0.1] = -np.inf
+    if kind == "light":          # caps holding less than unit mass: every token full
+        caps *= 0.5 / caps.sum()
+    with np.errstate(divide="ignore"):
+        log_caps = np.log(caps)
+    got, same_t = _knapsack_allocation(log_caps, log_t)
+    assert same_t is log_t
+    order = np.argsort(-log_t, kind="stable")
+    before = np.concatenate([[0.0], np.cumsum(caps[order])[:-1]])
+    want = np.empty(vocab)
+    want[order] = np.minimum(caps[order], np.clip(1.0 - before, 0.0, None) * (1.0 + 4.0 * ROUNDING_ULPS * vocab))
+    np.testing.assert_allclose(np.exp(got), want, rtol=0, atol=1e-13)
+    assert np.exp(got).sum() >= min(1.0, caps.sum()) * (1 - 1e-12)
