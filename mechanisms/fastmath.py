@@ -319,16 +319,25 @@ def vlog(x: float) -> float:
 
 @jit(inline="always")
 def vexpm1(x: float) -> float:
-    """exp(x) - 1 without cancellation near 0: the Taylor series x (1 + x/2 + ... + x^14/15!) for
-    |x| < 1/2 (truncation < 2e-18 relative), vexp(x) - 1 elsewhere (within 5 ulps there).
+    """exp(x) - 1 without cancellation near 0, within MAX_ULPS: x = k ln 2 + r, |r| <= ln 2 / 2 (as
+    vexp_pair), expm1(r) = r + r^2 (1/2 + r/6 + ... + r^12/14!) (truncation < 2e-18 relative), then
+    2^k expm1(r) + (2^k - 1) in one fma (for k != 0 the result is at least 0.29 in magnitude, so the
+    sum does not cancel). One polynomial: half the cost of evaluating a series and an exp apart.
 
     Args:
         x: the exponent (any float64).
 
     Returns:
-        exp(x) - 1 (-1 below -708.39, as vexp gives 0 there).
+        exp(x) - 1 (-1 below -745, +inf above 709.78, NaN for NaN).
     """
-    series = x * (1.0 + x * (0.5 + x * (1.0 / 6 + x * (1.0 / 24 + x * (1.0 / 120 + x * (1.0 / 720 + x * (
-        1.0 / 5040 + x * (1.0 / 40320 + x * (1.0 / 362880 + x * (1.0 / 3628800 + x * (1.0 / 39916800 + x * (
-            1.0 / 479001600 + x * (1.0 / 6227020800 + x * (1.0 / 87178291200 + x * (1.0 / 1307674368000)))))))))))))))
-    return series if abs(x) < 0.5 else vexp(x) - 1.0
+    clamped = min(max(x, -745.0), 709.0)
+    k = np.floor(_fused_multiply_add(clamped, _LOG2E, 0.5))
+    r = _fused_multiply_add(-k, _LN2_LO, _fused_multiply_add(-k, _LN2_HI, clamped))
+    tail = r * (1.0 / 2 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (1.0 / 720 + r * (1.0 / 5040 + r * (
+        1.0 / 40320 + r * (1.0 / 362880 + r * (1.0 / 3628800 + r * (1.0 / 39916800 + r * (1.0 / 479001600 + r * (
+            1.0 / 6227020800 + r * (1.0 / 87178291200)))))))))))))
+    reduced = _fused_multiply_add(r, tail, r)
+    scale = _bits_as_float((np.int64(k) + 1023) << 52) if k > -1023.0 else 0.0
+    value = reduced if k == 0.0 else _fused_multiply_add(scale, reduced, scale - 1.0)
+    value = value if x <= _EXP_OVERFLOW else np.inf
+    return value if x == x else x
