@@ -295,7 +295,7 @@ def ablation_in_process(steps: int, threads: int) -> dict:
     return result
 
 
-def ablation_section(steps: int, threads: int, pairs: int = 3) -> dict:
+def ablation_section(steps: int, threads: int, pairs: int = 7) -> dict:
     """The audit's neighbour ablation as an AdaPMixED trace is audited (remove each of the N teachers
     and add each of three adversaries, both directions, the audit's orders, the screen's pass
     probabilities by 400 Monte Carlo draws per step) on `steps` paper-scale steps, interleaved with
