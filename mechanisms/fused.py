@@ -781,6 +781,141 @@ def leave_one_out_direction_power_moments(output: FloatArray, log_output: FloatA
             directions[r, k, 1] = max(reverse + common + slack_ulps * abs(reverse), 0.0)
 
 
+_EXACT_FLAGS: JitOptions = dict(error_model="numpy", cache=True, nogil=True)
+"""No fastmath: the sub-grid's bookkeeping performs numpy's IEEE operations in numpy's order."""
+
+
+@jit(**_EXACT_FLAGS)
+def _chords_and_floor(grid: FloatArray, done: BoolArray, upper: FloatArray, slope: FloatArray, chord_factor: float,
+                      chords: FloatArray, bound: FloatArray, floor: FloatArray) -> None:
+    """Every teacher's chord between the sub-grid orders (`done`) enclosing each grid order, times
+    chord_factor (the value itself at a sub-grid order): chords (n, K); their max over teachers:
+    bound (K,); the max over evaluated teachers of their tangents at the two enclosing orders, at
+    least 0 (the bound itself at a sub-grid order): floor (K,). NaN tangents (unevaluated) count as -inf."""
+    n, size = upper.shape
+    anchors = np.flatnonzero(done)
+    for q in range(size):
+        position = int(np.searchsorted(anchors, q, side="right")) - 1
+        position = min(max(position, 0), anchors.size - 2)
+        left, right = anchors[position], anchors[position + 1]
+        weight = (grid[q] - grid[left]) / (grid[right] - grid[left])
+        best, tangent_best = -np.inf, -np.inf
+        for i in range(n):
+            if done[q]:
+                chord = upper[i, q]
+            else:
+                chord = ((1.0 - weight) * upper[i, left] + weight * upper[i, right]) * chord_factor
+            chords[i, q] = chord
+            best = chord if (chord > best or chord != chord) else best
+            if best != best:
+                best = np.nan
+            at_left = upper[i, left] + slope[i, left] * (grid[q] - grid[left])
+            at_right = upper[i, right] + slope[i, right] * (grid[q] - grid[right])
+            tangent = np.nan if (at_left != at_left or at_right != at_right) else max(at_left, at_right)
+            if tangent == tangent and tangent > tangent_best:
+                tangent_best = tangent
+        bound[q] = best
+        value = best if done[q] else tangent_best
+        floor[q] = value if (value != value or value > 0.0) else 0.0
+
+
+@jit(**_EXACT_FLAGS)
+def refined_leave_one_out(output: FloatArray, log_output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
+                          spans: FloatArray, shifted_only: bool, grid: FloatArray, seeds: IntArray, tolerance: float,
+                          slack_ulps: float, chord_factor: float, magnitude: float, values: FloatArray,
+                          exact: BoolArray) -> None:
+    """dpledger.mechanisms.leave_one_out.leave_one_out_curve's refinement for one step, compiled: the
+    moments at the seed orders for every teacher, then rounds that bisect every interval whose
+    certificate fails (chord bound above (1 + tolerance) times the tangent floor), evaluating each
+    new order for the teachers whose chord there is above the floor (and the largest chord's), in one
+    leave_one_out_log_moments call a round. Writes the curve's moments g = (a - 1) D (values, (K,):
+    exact at the sub-grid, chords plus twice the kernel's allowance between; +inf everywhere where a
+    seed is +inf) and the sub-grid (exact). The same operations, in the same order, as the numpy form
+    it replaces (tests/straightforward.py keeps that form; tests hold the two equal)."""
+    n, size = ratios.shape[0], grid.size
+    upper = np.full((n, size), np.nan)
+    slope = np.full((n, size), np.nan)
+    for q in range(size):
+        exact[q] = False
+    rows = np.arange(n)
+    seed_orders = grid[seeds]
+    seed_values = np.full((n, seeds.size), np.nan)
+    seed_slopes = np.full((n, seeds.size), np.nan)
+    leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, rows, seed_orders,
+                              np.ones((n, seeds.size), dtype=np.bool_), shifted_only, slack_ulps, seed_values,
+                              seed_slopes, np.empty((0, seeds.size, 2)))
+    infinite = False
+    for i in range(n):
+        for s in range(seeds.size):
+            upper[i, seeds[s]], slope[i, seeds[s]] = seed_values[i, s], seed_slopes[i, s]
+            infinite = infinite or seed_values[i, s] == np.inf
+    for s in range(seeds.size):
+        exact[seeds[s]] = True
+    if infinite:
+        for q in range(size):
+            values[q] = np.inf
+        return
+    chords = np.empty((n, size))
+    bound = np.empty(size)
+    floor = np.empty(size)
+    while not exact.all():
+        _chords_and_floor(grid, exact, upper, slope, chord_factor, chords, bound, floor)
+        anchors = np.flatnonzero(exact)
+        new_flags = np.zeros(size, dtype=np.bool_)
+        failing = False
+        for q in range(size):
+            if not exact[q] and bound[q] - (1.0 + tolerance) * floor[q] > 1e-300:
+                failing = True
+                position = np.searchsorted(anchors, q) - 1
+                new_flags[(anchors[position] + anchors[position + 1]) // 2] = True
+        if not failing:
+            break
+        new = np.flatnonzero(new_flags)
+        candidates = np.zeros((n, new.size), dtype=np.bool_)
+        for m in range(new.size):
+            q = new[m]
+            top = 0
+            for i in range(n):
+                candidates[i, m] = chords[i, q] > floor[q]
+                if chords[i, q] > chords[top, q]:
+                    top = i
+            candidates[top, m] = True
+        chosen = np.zeros(n, dtype=np.bool_)
+        for i in range(n):
+            for m in range(new.size):
+                chosen[i] = chosen[i] or candidates[i, m]
+        picked = np.flatnonzero(chosen)
+        for i in range(n):
+            for m in range(new.size):
+                upper[i, new[m]] = chords[i, new[m]]
+        wanted = np.empty((picked.size, new.size), dtype=np.bool_)
+        for r in range(picked.size):
+            for m in range(new.size):
+                wanted[r, m] = candidates[picked[r], m]
+        value = np.full((picked.size, new.size), np.nan)
+        derivative = np.full((picked.size, new.size), np.nan)
+        leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, picked, grid[new], wanted,
+                                  shifted_only, slack_ulps, value, derivative, np.empty((0, new.size, 2)))
+        for r in range(picked.size):
+            for m in range(new.size):
+                if wanted[r, m]:
+                    upper[picked[r], new[m]], slope[picked[r], new[m]] = value[r, m], derivative[r, m]
+        for m in range(new.size):
+            exact[new[m]] = True
+    if exact.all():
+        for q in range(size):
+            largest = upper[0, q]
+            for i in range(1, n):
+                largest = upper[i, q] if (upper[i, q] > largest or upper[i, q] != upper[i, q]) else largest
+            values[q] = largest
+        return
+    _chords_and_floor(grid, exact, upper, slope, chord_factor, chords, bound, floor)
+    log_size = math.log2(output.size)
+    for q in range(size):
+        allowance = slack_ulps * ((grid[q] + 1.0) * magnitude + log_size + 2.0 + abs(bound[q]))
+        values[q] = bound[q] if (exact[q] or bound[q] == 0.0) else bound[q] + 2.0 * allowance
+
+
 @jit(**_PARALLEL_FLAGS)
 def renyi_log_moments(log_p: FloatArray, log_q: FloatArray, p_rows: IntArray, q_rows: IntArray, orders: FloatArray,
                       slack_ulps: float, out: FloatArray) -> None:

@@ -7,6 +7,9 @@ import numpy as np
 import torch
 
 from dpledger.accounting.rounding import ROUNDING_ULPS
+from dpledger.mechanisms.kernels import _SLACK_ULPS as SLACK_ULPS
+from dpledger.mechanisms.kernels import _divergences_from_moments as divergences_from_moments
+from dpledger.mechanisms.leave_one_out import _seed_indices as seed_indices
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
 
 _CHUNK_ELEMENTS = 1 << 16
@@ -214,3 +217,67 @@ def reference_add_one_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     if np.any(np.isnan(bound)):
         raise ValueError("add-one bound is NaN: an input distribution holds NaN or inf")
     return torch.from_numpy(bound)
+
+
+def reference_refined_curve(ratios, n: int, grid: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray]:
+    """The sub-grid refinement of one step's Eq. 3 curve as dpledger ran it in numpy before it was
+    compiled (dpledger.mechanisms.fused.refined_leave_one_out): (D values (K,), exact mask (K,)),
+    from a dpledger.mechanisms.kernels._LeaveOneOut's moments."""
+    size = grid.size
+    upper = np.full((n, size), np.nan)        # g_i at evaluated orders, or its chord (an upper bound)
+    slope = np.full((n, size), np.nan)        # g_i' where g_i was evaluated there
+    done = np.zeros(size, dtype=bool)
+    seeds = np.asarray(seed_indices(grid))
+    upper[:, seeds], slope[:, seeds] = ratios.moments(np.arange(n), grid[seeds])   # each row read once
+    done[seeds] = True
+    if np.isinf(upper[:, done]).any():          # mass outside a neighbour's support: infinite at every order
+        return np.full(size, np.inf), done.copy()
+    while not done.all():                        # (a grid of one to four orders is all seeds)
+        anchors = np.flatnonzero(done)
+        chords, bound, floor = _chord_and_tangent_bounds(grid, anchors, upper, slope)
+        failing = (bound - (1.0 + tolerance) * floor > 1e-300) & ~done
+        if not failing.any():
+            break
+        position = np.searchsorted(anchors, np.flatnonzero(failing)) - 1
+        new = np.unique((anchors[position] + anchors[position + 1]) // 2)   # the middle of each failing interval
+        candidates = chords[:, new] > floor[new]     # a teacher whose chord is below the lower bound is not the max
+        candidates[np.argmax(chords[:, new], axis=0), np.arange(new.size)] = True   # at least one per order
+        rows = np.flatnonzero(candidates.any(axis=1))
+        upper[:, new] = chords[:, new]               # stand-ins, still upper bounds
+        wanted = candidates[rows]
+        value, derivative = ratios.moments(rows, grid[new], wanted)
+        block_upper, block_slope = upper[np.ix_(rows, new)], slope[np.ix_(rows, new)]
+        upper[np.ix_(rows, new)] = np.where(wanted, value, block_upper)
+        slope[np.ix_(rows, new)] = np.where(wanted, derivative, block_slope)
+        done[new] = True
+    if done.all():
+        return divergences_from_moments(upper.max(axis=0)[None], grid)[0], done.copy()
+    anchors = np.flatnonzero(done)
+    _, bound, _ = _chord_and_tangent_bounds(grid, anchors, upper, slope)
+    # between sub-grid orders the chord bounds the true value; twice the kernel's rounding allowance
+    # on top keeps it above what the kernel itself would return there (which carries that allowance)
+    allowance = SLACK_ULPS * ((grid + 1.0) * ratios.magnitude + np.log2(ratios.output.size) + 2.0 + np.abs(bound))
+    # (a chord through zeros is exactly zero: g_i >= 0 is convex and vanishes at both ends)
+    moments = np.where(done | (bound == 0.0), bound, bound + 2.0 * allowance)
+    return divergences_from_moments(moments[None], grid)[0], done.copy()
+
+
+def _chord_and_tangent_bounds(grid: np.ndarray, anchors: np.ndarray, upper: np.ndarray,
+                              slope: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(every teacher's chord between the sub-grid orders enclosing each grid order (n, K), rounded
+    up; their max over teachers (K,), the exact max at sub-grid orders; the max over evaluated
+    teachers of their tangents at those two orders (K,), a lower bound, the max itself at sub-grid orders)."""
+    size = grid.size
+    position = np.clip(np.searchsorted(anchors, np.arange(size), side="right") - 1, 0, anchors.size - 2)
+    left, right = anchors[position], anchors[position + 1]
+    weight = (grid - grid[left]) / (grid[right] - grid[left])
+    chords = ((1.0 - weight) * upper[:, left] + weight * upper[:, right]) * (1.0 + 4.0 * ROUNDING_ULPS)
+    with np.errstate(invalid="ignore"):
+        tangents = np.maximum(upper[:, left] + slope[:, left] * (grid - grid[left]),
+                              upper[:, right] + slope[:, right] * (grid - grid[right]))
+    on_anchor = np.zeros(size, dtype=bool)
+    on_anchor[anchors] = True
+    chords[:, on_anchor] = upper[:, on_anchor]
+    bound = chords.max(axis=0)
+    floor = np.where(on_anchor, bound, np.where(np.isnan(tangents), -np.inf, tangents).max(axis=0))
+    return chords, bound, np.maximum(floor, 0.0)

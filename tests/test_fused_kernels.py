@@ -487,3 +487,25 @@ def test_a_trace_replays_with_the_solver_of_the_code_that_wrote_it(kind):
         replayed[version] = runner.process(public[None], ensemble[None], StepGenerators.for_steps(1, 0, 1), GRID).lambdas[0]
         assert np.array_equal(replayed[version], mixing_weights(ensemble, public, 18.0, 3.6, fitted_steps=fitted).numpy())
     assert not np.array_equal(replayed[5], replayed[6])     # the two solvers' last bits differ on this ensemble
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6), st.integers(2, 12), st.integers(2, 2000), st.floats(0.2, 3.0),
+       st.sampled_from([0.005, 0.05, 1e-6]), st.sampled_from(["default", "short", "irregular"]))
+def test_the_compiled_refinement_gives_the_numpy_refinement_bit_for_bit(seed, teachers, vocab, spread, tolerance,
+                                                                        grid_kind):
+    from dpledger.mechanisms.kernels import _LeaveOneOut
+    from dpledger.mechanisms.leave_one_out import _refined_curve
+    from tests.straightforward import reference_refined_curve
+
+    ensemble, public = _ensemble(seed, teachers, vocab, spread)
+    lambdas = np.random.default_rng(seed).uniform(0.0, 1.0, teachers)
+    if seed % 5 == 0:
+        lambdas[:] = 0.0          # every mixed teacher the public model: every divergence 0
+    grid = {"default": GRID, "short": np.array([1.5, 2.0, 8.0]),
+            "irregular": np.sort(np.random.default_rng(seed).uniform(1.01, 300.0, 40))}[grid_kind]
+    ratios = _LeaveOneOut(ensemble.numpy(), public.numpy(), lambdas)
+    compiled = _refined_curve(ratios, teachers, grid, tolerance)
+    reference = reference_refined_curve(ratios, teachers, grid, tolerance)
+    np.testing.assert_array_equal(compiled[1], reference[1])
+    np.testing.assert_array_equal(compiled[0], reference[0])
