@@ -831,7 +831,21 @@ def refined_leave_one_out(output: FloatArray, log_output: FloatArray, ratios: Fl
     leave_one_out_log_moments call a round. Writes the curve's moments g = (a - 1) D (values, (K,):
     exact at the sub-grid, chords plus twice the kernel's allowance between; +inf everywhere where a
     seed is +inf) and the sub-grid (exact). The same operations, in the same order, as the numpy form
-    it replaces (tests/straightforward.py keeps that form; tests hold the two equal)."""
+    it replaces (tests/straightforward.py keeps that form; tests hold the two equal).
+
+    Args:
+        output, log_output, ratios, log_ratios, spans: the step's leave-one-out rows
+            (dpledger.mechanisms.kernels._LeaveOneOut; leave_one_out_log_ratios writes them).
+        shifted_only: take the log-sum-exp path at every order (as leave_one_out_log_moments).
+        grid: the Renyi orders a > 1, increasing, shape (K,).
+        seeds: the first sub-grid's indices into `grid`, increasing, shape (S,).
+        tolerance: the certificate's relative gap between the chord bound and the tangent floor.
+        slack_ulps: the rounding-up allowance, in ulps per unit of magnitude (kernels._SLACK_ULPS).
+        chord_factor: the factor rounding a chord up (1 + 4 ROUNDING_ULPS).
+        magnitude: the kernel's rounding scale (_LeaveOneOut.magnitude).
+        values: output, shape (K,): the moments g, exact on the sub-grid, chord bounds between.
+        exact: output, shape (K,): True at the sub-grid's orders.
+    """
     n, size = ratios.shape[0], grid.size
     upper = np.full((n, size), np.nan)
     slope = np.full((n, size), np.nan)
