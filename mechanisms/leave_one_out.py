@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from dpledger.accounting.errors import require
+from dpledger.accounting.orders import validated_orders
 from dpledger.accounting.rounding import ROUNDING_ULPS
 from dpledger.mechanisms.kernels import (_SLACK_ULPS, FloatArray, _divergences_from_moments, _LeaveOneOut,
                                          _set_threads, leave_one_out_divergences_torch, mixed_teachers,
@@ -88,13 +90,19 @@ def leave_one_out_direction_divergences(teachers: torch.Tensor, public: torch.Te
         reverse D_a(p_-i || p) in nats, rounded up).
 
     Raises:
-        ValueError: if N < 2 or a divergence is NaN (an input holds NaN).
+        ValueError: if the shapes disagree, N < 2, a row is not a teacher's index, an order is not > 1,
+            or a divergence is NaN (an input holds NaN).
     """
+    require(teachers.ndim == 3 and tuple(public.shape) == (teachers.shape[0], teachers.shape[2])
+            and tuple(lambdas.shape) == tuple(teachers.shape[:2]),
+            f"leave-one-out needs teachers (L, N, V), public (L, V) and lambdas (L, N), got shapes "
+            f"{tuple(teachers.shape)}, {tuple(public.shape)} and {tuple(lambdas.shape)}")
     length, n, vocab = teachers.shape
     if n < 2:
         raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
-    orders_np = orders.detach().cpu().double().numpy().reshape(-1)
-    rows_np = np.asarray(rows, dtype=np.int64)
+    orders_np = validated_orders(orders.detach().cpu().double().numpy().reshape(-1))
+    rows_np = np.asarray(rows, dtype=np.int64).reshape(-1)
+    require(bool(np.all((rows_np >= 0) & (rows_np < n))), f"rows must be teacher indices in [0, {n}), got {rows!r}")
     flat_teachers, flat_public = teachers.detach().double().numpy(), public.detach().double().numpy()
     flat_lambdas = lambdas.detach().double().numpy()
     output = np.empty((length, vocab))

@@ -190,7 +190,17 @@ class NoisyScreening(AccountableMechanism):
 
         Returns:
             (L, E) float64 counts of passing draws.
+
+        Raises:
+            ValueError: if the shapes disagree or an input holds NaN (a NaN statistic is no decision).
         """
+        require(mean.ndim == 3 and public_top.ndim == 2 and noise.ndim == 3
+                and public_top.shape == (mean.shape[0], mean.shape[2])
+                and noise.shape[0] == mean.shape[0] and noise.shape[2] == mean.shape[2],
+                f"pass_counts needs mean (L, E, k), public_top (L, k) and noise (L, S, k), got shapes "
+                f"{tuple(mean.shape)}, {tuple(public_top.shape)} and {tuple(noise.shape)}")
+        for name, values in (("mean", mean), ("public_top", public_top), ("noise", noise)):
+            require(not bool(torch.isnan(values).any()), f"pass_counts: {name} holds NaN")
         if mean.device.type != "cpu":
             statistic = self.statistic_from_mean(mean.unsqueeze(2), public_top.unsqueeze(1).unsqueeze(1),
                                                  noise.unsqueeze(1))                    # (L, E, S)

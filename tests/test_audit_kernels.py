@@ -133,3 +133,22 @@ def test_the_power_path_never_falls_below_the_exact_divergence_in_mpmath(seed):
                 value = float(fused[direction, 0, position, k])
                 assert value >= exact, (order, direction, value, exact)
                 assert value <= exact * (1 + 1e-9) + 1e-13 / (order - 1)
+
+
+def test_bad_inputs_to_the_audit_kernels_get_one_line_naming_the_constraint():
+    rng = np.random.default_rng(9)
+    probs, public, lambdas = ensembles(rng, 2, 4, 30, "plain")
+    with pytest.raises(ValueError, match=r"rows must be teacher indices in \[0, 4\), got \[0, 4\]"):
+        leave_one_out_direction_divergences(probs, public, lambdas, [0, 4], ORDERS)
+    with pytest.raises(ValueError, match="got shapes"):
+        leave_one_out_direction_divergences(probs, public[:1], lambdas, [0], ORDERS)
+    with pytest.raises(ValueError, match="> 1"):
+        leave_one_out_direction_divergences(probs, public, lambdas, [0], torch.tensor([0.5, 2.0], dtype=torch.float64))
+    screen = NoisyScreening(teachers=1, lam=1e-2, sigma=1e-2, alpha=18, threshold=1.0, top_k=5)
+    mean, public_top, noise = torch.full((2, 3, 5), 0.1), torch.full((2, 5), 0.2), torch.zeros(2, 7, 5)
+    assert screen.pass_counts(mean, public_top, noise).shape == (2, 3)
+    with pytest.raises(ValueError, match="got shapes"):
+        screen.pass_counts(mean, public_top[:, :4], noise)
+    mean[1, 2, 0] = float("nan")
+    with pytest.raises(ValueError, match="mean holds NaN"):
+        screen.pass_counts(mean, public_top, noise)
