@@ -5,12 +5,14 @@ Why numba: it installs from a wheel on every platform torch supports, needs no C
 user's machine (torch.compile's CPU backend does), and lets one loop fuse what torch would run as
 ten passes with temporaries. The price is a compile on first use, once per machine: the compiled
 code is cached on disk (dpledger.mechanisms.fastmath.configure_kernel_cache says where and how the
-cache is keyed). Cached and fresh code give the same bits, whatever the process ran before and with
-any number of threads (no sum is split across threads): every helper is inlined into its kernel
-(_HELPER_FLAGS says why that matters). What does change the last bits of the reassociated sums is
-the vector width (dpledger.mechanisms.fastmath.prefer_wide_vectors); every value stays within the
-kernels' rounding allowance of the exact one either way, and the audit compares Eq. 3 within that
-allowance (dpledger.mechanisms.leave_one_out.leave_one_out_allowance), lambdas within 1e-9.
+cache is keyed). Every kernel whose values a trace records gives the same bits in a process that
+compiled it and in one that loaded it from the cache, whatever the process ran before and with any
+number of threads: every helper is inlined into its kernel (_HELPER_FLAGS says why that matters), no
+such kernel calls another (refinement_round says why), and none runs parallel (_TRACE_FLAGS). What
+does change the last bits of the reassociated sums is the vector width
+(dpledger.mechanisms.fastmath.prefer_wide_vectors); every value stays within the kernels' rounding
+allowance of the exact one either way, and the audit compares Eq. 3 within that allowance
+(dpledger.mechanisms.leave_one_out.leave_one_out_allowance), lambdas within 1e-9.
 Tensors on a GPU never come here: dpledger.mechanisms.kernels runs the torch form of the same arithmetic
 on their device.
 """
@@ -31,6 +33,12 @@ BoolArray = NDArray[np.bool_]
 
 # reassociation lets sums and maxima vectorise; no "nnan"/"ninf": infinities carry meaning here
 _FLAGS: JitOptions = dict(fastmath={"reassoc", "contract", "arcp", "nsz"}, error_model="numpy", cache=True, nogil=True)
+# Kernels whose values a trace records run on one thread: numba optimises a parallel kernel's body again
+# when it loads it from the cache, and the reassociated sums then differ in their last bits from those of
+# the process that compiled it (Eq. 3 moments 4e-16 apart at V = 4,096; tests/test_kernel_cache.py).
+_TRACE_FLAGS = _FLAGS
+# The audit's Monte Carlo and ablation kernels keep prange over rows: their values are compared
+# within the kernels' rounding allowance, never replayed bit for bit.
 _PARALLEL_FLAGS: JitOptions = {**_FLAGS, "parallel": True}
 # Helpers are inlined into the kernels that call them (numba IR), so that every kernel runs one copy of
 # its helpers, optimised once with it. Called as separate functions, numba links a copy of each helper
@@ -374,7 +382,7 @@ _CHUNK = 2048
 leave-one-out ratios are formed chunk by chunk (in parallel)."""
 
 
-@jit(**_PARALLEL_FLAGS)
+@jit(**_TRACE_FLAGS)
 def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: FloatArray, output: FloatArray,
                              log_output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
                              spans: FloatArray) -> bool:
@@ -403,10 +411,9 @@ def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: 
     """
     n, size = teachers.shape
     chunks = (size + _CHUNK - 1) // _CHUNK
-    # token chunks in parallel (prange): every token's sums are formed within one chunk, in the same
-    # order whatever the number of threads, so the bits do not depend on it
+    # token chunks: every token's sums are formed within one chunk
     differs = np.zeros(chunks)
-    for c in prange(chunks):
+    for c in range(chunks):
         start, stop = c * _CHUNK, min(size, (c + 1) * _CHUNK)
         chunk_public, chunk_output, chunk_log_output = public[start:stop], output[start:stop], log_output[start:stop]
         ratios[0, start:stop] = 0.0
@@ -426,7 +433,7 @@ def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: 
                 break
     identical = differs.sum() == 0.0
     extremes = np.zeros((chunks, n, 3))    # per chunk and row: smallest and largest log rho, outside RATIO_RANGE
-    for c in prange(chunks):
+    for c in range(chunks):
         start, stop = c * _CHUNK, min(size, (c + 1) * _CHUNK)
         for i in range(n):
             if identical:
@@ -554,7 +561,7 @@ def _largest_exponents(a: float, log_output: FloatArray, log_ratios: FloatArray)
     return top_forward, top_reverse
 
 
-@jit(**_PARALLEL_FLAGS)
+@jit(**_TRACE_FLAGS)
 def leave_one_out_log_moments(output: FloatArray, log_output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
                               spans: FloatArray, rows: IntArray, orders: FloatArray, wanted: BoolArray,
                               shifted_only: bool, slack_ulps: float, moments: FloatArray, slopes: FloatArray,
@@ -596,7 +603,7 @@ def leave_one_out_log_moments(output: FloatArray, log_output: FloatArray, ratios
     count = orders.size
     separate = directions.shape[0] == rows.size
     magnitude = _largest_magnitude(log_output) + n + 2.0
-    for r in prange(rows.size):
+    for r in range(rows.size):
         i = rows[r]
         low, high = spans[i, 0], spans[i, 1]
         if low == 0.0 and high == 0.0:            # q = p: every neighbour's law is p itself
@@ -820,59 +827,65 @@ def _chords_and_floor(grid: FloatArray, done: BoolArray, upper: FloatArray, slop
 
 
 @jit(**_EXACT_FLAGS)
-def refined_leave_one_out(output: FloatArray, log_output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
-                          spans: FloatArray, shifted_only: bool, grid: FloatArray, seeds: IntArray, tolerance: float,
-                          slack_ulps: float, chord_factor: float, magnitude: float, values: FloatArray,
-                          exact: BoolArray) -> None:
-    """dpledger.mechanisms.leave_one_out.leave_one_out_curve's refinement for one step, compiled: the
-    moments at the seed orders for every teacher, then rounds that bisect every interval whose
-    certificate fails (chord bound above (1 + tolerance) times the tangent floor), evaluating each
-    new order for the teachers whose chord there is above the floor (and the largest chord's), in one
-    leave_one_out_log_moments call a round. Writes the curve's moments g = (a - 1) D (values, (K,):
-    exact at the sub-grid, chords plus twice the kernel's allowance between; +inf everywhere where a
-    seed is +inf) and the sub-grid (exact). The same operations, in the same order, as the numpy form
-    it replaces (tests/straightforward.py keeps that form; tests hold the two equal).
+def refinement_round(grid: FloatArray, tolerance: float, chord_factor: float, slack_ulps: float, magnitude: float,
+                     vocabulary: int, seeding: bool, picked: IntArray, new: IntArray, wanted: BoolArray,
+                     value: FloatArray, derivative: FloatArray, upper: FloatArray, slope: FloatArray,
+                     values: FloatArray, exact: BoolArray) -> tuple[IntArray, IntArray, BoolArray]:
+    """One round of dpledger.mechanisms.leave_one_out.leave_one_out_curve's refinement, compiled: it
+    takes in the moments the previous round asked for (rows `picked` x orders `new`, where `wanted`;
+    with `seeding`, the seed orders for every teacher, and then +inf everywhere where one is +inf),
+    then either finishes, writing the curve's moments g = (a - 1) D into `values` (exact on the
+    sub-grid, chords plus twice the kernel's allowance between) and returning empty arrays, or
+    returns the next (picked, new, wanted): every interval whose certificate fails (chord bound above
+    (1 + tolerance) times the tangent floor) is bisected, and its new order is evaluated for the
+    teachers whose chord there is above the floor (and the largest chord's). The caller evaluates them
+    with leave_one_out_log_moments from Python: called from compiled code, that fused kernel would be
+    linked into this one and optimised again, giving other last bits in a process that loads this
+    kernel from the cache than in one that compiles it (dpledger.mechanisms.fused, _HELPER_FLAGS).
+    The same operations, in the same order, as the numpy form it replaces (tests/straightforward.py
+    keeps that form; tests hold the two equal).
 
     Args:
-        output, log_output, ratios, log_ratios, spans: the step's leave-one-out rows
-            (dpledger.mechanisms.kernels._LeaveOneOut; leave_one_out_log_ratios writes them).
-        shifted_only: take the log-sum-exp path at every order (as leave_one_out_log_moments).
         grid: the Renyi orders a > 1, increasing, shape (K,).
-        seeds: the first sub-grid's indices into `grid`, increasing, shape (S,).
         tolerance: the certificate's relative gap between the chord bound and the tangent floor.
-        slack_ulps: the rounding-up allowance, in ulps per unit of magnitude (kernels._SLACK_ULPS).
         chord_factor: the factor rounding a chord up (1 + 4 ROUNDING_ULPS).
+        slack_ulps: the rounding-up allowance, in ulps per unit of magnitude (kernels._SLACK_ULPS).
         magnitude: the kernel's rounding scale (_LeaveOneOut.magnitude).
-        values: output, shape (K,): the moments g, exact on the sub-grid, chord bounds between.
-        exact: output, shape (K,): True at the sub-grid's orders.
+        vocabulary: V, the number of tokens the moments sum over.
+        seeding: this round takes in the seed orders (the first sub-grid).
+        picked: the teachers evaluated last, int64 (R,).
+        new: the grid indices evaluated last, int64 (M,), increasing.
+        wanted: which (teacher, order) pairs were evaluated, bool (R, M).
+        value, derivative: their moments and slopes (leave_one_out_log_moments' outputs), (R, M).
+        upper, slope: state across rounds, (N, K), NaN at the start: each teacher's moment (or chord)
+            and slope at every order.
+        values: output, shape (K,): the moments g when the refinement finishes.
+        exact: state and output, shape (K,), all False at the start: the sub-grid.
+
+    Returns:
+        The next round's (picked, new, wanted); new is empty when `values` holds the curve.
     """
-    n, size = ratios.shape[0], grid.size
-    upper = np.full((n, size), np.nan)
-    slope = np.full((n, size), np.nan)
-    for q in range(size):
-        exact[q] = False
-    rows = np.arange(n)
-    seed_orders = grid[seeds]
-    seed_values = np.full((n, seeds.size), np.nan)
-    seed_slopes = np.full((n, seeds.size), np.nan)
-    leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, rows, seed_orders,
-                              np.ones((n, seeds.size), dtype=np.bool_), shifted_only, slack_ulps, seed_values,
-                              seed_slopes, np.empty((0, seeds.size, 2)))
-    infinite = False
-    for i in range(n):
-        for s in range(seeds.size):
-            upper[i, seeds[s]], slope[i, seeds[s]] = seed_values[i, s], seed_slopes[i, s]
-            infinite = infinite or seed_values[i, s] == np.inf
-    for s in range(seeds.size):
-        exact[seeds[s]] = True
-    if infinite:
-        for q in range(size):
-            values[q] = np.inf
-        return
+    n, size = upper.shape
+    none = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty((0, 0), dtype=np.bool_))
+    for r in range(picked.size):
+        for m in range(new.size):
+            if wanted[r, m]:
+                upper[picked[r], new[m]], slope[picked[r], new[m]] = value[r, m], derivative[r, m]
+    for m in range(new.size):
+        exact[new[m]] = True
+    if seeding:
+        infinite = False
+        for r in range(picked.size):
+            for m in range(new.size):
+                infinite = infinite or value[r, m] == np.inf
+        if infinite:
+            for q in range(size):
+                values[q] = np.inf
+            return none
     chords = np.empty((n, size))
     bound = np.empty(size)
     floor = np.empty(size)
-    while not exact.all():
+    if not exact.all():
         _chords_and_floor(grid, exact, upper, slope, chord_factor, chords, bound, floor)
         anchors = np.flatnonzero(exact)
         new_flags = np.zeros(size, dtype=np.bool_)
@@ -882,63 +895,53 @@ def refined_leave_one_out(output: FloatArray, log_output: FloatArray, ratios: Fl
                 failing = True
                 position = np.searchsorted(anchors, q) - 1
                 new_flags[(anchors[position] + anchors[position + 1]) // 2] = True
-        if not failing:
-            break
-        new = np.flatnonzero(new_flags)
-        candidates = np.zeros((n, new.size), dtype=np.bool_)
-        for m in range(new.size):
-            q = new[m]
-            top = 0
+        if failing:
+            following = np.flatnonzero(new_flags)
+            candidates = np.zeros((n, following.size), dtype=np.bool_)
+            for m in range(following.size):
+                q = following[m]
+                top = 0
+                for i in range(n):
+                    candidates[i, m] = chords[i, q] > floor[q]
+                    if chords[i, q] > chords[top, q]:
+                        top = i
+                candidates[top, m] = True
+            chosen = np.zeros(n, dtype=np.bool_)
             for i in range(n):
-                candidates[i, m] = chords[i, q] > floor[q]
-                if chords[i, q] > chords[top, q]:
-                    top = i
-            candidates[top, m] = True
-        chosen = np.zeros(n, dtype=np.bool_)
-        for i in range(n):
-            for m in range(new.size):
-                chosen[i] = chosen[i] or candidates[i, m]
-        picked = np.flatnonzero(chosen)
-        for i in range(n):
-            for m in range(new.size):
-                upper[i, new[m]] = chords[i, new[m]]
-        wanted = np.empty((picked.size, new.size), dtype=np.bool_)
-        for r in range(picked.size):
-            for m in range(new.size):
-                wanted[r, m] = candidates[picked[r], m]
-        value = np.full((picked.size, new.size), np.nan)
-        derivative = np.full((picked.size, new.size), np.nan)
-        leave_one_out_log_moments(output, log_output, ratios, log_ratios, spans, picked, grid[new], wanted,
-                                  shifted_only, slack_ulps, value, derivative, np.empty((0, new.size, 2)))
-        for r in range(picked.size):
-            for m in range(new.size):
-                if wanted[r, m]:
-                    upper[picked[r], new[m]], slope[picked[r], new[m]] = value[r, m], derivative[r, m]
-        for m in range(new.size):
-            exact[new[m]] = True
+                for m in range(following.size):
+                    chosen[i] = chosen[i] or candidates[i, m]
+            next_picked = np.flatnonzero(chosen)
+            for i in range(n):
+                for m in range(following.size):
+                    upper[i, following[m]] = chords[i, following[m]]
+            next_wanted = np.empty((next_picked.size, following.size), dtype=np.bool_)
+            for r in range(next_picked.size):
+                for m in range(following.size):
+                    next_wanted[r, m] = candidates[next_picked[r], m]
+            return next_picked.astype(np.int64), following.astype(np.int64), next_wanted
     if exact.all():
         for q in range(size):
             largest = upper[0, q]
             for i in range(1, n):
                 largest = upper[i, q] if (upper[i, q] > largest or upper[i, q] != upper[i, q]) else largest
             values[q] = largest
-        return
+        return none
     _chords_and_floor(grid, exact, upper, slope, chord_factor, chords, bound, floor)
-    log_size = math.log2(output.size)
+    log_size = math.log2(vocabulary)
     for q in range(size):
         allowance = slack_ulps * ((grid[q] + 1.0) * magnitude + log_size + 2.0 + abs(bound[q]))
         values[q] = bound[q] if (exact[q] or bound[q] == 0.0) else bound[q] + 2.0 * allowance
+    return none
 
 
-@jit(**_PARALLEL_FLAGS)
+@jit(**_TRACE_FLAGS)
 def renyi_log_moments(log_p: FloatArray, log_q: FloatArray, p_rows: IntArray, q_rows: IntArray, orders: FloatArray,
                       slack_ulps: float, out: FloatArray) -> None:
     """(a - 1) D_a(P || Q) = log sum_j Q_j exp(a (log P_j - log Q_j)) for row pairs (p_rows[r], q_rows[r])
     and every order (van Erven & Harremoes 2014, Definition 2), rounded up by
     slack_ulps * ((a + 1) (max_j |log P_j| + max_j |log Q_j| + 2) + log2 V + 2 + |g|): each exponent
     is off by ~(a + 1) ulps of its terms. Terms with P_j = 0 add 0; P_j > 0 = Q_j gives +inf;
-    identical rows give exactly 0; a NaN input gives NaN. (The per-row work is in helper
-    functions: loops written directly in a prange body do not vectorise.)
+    identical rows give exactly 0; a NaN input gives NaN.
 
     Args:
         log_p: log P, one law per row, shape (Rp, V).
@@ -949,7 +952,7 @@ def renyi_log_moments(log_p: FloatArray, log_q: FloatArray, p_rows: IntArray, q_
         slack_ulps: the rounding-up allowance, in ulps per unit of magnitude (kernels._SLACK_ULPS).
         out: output, shape (R, K): (a - 1) D_a(P || Q) rounded up, >= 0 (+inf or NaN as above).
     """
-    for r in prange(p_rows.size):
+    for r in range(p_rows.size):
         _renyi_row(log_p[p_rows[r]], log_q[q_rows[r]], orders, slack_ulps, out[r])
 
 

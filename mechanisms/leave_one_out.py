@@ -18,7 +18,7 @@ from dpledger.accounting.errors import require
 from dpledger.accounting.orders import validated_orders
 from dpledger.accounting.rounding import ROUNDING_ULPS
 from dpledger.mechanisms.kernels import (_SLACK_ULPS, FloatArray, _divergences_from_moments, _LeaveOneOut,
-                                         _set_threads, leave_one_out_divergences_torch, mixed_teachers,
+                                         leave_one_out_divergences_torch, mixed_teachers,
                                          renyi_divergence_orders, sums_without_each)
 from dpledger.accounting.lazy_import import lazy_module
 
@@ -255,16 +255,25 @@ def _seed_indices(grid: FloatArray) -> list[int]:
 def _refined_curve(ratios: _LeaveOneOut, n: int, grid: FloatArray,
                    tolerance: float) -> tuple[FloatArray, NDArray[np.bool_]]:
     """leave_one_out_curve for one step: (D values (K,), exact mask (K,)). Each round bisects every
-    interval whose certificate fails, evaluating the new orders in one kernel call; the rounds run
-    compiled (dpledger.mechanisms.fused.refined_leave_one_out: numpy's bookkeeping cost several times
-    the kernel's arithmetic at demo scale)."""
-    from dpledger.mechanisms.fused import refined_leave_one_out
+    interval whose certificate fails and evaluates the new orders in one kernel call; the rounds'
+    bookkeeping runs compiled (dpledger.mechanisms.fused.refinement_round: numpy's cost several times
+    the kernel's arithmetic at demo scale), the moments through _LeaveOneOut.moments."""
+    from dpledger.mechanisms.fused import refinement_round
 
-    moments = np.empty(grid.size)
-    exact = np.zeros(grid.size, dtype=bool)
-    _set_threads()
-    refined_leave_one_out(ratios.output, ratios.log_output, ratios.ratios, ratios.log_ratios, ratios.spans,
-                          ratios.shifted_only, np.ascontiguousarray(grid), np.asarray(_seed_indices(grid), dtype=np.int64),
-                          float(tolerance), _SLACK_ULPS, 1.0 + 4.0 * ROUNDING_ULPS, ratios.magnitude, moments, exact)
+    n_orders = grid.size
+    moments = np.empty(n_orders)
+    exact = np.zeros(n_orders, dtype=bool)
+    upper = np.full((n, n_orders), np.nan)
+    slope = np.full((n, n_orders), np.nan)
+    grid = np.ascontiguousarray(grid)
+    picked, new = np.arange(n, dtype=np.int64), np.asarray(_seed_indices(grid), dtype=np.int64)
+    wanted = np.ones((n, new.size), dtype=bool)
+    seeding = True
+    while new.size:
+        value, derivative = ratios.moments(picked, grid[new], wanted)
+        picked, new, wanted = refinement_round(grid, float(tolerance), 1.0 + 4.0 * ROUNDING_ULPS, _SLACK_ULPS,
+                                               ratios.magnitude, ratios.output.size, seeding, picked, new, wanted,
+                                               value, derivative, upper, slope, moments, exact)
+        seeding = False
     return _divergences_from_moments(moments[None], grid)[0], exact
 

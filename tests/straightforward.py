@@ -221,7 +221,7 @@ def reference_add_one_bounds(output: torch.Tensor, public: torch.Tensor, teacher
 
 def reference_refined_curve(ratios, n: int, grid: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray]:
     """The sub-grid refinement of one step's Eq. 3 curve as dpledger ran it in numpy before it was
-    compiled (dpledger.mechanisms.fused.refined_leave_one_out): (D values (K,), exact mask (K,)),
+    compiled (dpledger.mechanisms.fused.refinement_round): (D values (K,), exact mask (K,)),
     from a dpledger.mechanisms.kernels._LeaveOneOut's moments."""
     size = grid.size
     upper = np.full((n, size), np.nan)        # g_i at evaluated orders, or its chord (an upper bound)

@@ -81,6 +81,46 @@ def test_cached_and_fresh_kernels_record_the_same_step(tmp_path):
     assert np.all(np.abs(np.subtract(narrow["eq3"], fresh["eq3"])) <= 2.0 * allowance)
 
 
+AUDIT_ONLY_PARALLEL = {"leave_one_out_direction_power_moments", "screen_pass_counts"}
+"""The kernels that may run parallel: the audit's ablation and Monte Carlo, whose values are compared
+within the kernels' allowance and never recorded in a trace."""
+
+
+def _kernels() -> dict:
+    import inspect
+
+    from numba.core.registry import CPUDispatcher
+
+    from dpledger.mechanisms import add_one, fastmath, fused
+    found = {}
+    for module in (fastmath, fused, add_one):
+        for name, value in vars(module).items():
+            if isinstance(value, CPUDispatcher) and inspect.getmodule(value.py_func) is module:
+                found[name] = value
+    return found
+
+
+def test_no_trace_kernel_runs_parallel_or_links_another_fast_kernel():
+    """What makes cached and fresh code agree bit for bit (dpledger.mechanisms.fused), checked on the
+    kernels themselves, since the subprocess test above is slow: numba optimises a parallel kernel again
+    when it loads it from the cache, and a fastmath kernel called (not inlined) from compiled code is
+    linked and optimised again in its caller. Either gave Eq. 3 moments 4e-16 apart between a run and
+    its resumption under a cold cache."""
+    import inspect
+    import re
+
+    kernels = _kernels()
+    fast = {name for name, kernel in kernels.items()
+            if kernel.targetoptions.get("fastmath") and kernel.targetoptions.get("inline") != "always"}
+    assert {"leave_one_out_log_moments", "leave_one_out_log_ratios", "renyi_log_moments"} <= fast
+    parallel = {name for name, kernel in kernels.items() if kernel.targetoptions.get("parallel")}
+    assert parallel <= AUDIT_ONLY_PARALLEL, parallel - AUDIT_ONLY_PARALLEL
+    for name, kernel in kernels.items():
+        body = inspect.getsource(kernel.py_func).split(":\n", 1)[1]
+        linked = {callee for callee in fast - {name} if re.search(rf"\b{callee}\(", body)}
+        assert not linked, f"{name} calls the fastmath kernels {linked} from compiled code"
+
+
 def test_kernel_cache_dir_honours_the_settings(monkeypatch, tmp_path):
     """A NUMBA_CACHE_DIR the user set is used as it is; "off" turns caching off; otherwise the
     directory is named by numba's version and the kernel sources' hash, under the chosen base."""
