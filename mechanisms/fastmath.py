@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Callable, Literal, TypedDict, TypeVar, Unpack, cast
 
 
+_VECTORS_DECIDED = False
+"""Whether prefer_wide_vectors has run in this process (its decision is made once)."""
+
+
 def prefer_wide_vectors() -> None:
     """Let LLVM use 512-bit vectors on CPUs with AVX-512 (Intel's models prefer 256 there by default):
     the fused kernels are arithmetic-bound and run 1.4x faster. Set before numba builds its CPU
@@ -37,6 +41,10 @@ def prefer_wide_vectors() -> None:
     lanes), so it is part of numba's cache key (the CPU features) and, where it differs between two
     processes, of the rounding the audit allows (dpledger.audit.replay). Runs when this module is
     imported; calling it again is a no-op."""
+    global _VECTORS_DECIDED
+    if _VECTORS_DECIDED:
+        return
+    _VECTORS_DECIDED = True
     if os.environ.get("DPLEDGER_VECTOR_BITS") == "256" or "NUMBA_CPU_FEATURES" in os.environ:
         return
     if "numba" in sys.modules:

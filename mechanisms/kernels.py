@@ -40,19 +40,26 @@ IntArray = NDArray[np.int64]
 """An int64 numpy array (row indices)."""
 
 
-def _set_threads() -> None:
-    from dpledger.mechanisms.fastmath import prefer_wide_vectors
+_THREADS_SET = threading.local()
+"""The kernel thread count this Python thread last gave numba (numba's count is per calling thread)."""
 
-    prefer_wide_vectors()   # before numba is first imported (a no-op after)
+
+def _set_threads() -> None:
+    """Give numba kernel_threads() for this Python thread's next kernels; a no-op when it already has
+    them (this runs before every kernel call: about 30 us a step at demo scale otherwise)."""
+    threads = kernel_threads()
+    if getattr(_THREADS_SET, "threads", None) == threads:
+        return
     from numba import set_num_threads
 
     torch_threads = torch.get_num_threads()
-    set_num_threads(kernel_threads())
+    set_num_threads(threads)
     # numba's OpenMP layer starts with one thread per core and torch shares its pool: without this, the
     # first fused kernel silently changes torch's thread count, and with it how torch splits a reduction
     # (the last bits of a sum), so a result would depend on whether a kernel had run before it
     if torch.get_num_threads() != torch_threads:
         torch.set_num_threads(torch_threads)
+    _THREADS_SET.threads = threads
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:

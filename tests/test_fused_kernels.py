@@ -502,3 +502,32 @@ def test_the_compiled_refinement_gives_the_numpy_refinement_bit_for_bit(seed, te
     reference = reference_refined_curve(ratios, teachers, grid, tolerance)
     np.testing.assert_array_equal(compiled[1], reference[1])
     np.testing.assert_array_equal(compiled[0], reference[0])
+
+
+def test_kernel_threads_follow_the_setting_on_every_call(monkeypatch):
+    """_set_threads skips numba's call when this thread already has the count, yet still follows a
+    changed $DPLEDGER_KERNEL_THREADS, per Python thread, and leaves torch's pool as it was."""
+    import threading
+
+    from numba import config, get_num_threads
+
+    from dpledger.mechanisms.kernels import _set_threads
+
+    torch_threads = torch.get_num_threads()
+    most = min(2, config.NUMBA_NUM_THREADS)
+    for wanted, expected in (("1", 1), ("2", most), ("2", most), ("1", 1)):
+        monkeypatch.setenv("DPLEDGER_KERNEL_THREADS", wanted)
+        _set_threads()
+        assert get_num_threads() == expected
+        assert torch.get_num_threads() == torch_threads
+    # a new thread starts at numba's default (every core): it must be given 1 although this thread has 1
+    seen = []
+
+    def other() -> None:
+        _set_threads()
+        seen.append(get_num_threads())
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    worker.join()
+    assert seen == [1]

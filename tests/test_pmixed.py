@@ -4,6 +4,8 @@ import math
 import mpmath
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from dp_accounting.rdp import rdp_privacy_accountant as dpa
 
 from dpledger.accounting import DEFAULT_ORDERS, epsilon_from_rdp
@@ -189,3 +191,26 @@ def test_unknown_subsampling_variant_is_refused_by_name():
 def test_wrong_number_of_teachers_is_refused(rng):
     with pytest.raises(ValueError, match="N=4"):
         PMixED(6, 0.1, 4).mixing_weights(lm_like(rng, 10, (3,)), lm_like(rng, 10))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(1.5, 64.0), st.floats(1e-4, 2.0), st.integers(2, 200), st.sampled_from(["projection-order", "proof-orders", "all-orders"]),
+       st.lists(st.floats(1.01, 2048.0), min_size=1, max_size=12, unique=True))
+def test_data_independent_curves_are_computed_once_per_spec_and_grid(alpha, beta, teachers, ball, orders):
+    """The decode loop's cached data-independent curve (mechanisms.step.data_independent_values) is the
+    spec's own rdp_values on that grid, bit for bit, for every spec and grid (equal specs share it,
+    different ones never do), and cannot be written through."""
+    from dpledger.mechanisms import NoisyScreening
+    from dpledger.mechanisms.step import data_independent_values
+
+    grid = np.sort(np.asarray(orders))
+    specs = [PMixED(alpha=alpha, beta=beta, teachers=teachers, ball=ball),
+             PMixED(alpha=alpha, beta=beta * 0.5, teachers=teachers, ball=ball),
+             NoisyScreening(teachers=teachers, lam=1e-4, sigma=1e-2, alpha=alpha, threshold=4.5, top_k=60)]
+    for spec in specs:
+        first = data_independent_values(spec, grid)
+        np.testing.assert_array_equal(first, spec.rdp_values(grid))
+        assert data_independent_values(spec, grid.copy()) is first
+        np.testing.assert_array_equal(data_independent_values(spec, grid[:1]), spec.rdp_values(grid[:1]))
+        with pytest.raises(ValueError, match="read-only"):
+            first[0] = 0.0
