@@ -66,9 +66,10 @@ class StepResult:
             require(values.dtype.kind in "biuf" and values.shape[-1:] == (orders.size,),
                     f"{name} must be numbers with a last axis of {orders.size} orders, got {values.dtype} "
                     f"{values.shape}")
-            require(not bool(np.any(np.isnan(values))), f"{name} holds NaN RDP values")
-            if bool(np.any(values < 0)):
-                raise ValueError(f"{name} holds negative RDP values, e.g. {float(values.min()):g}")
+            smallest = values.min() if values.size else 0.0   # NaN if any is NaN
+            require(not bool(np.isnan(smallest)), f"{name} holds NaN RDP values")
+            if smallest < 0:
+                raise ValueError(f"{name} holds negative RDP values, e.g. {float(smallest):g}")
         require(self.screen_statistic is None or not bool(np.any(np.isnan(np.asarray(self.screen_statistic)))),
                 "screen_statistic holds NaN")
 
@@ -132,7 +133,20 @@ def step_orders(orders: Sequence[float] | NDArray[np.float64] | None) -> NDArray
     Raises:
         ValueError: if an order is not finite and > 1.
     """
-    return np.asarray(canonical_orders(DEFAULT_ORDERS if orders is None else orders), dtype=np.float64)
+    if orders is None:
+        return _canonical_grid(None).copy()
+    if isinstance(orders, np.ndarray) and orders.dtype == np.float64 and orders.ndim == 1:
+        return _canonical_grid(orders.tobytes()).copy()   # the decode loop passes the same grid every step
+    return np.asarray(canonical_orders(orders), dtype=np.float64)
+
+
+@functools.lru_cache(maxsize=16)
+def _canonical_grid(grid_bytes: bytes | None) -> NDArray[np.float64]:
+    """canonical_orders of DEFAULT_ORDERS (None) or of a float64 grid given by its bytes, read-only."""
+    given = DEFAULT_ORDERS if grid_bytes is None else np.frombuffer(grid_bytes, dtype=np.float64)
+    grid = np.asarray(canonical_orders(given), dtype=np.float64)
+    grid.setflags(write=False)
+    return grid
 
 
 def mixed_output(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
