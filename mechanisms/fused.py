@@ -19,6 +19,8 @@ on their device.
 from __future__ import annotations
 
 import math
+import types
+from typing import Callable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,6 +32,15 @@ from numba import prange  # noqa: E402,I001
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
+
+def _renamed(function: Callable[..., object], name: str) -> Callable[..., object]:
+    """A copy of `function` under another name: a second compiled form of one body (serial and parallel)
+    needs its own name, which keys numba's on-disk cache."""
+    copy = types.FunctionType(function.__code__, function.__globals__, name, function.__defaults__,
+                              function.__closure__)
+    copy.__qualname__, copy.__doc__ = name, function.__doc__
+    return copy
+
 
 # reassociation lets sums and maxima vectorise; no "nnan"/"ninf": infinities carry meaning here
 _FLAGS: JitOptions = dict(fastmath={"reassoc", "contract", "arcp", "nsz"}, error_model="numpy", cache=True, nogil=True)
@@ -382,7 +393,6 @@ _CHUNK = 2048
 leave-one-out ratios are formed chunk by chunk (in parallel)."""
 
 
-@jit(**_TRACE_FLAGS)
 def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: FloatArray, output: FloatArray,
                              log_output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
                              spans: FloatArray) -> bool:
@@ -411,9 +421,9 @@ def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: 
     """
     n, size = teachers.shape
     chunks = (size + _CHUNK - 1) // _CHUNK
-    # token chunks: every token's sums are formed within one chunk
+    # token chunks (across threads in the audit's parallel twin): every token's sums are formed within one chunk
     differs = np.zeros(chunks)
-    for c in range(chunks):
+    for c in prange(chunks):
         start, stop = c * _CHUNK, min(size, (c + 1) * _CHUNK)
         chunk_public, chunk_output, chunk_log_output = public[start:stop], output[start:stop], log_output[start:stop]
         ratios[0, start:stop] = 0.0
@@ -433,7 +443,7 @@ def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: 
                 break
     identical = differs.sum() == 0.0
     extremes = np.zeros((chunks, n, 3))    # per chunk and row: smallest and largest log rho, outside RATIO_RANGE
-    for c in range(chunks):
+    for c in prange(chunks):
         start, stop = c * _CHUNK, min(size, (c + 1) * _CHUNK)
         for i in range(n):
             if identical:
@@ -451,6 +461,12 @@ def leave_one_out_log_ratios(teachers: FloatArray, public: FloatArray, lambdas: 
             outside = outside or extremes[c, i, 2] > 0.0
         spans[i, 0], spans[i, 1] = low, high
     return outside
+
+leave_one_out_log_ratios_parallel = jit(**_PARALLEL_FLAGS)(_renamed(leave_one_out_log_ratios,
+                                                                     "leave_one_out_log_ratios_parallel"))
+leave_one_out_log_ratios = jit(**_TRACE_FLAGS)(leave_one_out_log_ratios)
+"""leave_one_out_log_ratios with its token chunks across threads, for the audit's ablation only (trace
+kernels run serial: _TRACE_FLAGS)."""
 
 
 @jit(**_HELPER_FLAGS)

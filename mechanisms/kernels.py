@@ -472,8 +472,10 @@ class _LeaveOneOut:
     magnitude: float
 
     def __init__(self, teachers: FloatArray, public: FloatArray, lambdas: FloatArray,
-                 reuse: "_LeaveOneOut | None" = None) -> None:
-        from dpledger.mechanisms.fused import leave_one_out_log_ratios
+                 reuse: "_LeaveOneOut | None" = None, parallel: bool = False) -> None:
+        """`parallel`: form the rows with the kernel's parallel twin (the audit's ablation, whose values
+        are never recorded: trace kernels run serial, dpledger.mechanisms.fused._TRACE_FLAGS)."""
+        from dpledger.mechanisms.fused import leave_one_out_log_ratios, leave_one_out_log_ratios_parallel
 
         teachers = np.ascontiguousarray(teachers, dtype=np.float64)
         public = np.ascontiguousarray(public, dtype=np.float64)
@@ -489,8 +491,9 @@ class _LeaveOneOut:
             self.log_output = np.empty(teachers.shape[1])
             self.ratios, self.log_ratios = _scratch_rows(self, teachers.shape)
             self.spans = np.empty((teachers.shape[0], 2))
-        outside = leave_one_out_log_ratios(teachers, public, lambdas, self.output, self.log_output, self.ratios,
-                                           self.log_ratios, self.spans)
+        ratio_kernel = leave_one_out_log_ratios_parallel if parallel else leave_one_out_log_ratios
+        outside = ratio_kernel(teachers, public, lambdas, self.output, self.log_output, self.ratios, self.log_ratios,
+                               self.spans)
         self.shifted_only = self.scaled or bool(outside)   # a ratio outside RATIO_RANGE is not accurate as a float
         if self.scaled:   # back to the true scale: log p exactly shifted, p itself only for the output law
             self.log_output = (self.log_output - _SCALE_BITS * _LN2_HIGH) - _SCALE_BITS * _LN2_LOW

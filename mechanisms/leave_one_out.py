@@ -109,7 +109,7 @@ def leave_one_out_direction_divergences(teachers: torch.Tensor, public: torch.Te
     divergences = np.empty((2, length, rows_np.size, orders_np.size))
     ratios = None
     for step in range(length):
-        ratios = _LeaveOneOut(flat_teachers[step], flat_public[step], flat_lambdas[step], ratios)
+        ratios = _LeaveOneOut(flat_teachers[step], flat_public[step], flat_lambdas[step], ratios, parallel=True)
         output[step] = ratios.output
         if np.isneginf(ratios.spans[rows_np, 0]).any():   # a neighbour without mass where p has some
             mixed = mixed_teachers(teachers[step], public[step], lambdas[step])
