@@ -509,7 +509,8 @@ def _ratio_row(sums: FloatArray, log_ratios: FloatArray, output: FloatArray, log
         ratio = share / output[j] if output[j] > 0.0 else 1.0
         sums[j] = ratio
         inside = low_ratio <= ratio <= high_ratio or ratio == 0.0 or output[j] == 0.0
-        log_ratios[j] = vlog(ratio) if inside else vlog(share) - log_output[j]
+        # one log either way (a select between two logs computes both)
+        log_ratios[j] = vlog(ratio if inside else share) - (0.0 if inside else log_output[j])
     low, high, outside = 0.0, 0.0, 0.0
     for j in range(sums.size):   # a separate pass: with the stores above the loop does not vectorise
         low = vmin(low, log_ratios[j])
