@@ -79,8 +79,8 @@ def step_bound_caveat(kind: str, params: dict) -> str:
         return (f", which rests on the subsampling variant {variant}, not a proven bound (docs/soundness.md, "
                 "docs/pitfalls.md)")
     if params.get("ball", "projection-order") == "projection-order":
-        return (", which rests on Theorem 3.1 as claimed for the paper's one-order ball (not guaranteed for inputs "
-                "with extreme tails; ball = \"proof-orders\" or \"all-orders\" is proven: docs/soundness.md)")
+        return (", which rests on Theorem 3.1 as claimed for the paper's one-order ball (not guaranteed: inputs "
+                "exceed it, a two-token one by 22%; ball = \"proof-orders\" or \"all-orders\" is proven: docs/soundness.md)")
     return ""
 
 

@@ -332,7 +332,7 @@ def _account_rdp(args: argparse.Namespace) -> dict:
         record["label"] = _pmixed_label(mechanism, None)
         record["note"] = (f"ball = {mechanism.ball.value} enforces every order the proof of Theorem 3.1 reads at the "
                           "orders charged" if mechanism.proven else
-                          "Theorem 3.1 as claimed: not guaranteed for inputs with extreme tails; --ball proof-orders "
+                          "Theorem 3.1 as claimed: not guaranteed (inputs exceed it, a two-token one by 22%); --ball proof-orders "
                           "or all-orders gives a projection for which it is proven (docs/soundness.md)")
     return record
 

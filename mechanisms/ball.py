@@ -14,8 +14,9 @@ class Ball(enum.Enum):
     """Flemings et al. 2024, Algorithm 2: D<->_alpha(pbar_i, p0) <= beta alpha at the one order alpha.
     Theorem 3.1's proof reads the ball at other orders (Theorem A.5 as stated needs every order; its
     proof at alpha uses 2 alpha - 1 and 2 alpha: PROOF_ORDERS), so its bound is reported "as
-    claimed"; an input with extreme tails exceeds it (a data-dependent loss of 4.2 against 0.041;
-    tests/test_all_orders_ball.py)."""
+    claimed"; inputs exceed it: one with extreme tails by a data-dependent loss of 4.2 against 0.041
+    (tests/test_all_orders_ball.py), a two-token LM-like one by 22% at order alpha
+    (tests/test_small_ensembles.py)."""
 
     PROOF_ORDERS = "proof-orders"
     """D<->_k(pbar_i, p0) <= beta k at the two orders k = 2 alpha - 1 and k = 2 alpha: the only orders

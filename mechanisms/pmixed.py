@@ -45,7 +45,8 @@ def theorem_3_1_epsilon(alpha: npt.ArrayLike, beta: float, teachers: npt.ArrayLi
     for N > 1, and beta * a for N = 1 (the single teacher's ball). Vectorised over alpha and N.
     Caution: the proof applies a triangle-like inequality (Flemings et al. 2024, Theorem A.5, after
     Steinke) whose hypothesis is a bound at every order, while the projection enforces order a
-    only; there are inputs with extreme tails whose data-dependent loss exceeds this value. It is
+    only; there are inputs whose loss exceeds this value, with extreme tails or not (a two-token
+    LM-like ensemble by 22% at order a: docs/soundness.md). It is
     reported "as claimed". N = 0 (an empty subsample: the output is the public model) costs 0.
 
     Args:

@@ -8,8 +8,10 @@ only teacher leaves the public model; an added teacher is projected like any oth
   it is finite (an exact worst case over generated ensembles and an optimised adversary);
 - their exact privacy profile (hockey-stick divergence sum_j max(0, P_j - e^eps Q_j), both
   directions) at the epsilon dpledger prints for delta stays at or below that delta.
-The paper's one-order ball is "as claimed" (Theorem 3.1 needs the ball at every order): it is
-checked on LM-like ensembles without extreme tails only; the all-orders ball on every family.
+The paper's one-order ball is "as claimed" (Theorem 3.1 needs the ball at every order), and a
+two-token LM-like ensemble exceeds it by 22% at order alpha (kept here as evidence); the generated
+coverage check runs on the proven balls (proof-orders, all-orders) on every family, and the
+optimised and subsampled checks keep fixed seeds for the one-order ball.
 Replace-one has no PMixED bound and is refused.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import zlib
 
 import mpmath
 import numpy as np
@@ -118,20 +121,40 @@ def _worst_ratio(pmixed: PMixED, ensemble: np.ndarray, public: np.ndarray) -> tu
 
 
 CASES = [(n, relation, ball, beta) for n in (1, 2, 3) for relation in RELATIONS
-         for ball in (Ball.PROJECTION_ORDER, Ball.ALL_ORDERS) for beta in (0.01, 0.2)]
+         for ball in (Ball.PROOF_ORDERS, Ball.ALL_ORDERS) for beta in (0.01, 0.2)]
 
 
 @pytest.mark.parametrize("teachers,relation,ball,beta", CASES,
                          ids=[f"N{n}-{r.label}-{b.value}-beta{beta}" for n, r, b, beta in CASES])
 def test_the_charged_curve_covers_every_neighbour_of_the_relation(teachers, relation, ball, beta):
-    rng = np.random.default_rng(hash((teachers, relation.value, ball.value, beta)) % 2 ** 32)
+    """The two proven balls, on every family. (The seed is a stable digest of the case: Python's hash()
+    of a string changes with every interpreter, which drew other ensembles in every run.)"""
+    rng = np.random.default_rng(zlib.crc32(f"{teachers}-{relation.value}-{ball.value}-{beta}".encode()))
     pmixed = PMixED(ALPHA, beta, teachers, relation, ball)
-    families = ("lm-like", "extreme") if ball is Ball.ALL_ORDERS else ("lm-like",)  # one-order ball: as claimed
-    for family in families:
+    for family in ("lm-like", "extreme"):
         for _ in range(12):
             ensemble, public = _ensemble(rng, teachers, int(rng.integers(2, 5)), family)
             worst, where = _worst_ratio(pmixed, ensemble, public)
             assert worst <= 1.0, f"{family} ensemble: {where}"
+
+
+def test_the_papers_one_order_ball_is_exceeded_on_a_two_token_lm_like_ensemble():
+    """The projection-order ball (the paper's) is charged Theorem 3.1 "as claimed": its proof needs the
+    ball at every order. Not only inputs with extreme tails break it (docs/soundness.md): among 4,000
+    generated LM-like ensembles of N = 2 (softmax of N(0, 4) logits, V = 2 to 4) one exceeds it at
+    order alpha itself by 22%, with the smallest public probability 1.4e-3. Its first teacher lies in
+    the ball at order 6 (lambda 1) and removing the second gives D_6(p || p_-2) = 0.189 against
+    Theorem 3.1's 0.154; the two proven balls project it further and stay below (0.15 and 0.19 of
+    their curves)."""
+    ensemble = np.array([[5.2073719437449660e-04, 9.9947926280562538e-01],
+                         [2.7277373195341703e-01, 7.2722626804658308e-01],
+                         [3.6701037349638610e-01, 6.3298962650361390e-01]])   # teachers 1, 2 and the added one
+    public = np.array([0.00135481088377275, 0.9986451891162272])
+    relation = NeighbouringRelation.ADD_OR_REMOVE_ONE
+    exceeded, where = _worst_ratio(PMixED(ALPHA, 0.01, 2, relation, Ball.PROJECTION_ORDER), ensemble, public)
+    assert exceeded > 1.2 and where.startswith("order 6:"), where
+    for ball in (Ball.PROOF_ORDERS, Ball.ALL_ORDERS):
+        assert _worst_ratio(PMixED(ALPHA, 0.01, 2, relation, ball), ensemble, public)[0] < 0.5
 
 
 def _adversary_case(pmixed: PMixED, parameters: np.ndarray) -> float:
