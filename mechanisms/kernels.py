@@ -48,9 +48,11 @@ def _set_threads() -> None:
     """Give numba kernel_threads() for this Python thread's next kernels; a no-op when it already has
     them (this runs before every kernel call: about 30 us a step at demo scale otherwise)."""
     threads = kernel_threads()
-    if getattr(_THREADS_SET, "threads", None) == threads:
+    from numba import get_num_threads, set_num_threads
+
+    # numba's own count is read too (cheap once its pool runs): other code may have changed it
+    if getattr(_THREADS_SET, "threads", None) == threads and get_num_threads() == threads:
         return
-    from numba import set_num_threads
 
     torch_threads = torch.get_num_threads()
     set_num_threads(threads)

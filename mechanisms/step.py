@@ -271,10 +271,11 @@ def data_independent_values(mechanism: "_CurveSource", orders: NDArray[np.float6
     """
     grid = np.ascontiguousarray(orders, dtype=np.float64)
     try:
-        return _cached_values(mechanism, grid.tobytes())
+        hash(mechanism)
     except TypeError:   # an unhashable spec
         values: NDArray[np.float64] = np.asarray(mechanism.rdp_values(grid), dtype=np.float64)
         return values
+    return _cached_values(mechanism, grid.tobytes())
 
 
 @functools.lru_cache(maxsize=64)

@@ -520,6 +520,11 @@ def test_kernel_threads_follow_the_setting_on_every_call(monkeypatch):
         _set_threads()
         assert get_num_threads() == expected
         assert torch.get_num_threads() == torch_threads
+    from numba import set_num_threads
+
+    set_num_threads(most)          # changed behind dpledger's back: the next kernel still gets the setting
+    _set_threads()
+    assert get_num_threads() == 1
     # a new thread starts at numba's default (every core): it must be given 1 although this thread has 1
     seen = []
 
