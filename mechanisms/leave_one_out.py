@@ -166,6 +166,8 @@ def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: t
     grid = np.asarray(orders, dtype=np.float64).reshape(-1)
     if not np.all(np.diff(grid) > 0):
         raise ValueError("leave_one_out_curve needs strictly increasing orders")
+    if relative_tolerance is not None and grid.size == 0:
+        raise ValueError("leave_one_out_curve's sub-grid needs at least one order, got none")
     n = teachers.shape[-2]
     if n < 2:
         raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")

@@ -151,6 +151,8 @@ def test_allowance_bounds_the_gap_between_two_summation_orders(rng):
     assert np.all(values * (1.0 - 1e-6) < values - 2.0 * allowance)
     with pytest.raises(ValueError, match="orders must be > 1"):
         leave_one_out_allowance(teachers, public, lambdas, np.array([1.0]), values[:, :1])
+    with pytest.raises(ValueError, match="at least one order, got none"):
+        leave_one_out_curve(teachers, public, lambdas, np.array([]))
 
 
 def test_remove_one_adapmixed_run_passes_the_eq3_and_replay_checks(micro_models, tmp_path):
