@@ -27,6 +27,7 @@ from dpledger.mechanisms.pmixed import subsampling_variant as variant_named
 from dpledger.mechanisms.aggregation import VoteAggregator
 from dpledger.mechanisms.randomness import StepGenerators, uniform
 from dpledger.mechanisms.screening import NoisyScreening
+from dpledger.mechanisms.kernels import SOLVER_VERSION
 from dpledger.mechanisms.step import adapmixed_step, pmixed_step
 from dpledger.mechanisms.aggregators import aggregator_class, aggregators
 from dpledger.mechanisms.voting import VotingMechanism, histograms
@@ -108,17 +109,17 @@ def _ensemble(public: torch.Tensor, teachers: torch.Tensor, generator: Randomnes
 
 
 def _pmixed_step(pmixed: PMixED, public: torch.Tensor, teachers: torch.Tensor, orders: npt.NDArray[np.float64],
-                 mask: torch.Tensor | None = None, fitted_steps: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                 mask: torch.Tensor | None = None, solver_version: int = SOLVER_VERSION) -> tuple[torch.Tensor, torch.Tensor]:
     """PMixED's step (dpledger.mechanisms.step.pmixed_step): its mixing weights and output. Nothing
     it does not charge: the audit's theorem_3_1 check computes Eq. 3 itself from the replay payload."""
-    result = pmixed_step(pmixed, teachers, public, orders, mask, fitted_steps)
+    result = pmixed_step(pmixed, teachers, public, orders, mask, solver_version)
     return result.lambdas, result.output
 
 
 def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float | None = None,
                   subsampling_variant: str | None = None, ball: str = Ball.PROJECTION_ORDER.value,
                   relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
-                  fitted_steps: bool = True) -> Runner:
+                  solver_version: int = SOLVER_VERSION) -> Runner:
     """PMixED (Flemings et al. 2024, Algorithm 2): charges Theorem 3.1 (as claimed for the paper's
     ball, proven for ball="proof-orders" and "all-orders"), or a named subsampling variant. Theorem 3.1 is
     data-independent, so it covers adding and removing a teacher alike (any claimed relation).
@@ -132,8 +133,8 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
             value); None: the proven default for the ball. Needs `sample_rate`.
         ball: the projection's ball (dpledger.mechanisms.ball.Ball's value).
         relation: the run's claimed neighbouring relation (replace-one is not covered).
-        fitted_steps: the mixing-weight solver's fitted steps; not a config key: it follows the code
-            that wrote a trace (records_version 6 and later; build_runner).
+        solver_version: whose mixing-weight solver arithmetic to follow; not a config key: it follows
+            the code that wrote a trace (its records_version; build_runner).
 
     Returns:
         The runner: kind "pmixed", its recorded parameters, one data-independent component, its
@@ -155,7 +156,7 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
 
         def process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
                     orders: npt.NDArray[np.float64]) -> BlockOutcome:
-            lambdas, output = _pmixed_step(pmixed, public, teacher_probs, orders, fitted_steps=fitted_steps)
+            lambdas, output = _pmixed_step(pmixed, public, teacher_probs, orders, solver_version=solver_version)
             bound = np.broadcast_to(pmixed.rdp_values(orders), (public.shape[0], orders.size)).copy()
             return BlockOutcome(output=output, charged={name: bound}, lambdas=lambdas.numpy(), data_independent=bound)
 
@@ -173,7 +174,7 @@ def pmixed_runner(alpha: float, beta: float, teachers: int, sample_rate: float |
     def subsampled_process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
                            orders: npt.NDArray[np.float64]) -> BlockOutcome:
         mask = uniform(teacher_probs.shape[:-1], generator) < sample_rate
-        lambdas, output = _pmixed_step(pmixed, public, teacher_probs, orders, mask, fitted_steps)
+        lambdas, output = _pmixed_step(pmixed, public, teacher_probs, orders, mask, solver_version)
         sizes = mask.sum(dim=-1).numpy()
         unique, index = np.unique(sizes, return_inverse=True)  # curves depend on the subsample size only
         charged = np.stack([SubsampledPMixED(pmixed, sample_rate, variant,
@@ -197,7 +198,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
                      top_k: int, screening: bool = True, data_dependent: bool = True,
                      accounting: str = "released-output", ball: str = Ball.PROJECTION_ORDER.value,
                      relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
-                     add_one_dual: bool = False, add_one_subgrid: bool = True, fitted_steps: bool = True) -> Runner:
+                     add_one_dual: bool = False, add_one_subgrid: bool = True,
+                     solver_version: int = SOLVER_VERSION) -> Runner:
     """AdaPMixED (Flemings et al. 2024, Algorithm 1) and its Table 2a ablations.
 
     screening=True, data_dependent=True: AdaPMixED (screen, then PMixED charged data-dependently);
@@ -251,8 +253,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
         add_one_dual: tighten the add-one bound by the certified Lagrangian dual.
         add_one_subgrid: the add-one bound on its certified sub-grid of orders; not a config key: it
             follows the code that wrote a trace (records_version 4 and later; build_runner).
-        fitted_steps: the mixing-weight solver's fitted steps; not a config key either (records_version
-            6 and later).
+        solver_version: whose mixing-weight solver arithmetic to follow; not a config key either (the
+            trace's records_version).
 
     Returns:
         The runner: kind "adapmixed", its recorded parameters, its components ("screen" when
@@ -287,7 +289,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     def process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
                 orders: npt.NDArray[np.float64]) -> BlockOutcome:
         result = adapmixed_step(mechanism, teacher_probs, public, generator if screening else None, orders, relation,
-                                accounting, screening, data_dependent, add_one_dual, add_one_subgrid, fitted_steps)
+                                accounting, screening, data_dependent, add_one_dual, add_one_subgrid, solver_version)
         # what was charged: the loss covering the relation, Eq. 3 its remove-one part; a run charged by
         # Theorem 3.1 records neither (the audit's theorem_3_1 check computes Eq. 3 from the payload)
         observed = result.data_dependent if data_dependent else None
@@ -460,7 +462,7 @@ def runner_parameters(kind: str) -> set[str]:
     return set(inspect.signature(_PARAMETERISED[kind]).parameters) - {"teachers", "relation"} - _CODE_VERSION_OPTIONS
 
 
-_CODE_VERSION_OPTIONS = frozenset({"add_one_subgrid", "fitted_steps"})
+_CODE_VERSION_OPTIONS = frozenset({"add_one_subgrid", "solver_version"})
 """Runner arguments that follow the version of the code that wrote a trace, never a config key: build_runner
 sets them from the trace's records_version."""
 
@@ -568,7 +570,7 @@ def build_runner(mechanism: dict, teachers: int,
     if kind == "adapmixed":
         params = {**params, "add_one_subgrid": records_version >= 4}
     if kind in ("pmixed", "adapmixed"):
-        params = {**params, "fitted_steps": records_version >= 6}
+        params = {**params, "solver_version": min(records_version, SOLVER_VERSION)}
     try:
         return _PARAMETERISED[kind](teachers=teachers, relation=relation, **params)
     except TypeError as error:

@@ -223,8 +223,16 @@ def max_divergence_symmetric(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.
     return torch.where(torch.isfinite(value), value + ROUNDING_ULPS * magnitude * 2.0, value)
 
 
+SOLVER_VERSION = 7
+"""The records version whose mixing-weight solver arithmetic the CPU solver follows by default
+(dpledger.mechanisms.fused.solve_mixing_weights): below 6, Newton points only; from 6, fitted-model
+roots too; from 7, integer orders raised to powers by products instead of exp and log (lambdas within
+~1e-15 of version 6's on the benchmark's paper-scale ensemble). The replay of a trace follows the
+version that wrote it (dpledger.decoding.runners.build_runner)."""
+
+
 def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, radius: float,
-                   relative_tolerance: float = 1e-10, fitted_steps: bool = True) -> torch.Tensor:
+                   relative_tolerance: float = 1e-10, solver_version: int = SOLVER_VERSION) -> torch.Tensor:
     """Largest lambda in [0, 1] per teacher with D<->_order(lambda p_i + (1-lambda) p0, p0) <= radius.
 
     PMixED projection (Flemings et al. 2024, Algorithm 2 and Appendix C): the ball at one order.
@@ -237,7 +245,7 @@ def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, r
         radius: the ball's radius in nats (beta alpha in the paper's notation), > 0.
         relative_tolerance: how close, relative to the radius, the returned lambda's divergence must
             come to the boundary before the solver stops.
-        fitted_steps: the CPU solver's fitted steps (ball_mixing_weights).
+        solver_version: whose CPU solver arithmetic to follow (ball_mixing_weights).
 
     Returns:
         float64 tensor (..., N): each teacher's lambda in [0, 1].
@@ -245,12 +253,12 @@ def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, r
     Raises:
         ValueError: if an input distribution holds NaN (CPU tensors).
     """
-    return ball_mixing_weights(teachers, public, (order,), (radius,), None, relative_tolerance, fitted_steps)
+    return ball_mixing_weights(teachers, public, (order,), (radius,), None, relative_tolerance, solver_version)
 
 
 def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Sequence[float], radii: Sequence[float],
                         max_radius: float | None = None, relative_tolerance: float = 1e-10,
-                        fitted_steps: bool = True) -> torch.Tensor:
+                        solver_version: int = SOLVER_VERSION) -> torch.Tensor:
     """Largest lambda in [0, 1] per teacher such that the mixed teacher lambda p_i + (1-lambda) p0
     satisfies D<->_k(., p0) <= radius_k at every order k of `orders` and, when `max_radius` is
     given, D<->_inf(., p0) <= max_radius (Flemings et al. 2024, Algorithm 2 and Appendix C).
@@ -273,9 +281,8 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
         max_radius: the radius of D<->_inf in nats, or None for no such constraint.
         relative_tolerance: how close, relative to the smallest radius, the returned lambda's
             constraint must come to the boundary before the solver stops.
-        fitted_steps: the CPU solver proposes fitted-model roots besides Newton points
-            (dpledger.mechanisms.fused.solve_mixing_weights); False solves as traces of records_version
-            < 6 were solved, whose replay must reproduce their lambdas to 1e-9.
+        solver_version: the records version whose CPU solver arithmetic to follow (SOLVER_VERSION
+            says what each changed): a trace's replay must reproduce its lambdas to 1e-9.
 
     Returns:
         float64 tensor (..., N): each teacher's lambda in [0, 1].
@@ -302,7 +309,8 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
     _set_threads()
     for row in range(flat_teachers.shape[0]):
         solve_mixing_weights(flat_teachers[row], flat_public[row], orders_np, log_targets, max_log_ratio,
-                             relative_tolerance, 200, _SLACK_ULPS, fitted_steps, lambdas[row], evaluations[row])
+                             relative_tolerance, 200, _SLACK_ULPS, solver_version >= 6, solver_version >= 7, lambdas[row],
+                             evaluations[row])
     return torch.from_numpy(lambdas.reshape(teachers.shape[:-1]))
 
 

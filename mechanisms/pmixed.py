@@ -24,7 +24,7 @@ from dpledger.mechanisms.accountable import TEACHERS_HELP, AccountableMechanism,
 from dpledger.mechanisms.base import Mechanism, require_relation, set_validated
 from dpledger.mechanisms.distributions import validated_ensemble, validated_lambdas
 from dpledger.mechanisms.ball import Ball, all_orders_ball_constraints, ball_named, proof_orders_ball_constraints
-from dpledger.mechanisms.kernels import ball_mixing_weights, mixing_weights
+from dpledger.mechanisms.kernels import SOLVER_VERSION, ball_mixing_weights, mixing_weights
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
 from dpledger.mechanisms.step import pmixed_step
 from dpledger.mechanisms.subsampling import amplified_rdp
@@ -374,23 +374,23 @@ class PMixED(AccountableMechanism):
         return self.mixing_weights_tensor(torch.from_numpy(teachers_np), torch.from_numpy(public_np)).numpy()
 
     def mixing_weights_tensor(self, teachers: torch.Tensor, public: torch.Tensor,
-                              fitted_steps: bool = True) -> torch.Tensor:
+                              solver_version: int = SOLVER_VERSION) -> torch.Tensor:
         """mixing_weights on float64 tensors, unvalidated (the decode loop's inner call).
 
         Args:
             teachers: (..., N, V) float64 distributions.
             public: (..., V) float64 distributions.
-            fitted_steps: the solver's fitted steps (dpledger.mechanisms.kernels.ball_mixing_weights;
-                False: as traces of records_version < 6 were solved).
+            solver_version: whose solver arithmetic to follow (dpledger.mechanisms.kernels.SOLVER_VERSION;
+                a trace's replay passes the version that wrote it).
 
         Returns:
             (..., N) float64 mixing weights.
         """
         if self.ball is Ball.PROJECTION_ORDER:
-            return mixing_weights(teachers, public, self.alpha, self.radius, fitted_steps=fitted_steps)
+            return mixing_weights(teachers, public, self.alpha, self.radius, solver_version=solver_version)
         if self.beta == 0.0:  # radius 0: only the public model itself is in the ball
             return torch.zeros(teachers.shape[:-1], dtype=torch.float64)
-        return ball_mixing_weights(teachers, public, *self.ball_constraints, fitted_steps=fitted_steps)
+        return ball_mixing_weights(teachers, public, *self.ball_constraints, solver_version=solver_version)
 
     def step(self, teachers: npt.ArrayLike | torch.Tensor, public: npt.ArrayLike | torch.Tensor,
              generator: torch.Generator | StepGenerators | None = None,

@@ -20,7 +20,7 @@ from dpledger.accounting.errors import require
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, neighbouring_relation, path_accounting
 from dpledger.mechanisms.distributions import validated_ensemble
-from dpledger.mechanisms.kernels import mixed_teachers
+from dpledger.mechanisms.kernels import SOLVER_VERSION, mixed_teachers
 from dpledger.mechanisms.leave_one_out import leave_one_out_curve
 from dpledger.accounting.lazy_import import lazy_module
 
@@ -223,7 +223,7 @@ def data_dependent_step_curve(
 
 def pmixed_step(pmixed: PMixED, teachers: torch.Tensor | npt.ArrayLike, public: torch.Tensor | npt.ArrayLike,
                 orders: Sequence[float] | NDArray[np.float64] | None = None,
-                mask: torch.Tensor | None = None, fitted_steps: bool = True) -> StepResult:
+                mask: torch.Tensor | None = None, solver_version: int = SOLVER_VERSION) -> StepResult:
     """PMixED (Flemings et al. 2024, Algorithm 2) for a batch of steps: lambdas, the mixed output,
     and Theorem 3.1's per-step curve (as claimed for the paper's ball, proven for proof-orders and all-orders).
 
@@ -233,7 +233,7 @@ def pmixed_step(pmixed: PMixED, teachers: torch.Tensor | npt.ArrayLike, public: 
         public: (..., V) distributions.
         orders: Renyi orders of the curve; None for DEFAULT_ORDERS.
         mask: (..., N) bool, a Poisson subsample of the teachers; None for all.
-        fitted_steps: the mixing-weight solver's fitted steps (PMixED.mixing_weights_tensor).
+        solver_version: whose mixing-weight solver arithmetic to follow (PMixED.mixing_weights_tensor).
 
     Returns:
         The StepResult, charged "pmixed_theorem_3_1" at every step.
@@ -243,7 +243,7 @@ def pmixed_step(pmixed: PMixED, teachers: torch.Tensor | npt.ArrayLike, public: 
     """
     ensemble, reference = as_ensemble(teachers, public, pmixed.teachers)
     grid = step_orders(orders)
-    lambdas = pmixed.mixing_weights_tensor(ensemble, reference, fitted_steps)
+    lambdas = pmixed.mixing_weights_tensor(ensemble, reference, solver_version)
     _, output = mixed_output(ensemble, reference, lambdas, mask)
     curve = np.broadcast_to(data_independent_values(pmixed, grid), tuple(output.shape[:-1]) + (grid.size,)).copy()
     return StepResult(output=output, lambdas=lambdas, orders=grid, charged={"pmixed_theorem_3_1": curve},
@@ -291,7 +291,7 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
                    relation: NeighbouringRelation | str | None = None,
                    accounting: PathAccounting | str = "released-output", screening: bool = True,
                    data_dependent: bool = True, add_one_dual: bool = False, add_one_subgrid: bool = True,
-                   fitted_steps: bool = True) -> StepResult:
+                   solver_version: int = SOLVER_VERSION) -> StepResult:
     """AdaPMixED (Flemings et al. 2024, Algorithm 1) for a batch of steps: the noisy screen
     (Theorem 4.1), PMixED's projection, and the charged curve by component: "screen" and
     "pmixed_data_dependent" (the loss covering `relation`, the mechanism's own by default) or,
@@ -313,7 +313,7 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
         data_dependent: charge the data-dependent loss (else Theorem 3.1).
         add_one_dual: the add-one bound also takes the certified dual.
         add_one_subgrid: the add-one bound on the certified sub-grid (data_dependent_step_curve).
-        fitted_steps: the mixing-weight solver's fitted steps (PMixED.mixing_weights_tensor).
+        solver_version: whose mixing-weight solver arithmetic to follow (PMixED.mixing_weights_tensor).
 
     Returns:
         The StepResult, charged by component.
@@ -340,7 +340,7 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
         passed = statistic <= screen.threshold
     else:
         statistic, passed = None, torch.ones(batch, dtype=torch.bool)
-    lambdas = pmixed.mixing_weights_tensor(ensemble, reference, fitted_steps)
+    lambdas = pmixed.mixing_weights_tensor(ensemble, reference, solver_version)
     covering: NDArray[np.float64] | None
     exact: NDArray[np.bool_] | None
     removed: NDArray[np.float64] | None

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import assume, example, given, settings, strategies as st
 from numba import njit
 
 from dpledger.accounting.curve import RdpCurve, compose_curves
@@ -147,7 +147,7 @@ def test_newton_solver_matches_illinois_and_is_feasible(seed, teachers, vocab, a
     assert np.all(renyi_divergence(mixed, public.numpy(), alpha, symmetric=True) <= radius)
     # the fitted steps and Newton alone (records version < 6) stop within 1e-10 of the radius from
     # inside: their lambdas agree far below the replay's 1e-9
-    newton = mixing_weights(ensemble, public, alpha, radius, fitted_steps=False).numpy()
+    newton = mixing_weights(ensemble, public, alpha, radius, solver_version=5).numpy()
     np.testing.assert_allclose(fused, newton, rtol=0, atol=1e-9)
     for row in mixed[:2]:     # inside the ball by the definition, in mpmath (an oracle sharing no code)
         assert oracle_symmetric_renyi(row, public.numpy(), alpha) <= radius
@@ -474,12 +474,15 @@ def test_a_trace_replays_with_the_solver_of_the_code_that_wrote_it(kind):
     if kind == "adapmixed":
         table.update(lam=1e-4, sigma=1e-2, threshold=4.5, top_k=8, screening=False)
     replayed = {}
-    for version, fitted in ((5, False), (6, True)):
+    for version in (5, 6, 7, 8):
         runner = build_runner(dict(table), 6, "add_or_remove_one", records_version=version)
-        assert "fitted_steps" not in runner.params        # never a config key: the manifest check is unchanged
+        assert "solver_version" not in runner.params      # never a config key: the manifest check is unchanged
         replayed[version] = runner.process(public[None], ensemble[None], StepGenerators.for_steps(1, 0, 1), GRID).lambdas[0]
-        assert np.array_equal(replayed[version], mixing_weights(ensemble, public, 18.0, 3.6, fitted_steps=fitted).numpy())
-    assert not np.array_equal(replayed[5], replayed[6])     # the two solvers' last bits differ on this ensemble
+        assert np.array_equal(replayed[version], mixing_weights(ensemble, public, 18.0, 3.6,
+                                                                solver_version=min(version, 7)).numpy())
+    assert not np.array_equal(replayed[5], replayed[6])     # the solvers' last bits differ on this ensemble
+    np.testing.assert_allclose(replayed[6], replayed[7], rtol=0, atol=1e-9)   # powers by products: same ball
+    assert np.array_equal(replayed[7], replayed[8])         # a later version solves as the latest solver does
 
 
 @settings(max_examples=40, deadline=None)
@@ -536,3 +539,52 @@ def test_kernel_threads_follow_the_setting_on_every_call(monkeypatch):
     worker.start()
     worker.join()
     assert seen == [1]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10**6), st.integers(2, 60), st.sampled_from([2, 3, 5, 17, 18, 33, 64, 100, 257, 1000, 4096]),
+       st.floats(0.0, 1.0), st.floats(0.1, 4.0))
+def test_integer_order_sums_are_within_their_stated_ulps_of_mpmath(seed, vocab, order, lam, spread):
+    """The solver's power path (fused._integer_order_sums) against the four sums written out in mpmath
+    from their definition (sharing no code): each within (6 a + V) ulps of the sum of its terms'
+    magnitudes (the docstring's product bound plus a sum's rounding), wherever the caller lets it run
+    ((r_min / r_max)^a a normal float)."""
+    import mpmath
+    from dpledger.mechanisms.fused import _integer_order_sums
+
+    rng = np.random.default_rng(seed)
+    public = rng.dirichlet(np.full(vocab, 0.5))
+    ratio = np.exp(spread * rng.standard_normal(vocab))
+    keep = 1.0 - lam
+    mpmath.mp.prec = 120
+    # r_j = fma(lam, ratio_j, keep): the exact value rounded once
+    mixed = np.array([float(mpmath.mpf(lam) * mpmath.mpf(x) + mpmath.mpf(keep)) for x in ratio])
+    high, low = mixed.max(), mixed.min()
+    assume(low > 0.0 and order * (math.log(high) - math.log(low)) < 600.0)
+    got = _integer_order_sums(order, lam, keep, high, low, ratio, public)
+    t = [mpmath.mpf(m) / mpmath.mpf(high) for m in mixed]
+    s = [mpmath.mpf(low) / mpmath.mpf(m) for m in mixed]
+    weight = [mpmath.mpf(w) for w in public]
+    excess = [w * (mpmath.mpf(x) - 1) for w, x in zip(weight, ratio)]
+    terms = ([w * ti ** order for w, ti in zip(weight, t)], [e * ti ** (order - 1) for e, ti in zip(excess, t)],
+             [w * si ** (order - 1) for w, si in zip(weight, s)], [e * si ** order for e, si in zip(excess, s)])
+    ulps = (6 * order + vocab) * 2.0 ** -53
+    for value, sum_terms in zip(got, terms):
+        magnitude = mpmath.fsum(abs(term) for term in sum_terms)
+        assert abs(mpmath.mpf(value) - mpmath.fsum(sum_terms)) <= ulps * magnitude + mpmath.mpf(1e-300)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10**6), st.integers(2, 8), st.integers(3, 3000), st.sampled_from([2.0, 6.0, 18.0, 64.0]),
+       st.floats(0.001, 0.5), st.floats(0.2, 3.0))
+def test_integer_powers_solve_the_ball_as_exp_and_log_do(seed, teachers, vocab, alpha, beta, spread):
+    """Records version 7's solver (powers by products at integer orders) against version 6's (exp and
+    log): both feasible in float64 and in mpmath, lambdas within the replay's 1e-9."""
+    ensemble, public = _ensemble(seed, teachers, vocab, spread)
+    radius = alpha * beta
+    powers = mixing_weights(ensemble, public, alpha, radius, solver_version=7).numpy()
+    logs = mixing_weights(ensemble, public, alpha, radius, solver_version=6).numpy()
+    np.testing.assert_allclose(powers, logs, rtol=0, atol=1e-9)
+    mixed = powers[:, None] * ensemble.numpy() + (1 - powers[:, None]) * public.numpy()
+    assert np.all(renyi_divergence(mixed, public.numpy(), alpha, symmetric=True) <= radius)
+    assert oracle_symmetric_renyi(mixed[0], public.numpy(), alpha) <= radius
