@@ -197,8 +197,9 @@ def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torc
     expected = loss_covering(
         relation, lambda: eq3_floor,
         lambda: add_one_divergence_bounds(output, public, trace.n_teachers, torch.from_numpy(trace.orders),
-                                          *_pmixed(trace).one_order_ball, dual=dual,
-                                          relative_tolerance=None).numpy() * (1.0 - ADD_ONE_RTOL))
+                                          *_pmixed(trace).one_order_ball, dual=dual, relative_tolerance=None,
+                                          version=trace.manifest.get("records_version", 1)).numpy()
+        * (1.0 - ADD_ONE_RTOL))
     charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
     answered = np.asarray([(every_step or r["screen_passed"]) and not r.get("budget_refused") for r in records])
     with np.errstate(invalid="ignore"):   # inf - inf where both are +inf: no shortfall

@@ -27,7 +27,7 @@ from dpledger.mechanisms.pmixed import subsampling_variant as variant_named
 from dpledger.mechanisms.aggregation import VoteAggregator
 from dpledger.mechanisms.randomness import StepGenerators, uniform
 from dpledger.mechanisms.screening import NoisyScreening
-from dpledger.mechanisms.kernels import SOLVER_VERSION
+from dpledger.mechanisms.kernels import ADD_ONE_VERSION, SOLVER_VERSION
 from dpledger.mechanisms.step import adapmixed_step, pmixed_step
 from dpledger.mechanisms.aggregators import aggregator_class, aggregators
 from dpledger.mechanisms.voting import VotingMechanism, histograms
@@ -198,7 +198,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
                      top_k: int, screening: bool = True, data_dependent: bool = True,
                      accounting: str = "released-output", ball: str = Ball.PROJECTION_ORDER.value,
                      relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
-                     add_one_dual: bool = False, add_one_subgrid: bool = True,
+                     add_one_dual: bool = False, add_one_version: int = ADD_ONE_VERSION,
                      solver_version: int = SOLVER_VERSION) -> Runner:
     """AdaPMixED (Flemings et al. 2024, Algorithm 1) and its Table 2a ablations.
 
@@ -251,8 +251,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
         ball: the projection's ball (dpledger.mechanisms.ball.Ball's value).
         relation: the run's claimed neighbouring relation (replace-one is not covered).
         add_one_dual: tighten the add-one bound by the certified Lagrangian dual.
-        add_one_subgrid: the add-one bound on its certified sub-grid of orders; not a config key: it
-            follows the code that wrote a trace (records_version 4 and later; build_runner).
+        add_one_version: whose add-one bound arithmetic to follow (the sub-grid from 4, the weighted chord
+            sum from 7); not a config key: it follows the code that wrote a trace (build_runner).
         solver_version: whose mixing-weight solver arithmetic to follow; not a config key either (the
             trace's records_version).
 
@@ -289,7 +289,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     def process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
                 orders: npt.NDArray[np.float64]) -> BlockOutcome:
         result = adapmixed_step(mechanism, teacher_probs, public, generator if screening else None, orders, relation,
-                                accounting, screening, data_dependent, add_one_dual, add_one_subgrid, solver_version)
+                                accounting, screening, data_dependent, add_one_dual, add_one_version, solver_version)
         # what was charged: the loss covering the relation, Eq. 3 its remove-one part; a run charged by
         # Theorem 3.1 records neither (the audit's theorem_3_1 check computes Eq. 3 from the payload)
         observed = result.data_dependent if data_dependent else None
@@ -462,7 +462,7 @@ def runner_parameters(kind: str) -> set[str]:
     return set(inspect.signature(_PARAMETERISED[kind]).parameters) - {"teachers", "relation"} - _CODE_VERSION_OPTIONS
 
 
-_CODE_VERSION_OPTIONS = frozenset({"add_one_subgrid", "solver_version"})
+_CODE_VERSION_OPTIONS = frozenset({"add_one_version", "solver_version"})
 """Runner arguments that follow the version of the code that wrote a trace, never a config key: build_runner
 sets them from the trace's records_version."""
 
@@ -568,7 +568,7 @@ def build_runner(mechanism: dict, teachers: int,
     if kind == "voting":
         aggregator_class(params["aggregator"])   # an unknown name: the registry's one line
     if kind == "adapmixed":
-        params = {**params, "add_one_subgrid": records_version >= 4}
+        params = {**params, "add_one_version": min(records_version, ADD_ONE_VERSION)}
     if kind in ("pmixed", "adapmixed"):
         params = {**params, "solver_version": min(records_version, SOLVER_VERSION)}
     try:

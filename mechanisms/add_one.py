@@ -72,9 +72,11 @@ from numpy.typing import ArrayLike, NDArray
 from dpledger.accounting.rounding import ROUNDING_ULPS
 from dpledger.mechanisms.fastmath import JitOptions, jit  # first: it sets numba's vector width
 from dpledger.mechanisms.ball import ALL_ORDERS_BALL_GRID, all_orders_ball_constraints
-from dpledger.mechanisms.kernels import _SLACK_ULPS, FloatArray, _log, _set_threads, ball_mixing_weights
+from dpledger.mechanisms.kernels import (ADD_ONE_VERSION, _SLACK_ULPS, FloatArray, _log, _set_threads,
+                                         ball_mixing_weights)
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
-from dpledger.mechanisms.fused import add_one_order_sums, knapsack_allocation, renyi_log_moments
+from dpledger.mechanisms.fused import (add_one_order_sums, add_one_weighted_order_sums, knapsack_allocation,
+                                       renyi_log_moments)
 from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:
@@ -963,22 +965,42 @@ def _knapsack_allocation(log_qmax: np.ndarray, log_t: np.ndarray) -> tuple[np.nd
 class _AllocatedTokens:
     """Per row of (..., V): the tokens the fractional knapsack allocates mass to (log a_j, log t_j and
     shift_j = log((N + t_j) / (N + 1)), compacted), found once per step for every order the sub-grid
-    asks for; a row where a token with t_j = +inf (p_j = 0 < qmax_j) receives mass is marked infinite."""
+    asks for; a row where a token with t_j = +inf (p_j = 0 < qmax_j) receives mass is marked infinite.
+    `weighted` (records_version >= 7) also keeps log c_j = log a_j - log t_j and the log of the weight
+    w0 on phi_k(0), rounded up (add_one_weighted_order_sums): w0 = max(0, 1 - C (1 - d)) with C the
+    computed sum_j c_j and d a bound on its relative error (each exp within 1 ulp of its rounded
+    argument, (M + 1) ulps for a sum of M nonnegative terms in any order), so w0 >= 1 - sum_j c_j."""
 
-    def __init__(self, log_allocation: np.ndarray, log_t: np.ndarray, teachers: float) -> None:
+    def __init__(self, log_allocation: np.ndarray, log_t: np.ndarray, teachers: float, weighted: bool = True) -> None:
         self.batch = log_t.shape[:-1]
         self.teachers = teachers
+        self.weighted = weighted
         flat_allocation = log_allocation.reshape(-1, log_t.shape[-1])
         flat_t = log_t.reshape(-1, log_t.shape[-1])
-        self.rows: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = []
+        self.rows: list[tuple[np.ndarray, ...] | None] = []
+        self.log_zero_weights: list[float] = []
         for row in range(flat_t.shape[0]):
             allocated = np.isfinite(flat_allocation[row])
             if np.isposinf(flat_t[row][allocated]).any():
                 self.rows.append(None)
+                self.log_zero_weights.append(-np.inf)
                 continue
             la, lt = np.ascontiguousarray(flat_allocation[row][allocated]), np.ascontiguousarray(flat_t[row][allocated])
             shift = np.ascontiguousarray(np.logaddexp(np.log(teachers), lt) - np.log(teachers + 1.0))
-            self.rows.append((la, lt, shift))
+            if not weighted:
+                self.rows.append((la, lt, shift))
+                continue
+            log_share = np.ascontiguousarray(la - lt)
+            shares = np.exp(log_share)
+            relative = _U * (2.0 * (np.abs(log_share).max(initial=0.0) + 2.0) + la.size + 1.0)
+            zero_weight = max(0.0, 1.0 - float(shares.sum()) * (1.0 - 2.0 * relative))
+            self.rows.append((la, lt, log_share, shift))
+            self.log_zero_weights.append(math.log(zero_weight) if zero_weight > 0.0 else -np.inf)
+
+    def zero_weight_magnitude(self) -> np.ndarray:
+        """(..., 1): |log w0| per row where w0 > 0, else 0 (the weight's exponent joins the chord's allowance)."""
+        weights = np.asarray(self.log_zero_weights, dtype=np.float64)
+        return np.where(np.isfinite(weights), np.abs(weights), 0.0).reshape(*self.batch, 1)
 
     def order_sums(self, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(log sum_j a_j t_j^(k-1), log of the chord bound's sum, and their derivatives in k) per row
@@ -990,9 +1012,12 @@ class _AllocatedTokens:
         for row, tokens in enumerate(self.rows):
             if tokens is None:
                 u2[row], chord[row], u2_slope[row], chord_slope[row] = np.inf, np.inf, 0.0, 0.0
-                continue
-            add_one_order_sums(*tokens, orders, float(self.teachers), u2[row], chord[row], u2_slope[row],
-                               chord_slope[row])
+            elif self.weighted:
+                add_one_weighted_order_sums(*tokens, self.log_zero_weights[row], orders, float(self.teachers), u2[row],
+                                            chord[row], u2_slope[row], chord_slope[row])
+            else:
+                add_one_order_sums(*tokens, orders, float(self.teachers), u2[row], chord[row], u2_slope[row],
+                                   chord_slope[row])
         shape = (*self.batch, orders.size)
         return u2.reshape(shape), chord.reshape(shape), u2_slope.reshape(shape), chord_slope.reshape(shape)
 
@@ -1010,7 +1035,8 @@ replay in windows of another size decides the same."""
 def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teachers: int, orders: torch.Tensor,
                               alpha: float, radius: float, all_orders_beta: float | None = None,
                               dual: bool = False, relative_tolerance: float | None = ADD_ONE_RELATIVE_TOLERANCE,
-                              subgrid_from_vocabulary: int = ADD_ONE_SUBGRID_MIN_VOCABULARY) -> torch.Tensor:
+                              subgrid_from_vocabulary: int = ADD_ONE_SUBGRID_MIN_VOCABULARY,
+                              version: int = ADD_ONE_VERSION) -> torch.Tensor:
     """max(forward, reverse) of add_one_direction_bounds (its docstring has the derivation): (..., K).
 
     dual=True takes, in each direction, the smaller of the closed-form bound and the Lagrangian dual
@@ -1034,6 +1060,7 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
         relative_tolerance: the closed form's sub-grid certificate (add_one_direction_bounds); None: every
             order computed.
         subgrid_from_vocabulary: the smallest vocabulary the sub-grid runs at (every order below it).
+        version: the records version whose arithmetic to follow (add_one_direction_bounds).
 
     Returns:
         float64 tensor (..., K): an upper bound in nats on the add-one divergence at each order.
@@ -1043,7 +1070,7 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
             inputs fail dual_add_one_bounds' checks.
     """
     forward, reverse = add_one_direction_bounds(output, public, teachers, orders, alpha, radius, all_orders_beta,
-                                                relative_tolerance, subgrid_from_vocabulary)
+                                                relative_tolerance, subgrid_from_vocabulary, version)
     if dual:
         dual_forward, dual_reverse, _ = _dual_add_one(output, public, teachers, orders, alpha, radius, all_orders_beta)
         forward = np.minimum(forward, dual_forward.reshape(forward.shape))
@@ -1057,8 +1084,8 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
 def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teachers: int, orders: torch.Tensor,
                              alpha: float, radius: float, all_orders_beta: float | None = None,
                              relative_tolerance: float | None = ADD_ONE_RELATIVE_TOLERANCE,
-                             subgrid_from_vocabulary: int = ADD_ONE_SUBGRID_MIN_VOCABULARY
-                             ) -> tuple[np.ndarray, np.ndarray]:
+                             subgrid_from_vocabulary: int = ADD_ONE_SUBGRID_MIN_VOCABULARY,
+                             version: int = ADD_ONE_VERSION) -> tuple[np.ndarray, np.ndarray]:
     """(forward, reverse), numpy (..., K): upper bounds, per order k, on the max of D_k(p_+ || p)
     (forward) and of D_k(p || p_+) (reverse) over every teacher an adversary
     can add: output (..., V) is p = mean of the N mixed teachers, public (..., V) is p0, and
@@ -1102,7 +1129,11 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     a_j <= qmax_j), hence convex (van Erven & Harremoes 2014, Corollary 2; Boyd & Vandenberghe 2004,
     Section 3.1.5). (A float law p may sum to 1 + e, e > 0: then the weight of phi_k(0) may be -e, and
     log S lies at most e below the log of the same sum with that weight raised to 0, which is convex and
-    at least phi_k(0); e joins the chord sum's allowance.) So each lies under its chord between two
+    at least phi_k(0); e joins the chord sum's allowance. From records version 7 the weight of phi_k(0)
+    is rounded up instead, to w0 >= max(0, 1 - sum_j a_j / t_j): that raises the sum, so it stays an upper
+    bound, and keeps every weight nonnegative, so it is convex; the kernel then needs one exp per token,
+    and each sum of M terms carries the worst case of its rounding in any order, (M + 2) unit roundoffs
+    (Higham 2002, Section 4.2), in its allowance.) So each lies under its chord between two
     orders where it was computed, and above its tangents there (the kernel gives the derivatives of the
     first two) and the extensions of its neighbouring chords (`_convex_sandwich`). Every formula above
     is nondecreasing in each sum, so the chords give an upper bound and the tangents and extensions a
@@ -1124,6 +1155,8 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
             computation); None: every order computed.
         subgrid_from_vocabulary: the smallest vocabulary the sub-grid runs at; below it every order is
             computed (ADD_ONE_SUBGRID_MIN_VOCABULARY: where the sub-grid saves time).
+        version: the records version whose arithmetic to follow (dpledger.mechanisms.kernels.ADD_ONE_VERSION:
+            from 7 the weighted chord sum; a trace's replay passes the version that wrote it).
 
     Returns:
         (forward, reverse), float64 numpy arrays (..., K): upper bounds in nats on D_k(p_+ || p) and
@@ -1153,16 +1186,22 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     # One allocation serves U2 and the chord bound at every order: both fill tokens by decreasing
     # t_j = qmax_j / p_j (the chord's slope (phi_k(t) - phi_k(0)) / t grows with t, phi_k being convex).
     log_allocation, log_t = _knapsack_allocation(log_qmax, ratio_q_p)
-    allocated_tokens = _AllocatedTokens(log_allocation, log_t, n)
+    weighted = version >= 7
+    allocated_tokens = _AllocatedTokens(log_allocation, log_t, n, weighted)
     magnitude = np.abs(np.where(np.isfinite(log_t), log_t, 0.0)).max(axis=-1)[..., None]
     w_magnitude = (np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1)
                    + np.abs(np.where(np.isfinite(log_qmin), log_qmin, 0.0)).max(axis=-1) + 2.0)[..., None]
     vocab = log_p.shape[-1]
-    # the chord sum is a nonnegative combination of exponentials only when sum_j a_j / t_j <= 1; as that
-    # sum is at most sum_j p_j, a float law summing above 1 can make it slightly negative on e^(kz), which
-    # moves log S below its chords by at most that excess (add_one_direction_bounds): it joins the allowance
-    mass_excess = (np.maximum(output.numpy().sum(axis=-1) * (1.0 + vocab * _U) - 1.0, 0.0))[..., None]
     allocation_magnitude = np.abs(np.where(np.isfinite(log_allocation), log_allocation, 0.0)).max(axis=-1)[..., None]
+    if weighted:   # a sum of M nonnegative terms in any order: within (M - 1) u relative; plus w0's term
+        summation = (np.isfinite(log_allocation).sum(axis=-1)[..., None] + 2.0) * _U * (1.0 + 1e-6)
+        chord_magnitude = magnitude + allocated_tokens.zero_weight_magnitude()
+    else:
+        chord_magnitude = magnitude
+        # the chord sum is a nonnegative combination of exponentials only when sum_j a_j / t_j <= 1; as that
+        # sum is at most sum_j p_j, a float law summing above 1 can make it slightly negative on e^(kz), which
+        # moves log S below its chords by at most that excess (add_one_direction_bounds): it joins the allowance
+        mass_excess = (np.maximum(output.numpy().sum(axis=-1) * (1.0 + vocab * _U) - 1.0, 0.0))[..., None]
 
     def u2_allowance(u2_moment: np.ndarray, grid: np.ndarray) -> np.ndarray:
         """A bound on the computed (k-1) U2_k's error: its exponents' rounding and the log of the sum's.
@@ -1170,7 +1209,7 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         allowance: np.ndarray = ROUNDING_ULPS * (np.abs(np.where(np.isfinite(u2_moment), u2_moment, 0.0))
                                                  + allocation_magnitude + (grid - 1.0) * (magnitude + 4.0)
                                                  + 2.0 * np.log2(log_t.shape[-1] + 1.0))
-        return allowance
+        return allowance + summation if weighted else allowance
 
     def forward_sums(index: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
         """(k-1) U2_k and the chord sum at orders_np[index] (computed, within their allowances of the
@@ -1181,9 +1220,9 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     def forward_allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
         """A bound on |computed - exact| of each forward sum at the orders `grid`."""
         chord_size = np.abs(np.where(np.isfinite(values[1]), values[1], 0.0))
+        chord = ROUNDING_ULPS * (chord_size + grid * (chord_magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0))
         return [(grid - 1.0) * slack[..., None] + u2_allowance(values[0], grid),
-                ROUNDING_ULPS * (chord_size + grid * (magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0))
-                + 2.0 * mass_excess]
+                chord + summation if weighted else chord + 2.0 * mass_excess]
 
     def forward_bound(values: list[np.ndarray], grid: np.ndarray) -> np.ndarray:
         """D_k(p_+ || p)'s bound at the orders `grid` from the two sums there (nondecreasing in each)."""

@@ -1217,6 +1217,57 @@ def knapsack_allocation(log_caps: FloatArray, log_t: FloatArray, inflate: float,
 
 
 @jit(**_FLAGS)
+def add_one_weighted_order_sums(log_allocation: FloatArray, log_t: FloatArray, log_share: FloatArray,
+                                shift: FloatArray, log_zero_weight: float, orders: FloatArray, teachers: float,
+                                out_u2: FloatArray, out_chord: FloatArray, out_u2_slope: FloatArray,
+                                out_chord_slope: FloatArray) -> None:
+    """add_one_order_sums with the chord sum written as a nonnegative combination (records_version >= 7):
+      out_chord = log(w0 phi_k(0) + sum_j c_j phi_k(t_j)),  c_j = a_j / t_j = exp(log_share_j),
+    w0 = exp(log_zero_weight) >= 1 - sum_j c_j (the caller rounds it up), phi_k(t) = ((N + t)/(N + 1))^k:
+    the chord sum phi_k(0) + sum_j c_j (phi_k(t_j) - phi_k(0)) with its phi_k(0) terms gathered, so one exp
+    per token and no expm1 (every term is nonnegative: no cancellation to guard against). out_u2 and the
+    slopes as add_one_order_sums; the chord slope is (w0 z phi_k(0) + sum_j c_j shift_j phi_k(t_j)) / S,
+    z = log(N / (N + 1)). One pass finds both maxima, one forms both sums.
+
+    Args:
+        log_allocation: log a_j of the allocated tokens (all finite), shape (M,).
+        log_t: log t_j of the same tokens (all finite), shape (M,).
+        log_share: log c_j = log a_j - log t_j, shape (M,).
+        shift: log((N + t_j) / (N + 1)), shape (M,).
+        log_zero_weight: log w0 (-inf for w0 = 0).
+        orders: Renyi orders k > 1, shape (K,).
+        teachers: the ensemble size N (> 0), as a float.
+        out_u2: output, shape (K,): log sum_j a_j t_j^(k-1).
+        out_chord: output, shape (K,): the log of the chord bound's sum.
+        out_u2_slope: output, shape (K,): d out_u2 / dk.
+        out_chord_slope: output, shape (K,): d out_chord / dk.
+    """
+    zero_shift = math.log(teachers) - math.log(teachers + 1.0)
+    size = log_t.size
+    for index in range(orders.size):
+        k = orders[index]
+        top_u2, top_chord = -np.inf, log_zero_weight + k * zero_shift
+        for j in range(size):
+            top_u2 = vmax(top_u2, log_allocation[j] + (k - 1.0) * log_t[j])
+            top_chord = vmax(top_chord, log_share[j] + k * shift[j])
+        total_u2, weighted_u2, total_chord, weighted_chord = 0.0, 0.0, 0.0, 0.0
+        for j in range(size):
+            term = vexp(log_allocation[j] + (k - 1.0) * log_t[j] - top_u2)
+            total_u2 += term
+            weighted_u2 += term * log_t[j]
+            share = vexp(log_share[j] + k * shift[j] - top_chord)
+            total_chord += share
+            weighted_chord += share * shift[j]
+        zero = math.exp(log_zero_weight + k * zero_shift - top_chord)
+        total_chord += zero
+        weighted_chord += zero * zero_shift
+        out_u2[index] = math.log(total_u2) + top_u2
+        out_u2_slope[index] = weighted_u2 / total_u2
+        out_chord[index] = math.log(total_chord) + top_chord
+        out_chord_slope[index] = weighted_chord / total_chord
+
+
+@jit(**_FLAGS)
 def add_one_order_sums(log_allocation: FloatArray, log_t: FloatArray, shift: FloatArray, orders: FloatArray,
                        teachers: float, out_u2: FloatArray, out_chord: FloatArray, out_u2_slope: FloatArray,
                        out_chord_slope: FloatArray) -> None:

@@ -230,6 +230,13 @@ roots too; from 7, integer orders raised to powers by products instead of exp an
 ~1e-15 of version 6's on the benchmark's paper-scale ensemble). The replay of a trace follows the
 version that wrote it (dpledger.decoding.runners.build_runner)."""
 
+ADD_ONE_VERSION = 7
+"""The records version whose add-one bound arithmetic dpledger.mechanisms.add_one follows by default: below
+4, every order computed; from 4, the certified sub-grid from ADD_ONE_SUBGRID_MIN_VOCABULARY tokens on;
+from 7, the chord sum as a nonnegative combination (one exp per token, add_one_weighted_order_sums) and
+each sum's rounding allowance with the worst case of a sum of M terms, (M + 2) unit roundoffs. The
+replay of a trace follows the version that wrote it (dpledger.decoding.runners.build_runner)."""
+
 
 def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, radius: float,
                    relative_tolerance: float = 1e-10, solver_version: int = SOLVER_VERSION) -> torch.Tensor:

@@ -20,7 +20,7 @@ from dpledger.accounting.errors import require
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, neighbouring_relation, path_accounting
 from dpledger.mechanisms.distributions import validated_ensemble
-from dpledger.mechanisms.kernels import SOLVER_VERSION, mixed_teachers
+from dpledger.mechanisms.kernels import ADD_ONE_VERSION, SOLVER_VERSION, mixed_teachers
 from dpledger.mechanisms.leave_one_out import leave_one_out_curve
 from dpledger.accounting.lazy_import import lazy_module
 
@@ -174,7 +174,7 @@ def mixed_output(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Te
 def data_dependent_step_curve(
         pmixed: PMixED, teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
         orders: NDArray[np.float64], relation: NeighbouringRelation | str, relative_tolerance: float = 0.005,
-        add_one_dual: bool = False, add_one_subgrid: bool = True,
+        add_one_dual: bool = False, add_one_version: int = ADD_ONE_VERSION,
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_], NDArray[np.float64], NDArray[np.float64] | None, torch.Tensor]:
     """(loss covering `relation` (..., K), exact mask (..., K), remove-one part, add-one part or None,
     the mixed teachers' mean (..., V)).
@@ -196,9 +196,10 @@ def data_dependent_step_curve(
         relation: the neighbouring relation to cover (or its value).
         relative_tolerance: the chord bound's relative tolerance between exact orders.
         add_one_dual: also take the certified dual add-one bound.
-        add_one_subgrid: compute the add-one bound on its certified sub-grid (from
-            dpledger.mechanisms.add_one.ADD_ONE_SUBGRID_MIN_VOCABULARY tokens on; False: at every order, as
-            traces of records_version < 4 were charged).
+        add_one_version: the records version whose add-one arithmetic to follow
+            (dpledger.mechanisms.kernels.ADD_ONE_VERSION): from 4 the certified sub-grid (from
+            dpledger.mechanisms.add_one.ADD_ONE_SUBGRID_MIN_VOCABULARY tokens on; below 4 every order, as those
+            traces were charged), from 7 the weighted chord sum.
 
     Returns:
         (covering loss (..., K), exact mask (..., K), remove-one part (..., K), add-one part (..., K) or None,
@@ -216,7 +217,8 @@ def data_dependent_step_curve(
 
         added = add_one_divergence_bounds(output, public, teachers.shape[-2], torch.from_numpy(orders),
                                           *pmixed.one_order_ball, dual=add_one_dual,
-                                          relative_tolerance=relative_tolerance if add_one_subgrid else None).numpy()
+                                          relative_tolerance=relative_tolerance if add_one_version >= 4 else None,
+                                          version=add_one_version).numpy()
     covering = removed if added is None else (np.maximum(removed, added) if "remove" in relation.moves else added)
     return covering, exact, removed, added, output
 
@@ -290,7 +292,7 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
                    orders: Sequence[float] | NDArray[np.float64] | None = None,
                    relation: NeighbouringRelation | str | None = None,
                    accounting: PathAccounting | str = "released-output", screening: bool = True,
-                   data_dependent: bool = True, add_one_dual: bool = False, add_one_subgrid: bool = True,
+                   data_dependent: bool = True, add_one_dual: bool = False, add_one_version: int = ADD_ONE_VERSION,
                    solver_version: int = SOLVER_VERSION) -> StepResult:
     """AdaPMixED (Flemings et al. 2024, Algorithm 1) for a batch of steps: the noisy screen
     (Theorem 4.1), PMixED's projection, and the charged curve by component: "screen" and
@@ -312,7 +314,7 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
         screening: whether to run the noisy screen.
         data_dependent: charge the data-dependent loss (else Theorem 3.1).
         add_one_dual: the add-one bound also takes the certified dual.
-        add_one_subgrid: the add-one bound on the certified sub-grid (data_dependent_step_curve).
+        add_one_version: whose add-one bound arithmetic to follow (data_dependent_step_curve).
         solver_version: whose mixing-weight solver arithmetic to follow (PMixED.mixing_weights_tensor).
 
     Returns:
@@ -349,7 +351,7 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
         covering, exact, removed, added, mixed_mean = data_dependent_step_curve(pmixed, ensemble, reference, lambdas,
                                                                                 grid, covered,
                                                                                 add_one_dual=add_one_dual,
-                                                                                add_one_subgrid=add_one_subgrid)
+                                                                                add_one_version=add_one_version)
     else:
         covering, exact, removed, added = None, None, None, None
         mixed_mean = mixed_output(ensemble, reference, lambdas)[1]

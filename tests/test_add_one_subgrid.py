@@ -9,6 +9,7 @@ import mpmath
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from dpledger.accounting import DEFAULT_ORDERS
 from dpledger.mechanisms.add_one import (ADD_ONE_RELATIVE_TOLERANCE, ADD_ONE_SUBGRID_MIN_VOCABULARY, _convex_sandwich,
@@ -121,7 +122,7 @@ def test_a_trace_follows_the_arithmetic_of_the_code_that_wrote_it():
     outcomes = {}
     for version in (3, 4):
         runner = build_runner(dict(table), 4, "add_or_remove_one", records_version=version)
-        assert "add_one_subgrid" not in runner.params        # never a config key: the manifest check is unchanged
+        assert "add_one_version" not in runner.params        # never a config key: the manifest check is unchanged
         outcomes[version] = runner.process(public, teachers, StepGenerators.for_steps(1, 0, 2), np.asarray(DEFAULT_ORDERS))
     every_order = add_one_divergence_bounds(outcomes[3].output, public, 4, ORDERS, *PMixED(6.0, 0.05, 4).one_order_ball,
                                             relative_tolerance=None).numpy()
@@ -139,3 +140,65 @@ def test_below_the_smallest_vocabulary_every_order_is_computed():
     args = (case["output"], case["public"], case["teachers"], ORDERS, case["alpha"], case["radius"])
     every = add_one_divergence_bounds(*args, relative_tolerance=None).numpy()
     assert np.array_equal(add_one_divergence_bounds(*args).numpy(), every)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 400), st.integers(1, 120), st.floats(0.05, 3.0))
+def test_the_weighted_chord_sums_are_within_their_allowance_of_mpmath(seed, tokens, teachers, spread):
+    """Records version 7's add-one sums (fused.add_one_weighted_order_sums, through _AllocatedTokens)
+    against the sums written out in mpmath from their definition: the weight w0 of phi_k(0) is at least
+    1 - sum_j a_j / t_j exactly, and each computed log-sum is within the allowance add_one_direction_bounds
+    gives it (its exponents' rounding plus (M + 2) unit roundoffs for the sum) of the exact value."""
+    import mpmath
+    from dpledger.accounting.rounding import ROUNDING_ULPS
+    from dpledger.mechanisms.add_one import _AllocatedTokens, _U
+
+    rng = np.random.default_rng(seed)
+    allocation = rng.dirichlet(np.full(tokens, 0.7))
+    log_t = np.sort(spread * np.abs(rng.standard_normal(tokens)) + rng.uniform(-0.5, 0.5))[::-1].copy()
+    log_allocation = np.log(allocation)
+    allocated = _AllocatedTokens(log_allocation[None], log_t[None], float(teachers))
+    la, lt, log_share, shift = allocated.rows[0]
+    orders = np.asarray([1.1, 1.5, 2.0, 7.3, 33.0, 256.0])
+    u2, chord, _, _ = allocated.order_sums(orders)
+    mpmath.mp.prec = 140
+    shares = [mpmath.exp(mpmath.mpf(a) - mpmath.mpf(t)) for a, t in zip(la, lt)]
+    zero_weight = mpmath.exp(allocated.log_zero_weights[0]) if np.isfinite(allocated.log_zero_weights[0]) else 0
+    assert zero_weight >= 1 - mpmath.fsum(shares)
+    n = mpmath.mpf(teachers)
+    z = mpmath.log(n / (n + 1))
+    magnitude = float(np.abs(lt).max()) + float(allocated.zero_weight_magnitude().max())
+    summation = (la.size + 2.0) * _U
+    for index, k in enumerate(orders):
+        k_exact = mpmath.mpf(k)
+        exact_u2 = mpmath.log(mpmath.fsum(mpmath.exp(mpmath.mpf(a) + (k_exact - 1) * mpmath.mpf(t)) for a, t in zip(la, lt)))
+        # shift_j as given (its own rounding is the caller's, covered by the exponent term below)
+        exact_chord = mpmath.log(zero_weight * mpmath.exp(k_exact * z) + mpmath.fsum(
+            c * mpmath.exp(k_exact * mpmath.mpf(s)) for c, s in zip(shares, shift)))
+        u2_allowance = ROUNDING_ULPS * (abs(float(exact_u2)) + float(np.abs(la).max()) + (k - 1.0) * (magnitude + 4.0)
+                                        + 2.0 * np.log2(la.size + 1.0)) + summation
+        chord_allowance = ROUNDING_ULPS * (abs(float(exact_chord)) + k * (magnitude + 4.0)
+                                           + 2.0 * np.log2(la.size + 1.0)) + summation
+        assert abs(mpmath.mpf(u2[0, index]) - exact_u2) <= u2_allowance
+        assert abs(mpmath.mpf(chord[0, index]) - exact_chord) <= chord_allowance
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10**6), st.integers(2, 12), st.integers(3, 400), st.sampled_from([2.0, 6.0, 18.0]),
+       st.floats(0.01, 0.3), st.booleans())
+def test_records_version_7_add_one_bound_agrees_with_version_6(seed, teachers, vocab, alpha, beta, all_orders):
+    """The weighted chord sum (version 7) and the expm1 form (versions 4 to 6) are the same bound within
+    their allowances: within 1e-9 relative at every order, every order computed or on the sub-grid."""
+    rng = np.random.default_rng(seed)
+    teachers_t = torch.from_numpy(_softmax(rng.normal(0, 2, (teachers, vocab))))
+    public = torch.from_numpy(_softmax(rng.normal(0, 2, vocab)))
+    from dpledger.mechanisms.kernels import mixed_teachers, mixing_weights
+    lambdas = mixing_weights(teachers_t, public, alpha, alpha * beta)
+    output = mixed_teachers(teachers_t, public, lambdas).mean(dim=-2)
+    beta_all = beta if all_orders else None
+    for tolerance in (None, 0.005):
+        new = add_one_divergence_bounds(output, public, teachers, ORDERS, alpha, alpha * beta, beta_all,
+                                        relative_tolerance=tolerance, subgrid_from_vocabulary=0).numpy()
+        old = add_one_divergence_bounds(output, public, teachers, ORDERS, alpha, alpha * beta, beta_all,
+                                        relative_tolerance=tolerance, subgrid_from_vocabulary=0, version=6).numpy()
+        np.testing.assert_allclose(new, old, rtol=1e-9)
