@@ -12,6 +12,12 @@ ROUNDING_ULPS = 8.0 * np.finfo(np.float64).eps
 
 SMALLEST_POSITIVE = float(np.finfo(np.float64).smallest_subnormal)
 
+UNIT_ROUNDOFF = 2.0 ** -53
+"""u of float64: a sum of n nonnegative terms, added in any order (any vector width, any chunking),
+is within (n - 1) u / (1 - (n - 1) u) of the exact sum, relative (Higham 2002, Section 4.2). The
+kernels add (n + 2) u for their n-term sums on top of the per-term allowance (log2 n alone, which a
+pairwise sum would need, does not hold for a recursive one)."""
+
 Losses = TypeVar("Losses", float, npt.NDArray[np.float64])
 """One privacy loss (a float; numpy's float64 is one) or an array of them."""
 

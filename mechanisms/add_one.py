@@ -1195,9 +1195,11 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     allocation_magnitude = np.abs(np.where(np.isfinite(log_allocation), log_allocation, 0.0)).max(axis=-1)[..., None]
     if weighted:   # a sum of M nonnegative terms in any order: within (M - 1) u relative; plus w0's term
         summation = (np.isfinite(log_allocation).sum(axis=-1)[..., None] + 2.0) * _U * (1.0 + 1e-6)
+        w_summation = (vocab + 2.0) * _U * (1.0 + 1e-6)   # W's V-term sum, as the Renyi kernel adds it
         chord_magnitude = magnitude + allocated_tokens.zero_weight_magnitude()
     else:
         chord_magnitude = magnitude
+        w_summation = 0.0
         # the chord sum is a nonnegative combination of exponentials only when sum_j a_j / t_j <= 1; as that
         # sum is at most sum_j p_j, a float law summing above 1 can make it slightly negative on e^(kz), which
         # moves log S below its chords by at most that excess (add_one_direction_bounds): it joins the allowance
@@ -1241,12 +1243,12 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
 
     def reverse_sums(index: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
         """(k-1) W_k at orders_np[index], rounded up by the Renyi kernel (no derivative: secants only)."""
-        return [_log_moments(log_p, log_qmin, orders_np[index])], None
+        return [_log_moments(log_p, log_qmin, orders_np[index], w_summation)], None
 
     def reverse_allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
         """The Renyi kernel's slack at the orders `grid` (which it adds to its value)."""
         size = np.abs(np.where(np.isfinite(values[0]), values[0], 0.0))
-        return [_SLACK_ULPS * ((grid + 1.0) * w_magnitude + np.log2(vocab) + 2.0 + size)]
+        return [_SLACK_ULPS * ((grid + 1.0) * w_magnitude + np.log2(vocab) + 2.0 + size) + w_summation]
 
     def reverse_bound(values: list[np.ndarray], grid: np.ndarray) -> np.ndarray:
         """D_k(p || p_+)'s bound at the orders `grid` from (k-1) W_k there (nondecreasing in it)."""
@@ -1268,17 +1270,18 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     return forward * (1.0 + ROUNDING_ULPS), reverse * (1.0 + ROUNDING_ULPS)
 
 
-def _log_moments(log_p: np.ndarray, log_q: np.ndarray, orders: np.ndarray) -> np.ndarray:
+def _log_moments(log_p: np.ndarray, log_q: np.ndarray, orders: np.ndarray, summation: float) -> np.ndarray:
     """(k - 1) D_k(P || Q) rounded up by the Renyi kernel (dpledger.mechanisms.fused.renyi_log_moments),
     for rows of the same shape (..., V): (..., K). Unlike renyi_divergence_orders it keeps the moment,
-    which a chord interpolates (dividing by k - 1 and multiplying back could round it down)."""
+    which a chord interpolates (dividing by k - 1 and multiplying back could round it down). `summation`
+    joins the kernel's allowance for its V-term sum (renyi_log_moments)."""
     vocab = log_p.shape[-1]
     lp = np.ascontiguousarray(log_p.reshape(-1, vocab))
     lq = np.ascontiguousarray(log_q.reshape(-1, vocab))
     out = np.empty((lp.shape[0], orders.size))
     rows = np.arange(lp.shape[0], dtype=np.int64)
     _set_threads()
-    renyi_log_moments(lp, lq, rows, rows, np.ascontiguousarray(orders, dtype=np.float64), _SLACK_ULPS, out)
+    renyi_log_moments(lp, lq, rows, rows, np.ascontiguousarray(orders, dtype=np.float64), _SLACK_ULPS, summation, out)
     return out.reshape(*log_p.shape[:-1], orders.size)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dpledger.mechanisms.fastmath import JitOptions, fma, jit, vexp, vexp_pair, vexpm1, vlog, vmax, vmin  # first: numba's vector width
+from dpledger.accounting.rounding import UNIT_ROUNDOFF
 
 from numba import prange  # noqa: E402,I001
 
@@ -89,6 +90,8 @@ NORMAL_PUBLIC = 2.0 ** -968
 """Where every positive p0_j is at least this, (1 - lam) p0_j is a normal float for every lam < 1
 (1 - lam >= 2^-53): the solver forms the mixed ratio m_j / p0_j as lam (p_j / p0_j) + 1 - lam."""
 
+
+_UNIT = UNIT_ROUNDOFF   # (a numba global: the kernels' n-term sums add (n + 2) of it to their allowance)
 
 _FAST_RANGE = 600.0
 """Exponent span below which a sum is formed from one shifted exp per term (no term under- or
@@ -187,7 +190,7 @@ def _mixed_log_ratios(lam: float, teacher: FloatArray, public: FloatArray, ratio
 def _ball_residual(lam: float, teacher: FloatArray, public: FloatArray, log_public: FloatArray, ratio: FloatArray,
                    low: float, high: float, orders: FloatArray, log_targets: FloatArray, max_log_ratio: float,
                    log_r: FloatArray, slope: FloatArray, mixed_ratio: FloatArray, public_magnitude: float,
-                   slack_ulps: float, normal_public: bool, integer_powers: bool) -> tuple[float, float, float, float]:
+                   slack_ulps: float, normal_public: bool, version: int) -> tuple[float, float, float, float]:
     """The largest constraint residual of the mixed teacher m = lam p + (1 - lam) p0, its derivative
     in lam, and for an order constraint its exponent c and log target (else 0, 0): each residual is
     <= 0 exactly when its constraint holds. Order constraint k, both
@@ -202,13 +205,16 @@ def _ball_residual(lam: float, teacher: FloatArray, public: FloatArray, log_publ
 
     When a times the span of log r is below _FAST_RANGE both sums come from one exp pair per token,
     y_j = r_j^a / r_max^a and 1 / y_j (vexp_pair): forward sum_j p0_j y_j, reverse sum_j p0_j r_j / y_j. Otherwise each
-    sum is a two-pass log-sum-exp (maximum first). With `integer_powers` (traces of records_version >= 7), a
+    sum is a two-pass log-sum-exp (maximum first). From solver `version` 7 (records_version 7), with a
     normal public law and every order an integer up to MAX_INTEGER_ORDER, an order in that range takes no exp
     or log per token (_integer_order_sums), and r_max and r_min come from the extreme ratios (r is
-    nondecreasing in the ratio, the fma rounding monotonically): one pass, nothing stored."""
+    nondecreasing in the ratio, the fma rounding monotonically): one pass, nothing stored; and each
+    moment's rounding allowance holds the worst case of a sum of V terms in any order, (V + 2) unit
+    roundoffs (Higham 2002, Section 4.2), where earlier versions assumed pairwise summation (log2 V)."""
     size = ratio.size
     keep = 1.0 - lam
-    powers = integer_powers and normal_public
+    powers = version >= 7 and normal_public
+    summation = (size + 2.0) * _UNIT if version >= 7 else 0.0
     for k in range(orders.size):
         powers = powers and orders[k] == math.floor(orders[k]) and orders[k] <= MAX_INTEGER_ORDER
     high_r, low_r = fma(lam, high, keep), fma(lam, low, keep)
@@ -270,7 +276,7 @@ def _ball_residual(lam: float, teacher: FloatArray, public: FloatArray, log_publ
                                            (reverse, moment_reverse, sum_reverse, 1.0 - a)):
             moment = value + log_targets[k]             # log sum_j p0_j r_j^c >= 0
             # rounded up as dpledger.mechanisms.kernels.renyi_divergence_orders rounds: feasible as it would judge
-            moment += slack_ulps * ((a + 1.0) * magnitude + math.log2(size) + 2.0 + abs(moment))
+            moment += slack_ulps * ((a + 1.0) * magnitude + math.log2(size) + 2.0 + abs(moment)) + summation
             root = math.sqrt(max(moment, 0.0))
             residual = root - math.sqrt(log_targets[k])
             if residual > worst:
@@ -325,7 +331,7 @@ def _fitted_root(lam: float, residual: float, derivative: float, exponent: float
 def _solve_teacher(teacher: FloatArray, public: FloatArray, log_public: FloatArray, orders: FloatArray,
                    log_targets: FloatArray, max_log_ratio: float, tolerance: float, max_evaluations: int,
                    slack_ulps: float, public_magnitude: float, smallest_target: float,
-                   curvature: float, normal_public: bool, fitted_steps: bool, integer_powers: bool) -> tuple[float, int]:
+                   curvature: float, normal_public: bool, version: int) -> tuple[float, int]:
     """One teacher's lambda and the evaluations it took (solve_mixing_weights has the method)."""
     size = public.size
     ratio = np.empty(size)
@@ -343,7 +349,7 @@ def _solve_teacher(teacher: FloatArray, public: FloatArray, log_public: FloatArr
         residual, derivative, exponent, target = _ball_residual(trial, teacher, public, log_public, ratio, low, high,
                                                                 orders, log_targets, max_log_ratio, log_r, slope,
                                                                 mixed_ratio, public_magnitude, slack_ulps, normal_public,
-                                                                integer_powers)
+                                                                version)
         count += 1
         latest, residual_latest, derivative_latest = trial, residual, derivative
         exponent_latest, target_latest = exponent, target
@@ -361,7 +367,7 @@ def _solve_teacher(teacher: FloatArray, public: FloatArray, log_public: FloatArr
                 residual, derivative, exponent, target = _ball_residual(chord, teacher, public, log_public, ratio, low,
                                                                         high, orders, log_targets, max_log_ratio,
                                                                         log_r, slope, mixed_ratio, public_magnitude,
-                                                                        slack_ulps, normal_public, integer_powers)
+                                                                        slack_ulps, normal_public, version)
                 count += 1
                 if residual <= 0.0:
                     lo, residual_lo = chord, residual
@@ -373,7 +379,7 @@ def _solve_teacher(teacher: FloatArray, public: FloatArray, log_public: FloatArr
             break
         if math.isfinite(residual_latest) and derivative_latest > 0.0:
             trial = latest - residual_latest / derivative_latest
-            if fitted_steps and exponent_latest != 0.0:
+            if version >= 6 and exponent_latest != 0.0:
                 fitted = _fitted_root(latest, residual_latest, derivative_latest, exponent_latest, target_latest)
                 trial = fitted if fitted == fitted else trial
         else:
@@ -388,14 +394,14 @@ def _solve_teacher(teacher: FloatArray, public: FloatArray, log_public: FloatArr
 @jit(**_FLAGS)
 def solve_mixing_weights(teachers: FloatArray, public: FloatArray, orders: FloatArray, log_targets: FloatArray,
                          max_log_ratio: float, tolerance: float, max_evaluations: int, slack_ulps: float,
-                         fitted_steps: bool, integer_powers: bool, lambdas: FloatArray, evaluations: IntArray) -> None:
+                         version: int, lambdas: FloatArray, evaluations: IntArray) -> None:
     """Largest lam in [0, 1] per teacher with every residual of _ball_residual <= 0.
 
     Safeguarded Newton on the largest residual R(lam), inside the bracket [lo, hi] (R(lo) <= 0 < R(hi)),
     one teacher at a time while its rows are in cache. It starts where the second-order expansion
     (a - 1) D_a ~ a (a - 1) lam^2 chi^2 / 2 meets the tightest constraint (or at 1), then takes the
     Newton point from the latest evaluation (bisection when it leaves the bracket), or with
-    `fitted_steps` the root of a log model fitted there where one token dominates (_fitted_root:
+    (from `version` 6) the root of a log model fitted there where one token dominates (_fitted_root:
     524 -> 412 evaluations per paper-scale step); after an infeasible point it also takes the chord
     root of exp(R) - 1, which convexity puts on the feasible side, so the bracket closes from both
     ends. The answer is always the feasible end lo, as evaluated; it stops when
@@ -411,11 +417,9 @@ def solve_mixing_weights(teachers: FloatArray, public: FloatArray, orders: Float
         tolerance: stop once R(lo) >= -tolerance * (smallest target): relative closeness to the boundary.
         max_evaluations: the most residual evaluations per teacher (>= 1).
         slack_ulps: the rounding-up allowance, in ulps per unit of magnitude (kernels._SLACK_ULPS).
-        fitted_steps: take the fitted model's root where it applies (traces of records_version >= 6);
-            False: Newton's point only, as earlier versions solved (their lambdas differ by up to ~1e-10).
-        integer_powers: raise the mixed ratios to integer orders by products, no exp or log per token
-            (_ball_residual; traces of records_version >= 7); False: exp and log at every order, as earlier
-            versions solved.
+        version: the records version whose solver arithmetic to follow: from 6 the fitted model's root
+            where it applies (Newton's point only before: lambdas up to ~1e-10 apart); from 7 integer
+            orders by products and the worst-case summation allowance (_ball_residual).
         lambdas: output, shape (N,): each teacher's lambda in [0, 1], the feasible end of its bracket.
         evaluations: output, int64 shape (N,): the residual evaluations each teacher took.
     """
@@ -438,7 +442,7 @@ def solve_mixing_weights(teachers: FloatArray, public: FloatArray, orders: Float
         lambdas[i], evaluations[i] = _solve_teacher(teachers[i], public, log_public, orders, log_targets,
                                                     max_log_ratio, tolerance, max_evaluations, slack_ulps,
                                                     public_magnitude, smallest_target, curvature, normal_public,
-                                                    fitted_steps, integer_powers)
+                                                    version)
 
 
 @jit(**_FLAGS)
@@ -691,7 +695,7 @@ def leave_one_out_log_moments(output: FloatArray, log_output: FloatArray, ratios
     y_j = (rho_j / rho_max)^a: reverse sum_j p_j y_j, forward sum_j p_j rho_j / y_j; otherwise from
     two-pass log-sum-exps. Every order is summed chunk by chunk, so a row is read from memory once.
     +inf where q_j = 0 < p_j (teacher i holds all of token j's mass); exactly 0 for q = p. Rounded up
-    by slack_ulps * ((a + 1) (max_j |log p_j| + N + 2) + log2 V + 2 + |g|): each exponent is off by
+    by slack_ulps * ((a + 1) (max_j |log p_j| + N + 2) + log2 V + 2 + |g|) + (V + 2) u: each exponent is off by
     ~(a + 1) ulps of its terms, the N-term sums behind rho by N ulps. Only the (row, order) pairs
     marked in `wanted` (rows x orders) are computed; the others are left as they are. With
     `shifted_only` every order takes the log-sum-exp path, which reads log p only (for inputs whose
@@ -769,7 +773,7 @@ def leave_one_out_log_moments(output: FloatArray, log_output: FloatArray, ratios
             value = max(forward, reverse)
             slopes[r, k] = sums[k, 1] / sums[k, 0] if forward >= reverse else sums[k, 3] / sums[k, 2]
             # the row's log-rho span joins the magnitude: the shifted exponents a (log rho - max) reach it
-            common = slack_ulps * ((a + 1.0) * (magnitude + high - low) + math.log2(size) + 2.0)
+            common = slack_ulps * ((a + 1.0) * (magnitude + high - low) + math.log2(size) + 2.0) + (size + 2.0) * _UNIT
             moments[r, k] = max(value + common + slack_ulps * abs(value), 0.0)
             if separate:
                 directions[r, k, 0] = max(forward + common + slack_ulps * abs(forward), 0.0)
@@ -900,7 +904,7 @@ def leave_one_out_direction_power_moments(output: FloatArray, log_output: FloatA
             else:
                 forward = math.log(slow_sums[k, 0]) + tops[k, 0]
                 reverse = math.log(slow_sums[k, 2]) + tops[k, 1]
-            common = slack_ulps * ((a + 1.0) * (magnitude + high - low) + math.log2(size) + 2.0)
+            common = slack_ulps * ((a + 1.0) * (magnitude + high - low) + math.log2(size) + 2.0) + (size + 2.0) * _UNIT
             directions[r, k, 0] = max(forward + common + slack_ulps * abs(forward), 0.0)
             directions[r, k, 1] = max(reverse + common + slack_ulps * abs(reverse), 0.0)
 
@@ -1045,15 +1049,16 @@ def refinement_round(grid: FloatArray, tolerance: float, chord_factor: float, sl
         return none
     _chords_and_floor(grid, exact, upper, slope, chord_factor, chords, bound, floor)
     log_size = math.log2(vocabulary)
+    summation = (vocabulary + 2.0) * _UNIT
     for q in range(size):
-        allowance = slack_ulps * ((grid[q] + 1.0) * magnitude + log_size + 2.0 + abs(bound[q]))
+        allowance = slack_ulps * ((grid[q] + 1.0) * magnitude + log_size + 2.0 + abs(bound[q])) + summation
         values[q] = bound[q] if (exact[q] or bound[q] == 0.0) else bound[q] + 2.0 * allowance
     return none
 
 
 @jit(**_TRACE_FLAGS)
 def renyi_log_moments(log_p: FloatArray, log_q: FloatArray, p_rows: IntArray, q_rows: IntArray, orders: FloatArray,
-                      slack_ulps: float, out: FloatArray) -> None:
+                      slack_ulps: float, summation: float, out: FloatArray) -> None:
     """(a - 1) D_a(P || Q) = log sum_j Q_j exp(a (log P_j - log Q_j)) for row pairs (p_rows[r], q_rows[r])
     and every order (van Erven & Harremoes 2014, Definition 2), rounded up by
     slack_ulps * ((a + 1) (max_j |log P_j| + max_j |log Q_j| + 2) + log2 V + 2 + |g|): each exponent
@@ -1067,10 +1072,13 @@ def renyi_log_moments(log_p: FloatArray, log_q: FloatArray, p_rows: IntArray, q_
         q_rows: for each output row r, the row of log_q to read, int64 shape (R,).
         orders: Renyi orders a > 1, shape (K,).
         slack_ulps: the rounding-up allowance, in ulps per unit of magnitude (kernels._SLACK_ULPS).
+        summation: added to that allowance for the V-term sum: (V + 2) unit roundoffs holds its worst case
+            in any order (Higham 2002, Section 4.2), which log2 V alone (pairwise summation) does not; 0
+            where a caller reproduces values computed before that (the add-one bound of records_version < 7).
         out: output, shape (R, K): (a - 1) D_a(P || Q) rounded up, >= 0 (+inf or NaN as above).
     """
     for r in range(p_rows.size):
-        _renyi_row(log_p[p_rows[r]], log_q[q_rows[r]], orders, slack_ulps, out[r])
+        _renyi_row(log_p[p_rows[r]], log_q[q_rows[r]], orders, slack_ulps, summation, out[r])
 
 
 @jit(**_PARALLEL_FLAGS)
@@ -1109,13 +1117,14 @@ def screen_pass_counts(mean: FloatArray, log_public: FloatArray, noise: FloatArr
                 continue
             for j in range(size):
                 log_noisy[j] = vlog(noisy[j] / total)
-            _renyi_row(log_noisy, log_public[step], order, slack_ulps, value)
+            _renyi_row(log_noisy, log_public[step], order, slack_ulps, 0.0, value)
             passed += 1.0 if max(value[0] / (alpha - 1.0), 0.0) <= threshold else 0.0
         counts[step, ensemble] = passed
 
 
 @jit(**_HELPER_FLAGS)
-def _renyi_row(lp: FloatArray, lq: FloatArray, orders: FloatArray, slack_ulps: float, out: FloatArray) -> None:
+def _renyi_row(lp: FloatArray, lq: FloatArray, orders: FloatArray, slack_ulps: float, summation: float,
+               out: FloatArray) -> None:
     size = lp.size
     nan, identical, outside = False, True, False
     for j in range(size):
@@ -1151,7 +1160,7 @@ def _renyi_row(lp: FloatArray, lq: FloatArray, orders: FloatArray, slack_ulps: f
         for j in range(size):
             total += vexp(lq[j] + a * (lp[j] - lq[j]) - top) if lp[j] > -np.inf else 0.0
         value = math.log(total) + top
-        slack = slack_ulps * ((a + 1.0) * magnitude + math.log2(size) + 2.0 + abs(value))
+        slack = slack_ulps * ((a + 1.0) * magnitude + math.log2(size) + 2.0 + abs(value)) + summation
         out[k] = max(value + slack, 0.0)
 
 

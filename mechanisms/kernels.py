@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from dpledger.accounting.rounding import ROUNDING_ULPS
+from dpledger.accounting.rounding import ROUNDING_ULPS, UNIT_ROUNDOFF
 from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
     moments = np.empty((rows, orders_np.size))
     _set_threads()
     renyi_log_moments(lp, lq, _row_source(p_shape, batch_shape, flat), _row_source(q_shape, batch_shape, flat),
-                      orders_np, _SLACK_ULPS, moments)
+                      orders_np, _SLACK_ULPS, (vocab + 2.0) * UNIT_ROUNDOFF, moments)
     return torch.from_numpy(_divergences_from_moments(moments, orders_np).reshape(*batch_shape, orders_np.size))
 
 
@@ -172,8 +172,8 @@ def renyi_divergence_orders_torch(log_p: torch.Tensor, log_q: torch.Tensor, orde
     columns = []
     for order in orders:
         value = torch.logsumexp(base + order * ratio, dim=-1)
-        slack = ROUNDING_ULPS * _SLACK_PER_ULP * ((order + 1.0) * magnitude + math.log2(log_p.shape[-1]) + 2.0
-                                                  + value.abs())
+        slack = (ROUNDING_ULPS * _SLACK_PER_ULP * ((order + 1.0) * magnitude + math.log2(log_p.shape[-1]) + 2.0
+                                                   + value.abs()) + (log_p.shape[-1] + 2.0) * UNIT_ROUNDOFF)
         columns.append(value + slack)
     moments = torch.stack(columns, dim=-1).clamp_min(0.0)
     moments = torch.where((log_p == log_q).all(dim=-1, keepdim=True), 0.0, moments)
@@ -227,7 +227,8 @@ SOLVER_VERSION = 7
 """The records version whose mixing-weight solver arithmetic the CPU solver follows by default
 (dpledger.mechanisms.fused.solve_mixing_weights): below 6, Newton points only; from 6, fitted-model
 roots too; from 7, integer orders raised to powers by products instead of exp and log (lambdas within
-~1e-15 of version 6's on the benchmark's paper-scale ensemble). The replay of a trace follows the
+~1e-15 of version 6's on the benchmark's paper-scale ensemble), and each moment's rounding allowance
+with the worst case of a V-term sum ((V + 2) unit roundoffs, where earlier versions assumed log2 V). The replay of a trace follows the
 version that wrote it (dpledger.decoding.runners.build_runner)."""
 
 ADD_ONE_VERSION = 7
@@ -316,7 +317,7 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
     _set_threads()
     for row in range(flat_teachers.shape[0]):
         solve_mixing_weights(flat_teachers[row], flat_public[row], orders_np, log_targets, max_log_ratio,
-                             relative_tolerance, 200, _SLACK_ULPS, solver_version >= 6, solver_version >= 7, lambdas[row],
+                             relative_tolerance, 200, _SLACK_ULPS, solver_version, lambdas[row],
                              evaluations[row])
     return torch.from_numpy(lambdas.reshape(teachers.shape[:-1]))
 

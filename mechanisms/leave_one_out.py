@@ -16,7 +16,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from dpledger.accounting.errors import require
 from dpledger.accounting.orders import validated_orders
-from dpledger.accounting.rounding import ROUNDING_ULPS
+from dpledger.accounting.rounding import ROUNDING_ULPS, UNIT_ROUNDOFF
 from dpledger.mechanisms.kernels import (_SLACK_ULPS, FloatArray, _divergences_from_moments, _LeaveOneOut,
                                          leave_one_out_divergences_torch, mixed_teachers,
                                          renyi_divergence_orders, sums_without_each)
@@ -204,9 +204,10 @@ def leave_one_out_allowance(teachers: torch.Tensor, public: torch.Tensor, lambda
     bound against which two computations of the same step are compared.
 
     Derivation: at order a the kernel computes g = (a - 1) D<->_a(p, p_-i) with an error below
-    s(a) = _SLACK_ULPS ((a + 1) M + log2 V + 2 + |g|), M = max_j |log p_j| + N + 2 + the widest
-    row's log-ratio span (each exponent a log rho_j - a log rho_max carries ~(a + 1) ulps of its
-    terms, the N-term sums behind rho N ulps, the V-term sum log2 V, the final log |g|; ROUNDING_ULPS
+    s(a) = _SLACK_ULPS ((a + 1) M + log2 V + 2 + |g|) + (V + 2) u, M = max_j |log p_j| + N + 2 + the
+    widest row's log-ratio span (each exponent a log rho_j - a log rho_max carries ~(a + 1) ulps of its
+    terms, the N-term sums behind rho N ulps, the final log |g|; the V-term sum (V + 2) u, its worst
+    case in any order of addition, Higham 2002, Section 4.2, u = 2^-53; ROUNDING_ULPS
     is 8 ulps per unit, 4x the 2-ulp error of the vectorised exp and log and 3.2x the 2.5 ulps of the
     exp pair the fast path takes), and returns g + s(a).
     So every returned value lies in [exact, exact + 2 s(a)], whatever the order of its sums (vector
@@ -243,7 +244,7 @@ def leave_one_out_allowance(teachers: torch.Tensor, public: torch.Tensor, lambda
         ratios = _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios)
         magnitude[row] = ratios.magnitude
     moments = np.abs(np.asarray(values, dtype=np.float64).reshape(-1, grid.size)) * (grid - 1.0)
-    slack = _SLACK_ULPS * ((grid + 1.0) * magnitude[:, None] + np.log2(vocab) + 2.0 + moments)
+    slack = _SLACK_ULPS * ((grid + 1.0) * magnitude[:, None] + np.log2(vocab) + 2.0 + moments) + (vocab + 2.0) * UNIT_ROUNDOFF
     allowance: FloatArray = (slack / (grid - 1.0)).reshape(*teachers.shape[:-2], grid.size)
     return allowance
 

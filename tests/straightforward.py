@@ -83,7 +83,8 @@ def reference_renyi_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: tor
                 # log add a few ulps. Without this, two different laws can come out at exactly 0
                 # (D_2 of (1/2 + 2^-30, 1/2 - 2^-30) against uniform is 3.5e-18), and a zero makes
                 # delta 0 at every epsilon. For LM-like rows (tails at 1e-30) it is ~3e-13 (a+1)/(a-1).
-                slack = ROUNDING_ULPS * ((order + 1.0) * magnitude + np.log2(vocab) + 2.0 + np.abs(log_sum))
+                slack = (ROUNDING_ULPS * ((order + 1.0) * magnitude + np.log2(vocab) + 2.0 + np.abs(log_sum))
+                         + (vocab + 2.0) * 2.0 ** -53)   # the V-term sum's worst case in any order
                 result[flat, k] = (log_sum + slack) / (order - 1.0)
             result[flat[np.all(chunk_p == chunk_q, axis=-1)]] = 0.0     # identical laws: exactly 0
             result[flat[np.any(~p_zero & q_zero, axis=-1)]] = np.inf   # P has mass outside Q's support
@@ -256,7 +257,8 @@ def reference_refined_curve(ratios, n: int, grid: np.ndarray, tolerance: float) 
     _, bound, _ = _chord_and_tangent_bounds(grid, anchors, upper, slope)
     # between sub-grid orders the chord bounds the true value; twice the kernel's rounding allowance
     # on top keeps it above what the kernel itself would return there (which carries that allowance)
-    allowance = SLACK_ULPS * ((grid + 1.0) * ratios.magnitude + np.log2(ratios.output.size) + 2.0 + np.abs(bound))
+    allowance = (SLACK_ULPS * ((grid + 1.0) * ratios.magnitude + np.log2(ratios.output.size) + 2.0 + np.abs(bound))
+                 + (ratios.output.size + 2.0) * 2.0 ** -53)
     # (a chord through zeros is exactly zero: g_i >= 0 is convex and vanishes at both ends)
     moments = np.where(done | (bound == 0.0), bound, bound + 2.0 * allowance)
     return divergences_from_moments(moments[None], grid)[0], done.copy()
