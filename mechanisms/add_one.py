@@ -1069,8 +1069,11 @@ def add_one_divergence_bounds(output: torch.Tensor, public: torch.Tensor, teache
         ValueError: if the bound is NaN (an input distribution holds NaN or inf), or (dual=True) the
             inputs fail dual_add_one_bounds' checks.
     """
+    # from records version 7 W only where the reverse can exceed the forward (without the dual, which may
+    # lower the forward below B1 where the closed form was above it)
     forward, reverse = add_one_direction_bounds(output, public, teachers, orders, alpha, radius, all_orders_beta,
-                                                relative_tolerance, subgrid_from_vocabulary, version)
+                                                relative_tolerance, subgrid_from_vocabulary, version,
+                                                reverse_where_binding=version >= 7 and not dual)
     if dual:
         dual_forward, dual_reverse, _ = _dual_add_one(output, public, teachers, orders, alpha, radius, all_orders_beta)
         forward = np.minimum(forward, dual_forward.reshape(forward.shape))
@@ -1085,7 +1088,8 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
                              alpha: float, radius: float, all_orders_beta: float | None = None,
                              relative_tolerance: float | None = ADD_ONE_RELATIVE_TOLERANCE,
                              subgrid_from_vocabulary: int = ADD_ONE_SUBGRID_MIN_VOCABULARY,
-                             version: int = ADD_ONE_VERSION) -> tuple[np.ndarray, np.ndarray]:
+                             version: int = ADD_ONE_VERSION, reverse_where_binding: bool = False
+                             ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, reverse), numpy (..., K): upper bounds, per order k, on the max of D_k(p_+ || p)
     (forward) and of D_k(p || p_+) (reverse) over every teacher an adversary
     can add: output (..., V) is p = mean of the N mixed teachers, public (..., V) is p0, and
@@ -1157,6 +1161,11 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
             computed (ADD_ONE_SUBGRID_MIN_VOCABULARY: where the sub-grid saves time).
         version: the records version whose arithmetic to follow (dpledger.mechanisms.kernels.ADD_ONE_VERSION:
             from 7 the weighted chord sum; a trace's replay passes the version that wrote it).
+        reverse_where_binding: compute W only at the orders where the forward bound is below
+            B1 = log(1 + 1/N) in some row, and return B1 (itself a bound on the reverse) at the others:
+            max(forward, reverse) is then what computing W everywhere gives at those orders (where the
+            forward is at least B1, the reverse, at most B1, never exceeds it), for the cost of the orders
+            where the reverse can matter.
 
     Returns:
         (forward, reverse), float64 numpy arrays (..., K): upper bounds in nats on D_k(p_+ || p) and
@@ -1241,9 +1250,11 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         bound: np.ndarray = np.minimum(jensen, chord)
         return bound
 
-    def reverse_sums(index: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-        """(k-1) W_k at orders_np[index], rounded up by the Renyi kernel (no derivative: secants only)."""
-        return [_log_moments(log_p, log_qmin, orders_np[index], w_summation)], None
+    def reverse_sums_on(grid: np.ndarray) -> _Sums:
+        def reverse_sums(index: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+            """(k-1) W_k at grid[index], rounded up by the Renyi kernel (no derivative: secants only)."""
+            return [_log_moments(log_p, log_qmin, grid[index], w_summation)], None
+        return reverse_sums
 
     def reverse_allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
         """The Renyi kernel's slack at the orders `grid` (which it adds to its value)."""
@@ -1262,8 +1273,20 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         relative_tolerance = None
     forward = _order_curve_on_subgrid(forward_sums, forward_allowances, forward_bound, [False, False], orders_np,
                                       batch, relative_tolerance)
-    reverse = _order_curve_on_subgrid(reverse_sums, reverse_allowances, reverse_bound, [True], orders_np, batch,
-                                      relative_tolerance)
+    if reverse_where_binding:
+        # B1 = log(1 + 1/N) bounds the reverse at every order; where the forward bound is at least B1 the
+        # larger of the two is the forward whatever W gives, so W is computed only at the other orders
+        cap = np.log1p(1.0 / n)
+        needed = ~(forward >= cap)   # (a NaN forward counts as needed, and is refused below)
+        columns = np.flatnonzero(needed.reshape(-1, orders_np.size).any(axis=0))
+        reverse = np.full(forward.shape, cap)
+        if columns.size:
+            reverse[..., columns] = _order_curve_on_subgrid(reverse_sums_on(orders_np[columns]), reverse_allowances,
+                                                            reverse_bound, [True], orders_np[columns], batch,
+                                                            relative_tolerance)
+    else:
+        reverse = _order_curve_on_subgrid(reverse_sums_on(orders_np), reverse_allowances, reverse_bound, [True],
+                                          orders_np, batch, relative_tolerance)
     if np.any(np.isnan(forward)) or np.any(np.isnan(reverse)):
         raise ValueError("add-one bound is NaN: an input distribution holds NaN or inf")
     # the last divisions' rounding

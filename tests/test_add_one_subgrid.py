@@ -202,3 +202,36 @@ def test_records_version_7_add_one_bound_agrees_with_version_6(seed, teachers, v
         old = add_one_divergence_bounds(output, public, teachers, ORDERS, alpha, alpha * beta, beta_all,
                                         relative_tolerance=tolerance, subgrid_from_vocabulary=0, version=6).numpy()
         np.testing.assert_allclose(new, old, rtol=1e-9)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from([1, 2, 8, 30, 100]), st.sampled_from([64, 1000, 9000]),
+       st.sampled_from([2.0, 6.0, 18.0]), st.floats(0.005, 0.3), st.floats(0.3, 3.0))
+def test_w_only_where_the_reverse_can_bind_leaves_the_bound_as_computing_it_everywhere(seed, teachers, vocab, alpha,
+                                                                                       beta, spread):
+    """reverse_where_binding (records version 7's default without the dual) computes W only where the
+    forward bound is below log(1 + 1/N): the reverse it returns is still a bound (B1 elsewhere, at least
+    the W-based one), and the larger of the two directions is bit for bit the every-order computation's
+    (every order computed) or within the sub-grid's tolerance above it and never below (on the sub-grid,
+    whose anchors then follow the orders computed)."""
+    rng = np.random.default_rng(seed)
+    public = torch.from_numpy(_softmax(4.5 * rng.standard_normal(vocab)))
+    teachers_t = torch.from_numpy(_softmax(4.5 * rng.standard_normal(vocab) + spread * rng.standard_normal((teachers, vocab))))
+    from dpledger.mechanisms.kernels import mixed_teachers, mixing_weights
+    output = mixed_teachers(teachers_t, public, mixing_weights(teachers_t, public, alpha, alpha * beta)).mean(dim=-2)
+    for tolerance in (None, ADD_ONE_RELATIVE_TOLERANCE):
+        args = (output, public, teachers, ORDERS, alpha, alpha * beta, None, tolerance)
+        forward, reverse = add_one_direction_bounds(*args)
+        pruned_forward, pruned_reverse = add_one_direction_bounds(*args, reverse_where_binding=True)
+        assert np.array_equal(forward, pruned_forward)
+        assert np.all(pruned_reverse >= reverse) or tolerance is not None and vocab >= ADD_ONE_SUBGRID_MIN_VOCABULARY
+        full, pruned = np.maximum(forward, reverse), np.maximum(pruned_forward, pruned_reverse)
+        if tolerance is None or vocab < ADD_ONE_SUBGRID_MIN_VOCABULARY:
+            assert np.array_equal(full, pruned)
+        else:
+            every = add_one_divergence_bounds(output, public, teachers, ORDERS, alpha, alpha * beta,
+                                              relative_tolerance=None).numpy()
+            assert np.all(pruned >= every) and np.all(pruned <= (1.0 + tolerance) * every * (1.0 + 1e-12))
+    default = add_one_divergence_bounds(output, public, teachers, ORDERS, alpha, alpha * beta).numpy()
+    assert np.array_equal(default, np.maximum(*add_one_direction_bounds(
+        output, public, teachers, ORDERS, alpha, alpha * beta, reverse_where_binding=True)))
