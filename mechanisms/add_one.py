@@ -967,11 +967,15 @@ class _AllocatedTokens:
     shift_j = log((N + t_j) / (N + 1)), compacted), found once per step for every order the sub-grid
     asks for; a row where a token with t_j = +inf (p_j = 0 < qmax_j) receives mass is marked infinite.
     `weighted` (records_version >= 7) also keeps log c_j = log a_j - log t_j and the log of the weight
-    w0 on phi_k(0), rounded up (add_one_weighted_order_sums): w0 = max(0, 1 - C (1 - d)) with C the
-    computed sum_j c_j and d a bound on its relative error (each exp within 1 ulp of its rounded
-    argument, (M + 1) ulps for a sum of M nonnegative terms in any order), so w0 >= 1 - sum_j c_j."""
+    w0 on phi_k(0), rounded up (add_one_weighted_order_sums): w0 = max(0, P - C (1 - d)) (1 + 2u) + u with
+    P an upper bound on the law's mass sum_j p_j (`masses`; the chord bound's phi_k(0) term is
+    phi_k(0) sum_j p_j, which a float law may hold above 1), C the computed sum_j c_j and d a bound on
+    its relative error (each exp within 1 ulp of its rounded argument, (M + 1) ulps for a sum of M
+    nonnegative terms in any order); the factor and the u cover the subtraction's and the product's
+    rounding, so w0 >= sum_j p_j - sum_j c_j."""
 
-    def __init__(self, log_allocation: np.ndarray, log_t: np.ndarray, teachers: float, weighted: bool = True) -> None:
+    def __init__(self, log_allocation: np.ndarray, log_t: np.ndarray, teachers: float, weighted: bool = True,
+                 masses: np.ndarray | None = None) -> None:
         self.batch = log_t.shape[:-1]
         self.teachers = teachers
         self.weighted = weighted
@@ -993,7 +997,8 @@ class _AllocatedTokens:
             log_share = np.ascontiguousarray(la - lt)
             shares = np.exp(log_share)
             relative = _U * (2.0 * (np.abs(log_share).max(initial=0.0) + 2.0) + la.size + 1.0)
-            zero_weight = max(0.0, 1.0 - float(shares.sum()) * (1.0 - 2.0 * relative))
+            mass = 1.0 if masses is None else float(masses.reshape(-1)[row])
+            zero_weight = max(0.0, mass - float(shares.sum()) * (1.0 - 2.0 * relative)) * (1.0 + 2.0 * _U) + _U
             self.rows.append((la, lt, log_share, shift))
             self.log_zero_weights.append(math.log(zero_weight) if zero_weight > 0.0 else -np.inf)
 
@@ -1134,10 +1139,13 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     Section 3.1.5). (A float law p may sum to 1 + e, e > 0: then the weight of phi_k(0) may be -e, and
     log S lies at most e below the log of the same sum with that weight raised to 0, which is convex and
     at least phi_k(0); e joins the chord sum's allowance. From records version 7 the weight of phi_k(0)
-    is rounded up instead, to w0 >= max(0, 1 - sum_j a_j / t_j): that raises the sum, so it stays an upper
-    bound, and keeps every weight nonnegative, so it is convex; the kernel then needs one exp per token,
-    and each sum of M terms carries the worst case of its rounding in any order, (M + 2) unit roundoffs
-    (Higham 2002, Section 4.2), in its allowance.) So each lies under its chord between two
+    is taken as what the chord bound gives for the float law, sum_j p_j - sum_j a_j / t_j (its phi_k(0)
+    terms are p_j phi_k(0) summed), rounded up to w0 >= max(0, that): a larger weight raises the sum, so
+    it stays an upper bound, and no weight is negative, so it is convex; the kernel then needs one exp
+    per token, and each sum of M terms carries the worst case of its rounding in any order, (M + 2) unit
+    roundoffs (Higham 2002, Section 4.2), in its allowance. Jensen's (p, p) term is likewise sum_j p_j,
+    not 1: from version 7 log(1 + e) joins its moment, e the mass's excess over 1.) So each lies under
+    its chord between two
     orders where it was computed, and above its tangents there (the kernel gives the derivatives of the
     first two) and the extensions of its neighbouring chords (`_convex_sandwich`). Every formula above
     is nondecreasing in each sum, so the chords give an upper bound and the tangents and extensions a
@@ -1196,12 +1204,16 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     # t_j = qmax_j / p_j (the chord's slope (phi_k(t) - phi_k(0)) / t grows with t, phi_k being convex).
     log_allocation, log_t = _knapsack_allocation(log_qmax, ratio_q_p)
     weighted = version >= 7
-    allocated_tokens = _AllocatedTokens(log_allocation, log_t, n, weighted)
+    # an upper bound on each row's mass sum_j p_j (a float law may hold a few ulps above 1): the V-term
+    # sum's worst case, (V + 2) u, on top of the computed sum
+    masses = output.numpy().sum(axis=-1) * (1.0 + (log_p.shape[-1] + 2.0) * _U)
+    allocated_tokens = _AllocatedTokens(log_allocation, log_t, n, weighted, masses)
     magnitude = np.abs(np.where(np.isfinite(log_t), log_t, 0.0)).max(axis=-1)[..., None]
     w_magnitude = (np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1)
                    + np.abs(np.where(np.isfinite(log_qmin), log_qmin, 0.0)).max(axis=-1) + 2.0)[..., None]
     vocab = log_p.shape[-1]
     allocation_magnitude = np.abs(np.where(np.isfinite(log_allocation), log_allocation, 0.0)).max(axis=-1)[..., None]
+    mass_excess_up = np.maximum(masses - 1.0, 0.0) * (1.0 + 2.0 * _U)
     if weighted:   # a sum of M nonnegative terms in any order: within (M - 1) u relative; plus w0's term
         summation = (np.isfinite(log_allocation).sum(axis=-1)[..., None] + 2.0) * _U * (1.0 + 1e-6)
         w_summation = (vocab + 2.0) * _U * (1.0 + 1e-6)   # W's V-term sum, as the Renyi kernel adds it
@@ -1245,7 +1257,10 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
                 rho = np.minimum(rho, all_orders_beta * grid)
             u2 = (u2_moment + u2_allowance(u2_moment, grid)) / (grid - 1.0)
             u = np.minimum(rho + max_ratio[..., None], u2) + slack[..., None]
-            jensen = log_mean_with_one_exp((grid - 1.0) * u, n + 1.0) / (grid - 1.0)
+            jensen = log_mean_with_one_exp((grid - 1.0) * u, n + 1.0)
+            if weighted:   # the (p, p) term of the convex combination is sum_j p_j, at most 1 + its excess
+                jensen = jensen + np.log1p(mass_excess_up)[..., None] * (1.0 + 2.0 * _U)
+            jensen = jensen / (grid - 1.0)
             chord = (chord_total + forward_allowances(values, grid)[1]) / (grid - 1.0)
         bound: np.ndarray = np.minimum(jensen, chord)
         return bound
