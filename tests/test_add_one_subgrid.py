@@ -165,6 +165,11 @@ def test_the_weighted_chord_sums_are_within_their_allowance_of_mpmath(seed, toke
     shares = [mpmath.exp(mpmath.mpf(a) - mpmath.mpf(t)) for a, t in zip(la, lt)]
     zero_weight = mpmath.exp(allocated.log_zero_weights[0]) if np.isfinite(allocated.log_zero_weights[0]) else 0
     assert zero_weight >= 1 - mpmath.fsum(shares)
+    # a float law a few ulps (or more) above mass 1: the weight holds that mass less sum c
+    for mass in (1.0 + 8 * 2.0 ** -53, 1.0 + 1e-12):
+        heavier = _AllocatedTokens(log_allocation[None], log_t[None], float(teachers), masses=np.array([mass]))
+        weight = mpmath.exp(heavier.log_zero_weights[0]) if np.isfinite(heavier.log_zero_weights[0]) else 0
+        assert weight >= mpmath.mpf(mass) - mpmath.fsum(shares)
     n = mpmath.mpf(teachers)
     z = mpmath.log(n / (n + 1))
     magnitude = float(np.abs(lt).max()) + float(allocated.zero_weight_magnitude().max())
