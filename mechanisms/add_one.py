@@ -998,9 +998,11 @@ class _AllocatedTokens:
             shares = np.exp(log_share)
             relative = _U * (2.0 * (np.abs(log_share).max(initial=0.0) + 2.0) + la.size + 1.0)
             mass = 1.0 if masses is None else float(masses.reshape(-1)[row])
-            zero_weight = max(0.0, mass - float(shares.sum()) * (1.0 - 2.0 * relative)) * (1.0 + 2.0 * _U) + _U
+            excess = mass - float(shares.sum()) * (1.0 - 2.0 * relative)
+            # a NaN mass stays NaN (the bound is then NaN and refused), never a weight of 0
+            zero_weight = max(excess, 0.0) * (1.0 + 2.0 * _U) + _U if excess == excess else np.nan
             self.rows.append((la, lt, log_share, shift))
-            self.log_zero_weights.append(math.log(zero_weight) if zero_weight > 0.0 else -np.inf)
+            self.log_zero_weights.append(math.log(zero_weight))
 
     def zero_weight_magnitude(self) -> np.ndarray:
         """(..., 1): |log w0| per row where w0 > 0, else 0 (the weight's exponent joins the chord's allowance)."""

@@ -221,6 +221,10 @@ def _ball_residual(lam: float, teacher: FloatArray, public: FloatArray, log_publ
     if powers:
         # every r_j lies in [r_min, r_max] (the ratio 1 where p0_j = 0 too: low <= 1 <= high)
         top, bottom = max(0.0, math.log(high_r)), min(0.0, math.log(low_r))
+        for k in range(orders.size):   # an order past the power path's range needs the rows of logs
+            if not orders[k] * (top - bottom) + top + math.log(size) < _FAST_RANGE and bottom > -np.inf:
+                _mixed_log_ratios(lam, teacher, public, ratio, log_r, slope, mixed_ratio, normal_public)
+                break
     else:
         top, bottom = _mixed_log_ratios(lam, teacher, public, ratio, log_r, slope, mixed_ratio, normal_public)
     if bottom == -np.inf:   # the mixture vanishes where p0 does not: no finite divergence
@@ -238,9 +242,6 @@ def _ball_residual(lam: float, teacher: FloatArray, public: FloatArray, log_publ
             reverse = math.log(sum_reverse) + (1.0 - a) * math.log(low_r) - log_targets[k]
             moment_forward, moment_reverse = moment_forward / high_r, moment_reverse / low_r
         elif fast:
-            if powers:   # an order past the power path's range: the logs it skipped
-                powers = False
-                _mixed_log_ratios(lam, teacher, public, ratio, log_r, slope, mixed_ratio, normal_public)
             sum_forward, moment_forward, sum_reverse, moment_reverse = 0.0, 0.0, 0.0, 0.0
             for j in range(size):
                 y, inverse = vexp_pair(a * (log_r[j] - top))
@@ -253,9 +254,6 @@ def _ball_residual(lam: float, teacher: FloatArray, public: FloatArray, log_publ
             forward = math.log(sum_forward) + a * top - log_targets[k]
             reverse = math.log(sum_reverse) - a * top - log_targets[k]
         else:
-            if powers:
-                powers = False
-                _mixed_log_ratios(lam, teacher, public, ratio, log_r, slope, mixed_ratio, normal_public)
             top_forward, top_reverse = -np.inf, -np.inf
             for j in range(size):
                 top_forward = vmax(top_forward, log_public[j] + a * log_r[j])

@@ -240,3 +240,68 @@ def test_w_only_where_the_reverse_can_bind_leaves_the_bound_as_computing_it_ever
     default = add_one_divergence_bounds(output, public, teachers, ORDERS, alpha, alpha * beta).numpy()
     assert np.array_equal(default, np.maximum(*add_one_direction_bounds(
         output, public, teachers, ORDERS, alpha, alpha * beta, reverse_where_binding=True)))
+
+
+def _forward_bound_in_mpmath(p, p0, n, orders, alpha, radius):
+    """The forward add-one bound of add_one_direction_bounds' docstring, min(Jensen with U = min(U1, U2),
+    the chord bound), written out in mpmath for the float vector p as given (its mass sum_j p_j, not 1,
+    in Jensen's (p, p) term and on phi_k(0)); full-support laws. Shares no code with the package."""
+    import mpmath
+    mpmath.mp.prec = 160
+    a, N = mpmath.mpf(alpha), mpmath.mpf(n)
+    log_r = (a - 1) * mpmath.mpf(radius)
+    P, P0 = [mpmath.mpf(float(x)) for x in p], [mpmath.mpf(float(x)) for x in p0]
+    mass = mpmath.fsum(P)
+    qmax = [min(mpmath.mpf(1), mpmath.exp((log_r + (a - 1) * mpmath.log(q)) / a)) for q in P0]
+    t = [q / x for q, x in zip(qmax, P)]
+    allocation, left = {}, mpmath.mpf(1)
+    for j in sorted(range(len(P)), key=lambda j: -t[j]):   # the fractional knapsack, in exact arithmetic
+        if left <= 0:
+            break
+        allocation[j] = min(qmax[j], left)
+        left -= allocation[j]
+    largest = max(mpmath.log(q / x) for q, x in zip(P0, P))
+    log_m = max(mpmath.log(q / x) for q, x in zip(qmax, P0))
+    values = []
+    for k in orders:
+        k = mpmath.mpf(float(k))
+        rho = mpmath.mpf(radius) if k <= a else ((a - 1) * mpmath.mpf(radius) + (k - a) * log_m) / (k - 1)
+        u2 = mpmath.log(mpmath.fsum(w * t[j] ** (k - 1) for j, w in allocation.items())) / (k - 1)
+        jensen = mpmath.log(N / (N + 1) * mass + mpmath.exp((k - 1) * min(rho + largest, u2)) / (N + 1)) / (k - 1)
+        phi = lambda x: ((N + x) / (N + 1)) ** k
+        shares = {j: w / t[j] for j, w in allocation.items()}
+        chord = mpmath.log((mass - mpmath.fsum(shares.values())) * phi(0)
+                           + mpmath.fsum(c * phi(t[j]) for j, c in shares.items())) / (k - 1)
+        values.append(min(jensen, chord))
+    return values
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10**6), st.integers(2, 40), st.sampled_from([1, 3, 8, 100]), st.sampled_from([2.0, 18.0]),
+       st.sampled_from([1e-4, 0.01, 0.5]), st.sampled_from([0.0, 8 * 2.0 ** -53, 1e-12, 1e-9]))
+def test_the_forward_bound_holds_for_a_float_law_above_mass_one(seed, vocab, teachers, alpha, radius, excess):
+    """Records version 7's forward add-one bound is never below the mpmath value of its formula for the
+    float law it is given, whose mass may exceed 1 (a float mean of teachers does by a few ulps): near
+    order 1 the (p, p) term's mass and phi_k(0)'s weight matter most."""
+    import mpmath
+    rng = np.random.default_rng(seed)
+    public = rng.dirichlet(np.full(vocab, 0.8))
+    output = rng.dirichlet(np.full(vocab, 0.8)) * (1.0 + excess)
+    orders = [1.01, 1.1, 1.5, 2.0, 7.0, 64.0]
+    forward, _ = add_one_direction_bounds(torch.from_numpy(output), torch.from_numpy(public), teachers,
+                                          torch.tensor(orders, dtype=torch.float64), alpha, radius, None, None)
+    exact = _forward_bound_in_mpmath(output, public, teachers, orders, alpha, radius)
+    for value, reference in zip(forward, exact):
+        assert mpmath.mpf(float(value)) >= reference
+
+
+def test_the_forward_bound_holds_for_the_reviewed_float_law():
+    """The case an independent review found below its formula before the law's mass entered the weight
+    of phi_k(0): p = (0.35, 0.15, 0.5) (1 + 1e-12), N = 100, alpha 2, radius 1e-4, k = 1.01."""
+    import mpmath
+    output, public = np.array([0.35, 0.15, 0.5]) * (1.0 + 1e-12), np.array([0.3, 0.2, 0.5])
+    orders = [1.01, 1.1, 2.0]
+    forward, _ = add_one_direction_bounds(torch.from_numpy(output), torch.from_numpy(public), 100,
+                                          torch.tensor(orders, dtype=torch.float64), 2.0, 1e-4, None, None)
+    for value, reference in zip(forward, _forward_bound_in_mpmath(output, public, 100, orders, 2.0, 1e-4)):
+        assert mpmath.mpf(float(value)) >= reference
