@@ -268,7 +268,7 @@ def _forward_bound_in_mpmath(p, p0, n, orders, alpha, radius):
         rho = mpmath.mpf(radius) if k <= a else ((a - 1) * mpmath.mpf(radius) + (k - a) * log_m) / (k - 1)
         u2 = mpmath.log(mpmath.fsum(w * t[j] ** (k - 1) for j, w in allocation.items())) / (k - 1)
         jensen = mpmath.log(N / (N + 1) * mass + mpmath.exp((k - 1) * min(rho + largest, u2)) / (N + 1)) / (k - 1)
-        phi = lambda x: ((N + x) / (N + 1)) ** k
+        phi = lambda x, k=k: ((N + x) / (N + 1)) ** k
         shares = {j: w / t[j] for j, w in allocation.items()}
         chord = mpmath.log((mass - mpmath.fsum(shares.values())) * phi(0)
                            + mpmath.fsum(c * phi(t[j]) for j, c in shares.items())) / (k - 1)
