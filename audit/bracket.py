@@ -350,7 +350,7 @@ def voting_bracket_window(trace: LoadedTrace, records: list[dict], logits: Windo
             else:
                 neighbour = moved(counts[row], None)
             neighbours.append(neighbour)
-        if sampled:  # every law of the step bounded at once, over the same draws
+        if sampled:  # every law of the step bounded at once, each from its own draws
             histograms = np.stack([counts[row], *neighbours])
             generator = torch.Generator().manual_seed(monte_carlo_seed(seed, int(record["step"])))
             eta = (1.0 - CONFIDENCE) / (steps_total * histograms.shape[0] * (histograms.shape[1] + 1) * 2)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 from numpy.typing import NDArray
-from scipy.special import log_ndtr, ndtr
+from scipy.special import log_ndtr, ndtr, ndtri_exp
 
 from dpledger.accounting.errors import require, require_bool, require_finite, require_int_at_least, require_positive
 from dpledger.accounting.relation import NeighbouringRelation
@@ -414,14 +414,23 @@ def dpws_law_bounds(sampler: DPWeightedSampler, histograms: npt.ArrayLike, gener
                     eta: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """(lower, upper) bounds (H, V + 1) on DPWS's released law (entry 0 the failure) on each of the
     histograms (H, V): the certified analytic bounds (DPWeightedSampler.output_law_bounds) tightened
-    by Monte Carlo over common Gaussian draws, each Monte Carlo bound holding with probability
-    >= 1 - eta (empirical Bernstein on the per-draw law, whose entries lie in [0, 1]).
+    by Monte Carlo, each Monte Carlo bound holding with probability >= 1 - eta (empirical Bernstein on
+    the per-draw law, whose entries lie in [0, 1]).
+
+    A draw is sampled without drawing every token's noise. Tokens with equal counts c are exchangeable,
+    and only the passing ones (c + Z >= T) enter the law, so for each group of m tokens at count c a draw
+    takes the number that pass, K ~ Binomial(m, Q(u)) with u = (T - c) / sigma, and their noisy counts
+    c + sigma Z with Z drawn from the normal truncated to [u, inf) by inversion,
+    Z = Q^-1(U Q(u)) for U uniform on (0, 1]: the same joint law of the group's passing sum as drawing
+    all m noises, at a cost of the expected number of passing tokens (about V Q(T / sigma) for a
+    histogram mostly of zeros) instead of V normals. A group's release probability is each draw's
+    average over its tokens (still in [0, 1] and unbiased).
 
     Args:
         sampler: the DPWS mechanism.
         histograms: (H, V) vote histograms.
-        generator: the torch generator of the common Gaussian draws.
-        samples: the number of draws, >= 2.
+        generator: the torch generator that seeds the draws.
+        samples: the number of draws per histogram, >= 2.
         eta: each Monte Carlo bound's failure probability, in (0, 1).
 
     Returns:
@@ -431,31 +440,38 @@ def dpws_law_bounds(sampler: DPWeightedSampler, histograms: npt.ArrayLike, gener
     count, vocab = histograms.shape
     analytic = [sampler.output_law_bounds(h) for h in histograms]
     low, high = np.stack([a[0] for a in analytic]), np.stack([a[1] for a in analytic])
-    # tokens with equal counts in a histogram are exchangeable (the draws are i.i.d.): their common
-    # release probability is estimated by each draw's average over them, still in [0, 1] and unbiased
-    groups = [np.unique(h, return_inverse=True)[1] for h in histograms]
-    sizes = [np.bincount(g) for g in groups]
-    members = [np.eye(size.size)[g] / size for g, size in zip(groups, sizes)]   # (V, groups): each group's mean
-    total = [np.zeros(size.size + 1) for size in sizes]
-    squares = [np.zeros(size.size + 1) for size in sizes]
+    rng = np.random.default_rng(int(torch.randint(0, 2 ** 62, (1,), generator=generator)))
     n = float(histograms[0].sum()) if sampler.voters is None else float(sampler.voters)
-    for start in range(0, samples, 500):
-        draws = min(500, samples - start)
-        noise = sampler.sigma * torch.randn((draws, vocab), generator=generator, dtype=torch.float64).numpy()
-        noisy = np.maximum(histograms[:, None, :] + noise[None], 0.0)                    # (H, S, V)
-        passing = np.where(noisy >= sampler.threshold, noisy, 0.0)
-        normaliser = np.maximum(n / sampler.gamma, passing.sum(-1, keepdims=True))
-        law = np.where(normaliser > 0, passing / np.where(normaliser > 0, normaliser, 1.0), 0.0)
-        fail = np.clip(1.0 - law.sum(-1), 0.0, 1.0)                                       # (H, S)
-        for index in range(count):
-            means = law[index] @ members[index]                                          # (S, groups)
-            values = np.concatenate([fail[index][:, None], np.clip(means, 0.0, 1.0)], axis=1)
-            total[index] += values.sum(axis=0)
-            squares[index] += (values * values).sum(axis=0)
+    floor, sigma, threshold = n / sampler.gamma, float(sampler.sigma), float(sampler.threshold)
     mc_low, mc_high = np.empty((count, vocab + 1)), np.empty((count, vocab + 1))
     for index in range(count):
-        group_low, group_high = _bernstein(total[index], squares[index], samples, eta)
-        columns = np.concatenate([[0], 1 + groups[index]])
+        levels, group, sizes = np.unique(histograms[index], return_inverse=True, return_counts=True)
+        start_at = (threshold - levels) / sigma                   # u: a token passes iff Z >= u (T > 0)
+        log_pass = log_ndtr(-start_at)                            # log Q(u)
+        groups = levels.size
+        expected = float(np.sum(sizes * np.exp(log_pass)))
+        chunk = int(np.clip(2 ** 20 // max(1.0, expected + groups), 1, samples))
+        total, squares = np.zeros(groups + 1), np.zeros(groups + 1)
+        for first in range(0, samples, chunk):
+            draws = min(chunk, samples - first)
+            passing = rng.binomial(sizes, np.exp(log_pass), size=(draws, groups))      # (S, groups)
+            cells = np.repeat(np.arange(draws * groups), passing.reshape(-1))
+            member = cells % groups
+            with np.errstate(divide="ignore"):
+                # U = 1 gives Z = u exactly; ndtri_exp(0) = inf would not
+                z = np.maximum(-ndtri_exp(np.log1p(-rng.random(cells.size)) + log_pass[member]), start_at[member])
+            sums = np.bincount(cells, weights=levels[member] + sigma * z, minlength=draws * groups)
+            sums = sums.reshape(draws, groups)
+            passed = sums.sum(axis=1)
+            normaliser = np.maximum(floor, passed)
+            scale = np.where(normaliser > 0, 1.0 / np.where(normaliser > 0, normaliser, 1.0), 0.0)
+            values = np.empty((draws, groups + 1))
+            values[:, 0] = np.clip(1.0 - passed * scale, 0.0, 1.0)
+            values[:, 1:] = np.clip(sums * scale[:, None] / sizes, 0.0, 1.0)
+            total += values.sum(axis=0)
+            squares += (values * values).sum(axis=0)
+        group_low, group_high = _bernstein(total, squares, samples, eta)
+        columns = np.concatenate([[0], 1 + group])
         mc_low[index], mc_high[index] = group_low[columns], group_high[columns]
     # a sum of draws carries rounding: 1e-12 relative covers it many times over
     return np.maximum(low, mc_low * (1 - 1e-12)), np.minimum(high, mc_high * (1 + 1e-12) + 1e-300)

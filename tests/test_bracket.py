@@ -202,6 +202,37 @@ def test_dpws_law_bounds_hold_and_tighten_with_draws():
     assert widths[1] < widths[0] and high[0][4] - low[0][4] < 0.02   # the top token's law, to 2%
 
 
+
+@pytest.mark.parametrize("sigma, threshold, gamma, voters, histogram", [
+    (1.5, 2.0, 1.0, 16, [8, 5, 3] + [0] * 60),            # most tokens pass now and then (Q(4/3) ~ 9%)
+    (1.0, 0.5, 2.0, None, [0] * 30),                      # n = 0: the normaliser is the passing sum alone
+    (2.0, 3.0, 1.0, 40, [30, 30, 12, 12, 6, 1, 1] + [0] * 25),   # counts far above T pass almost surely
+])
+def test_grouped_dpws_draws_bound_the_law_of_full_draws(sigma, threshold, gamma, voters, histogram):
+    """dpws_law_bounds draws only each group's passing tokens; its bounds must hold for the law of
+    drawing every token's noise (DPWeightedSampler.probabilities_given_noise over plain numpy normals)."""
+    import numpy as np
+    import torch
+
+    from dpledger.accounting.relation import NeighbouringRelation
+    from dpledger.audit.bracket import dpws_law_bounds
+    from dpledger.mechanisms.hot_pate import DPWeightedSampler
+
+    relation = NeighbouringRelation.REPLACE_ONE if voters is None else NeighbouringRelation.ADD_OR_REMOVE_ONE
+    sampler = DPWeightedSampler(sigma, threshold, gamma, relation, voters=voters)
+    histogram = np.asarray(histogram, dtype=np.float64)
+    rng = np.random.default_rng(11)
+    draws = np.stack([sampler.probabilities_given_noise(histogram, rng.normal(0, sigma, histogram.size))
+                      for _ in range(30000)])
+    law = np.concatenate([[1 - draws.sum(1).mean()], draws.mean(0)])
+    error = 5 * np.concatenate([[draws.sum(1).std()], draws.std(0)]) / np.sqrt(draws.shape[0]) + 1e-12
+    low, high = dpws_law_bounds(sampler, histogram[None], torch.Generator().manual_seed(5), 30000, 1e-6)
+    assert np.all(low[0] <= law + error) and np.all(law - error <= high[0]) and np.all(low[0] <= high[0])
+    for level in np.unique(histogram):   # exchangeable tokens share their bounds
+        same = 1 + np.flatnonzero(histogram == level)
+        assert np.ptp(low[0][same]) == 0 and np.ptp(high[0][same]) == 0
+    assert np.max(high[0] - low[0]) < 0.05
+
 GENERATED = {
     "pmixed": ({"type": "pmixed", "alpha": 6.0, "beta": 0.05}, "add_or_remove_one"),
     "adapmixed-add-or-remove": ({**SCREENED, "screening": False}, "add_or_remove_one"),
