@@ -210,8 +210,6 @@ def load_causal_lm(name_or_path: str) -> PreTrainedModel:
     # many types: each stage's failure is reported as the file it read.
     try:
         config = AutoConfig.from_pretrained(str(directory))
-        with torch.device("meta"):  # builds the architecture without weights: config.json's own errors
-            AutoModelForCausalLM.from_config(config)
     except Exception as error:  # see above
         raise ValueError(f"{config_file}: transformers cannot build a model from it ({_first_line(error)})") from None
     try:
@@ -220,6 +218,13 @@ def load_causal_lm(name_or_path: str) -> PreTrainedModel:
             model, info = cast("tuple[PreTrainedModel, dict[str, list]]", AutoModelForCausalLM.from_pretrained(
                 str(directory), config=config, output_loading_info=True, ignore_mismatched_sizes=True))
     except Exception as error:  # see above
+        try:
+            # only on failure (the build costs more than a small model's load): is config.json at fault?
+            with torch.device("meta"):
+                AutoModelForCausalLM.from_config(config)
+        except Exception as config_error:  # see above
+            raise ValueError(f"{config_file}: transformers cannot build a model from it "
+                             f"({_first_line(config_error)})") from None
         raise _weights_error(files, error) from None
     mismatched = {key[0] if isinstance(key, tuple) else key for key in info.get("mismatched_keys") or ()}
     lacking = sorted(set(info.get("missing_keys") or ()) | mismatched)
