@@ -133,6 +133,10 @@ STEEPNESS = 2.0
 """Each quadrature interval has |slope of log h| x width <= STEEPNESS: 16-point Gauss-Legendre then integrates
 h to about 1e-30 of itself (an exponential e^{s x} over such an interval, by a degree-31 rule)."""
 MAX_INTERVALS = 2 ** 14
+BISECTION_WIDTH = 1e-12
+"""Where the bisections for the mode and the window's ends stop (in t, relative for the ends): the analysis
+below needs neither exactly (any point serves as the mode, and each end is kept on the side where log h is
+below the floor), and halving a mode at the kink t = 0 to adjacent floats took 200 slope evaluations."""
 WINDOW = 60.0
 """The quadrature covers the t where the log-integrand is within WINDOW of its maximum: beyond, a concave
 log-integrand's tails are below e^-WINDOW / (1 - e^-WINDOW) (< 1e-26) of the integral (the docstring below)."""
@@ -147,17 +151,24 @@ def _log_integral(offsets: NDArray[np.float64], weights: NDArray[np.float64]) ->
         result: NDArray[np.float64] = -np.abs(at) - _LOG2 + (weights * _log_laplace_cdf(at[..., None] + offsets)).sum(axis=-1)
         return result
 
+    def slopes(t: NDArray[np.float64]) -> NDArray[np.float64]:
+        """d/dt log h just right of each t: -sign(t) plus sum_w m'_w F'/F (1 left of 0, e^{-z}/2 / F right of it)."""
+        shifted = t[:, None] + offsets
+        tail = 0.5 * np.exp(-np.maximum(shifted, 0.0))
+        hazard = np.where(shifted < 0, 1.0, tail / (1.0 - tail))
+        result: NDArray[np.float64] = np.where(t >= 0, -1.0, 1.0) + hazard @ weights
+        return result
+
     def slope(t: float) -> float:
-        """d/dt log h just right of t: -sign(t) plus sum_w m'_w F'/F (1 left of 0, e^{-z}/2 / F right of it)."""
-        z = np.maximum(t + offsets, 0.0)
-        hazard = np.where(t + offsets < 0, 1.0, 0.5 * np.exp(-z) / (1.0 - 0.5 * np.exp(-z)))
-        return (-1.0 if t >= 0 else 1.0) + float(np.sum(weights * hazard))
+        return float(slopes(np.array([t]))[0])
 
     kinks = np.unique(np.concatenate([[0.0], -offsets]))
     # left of every kink the slope is 1 + sum of weights > 0; far right of them it tends to -1
     low, high = float(kinks[0]) - 1.0, float(kinks[-1]) + 50.0 + math.log1p(float(np.sum(weights)))
     for _ in range(200):
         middle = 0.5 * (low + high)
+        if high - low <= BISECTION_WIDTH:
+            break
         low, high = (middle, high) if slope(middle) > 0 else (low, middle)
     mode = 0.5 * (low + high)
     floor = float(log_h(mode)) - WINDOW
@@ -170,21 +181,29 @@ def _log_integral(offsets: NDArray[np.float64], weights: NDArray[np.float64]) ->
         near, far = 0.0, step
         for _ in range(200):
             middle = 0.5 * (near + far)
+            if far - near <= BISECTION_WIDTH * far:
+                break
             near, far = (middle, far) if float(log_h(mode + direction * middle)) > floor else (near, middle)
         return mode + direction * far
 
     left, right = end(-1.0), end(1.0)
     edges = np.unique(np.concatenate([[left, right], kinks[(kinks > left) & (kinks < right)]]))
-    intervals: list[tuple[float, float]] = []
-    pending = [(float(a), float(b)) for a, b in zip(edges[:-1], edges[1:])]
-    while pending:   # halve an interval until |slope| x width <= STEEPNESS at both ends (the largest on it)
-        a, b = pending.pop()
-        steep = max(abs(slope(a)), abs(slope(float(np.nextafter(b, -np.inf)))))
-        if (b - a) * steep <= STEEPNESS or len(intervals) + len(pending) >= MAX_INTERVALS:
-            intervals.append((a, b))
-        else:
-            pending += [(a, 0.5 * (a + b)), (0.5 * (a + b), b)]
-    cuts = np.asarray(intervals)
+    done: list[NDArray[np.float64]] = []
+    pending = np.stack([edges[:-1], edges[1:]], axis=1)
+    kept = 0
+    while pending.size:   # halve each interval until |slope| x width <= STEEPNESS at both ends (the largest on it)
+        steep = np.maximum(np.abs(slopes(pending[:, 0])), np.abs(slopes(np.nextafter(pending[:, 1], -np.inf))))
+        final = (pending[:, 1] - pending[:, 0]) * steep <= STEEPNESS
+        if kept + pending.shape[0] >= MAX_INTERVALS:
+            final[:] = True
+        done.append(pending[final])
+        kept += int(final.sum())
+        split = pending[~final]
+        middle_points = 0.5 * (split[:, 0] + split[:, 1])
+        pending = np.concatenate([np.stack([split[:, 0], middle_points], axis=1),
+                                  np.stack([middle_points, split[:, 1]], axis=1)])
+    cuts = np.concatenate(done)
+    cuts = cuts[np.argsort(cuts[:, 0], kind="stable")]
     half, middle = (cuts[:, 1:] - cuts[:, :1]) / 2.0, (cuts[:, :1] + cuts[:, 1:]) / 2.0
     totals = []
     for nodes, gauss in ((_GAUSS_NODES, _GAUSS_WEIGHTS), (_COARSE_NODES, _COARSE_WEIGHTS)):
