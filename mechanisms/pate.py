@@ -651,7 +651,9 @@ def gnmax_log_output_law(counts: npt.ArrayLike, sigma: float,
 
     low = (values[0] - values) / sigma - 16.0
     high = (values[-1] - values) / sigma + 16.0
-    for _ in range(200):  # bisection on the slope, to the bracket's float resolution
+    for _ in range(200):  # bisection on the slope, to 1e-12 (the window about the mode needs no more)
+        if np.all(high - low <= 1e-12):
+            break
         middle = 0.5 * (low + high)
         rising = slope(middle) > 0
         low, high = np.where(rising, middle, low), np.where(rising, high, middle)
