@@ -50,7 +50,7 @@ from dpledger.accounting.strict_json import MAX_BYTES as MAX_JSON_BYTES
 from dpledger.accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
-RECORDS_VERSION = 7
+RECORDS_VERSION = 8
 """Version 2 records hold Eq. 3 (`eq3_remove_one`) and the add-one bound (`add_one_bound`) apart
 from the loss covering the run's relation (`observed_data_dependent`); a trace without the key is
 version 1 (that loss only). Version 3 records hold these three losses only where a component charges
@@ -66,7 +66,9 @@ of version 5's, which the replay of an earlier trace reproduces by solving as it
 Version 7 raises the mixed ratios to integer orders (the paper's alpha = 18) by products instead of exp
 and log in that solver (dpledger.mechanisms.kernels.SOLVER_VERSION), and sums the add-one bound's chord
 term with one exp per token (dpledger.mechanisms.add_one); the records' fields are unchanged.
-The manifest records the version; dpledger.decoding.blocks writes the records."""
+Version 8 sums the add-one bound at orders on the lattice of tenths (the default grid's) by products of
+per-token powers, without an exp per token and order (dpledger.mechanisms.fused.add_one_power_order_sums),
+with their own rounding allowance; values within ~1e-13 of version 7's. The manifest records the version; dpledger.decoding.blocks writes the records."""
 MANIFEST = "manifest.json"
 LEDGER = "ledger.json"
 FINAL = "final.json"

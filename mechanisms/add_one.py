@@ -75,8 +75,9 @@ from dpledger.mechanisms.ball import ALL_ORDERS_BALL_GRID, all_orders_ball_const
 from dpledger.mechanisms.kernels import (ADD_ONE_VERSION, _SLACK_ULPS, FloatArray, _log, _set_threads,
                                          ball_mixing_weights)
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
-from dpledger.mechanisms.fused import (add_one_order_sums, add_one_weighted_order_sums, knapsack_allocation,
-                                       renyi_log_moments)
+from dpledger.mechanisms.fused import (_LATTICE as LATTICE, add_one_lattice_allowances, add_one_order_sums,
+                                       add_one_power_bases, add_one_power_order_sums, add_one_weighted_order_sums,
+                                       knapsack_allocation, renyi_log_moments)
 from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:
@@ -975,10 +976,12 @@ class _AllocatedTokens:
     rounding, so w0 >= sum_j p_j - sum_j c_j."""
 
     def __init__(self, log_allocation: np.ndarray, log_t: np.ndarray, teachers: float, weighted: bool = True,
-                 masses: np.ndarray | None = None) -> None:
+                 masses: np.ndarray | None = None, powers: bool = False) -> None:
         self.batch = log_t.shape[:-1]
         self.teachers = teachers
         self.weighted = weighted
+        self.powers = powers and weighted
+        self.power_factors: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, float, float] | None] = []
         flat_allocation = log_allocation.reshape(-1, log_t.shape[-1])
         flat_t = log_t.reshape(-1, log_t.shape[-1])
         self.rows: list[tuple[np.ndarray, ...] | None] = []
@@ -988,11 +991,13 @@ class _AllocatedTokens:
             if np.isposinf(flat_t[row][allocated]).any():
                 self.rows.append(None)
                 self.log_zero_weights.append(-np.inf)
+                self.power_factors.append(None)
                 continue
             la, lt = np.ascontiguousarray(flat_allocation[row][allocated]), np.ascontiguousarray(flat_t[row][allocated])
             shift = np.ascontiguousarray(np.logaddexp(np.log(teachers), lt) - np.log(teachers + 1.0))
             if not weighted:
                 self.rows.append((la, lt, shift))
+                self.power_factors.append(None)
                 continue
             log_share = np.ascontiguousarray(la - lt)
             shares = np.exp(log_share)
@@ -1003,6 +1008,35 @@ class _AllocatedTokens:
             zero_weight = max(excess, 0.0) * (1.0 + 2.0 * _U) + _U if excess == excess else np.nan
             self.rows.append((la, lt, log_share, shift))
             self.log_zero_weights.append(math.log(zero_weight))
+            if self.powers:
+                factors = tuple(np.empty(la.size) for _ in range(4))
+                top_t, top_shift, low_t = add_one_power_bases(la, lt, log_share, shift, *factors)
+                self.power_factors.append((*factors, top_t, top_shift, low_t))
+            else:
+                self.power_factors.append(None)
+        # (no allocated token: no power is taken, the exp path computes the row)
+        self.log_t_spans = np.asarray([factors[4] - factors[6] if factors is not None and factors[0].size else 0.0
+                                       for factors in self.power_factors])
+
+    @staticmethod
+    def _on_lattice(orders: np.ndarray) -> np.ndarray:
+        """Which orders are within 1e-9 of the lattice of tenths (and small enough for int64 steps)."""
+        tenths = orders * LATTICE
+        on: np.ndarray = (np.abs(tenths - np.rint(tenths)) <= 1e-9) & (tenths <= 2.0 ** 40)
+        return on
+
+    def lattice_allowances(self, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(..., K) each: what the power path adds to the u2 and chord sums' error at each order on the
+        lattice (dpledger.mechanisms.fused.add_one_power_order_sums; whether or not a given call took it):
+        e (4.5 + span / 5) u for a power with e factors of span span / 10, and the lattice's gap
+        |e / 10 - (k - 1)| times span, the gap bounded by |fl(10 (k - 1)) - e| / 10 + 2 (k - 1) u (fl's error
+        being 10 (k - 1) u); likewise with k for the chord, whose shifts span less than log t. 0 off the lattice."""
+        shape = (*self.batch, orders.size)
+        if not self.powers:
+            return np.zeros(shape), np.zeros(shape)
+        u2, chord = np.empty((len(self.rows), orders.size)), np.empty((len(self.rows), orders.size))
+        add_one_lattice_allowances(np.ascontiguousarray(orders, dtype=np.float64), self.log_t_spans, u2, chord)
+        return u2.reshape(shape), chord.reshape(shape)
 
     def zero_weight_magnitude(self) -> np.ndarray:
         """(..., 1): |log w0| per row where w0 > 0, else 0 (the weight's exponent joins the chord's allowance)."""
@@ -1011,20 +1045,43 @@ class _AllocatedTokens:
 
     def order_sums(self, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(log sum_j a_j t_j^(k-1), log of the chord bound's sum, and their derivatives in k) per row
-        and order k, by the fused kernel (dpledger.mechanisms.fused.add_one_order_sums) over the
-        allocated tokens only: (..., K) each; +inf (slopes 0) in an infinite row."""
+        and order k, by the fused kernels over the allocated tokens only: (..., K) each; +inf (slopes 0)
+        in an infinite row. With `powers` an order on the lattice of tenths takes the power path
+        (dpledger.mechanisms.fused.add_one_power_order_sums) and any other the exp path
+        (add_one_weighted_order_sums), order by order: each value depends on its order alone, never on
+        the other orders asked for at once (the sub-grid's values equal computing every order's)."""
         orders = np.ascontiguousarray(orders, dtype=np.float64)
         u2, chord, u2_slope, chord_slope = (np.empty((len(self.rows), orders.size)) for _ in range(4))
+        on = self._on_lattice(orders) if self.powers else np.zeros(orders.size, dtype=bool)
+        lattice = np.ascontiguousarray(orders[on])
+        chord_steps = np.rint(lattice * LATTICE).astype(np.int64)
         _set_threads()
         for row, tokens in enumerate(self.rows):
             if tokens is None:
                 u2[row], chord[row], u2_slope[row], chord_slope[row] = np.inf, np.inf, 0.0, 0.0
-            elif self.weighted:
-                add_one_weighted_order_sums(*tokens, self.log_zero_weights[row], orders, float(self.teachers), u2[row],
-                                            chord[row], u2_slope[row], chord_slope[row])
+                continue
+            targets = (u2[row], chord[row], u2_slope[row], chord_slope[row])
+            exp_path = ~on
+            if on.any() and (factors := self.power_factors[row]) is not None:
+                outputs = [np.empty(lattice.size) for _ in range(4)]
+                underflow = np.zeros(lattice.size, dtype=bool)
+                add_one_power_order_sums(*factors[:4], tokens[1], tokens[3], factors[4], factors[5],
+                                         self.log_zero_weights[row], lattice, chord_steps - LATTICE, chord_steps,
+                                         float(self.teachers), *outputs, underflow)
+                for target, values in zip(targets, outputs):
+                    target[on] = values
+                exp_path = exp_path.copy()
+                exp_path[np.flatnonzero(on)[underflow]] = True   # lost digits to underflow: the exp path there
+            if not exp_path.any():
+                continue
+            outputs = [np.empty(int(exp_path.sum())) for _ in range(4)]
+            if self.weighted:
+                add_one_weighted_order_sums(*tokens, self.log_zero_weights[row], np.ascontiguousarray(orders[exp_path]),
+                                            float(self.teachers), *outputs)
             else:
-                add_one_order_sums(*tokens, orders, float(self.teachers), u2[row], chord[row], u2_slope[row],
-                                   chord_slope[row])
+                add_one_order_sums(*tokens, np.ascontiguousarray(orders[exp_path]), float(self.teachers), *outputs)
+            for target, values in zip(targets, outputs):
+                target[exp_path] = values
         shape = (*self.batch, orders.size)
         return u2.reshape(shape), chord.reshape(shape), u2_slope.reshape(shape), chord_slope.reshape(shape)
 
@@ -1209,7 +1266,7 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     # an upper bound on each row's mass sum_j p_j (a float law may hold a few ulps above 1): the V-term
     # sum's worst case, (V + 2) u, on top of the computed sum
     masses = output.numpy().sum(axis=-1) * (1.0 + (log_p.shape[-1] + 2.0) * _U)
-    allocated_tokens = _AllocatedTokens(log_allocation, log_t, n, weighted, masses)
+    allocated_tokens = _AllocatedTokens(log_allocation, log_t, n, weighted, masses, powers=version >= 8)
     magnitude = np.abs(np.where(np.isfinite(log_t), log_t, 0.0)).max(axis=-1)[..., None]
     w_magnitude = (np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1)
                    + np.abs(np.where(np.isfinite(log_qmin), log_qmin, 0.0)).max(axis=-1) + 2.0)[..., None]
@@ -1234,6 +1291,8 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         allowance: np.ndarray = ROUNDING_ULPS * (np.abs(np.where(np.isfinite(u2_moment), u2_moment, 0.0))
                                                  + allocation_magnitude + (grid - 1.0) * (magnitude + 4.0)
                                                  + 2.0 * np.log2(log_t.shape[-1] + 1.0))
+        if allocated_tokens.powers:
+            allowance = allowance + allocated_tokens.lattice_allowances(grid)[0]
         return allowance + summation if weighted else allowance
 
     def forward_sums(index: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
@@ -1246,6 +1305,8 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         """A bound on |computed - exact| of each forward sum at the orders `grid`."""
         chord_size = np.abs(np.where(np.isfinite(values[1]), values[1], 0.0))
         chord = ROUNDING_ULPS * (chord_size + grid * (chord_magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0))
+        if allocated_tokens.powers:
+            chord = chord + allocated_tokens.lattice_allowances(grid)[1]
         return [(grid - 1.0) * slack[..., None] + u2_allowance(values[0], grid),
                 chord + summation if weighted else chord + 2.0 * mass_excess]
 

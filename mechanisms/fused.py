@@ -1274,6 +1274,182 @@ def add_one_weighted_order_sums(log_allocation: FloatArray, log_t: FloatArray, l
         out_chord_slope[index] = weighted_chord / total_chord
 
 
+_LATTICE = 10
+"""add_one_power_order_sums raises bases to multiples of 1/_LATTICE: the default grid's orders are tenths."""
+
+_POWER_FLOOR = 1e-250
+"""Below this a power sum may have lost relative digits to gradual underflow: that order takes the exp path."""
+
+
+@jit(**_EXACT_FLAGS)
+def add_one_lattice_allowances(orders: FloatArray, spans: FloatArray, out_u2: FloatArray, out_chord: FloatArray) -> None:
+    """What add_one_power_order_sums adds to the error of the u2 and chord sums at each order k on the lattice
+    of tenths (0 off it), for rows whose log t spans `spans`: e (4.5 + span / 5) u for a power of e factors,
+    each base's exponent spanning span / 10, and the lattice's gap |e / 10 - (k - 1)| times span, the gap
+    bounded by |fl(10 (k - 1)) - e| / 10 + 2 (k - 1) u (fl's error is 10 (k - 1) u); likewise with k and
+    e' = round(10 k) for the chord, whose shifts span less than log t (shift is 1-Lipschitz in log t).
+
+    Args:
+        orders: Renyi orders k > 1, shape (K,).
+        spans: max - min log t of each row's allocated tokens, shape (R,) (0 for a row without powers).
+        out_u2, out_chord: outputs, shape (R, K).
+    """
+    for i in range(orders.size):
+        k = orders[i]
+        tenths = k * _LATTICE
+        steps = math.floor(tenths + 0.5)
+        on = abs(tenths - steps) <= 1e-9 and tenths <= 2.0 ** 40
+        u2_steps = steps - _LATTICE
+        u2_gap = abs(_LATTICE * (k - 1.0) - u2_steps) / _LATTICE + 2.0 * (k - 1.0) * _UNIT
+        chord_gap = abs(tenths - steps) / _LATTICE + 2.0 * k * _UNIT
+        for r in range(spans.size):
+            span = spans[r]
+            out_u2[r, i] = u2_steps * (4.5 + span / 5.0) * _UNIT + u2_gap * span if on else 0.0
+            out_chord[r, i] = steps * (4.5 + span / 5.0) * _UNIT + chord_gap * span if on else 0.0
+
+
+@jit(**_FLAGS)
+def add_one_power_bases(log_allocation: FloatArray, log_t: FloatArray, log_share: FloatArray, shift: FloatArray,
+                        out_allocation: FloatArray, out_share: FloatArray, out_base_t: FloatArray,
+                        out_base_shift: FloatArray) -> tuple[float, float, float]:
+    """The per-token factors of add_one_power_order_sums, once per row: a_j = exp(log a_j), c_j = exp(log c_j),
+    and the bases (t_j / t_max)^(1/10) and ((N + t_j) / (N + t_max))^(1/10), exp((log t_j - max) / 10) and
+    exp((shift_j - max) / 10), each in (0, 1].
+
+    Args:
+        log_allocation, log_t, log_share, shift: as add_one_weighted_order_sums, shape (M,), M >= 1.
+        out_allocation, out_share, out_base_t, out_base_shift: outputs, shape (M,): a_j, c_j and the bases.
+
+    Returns:
+        (max log t, max shift, min log t) over the tokens.
+    """
+    top_t, top_shift, low_t = -np.inf, -np.inf, np.inf
+    for j in range(log_t.size):
+        top_t = vmax(top_t, log_t[j])
+        top_shift = vmax(top_shift, shift[j])
+        low_t = vmin(low_t, log_t[j])
+    for j in range(log_t.size):
+        out_allocation[j] = vexp(log_allocation[j])
+        out_share[j] = vexp(log_share[j])
+        out_base_t[j] = vexp((log_t[j] - top_t) / _LATTICE)
+        out_base_shift[j] = vexp((shift[j] - top_shift) / _LATTICE)
+    return top_t, top_shift, low_t
+
+
+@jit(**_HELPER_FLAGS)
+def _power_levels(base: FloatArray, levels: int, out: FloatArray) -> None:
+    """out holds `levels` rows of base's width back to back: base^(2^b) by repeated squaring."""
+    size = base.size
+    for j in range(size):
+        out[j] = base[j]
+    for b in range(1, levels):
+        below, level = out[(b - 1) * size:b * size], out[b * size:(b + 1) * size]
+        for j in range(size):
+            level[j] = below[j] * below[j]
+
+
+@jit(**_HELPER_FLAGS)
+def _power_of(levels: FloatArray, exponent: int, size: int, out: FloatArray) -> None:
+    """out = base^exponent, the product of the squarings (levels from _power_levels) at the exponent's set
+    bits, in increasing order: a function of the exponent alone, whatever else the caller computes."""
+    for j in range(size):
+        out[j] = 1.0
+    b = 0
+    while exponent > 0:
+        if exponent & 1:
+            level = levels[b * size:(b + 1) * size]
+            for j in range(size):
+                out[j] *= level[j]
+        exponent >>= 1
+        b += 1
+
+
+@jit(**_FLAGS)
+def add_one_power_order_sums(allocation: FloatArray, share: FloatArray, base_t: FloatArray, base_shift: FloatArray,
+                             log_t: FloatArray, shift: FloatArray, top_t: float, top_shift: float,
+                             log_zero_weight: float, orders: FloatArray, u2_steps: IntArray, chord_steps: IntArray,
+                             teachers: float, out_u2: FloatArray, out_chord: FloatArray, out_u2_slope: FloatArray,
+                             out_chord_slope: FloatArray, underflow: BoolArray) -> None:
+    """add_one_weighted_order_sums (records_version >= 8) at orders k whose k - 1 and k lie on the lattice of
+    tenths, with no exp per token and order: t_j^(k-1) = t_max^(k-1) (base_t_j)^(e), e = u2_steps[i] the
+    integer nearest 10 (k - 1), and ((N + t_j)/(N + 1))^k = e^(k max shift) (base_shift_j)^(e'), e' = chord_steps[i]
+    the integer nearest 10 k, the powers by products: one multiply pass per set bit of e over the
+    base's squarings, so that an order's value does not depend on the other orders of the call (a
+    sub-grid's value at an order equals computing every order's there). Tokens go in chunks of
+    _POWER_CHUNK, whose squarings stay in cache.
+      out_u2 = log(sum_j a_j base_t_j^e) + (k - 1) max log t,
+      out_chord = log(w0 e^(k z) + e^(k max shift) sum_j c_j base_shift_j^e'),  z = log(N / (N + 1)),
+    and the slopes as add_one_weighted_order_sums. The error of a power b^e, b within r of its value, is
+    within e (r + 2u) (each squaring doubles a relative error and adds u; the products add one u per
+    factor): with r <= 2.5u + 2u |x| for b = exp(x), x = (log t_j - max) / 10 rounded twice, a term is within
+    (k - 1) (45 + 2 span) u, span = max - min log t, of a_j t_j^(e/10) / t_max^(e/10), and the lattice's
+    gap |e / 10 - (k - 1)| times span of a_j t_j^(k-1) / t_max^(k-1) (the caller adds both to its allowance;
+    likewise with k and the shifts' span for the chord). Powers that underflow lose relative digits but
+    at most a few 2^-1074 each: an order whose sum falls below _POWER_FLOOR is marked in `underflow` (its
+    outputs unset) for the exp path to compute; above it that loss is under 1e-60 of the sum.
+
+    Args:
+        allocation, share, base_t, base_shift: a_j, c_j and the bases (add_one_power_bases), shape (M,).
+        log_t, shift: log t_j and shift_j, shape (M,) (the slopes' weights).
+        top_t, top_shift: max log t and max shift (add_one_power_bases).
+        log_zero_weight: log w0 (-inf for w0 = 0).
+        orders: Renyi orders k > 1, shape (K,).
+        u2_steps, chord_steps: round(10 (k - 1)) and round(10 k), int64, shape (K,).
+        teachers: the ensemble size N (> 0), as a float.
+        out_u2, out_chord, out_u2_slope, out_chord_slope: outputs, shape (K,), as add_one_weighted_order_sums.
+        underflow: output, shape (K,): the orders left to the exp path.
+    """
+    size = allocation.size
+    count = orders.size
+    zero_shift = math.log(teachers) - math.log(teachers + 1.0)
+    largest = 1
+    for i in range(count):
+        largest = max(largest, u2_steps[i], chord_steps[i])
+    levels = 1
+    while (1 << levels) <= largest:
+        levels += 1
+    sums = np.zeros((count, 4))
+    width = min(size, _POWER_CHUNK)
+    levels_t, levels_shift = np.empty(levels * width), np.empty(levels * width)
+    power_t, power_shift = np.empty(width), np.empty(width)
+    for start in range(0, size, _POWER_CHUNK):
+        stop = min(size, start + _POWER_CHUNK)
+        chunk = stop - start
+        _power_levels(base_t[start:stop], levels, levels_t[:levels * chunk])
+        _power_levels(base_shift[start:stop], levels, levels_shift[:levels * chunk])
+        powers_t, powers_shift = power_t[:chunk], power_shift[:chunk]
+        chunk_allocation, chunk_share = allocation[start:stop], share[start:stop]
+        chunk_log_t, chunk_shift = log_t[start:stop], shift[start:stop]
+        for i in range(count):
+            _power_of(levels_t[:levels * chunk], u2_steps[i], chunk, powers_t)
+            _power_of(levels_shift[:levels * chunk], chord_steps[i], chunk, powers_shift)
+            total_u2, weighted_u2, total_chord, weighted_chord = 0.0, 0.0, 0.0, 0.0
+            for j in range(chunk):
+                term = chunk_allocation[j] * powers_t[j]
+                total_u2 += term
+                weighted_u2 += term * chunk_log_t[j]
+                piece = chunk_share[j] * powers_shift[j]
+                total_chord += piece
+                weighted_chord += piece * chunk_shift[j]
+            sums[i, 0] += total_u2
+            sums[i, 1] += weighted_u2
+            sums[i, 2] += total_chord
+            sums[i, 3] += weighted_chord
+    for i in range(count):
+        k = orders[i]
+        underflow[i] = not (sums[i, 0] >= _POWER_FLOOR and sums[i, 2] >= _POWER_FLOOR)
+        if underflow[i]:
+            continue
+        out_u2[i] = math.log(sums[i, 0]) + (k - 1.0) * top_t
+        out_u2_slope[i] = sums[i, 1] / sums[i, 0]
+        zero = log_zero_weight + k * zero_shift
+        tokens = math.log(sums[i, 2]) + k * top_shift
+        high, low = max(zero, tokens), min(zero, tokens)
+        out_chord[i] = high + math.log1p(math.exp(low - high)) if low > -np.inf else high
+        zero_part = zero_shift * math.exp(zero - out_chord[i]) if zero > -np.inf else 0.0
+        out_chord_slope[i] = zero_part + sums[i, 3] / sums[i, 2] * math.exp(tokens - out_chord[i])
+
+
 @jit(**_FLAGS)
 def add_one_order_sums(log_allocation: FloatArray, log_t: FloatArray, shift: FloatArray, orders: FloatArray,
                        teachers: float, out_u2: FloatArray, out_chord: FloatArray, out_u2_slope: FloatArray,

@@ -143,12 +143,16 @@ def test_below_the_smallest_vocabulary_every_order_is_computed():
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, 10**6), st.integers(1, 400), st.integers(1, 120), st.floats(0.05, 3.0))
-def test_the_weighted_chord_sums_are_within_their_allowance_of_mpmath(seed, tokens, teachers, spread):
-    """Records version 7's add-one sums (fused.add_one_weighted_order_sums, through _AllocatedTokens)
-    against the sums written out in mpmath from their definition: the weight w0 of phi_k(0) is at least
+@given(st.integers(0, 10**6), st.integers(1, 400), st.integers(1, 120), st.floats(0.05, 3.0), st.booleans(),
+       st.sampled_from([0.0, -300.0, -700.0]))
+def test_the_weighted_chord_sums_are_within_their_allowance_of_mpmath(seed, tokens, teachers, spread, powers, scale):
+    """Records version 7's add-one sums (fused.add_one_weighted_order_sums, through _AllocatedTokens) and
+    version 8's (fused.add_one_power_order_sums: products on the lattice of tenths, `powers`) against the
+    sums written out in mpmath from their definition: the weight w0 of phi_k(0) is at least
     1 - sum_j a_j / t_j exactly, and each computed log-sum is within the allowance add_one_direction_bounds
-    gives it (its exponents' rounding plus (M + 2) unit roundoffs for the sum) of the exact value."""
+    gives it (its exponents' rounding plus (M + 2) unit roundoffs for the sum, and version 8's lattice
+    allowance) of the exact value. `scale` shrinks the allocation (at -700 the power sums underflow and the
+    exp path takes over); the orders are on the lattice but for 1.25 and 2.718, which take the exp path."""
     import mpmath
     from dpledger.accounting.rounding import ROUNDING_ULPS
     from dpledger.mechanisms.add_one import _AllocatedTokens, _U
@@ -156,11 +160,17 @@ def test_the_weighted_chord_sums_are_within_their_allowance_of_mpmath(seed, toke
     rng = np.random.default_rng(seed)
     allocation = rng.dirichlet(np.full(tokens, 0.7))
     log_t = np.sort(spread * np.abs(rng.standard_normal(tokens)) + rng.uniform(-0.5, 0.5))[::-1].copy()
-    log_allocation = np.log(allocation)
-    allocated = _AllocatedTokens(log_allocation[None], log_t[None], float(teachers))
+    log_allocation = np.log(allocation) + scale
+    allocated = _AllocatedTokens(log_allocation[None], log_t[None], float(teachers), powers=powers)
     la, lt, log_share, shift = allocated.rows[0]
-    orders = np.asarray([1.1, 1.5, 2.0, 7.3, 33.0, 256.0])
+    orders = np.asarray([1.1, 1.5, 2.0, 7.3, 33.0, 256.0, 1024.0])
     u2, chord, _, _ = allocated.order_sums(orders)
+    lattice_u2, lattice_chord = allocated.lattice_allowances(orders)
+    off = np.asarray([1.25, 2.718])
+    off_u2, off_chord, _, _ = allocated.order_sums(off)
+    assert not allocated.lattice_allowances(off)[0].any()
+    orders, u2, chord = np.append(orders, off), np.append(u2, off_u2, axis=1), np.append(chord, off_chord, axis=1)
+    lattice_u2, lattice_chord = np.append(lattice_u2, [[0.0, 0.0]], axis=1), np.append(lattice_chord, [[0.0, 0.0]], axis=1)
     mpmath.mp.prec = 140
     shares = [mpmath.exp(mpmath.mpf(a) - mpmath.mpf(t)) for a, t in zip(la, lt)]
     zero_weight = mpmath.exp(allocated.log_zero_weights[0]) if np.isfinite(allocated.log_zero_weights[0]) else 0
@@ -181,11 +191,31 @@ def test_the_weighted_chord_sums_are_within_their_allowance_of_mpmath(seed, toke
         exact_chord = mpmath.log(zero_weight * mpmath.exp(k_exact * z) + mpmath.fsum(
             c * mpmath.exp(k_exact * mpmath.mpf(s)) for c, s in zip(shares, shift)))
         u2_allowance = ROUNDING_ULPS * (abs(float(exact_u2)) + float(np.abs(la).max()) + (k - 1.0) * (magnitude + 4.0)
-                                        + 2.0 * np.log2(la.size + 1.0)) + summation
+                                        + 2.0 * np.log2(la.size + 1.0)) + summation + lattice_u2[0, index]
         chord_allowance = ROUNDING_ULPS * (abs(float(exact_chord)) + k * (magnitude + 4.0)
-                                           + 2.0 * np.log2(la.size + 1.0)) + summation
+                                           + 2.0 * np.log2(la.size + 1.0)) + summation + lattice_chord[0, index]
         assert abs(mpmath.mpf(u2[0, index]) - exact_u2) <= u2_allowance
         assert abs(mpmath.mpf(chord[0, index]) - exact_chord) <= chord_allowance
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10**6), st.integers(2, 12), st.integers(3, 400), st.sampled_from([2.0, 6.0, 18.0]),
+       st.floats(0.01, 0.3), st.booleans())
+def test_records_version_8_add_one_bound_agrees_with_version_7(seed, teachers, vocab, alpha, beta, all_orders):
+    """The power path (version 8) and one exp per token and order (version 7) are the same bound within
+    their allowances: within 1e-9 relative at every order, every order computed or on the sub-grid."""
+    rng = np.random.default_rng(seed)
+    teachers_t = torch.from_numpy(_softmax(rng.normal(0, 2, (teachers, vocab))))
+    public = torch.from_numpy(_softmax(rng.normal(0, 2, vocab)))
+    from dpledger.mechanisms.kernels import mixed_teachers, mixing_weights
+    lambdas = mixing_weights(teachers_t, public, alpha, alpha * beta)
+    output = mixed_teachers(teachers_t, public, lambdas).mean(dim=-2)
+    beta_all = beta if all_orders else None
+    for tolerance in (None, 0.005):
+        bounds = [add_one_divergence_bounds(output, public, teachers, ORDERS, alpha, alpha * beta, beta_all,
+                                            relative_tolerance=tolerance, subgrid_from_vocabulary=0,
+                                            version=version).numpy() for version in (7, 8)]
+        np.testing.assert_allclose(bounds[1], bounds[0], rtol=1e-9)
 
 
 @settings(max_examples=15, deadline=None)
