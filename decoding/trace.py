@@ -68,7 +68,8 @@ and log in that solver (dpledger.mechanisms.kernels.SOLVER_VERSION), and sums th
 term with one exp per token (dpledger.mechanisms.add_one); the records' fields are unchanged.
 Version 8 sums the add-one bound at orders on the lattice of tenths (the default grid's) by products of
 per-token powers, without an exp per token and order (dpledger.mechanisms.fused.add_one_power_order_sums),
-with their own rounding allowance; values within ~1e-13 of version 7's. The manifest records the version; dpledger.decoding.blocks writes the records."""
+with their own rounding allowance; values within ~1e-13 of version 7's. The manifest records the
+version; dpledger.decoding.blocks writes the records."""
 MANIFEST = "manifest.json"
 LEDGER = "ledger.json"
 FINAL = "final.json"

@@ -1020,17 +1020,17 @@ class _AllocatedTokens:
 
     @staticmethod
     def _on_lattice(orders: np.ndarray) -> np.ndarray:
-        """Which orders are within 1e-9 of the lattice of tenths (and small enough for int64 steps)."""
+        """Which orders are > 1 and within 1e-9 of the lattice of tenths (and small enough for int64 steps):
+        the orders add_one_lattice_allowances covers."""
         tenths = orders * LATTICE
-        on: np.ndarray = (np.abs(tenths - np.rint(tenths)) <= 1e-9) & (tenths <= 2.0 ** 40)
+        on: np.ndarray = (orders > 1.0) & (np.abs(tenths - np.rint(tenths)) <= 1e-9) & (tenths <= 2.0 ** 40)
         return on
 
     def lattice_allowances(self, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(..., K) each: what the power path adds to the u2 and chord sums' error at each order on the
-        lattice (dpledger.mechanisms.fused.add_one_power_order_sums; whether or not a given call took it):
-        e (4.5 + span / 5) u for a power with e factors of span span / 10, and the lattice's gap
-        |e / 10 - (k - 1)| times span, the gap bounded by |fl(10 (k - 1)) - e| / 10 + 2 (k - 1) u (fl's error
-        being 10 (k - 1) u); likewise with k for the chord, whose shifts span less than log t. 0 off the lattice."""
+        lattice (dpledger.mechanisms.fused.add_one_lattice_allowances, whether or not a given call took that
+        path): e (6 + 0.3 span) u for a power of e factors and the lattice's gap times the log-t span; 0 off
+        the lattice."""
         shape = (*self.batch, orders.size)
         if not self.powers:
             return np.zeros(shape), np.zeros(shape)
@@ -1061,8 +1061,10 @@ class _AllocatedTokens:
                 u2[row], chord[row], u2_slope[row], chord_slope[row] = np.inf, np.inf, 0.0, 0.0
                 continue
             targets = (u2[row], chord[row], u2_slope[row], chord_slope[row])
-            exp_path = ~on
-            if on.any() and (factors := self.power_factors[row]) is not None:
+            exp_path = np.ones(orders.size, dtype=bool)
+            # (the power path's analysis needs a_j, c_j <= 1, as the knapsack's allocations are: checked)
+            if on.any() and (factors := self.power_factors[row]) is not None and tokens[0].max(initial=0.0) <= 0.0 \
+                    and tokens[2].max(initial=0.0) <= 0.0:
                 outputs = [np.empty(lattice.size) for _ in range(4)]
                 underflow = np.zeros(lattice.size, dtype=bool)
                 add_one_power_order_sums(*factors[:4], tokens[1], tokens[3], factors[4], factors[5],
@@ -1070,7 +1072,7 @@ class _AllocatedTokens:
                                          float(self.teachers), *outputs, underflow)
                 for target, values in zip(targets, outputs):
                     target[on] = values
-                exp_path = exp_path.copy()
+                exp_path = ~on
                 exp_path[np.flatnonzero(on)[underflow]] = True   # lost digits to underflow: the exp path there
             if not exp_path.any():
                 continue

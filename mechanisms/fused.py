@@ -1283,11 +1283,12 @@ _POWER_FLOOR = 1e-250
 
 @jit(**_EXACT_FLAGS)
 def add_one_lattice_allowances(orders: FloatArray, spans: FloatArray, out_u2: FloatArray, out_chord: FloatArray) -> None:
-    """What add_one_power_order_sums adds to the error of the u2 and chord sums at each order k on the lattice
-    of tenths (0 off it), for rows whose log t spans `spans`: e (4.5 + span / 5) u for a power of e factors,
-    each base's exponent spanning span / 10, and the lattice's gap |e / 10 - (k - 1)| times span, the gap
-    bounded by |fl(10 (k - 1)) - e| / 10 + 2 (k - 1) u (fl's error is 10 (k - 1) u); likewise with k and
-    e' = round(10 k) for the chord, whose shifts span less than log t (shift is 1-Lipschitz in log t).
+    """What add_one_power_order_sums adds to the error of the u2 and chord sums at each order k > 1 on the
+    lattice of tenths (0 elsewhere), for rows whose log t spans `spans`: e (6 + 0.3 span) u for a power of e
+    factors (add_one_power_order_sums has the derivation), and the lattice's gap |e / 10 - (k - 1)| times
+    span, the gap bounded by |fl(10 (k - 1)) - e| / 10 + 2 (k - 1) u (fl's error is 10 (k - 1) u); likewise
+    with k and e' = round(10 k) for the chord, whose shifts span less than log t (shift is 1-Lipschitz in
+    log t).
 
     Args:
         orders: Renyi orders k > 1, shape (K,).
@@ -1298,14 +1299,14 @@ def add_one_lattice_allowances(orders: FloatArray, spans: FloatArray, out_u2: Fl
         k = orders[i]
         tenths = k * _LATTICE
         steps = math.floor(tenths + 0.5)
-        on = abs(tenths - steps) <= 1e-9 and tenths <= 2.0 ** 40
+        on = k > 1.0 and abs(tenths - steps) <= 1e-9 and tenths <= 2.0 ** 40
         u2_steps = steps - _LATTICE
         u2_gap = abs(_LATTICE * (k - 1.0) - u2_steps) / _LATTICE + 2.0 * (k - 1.0) * _UNIT
         chord_gap = abs(tenths - steps) / _LATTICE + 2.0 * k * _UNIT
         for r in range(spans.size):
             span = spans[r]
-            out_u2[r, i] = u2_steps * (4.5 + span / 5.0) * _UNIT + u2_gap * span if on else 0.0
-            out_chord[r, i] = steps * (4.5 + span / 5.0) * _UNIT + chord_gap * span if on else 0.0
+            out_u2[r, i] = u2_steps * (6.0 + 0.3 * span) * _UNIT + u2_gap * span if on else 0.0
+            out_chord[r, i] = steps * (6.0 + 0.3 * span) * _UNIT + chord_gap * span if on else 0.0
 
 
 @jit(**_FLAGS)
@@ -1381,12 +1382,16 @@ def add_one_power_order_sums(allocation: FloatArray, share: FloatArray, base_t: 
       out_chord = log(w0 e^(k z) + e^(k max shift) sum_j c_j base_shift_j^e'),  z = log(N / (N + 1)),
     and the slopes as add_one_weighted_order_sums. The error of a power b^e, b within r of its value, is
     within e (r + 2u) (each squaring doubles a relative error and adds u; the products add one u per
-    factor): with r <= 2.5u + 2u |x| for b = exp(x), x = (log t_j - max) / 10 rounded twice, a term is within
-    (k - 1) (45 + 2 span) u, span = max - min log t, of a_j t_j^(e/10) / t_max^(e/10), and the lattice's
-    gap |e / 10 - (k - 1)| times span of a_j t_j^(k-1) / t_max^(k-1) (the caller adds both to its allowance;
-    likewise with k and the shifts' span for the chord). Powers that underflow lose relative digits but
-    at most a few 2^-1074 each: an order whose sum falls below _POWER_FLOOR is marked in `underflow` (its
-    outputs unset) for the exp path to compute; above it that loss is under 1e-60 of the sum.
+    factor). With b = vexp(x), within 2 ulps (4u relative, fastmath.MAX_ULPS) of exp of its argument, and
+    x = (log t_j - max) / 10 within 3u |x| (a subtraction, and the division, which fastmath's arcp turns
+    into a product by 0.1), r <= 4u + 3u |x|, |x| <= span / 10 (span = max - min log t): a term is within
+    e (6 + 0.3 span) u of a_j t_j^(e/10) / t_max^(e/10), and the lattice's gap |e / 10 - (k - 1)| times
+    span of a_j t_j^(k-1) / t_max^(k-1) (add_one_lattice_allowances gives both to the caller's allowance;
+    likewise with e' and the shifts' span, at most log t's, for the chord). The factors a_j and c_j must be
+    at most 1 (the knapsack's allocations are: a_j <= qmax_j <= 1 and c_j = a_j / t_j <= p_j): then a power
+    that underflows, or a factor vexp flushes to 0 (below exp(-708.4)), loses at most 2^-1022 of a term,
+    and an order whose sum falls below _POWER_FLOOR is marked in `underflow` (its outputs unset) for the
+    exp path to compute; above it, M such losses are under 1e-50 of the sum.
 
     Args:
         allocation, share, base_t, base_shift: a_j, c_j and the bases (add_one_power_bases), shape (M,).

@@ -335,3 +335,25 @@ def test_the_forward_bound_holds_for_the_reviewed_float_law():
                                           torch.tensor(orders, dtype=torch.float64), 2.0, 1e-4, None, None)
     for value, reference in zip(forward, _forward_bound_in_mpmath(output, public, 100, orders, 2.0, 1e-4)):
         assert mpmath.mpf(float(value)) >= reference
+
+
+@pytest.mark.parametrize("log_t_range", [(-5.0, 0.0), (0.0, 3.0)])
+def test_the_power_path_leaves_rows_and_orders_outside_its_analysis_to_the_exp_path(log_t_range):
+    """Version 8's products need a_j, c_j <= 1 and orders k > 1 (fused.add_one_power_order_sums): a row
+    with c_j = a_j / t_j > 1 (t_j < 1) and orders at or below 1 take version 7's exp path and agree with it
+    bit for bit; on a row within the analysis, the orders above 1 on the lattice take the power path."""
+    from dpledger.mechanisms.add_one import _AllocatedTokens
+
+    rng = np.random.default_rng(1)
+    log_allocation = np.log(rng.dirichlet(np.ones(20)))[None]
+    log_t = np.sort(rng.uniform(*log_t_range, (1, 20)))[:, ::-1].copy()
+    orders = np.array([0.5, 0.9, 1.0, 1.5, 2.0, 18.0])
+    powers = _AllocatedTokens(log_allocation, log_t, 8.0, powers=True).order_sums(orders)
+    exps = _AllocatedTokens(log_allocation, log_t, 8.0, powers=False).order_sums(orders)
+    for with_powers, with_exps in zip(powers, exps):
+        assert np.all(np.isfinite(with_powers))
+        assert np.array_equal(with_powers[:, :3], with_exps[:, :3])
+        if log_t_range[0] < 0:   # some c_j > 1: the whole row on the exp path
+            assert np.array_equal(with_powers, with_exps)
+        else:
+            np.testing.assert_allclose(with_powers, with_exps, rtol=1e-12, atol=1e-13)
