@@ -1009,9 +1009,10 @@ class _AllocatedTokens:
             self.rows.append((la, lt, log_share, shift))
             self.log_zero_weights.append(math.log(zero_weight))
             if self.powers:
-                factors = tuple(np.empty(la.size) for _ in range(4))
-                top_t, top_shift, low_t = add_one_power_bases(la, lt, log_share, shift, *factors)
-                self.power_factors.append((*factors, top_t, top_shift, low_t))
+                allocation, share, base_t, base_shift = (np.empty(la.size) for _ in range(4))
+                top_t, top_shift, low_t = add_one_power_bases(la, lt, log_share, shift, allocation, share, base_t,
+                                                              base_shift)
+                self.power_factors.append((allocation, share, base_t, base_shift, top_t, top_shift, low_t))
             else:
                 self.power_factors.append(None)
         # (no allocated token: no power is taken, the exp path computes the row)
@@ -1065,23 +1066,27 @@ class _AllocatedTokens:
             # (the power path's analysis needs a_j, c_j <= 1, as the knapsack's allocations are: checked)
             if on.any() and (factors := self.power_factors[row]) is not None and tokens[0].max(initial=0.0) <= 0.0 \
                     and tokens[2].max(initial=0.0) <= 0.0:
-                outputs = [np.empty(lattice.size) for _ in range(4)]
+                powered = [np.empty(lattice.size) for _ in range(4)]
                 underflow = np.zeros(lattice.size, dtype=bool)
-                add_one_power_order_sums(*factors[:4], tokens[1], tokens[3], factors[4], factors[5],
-                                         self.log_zero_weights[row], lattice, chord_steps - LATTICE, chord_steps,
-                                         float(self.teachers), *outputs, underflow)
-                for target, values in zip(targets, outputs):
+                add_one_power_order_sums(factors[0], factors[1], factors[2], factors[3], tokens[1], tokens[3],
+                                         factors[4], factors[5], self.log_zero_weights[row], lattice,
+                                         chord_steps - LATTICE, chord_steps, float(self.teachers), powered[0],
+                                         powered[1], powered[2], powered[3], underflow)
+                for target, values in zip(targets, powered):
                     target[on] = values
                 exp_path = ~on
                 exp_path[np.flatnonzero(on)[underflow]] = True   # lost digits to underflow: the exp path there
             if not exp_path.any():
                 continue
             outputs = [np.empty(int(exp_path.sum())) for _ in range(4)]
+            subset = np.ascontiguousarray(orders[exp_path])
             if self.weighted:
-                add_one_weighted_order_sums(*tokens, self.log_zero_weights[row], np.ascontiguousarray(orders[exp_path]),
-                                            float(self.teachers), *outputs)
+                add_one_weighted_order_sums(tokens[0], tokens[1], tokens[2], tokens[3], self.log_zero_weights[row],
+                                            subset, float(self.teachers), outputs[0], outputs[1], outputs[2],
+                                            outputs[3])
             else:
-                add_one_order_sums(*tokens, np.ascontiguousarray(orders[exp_path]), float(self.teachers), *outputs)
+                add_one_order_sums(tokens[0], tokens[1], tokens[2], subset, float(self.teachers), outputs[0],
+                                   outputs[1], outputs[2], outputs[3])
             for target, values in zip(targets, outputs):
                 target[exp_path] = values
         shape = (*self.batch, orders.size)

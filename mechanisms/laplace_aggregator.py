@@ -204,10 +204,10 @@ def _log_integral(offsets: NDArray[np.float64], weights: NDArray[np.float64]) ->
                                   np.stack([middle_points, split[:, 1]], axis=1)])
     cuts = np.concatenate(done)
     cuts = cuts[np.argsort(cuts[:, 0], kind="stable")]
-    half, middle = (cuts[:, 1:] - cuts[:, :1]) / 2.0, (cuts[:, :1] + cuts[:, 1:]) / 2.0
+    half, centres = (cuts[:, 1:] - cuts[:, :1]) / 2.0, (cuts[:, :1] + cuts[:, 1:]) / 2.0
     totals = []
     for nodes, gauss in ((_GAUSS_NODES, _GAUSS_WEIGHTS), (_COARSE_NODES, _COARSE_WEIGHTS)):
-        points = middle + half * nodes[None, :]
+        points = centres + half * nodes[None, :]
         totals.append(float(logsumexp(log_h(points) + np.log(gauss)[None, :] + np.log(half))))
     return totals[0], totals[1]
 
