@@ -1008,15 +1008,16 @@ class _AllocatedTokens:
             zero_weight = max(excess, 0.0) * (1.0 + 2.0 * _U) + _U if excess == excess else np.nan
             self.rows.append((la, lt, log_share, shift))
             self.log_zero_weights.append(math.log(zero_weight))
-            if self.powers:
+            # the power path's analysis needs a_j, c_j <= 1 (the knapsack's allocations are) and a token
+            if self.powers and la.size and la.max() <= 0.0 and log_share.max() <= 0.0:
                 allocation, share, base_t, base_shift = (np.empty(la.size) for _ in range(4))
                 top_t, top_shift, low_t = add_one_power_bases(la, lt, log_share, shift, allocation, share, base_t,
                                                               base_shift)
                 self.power_factors.append((allocation, share, base_t, base_shift, top_t, top_shift, low_t))
             else:
                 self.power_factors.append(None)
-        # (no allocated token: no power is taken, the exp path computes the row)
-        self.log_t_spans = np.asarray([factors[4] - factors[6] if factors is not None and factors[0].size else 0.0
+        # max - min log t of each row on the power path (0 elsewhere: no lattice allowance, the exp path there)
+        self.log_t_spans = np.asarray([0.0 if factors is None else factors[4] - factors[6]
                                        for factors in self.power_factors])
 
     @staticmethod
@@ -1036,7 +1037,8 @@ class _AllocatedTokens:
         if not self.powers:
             return np.zeros(shape), np.zeros(shape)
         u2, chord = np.empty((len(self.rows), orders.size)), np.empty((len(self.rows), orders.size))
-        add_one_lattice_allowances(np.ascontiguousarray(orders, dtype=np.float64), self.log_t_spans, u2, chord)
+        orders = np.ascontiguousarray(orders, dtype=np.float64)
+        add_one_lattice_allowances(orders, self._on_lattice(orders), self.log_t_spans, u2, chord)
         return u2.reshape(shape), chord.reshape(shape)
 
     def zero_weight_magnitude(self) -> np.ndarray:
@@ -1063,9 +1065,7 @@ class _AllocatedTokens:
                 continue
             targets = (u2[row], chord[row], u2_slope[row], chord_slope[row])
             exp_path = np.ones(orders.size, dtype=bool)
-            # (the power path's analysis needs a_j, c_j <= 1, as the knapsack's allocations are: checked)
-            if on.any() and (factors := self.power_factors[row]) is not None and tokens[0].max(initial=0.0) <= 0.0 \
-                    and tokens[2].max(initial=0.0) <= 0.0:
+            if on.any() and (factors := self.power_factors[row]) is not None:
                 powered = [np.empty(lattice.size) for _ in range(4)]
                 underflow = np.zeros(lattice.size, dtype=bool)
                 add_one_power_order_sums(factors[0], factors[1], factors[2], factors[3], tokens[1], tokens[3],

@@ -1282,16 +1282,19 @@ _POWER_FLOOR = 1e-250
 
 
 @jit(**_EXACT_FLAGS)
-def add_one_lattice_allowances(orders: FloatArray, spans: FloatArray, out_u2: FloatArray, out_chord: FloatArray) -> None:
-    """What add_one_power_order_sums adds to the error of the u2 and chord sums at each order k > 1 on the
-    lattice of tenths (0 elsewhere), for rows whose log t spans `spans`: e (6 + 0.3 span) u for a power of e
+def add_one_lattice_allowances(orders: FloatArray, on_lattice: BoolArray, spans: FloatArray, out_u2: FloatArray,
+                               out_chord: FloatArray) -> None:
+    """What add_one_power_order_sums adds to the error of the u2 and chord sums at each order marked
+    `on_lattice` (k > 1 within 1e-9 of a tenth: dpledger.mechanisms.add_one._AllocatedTokens decides; 0 at
+    the others), for rows whose log t spans `spans`: e (6 + 0.3 span) u for a power of e
     factors (add_one_power_order_sums has the derivation), and the lattice's gap |e / 10 - (k - 1)| times
     span, the gap bounded by |fl(10 (k - 1)) - e| / 10 + 2 (k - 1) u (fl's error is 10 (k - 1) u); likewise
     with k and e' = round(10 k) for the chord, whose shifts span less than log t (shift is 1-Lipschitz in
     log t).
 
     Args:
-        orders: Renyi orders k > 1, shape (K,).
+        orders: Renyi orders, shape (K,).
+        on_lattice: which orders the power path may take, bool shape (K,).
         spans: max - min log t of each row's allocated tokens, shape (R,) (0 for a row without powers).
         out_u2, out_chord: outputs, shape (R, K).
     """
@@ -1299,7 +1302,7 @@ def add_one_lattice_allowances(orders: FloatArray, spans: FloatArray, out_u2: Fl
         k = orders[i]
         tenths = k * _LATTICE
         steps = math.floor(tenths + 0.5)
-        on = k > 1.0 and abs(tenths - steps) <= 1e-9 and tenths <= 2.0 ** 40
+        on = on_lattice[i]
         u2_steps = steps - _LATTICE
         u2_gap = abs(_LATTICE * (k - 1.0) - u2_steps) / _LATTICE + 2.0 * (k - 1.0) * _UNIT
         chord_gap = abs(tenths - steps) / _LATTICE + 2.0 * k * _UNIT

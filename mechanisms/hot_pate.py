@@ -448,13 +448,14 @@ def dpws_law_bounds(sampler: DPWeightedSampler, histograms: npt.ArrayLike, gener
         levels, group, sizes = np.unique(histograms[index], return_inverse=True, return_counts=True)
         start_at = (threshold - levels) / sigma                   # u: a token passes iff Z >= u (T > 0)
         log_pass = log_ndtr(-start_at)                            # log Q(u)
+        pass_probability = np.exp(log_pass)
         groups = levels.size
-        expected = float(np.sum(sizes * np.exp(log_pass)))
+        expected = float(np.sum(sizes * pass_probability))
         chunk = int(np.clip(2 ** 20 // max(1.0, expected + groups), 1, samples))
         total, squares = np.zeros(groups + 1), np.zeros(groups + 1)
         for first in range(0, samples, chunk):
             draws = min(chunk, samples - first)
-            passing = rng.binomial(sizes, np.exp(log_pass), size=(draws, groups))      # (S, groups)
+            passing = rng.binomial(sizes, pass_probability, size=(draws, groups))      # (S, groups)
             cells = np.repeat(np.arange(draws * groups), passing.reshape(-1))
             member = cells % groups
             with np.errstate(divide="ignore"):
