@@ -180,7 +180,7 @@ def _eq3_allowance(trace: LoadedTrace, logits: torch.Tensor, lambdas, eq3) -> np
 
 
 def _compare_arrays(mismatches: list, worst: dict, key: str, where: str, recorded, replayed, absolute: bool,
-                    atol=None) -> None:
+                    atol=None, rtol: float = RTOL) -> None:
     recorded = np.asarray(recorded, dtype=np.float64)
     replayed = np.asarray(replayed, dtype=np.float64)
     if recorded.shape != replayed.shape:
@@ -192,7 +192,7 @@ def _compare_arrays(mismatches: list, worst: dict, key: str, where: str, recorde
         worst[key] = float(np.maximum(worst.get(key, 0.0), gap))
         if not np.isfinite(gap) or gap > LAMBDA_ATOL:
             mismatches.append(f"{where}: mixing weights differ by {gap:.3g}{_nan_note(recorded, replayed)}")
-    elif not _close(recorded, replayed, atol=atol):
+    elif not _close(recorded, replayed, rtol, atol):
         mismatches.append(f"{where}: {key} differs from the mechanism's{_nan_note(recorded, replayed)}")
 
 
@@ -245,12 +245,40 @@ def _budget_spent_before_windows(trace: LoadedTrace) -> dict[int, ExactSum]:
     return before
 
 
+_ADD_ONE_KEYS = ("rdp_pmixed_data_dependent", "observed_data_dependent", "add_one_bound")
+"""Recorded curves that hold the add-one bound (alone or as the larger part of a covering loss)."""
+_ADD_ONE_CERTIFICATE = 0.005
+"""The add-one sub-grid's certificate that records versions 4 to 8 charged with (every value within 0.5% of
+the all-orders computation: dpledger.mechanisms.add_one.ADD_ONE_RELATIVE_TOLERANCE, fixed for those versions)."""
+
+
+def _shared_subgrid_window(trace: LoadedTrace, records: list[dict]) -> bool:
+    """Whether this window's add-one values cannot be reproduced bit for bit: records versions 4 to 8
+    refined the add-one bound's sub-grid jointly over a decode block's steps (from
+    dpledger.mechanisms.add_one.ADD_ONE_SUBGRID_MIN_VOCABULARY tokens on), so a window shorter than its
+    block refines other sub-grids. Every such value lies in [E, (1 + ADD_ONE_RELATIVE_TOLERANCE) E], E
+    the bound computed at every order (each interval is bisected until its chord value is within that
+    factor of a lower bound on E, and a chord is never below E: add_one_direction_bounds), so two of
+    them differ by at most that factor: the replay compares them within it (_ADD_ONE_CERTIFICATE), and the data_dependent_eq3
+    check compares the charges with E itself."""
+    from dpledger.mechanisms.add_one import ADD_ONE_SUBGRID_MIN_VOCABULARY   # numba kernels: on first use
+
+    version = trace.manifest.get("records_version", 1)
+    if not 4 <= version <= 8 or int(trace.manifest["vocab_size"]) < ADD_ONE_SUBGRID_MIN_VOCABULARY \
+            or "add_one_bound" not in records[0]:
+        return False
+    block = next(info for info in trace.blocks_info if info.index == records[0]["block"])
+    return len(records) < block.length
+
+
 class _ReplayPartial(TypedDict):
-    """One window's replay: its first mismatches, how many there were, the largest deviations seen."""
+    """One window's replay: its first mismatches, how many there were, the largest deviations seen, and
+    how many steps' add-one values were compared within the sub-grid's certificate (_shared_subgrid_window)."""
 
     mismatches: list[str]
     count: int
     worst: dict[str, float]
+    certificate_steps: int
 
 
 def _replay_window(trace: LoadedTrace, records: list[dict], logits: WindowData, cross_check: bool,
@@ -304,6 +332,9 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: WindowData, 
                 not np.array_equal(contexts, tokens_stream[first:first + len(records)]) or \
                 not np.array_equal(truths, tokens_stream[first + 1:first + 1 + len(records)]):
             mismatches.append(f"block {block}: the recorded tokens are not the run's text at steps {first}..")
+    # a key's relative tolerance: the sub-grid's certificate on top of RTOL where the block shared its sub-grid
+    shared = allowance is not None and _shared_subgrid_window(trace, records)
+    add_one_rtol = RTOL + _ADD_ONE_CERTIFICATE if shared else RTOL
     for row, record in enumerate(records):
         where = f"step {record['step']}"
         if outcome.lambdas is not None:
@@ -319,15 +350,18 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: WindowData, 
             mismatches.append(f"{where}: sampled teachers differ from the replayed Poisson subsample")
         eq3_atol = None if allowance is None else allowance[row]
         for name in trace.components:
-            atol = eq3_atol if f"rdp_{name}" in _DATA_DEPENDENT_KEYS else None
-            if not _close(record[f"rdp_{name}"], outcome.charged[name][row], atol=atol):
+            key = f"rdp_{name}"
+            atol = eq3_atol if key in _DATA_DEPENDENT_KEYS else None
+            if not _close(record[key], outcome.charged[name][row], add_one_rtol if key in _ADD_ONE_KEYS else RTOL,
+                          atol):
                 mismatches.append(f"{where}: charged {name} differs from the mechanism's"
-                                  f"{_nan_note(record[f'rdp_{name}'], outcome.charged[name][row])}")
+                                  f"{_nan_note(record[key], outcome.charged[name][row])}")
         for key in ("observed_data_dependent", "data_independent", "eq3_remove_one", "add_one_bound"):
             replayed = getattr(outcome, key)
             if replayed is not None and key in record:   # version 1 records hold the first two only
                 _compare_arrays(mismatches, worst, key, where, record[key], replayed[row], False,
-                                eq3_atol if key in _DATA_DEPENDENT_KEYS else None)
+                                eq3_atol if key in _DATA_DEPENDENT_KEYS else None,
+                                add_one_rtol if key in _ADD_ONE_KEYS else RTOL)
         if outcome.vote_counts is not None:
             if outcome.aggregator_noise is None:
                 raise RuntimeError("a voting step records its aggregator's draws")
@@ -351,7 +385,8 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: WindowData, 
         if record["true_token"] >= 0 and not _close([record["prob_true_token"]], [output[row, record["true_token"]]]):
             mismatches.append(f"{where}: probability of the true token differs"
                               f"{_nan_note(record['prob_true_token'], output[row, record['true_token']])}")
-    return {"mismatches": mismatches[:51], "count": len(mismatches), "worst": worst}
+    return {"mismatches": mismatches[:51], "count": len(mismatches), "worst": worst,
+            "certificate_steps": len(records) if shared else 0}
 
 
 def check_replay(trace: LoadedTrace) -> CheckResult:
@@ -383,10 +418,11 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
     spent_before = _budget_spent_before_windows(trace) if trace.manifest.get("budget") is not None else None
     worst = {"lambdas": 0.0, "logits_vs_models": 0.0}
     mismatches: list[str] = []
-    count = 0
+    count = certificate_steps = 0
     for _, window in trace.map_windows(_replay_window, cross_check, check_tokens, spent_before, desc="replay"):
         mismatches += window["mismatches"]
         count += window["count"]
+        certificate_steps += window["certificate_steps"]
         for key, value in window["worst"].items():  # np.maximum, not max(): a NaN gap must reach the evidence
             worst[key] = float(np.maximum(worst.get(key, 0.0), value))
         if count > 50:
@@ -398,9 +434,14 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
         source += f", whose logits equal the run's models' (max gap {worst['logits_vs_models']:.2g})"
     if check_tokens:
         source += "; tokens re-encoded from the run's text"
+    if certificate_steps:
+        source += (f"; the add-one bound of {certificate_steps} steps within its sub-grid's certificate "
+                   f"{_ADD_ONE_CERTIFICATE:g} (records version {trace.manifest.get('records_version')} shared the "
+                   "sub-grid across a decode block; data_dependent_eq3 compares the charges with every order computed)")
     return verdict("replay", not mismatches,
                    f"all {trace.steps} steps replay exactly from {source} (max |lambda gap| {worst['lambdas']:.2g}, "
                    f"tolerance {LAMBDA_ATOL:g}; floats rtol {RTOL:g})",
                    f"{count} replay mismatches, first: " + "; ".join(mismatches[:5]),
                    mismatches=mismatches[:50], max_deviation=worst, source=trace.logits_source,
-                   cross_checked_with_models=cross_check, tokens_checked=check_tokens)
+                   cross_checked_with_models=cross_check, tokens_checked=check_tokens,
+                   add_one_within_certificate_steps=certificate_steps)

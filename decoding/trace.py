@@ -50,7 +50,7 @@ from dpledger.accounting.strict_json import MAX_BYTES as MAX_JSON_BYTES
 from dpledger.accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
-RECORDS_VERSION = 8
+RECORDS_VERSION = 9
 """Version 2 records hold Eq. 3 (`eq3_remove_one`) and the add-one bound (`add_one_bound`) apart
 from the loss covering the run's relation (`observed_data_dependent`); a trace without the key is
 version 1 (that loss only). Version 3 records hold these three losses only where a component charges
@@ -68,8 +68,11 @@ and log in that solver (dpledger.mechanisms.kernels.SOLVER_VERSION), and sums th
 term with one exp per token (dpledger.mechanisms.add_one); the records' fields are unchanged.
 Version 8 sums the add-one bound at orders on the lattice of tenths (the default grid's) by products of
 per-token powers, without an exp per token and order (dpledger.mechanisms.fused.add_one_power_order_sums),
-with their own rounding allowance; values within ~1e-13 of version 7's. The manifest records the
-version; dpledger.decoding.blocks writes the records."""
+with their own rounding allowance; values within ~1e-13 of version 7's. Version 9 refines the add-one
+bound's sub-grid row by row: versions 4 to 8 shared it across a decode block's steps, so a replay in windows
+shorter than the block (one step at GPT-2 scale) could not reproduce the recorded bits (the audit's replay
+then compares those steps' add-one values within the sub-grid's certificate, audit.replay). The manifest
+records the version; dpledger.decoding.blocks writes the records."""
 MANIFEST = "manifest.json"
 LEDGER = "ledger.json"
 FINAL = "final.json"

@@ -1219,7 +1219,9 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     order of the grid and its last, and bisects every interval where the direction's upper bound
     exceeds (1 + relative_tolerance) times its lower bound, so every value is within that factor of
     the all-orders computation and never below it (a chord carries the sums' rounding allowances,
-    `_chord_values`). relative_tolerance=None computes every order.
+    `_chord_values`). relative_tolerance=None computes every order. From records version 9 each row of a
+    batch refines its own sub-grid (before, an interval failing in one row was bisected in all), so a
+    row's values do not depend on the rows computed beside it.
 
     Args:
         output: the ensemble's output law p, shape (..., V).
@@ -1234,9 +1236,11 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         subgrid_from_vocabulary: the smallest vocabulary the sub-grid runs at; below it every order is
             computed (ADD_ONE_SUBGRID_MIN_VOCABULARY: where the sub-grid saves time).
         version: the records version whose arithmetic to follow (dpledger.mechanisms.kernels.ADD_ONE_VERSION:
-            from 7 the weighted chord sum; a trace's replay passes the version that wrote it).
+            from 7 the weighted chord sum; from 9 each row's own sub-grid; a trace's replay passes the version
+            that wrote it).
         reverse_where_binding: compute W only at the orders where the forward bound is below
-            B1 = log(1 + 1/N) in some row, and return B1 (itself a bound on the reverse) at the others:
+            B1 = log(1 + 1/N) (in some row of the batch before version 9, in the row itself from 9), and return
+            B1 (itself a bound on the reverse) at the others:
             max(forward, reverse) is then what computing W everywhere gives at those orders (where the
             forward is at least B1, the reverse, at most B1, never exceeds it), for the cost of the orders
             where the reverse can matter.
@@ -1251,6 +1255,18 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     output = output.detach().cpu().double()
     public = public.detach().cpu().double()
     orders_np = orders.detach().cpu().double().numpy().reshape(-1)
+    if version >= 9 and relative_tolerance is not None and output.shape[-1] >= subgrid_from_vocabulary \
+            and output[..., 0].numel() > 1:
+        # each row refines its own sub-grid: a row's bound never depends on the other rows of the batch, so a
+        # replay in windows of another length than the decode's blocks recomputes the same bits
+        public = public.expand_as(output)
+        flat_output, flat_public = output.reshape(-1, output.shape[-1]), public.reshape(-1, public.shape[-1])
+        rows = [add_one_direction_bounds(flat_output[r:r + 1], flat_public[r:r + 1], teachers, orders, alpha, radius,
+                                         all_orders_beta, relative_tolerance, subgrid_from_vocabulary, version,
+                                         reverse_where_binding)
+                for r in range(flat_output.shape[0])]
+        return (np.concatenate([f for f, _ in rows]).reshape(*output.shape[:-1], orders_np.size),
+                np.concatenate([r for _, r in rows]).reshape(*output.shape[:-1], orders_np.size))
     n = float(teachers)
     log_p = _log(output).numpy()
     log_p0 = _log(public).numpy()

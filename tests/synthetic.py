@@ -23,9 +23,13 @@ many blocks of random logits (the mechanism runs on each once; tokens are still 
 
 
 def write_synthetic_run(out: Path, teachers: int, vocab: int, steps: int, block_size: int, mechanism: dict,
-                        payload: bool = False, seed: int = 0, relation: str = "add_or_remove_one") -> Path:
+                        payload: bool = False, seed: int = 0, relation: str = "add_or_remove_one",
+                        step_spreads: tuple[float, ...] = ()) -> Path:
     """A finished run of `mechanism` over `steps` random teacher-forced queries. The manifest names
-    models that do not exist, so without the payload an audit cannot recompute the charges."""
+    models that do not exist, so without the payload an audit cannot recompute the charges.
+    `step_spreads` (cycled over the steps): each teacher's logits are the public model's plus that
+    spread times standard normal noise, so steps differ in how far the teachers sit from the public
+    model; empty: every model's logits independent normal(0, 2.5)."""
     out = Path(out)
     text = out.parent / f"{out.name}.txt"  # stands in for the data: the tokens themselves are random
     text.write_text("synthetic\n")
@@ -53,7 +57,11 @@ def write_synthetic_run(out: Path, teachers: int, vocab: int, steps: int, block_
             length = min(block_size, steps - first)
             key = (block % DISTINCT_BLOCKS, length)
             if payload or key not in cached:
-                logits = torch.from_numpy(rng.normal(0.0, 2.5, (teachers + 1, length, vocab)).astype(np.float32))
+                values = rng.normal(0.0, 2.5, (teachers + 1, length, vocab))
+                if step_spreads:
+                    spreads = np.resize(np.asarray(step_spreads, dtype=np.float64), steps)[first:first + length]
+                    values[1:] = values[0] + spreads[None, :, None] * rng.standard_normal((teachers, length, vocab))
+                logits = torch.from_numpy(values.astype(np.float32))
                 outcome, tokens = replay_steps(runner, logits, seed, first, orders, sequential=False)
                 cached[key] = outcome
             else:
