@@ -15,7 +15,7 @@ from dpledger.decoding.ensemble import Ensemble
 from dpledger.decoding.totals import component_relations
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.kernels import max_divergence_symmetric, mixed_teachers, symmetric_renyi_orders
-from dpledger.mechanisms.leave_one_out import leave_one_out_allowance, leave_one_out_curve, leave_one_out_divergences
+from dpledger.mechanisms.leave_one_out import leave_one_out_curve, leave_one_out_divergences, leave_one_out_every_order
 from dpledger.mechanisms.adapmixed import loss_covering
 from dpledger.mechanisms.step import as_ensemble
 from dpledger.mechanisms.ball import Ball
@@ -183,10 +183,9 @@ def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torc
     lambdas = _recorded_lambdas(records)
     # every teacher at every order, in the decode loop's own arithmetic (no sub-grid, no chords; the add-one
     # bound's chords too are recomputed order by order, which the charge must never be below)
-    exact, _, output = leave_one_out_curve(teachers, public, lambdas, trace.orders, relative_tolerance=None)
-    # the kernels' values lie in [Eq. 3, Eq. 3 + 2 allowance] (leave_one_out_allowance): an honest charge
+    # the kernels' values lie in [Eq. 3, Eq. 3 + 2 allowance] (leave_one_out_every_order): an honest charge
     # is at least Eq. 3, so at least the recomputed value less twice the allowance, however its sums ran
-    allowance = leave_one_out_allowance(teachers, public, lambdas, trace.orders, exact)
+    exact, allowance, output = leave_one_out_every_order(teachers, public, lambdas, trace.orders)
     eq3_floor = np.where(np.isfinite(exact), exact - 2.0 * allowance, exact)
     dual = bool(trace.params.get("add_one_dual", False))
     if dual:
@@ -228,7 +227,7 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
     Returns:
         The "data_dependent_eq3" CheckResult: SKIPPED without a data-dependent charge or without the
         per-step distributions; FAIL naming the steps charged less or NaN (less than the recomputed Eq. 3
-        minus twice the kernels' rounding allowance, dpledger.mechanisms.leave_one_out.leave_one_out_allowance,
+        minus twice the kernels' rounding allowance, dpledger.mechanisms.leave_one_out.leave_one_out_every_order,
         which no honest charge is; less than the add-one bound by ADD_ONE_RTOL relative); else PASS with
         the largest relative shortfall.
     """

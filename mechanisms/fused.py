@@ -786,13 +786,15 @@ _POWER_LEVELS = 13
 
 
 @jit(**_HELPER_FLAGS)
-def _power_sums(quarters: IntArray, high: float, output: FloatArray, ratios: FloatArray, log_ratios: FloatArray,
-                ups: FloatArray, downs: FloatArray, power: FloatArray, inverse: FloatArray, sums: FloatArray) -> None:
-    """One chunk's forward and reverse sums at the orders a_k = quarters_k / 4 (increasing) from one exp
-    pair per token: y = (rho / rho_max)^(1/4) and 1 / y, their squarings y^(2^b), and then y^(4 a) and
-    y^(-4 a) by products, each order's from the previous one's times y^(quarters_k - quarters_(k-1)),
-    one multiply per set bit of the step. sums[k] = (forward sum p rho y^(-4a), reverse sum p y^(4a)).
-    ups and downs hold _POWER_LEVELS rows of the chunk's width back to back; power and inverse one each."""
+def _power_sums(quarters: IntArray, inverse_denominator: float, high: float, output: FloatArray, ratios: FloatArray,
+                log_ratios: FloatArray, ups: FloatArray, downs: FloatArray, power: FloatArray, inverse: FloatArray,
+                sums: FloatArray) -> None:
+    """One chunk's forward and reverse sums at the orders a_k = quarters_k / d (increasing; d the lattice's
+    denominator, 4 for quarters, 10 for tenths, inverse_denominator = 1 / d) from one exp pair per token:
+    y = (rho / rho_max)^(1/d) and 1 / y, their squarings y^(2^b), and then y^(d a) and y^(-d a) by
+    products, each order's from the previous one's times y^(quarters_k - quarters_(k-1)), one multiply per
+    set bit of the step. sums[k] = (forward sum p rho y^(-d a), reverse sum p y^(d a)). ups and downs hold
+    _POWER_LEVELS rows of the chunk's width back to back; power and inverse one each."""
     size = output.size
     levels = 1
     previous = 0
@@ -802,7 +804,7 @@ def _power_sums(quarters: IntArray, high: float, output: FloatArray, ratios: Flo
         while (1 << levels) <= difference:
             levels += 1
     for j in range(size):
-        y, z = vexp_pair(0.25 * (log_ratios[j] - high))
+        y, z = vexp_pair(inverse_denominator * (log_ratios[j] - high))
         ups[j], downs[j], power[j], inverse[j] = y, z, 1.0, 1.0
     for b in range(1, levels):
         below_up, below_down = ups[(b - 1) * size:b * size], downs[(b - 1) * size:b * size]
@@ -838,20 +840,29 @@ def _power_sums(quarters: IntArray, high: float, output: FloatArray, ratios: Flo
 @jit(**_PARALLEL_FLAGS)
 def leave_one_out_direction_power_moments(output: FloatArray, log_output: FloatArray, ratios: FloatArray,
                                           log_ratios: FloatArray, spans: FloatArray, rows: IntArray, orders: FloatArray,
-                                          shifted_only: bool, slack_ulps: float, directions: FloatArray) -> None:
-    """leave_one_out_log_moments' `directions` alone, for increasing orders that are multiples of 1/4
-    (the audit's): where a row's order is in the fast range, its two sums come from one exp pair per
-    token for all such orders together (_power_sums: y^(4a) by products), elsewhere from the two-pass
-    log-sum-exp as there. Rounded up by the same allowance: a product of m factors each within u of
-    its value adds m u to the pair's error (4.5 m u in all, m = 4 a; 18 a ulps), which the allowance's
-    8 (a + 1) (N + 2) ulps covers beside what it covered before (the exp path's (a + 1) ulps per unit
-    of magnitude and N ulps of the sums behind rho), since N >= 2.
+                                          shifted_only: bool, slack_ulps: float, denominator: float,
+                                          directions: FloatArray) -> None:
+    """leave_one_out_log_moments' `directions` alone, for increasing orders on the lattice of multiples
+    of 1/d (the audit's orders: quarters, d = 4; the default grid: tenths, d = 10): where a row's order is
+    in the fast range, its two sums come from one exp pair per token for all such orders together
+    (_power_sums: y^(d a) by products), elsewhere from the two-pass log-sum-exp as there. Rounded up by
+    leave_one_out_log_moments' allowance plus the products' rounding, stated apart: y = exp(x / d) (x =
+    log rho - log rho_max) is within (|x| / d + 1) u + 4u of its value (the scaled exponent's rounding, the
+    multiply by 1/d, vexp's 2 ulps), and a product of factors whose exponents sum to e, each within e_i
+    of its value, is within sum_i e_i + (e - 1) u (by induction over the products and squarings, each
+    rounding u), so y^(d a) is within a |x| u + d a (5u) + (d a - 1) u: the a |x| u is the exp path's
+    exponent rounding, which the allowance's (a + 1) ulps per unit of magnitude covers, and 6 d a u
+    more is added to each direction's log (a relative error e of every term moves log sum by at most
+    -log(1 - e) < 1.01 e while e < 0.01). The powers are those of the lattice point e / d nearest the
+    float order a (1.1 is not 11/10), which moves each shifted exponent by at most |a - e/d| times the
+    row's log-rho span: added too.
 
     Args:
         output, log_output, ratios, log_ratios, spans, rows: as leave_one_out_log_moments.
-        orders: Renyi orders a > 1, increasing, each a multiple of 1/4, shape (K,).
+        orders: Renyi orders a > 1, increasing, each a multiple of 1 / denominator, shape (K,).
         shifted_only: take the log-sum-exp path at every order.
         slack_ulps: the rounding-up allowance, in ulps per unit of magnitude (kernels._SLACK_ULPS).
+        denominator: d, the lattice's (4 or 10; a positive integer).
         directions: output, shape (R, K, 2): forward (a - 1) D_a(p || p_-i) and reverse
             (a - 1) D_a(p_-i || p), rounded up; both +inf where q_j = 0 < p_j.
     """
@@ -860,7 +871,7 @@ def leave_one_out_direction_power_moments(output: FloatArray, log_output: FloatA
     magnitude = _largest_magnitude(log_output) + n + 2.0
     quarters_all = np.empty(count, dtype=np.int64)
     for k in range(count):
-        quarters_all[k] = int(round(4.0 * orders[k]))
+        quarters_all[k] = int(round(denominator * orders[k]))
     for r in prange(rows.size):
         i = rows[r]
         low, high = spans[i, 0], spans[i, 1]
@@ -889,7 +900,8 @@ def leave_one_out_direction_power_moments(output: FloatArray, log_output: FloatA
             chunk_ratios, chunk_log_ratios = ratios[i, start:stop], log_ratios[i, start:stop]
             if fast_count > 0:
                 width = stop - start
-                _power_sums(quarters_all[:fast_count], high, chunk_output, chunk_ratios, chunk_log_ratios,
+                _power_sums(quarters_all[:fast_count], 1.0 / denominator, high, chunk_output, chunk_ratios,
+                            chunk_log_ratios,
                             ups[:_POWER_LEVELS * width], downs[:_POWER_LEVELS * width], power[:width], inverse[:width],
                             fast_sums)
             for k in range(fast_count, count):
@@ -903,6 +915,8 @@ def leave_one_out_direction_power_moments(output: FloatArray, log_output: FloatA
                 forward = math.log(slow_sums[k, 0]) + tops[k, 0]
                 reverse = math.log(slow_sums[k, 2]) + tops[k, 1]
             common = slack_ulps * ((a + 1.0) * (magnitude + high - low) + math.log2(size) + 2.0) + (size + 2.0) * _UNIT
+            if k < fast_count:   # the products' rounding, and the float order's gap to its lattice point
+                common += 6.0 * denominator * a * _UNIT + abs(a - quarters_all[k] / denominator) * (high - low)
             directions[r, k, 0] = max(forward + common + slack_ulps * abs(forward), 0.0)
             directions[r, k, 1] = max(reverse + common + slack_ulps * abs(reverse), 0.0)
 

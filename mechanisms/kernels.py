@@ -554,19 +554,20 @@ class _LeaveOneOut:
         """(2, R, K): g = (a - 1) D_a(p || p_-i) (forward) and (a - 1) D_a(p_-i || p) (reverse) for
         teachers `rows` at every order, each rounded up as `moments` rounds the larger; both +inf for
         a row where p_-i vanishes on a token p keeps (`spans` says which: its smallest log ratio is -inf).
-        Increasing orders that are all multiples of 1/4 (the audit's) take one exp pair per token for
-        all of them (dpledger.mechanisms.fused.leave_one_out_direction_power_moments)."""
+        Increasing orders that are all multiples of 1/4 (the audit's) or of 1/10 (the default grid) take one
+        exp pair per token for all of them (dpledger.mechanisms.fused.leave_one_out_direction_power_moments,
+        whose allowance adds the products' rounding)."""
         from dpledger.mechanisms.fused import leave_one_out_direction_power_moments, leave_one_out_log_moments
 
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         orders = np.ascontiguousarray(orders, dtype=np.float64)
         directions = np.empty((rows.size, orders.size, 2))
         _set_threads()
-        quarters = 4.0 * orders
-        if orders.size and np.all(np.diff(orders) > 0) and np.array_equal(quarters, np.round(quarters)) \
-                and np.diff(quarters, prepend=0.0).max() < 2 ** 13:   # fused._POWER_LEVELS
+        denominator = _power_lattice(orders)
+        if denominator:
             leave_one_out_direction_power_moments(self.output, self.log_output, self.ratios, self.log_ratios,
-                                                  self.spans, rows, orders, self.shifted_only, _SLACK_ULPS, directions)
+                                                  self.spans, rows, orders, self.shifted_only, _SLACK_ULPS,
+                                                  float(denominator), directions)
         else:
             values = np.empty((rows.size, orders.size))
             slopes = np.empty((rows.size, orders.size))
@@ -574,6 +575,19 @@ class _LeaveOneOut:
                                       orders, np.ones((rows.size, orders.size), dtype=bool), self.shifted_only,
                                       _SLACK_ULPS, values, slopes, directions)
         return np.moveaxis(directions, -1, 0)
+
+
+def _power_lattice(orders: FloatArray) -> int:
+    """The denominator d (4, else 10) of a lattice of multiples of 1/d holding every order exactly, for
+    increasing orders whose steps stay below 2^13 lattice points (fused._POWER_LEVELS); 0 otherwise."""
+    if orders.size == 0 or not np.all(np.diff(orders) > 0):
+        return 0
+    for denominator in (4, 10):
+        points = denominator * orders
+        # exactly: k / 10 is not a float, so the order must be the float nearest k / 10
+        if np.array_equal(np.round(points) / denominator, orders) and np.diff(np.round(points), prepend=0.0).max() < 2 ** 13:
+            return denominator
+    return 0
 
 
 def _has_tiny_positive(values: FloatArray) -> bool:

@@ -249,6 +249,63 @@ def leave_one_out_allowance(teachers: torch.Tensor, public: torch.Tensor, lambda
     return allowance
 
 
+def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
+                              orders: ArrayLike) -> tuple[FloatArray, FloatArray, torch.Tensor]:
+    """Eq. 3 (Flemings et al. 2024), max_i D<->_a(p, p_-i), every teacher at every order of `orders`
+    (no sub-grid, no chords), with each value's rounding allowance: what the audit holds a charge to.
+    Each value lies in [Eq. 3, Eq. 3 + 2 allowance] (the kernel rounds up by the allowance, and errs by
+    less). Orders on the lattice of quarters or tenths (the audit's, the default grid) take one exp pair
+    per token for all orders together (dpledger.mechanisms.fused.leave_one_out_direction_power_moments),
+    whose allowance adds the products' rounding, 6 d a u, and the float order's gap to its lattice point
+    times the log-ratio span; other grids take the exp path (leave_one_out_allowance's allowance).
+
+    Args:
+        teachers: the teachers' probabilities p_i, shape (..., N, V), N >= 2, on the CPU.
+        public: the public model's probabilities p0, shape (..., V).
+        lambdas: the mixing weights lambda_i in [0, 1], shape (..., N).
+        orders: the Renyi orders a > 1, increasing, shape (K,).
+
+    Returns:
+        (values (..., K) in nats, rounded up; allowance (..., K) in nats; p = the mixed teachers' mean (..., V)).
+
+    Raises:
+        ValueError: if N < 2, an order is not > 1, or a value is NaN (an input holds NaN).
+    """
+    from dpledger.mechanisms.kernels import _power_lattice
+
+    grid = validated_orders(np.asarray(orders, dtype=np.float64).reshape(-1))
+    n, vocab = teachers.shape[-2], teachers.shape[-1]
+    if n < 2:
+        raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
+    flat_teachers = teachers.detach().double().reshape(-1, n, vocab).numpy()
+    flat_public = public.detach().double().reshape(-1, vocab).numpy()
+    flat_lambdas = lambdas.detach().double().reshape(-1, n).numpy()
+    rows = np.arange(n)
+    moments = np.empty((flat_teachers.shape[0], grid.size))
+    magnitude = np.empty(flat_teachers.shape[0])
+    spans = np.empty(flat_teachers.shape[0])
+    output = np.empty((flat_teachers.shape[0], vocab))
+    ratios = None
+    for row in range(flat_teachers.shape[0]):
+        ratios = _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios, parallel=True)
+        moments[row] = ratios.direction_moments(rows, grid).max(axis=(0, 1))
+        magnitude[row], output[row] = ratios.magnitude, ratios.output
+        widths = ratios.spans[:, 1] - ratios.spans[:, 0]
+        spans[row] = float(widths[np.isfinite(widths)].max(initial=0.0))
+    values = _divergences_from_moments(moments, grid)
+    # leave_one_out_allowance's s(a), then the power path's products and lattice gap (fused)
+    slack = _SLACK_ULPS * ((grid + 1.0) * magnitude[:, None] + np.log2(vocab) + 2.0 + np.abs(moments)) \
+        + (vocab + 2.0) * UNIT_ROUNDOFF
+    denominator = _power_lattice(grid)
+    if denominator:
+        points = np.round(denominator * grid) / denominator
+        slack = slack + 6.0 * denominator * grid * UNIT_ROUNDOFF + np.abs(grid - points) * spans[:, None]
+    batch = tuple(teachers.shape[:-2])
+    allowance = np.where(np.isfinite(moments), slack / (grid - 1.0), 0.0)
+    return (values.reshape(*batch, grid.size), allowance.reshape(*batch, grid.size),
+            torch.from_numpy(output.reshape(*batch, vocab)))
+
+
 def _seed_indices(grid: FloatArray) -> list[int]:
     """The first sub-grid, where every teacher is evaluated: both ends and the orders nearest 4 and 32."""
     seeds = {0, grid.size - 1} | {int(np.argmin(np.abs(grid - a))) for a in (4.0, 32.0)}

@@ -15,6 +15,8 @@ from tests.conftest import examples, lm_like
 ORDERS = torch.tensor([1.01, 1.25, 2.0, 3.5, 18.0, 64.0, 512.0], dtype=torch.float64)
 QUARTERS = torch.tensor([1.25, 1.5, 2.0, 2.75, 3.0, 6.0, 18.0, 64.0, 200.0, 2048.0], dtype=torch.float64)
 """Multiples of 1/4, as the audit's orders are: one exp pair per token for all of them, powers by products."""
+TENTHS = torch.tensor([1.1, 1.2, 1.7, 2.0, 3.3, 9.9, 18.0, 63.0, 128.0, 512.0], dtype=torch.float64)
+"""Multiples of 1/10 (the default grid's lattice; 1.1 is not 11/10 as a float): powers by products too."""
 
 
 def straightforward_removals(teachers, public, lambdas, rows, orders):
@@ -46,7 +48,7 @@ def ensembles(rng, steps, teachers, vocab, kind):
 
 @examples(30, 300)
 @given(st.integers(0, 2**31 - 1), st.integers(2, 9), st.integers(2, 3000), st.sampled_from(["plain", "holes", "tiny"]),
-       st.sampled_from([ORDERS, QUARTERS]))
+       st.sampled_from([ORDERS, QUARTERS, TENTHS]))
 def test_each_removal_in_both_directions_is_the_torch_value_rounded_up_within_its_allowance(seed, teachers, vocab,
                                                                                              kind, orders):
     rng = np.random.default_rng(seed)
@@ -133,6 +135,56 @@ def test_the_power_path_never_falls_below_the_exact_divergence_in_mpmath(seed):
                 value = float(fused[direction, 0, position, k])
                 assert value >= exact, (order, direction, value, exact)
                 assert value <= exact * (1 + 1e-9) + 1e-13 / (order - 1)
+
+
+@pytest.mark.parametrize("seed, teachers, orders", [(0, 2, TENTHS), (1, 5, TENTHS), (2, 3, QUARTERS), (3, 4, ORDERS),
+                                                    (4, 2, torch.tensor([1.1, 2.5, 18.0], dtype=torch.float32))])
+def test_eq3_at_every_order_lies_within_its_allowance_above_mpmath(seed, teachers, orders):
+    """leave_one_out_every_order (the audit's data_dependent_eq3 recomputation): every value in
+    [Eq. 3, Eq. 3 + 2 allowance], Eq. 3 in mpmath at 60 digits from the float inputs; on the lattices
+    the power path (its products' and lattice-gap terms), elsewhere the exp path (float32 orders are off
+    the lattice of tenths)."""
+    import mpmath
+
+    from dpledger.mechanisms.leave_one_out import leave_one_out_every_order
+
+    mpmath.mp.dps = 60
+    rng = np.random.default_rng(seed)
+    probs, public, lambdas = ensembles(rng, 1, teachers, 30, "plain")
+    grid = orders.double().numpy()
+    values, allowance, _ = leave_one_out_every_order(probs[0], public, lambdas[0], grid)
+    mixed = [[mpmath.mpf(float(x)) for x in row] for row in mixed_teachers(probs, public, lambdas)[0].numpy()]
+    output = [sum(row[j] for row in mixed) / teachers for j in range(30)]
+    withouts = [[sum(row[j] for i, row in enumerate(mixed) if i != removed) / (teachers - 1) for j in range(30)]
+                for removed in range(teachers)]
+    for k, order in enumerate(grid.tolist()):
+        a = mpmath.mpf(order)
+        exact = max(mpmath.log(mpmath.fsum(f ** a * s ** (1 - a) for f, s in zip(first, second))) / (a - 1)
+                    for without in withouts for first, second in ((output, without), (without, output)))
+        assert values[k] >= exact, (order, values[k], exact)
+        assert values[k] <= exact + 2 * allowance[k], (order, float(values[k] - exact), allowance[k])
+
+
+@examples(10, 100)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 12), st.integers(2, 3000), st.sampled_from(["plain", "holes", "tiny"]))
+def test_eq3_at_every_order_agrees_with_the_exp_path_within_both_allowances(seed, teachers, vocab, kind):
+    """The power path against leave_one_out_curve's every-order exp path on the default grid: both lie in
+    [Eq. 3, Eq. 3 + 2 allowance], so they differ by at most the sum of their allowances, and the output
+    law is the same bits (the add-one bound is recomputed from it)."""
+    from dpledger.accounting.orders import default_orders
+    from dpledger.mechanisms.leave_one_out import (leave_one_out_allowance, leave_one_out_curve,
+                                                   leave_one_out_every_order)
+
+    rng = np.random.default_rng(seed)
+    probs, public, lambdas = ensembles(rng, 2, teachers, vocab, kind)
+    grid = np.asarray(default_orders(18.0), dtype=np.float64)
+    values, allowance, output = leave_one_out_every_order(probs, public, lambdas, grid)
+    reference, _, reference_output = leave_one_out_curve(probs, public, lambdas, grid, relative_tolerance=None)
+    assert torch.equal(output, reference_output)
+    assert np.array_equal(np.isinf(values), np.isinf(reference))
+    finite = np.isfinite(values)
+    both = allowance + leave_one_out_allowance(probs, public, lambdas, grid, reference)
+    assert np.all(np.abs(values[finite] - reference[finite]) <= both[finite] * (1 + 1e-9))
 
 
 def test_bad_inputs_to_the_audit_kernels_get_one_line_naming_the_constraint():
