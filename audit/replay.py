@@ -18,6 +18,7 @@ from dpledger.accounting.summation import ExactSum
 from dpledger.audit.checks import CheckResult, failed, passed, skipped, verdict
 from dpledger.audit.loader import LoadedTrace, WindowData
 from dpledger.decoding.blocks import replay_steps, replay_vote_steps
+from dpledger.decoding.runners import BlockOutcome
 from dpledger.decoding.vote_payload import VotePayload
 from dpledger.decoding.trace import json_bytes, loads_json, read_chunk
 from dpledger.decoding.cluster import ClusterError
@@ -166,13 +167,17 @@ _DATA_DEPENDENT_KEYS = ("rdp_pmixed_data_dependent", "observed_data_dependent", 
 RTOL plus twice the kernels' rounding allowance (_eq3_allowance)."""
 
 
-def _eq3_allowance(trace: LoadedTrace, logits: torch.Tensor, lambdas, eq3) -> np.ndarray | None:
+def _eq3_allowance(trace: LoadedTrace, logits: torch.Tensor, outcome: BlockOutcome) -> np.ndarray | None:
     """Per step and order, twice the leave-one-out kernels' rounding allowance on the replayed Eq. 3
     values (dpledger.mechanisms.leave_one_out.leave_one_out_allowance derives it: every value the
-    kernels return lies in [Eq. 3, Eq. 3 + 2 allowance], so two of them differ by at most twice it);
+    kernels return lies in [Eq. 3, Eq. 3 + 2 allowance], so two of them differ by at most twice it),
+    as the replayed step computed it where it did (from its own ratios' magnitude), else recomputed;
     None for a run without Eq. 3."""
+    lambdas, eq3 = outcome.lambdas, outcome.eq3_remove_one
     if eq3 is None or lambdas is None:
         return None
+    if outcome.eq3_allowance is not None:
+        return 2.0 * np.asarray(outcome.eq3_allowance)
     public, teachers = Ensemble.split_distributions(logits)
     teachers, public = as_ensemble(teachers, public, trace.n_teachers)   # the decode loop's inputs
     return 2.0 * leave_one_out_allowance(teachers, public, torch.as_tensor(lambdas, dtype=torch.float64),
@@ -313,7 +318,7 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: WindowData, 
         allowance = None
     else:
         outcome, tokens = replay_steps(memo["runner"], logits, seed, first, trace.orders, sequential, gate)
-        allowance = _eq3_allowance(trace, logits, outcome.lambdas, outcome.eq3_remove_one)
+        allowance = _eq3_allowance(trace, logits, outcome)
     output = outcome.output.numpy()
     worst = {"lambdas": 0.0, "logits_vs_models": 0.0}
     if cross_check:

@@ -267,7 +267,7 @@ def _concat_outcomes(outcomes: list[BlockOutcome]) -> BlockOutcome:
                         lambdas=cat("lambdas"), sampled=cat("sampled"), screen_statistic=cat("screen_statistic"),
                         screen_passed=cat("screen_passed"), observed_data_dependent=cat("observed_data_dependent"),
                         data_independent=cat("data_independent"), eq3_remove_one=cat("eq3_remove_one"),
-                        add_one_bound=cat("add_one_bound"), vote_seeds=cat("vote_seeds"),
+                        add_one_bound=cat("add_one_bound"), eq3_allowance=cat("eq3_allowance"), vote_seeds=cat("vote_seeds"),
                         vote_counts=cat("vote_counts"), budget_refused=cat("budget_refused"),
                         budget_charge=cat("budget_charge"),
                         aggregator_noise=None if outcomes[0].aggregator_noise is None

@@ -54,6 +54,8 @@ class BlockOutcome:
     data_independent: np.ndarray | None = None          # (L, K) Theorem 3.1 where it applies
     eq3_remove_one: np.ndarray | None = None            # (L, K) Eq. 3, max_i D<->(p, p_-i): its remove-one part
     add_one_bound: np.ndarray | None = None             # (L, K) bound for an added teacher
+    # not recorded: Eq. 3's rounding allowance (leave_one_out.eq3_allowance_of), which the replay compares within
+    eq3_allowance: np.ndarray | None = None             # (L, K)
     vote_seeds: np.ndarray | None = None       # (L,) voting: each step's shared-randomness seed
     vote_counts: np.ndarray | None = None      # (L, V) voting: the vote histogram
     aggregator_noise: list | None = None       # L lists: the draws the aggregator consumed
@@ -298,7 +300,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
                             screen_statistic=result.screen_statistic if screening else None,
                             screen_passed=result.screen_passed, observed_data_dependent=observed,
                             data_independent=result.details["data_independent"], eq3_remove_one=eq3,
-                            add_one_bound=result.add_one_bound)
+                            add_one_bound=result.add_one_bound,
+                            eq3_allowance=result.details["eq3_allowance"] if data_dependent else None)
 
     params = dict(alpha=alpha, beta=beta, teachers=teachers, lam=lam, sigma=sigma, threshold=threshold, top_k=top_k,
                   screening=screening, data_dependent=data_dependent, accounting=accounting)

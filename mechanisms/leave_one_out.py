@@ -126,7 +126,7 @@ def leave_one_out_direction_divergences(teachers: torch.Tensor, public: torch.Te
 
 
 def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor, orders: ArrayLike,
-                        relative_tolerance: float | None = 0.005
+                        relative_tolerance: float | None = 0.005, magnitudes: FloatArray | None = None
                         ) -> tuple[FloatArray, NDArray[np.bool_], torch.Tensor]:
     """max_i D<->_a(p, p_{-i}) (Flemings et al. 2024, Eq. 3) at every order of the sorted grid
     `orders`, for the ensemble of mixed teachers lambda_i p_i + (1 - lambda_i) p0: exact on a
@@ -153,6 +153,8 @@ def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: t
         orders: the Renyi orders a > 1, strictly increasing, shape (K,).
         relative_tolerance: the certificate's relative gap between the chord bound and the tangent
             lower bound (0.005: within 0.5%); None evaluates every teacher at every order.
+        magnitudes: where given (CPU only), filled with each step's rounding scale M, shape (prod(...),):
+            what eq3_allowance_of takes (the replay's comparison of two computations of the step).
 
     Returns:
         (values, exact, p): values float64 (..., K), max_i D<->_a(p, p_{-i}) in nats (exact or an
@@ -192,6 +194,8 @@ def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: t
         else:
             values[row], exact[row] = _refined_curve(ratios, n, grid, relative_tolerance)
         output[row] = ratios.output
+        if magnitudes is not None:
+            magnitudes[row] = ratios.magnitude
     batch = tuple(teachers.shape[:-2])
     return (values.reshape(*batch, grid.size), exact.reshape(*batch, grid.size),
             torch.from_numpy(output.reshape(*batch, vocab)))
@@ -243,9 +247,29 @@ def leave_one_out_allowance(teachers: torch.Tensor, public: torch.Tensor, lambda
     for row in range(flat_teachers.shape[0]):
         ratios = _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios)
         magnitude[row] = ratios.magnitude
+    allowance: FloatArray = eq3_allowance_of(magnitude, grid, vocab, values).reshape(*teachers.shape[:-2], grid.size)
+    return allowance
+
+
+def eq3_allowance_of(magnitudes: FloatArray, orders: ArrayLike, vocab: int, values: ArrayLike) -> FloatArray:
+    """leave_one_out_allowance from each step's rounding scale M (leave_one_out_curve's `magnitudes`,
+    which the decode loop's own computation fills, so a replay need not form the ratios again):
+    s(a) / (a - 1) with s(a) = _SLACK_ULPS ((a + 1) M + log2 V + 2 + |g|) + (V + 2) u.
+
+    Args:
+        magnitudes: M per step, shape (S,).
+        orders: the Renyi orders a > 1, shape (K,).
+        vocab: the vocabulary size V.
+        values: the Eq. 3 values D (nats), S x K values in any shape (|g| = (a - 1) |D| enters s(a)).
+
+    Returns:
+        float64 array (S, K): the allowance on D at each step and order.
+    """
+    grid = np.asarray(orders, dtype=np.float64).reshape(-1)
     moments = np.abs(np.asarray(values, dtype=np.float64).reshape(-1, grid.size)) * (grid - 1.0)
-    slack = _SLACK_ULPS * ((grid + 1.0) * magnitude[:, None] + np.log2(vocab) + 2.0 + moments) + (vocab + 2.0) * UNIT_ROUNDOFF
-    allowance: FloatArray = (slack / (grid - 1.0)).reshape(*teachers.shape[:-2], grid.size)
+    slack = _SLACK_ULPS * ((grid + 1.0) * np.asarray(magnitudes, dtype=np.float64).reshape(-1, 1)
+                           + np.log2(vocab) + 2.0 + moments) + (vocab + 2.0) * UNIT_ROUNDOFF
+    allowance: FloatArray = slack / (grid - 1.0)
     return allowance
 
 

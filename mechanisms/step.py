@@ -21,7 +21,7 @@ from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validat
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, neighbouring_relation, path_accounting
 from dpledger.mechanisms.distributions import validated_ensemble
 from dpledger.mechanisms.kernels import ADD_ONE_VERSION, SOLVER_VERSION, mixed_teachers
-from dpledger.mechanisms.leave_one_out import leave_one_out_curve
+from dpledger.mechanisms.leave_one_out import eq3_allowance_of, leave_one_out_curve
 from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:  # the mechanisms import this module: their types are for the checker only
@@ -175,9 +175,10 @@ def data_dependent_step_curve(
         pmixed: PMixED, teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
         orders: NDArray[np.float64], relation: NeighbouringRelation | str, relative_tolerance: float = 0.005,
         add_one_dual: bool = False, add_one_version: int = ADD_ONE_VERSION,
-) -> tuple[NDArray[np.float64], NDArray[np.bool_], NDArray[np.float64], NDArray[np.float64] | None, torch.Tensor]:
+) -> tuple[NDArray[np.float64], NDArray[np.bool_], NDArray[np.float64], NDArray[np.float64] | None, torch.Tensor,
+           NDArray[np.float64] | None]:
     """(loss covering `relation` (..., K), exact mask (..., K), remove-one part, add-one part or None,
-    the mixed teachers' mean (..., V)).
+    the mixed teachers' mean (..., V), the remove-one part's rounding allowance or None).
 
     Remove-one: Flemings et al. 2024, Eq. 3, max_i D<->(p, p_-i), exact on a sub-grid and a chord
     bound within `relative_tolerance` between (dpledger.mechanisms.leave_one_out.leave_one_out_curve). Add-one:
@@ -203,13 +204,16 @@ def data_dependent_step_curve(
 
     Returns:
         (covering loss (..., K), exact mask (..., K), remove-one part (..., K), add-one part (..., K) or None,
-        the mixed teachers' mean (..., V)).
+        the mixed teachers' mean (..., V), the remove-one part's rounding allowance (..., K) or None on a GPU:
+        dpledger.mechanisms.leave_one_out.eq3_allowance_of).
 
     Raises:
         ValueError: for an unknown relation.
     """
     relation = neighbouring_relation(relation)
-    removed, exact, output = leave_one_out_curve(teachers, public, lambdas, orders, relative_tolerance)
+    # each step's rounding scale (CPU): the replay compares two computations of Eq. 3 within its allowance
+    magnitudes = np.full(int(np.prod(teachers.shape[:-2])), np.nan) if teachers.device.type == "cpu" else None
+    removed, exact, output = leave_one_out_curve(teachers, public, lambdas, orders, relative_tolerance, magnitudes)
     output = output.to(public.device)
     added = None
     if "add" in relation.moves:
@@ -220,7 +224,9 @@ def data_dependent_step_curve(
                                           relative_tolerance=relative_tolerance if add_one_version >= 4 else None,
                                           version=add_one_version).numpy()
     covering = removed if added is None else (np.maximum(removed, added) if "remove" in relation.moves else added)
-    return covering, exact, removed, added, output
+    allowance: NDArray[np.float64] | None = None if magnitudes is None else \
+        eq3_allowance_of(magnitudes, orders, teachers.shape[-1], removed).reshape(removed.shape)
+    return covering, exact, removed, added, output, allowance
 
 
 def pmixed_step(pmixed: PMixED, teachers: torch.Tensor | npt.ArrayLike, public: torch.Tensor | npt.ArrayLike,
@@ -348,12 +354,11 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
     removed: NDArray[np.float64] | None
     added: NDArray[np.float64] | None
     if data_dependent:
-        covering, exact, removed, added, mixed_mean = data_dependent_step_curve(pmixed, ensemble, reference, lambdas,
-                                                                                grid, covered,
-                                                                                add_one_dual=add_one_dual,
-                                                                                add_one_version=add_one_version)
+        covering, exact, removed, added, mixed_mean, eq3_allowance = data_dependent_step_curve(
+            pmixed, ensemble, reference, lambdas, grid, covered, add_one_dual=add_one_dual,
+            add_one_version=add_one_version)
     else:
-        covering, exact, removed, added = None, None, None, None
+        covering, exact, removed, added, eq3_allowance = None, None, None, None, None
         mixed_mean = mixed_output(ensemble, reference, lambdas)[1]
     output = torch.where(passed.to(reference.device).unsqueeze(-1), mixed_mean, reference)
     bound = np.broadcast_to(data_independent_values(pmixed, grid), batch + (grid.size,)).copy()
@@ -370,4 +375,4 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
                       exact_orders=exact, screen_statistic=None if statistic is None else statistic.numpy(),
                       screen_passed=passed.numpy(), add_one_bound=added,
                       relation=covered if data_dependent else mechanism.relation,
-                      details={"data_independent": bound, "eq3_remove_one": removed})
+                      details={"data_independent": bound, "eq3_remove_one": removed, "eq3_allowance": eq3_allowance})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 
 import dpledger.audit.replay as replay
@@ -74,3 +75,26 @@ def test_a_version_8_add_one_bound_off_by_more_than_the_certificate_fails(tmp_pa
     assert result.status.value == "FAIL"
     assert any("add_one_bound differs" in m for m in result.evidence["mismatches"])
     assert result.evidence["add_one_within_certificate_steps"] == STEPS
+
+
+def test_the_replay_compares_eq3_within_the_allowance_the_step_itself_derived(tmp_path):
+    """The replayed step hands the replay its Eq. 3 rounding allowance (from its own ratios' magnitude,
+    so the replay does not form the N x V ratios a second time): the same numbers as deriving it anew."""
+    import torch
+
+    from dpledger.decoding.blocks import replay_steps
+    from dpledger.decoding.ensemble import Ensemble
+    from dpledger.mechanisms.leave_one_out import leave_one_out_allowance
+    from dpledger.mechanisms.step import as_ensemble
+
+    run = synthetic.write_synthetic_run(tmp_path / "run", 5, 300, 3, 3, PAPER_ADAPMIXED, payload=True,
+                                        step_spreads=SPREADS)
+    loaded = load_trace(run)
+    _, records, logits = next(iter(loaded.iter_payload()))
+    outcome, _ = replay_steps(loaded.runner(), logits, loaded.manifest["config"]["seed"], 0, loaded.orders, False)
+    public, teachers = Ensemble.split_distributions(logits)
+    teachers, public = as_ensemble(teachers, public, loaded.n_teachers)
+    derived = leave_one_out_allowance(teachers, public, torch.as_tensor(outcome.lambdas, dtype=torch.float64),
+                                      loaded.orders, outcome.eq3_remove_one)
+    assert outcome.eq3_allowance is not None and np.array_equal(outcome.eq3_allowance, derived)
+    assert check_replay(loaded).status.value == "PASS"
