@@ -53,17 +53,18 @@ def check_hash_chain(trace: LoadedTrace) -> CheckResult:
 
 
 def _close(a, b, rtol=RTOL, atol=None) -> bool:
-    """Equal within rtol (plus atol, an absolute tolerance per element, where given), with +-inf
-    equal only to itself; a NaN on either side is a mismatch."""
+    """Equal within rtol (a relative tolerance, per element where an array), plus atol (an absolute
+    tolerance per element, where given), with +-inf equal only to itself; a NaN on either side is a mismatch."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape or np.isnan(a).any() or np.isnan(b).any():
         return False
+    rtol = np.broadcast_to(np.asarray(rtol, dtype=np.float64), a.shape)
     same_inf = np.isinf(a) == np.isinf(b)
     finite = np.isfinite(a) & np.isfinite(b)
     absolute = np.broadcast_to(1e-300 if atol is None else np.maximum(np.asarray(atol, dtype=np.float64), 1e-300),
                                a.shape)
     return bool(np.all(same_inf) and np.all(np.isinf(a) <= (a == b))
-                and np.all(np.abs(a[finite] - b[finite]) <= absolute[finite] + rtol * np.abs(b[finite])))
+                and np.all(np.abs(a[finite] - b[finite]) <= absolute[finite] + rtol[finite] * np.abs(b[finite])))
 
 
 def _nan_note(recorded, recomputed) -> str:
@@ -185,7 +186,7 @@ def _eq3_allowance(trace: LoadedTrace, logits: torch.Tensor, outcome: BlockOutco
 
 
 def _compare_arrays(mismatches: list, worst: dict, key: str, where: str, recorded, replayed, absolute: bool,
-                    atol=None, rtol: float = RTOL) -> None:
+                    atol=None, rtol: float | np.ndarray = RTOL) -> None:
     recorded = np.asarray(recorded, dtype=np.float64)
     replayed = np.asarray(replayed, dtype=np.float64)
     if recorded.shape != replayed.shape:
@@ -265,15 +266,32 @@ def _shared_subgrid_window(trace: LoadedTrace, records: list[dict]) -> bool:
     the bound computed at every order (each interval is bisected until its chord value is within that
     factor of a lower bound on E, and a chord is never below E: add_one_direction_bounds), so two of
     them differ by at most that factor: the replay compares them within it (_ADD_ONE_CERTIFICATE), and the data_dependent_eq3
-    check compares the charges with E itself."""
-    from dpledger.mechanisms.add_one import ADD_ONE_SUBGRID_MIN_VOCABULARY   # numba kernels: on first use
+    check compares the charges with E itself. The losses the add-one bound covers with Eq. 3 get the
+    certificate only at the orders where the add-one bound can be the larger part (_add_one_rtol)."""
+    from dpledger.mechanisms.add_one import ADD_ONE_SUBGRID_MIN_VOCABULARY   # deferred: numba kernels on first use
 
     version = trace.manifest.get("records_version", 1)
     if not 4 <= version <= 8 or int(trace.manifest["vocab_size"]) < ADD_ONE_SUBGRID_MIN_VOCABULARY \
-            or "add_one_bound" not in records[0]:
-        return False
+            or not records[0].get("add_one_bound") or trace.manifest["data"]["stream"] == "generate":
+        return False   # (a remove-one run records no add-one bound; free generation decodes one step at a time)
     block = next(info for info in trace.blocks_info if info.index == records[0]["block"])
     return len(records) < block.length
+
+
+def _add_one_rtol(outcome: BlockOutcome, row: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per order, the relative tolerances of (the add-one bound, a loss that is the larger of it and Eq. 3)
+    for a step whose add-one values are compared within the sub-grid's certificate: RTOL plus the
+    certificate for the bound, and for the loss where the bound can be its larger part, i.e. where the
+    replayed bound is within the certificate of Eq. 3 or above it (either side's bound lies in [E, 1.005 E],
+    so a recorded bound above Eq. 3 puts the replayed one above Eq. 3 / 1.005); RTOL where Eq. 3 is the loss."""
+    added = np.asarray(outcome.add_one_bound[row], dtype=np.float64)   # type: ignore[index]
+    bound = np.full(added.shape, RTOL + _ADD_ONE_CERTIFICATE)
+    if outcome.eq3_remove_one is None:
+        return bound, bound
+    removed = np.asarray(outcome.eq3_remove_one[row], dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        binding = ~(added * (1.0 + _ADD_ONE_CERTIFICATE) < removed)   # (a NaN side: the wider tolerance, and _close fails it)
+    return bound, np.where(binding, RTOL + _ADD_ONE_CERTIFICATE, RTOL)
 
 
 class _ReplayPartial(TypedDict):
@@ -338,10 +356,10 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: WindowData, 
                 not np.array_equal(truths, tokens_stream[first + 1:first + 1 + len(records)]):
             mismatches.append(f"block {block}: the recorded tokens are not the run's text at steps {first}..")
     # a key's relative tolerance: the sub-grid's certificate on top of RTOL where the block shared its sub-grid
-    shared = allowance is not None and _shared_subgrid_window(trace, records)
-    add_one_rtol = RTOL + _ADD_ONE_CERTIFICATE if shared else RTOL
+    shared = allowance is not None and outcome.add_one_bound is not None and _shared_subgrid_window(trace, records)
     for row, record in enumerate(records):
         where = f"step {record['step']}"
+        bound_rtol, loss_rtol = _add_one_rtol(outcome, row) if shared else (RTOL, RTOL)
         if outcome.lambdas is not None:
             _compare_arrays(mismatches, worst, "lambdas", where, record["lambdas"], outcome.lambdas[row], True)
         if outcome.screen_statistic is not None:
@@ -357,8 +375,7 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: WindowData, 
         for name in trace.components:
             key = f"rdp_{name}"
             atol = eq3_atol if key in _DATA_DEPENDENT_KEYS else None
-            if not _close(record[key], outcome.charged[name][row], add_one_rtol if key in _ADD_ONE_KEYS else RTOL,
-                          atol):
+            if not _close(record[key], outcome.charged[name][row], loss_rtol if key in _ADD_ONE_KEYS else RTOL, atol):
                 mismatches.append(f"{where}: charged {name} differs from the mechanism's"
                                   f"{_nan_note(record[key], outcome.charged[name][row])}")
         for key in ("observed_data_dependent", "data_independent", "eq3_remove_one", "add_one_bound"):
@@ -366,7 +383,7 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: WindowData, 
             if replayed is not None and key in record:   # version 1 records hold the first two only
                 _compare_arrays(mismatches, worst, key, where, record[key], replayed[row], False,
                                 eq3_atol if key in _DATA_DEPENDENT_KEYS else None,
-                                add_one_rtol if key in _ADD_ONE_KEYS else RTOL)
+                                bound_rtol if key == "add_one_bound" else loss_rtol if key in _ADD_ONE_KEYS else RTOL)
         if outcome.vote_counts is not None:
             if outcome.aggregator_noise is None:
                 raise RuntimeError("a voting step records its aggregator's draws")

@@ -52,7 +52,7 @@ def measure(vocab: int, teachers: int, repetitions: int, alpha: float = 18.0, be
     orders = np.asarray(DEFAULT_ORDERS, dtype=np.float64)
     orders_t = torch.from_numpy(orders)
     relation = NeighbouringRelation.ADD_OR_REMOVE_ONE
-    _, _, _, _, output = data_dependent_step_curve(pmixed, t, p0, lambdas, orders, relation)
+    output = data_dependent_step_curve(pmixed, t, p0, lambdas, orders, relation)[4]
 
     calls = {
         "add_one_bound": (lambda: add_one_divergence_bounds(output, p0, teachers, orders_t, alpha, pmixed.radius),

@@ -847,11 +847,11 @@ def leave_one_out_direction_power_moments(output: FloatArray, log_output: FloatA
     in the fast range, its two sums come from one exp pair per token for all such orders together
     (_power_sums: y^(d a) by products), elsewhere from the two-pass log-sum-exp as there. Rounded up by
     leave_one_out_log_moments' allowance plus the products' rounding, stated apart: y = exp(x / d) (x =
-    log rho - log rho_max) is within (|x| / d + 1) u + 4u of its value (the scaled exponent's rounding, the
-    multiply by 1/d, vexp's 2 ulps), and a product of factors whose exponents sum to e, each within e_i
-    of its value, is within sum_i e_i + (e - 1) u (by induction over the products and squarings, each
-    rounding u), so y^(d a) is within a |x| u + d a (5u) + (d a - 1) u: the a |x| u is the exp path's
-    exponent rounding, which the allowance's (a + 1) ulps per unit of magnitude covers, and 6 d a u
+    log rho - log rho_max) is within 3 (|x| / d) u + 4u of its value (x's rounding, 1/d's and the multiply's,
+    each relative to x / d, and vexp's 2 ulps), and a product of factors whose exponents sum to e, each
+    within e_i of its value, is within sum_i e_i + (e - 1) u (by induction over the products and squarings,
+    each rounding u), so y^(d a) is within 3 a |x| u + 4 d a u + (d a - 1) u: the 3 a |x| u is within the
+    allowance's (a + 1) (M + span) term (8 ulps per unit, as for the exp path's exponent), and 6 d a u
     more is added to each direction's log (a relative error e of every term moves log sum by at most
     -log(1 - e) < 1.01 e while e < 0.01). The powers are those of the lattice point e / d nearest the
     float order a (1.1 is not 11/10), which moves each shifted exponent by at most |a - e/d| times the

@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike, NDArray
 from dpledger.accounting.errors import require
 from dpledger.accounting.orders import validated_orders
 from dpledger.accounting.rounding import ROUNDING_ULPS, UNIT_ROUNDOFF
-from dpledger.mechanisms.kernels import (_SLACK_ULPS, FloatArray, _divergences_from_moments, _LeaveOneOut,
+from dpledger.mechanisms.kernels import (_SLACK_ULPS, FloatArray, _divergences_from_moments, _LeaveOneOut, _power_lattice,
                                          leave_one_out_divergences_torch, mixed_teachers,
                                          renyi_divergence_orders, sums_without_each)
 from dpledger.accounting.lazy_import import lazy_module
@@ -295,8 +295,6 @@ def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lamb
     Raises:
         ValueError: if N < 2, an order is not > 1, or a value is NaN (an input holds NaN).
     """
-    from dpledger.mechanisms.kernels import _power_lattice
-
     grid = validated_orders(np.asarray(orders, dtype=np.float64).reshape(-1))
     n, vocab = teachers.shape[-2], teachers.shape[-1]
     if n < 2:

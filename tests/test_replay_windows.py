@@ -98,3 +98,43 @@ def test_the_replay_compares_eq3_within_the_allowance_the_step_itself_derived(tm
                                       loaded.orders, outcome.eq3_remove_one)
     assert outcome.eq3_allowance is not None and np.array_equal(outcome.eq3_allowance, derived)
     assert check_replay(loaded).status.value == "PASS"
+
+
+def test_a_version_8_remove_one_run_is_compared_without_the_certificate(tmp_path, monkeypatch):
+    """A remove-one run records no add-one bound: its Eq. 3 losses replay exactly, never within the
+    add-one certificate (a review found the certificate applied to them)."""
+    _written_as_version(monkeypatch, 8)
+    run = synthetic.write_synthetic_run(tmp_path / "run", 4, VOCAB, STEPS, STEPS, PAPER_ADAPMIXED, payload=True,
+                                        relation="remove_one", step_spreads=SPREADS)
+    monkeypatch.undo()
+    _, result = _replayed_in_one_step_windows(run)
+    assert result.status.value == "PASS", result.detail
+    assert result.evidence["add_one_within_certificate_steps"] == 0
+
+
+def test_where_eq3_is_the_larger_part_the_version_8_loss_gets_no_certificate(tmp_path, monkeypatch):
+    """In an add-or-remove-one run the charged loss is the larger of Eq. 3 and the add-one bound: at
+    the orders where Eq. 3 is clearly the larger, a charge 0.4% low fails the replay though it is
+    within the add-one certificate (two teachers: removing one moves the output more than adding one)."""
+    _written_as_version(monkeypatch, 8)
+    run = synthetic.write_synthetic_run(tmp_path / "run", 2, VOCAB, STEPS, STEPS, PAPER_ADAPMIXED, payload=True,
+                                        step_spreads=SPREADS)
+    monkeypatch.undo()
+    honest_window = replay._replay_window
+    lowered = []
+
+    def lowered_where_eq3_binds(trace, records, *args):
+        forged = []
+        for record in records:
+            eq3, added = np.asarray(record["eq3_remove_one"]), np.asarray(record["add_one_bound"])
+            binds = eq3 > 1.02 * added
+            lowered.append(int(binds.sum()))
+            forged.append({**record, **{key: np.where(binds, 0.996, 1.0) * np.asarray(record[key])
+                                        for key in ("rdp_pmixed_data_dependent", "observed_data_dependent")}})
+        return honest_window(trace, forged, *args)
+
+    monkeypatch.setattr(replay, "_replay_window", lowered_where_eq3_binds)
+    _, result = _replayed_in_one_step_windows(run)
+    assert sum(lowered) > 0, "no order where Eq. 3 binds: the test would prove nothing"
+    assert result.status.value == "FAIL"
+    assert any("pmixed_data_dependent differs" in m for m in result.evidence["mismatches"])
