@@ -48,6 +48,8 @@ class AuditReport:
         return [c for c in self.checks if c.status is Status.FAIL]
 
     audited: dict = field(default_factory=dict)
+    check_seconds: dict[str, float] = field(default_factory=dict)
+    """Each check's wall time (seconds), in the order the checks ran: where an audit spends its time."""
     not_written: str | None = None
     """Why audit.json could not be written (a read-only run, say), in one line; the verdict stands."""
 
@@ -158,14 +160,16 @@ class AuditReport:
 
         Returns:
             A JSON-serialisable dict: format, run_dir, verdict, headline, exit_code, verification,
-            audited (the hashes audited), failed_checks, created_at, seconds, data_dependent, caveat,
-            relations, bracket, checks, findings, digest.
+            audited (the hashes audited), failed_checks, created_at, seconds, check_seconds (each check's wall
+            time), data_dependent, caveat, relations, bracket, checks, findings, digest.
         """
         content = {"format": "dpledger-audit", "run_dir": str(self.run_dir), "verdict": self.verdict,
                    "headline": self.headline, "exit_code": self.exit_code, "verification": self.verification,
                    "audited": self.audited,
                    "failed_checks": [c.name for c in self.failed], "created_at": self.created_at,
-                   "seconds": round(self.seconds, 2), "data_dependent": self.data_dependent,
+                   "seconds": round(self.seconds, 2),
+                   "check_seconds": {name: round(value, 3) for name, value in self.check_seconds.items()},
+                   "data_dependent": self.data_dependent,
                    "caveat": DATA_DEPENDENT_CAVEAT if self.data_dependent else None,
                    "relations": self.relations, "bracket": self.bracket,
                    "checks": [c.to_dict() for c in self.checks], "findings": [f.to_dict() for f in self.findings]}
@@ -329,10 +333,13 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
         plan.append(("sampled_aggregator", lambda: voting.check_sampled_aggregator(loaded, seed=seed)) if voting_run
                     else ("canary_game", lambda: check_canary_game(loaded, game_trials, seed=seed)[0]))
     checks = []
+    check_seconds: dict[str, float] = {}
     with tqdm(plan, desc="audit", unit="check", leave=False, disable=None if progress else True) as bar:  # None: only on a terminal
         for name, check in bar:
             bar.set_postfix_str(name)
+            check_started = time.perf_counter()
             checks.append(_guarded(name, check, loaded))
+            check_seconds[name] = time.perf_counter() - check_started
             if name == "neighbour_ablation":
                 evidence = checks[-1].evidence
     ablation = next(check for check in checks if check.name == "neighbour_ablation")
@@ -343,7 +350,7 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
         findings = []
     report = AuditReport(Path(run_dir), checks, findings, any(loaded.components.values()), time.time() - started,
                          audited={"manifest_sha256": loaded.manifest_sha256, "ledger_sha256": loaded.ledger_sha256,
-                                  "head": loaded.final.get("head")})
+                                  "head": loaded.final.get("head")}, check_seconds=check_seconds)
     if write:
         _write_audit(report, audit_out)
     return report

@@ -333,6 +333,41 @@ def ablation_section(steps: int, threads: int, pairs: int = 7) -> dict:
             "seconds_per_1000_steps": round(ablation["median"] * 1000, 1)}
 
 
+def audit_section(steps: int = 4, pairs: int = 3) -> dict:
+    """`dpledger audit` of a paper-scale AdaPMixED trace as it runs (every check, the canary game
+    included; one thread), interleaved with dpledger's AdaPMixED step: seconds per step of each, their
+    paired ratio, and where the audit's time goes (audit.json's check_seconds, per step). The trace is
+    tests/synthetic.py's: `steps` steps in one decode block at N = 100, V = 50,257, random logits whose
+    teachers sit at four spreads from the public model, with the replay payload (the audit replays one
+    step per window at this size)."""
+    import tempfile
+
+    from dpledger.accounting.orders import DEFAULT_ORDERS
+    from dpledger.audit import audit_run
+    from dpledger.mechanisms.adapmixed import AdaPMixED
+    from tests.micro import PAPER_ADAPMIXED
+    from tests.synthetic import write_synthetic_run
+
+    probs, public = synthetic_ensemble(50257, 100)
+    ada = AdaPMixED.paper_defaults(100)
+    t64, p64 = torch.from_numpy(probs), torch.from_numpy(public)
+    generator = torch.Generator().manual_seed(0)
+    with tempfile.TemporaryDirectory() as folder:
+        run = write_synthetic_run(Path(folder) / "run", 100, 50257, steps, steps, PAPER_ADAPMIXED, payload=True,
+                                  step_spreads=(0.3, 1.0, 2.0, 0.5))
+        reports = []
+        functions = {"audit": lambda: reports.append(audit_run(run, write=False)),
+                     "step": lambda: [ada.step(t64, p64, generator, DEFAULT_ORDERS) for _ in range(steps)]}
+        samples = interleaved(functions, pairs, 1)
+    per_step = {name: [value / steps for value in values] for name, values in samples.items()}
+    checks = {name: round(seconds / steps, 4) for name, seconds in reports[-1].check_seconds.items()}
+    return {"form": "dpledger audit (every check, canary game included) of a synthetic paper-scale AdaPMixED trace",
+            "steps": steps, "verdict": reports[-1].verdict, "threads": 1,
+            "seconds_per_step": {name: summary(values, 4) for name, values in per_step.items()},
+            "audit_over_step": ratios(per_step, "audit", "step"),
+            "check_seconds_per_step": dict(sorted(checks.items(), key=lambda item: -item[1]))}
+
+
 def gpu_section() -> dict:
     if not torch.cuda.is_available():
         return {"device": None, "note": "no CUDA device on this machine"}
@@ -391,6 +426,11 @@ def markdown(results: dict) -> str:
         lines.append(f"| audit ablation as an AdaPMixED trace is audited, 1,000 paper-scale steps ({b['threads']} "
                      f"thread(s), extrapolated from {b['steps_measured']}); its time over dpledger's step | | | "
                      f"{b['seconds_per_1000_steps']} | {_speedup(b['ablation_over_step'])} |")
+    if "audit" in results:
+        b = results["audit"]
+        lines.append(f"| dpledger audit of a paper-scale AdaPMixED trace as it runs ({b['steps']} steps, every check); "
+                     f"its time per step over dpledger's step | | | {_range(b['seconds_per_step']['audit'])} | "
+                     f"{_speedup(b['audit_over_step'])} |")
     g = results["sub_grid"]
     lines += ["", f"Eq. 3 sub-grid at V={g['vocab']:,}, N={g['teachers']}: {g['exact_orders']} exact orders of "
               f"{g['grid_orders']}, curve / exact in [{g['min_ratio_to_exact']:.4f}, {g['max_ratio_to_exact']:.4f}], "
@@ -418,11 +458,21 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "results" / "step.json"))
     parser.add_argument("--markdown", default=str(HERE / "results.md"))
     parser.add_argument("--ablation-child", type=int, metavar="STEPS", help=argparse.SUPPRESS)
+    parser.add_argument("--audit-only", action="store_true",
+                        help="measure only the audit as it runs, into the existing results (the other sections kept)")
     args = parser.parse_args()
     if args.ablation_child:        # ablation_in_process's child: one JSON line
         print(json.dumps(ablation_section(args.ablation_child, int(_THREADS)), allow_nan=False))
         return
     torch.set_num_threads(1)
+    if args.audit_only:
+        kept = json.loads(Path(args.out).read_text())
+        started = load()
+        kept["audit"] = {**audit_section(), "load_start": started, "load_end": load()}
+        Path(args.out).write_text(json.dumps(kept, indent=2, allow_nan=False) + "\n")
+        Path(args.markdown).write_text(markdown(kept))
+        print(json.dumps(kept["audit"], indent=2))
+        return
     reference = load_reference()
     print(f"comparator: {'the reference from $DPLEDGER_REFERENCE' if reference else IN_REPO}", flush=True)
     results = {
@@ -449,6 +499,7 @@ def main() -> None:
     if not args.quick:
         results["ablation"] = {"threads_1": ablation_section(steps=4, threads=1),
                                "threads_2": ablation_in_process(steps=4, threads=2)}
+        results["audit"] = audit_section()
     results["load_end"] = load()
     Path(args.out).write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
     Path(args.markdown).write_text(markdown(results))

@@ -49,7 +49,7 @@ def config_for(micro_models, out: Path, name: str, queries: int = 64, block_size
 
 def without_time(report) -> bytes:
     payload = report.to_dict()
-    for key in ("created_at", "seconds", "run_dir", "digest"):  # the digest covers the time fields
+    for key in ("created_at", "seconds", "check_seconds", "run_dir", "digest"):  # the digest covers the time fields
         payload.pop(key)
     return trace.json_bytes(payload)
 
