@@ -1019,6 +1019,7 @@ class _AllocatedTokens:
         # max - min log t of each row on the power path (0 elsewhere: no lattice allowance, the exp path there)
         self.log_t_spans = np.asarray([0.0 if factors is None else factors[4] - factors[6]
                                        for factors in self.power_factors])
+        self._lattice_allowances: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
     @staticmethod
     def _on_lattice(orders: np.ndarray) -> np.ndarray:
@@ -1032,14 +1033,18 @@ class _AllocatedTokens:
         """(..., K) each: what the power path adds to the u2 and chord sums' error at each order on the
         lattice (dpledger.mechanisms.fused.add_one_lattice_allowances, whether or not a given call took that
         path): e (6 + 0.3 span) u for a power of e factors and the lattice's gap times the log-t span; 0 off
-        the lattice."""
+        the lattice. Kept per set of orders (the sub-grid asks for the same ones several times a round);
+        callers do not write into them."""
         shape = (*self.batch, orders.size)
         if not self.powers:
             return np.zeros(shape), np.zeros(shape)
-        u2, chord = np.empty((len(self.rows), orders.size)), np.empty((len(self.rows), orders.size))
         orders = np.ascontiguousarray(orders, dtype=np.float64)
-        add_one_lattice_allowances(orders, self._on_lattice(orders), self.log_t_spans, u2, chord)
-        return u2.reshape(shape), chord.reshape(shape)
+        key = orders.tobytes()
+        if key not in self._lattice_allowances:
+            u2, chord = np.empty((len(self.rows), orders.size)), np.empty((len(self.rows), orders.size))
+            add_one_lattice_allowances(orders, self._on_lattice(orders), self.log_t_spans, u2, chord)
+            self._lattice_allowances[key] = (u2.reshape(shape), chord.reshape(shape))
+        return self._lattice_allowances[key]
 
     def zero_weight_magnitude(self) -> np.ndarray:
         """(..., 1): |log w0| per row where w0 > 0, else 0 (the weight's exponent joins the chord's allowance)."""
@@ -1324,14 +1329,18 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         u2_moment, chord_total, u2_slope, chord_slope = allocated_tokens.order_sums(orders_np[index])
         return [u2_moment, chord_total], [u2_slope, chord_slope]
 
-    def forward_allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
-        """A bound on |computed - exact| of each forward sum at the orders `grid`."""
-        chord_size = np.abs(np.where(np.isfinite(values[1]), values[1], 0.0))
+    def chord_allowance(chord_total: np.ndarray, grid: np.ndarray) -> np.ndarray:
+        """A bound on |computed - exact| of the chord sum at the orders `grid`."""
+        chord_size = np.abs(np.where(np.isfinite(chord_total), chord_total, 0.0))
         chord = ROUNDING_ULPS * (chord_size + grid * (chord_magnitude + 4.0) + 2.0 * np.log2(log_t.shape[-1] + 1.0))
         if allocated_tokens.powers:
             chord = chord + allocated_tokens.lattice_allowances(grid)[1]
-        return [(grid - 1.0) * slack[..., None] + u2_allowance(values[0], grid),
-                chord + summation if weighted else chord + 2.0 * mass_excess]
+        allowance: np.ndarray = chord + summation if weighted else chord + 2.0 * mass_excess
+        return allowance
+
+    def forward_allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
+        """A bound on |computed - exact| of each forward sum at the orders `grid`."""
+        return [(grid - 1.0) * slack[..., None] + u2_allowance(values[0], grid), chord_allowance(values[1], grid)]
 
     def forward_bound(values: list[np.ndarray], grid: np.ndarray) -> np.ndarray:
         """D_k(p_+ || p)'s bound at the orders `grid` from the two sums there (nondecreasing in each)."""
@@ -1347,7 +1356,7 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
             if weighted:   # the (p, p) term of the convex combination is sum_j p_j, at most 1 + its excess
                 jensen = jensen + np.log1p(mass_excess_up)[..., None] * (1.0 + 2.0 * _U)
             jensen = jensen / (grid - 1.0)
-            chord = (chord_total + forward_allowances(values, grid)[1]) / (grid - 1.0)
+            chord = (chord_total + chord_allowance(chord_total, grid)) / (grid - 1.0)
         bound: np.ndarray = np.minimum(jensen, chord)
         return bound
 
