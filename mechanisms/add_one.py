@@ -1257,21 +1257,10 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     Raises:
         ValueError: if a bound is NaN (an input distribution holds NaN or inf).
     """
-    output = output.detach().cpu().double()
-    public = public.detach().cpu().double()
+    shape = np.broadcast_shapes(tuple(output.shape), tuple(public.shape))   # one public law may serve a batch
+    output = output.detach().cpu().double().expand(shape)
+    public = public.detach().cpu().double().expand(shape)
     orders_np = orders.detach().cpu().double().numpy().reshape(-1)
-    if version >= 9 and relative_tolerance is not None and output.shape[-1] >= subgrid_from_vocabulary \
-            and output[..., 0].numel() > 1:
-        # each row refines its own sub-grid: a row's bound never depends on the other rows of the batch, so a
-        # replay in windows of another length than the decode's blocks recomputes the same bits
-        public = public.expand_as(output)
-        flat_output, flat_public = output.reshape(-1, output.shape[-1]), public.reshape(-1, public.shape[-1])
-        rows = [add_one_direction_bounds(flat_output[r:r + 1], flat_public[r:r + 1], teachers, orders, alpha, radius,
-                                         all_orders_beta, relative_tolerance, subgrid_from_vocabulary, version,
-                                         reverse_where_binding)
-                for r in range(flat_output.shape[0])]
-        return (np.concatenate([f for f, _ in rows]).reshape(*output.shape[:-1], orders_np.size),
-                np.concatenate([r for _, r in rows]).reshape(*output.shape[:-1], orders_np.size))
     n = float(teachers)
     log_p = _log(output).numpy()
     log_p0 = _log(public).numpy()
@@ -1361,15 +1350,9 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         return bound
 
     def reverse_sums_on(grid: np.ndarray) -> _Sums:
-        def reverse_sums(index: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-            """(k-1) W_k at grid[index], rounded up by the Renyi kernel (no derivative: secants only)."""
-            return [_log_moments(log_p, log_qmin, grid[index], w_summation)], None
-        return reverse_sums
+        return _reverse_sums_of(log_p, log_qmin, grid, w_summation)
 
-    def reverse_allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
-        """The Renyi kernel's slack at the orders `grid` (which it adds to its value)."""
-        size = np.abs(np.where(np.isfinite(values[0]), values[0], 0.0))
-        return [_SLACK_ULPS * ((grid + 1.0) * w_magnitude + np.log2(vocab) + 2.0 + size) + w_summation]
+    reverse_allowances = _reverse_allowances_of(w_magnitude, vocab, w_summation)
 
     def reverse_bound(values: list[np.ndarray], grid: np.ndarray) -> np.ndarray:
         """D_k(p || p_+)'s bound at the orders `grid` from (k-1) W_k there (nondecreasing in it)."""
@@ -1381,26 +1364,62 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     batch = log_p.shape[:-1]
     if vocab < subgrid_from_vocabulary:
         relative_tolerance = None
-    forward = _order_curve_on_subgrid(forward_sums, forward_allowances, forward_bound, [False, False], orders_np,
-                                      batch, relative_tolerance)
+    # from records version 9 each row refines its own sub-grid: a row's bound never depends on the other rows
+    # of the batch, so a replay in windows of another length than the decode's blocks recomputes the same bits
+    per_row = version >= 9 and relative_tolerance is not None and int(np.prod(batch, dtype=np.int64)) > 1
+    curve = _order_curve_per_row if per_row else _order_curve_on_subgrid   # (one row: the same, with less bookkeeping)
+    forward = curve(forward_sums, forward_allowances, forward_bound, [False, False], orders_np, batch,
+                    relative_tolerance)
     if reverse_where_binding:
         # B1 = log(1 + 1/N) bounds the reverse at every order; where the forward bound is at least B1 the
         # larger of the two is the forward whatever W gives, so W is computed only at the other orders
         cap = np.log1p(1.0 / n)
         needed = ~(forward >= cap)   # (a NaN forward counts as needed, and is refused below)
-        columns = np.flatnonzero(needed.reshape(-1, orders_np.size).any(axis=0))
         reverse = np.full(forward.shape, cap)
-        if columns.size:
-            reverse[..., columns] = _order_curve_on_subgrid(reverse_sums_on(orders_np[columns]), reverse_allowances,
-                                                            reverse_bound, [True], orders_np[columns], batch,
-                                                            relative_tolerance)
+        if per_row:   # each row at its own orders, as the row alone
+            rows = int(np.prod(batch, dtype=np.int64))
+            flat_needed, flat_reverse = needed.reshape(rows, orders_np.size), reverse.reshape(rows, orders_np.size)
+            flat_log_p = log_p.reshape(-1, vocab)
+            flat_log_qmin = np.broadcast_to(log_qmin, log_p.shape).reshape(-1, vocab)
+            flat_w_magnitude = np.broadcast_to(w_magnitude, (*batch, 1)).reshape(-1, 1)
+            for row in np.flatnonzero(flat_needed.any(axis=1)):
+                columns = np.flatnonzero(flat_needed[row])
+                flat_reverse[row, columns] = _order_curve_on_subgrid(
+                    _reverse_sums_of(flat_log_p[row:row + 1], flat_log_qmin[row:row + 1], orders_np[columns],
+                                     w_summation),
+                    _reverse_allowances_of(flat_w_magnitude[row:row + 1], vocab, w_summation), reverse_bound, [True],
+                    orders_np[columns], (1,), relative_tolerance)[0]
+            reverse = flat_reverse.reshape(forward.shape)
+        else:
+            columns = np.flatnonzero(needed.reshape(int(np.prod(batch, dtype=np.int64)), orders_np.size).any(axis=0))
+            if columns.size:
+                reverse[..., columns] = _order_curve_on_subgrid(reverse_sums_on(orders_np[columns]),
+                                                                reverse_allowances, reverse_bound, [True],
+                                                                orders_np[columns], batch, relative_tolerance)
     else:
-        reverse = _order_curve_on_subgrid(reverse_sums_on(orders_np), reverse_allowances, reverse_bound, [True],
-                                          orders_np, batch, relative_tolerance)
+        reverse = curve(reverse_sums_on(orders_np), reverse_allowances, reverse_bound, [True], orders_np, batch,
+                        relative_tolerance)
     if np.any(np.isnan(forward)) or np.any(np.isnan(reverse)):
         raise ValueError("add-one bound is NaN: an input distribution holds NaN or inf")
     # the last divisions' rounding
     return forward * (1.0 + ROUNDING_ULPS), reverse * (1.0 + ROUNDING_ULPS)
+
+
+def _reverse_sums_of(log_p: np.ndarray, log_qmin: np.ndarray, grid: np.ndarray, summation: float) -> _Sums:
+    """The reverse direction's sums for add_one_direction_bounds' sub-grid: (k-1) W_k at grid[index], rounded
+    up by the Renyi kernel (no derivative: secants only)."""
+    def reverse_sums(index: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+        return [_log_moments(log_p, log_qmin, grid[index], summation)], None
+    return reverse_sums
+
+
+def _reverse_allowances_of(w_magnitude: np.ndarray, vocab: int, summation: float) -> _Allowances:
+    """The Renyi kernel's slack on (k-1) W_k at the orders `grid` (which it adds to its value), for rows of
+    magnitudes `w_magnitude` (..., 1)."""
+    def reverse_allowances(values: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
+        size = np.abs(np.where(np.isfinite(values[0]), values[0], 0.0))
+        return [_SLACK_ULPS * ((grid + 1.0) * w_magnitude + np.log2(vocab) + 2.0 + size) + summation]
+    return reverse_allowances
 
 
 def _log_moments(log_p: np.ndarray, log_q: np.ndarray, orders: np.ndarray, summation: float) -> np.ndarray:
@@ -1521,6 +1540,144 @@ def _order_curve_on_subgrid(sums: _Sums, allowances: _Allowances, bound: _Bound,
         position = np.searchsorted(anchors, np.flatnonzero(failing)) - 1
         evaluate(np.unique((anchors[position] + anchors[position + 1]) // 2))
     return bound(known, grid)
+
+
+def _order_curve_per_row(sums: _Sums, allowances: _Allowances, bound: _Bound, rounded_up: list[bool],
+                         grid: np.ndarray, batch: tuple[int, ...], relative_tolerance: float | None) -> np.ndarray:
+    """_order_curve_on_subgrid with each row on its own sub-grid (records version 9): the same seeds, the
+    same certificate and bisection, and the same arithmetic element by element, but an interval is
+    bisected only in the rows where it fails, and a row stops when its own certificate holds. So every
+    row's values are bit for bit what the row gives alone (a batch of one), whatever rows sit beside it.
+    `sums(index)` gives every row's sums at grid[index] (each order's value depends on that order alone);
+    a row keeps only the orders its sub-grid asked for."""
+    if relative_tolerance is None or not (relative_tolerance > 0) or grid.size == 0:   # (no sub-grid to seed)
+        return _order_curve_on_subgrid(sums, allowances, bound, rounded_up, grid, batch, relative_tolerance)
+    if grid.size > 1 and not np.all(np.diff(grid) > 0):
+        raise ValueError(f"the add-one bound's sub-grid needs strictly increasing orders, got {grid.tolist()!r}")
+    rows, size = int(np.prod(batch, dtype=np.int64)), grid.size
+    done = np.zeros((rows, size), dtype=bool)
+    known = [np.full((rows, size), np.nan) for _ in rounded_up]
+    slopes = [np.full((rows, size), np.nan) for _ in rounded_up]
+    has_slopes = False
+
+    def evaluate(wanted: np.ndarray) -> None:
+        nonlocal has_slopes
+        index = np.flatnonzero(wanted.any(axis=0))
+        values, derivatives = sums(index)
+        keep = wanted[:, index]
+        for store, value in zip(known, values):
+            store[:, index] = np.where(keep, value.reshape(rows, index.size), store[:, index])
+        if derivatives is not None:
+            has_slopes = True
+            for store, value in zip(slopes, derivatives):
+                store[:, index] = np.where(keep, value.reshape(rows, index.size), store[:, index])
+        done[wanted] = True
+
+    seeds = np.zeros((rows, size), dtype=bool)
+    seeds[:, _seed_orders(grid)] = True
+    evaluate(seeds)
+    result = np.full((rows, size), np.nan)
+    active = np.ones(rows, dtype=bool)
+    by_upper = np.zeros(rows, dtype=bool)
+    while True:
+        active &= ~done.all(axis=1)
+        if not active.any():
+            break
+        geometry = _row_geometry(done)
+        sandwiches = [_row_sandwich(grid, geometry, store, slope if has_slopes else None, done)
+                      for store, slope in zip(known, slopes)]
+        upper = bound([value.reshape(*batch, size) for value in
+                       _row_chord_values(sandwiches, allowances, grid, geometry, known, rounded_up, batch, done)],
+                      grid).reshape(rows, size)
+        lower = bound([floor.reshape(*batch, size) for _, _, floor in sandwiches], grid).reshape(rows, size)
+        with np.errstate(invalid="ignore"):
+            loose = ~(upper <= (1.0 + relative_tolerance) * np.fmax(lower, 0.0) + 1e-300)
+        failing = loose & ~done & active[:, None]
+        finished = active & ~failing.any(axis=1)
+        result[finished] = upper[finished]
+        by_upper |= finished
+        active &= ~finished
+        if not active.any():
+            break
+        left, right = geometry[0], geometry[1]
+        wanted = np.zeros((rows, size), dtype=bool)
+        row_index, order_index = np.nonzero(failing)
+        wanted[row_index, (left[row_index, order_index] + right[row_index, order_index]) // 2] = True
+        evaluate(wanted)
+    complete = ~by_upper   # (a row leaves the loop by its certificate or with every order computed)
+    if complete.any():
+        result[complete] = bound([store.reshape(*batch, size) for store in known], grid).reshape(rows, size)[complete]
+    return result.reshape(*batch, size)
+
+
+def _row_geometry(done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per row (its anchors: `done`, which always holds the first and last order) and order q, as
+    _convex_sandwich places q among the row's anchors: the enclosing anchors (left, right; for the last
+    anchor the two last), the anchor before `left` and the one after `right` (-1 where there is none)."""
+    rows, size = done.shape
+    order = np.arange(size)
+    at_or_before = np.maximum.accumulate(np.where(done, order, -1), axis=1)
+    after = np.minimum.accumulate(np.where(done, order, size)[:, ::-1], axis=1)[:, ::-1]
+    strictly_after = np.concatenate([after[:, 1:], np.full((rows, 1), size)], axis=1)
+    strictly_before = np.concatenate([np.full((rows, 1), -1), at_or_before[:, :-1]], axis=1)
+    last = order == size - 1
+    left = np.where(last, strictly_before[:, -1:], at_or_before)
+    right = np.where(last, size - 1, strictly_after)
+    before = np.take_along_axis(strictly_before, np.clip(left, 0, size - 1), axis=1)
+    beyond = np.take_along_axis(strictly_after, np.clip(right, 0, size - 1), axis=1)
+    return left, right, before, np.where(beyond >= size, -1, beyond)
+
+
+def _row_sandwich(grid: np.ndarray, geometry: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+                  values: np.ndarray, slopes: np.ndarray | None, done: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """_convex_sandwich for rows (R, K) with their own anchors (`done`, placed by _row_geometry): the
+    same operations on the same numbers, element by element."""
+    left, right, before, beyond = geometry
+    g_left, g_right = grid[left], grid[right]
+    weight = (grid - g_left) / (g_right - g_left)
+    a_left, a_right = np.take_along_axis(values, left, axis=1), np.take_along_axis(values, right, axis=1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        chord = (1.0 - weight) * a_left + weight * a_right
+        rounding = 4.0 * ROUNDING_ULPS * (np.abs((1.0 - weight) * a_left) + np.abs(weight * a_right))
+        lower = np.full(values.shape, -np.inf)
+        for start, end in ((before, left), (right, beyond)):
+            valid = (start >= 0) & (end >= 0)
+            b, c = np.clip(start, 0, None), np.clip(end, 0, None)
+            run = np.where(valid, grid[c] - grid[b], 1.0)
+            slope = (np.take_along_axis(values, c, axis=1) - np.take_along_axis(values, b, axis=1)) / run
+            line = np.take_along_axis(values, b, axis=1) + slope * (grid - grid[b])
+            lower = np.where(valid, np.fmax(lower, line), lower)
+        if slopes is not None:
+            for at in (left, right):
+                lower = np.fmax(lower, np.take_along_axis(values, at, axis=1)
+                                + np.take_along_axis(slopes, at, axis=1) * (grid - grid[at]))
+        chord = np.where(done, values, chord)
+        rounding = np.where(done, 0.0, rounding)
+        lower = np.where(done, values, lower)
+    infinite = (np.isposinf(values) & done).any(axis=1, keepdims=True)
+    return (np.where(infinite, np.inf, chord), np.where(infinite, 0.0, rounding),
+            np.where(infinite, np.inf, lower))
+
+
+def _row_chord_values(sandwiches: list[tuple[np.ndarray, np.ndarray, np.ndarray]], allowances: _Allowances,
+                      grid: np.ndarray, geometry: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+                      known: list[np.ndarray], rounded_up: list[bool], batch: tuple[int, ...],
+                      done: np.ndarray) -> list[np.ndarray]:
+    """_chord_values for rows with their own anchors: the allowances at every computed order (the
+    functions are element by element in the order), read at each order's enclosing anchors."""
+    rows, size = done.shape
+    left, right = geometry[0], geometry[1]
+    chords = [chord + rounding for chord, rounding, _ in sandwiches]
+    at_order = [value.reshape(rows, size) for value in allowances([c.reshape(*batch, size) for c in chords], grid)]
+    at_anchors = [value.reshape(rows, size) for value in allowances([s.reshape(*batch, size) for s in known], grid)]
+    values = []
+    for chord, here, there, up in zip(chords, at_order, at_anchors, rounded_up):
+        near = np.maximum(np.take_along_axis(there, left, axis=1), np.take_along_axis(there, right, axis=1))
+        extra = 2.0 * here if up else here + near
+        with np.errstate(invalid="ignore"):
+            values.append(np.where(done, chord, chord + extra))
+    return values
 
 
 def _chord_values(sandwiches: list[tuple[np.ndarray, np.ndarray, np.ndarray]], allowances: _Allowances, grid: np.ndarray,

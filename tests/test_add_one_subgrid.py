@@ -383,6 +383,11 @@ def test_each_row_of_a_batch_gets_the_bound_it_gets_alone(seed, rows, teachers, 
         alone = add_one_direction_bounds(output[row], public[row], *args, version=9, reverse_where_binding=where_binding)
         for direction in range(2):
             assert np.array_equal(together[direction][row], alone[direction])
+    # one public law (V,) for the whole batch: broadcast, each row as alone
+    shared = add_one_direction_bounds(output, public[0], *args, version=9, reverse_where_binding=where_binding)
+    for row in range(rows):
+        alone = add_one_direction_bounds(output[row], public[0], *args, version=9, reverse_where_binding=where_binding)
+        assert np.array_equal(shared[0][row], alone[0]) and np.array_equal(shared[1][row], alone[1])
     # a batch shaped (2, rows/2, V) too: rows are rows, whatever the batch's shape
     if rows % 2 == 0:
         shaped = add_one_direction_bounds(output.reshape(2, rows // 2, -1), public.reshape(2, rows // 2, -1), *args,
