@@ -265,9 +265,10 @@ def _shared_subgrid_window(trace: LoadedTrace, records: list[dict]) -> bool:
     block refines other sub-grids. Every such value lies in [E, (1 + ADD_ONE_RELATIVE_TOLERANCE) E], E
     the bound computed at every order (each interval is bisected until its chord value is within that
     factor of a lower bound on E, and a chord is never below E: add_one_direction_bounds), so two of
-    them differ by at most that factor: the replay compares them within it (_ADD_ONE_CERTIFICATE), and the data_dependent_eq3
-    check compares the charges with E itself. The losses the add-one bound covers with Eq. 3 get the
-    certificate only at the orders where the add-one bound can be the larger part (_add_one_rtol)."""
+    them differ by at most that factor: the replay compares them within it (_ADD_ONE_CERTIFICATE), and
+    the data_dependent_eq3 check compares the charges with E itself. The losses the add-one bound covers
+    with Eq. 3 get the certificate only at the orders where the add-one bound can be the larger part
+    (_add_one_rtol)."""
     from dpledger.mechanisms.add_one import ADD_ONE_SUBGRID_MIN_VOCABULARY   # deferred: numba kernels on first use
 
     version = trace.manifest.get("records_version", 1)
@@ -278,17 +279,16 @@ def _shared_subgrid_window(trace: LoadedTrace, records: list[dict]) -> bool:
     return len(records) < block.length
 
 
-def _add_one_rtol(outcome: BlockOutcome, row: int) -> tuple[np.ndarray, np.ndarray]:
+def _add_one_rtol(added: np.ndarray, removed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Per order, the relative tolerances of (the add-one bound, a loss that is the larger of it and Eq. 3)
-    for a step whose add-one values are compared within the sub-grid's certificate: RTOL plus the
-    certificate for the bound, and for the loss where the bound can be its larger part, i.e. where the
-    replayed bound is within the certificate of Eq. 3 or above it (either side's bound lies in [E, 1.005 E],
-    so a recorded bound above Eq. 3 puts the replayed one above Eq. 3 / 1.005); RTOL where Eq. 3 is the loss."""
-    added = np.asarray(outcome.add_one_bound[row], dtype=np.float64)   # type: ignore[index]
+    for a step whose replayed add-one bound `added` (K,) is compared within the sub-grid's certificate
+    (`removed`: its replayed Eq. 3, or None): RTOL plus the certificate for the bound, and for the loss
+    where the bound can be its larger part, i.e. where the replayed bound is within the certificate of
+    Eq. 3 or above it (either side's bound lies in [E, 1.005 E], so a recorded bound above Eq. 3 puts the
+    replayed one above Eq. 3 / 1.005); RTOL where Eq. 3 is the loss."""
     bound = np.full(added.shape, RTOL + _ADD_ONE_CERTIFICATE)
-    if outcome.eq3_remove_one is None:
+    if removed is None:
         return bound, bound
-    removed = np.asarray(outcome.eq3_remove_one[row], dtype=np.float64)
     with np.errstate(invalid="ignore"):
         binding = ~(added * (1.0 + _ADD_ONE_CERTIFICATE) < removed)   # (a NaN side: the wider tolerance, and _close fails it)
     return bound, np.where(binding, RTOL + _ADD_ONE_CERTIFICATE, RTOL)
@@ -356,10 +356,12 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: WindowData, 
                 not np.array_equal(truths, tokens_stream[first + 1:first + 1 + len(records)]):
             mismatches.append(f"block {block}: the recorded tokens are not the run's text at steps {first}..")
     # a key's relative tolerance: the sub-grid's certificate on top of RTOL where the block shared its sub-grid
-    shared = allowance is not None and outcome.add_one_bound is not None and _shared_subgrid_window(trace, records)
+    added = outcome.add_one_bound if allowance is not None else None
+    shared = added is not None and _shared_subgrid_window(trace, records)
     for row, record in enumerate(records):
         where = f"step {record['step']}"
-        bound_rtol, loss_rtol = _add_one_rtol(outcome, row) if shared else (RTOL, RTOL)
+        bound_rtol, loss_rtol = (RTOL, RTOL) if added is None or not shared else _add_one_rtol(
+            added[row], None if outcome.eq3_remove_one is None else outcome.eq3_remove_one[row])
         if outcome.lambdas is not None:
             _compare_arrays(mismatches, worst, "lambdas", where, record["lambdas"], outcome.lambdas[row], True)
         if outcome.screen_statistic is not None:
@@ -456,12 +458,13 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
         source += f", whose logits equal the run's models' (max gap {worst['logits_vs_models']:.2g})"
     if check_tokens:
         source += "; tokens re-encoded from the run's text"
+    how = "exactly"
     if certificate_steps:
-        source += (f"; the add-one bound of {certificate_steps} steps within its sub-grid's certificate "
-                   f"{_ADD_ONE_CERTIFICATE:g} (records version {trace.manifest.get('records_version')} shared the "
-                   "sub-grid across a decode block; data_dependent_eq3 compares the charges with every order computed)")
+        how = (f"exactly but for the add-one bound of {certificate_steps} steps, which replays within its sub-grid's "
+               f"certificate {_ADD_ONE_CERTIFICATE:g} (records version {trace.manifest.get('records_version')} shared "
+               "the sub-grid across a decode block; data_dependent_eq3 compares the charges with every order computed),")
     return verdict("replay", not mismatches,
-                   f"all {trace.steps} steps replay exactly from {source} (max |lambda gap| {worst['lambdas']:.2g}, "
+                   f"all {trace.steps} steps replay {how} from {source} (max |lambda gap| {worst['lambdas']:.2g}, "
                    f"tolerance {LAMBDA_ATOL:g}; floats rtol {RTOL:g})",
                    f"{count} replay mismatches, first: " + "; ".join(mismatches[:5]),
                    mismatches=mismatches[:50], max_deviation=worst, source=trace.logits_source,

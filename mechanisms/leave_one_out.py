@@ -173,6 +173,11 @@ def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: t
     n = teachers.shape[-2]
     if n < 2:
         raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
+    if magnitudes is not None:
+        steps = int(np.prod(teachers.shape[:-2], dtype=np.int64))
+        require(teachers.device.type == "cpu" and magnitudes.shape == (steps,),
+                f"magnitudes must hold one value per step of a CPU ensemble, shape ({steps},), got "
+                f"{magnitudes.shape} on {teachers.device.type}")
     if teachers.device.type != "cpu":
         mixed = mixed_teachers(teachers, public, lambdas)
         exact_values = leave_one_out_divergences(mixed, torch.from_numpy(grid).to(mixed.device)).amax(dim=-2)
@@ -236,19 +241,26 @@ def leave_one_out_allowance(teachers: torch.Tensor, public: torch.Tensor, lambda
     grid = np.asarray(orders, dtype=np.float64).reshape(-1)
     if not np.all(grid > 1.0):
         raise ValueError(f"Renyi orders must be > 1, got {float(grid.min())!r}")
-    n, vocab = teachers.shape[-2], teachers.shape[-1]
-    if n < 2:
-        raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
-    flat_teachers = teachers.detach().double().reshape(-1, n, vocab).numpy()
-    flat_public = public.detach().double().reshape(-1, vocab).numpy()
-    flat_lambdas = lambdas.detach().double().reshape(-1, n).numpy()
+    flat_teachers, flat_public, flat_lambdas = _flat_ensemble(teachers, public, lambdas)
     magnitude = np.empty(flat_teachers.shape[0])
     ratios = None
     for row in range(flat_teachers.shape[0]):
         ratios = _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios)
         magnitude[row] = ratios.magnitude
-    allowance: FloatArray = eq3_allowance_of(magnitude, grid, vocab, values).reshape(*teachers.shape[:-2], grid.size)
+    allowance: FloatArray = eq3_allowance_of(magnitude, grid, teachers.shape[-1], values).reshape(
+        *teachers.shape[:-2], grid.size)
     return allowance
+
+
+def _flat_ensemble(teachers: torch.Tensor, public: torch.Tensor,
+                   lambdas: torch.Tensor) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """The ensemble as float64 numpy rows: teachers (S, N, V), public (S, V), lambdas (S, N); ValueError
+    for N < 2 (a leave-one-out needs two teachers)."""
+    n, vocab = teachers.shape[-2], teachers.shape[-1]
+    if n < 2:
+        raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
+    return (teachers.detach().double().reshape(-1, n, vocab).numpy(), public.detach().double().reshape(-1, vocab).numpy(),
+            lambdas.detach().double().reshape(-1, n).numpy())
 
 
 def eq3_allowance_of(magnitudes: FloatArray, orders: ArrayLike, vocab: int, values: ArrayLike) -> FloatArray:
@@ -296,12 +308,8 @@ def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lamb
         ValueError: if N < 2, an order is not > 1, or a value is NaN (an input holds NaN).
     """
     grid = validated_orders(np.asarray(orders, dtype=np.float64).reshape(-1))
+    flat_teachers, flat_public, flat_lambdas = _flat_ensemble(teachers, public, lambdas)
     n, vocab = teachers.shape[-2], teachers.shape[-1]
-    if n < 2:
-        raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
-    flat_teachers = teachers.detach().double().reshape(-1, n, vocab).numpy()
-    flat_public = public.detach().double().reshape(-1, vocab).numpy()
-    flat_lambdas = lambdas.detach().double().reshape(-1, n).numpy()
     rows = np.arange(n)
     moments = np.empty((flat_teachers.shape[0], grid.size))
     magnitude = np.empty(flat_teachers.shape[0])
@@ -315,15 +323,16 @@ def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lamb
         widths = ratios.spans[:, 1] - ratios.spans[:, 0]
         spans[row] = float(widths[np.isfinite(widths)].max(initial=0.0))
     values = _divergences_from_moments(moments, grid)
-    # leave_one_out_allowance's s(a), then the power path's products and lattice gap (fused)
-    slack = _SLACK_ULPS * ((grid + 1.0) * magnitude[:, None] + np.log2(vocab) + 2.0 + np.abs(moments)) \
-        + (vocab + 2.0) * UNIT_ROUNDOFF
+    # leave_one_out_allowance's s(a) / (a - 1), then the power path's products and lattice gap (fused)
+    with np.errstate(invalid="ignore"):   # (inf - inf at an infinite value, whose allowance is set to 0 below)
+        allowance = eq3_allowance_of(magnitude, grid, vocab, values)
     denominator = _power_lattice(grid)
     if denominator:
         points = np.round(denominator * grid) / denominator
-        slack = slack + 6.0 * denominator * grid * UNIT_ROUNDOFF + np.abs(grid - points) * spans[:, None]
+        allowance = allowance + (6.0 * denominator * grid * UNIT_ROUNDOFF
+                                 + np.abs(grid - points) * spans[:, None]) / (grid - 1.0)
     batch = tuple(teachers.shape[:-2])
-    allowance = np.where(np.isfinite(moments), slack / (grid - 1.0), 0.0)
+    allowance = np.where(np.isfinite(moments), allowance, 0.0)
     return (values.reshape(*batch, grid.size), allowance.reshape(*batch, grid.size),
             torch.from_numpy(output.reshape(*batch, vocab)))
 

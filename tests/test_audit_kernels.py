@@ -204,3 +204,15 @@ def test_bad_inputs_to_the_audit_kernels_get_one_line_naming_the_constraint():
     mean[1, 2, 0] = float("nan")
     with pytest.raises(ValueError, match="mean holds NaN"):
         screen.pass_counts(mean, public_top, noise)
+
+
+def test_magnitudes_of_the_wrong_shape_get_one_line_naming_the_constraint():
+    from dpledger.mechanisms.leave_one_out import leave_one_out_curve
+
+    probs, public, lambdas = ensembles(np.random.default_rng(0), 3, 4, 50, "plain")
+    with pytest.raises(ValueError, match=r"magnitudes must hold one value per step of a CPU ensemble, shape \(3,\), "
+                                         r"got \(2,\)"):
+        leave_one_out_curve(probs, public, lambdas, [2.0, 3.0], magnitudes=np.empty(2))
+    magnitudes = np.full(3, np.nan)
+    leave_one_out_curve(probs, public, lambdas, [2.0, 3.0], magnitudes=magnitudes)
+    assert np.all(np.isfinite(magnitudes)) and np.all(magnitudes > 0)
