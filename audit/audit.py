@@ -23,6 +23,7 @@ from dpledger.audit.lint import Finding, lint
 from dpledger.audit.loader import load_trace
 from dpledger.audit.sampled import check_canary_game
 from dpledger.decoding import trace as trace_files
+from dpledger.decoding.process_memory import retain_freed_memory
 
 AUDIT_FILE = "audit.json"
 DATA_DEPENDENT_CAVEAT = ("The claimed epsilon is a data-dependent loss (Papernot et al. 2018, Section 3): it is "
@@ -284,6 +285,7 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
             is not a dpledger run.
     """
     started = time.time()
+    retain_freed_memory()
     if expect_head is not None and not (isinstance(expect_head, str) and len(expect_head) == 64
                                         and all(c in "0123456789abcdef" for c in expect_head)):
         raise ValueError(f"--expect-head must be a 64-character lowercase hex sha256, got {expect_head!r}")

@@ -24,6 +24,7 @@ import torch
 
 from dpledger.audit.loader import LoadedTrace, WindowTask
 from dpledger.decoding.cluster import require_single_threaded_workers, result_of, worker_count
+from dpledger.decoding.process_memory import retain_freed_memory
 from dpledger.decoding.trace import file_sha256
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ def _compute_task(spec: LoadedTrace, key: str, compute: Callable[..., _Partial],
     memoise: models, runner, text) is kept per worker process for this audit's later tasks, under the
     audit's id: a later audit starts afresh from the state its driver sends."""
     torch.set_num_threads(torch_threads)  # the driver's: how torch splits a reduction must not differ
+    retain_freed_memory()
     trace = _WORKER_TRACES.get(key)
     if trace is None:
         spec.prepare_worker()

@@ -29,6 +29,7 @@ from dpledger.decoding.blocks import PreparedRun, block_records, prepare
 from dpledger.decoding.vote_payload import block_payload_file
 from dpledger.decoding.cluster import ClusterError, require_single_threaded_workers, result_of, worker_count
 from dpledger.decoding.config import RunConfig
+from dpledger.decoding.process_memory import retain_freed_memory
 from dpledger.decoding.runners import build_runner
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ def decode_block_task(config: RunConfig, model_hashes: list[str], data_sha256: s
     """
     prepared = _worker_run(config, model_hashes, data_sha256)  # prepare() sets its own thread count: override it after
     torch.set_num_threads(torch_threads)  # the driver's: how torch splits a reduction must not differ
+    retain_freed_memory()
     if prepared.budget is not None:
         prepared.budget.restore_data_independent(block * prepared.block_size)
     return block_records(prepared, block)

@@ -26,6 +26,7 @@ from dpledger.decoding.cluster import ClusterError
 from dpledger.decoding.config import RunConfig
 from dpledger.decoding.dask_decode import distributed_blocks, sequential_reason
 from dpledger.decoding.ensemble import file_problems, identity_problems, tokenizer_files
+from dpledger.decoding.process_memory import retain_freed_memory
 from dpledger.decoding.totals import RunTotals, finish_run
 from dpledger.decoding.vote_payload import block_payload_file, payload_format_entry
 
@@ -146,6 +147,7 @@ def run_decode(config: RunConfig, resume: bool = False, progress: bool = True, v
         if reason is not None:
             warnings.warn(f"{reason}: decoding in this process, not on the Dask workers", stacklevel=2)
             client = None
+    retain_freed_memory()
     prepared = prepared or prepare(config, verbose=verbose)
     out = Path(config.out)
     try:

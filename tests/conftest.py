@@ -4,11 +4,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from dpledger.mechanisms.fastmath import prefer_wide_vectors  # noqa: E402 (before any numba import)
+from dpledger.decoding.process_memory import retain_freed_memory  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 prefer_wide_vectors()   # the suite runs the kernels as users do (a no-op: importing it did this)
+retain_freed_memory()   # as a decode or an audit runs (tests call their parts directly)
 
 # -- generated tests: one hypothesis profile per run -----------------------------------------------
 #
