@@ -181,12 +181,17 @@ def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torc
     # relative tolerance at tiny values (~1e-14 absolute at values ~1e-9)
     teachers, public = as_ensemble(teachers, public, trace.n_teachers)
     lambdas = _recorded_lambdas(records)
-    # every teacher at every order, in the decode loop's own arithmetic (no sub-grid, no chords; the add-one
-    # bound's chords too are recomputed order by order, which the charge must never be below)
-    # the kernels' values lie in [Eq. 3, Eq. 3 + 2 allowance] (leave_one_out_every_order): an honest charge
-    # is at least Eq. 3, so at least the recomputed value less twice the allowance, however its sums ran
-    exact, allowance, output = leave_one_out_every_order(teachers, public, lambdas, trace.orders)
-    eq3_floor = np.where(np.isfinite(exact), exact - 2.0 * allowance, exact)
+    charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
+    answered = np.asarray([(every_step or r["screen_passed"]) and not r.get("budget_refused") for r in records])
+    # every teacher at every order, in the decode loop's own arithmetic, but for a teacher whose chord between
+    # fewer orders already lies under the charge (convexity: leave_one_out_every_order); no certificate of
+    # the step's own sub-grid is taken, and the add-one bound's chords are recomputed order by order.
+    # The kernels' values lie in [Eq. 3, Eq. 3 + 2 allowance] where evaluated: an honest charge is at least
+    # Eq. 3, so at least the recomputed value less twice the allowance, however its sums ran; a chord lies
+    # under the charge already. A step not compared (unanswered) is charged nothing here: +inf covers it.
+    values, allowance, output = leave_one_out_every_order(teachers, public, lambdas, trace.orders,
+                                                          charges=np.where(answered[:, None], charged, np.inf))
+    eq3_floor = np.where(np.isfinite(values), values - 2.0 * allowance, values)
     dual = bool(trace.params.get("add_one_dual", False))
     if dual:
         # the dual's multipliers are chosen numerically, so its value moves by far more than the last
@@ -199,8 +204,6 @@ def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torc
                                           *_pmixed(trace).one_order_ball, dual=dual, relative_tolerance=None,
                                           version=trace.manifest.get("records_version", 1)).numpy()
         * (1.0 - ADD_ONE_RTOL))
-    charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
-    answered = np.asarray([(every_step or r["screen_passed"]) and not r.get("budget_refused") for r in records])
     with np.errstate(invalid="ignore"):   # inf - inf where both are +inf: no shortfall
         shortfall = np.where(expected == charged, 0.0, expected - charged)
     gap = np.where(answered[:, None], shortfall / np.maximum(np.abs(expected), 1e-300), 0.0)
@@ -229,7 +232,8 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
         per-step distributions; FAIL naming the steps charged less or NaN (less than the recomputed Eq. 3
         minus twice the kernels' rounding allowance, dpledger.mechanisms.leave_one_out.leave_one_out_every_order,
         which no honest charge is; less than the add-one bound by ADD_ONE_RTOL relative); else PASS with
-        the largest relative shortfall.
+        the largest relative shortfall (below the charge: negative; where a teacher's chord showed the
+        charge covers it, leave_one_out_every_order's chord stands in for its Eq. 3, an upper value).
     """
     if "pmixed_data_dependent" not in trace.components:
         return skipped("data_dependent_eq3", "the run charges no data-dependent loss")

@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike, NDArray
 from dpledger.accounting.errors import require
 from dpledger.accounting.orders import validated_orders
 from dpledger.accounting.rounding import ROUNDING_ULPS, UNIT_ROUNDOFF
-from dpledger.mechanisms.kernels import (_SLACK_ULPS, FloatArray, _divergences_from_moments, _LeaveOneOut, _power_lattice,
+from dpledger.mechanisms.kernels import (_SLACK_ULPS, FloatArray, IntArray, _divergences_from_moments, _LeaveOneOut, _power_lattice,
                                          leave_one_out_divergences_torch, mixed_teachers,
                                          renyi_divergence_orders, sums_without_each)
 from dpledger.accounting.lazy_import import lazy_module
@@ -286,7 +286,8 @@ def eq3_allowance_of(magnitudes: FloatArray, orders: ArrayLike, vocab: int, valu
 
 
 def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
-                              orders: ArrayLike) -> tuple[FloatArray, FloatArray, torch.Tensor]:
+                              orders: ArrayLike, charges: ArrayLike | None = None
+                              ) -> tuple[FloatArray, FloatArray, torch.Tensor]:
     """Eq. 3 (Flemings et al. 2024), max_i D<->_a(p, p_-i), every teacher at every order of `orders`
     (no sub-grid, no chords), with each value's rounding allowance: what the audit holds a charge to.
     Each value lies in [Eq. 3, Eq. 3 + 2 allowance] (the kernel rounds up by the allowance, and errs by
@@ -295,11 +296,23 @@ def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lamb
     whose allowance adds the products' rounding, 6 d a u, and the float order's gap to its lattice point
     times the log-ratio span; other grids take the exp path (leave_one_out_allowance's allowance).
 
+    With `charges` (what a charge must cover), a teacher is evaluated at every order only where that is
+    needed to compare it with the charge: first at every COVER_STRIDES[0]-th order (and both ends), then
+    more densely, and at every order last. g_i(a) = (a - 1) D<->_a(p, p_-i) is convex in a (as for
+    leave_one_out_curve: van Erven & Harremoes 2014, Corollary 2), so its chord between two evaluated orders,
+    from values rounded up, bounds it from above; a teacher whose chord (rounded up) lies at or below the
+    charge's (a - 1) D at every order is covered there and evaluated no further. Where every teacher is
+    covered so, an order's value is the largest chord: an upper bound of Eq. 3 at most the charge, not
+    within 2 allowance of Eq. 3; everywhere else it is Eq. 3 as above. So `values <= charges` holds at an
+    order exactly when it would without `charges`, within the allowance.
+
     Args:
         teachers: the teachers' probabilities p_i, shape (..., N, V), N >= 2, on the CPU.
         public: the public model's probabilities p0, shape (..., V).
         lambdas: the mixing weights lambda_i in [0, 1], shape (..., N).
         orders: the Renyi orders a > 1, increasing, shape (K,).
+        charges: the D values a charge holds at each order, shape (..., K) (NaN covers nothing); None:
+            every teacher at every order.
 
     Returns:
         (values (..., K) in nats, rounded up; allowance (..., K) in nats; p = the mixed teachers' mean (..., V)).
@@ -316,9 +329,16 @@ def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lamb
     spans = np.empty(flat_teachers.shape[0])
     output = np.empty((flat_teachers.shape[0], vocab))
     ratios = None
+    if charges is not None:
+        allowed = np.asarray(charges, dtype=np.float64).reshape(-1, grid.size)
+        require(allowed.shape[0] == flat_teachers.shape[0], f"charges must hold one row of {grid.size} orders per "
+                f"step ({flat_teachers.shape[0]}), got shape {np.shape(charges)}")
+        # the moment each charge allows, rounded down (its D times a - 1, and a - 1, each rounded once)
+        allowed = allowed * (grid - 1.0) * (1.0 - 4.0 * UNIT_ROUNDOFF)
     for row in range(flat_teachers.shape[0]):
         ratios = _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios, parallel=True)
-        moments[row] = ratios.direction_moments(rows, grid).max(axis=(0, 1))
+        moments[row] = (ratios.direction_moments(rows, grid).max(axis=(0, 1)) if charges is None
+                        else _covered_moments(ratios, n, grid, allowed[row]))
         magnitude[row], output[row] = ratios.magnitude, ratios.output
         widths = ratios.spans[:, 1] - ratios.spans[:, 0]
         spans[row] = float(widths[np.isfinite(widths)].max(initial=0.0))
@@ -335,6 +355,68 @@ def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lamb
     allowance = np.where(np.isfinite(moments), allowance, 0.0)
     return (values.reshape(*batch, grid.size), allowance.reshape(*batch, grid.size),
             torch.from_numpy(output.reshape(*batch, vocab)))
+
+
+COVER_STRIDES = (8, 2, 1)
+"""leave_one_out_every_order with charges: a teacher is evaluated at every 8th order (and both ends)
+first, then at every 2nd, then at every order, each time only if its chord is not yet covered."""
+
+
+def _covered_moments(ratios: _LeaveOneOut, n: int, grid: FloatArray, allowed: FloatArray) -> FloatArray:
+    """One step's max over teachers of g_i(a) (rounded up) at every order, each teacher evaluated at
+    every order unless its chord between fewer orders already lies at or below `allowed` (the moments
+    the charge allows) everywhere: then its chord stands in (leave_one_out_every_order)."""
+    if grid.size == 0:
+        return np.zeros(0)
+    values = np.full((n, grid.size), np.nan)
+    evaluated = np.zeros(grid.size, dtype=bool)
+    pending = np.arange(n)
+    largest = np.full(grid.size, -np.inf)
+    for stride in COVER_STRIDES:
+        wanted = _lattice_closed(grid, np.union1d(np.arange(0, grid.size, stride), [grid.size - 1]).astype(np.int64))
+        new = np.setdiff1d(wanted, np.flatnonzero(evaluated))
+        if new.size:
+            values[np.ix_(pending, new)] = ratios.direction_moments(pending, grid[new]).max(axis=0)
+        evaluated[wanted] = True
+        chords = _chords_rounded_up(grid, np.flatnonzero(evaluated), values[pending])
+        with np.errstate(invalid="ignore"):   # a NaN chord (an infinite end) covers nothing
+            covered = np.all(chords <= allowed, axis=1) if stride > 1 else np.ones(pending.size, dtype=bool)
+        if covered.any():
+            largest = np.maximum(largest, chords[covered].max(axis=0))
+        pending = pending[~covered]
+        if pending.size == 0:
+            break
+    return largest
+
+
+def _lattice_closed(grid: FloatArray, indices: IntArray) -> IntArray:
+    """`indices` (increasing) with every order between two consecutive ones added where their step
+    exceeds what the power path takes (fused._POWER_LEVELS: 2^13 lattice points, e.g. orders 128 -> 1024
+    in tenths), when the whole grid is on its lattice: the sub-grid's kernel call stays on the power path."""
+    denominator = _power_lattice(grid)
+    if not denominator:
+        return indices
+    points = np.round(denominator * grid[indices])
+    wide = np.flatnonzero(np.diff(points) >= 2 ** 13)
+    filled = [np.arange(indices[k] + 1, indices[k + 1]) for k in wide]
+    return np.union1d(indices, np.concatenate([np.zeros(0, dtype=np.int64), *filled])).astype(np.int64)
+
+
+def _chords_rounded_up(grid: FloatArray, evaluated: IntArray, values: FloatArray) -> FloatArray:
+    """Each row's chord between its evaluated orders at every order (its value at an evaluated one),
+    rounded up by 8 u (|left| + |right|): the interpolation's rounding (the weight's, the difference's,
+    the product's and the sum's, each at most u of a term no larger than |left| + |right|). NaN where an
+    end is infinite (inf - inf)."""
+    position = np.clip(np.searchsorted(evaluated, np.arange(grid.size), side="right") - 1, 0,
+                       max(evaluated.size - 2, 0))
+    left, right = evaluated[position], evaluated[np.minimum(position + 1, evaluated.size - 1)]
+    span = grid[right] - grid[left]
+    weight = np.divide(grid - grid[left], span, out=np.zeros(grid.size), where=span > 0)
+    at_left, at_right = values[:, left], values[:, right]
+    with np.errstate(invalid="ignore"):
+        chords = at_left + weight * (at_right - at_left) + 8.0 * UNIT_ROUNDOFF * (np.abs(at_left) + np.abs(at_right))
+    chords[:, evaluated] = values[:, evaluated]
+    return chords
 
 
 def _seed_indices(grid: FloatArray) -> list[int]:

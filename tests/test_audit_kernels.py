@@ -187,6 +187,63 @@ def test_eq3_at_every_order_agrees_with_the_exp_path_within_both_allowances(seed
     assert np.all(np.abs(values[finite] - reference[finite]) <= both[finite] * (1 + 1e-9))
 
 
+@pytest.mark.parametrize("seed, teachers, orders", [(5, 3, TENTHS), (6, 4, QUARTERS), (7, 2, ORDERS)])
+def test_chords_under_a_charge_bound_eq3_from_above_by_mpmath(seed, teachers, orders):
+    """leave_one_out_every_order with charges: every value at least Eq. 3 (mpmath, 60 digits), where a
+    chord stands in too; and where the value is not Eq. 3 within 2 allowance, it is at most the charge."""
+    import mpmath
+
+    from dpledger.mechanisms.leave_one_out import leave_one_out_every_order
+
+    mpmath.mp.dps = 60
+    rng = np.random.default_rng(seed)
+    probs, public, lambdas = ensembles(rng, 1, teachers, 30, "plain")
+    grid = orders.double().numpy()
+    exact_values, _, _ = leave_one_out_every_order(probs[0], public, lambdas[0], grid)
+    charges = exact_values * rng.uniform(0.9, 1.5, grid.size)    # covering some orders, not others
+    values, allowance, _ = leave_one_out_every_order(probs[0], public, lambdas[0], grid, charges=charges)
+    mixed = [[mpmath.mpf(float(x)) for x in row] for row in mixed_teachers(probs, public, lambdas)[0].numpy()]
+    output = [sum(row[j] for row in mixed) / teachers for j in range(30)]
+    withouts = [[sum(row[j] for i, row in enumerate(mixed) if i != removed) / (teachers - 1) for j in range(30)]
+                for removed in range(teachers)]
+    for k, order in enumerate(grid.tolist()):
+        a = mpmath.mpf(order)
+        exact = max(mpmath.log(mpmath.fsum(f ** a * s ** (1 - a) for f, s in zip(first, second))) / (a - 1)
+                    for without in withouts for first, second in ((output, without), (without, output)))
+        assert values[k] >= exact, (order, values[k], exact)
+        assert values[k] <= exact + 2 * allowance[k] or values[k] <= charges[k], (order, values[k], charges[k])
+
+
+@examples(10, 100)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 12), st.integers(2, 3000), st.sampled_from(["plain", "holes", "tiny"]),
+       st.sampled_from(["honest", "scaled", "random", "nan"]))
+def test_a_charge_checked_through_chords_gets_the_verdict_of_every_order(seed, teachers, vocab, kind, charge):
+    """The audit's comparison, charge >= value - 2 allowance, decides every step and order the same way with
+    charges (chords where they show the charge covers a teacher) as without (every teacher at every order),
+    for honest charges (the step's own certified curve), charges scaled below and above Eq. 3, charges at
+    random, and NaN charges; and with charges no value is below Eq. 3's floor without them."""
+    from dpledger.accounting.orders import default_orders
+    from dpledger.mechanisms.leave_one_out import leave_one_out_curve, leave_one_out_every_order
+
+    rng = np.random.default_rng(seed)
+    probs, public, lambdas = ensembles(rng, 2, teachers, vocab, kind)
+    grid = np.asarray(default_orders(18.0), dtype=np.float64)
+    every, every_allowance, output = leave_one_out_every_order(probs, public, lambdas, grid)
+    honest, _, _ = leave_one_out_curve(probs, public, lambdas, grid)
+    charges = {"honest": honest, "scaled": honest * rng.choice([0.99, 0.9999999, 1.0000001, 1.5], honest.shape),
+               "random": every * rng.uniform(0.0, 2.0, every.shape),
+               "nan": np.where(rng.random(honest.shape) < 0.3, np.nan, honest)}[charge]
+    values, allowance, chord_output = leave_one_out_every_order(probs, public, lambdas, grid, charges=charges)
+    assert torch.equal(chord_output, output)
+    with np.errstate(invalid="ignore"):
+        floor_every = np.where(np.isfinite(every), every - 2 * every_allowance, every)
+        floor = np.where(np.isfinite(values), values - 2 * allowance, values)
+        # a verdict can differ only within the two computations' rounding: a charge between the floors
+        undecided = np.abs(charges - floor_every) <= 2 * (every_allowance + allowance) + 1e-300
+        assert np.array_equal((charges >= floor)[~undecided], (charges >= floor_every)[~undecided])
+        assert np.all((values >= floor_every) | np.isinf(every))
+
+
 def test_bad_inputs_to_the_audit_kernels_get_one_line_naming_the_constraint():
     rng = np.random.default_rng(9)
     probs, public, lambdas = ensembles(rng, 2, 4, 30, "plain")
