@@ -24,6 +24,9 @@ as median and range. One thread: OMP_NUM_THREADS=1, NUMBA_NUM_THREADS=1, torch.s
 
 Synthetic LM-like inputs (seeded): public logits 4.5 z, teacher i logits = public logits + 1.0 z_i,
 z standard normal, softmax.
+
+The process keeps freed memory (dpledger.decoding.process_memory.retain_freed_memory, as `dpledger decode`
+and `dpledger audit` do), for the comparator and dpledger alike.
 """
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.baselines import (IN_REPO, InRepoAdaPMixED, InRepoPMixED, load_reference,  # noqa: E402
                                   reference_adapmixed, reference_pmixed, subsampled_ball_loss)
+from dpledger.decoding.process_memory import retain_freed_memory  # noqa: E402
 
 ADA = dict(alpha=18, beta=0.2, lam=1e-4, sigma=1e-2, threshold=4.5, top_k=60)
 PMIXED_ALPHA, PMIXED_BETA = 6, 0.01
@@ -461,6 +465,7 @@ def main() -> None:
     parser.add_argument("--audit-only", action="store_true",
                         help="measure only the audit as it runs, into the existing results (the other sections kept)")
     args = parser.parse_args()
+    retain_freed_memory()
     if args.ablation_child:        # ablation_in_process's child: one JSON line
         print(json.dumps(ablation_section(args.ablation_child, int(_THREADS)), allow_nan=False))
         return
