@@ -47,11 +47,16 @@ _THREADS_SET = threading.local()
 def _set_threads() -> None:
     """Give numba kernel_threads() for this Python thread's next kernels; a no-op when it already has
     them (this runs before every kernel call: about 30 us a step at demo scale otherwise)."""
-    threads = kernel_threads()
     from numba import get_num_threads, set_num_threads
 
-    # numba's own count is read too (cheap once its pool runs): other code may have changed it
+    # numba's own count is read too (cheap once its pool runs): other code may have changed it; the setting
+    # as last read is compared before kernel_threads() works it out again (its imports: ~7 us a kernel call)
+    setting = os.environ.get("DPLEDGER_KERNEL_THREADS", "1")
+    if getattr(_THREADS_SET, "setting", None) == setting and get_num_threads() == _THREADS_SET.threads:
+        return
+    threads = kernel_threads()
     if getattr(_THREADS_SET, "threads", None) == threads and get_num_threads() == threads:
+        _THREADS_SET.setting = setting
         return
 
     torch_threads = torch.get_num_threads()
@@ -61,7 +66,7 @@ def _set_threads() -> None:
     # (the last bits of a sum), so a result would depend on whether a kernel had run before it
     if torch.get_num_threads() != torch_threads:
         torch.set_num_threads(torch_threads)
-    _THREADS_SET.threads = threads
+    _THREADS_SET.threads, _THREADS_SET.setting = threads, setting
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:

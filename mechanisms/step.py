@@ -133,7 +133,7 @@ def step_orders(orders: Sequence[float] | NDArray[np.float64] | None) -> NDArray
     Raises:
         ValueError: if an order is not finite and > 1.
     """
-    if orders is None:
+    if orders is None or orders is DEFAULT_ORDERS:
         return _canonical_grid(None).copy()
     if isinstance(orders, np.ndarray) and orders.dtype == np.float64 and orders.ndim == 1:
         return _canonical_grid(orders.tobytes()).copy()   # the decode loop passes the same grid every step
