@@ -555,20 +555,20 @@ class _LeaveOneOut:
                                   wanted, self.shifted_only, _SLACK_ULPS, values, slopes, np.empty((0, orders.size, 2)))
         return values, slopes
 
-    def direction_moments(self, rows: IntArray, orders: FloatArray) -> FloatArray:
+    def direction_moments(self, rows: IntArray, orders: FloatArray, power: bool = True) -> FloatArray:
         """(2, R, K): g = (a - 1) D_a(p || p_-i) (forward) and (a - 1) D_a(p_-i || p) (reverse) for
         teachers `rows` at every order, each rounded up as `moments` rounds the larger; both +inf for
         a row where p_-i vanishes on a token p keeps (`spans` says which: its smallest log ratio is -inf).
         Increasing orders that are all multiples of 1/4 (the audit's) or of 1/10 (the default grid) take one
         exp pair per token for all of them (dpledger.mechanisms.fused.leave_one_out_direction_power_moments,
-        whose allowance adds the products' rounding)."""
+        whose allowance adds the products' rounding), unless power=False (the exp path at every order)."""
         from dpledger.mechanisms.fused import leave_one_out_direction_power_moments, leave_one_out_log_moments
 
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         orders = np.ascontiguousarray(orders, dtype=np.float64)
         directions = np.empty((rows.size, orders.size, 2))
         _set_threads()
-        denominator = _power_lattice(orders)
+        denominator = _power_lattice(orders) if power else 0
         if denominator:
             leave_one_out_direction_power_moments(self.output, self.log_output, self.ratios, self.log_ratios,
                                                   self.spans, rows, orders, self.shifted_only, _SLACK_ULPS,

@@ -304,7 +304,8 @@ def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lamb
     charge's (a - 1) D at every order is covered there and evaluated no further. Where every teacher is
     covered so, an order's value is the largest chord: an upper bound of Eq. 3 at most the charge, not
     within 2 allowance of Eq. 3; everywhere else it is Eq. 3 as above. So `values <= charges` holds at an
-    order exactly when it would without `charges`, within the allowance.
+    order exactly when it would without `charges`, within the allowance. A grid that is not strictly
+    increasing is evaluated at every order (a chord between neighbouring entries would extrapolate).
 
     Args:
         teachers: the teachers' probabilities p_i, shape (..., N, V), N >= 2, on the CPU.
@@ -329,6 +330,8 @@ def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lamb
     spans = np.empty(flat_teachers.shape[0])
     output = np.empty((flat_teachers.shape[0], vocab))
     ratios = None
+    if charges is not None and not np.all(np.diff(grid) > 0):
+        charges = None   # a chord needs its orders in order: between two of them, never beyond (an extrapolation)
     if charges is not None:
         allowed = np.asarray(charges, dtype=np.float64).reshape(-1, grid.size)
         require(allowed.shape[0] == flat_teachers.shape[0], f"charges must hold one row of {grid.size} orders per "
@@ -338,7 +341,7 @@ def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lamb
     for row in range(flat_teachers.shape[0]):
         ratios = _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios, parallel=True)
         moments[row] = (ratios.direction_moments(rows, grid).max(axis=(0, 1)) if charges is None
-                        else _covered_moments(ratios, n, grid, allowed[row]))
+                        else _covered_moments(ratios, n, grid, allowed[row], power=bool(_power_lattice(grid))))
         magnitude[row], output[row] = ratios.magnitude, ratios.output
         widths = ratios.spans[:, 1] - ratios.spans[:, 0]
         spans[row] = float(widths[np.isfinite(widths)].max(initial=0.0))
@@ -362,10 +365,12 @@ COVER_STRIDES = (8, 2, 1)
 first, then at every 2nd, then at every order, each time only if its chord is not yet covered."""
 
 
-def _covered_moments(ratios: _LeaveOneOut, n: int, grid: FloatArray, allowed: FloatArray) -> FloatArray:
-    """One step's max over teachers of g_i(a) (rounded up) at every order, each teacher evaluated at
-    every order unless its chord between fewer orders already lies at or below `allowed` (the moments
-    the charge allows) everywhere: then its chord stands in (leave_one_out_every_order)."""
+def _covered_moments(ratios: _LeaveOneOut, n: int, grid: FloatArray, allowed: FloatArray, power: bool) -> FloatArray:
+    """One step's max over teachers of g_i(a) (rounded up) at every order of the increasing `grid`, each
+    teacher evaluated at every order unless its chord between fewer orders already lies at or below
+    `allowed` (the moments the charge allows) everywhere: then its chord stands in
+    (leave_one_out_every_order). power: whether the whole grid takes the power path; a sub-grid takes
+    the whole grid's path, so that the whole grid's allowance covers its values."""
     if grid.size == 0:
         return np.zeros(0)
     values = np.full((n, grid.size), np.nan)
@@ -376,7 +381,7 @@ def _covered_moments(ratios: _LeaveOneOut, n: int, grid: FloatArray, allowed: Fl
         wanted = _lattice_closed(grid, np.union1d(np.arange(0, grid.size, stride), [grid.size - 1]).astype(np.int64))
         new = np.setdiff1d(wanted, np.flatnonzero(evaluated))
         if new.size:
-            values[np.ix_(pending, new)] = ratios.direction_moments(pending, grid[new]).max(axis=0)
+            values[np.ix_(pending, new)] = ratios.direction_moments(pending, grid[new], power).max(axis=0)
         evaluated[wanted] = True
         chords = _chords_rounded_up(grid, np.flatnonzero(evaluated), values[pending])
         with np.errstate(invalid="ignore"):   # a NaN chord (an infinite end) covers nothing

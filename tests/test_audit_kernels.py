@@ -244,6 +244,45 @@ def test_a_charge_checked_through_chords_gets_the_verdict_of_every_order(seed, t
         assert np.all((values >= floor_every) | np.isinf(every))
 
 
+@pytest.mark.parametrize("grid", [[2.0, 100.0, 3.0], [2.0, 3.0, 2.0], [3.0, 64.0, 2.0, 18.0]])
+def test_a_grid_out_of_order_is_never_bounded_by_an_extrapolated_chord(grid):
+    """A chord between neighbouring entries of a grid out of order would extrapolate, below the convex
+    curve (found in review: grid [2, 100, 3] let a charge 0.72 nats under Eq. 3 pass): such a grid is
+    evaluated at every order, so a charge under Eq. 3 stays under its floor."""
+    from dpledger.mechanisms.leave_one_out import leave_one_out_every_order
+
+    rng = np.random.default_rng(1)
+    probs, public, lambdas = ensembles(rng, 1, 3, 20, "plain")
+    grid = np.asarray(grid)
+    every, every_allowance, _ = leave_one_out_every_order(probs[0], public, lambdas[0], grid)
+    # the charge at entry 1: the straight line through its neighbours' (a - 1) D, as a chord would read it
+    moments = every * (grid - 1.0)
+    weight = (grid[1] - grid[0]) / (grid[2] - grid[0]) if grid[2] != grid[0] else 0.0
+    line = moments[0] + weight * (moments[2] - moments[0])
+    charges = every * (1 + 1e-9)
+    charges[1] = max(line, 0.0) / (grid[1] - 1.0) * (1 + 1e-9) + 1e-300
+    assert charges[1] < every[1] - 2 * every_allowance[1]           # an under-charge at entry 1
+    values, allowance, _ = leave_one_out_every_order(probs[0], public, lambdas[0], grid, charges=charges)
+    assert np.array_equal(values, every) and np.array_equal(allowance, every_allowance)
+    assert not charges[1] >= values[1] - 2 * allowance[1]
+
+
+def test_an_honest_charge_on_an_off_lattice_grid_stays_above_its_floor():
+    """Off the lattice the whole grid takes the exp path, and so does every sub-grid (some of whose
+    subsets are quarters): the allowance returned, the whole grid's, covers every value."""
+    from dpledger.accounting.orders import default_orders
+    from dpledger.mechanisms.leave_one_out import leave_one_out_every_order
+
+    grid = np.asarray(default_orders(18.0), dtype=np.float64)
+    grid = np.where(np.arange(grid.size) % 8 == 0, np.ceil(grid * 4) / 4, grid + 0.013)
+    grid = np.unique(grid)
+    for seed in range(4):
+        probs, public, lambdas = ensembles(np.random.default_rng(seed), 2, 6, 500, "plain")
+        every, _, _ = leave_one_out_every_order(probs, public, lambdas, grid)
+        values, allowance, _ = leave_one_out_every_order(probs, public, lambdas, grid, charges=every)
+        assert np.all(every >= values - 2 * allowance)
+
+
 def test_bad_inputs_to_the_audit_kernels_get_one_line_naming_the_constraint():
     rng = np.random.default_rng(9)
     probs, public, lambdas = ensembles(rng, 2, 4, 30, "plain")
