@@ -43,9 +43,8 @@ from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.accounting.rounding import ROUNDING_ULPS
 from dpledger.accounting.summation import UNIT_ROUNDOFF
 from dpledger.audit.checks import CheckResult, failed, skipped, verdict
-from dpledger.audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace
+from dpledger.audit.loader import DATA_DEPENDENT_FILTER, LoadedTrace, OverWindows
 from dpledger.decoding import trace as trace_files
-from dpledger.decoding.ensemble import Ensemble
 from dpledger.mechanisms.kernels import renyi_divergence_orders, sums_without_each
 from dpledger.mechanisms.leave_one_out import leave_one_out_direction_divergences
 from dpledger.mechanisms.ball import Ball
@@ -277,7 +276,7 @@ def block_divergences(trace: LoadedTrace, records: list[dict], logits: torch.Ten
         As neighbour_divergences: ((2, L, E, K) divergences, the halfwidth or None, the realised-path
         divergences or None).
     """
-    public, teachers = Ensemble.split_distributions(logits)
+    public, teachers = trace.window_distributions(logits)
     if trace.mechanism_type == "ensemble":
         lambdas = torch.ones(teachers.shape[:-1], dtype=torch.float64)
     else:
@@ -504,6 +503,25 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
         The AblationResult: removed teachers then the three add-one adversaries, each with its
         composed divergences per direction and its empirical epsilon at `delta`.
     """
+    return trace.run_check(ablation_over_windows(trace, delta, teachers_sample, mc_samples, confidence, orders, seed))
+
+
+def ablation_over_windows(trace: LoadedTrace, delta: float, teachers_sample: int | None = None, mc_samples: int = 400,
+                 confidence: float = 0.95, orders=DEFAULT_AUDIT_ORDERS, seed: int = 0) -> OverWindows[AblationResult]:
+    """run_ablation written over windows (dpledger.audit.loader.OverWindows).
+
+    Args:
+        trace: the loaded run.
+        delta: the delta to convert at.
+        teachers_sample: how many teachers to remove (a sample seeded by `seed`); None or >= N: all.
+        mc_samples: Monte Carlo draws per step for a screened run's pass probabilities.
+        confidence: the Clopper-Pearson level of the reported halfwidth.
+        orders: the orders requested of audit_orders.
+        seed: seeds the teacher sample and the Monte Carlo.
+
+    Returns:
+        A generator that yields its window request and returns run_ablation's AblationResult.
+    """
     n = trace.n_teachers
     removed = list(range(n))
     if teachers_sample is not None and teachers_sample < n:
@@ -516,8 +534,8 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
     realised_totals: np.ndarray | None = None
     halfwidths: list[float] = []
     labels = [f"remove teacher {i}" for i in removed] + list(ADVERSARY_LABELS)
-    for _, window in trace.map_windows(_ablation_window, removed, grid, mc_samples, confidence, seed, labels,
-                                       desc="neighbour ablation"):
+    for _, window in (yield from trace.windows(_ablation_window, removed, grid, mc_samples, confidence, seed, labels,
+                                               desc="neighbour ablation")):
         forward += window["forward"]
         backward += window["backward"]
         if window["realised"] is not None:
@@ -641,6 +659,23 @@ def check_ablation(trace: LoadedTrace, teachers_sample: int | None = None, mc_sa
     Raises:
         ValueError: if the claimed epsilon in ledger.json is NaN, or a divergence is NaN.
     """
+    return trace.run_check(neighbour_ablation_over_windows(trace, teachers_sample, mc_samples, seed))
+
+
+def neighbour_ablation_over_windows(trace: LoadedTrace, teachers_sample: int | None = None, mc_samples: int = 400,
+                   seed: int = 0) -> OverWindows[tuple[CheckResult, AblationResult | None]]:
+    """check_ablation written over windows (dpledger.audit.loader.OverWindows): what dpledger.audit.audit
+    runs beside the other checks over one pass of the windows.
+
+    Args:
+        trace: the loaded run; its per-step distributions are read window by window.
+        teachers_sample: how many teachers to remove (a seeded sample); None: all.
+        mc_samples: Monte Carlo draws per step for a screened run's pass probabilities.
+        seed: seeds the teacher sample and the Monte Carlo.
+
+    Returns:
+        A generator that yields its window request and returns check_ablation's pair.
+    """
     if trace.mechanism_type == "public":
         return skipped("neighbour_ablation", "the public model alone does not read the teachers: every neighbour "
                        "gives the same output (empirical epsilon 0)"), None
@@ -658,7 +693,7 @@ def check_ablation(trace: LoadedTrace, teachers_sample: int | None = None, mc_sa
         return failed("neighbour_ablation", f"ledger.json states no improved epsilon at the run's delta = {delta:g} "
                       f"(found {claimed!r}): there is no claim to test"), None
     require(not math.isnan(claimed), f"neighbour ablation: the claimed epsilon in ledger.json at delta={delta:g} is NaN")
-    result = run_ablation(trace, delta, teachers_sample, mc_samples, seed=seed)
+    result = yield from ablation_over_windows(trace, delta, teachers_sample, mc_samples, seed=seed)
     claimed_relation = NeighbouringRelation(trace.manifest["relation"])
     covered_relation = trace.totals.ledger.total_relation
     accounting = trace.params.get("accounting")

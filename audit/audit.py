@@ -8,6 +8,7 @@ line exits 0, 1 and 3 for them, and 2 for input it cannot use.
 from __future__ import annotations
 
 import time
+from typing import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,12 +16,12 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from dpledger.audit import bounds, consistency, replay, voting
-from dpledger.audit.ablation import check_ablation
+from dpledger.audit.ablation import neighbour_ablation_over_windows
 from dpledger.audit.bracket import check_epsilon_bracket
 from dpledger.audit.budget import check_budget_filter
 from dpledger.audit.checks import CheckResult, Status, failed, skipped
 from dpledger.audit.lint import Finding, lint
-from dpledger.audit.loader import load_trace
+from dpledger.audit.loader import LoadedTrace, OverWindows, WindowRequest, load_trace
 from dpledger.audit.sampled import check_canary_game
 from dpledger.decoding import trace as trace_files
 from dpledger.decoding.process_memory import retain_freed_memory
@@ -50,7 +51,8 @@ class AuditReport:
 
     audited: dict = field(default_factory=dict)
     check_seconds: dict[str, float] = field(default_factory=dict)
-    """Each check's wall time (seconds), in the order the checks ran: where an audit spends its time."""
+    """Each check's wall time (seconds), in the order of `checks`: where an audit spends its time. The checks
+    that read every window run over one pass of them; each is timed on its own windows' work and its own."""
     not_written: str | None = None
     """Why audit.json could not be written (a read-only run, say), in one line; the verdict stands."""
 
@@ -234,16 +236,105 @@ _RECORD_READERS = ("relation_coverage", "mixing_ball", "screening_cost", "data_d
                    "voting_charges", "sampled_aggregator")
 
 
+_UNEVALUABLE = (ValueError, KeyError, TypeError, IndexError, AttributeError, ZeroDivisionError)
+"""What a check raises on content it cannot evaluate (a field of the wrong type, a value out of range)."""
+
+
+def _unevaluable(name: str, error: Exception) -> CheckResult:
+    detail = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+    return failed(name, f"could not be evaluated on this trace: {detail}")
+
+
+def _unreadable_records(name: str, loaded: LoadedTrace) -> CheckResult | None:
+    if name in _RECORD_READERS and not loaded.consistent:
+        return skipped(name, "the records do not fit the manifest (see records), so this check cannot read them")
+    return None
+
+
 def _guarded(name: str, check, loaded) -> CheckResult:
     """A check on untrusted files: content it cannot evaluate (a field of the wrong type, a value out
     of range) is a failed check naming the problem, never a traceback and never a pass."""
-    if name in _RECORD_READERS and not loaded.consistent:
-        return skipped(name, "the records do not fit the manifest (see records), so this check cannot read them")
+    unreadable = _unreadable_records(name, loaded)
+    if unreadable is not None:
+        return unreadable
     try:
         return check()
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError, ZeroDivisionError) as error:
-        detail = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
-        return failed(name, f"could not be evaluated on this trace: {detail}")
+    except _UNEVALUABLE as error:
+        return _unevaluable(name, error)
+
+
+def _resumed(name: str, check: OverWindows[CheckResult], answer: object = None,
+             error: BaseException | None = None) -> tuple[WindowRequest | None, CheckResult | None]:
+    """The check started (no answer), sent its answer, or thrown a window's error: (its next window
+    request, None), or (None, its result) once it returns or fails as _guarded says."""
+    try:
+        if error is not None:
+            return check.throw(error), None
+        return (next(check) if answer is None else check.send(answer)), None  # type: ignore[arg-type]
+    except StopIteration as finished:
+        return None, finished.value
+    except _UNEVALUABLE as failure:
+        return None, _unevaluable(name, failure)
+
+
+def _over_one_pass(loaded: LoadedTrace, checks: dict[str, OverWindows[CheckResult]],
+                   seconds: dict[str, float]) -> dict[str, CheckResult]:
+    """Checks written over windows (dpledger.audit.loader.OverWindows), run over one pass of the payload:
+    each window is read, and its distributions formed (LoadedTrace.window_distributions), once for all
+    of them; each check is given its window function's (block, partial) pairs in block and window order,
+    as map_windows gives them, and a window function's error where it reads them. So each result is the
+    one the check gives alone. With an executor (Dask), or for a check's later requests, each request is
+    answered by map_windows, as alone. `seconds` gets each check's time (its windows' and its own)."""
+    results: dict[str, CheckResult] = {}
+    waiting: dict[str, tuple[OverWindows[CheckResult], WindowRequest]] = {}
+    for name, check in checks.items():
+        started = time.perf_counter()
+        first: WindowRequest | None = None
+        result = _unreadable_records(name, loaded)
+        if result is None:
+            first, result = _resumed(name, check)
+        if first is not None:
+            waiting[name] = (check, first)
+        elif result is not None:
+            results[name] = result
+        seconds[name] = time.perf_counter() - started
+    pairs: dict[str, list[tuple[int, object]]] = {name: [] for name in waiting}
+    errors: dict[str, BaseException] = {}
+    if waiting and loaded.executor is None:
+        window = loaded.window_rows()
+        windows = sum(-(-info.length // window) for info in loaded.blocks_info)
+        with tqdm(total=windows, desc="  windows (" + ", ".join(waiting) + ")", unit="window", leave=False,
+                  disable=None if loaded.progress else True) as bar:  # None: only on a terminal
+            for block, records, logits in loaded.iter_payload(window):
+                for name, (_, asked) in waiting.items():
+                    if name in errors:
+                        continue
+                    started = time.perf_counter()
+                    try:
+                        pairs[name].append((block, asked.compute(loaded, records, logits, *asked.args)))
+                    except Exception as error:  # noqa: BLE001 (handed to the check where it reads its windows)
+                        errors[name] = error
+                    seconds[name] += time.perf_counter() - started
+                bar.update(1)
+    for name, (check, first) in waiting.items():
+        started = time.perf_counter()
+        if loaded.executor is not None:
+            request, result = _resumed(name, check, loaded.map_windows(first.compute, *first.args, desc=first.desc))
+        else:
+            request, result = _resumed(name, check, pairs[name], errors.get(name))
+        while request is not None:   # a later request: answered alone
+            request, result = _resumed(name, check, loaded.map_windows(request.compute, *request.args,
+                                                                       desc=request.desc))
+        if result is None:
+            raise RuntimeError(f"the check {name} ended without a result")
+        results[name] = result
+        seconds[name] += time.perf_counter() - started
+    return results
+
+
+def _first_of(pair_check: OverWindows[tuple[CheckResult, object]]) -> OverWindows[CheckResult]:
+    result = yield from pair_check
+    return result[0]
 
 
 def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_samples: int = 400,
@@ -328,22 +419,39 @@ def audit_run(run_dir: str | Path, teachers_sample: int | None = None, mc_sample
         plan.append(("budget_filter", lambda: check_budget_filter(loaded)))
     voting_run = loaded.mechanism_type == "voting"
     evidence: dict = {}  # the ablation's, read by the bracket and the lint
-    plan.append(("neighbour_ablation", lambda: (voting.check_voting_ablation(loaded) if voting_run
-                                                else check_ablation(loaded, teachers_sample, mc_samples, seed)[0])))
+    plan.append(("neighbour_ablation", lambda: voting.check_voting_ablation(loaded)))  # other runs: over windows
     plan.append(("epsilon_bracket", lambda: check_epsilon_bracket(loaded, evidence, mc_samples, seed)))
     if play_game:
         plan.append(("sampled_aggregator", lambda: voting.check_sampled_aggregator(loaded, seed=seed)) if voting_run
                     else ("canary_game", lambda: check_canary_game(loaded, game_trials, seed=seed)[0]))
+    # the checks that read every window, over one pass of them (_over_one_pass), at the first one's turn
+    over_windows: dict[str, Callable[[], OverWindows[CheckResult]]] = {
+        "replay": lambda: replay.replay_over_windows(loaded),
+        "mixing_ball": lambda: bounds.mixing_ball_over_windows(loaded),
+        "data_dependent_eq3": lambda: bounds.data_dependent_charge_over_windows(loaded),
+        "theorem_3_1": lambda: bounds.theorem_3_1_over_windows(loaded),
+        "utility_theorem_4_3": lambda: bounds.utility_bound_over_windows(loaded)}
+    if not voting_run:
+        over_windows["neighbour_ablation"] = lambda: _first_of(
+            neighbour_ablation_over_windows(loaded, teachers_sample, mc_samples, seed))
+    planned = [name for name, _ in plan if name in over_windows]
+    one_pass: dict[str, CheckResult] = {}
     checks = []
     check_seconds: dict[str, float] = {}
     with tqdm(plan, desc="audit", unit="check", leave=False, disable=None if progress else True) as bar:  # None: only on a terminal
         for name, check in bar:
             bar.set_postfix_str(name)
             check_started = time.perf_counter()
-            checks.append(_guarded(name, check, loaded))
-            check_seconds[name] = time.perf_counter() - check_started
+            if name in planned:
+                if not one_pass:
+                    one_pass = _over_one_pass(loaded, {n: over_windows[n]() for n in planned}, check_seconds)
+                checks.append(one_pass[name])
+            else:
+                checks.append(_guarded(name, check, loaded))
+                check_seconds[name] = time.perf_counter() - check_started
             if name == "neighbour_ablation":
                 evidence = checks[-1].evidence
+    check_seconds = {check.name: check_seconds[check.name] for check in checks if check.name in check_seconds}
     ablation = next(check for check in checks if check.name == "neighbour_ablation")
     try:
         findings = lint(loaded, ablation.evidence) if loaded.consistent else []

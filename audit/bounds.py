@@ -9,9 +9,8 @@ import torch
 
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.audit.checks import CheckResult, skipped, verdict
-from dpledger.audit.loader import LoadedTrace
+from dpledger.audit.loader import LoadedTrace, OverWindows
 from dpledger.decoding import trace as trace_files
-from dpledger.decoding.ensemble import Ensemble
 from dpledger.decoding.totals import component_relations
 from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.kernels import max_divergence_symmetric, mixed_teachers, symmetric_renyi_orders
@@ -54,7 +53,7 @@ class _BallPartial(TypedDict):
 def _mixing_ball_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor, grid: tuple[float, ...],
                         radii: tuple[float, ...], max_radius: float | None) -> _BallPartial:
     """The window's largest divergence as a fraction of its radius, and the mixed teachers outside."""
-    public, teachers = Ensemble.split_distributions(logits)
+    public, teachers = trace.window_distributions(logits)
     mixed = mixed_teachers(teachers, public, _recorded_lambdas(records))
     log_mixed, log_public = torch.log(mixed), torch.log(public).unsqueeze(-2)
     limits = np.asarray(radii)
@@ -85,6 +84,19 @@ def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
         per-step distributions; FAIL naming the mixed teachers outside; else PASS with the largest
         divergence as a fraction of its radius.
     """
+    return trace.run_check(mixing_ball_over_windows(trace))
+
+
+def mixing_ball_over_windows(trace: LoadedTrace) -> OverWindows[CheckResult]:
+    """check_mixing_ball written over windows (dpledger.audit.loader.OverWindows): what dpledger.audit.audit runs
+    beside the other checks over one pass of the windows.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        A generator that yields its window request and returns the CheckResult of check_mixing_ball.
+    """
     if not _uses_pmixed(trace):
         return skipped("mixing_ball", f"mechanism {trace.mechanism_type} mixes no teachers")
     if not trace.has_payload:
@@ -92,7 +104,7 @@ def check_mixing_ball(trace: LoadedTrace) -> CheckResult:
     grid, radii, max_radius = _pmixed(trace).ball_constraints
     worst = 0.0
     outside: list[str] = []
-    for _, window in trace.map_windows(_mixing_ball_window, grid, radii, max_radius, desc="mixing ball"):
+    for _, window in (yield from trace.windows(_mixing_ball_window, grid, radii, max_radius, desc="mixing ball")):
         worst = float(np.maximum(worst, window["worst"]))  # not max(): it would skip a NaN
         outside += window["outside"]
     where = (" and ".join(f"D<->_{k:g} <= {r:g}" for k, r in zip(grid, radii)) if max_radius is None else
@@ -175,7 +187,7 @@ def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torc
                            relation: NeighbouringRelation, every_step: bool) -> _ChargePartial:
     """The window's largest relative shortfall of the charge below the loss covering `relation`, and
     the steps charged less (or holding a NaN)."""
-    public, teachers = Ensemble.split_distributions(logits)
+    public, teachers = trace.window_distributions(logits)
     # the decode loop's own inputs: as_ensemble renormalises each row (its last bits), and a loss
     # recomputed from the softmax's rows instead differs from the charged one by more than the
     # relative tolerance at tiny values (~1e-14 absolute at values ~1e-9)
@@ -235,6 +247,19 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
         the largest relative shortfall (below the charge: negative; where a teacher's chord showed the
         charge covers it, leave_one_out_every_order's chord stands in for its Eq. 3, an upper value).
     """
+    return trace.run_check(data_dependent_charge_over_windows(trace))
+
+
+def data_dependent_charge_over_windows(trace: LoadedTrace) -> OverWindows[CheckResult]:
+    """check_data_dependent_charge written over windows (dpledger.audit.loader.OverWindows): what dpledger.audit.audit runs
+    beside the other checks over one pass of the windows.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        A generator that yields its window request and returns the CheckResult of check_data_dependent_charge.
+    """
     if "pmixed_data_dependent" not in trace.components:
         return skipped("data_dependent_eq3", "the run charges no data-dependent loss")
     if not trace.has_payload:
@@ -243,7 +268,8 @@ def check_data_dependent_charge(trace: LoadedTrace) -> CheckResult:
     every_step = trace.params.get("accounting", "realised-path") == "released-output"
     worst = 0.0
     under: list[str] = []
-    for _, window in trace.map_windows(_data_dependent_window, relation, every_step, desc="data-dependent loss"):
+    for _, window in (yield from trace.windows(_data_dependent_window, relation, every_step,
+                                               desc="data-dependent loss")):
         worst = float(np.maximum(worst, window["worst"]))  # not max(): it would skip a NaN
         under += window["under"]
     steps = "every step" if every_step else "every answered step"
@@ -328,7 +354,7 @@ def _theorem_3_1_window(trace: LoadedTrace, records: list[dict], logits: torch.T
     """The window's comparison with Eq. 3 recomputed from its distributions and recorded mixing weights
     (and sampled teachers) at `orders`; where an old trace recorded Eq. 3 (`recorded_field`), the
     steps whose recorded values differ from the recomputation."""
-    public, teachers = Ensemble.split_distributions(logits)
+    public, teachers = trace.window_distributions(logits)
     mask = None
     if trace.params.get("sample_rate") is not None:
         mask = torch.zeros(teachers.shape[:-1], dtype=torch.bool)
@@ -379,6 +405,19 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
         else PASS, counting the steps whose Eq. 3 exceeds Theorem 3.1 and the largest ratio. Its evidence says where Eq. 3 came from
         (`eq3_source`), at which orders it was compared (`orders`) and on how many steps (`steps_compared`).
     """
+    return trace.run_check(theorem_3_1_over_windows(trace))
+
+
+def theorem_3_1_over_windows(trace: LoadedTrace) -> OverWindows[CheckResult]:
+    """check_theorem_3_1 written over windows (dpledger.audit.loader.OverWindows): what dpledger.audit.audit runs
+    beside the other checks over one pass of the windows.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        A generator that yields its window request and returns the CheckResult of check_theorem_3_1.
+    """
     if not _uses_pmixed(trace):
         return skipped("theorem_3_1", f"mechanism {trace.mechanism_type} makes no Theorem 3.1 claim")
     orders = theorem_3_1_orders(trace)
@@ -394,8 +433,8 @@ def check_theorem_3_1(trace: LoadedTrace) -> CheckResult:
     measured = "Eq. 3"
     if not data_dependent and trace.has_payload:
         source = "recomputed"
-        partials = [window for _, window in trace.map_windows(
-            _theorem_3_1_window, tuple(float(o) for o in orders), recorded_field, charged_names, desc="Theorem 3.1")]
+        partials = [window for _, window in (yield from trace.windows(
+            _theorem_3_1_window, tuple(float(o) for o in orders), recorded_field, charged_names, desc="Theorem 3.1"))]
     elif recorded_field is not None:
         source = "recorded (the charged loss's remove-one part, which the replay check recomputes)" if data_dependent else \
             "recorded, not recomputed: the per-step distributions are not available"
@@ -450,7 +489,7 @@ class _UtilityPartial(TypedDict):
 def _utility_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor) -> _UtilityPartial:
     """The window's per-step NLL of the mixture and of the all-lambda=1 ensemble, Theorem 4.3's
     largest term, and the steps where either holds a NaN."""
-    public, teachers = Ensemble.split_distributions(logits)
+    public, teachers = trace.window_distributions(logits)
     lambdas = _recorded_lambdas(records)
     target = torch.tensor([r["true_token"] for r in records])
     rows = torch.arange(len(records))
@@ -479,6 +518,19 @@ def check_utility_bound(trace: LoadedTrace) -> CheckResult:
         generation, or without the per-step distributions; FAIL when the NLL gap exceeds the bound
         (+1e-9) or a term is NaN; else PASS with the gap (nats per token) and the bound.
     """
+    return trace.run_check(utility_bound_over_windows(trace))
+
+
+def utility_bound_over_windows(trace: LoadedTrace) -> OverWindows[CheckResult]:
+    """check_utility_bound written over windows (dpledger.audit.loader.OverWindows): what dpledger.audit.audit runs
+    beside the other checks over one pass of the windows.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        A generator that yields its window request and returns the CheckResult of check_utility_bound.
+    """
     if not _uses_pmixed(trace):
         return skipped("utility_theorem_4_3", f"mechanism {trace.mechanism_type} has no mixing weights")
     if trace.manifest["data"]["stream"] != "teacher-forced" or not trace.has_payload:
@@ -487,7 +539,7 @@ def check_utility_bound(trace: LoadedTrace) -> CheckResult:
     nll_ensemble: list[torch.Tensor] = []
     nan_steps: list[int] = []
     right = -np.inf
-    for _, window in trace.map_windows(_utility_window, desc="utility bound"):
+    for _, window in (yield from trace.windows(_utility_window, desc="utility bound")):
         nll_mixed.append(window["nll_mixed"])
         nll_ensemble.append(window["nll_ensemble"])
         nan_steps += window["nan_steps"]

@@ -44,7 +44,6 @@ from dpledger.accounting.loss_distribution import LossDistribution, RunningCompo
 from dpledger.accounting.relation import NeighbouringRelation
 from dpledger.audit.checks import CheckResult, failed, skipped, verdict
 from dpledger.audit.loader import LoadedTrace, WindowData
-from dpledger.decoding.ensemble import Ensemble
 from dpledger.audit.ablation import clopper_pearson, ensemble_output, monte_carlo_seed, screen_pass_counts
 from dpledger.audit.voting import _candidates, _mechanism, window_votes
 from dpledger.mechanisms.add_one import add_one_adversary
@@ -183,7 +182,7 @@ def bracket_window(trace: LoadedTrace, records: list[dict], logits: torch.Tensor
     Raises:
         RuntimeError: if the window's pairs and their values disagree (an internal invariant).
     """
-    public, teachers = Ensemble.split_distributions(logits)
+    public, teachers = trace.window_distributions(logits)
     length, n = public.shape[0], teachers.shape[-2]
     lambdas = (torch.ones(teachers.shape[:-1], dtype=torch.float64) if trace.mechanism_type == "ensemble"
                else torch.tensor([r["lambdas"] for r in records], dtype=torch.float64))

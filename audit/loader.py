@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Protocol, TypeVar
+from typing import Any, Callable, Generator, Iterable, Iterator, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -52,6 +52,23 @@ DATA_DEPENDENT_FILTER = ("the run's privacy filter was driven by data-dependent 
 
 _Partial = TypeVar("_Partial")
 """What a window function of `LoadedTrace.map_windows` returns for one window."""
+_Result = TypeVar("_Result")
+
+
+@dataclass(frozen=True)
+class WindowRequest:
+    """What a check written over windows asks for (LoadedTrace.windows): compute(trace, records, logits,
+    *args) on every payload window, its (block, partial) pairs in block and window order."""
+
+    compute: Callable[..., Any]
+    args: tuple[object, ...]
+    desc: str
+
+
+OverWindows = Generator[WindowRequest, Iterable[tuple[int, Any]], _Result]
+"""A check written over windows: it yields WindowRequests and is sent, for each, the (block, partial)
+pairs; it returns its result. LoadedTrace.run_check runs one alone; dpledger.audit.audit runs several
+over one pass of the windows (each window read, and its distributions formed, once for all of them)."""
 
 
 @dataclass
@@ -148,6 +165,8 @@ class LoadedTrace:
     model logits): built once per process, not once per window."""
     progress: bool = False
     """Whether `map_windows` in this process shows a progress bar over the windows (on stderr, tqdm)."""
+    _distributions: tuple[object, tuple[torch.Tensor, torch.Tensor]] | None = None
+    """window_distributions' memo: the last window's logits and their distributions."""
 
     @property
     def orders(self) -> np.ndarray:
@@ -544,6 +563,55 @@ class LoadedTrace:
                 yield block, compute(self, records, logits, *args)
                 bar.update(1)
 
+    @staticmethod
+    def windows(compute: Callable[..., _Partial], *args: object,
+                desc: str = "") -> Generator[WindowRequest, Iterable[tuple[int, _Partial]], Iterable[tuple[int, _Partial]]]:
+        """In a check written over windows (OverWindows): `pairs = yield from trace.windows(compute, *args)`
+        gives (block, compute(trace, records, logits, *args)) for every payload window, as map_windows does.
+
+        Args:
+            compute: the window function, as map_windows takes it.
+            *args: further arguments for `compute`.
+            desc: names the check (progress bars and task keys).
+
+        Returns:
+            The (block, partial) pairs, in block and window order.
+        """
+        pairs = yield WindowRequest(compute, args, desc)
+        return pairs
+
+    def run_check(self, check: OverWindows[_Result]) -> _Result:
+        """A check written over windows, run alone: each request is answered by map_windows (lazily, as
+        the check reads it); an error of a window reaches the check where it reads it.
+
+        Args:
+            check: the check generator, not yet started.
+
+        Returns:
+            What the check returns.
+        """
+        try:
+            request = next(check)
+            while True:
+                request = check.send(self.map_windows(request.compute, *request.args, desc=request.desc))
+        except StopIteration as finished:
+            return finished.value
+
+    def window_distributions(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ensemble.split_distributions(logits), formed once per window: the checks computed over one pass
+        of the windows are each given the same logits object, and read the same distributions (which no
+        check may change in place).
+
+        Args:
+            logits: a window's (N+1, W, V) logits.
+
+        Returns:
+            (public (W, V), teachers (W, N, V)) float64 probabilities.
+        """
+        if self._distributions is None or self._distributions[0] is not logits:
+            self._distributions = (logits, Ensemble.split_distributions(logits))
+        return self._distributions[1]
+
     def for_workers(self) -> "LoadedTrace":
         """A copy to send to workers: what the window functions read, without the recomputed totals,
         the loaded models (a worker loads its own, once) or the executor.
@@ -552,7 +620,8 @@ class LoadedTrace:
             A copy with the directory resolved and the window length and logits source decided here.
         """
         return replace(self, directory=self.directory.resolve(), totals=None, _ensemble=None, executor=None, memo={},
-                       progress=False, problems=[], _window_rows=self.window_rows(), _logits_source=self.logits_source)
+                       progress=False, problems=[], _window_rows=self.window_rows(), _logits_source=self.logits_source,
+                       _distributions=None)
 
     def prepare_worker(self) -> None:
         """On a worker, once: load the run's models where the driver found them (their content

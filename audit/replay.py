@@ -16,7 +16,7 @@ from dpledger.accounting import safe_files
 from dpledger.accounting.conversion import ConversionMethod, epsilon_from_rdp
 from dpledger.accounting.summation import ExactSum
 from dpledger.audit.checks import CheckResult, failed, passed, skipped, verdict
-from dpledger.audit.loader import LoadedTrace, WindowData
+from dpledger.audit.loader import LoadedTrace, OverWindows, WindowData
 from dpledger.decoding.blocks import replay_steps, replay_vote_steps
 from dpledger.decoding.runners import BlockOutcome
 from dpledger.decoding.vote_payload import VotePayload
@@ -430,6 +430,19 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
         models give the logits, or the records do not fit the manifest; FAIL with the mismatch count
         and the first mismatches (at most 50 in the evidence); else PASS with the largest deviations.
     """
+    return trace.run_check(replay_over_windows(trace))
+
+
+def replay_over_windows(trace: LoadedTrace) -> OverWindows[CheckResult]:
+    """check_replay written over windows (dpledger.audit.loader.OverWindows): what dpledger.audit.audit runs
+    beside the other checks over one pass of the windows.
+
+    Args:
+        trace: the loaded run (load_trace).
+
+    Returns:
+        A generator that yields its window request and returns the CheckResult of check_replay.
+    """
     if trace.logits_source is None:  # has_payload: neither the payload nor the run's models
         reasons = trace.payload_problems + [trace.model_unavailability()]
         return skipped("replay", "the charges cannot be recomputed: " + "; ".join(reasons), reasons=reasons)
@@ -443,7 +456,8 @@ def check_replay(trace: LoadedTrace) -> CheckResult:
     worst = {"lambdas": 0.0, "logits_vs_models": 0.0}
     mismatches: list[str] = []
     count = certificate_steps = 0
-    for _, window in trace.map_windows(_replay_window, cross_check, check_tokens, spent_before, desc="replay"):
+    for _, window in (yield from trace.windows(_replay_window, cross_check, check_tokens, spent_before,
+                                               desc="replay")):
         mismatches += window["mismatches"]
         count += window["count"]
         certificate_steps += window["certificate_steps"]
