@@ -23,7 +23,6 @@ from dpledger.decoding.vote_payload import VotePayload
 from dpledger.decoding.trace import json_bytes, loads_json, read_chunk
 from dpledger.decoding.cluster import ClusterError
 from dpledger.decoding.recipe import encode_documents
-from dpledger.decoding.ensemble import Ensemble
 from dpledger.mechanisms.leave_one_out import leave_one_out_allowance
 from dpledger.mechanisms.step import as_ensemble
 
@@ -179,7 +178,7 @@ def _eq3_allowance(trace: LoadedTrace, logits: torch.Tensor, outcome: BlockOutco
         return None
     if outcome.eq3_allowance is not None:
         return 2.0 * np.asarray(outcome.eq3_allowance)
-    public, teachers = Ensemble.split_distributions(logits)
+    public, teachers = trace.window_distributions(logits)
     teachers, public = as_ensemble(teachers, public, trace.n_teachers)   # the decode loop's inputs
     return 2.0 * leave_one_out_allowance(teachers, public, torch.as_tensor(lambdas, dtype=torch.float64),
                                          trace.orders, eq3)
@@ -335,7 +334,8 @@ def _replay_window(trace: LoadedTrace, records: list[dict], logits: WindowData, 
                        for row, problem in uncertified]
         allowance = None
     else:
-        outcome, tokens = replay_steps(memo["runner"], logits, seed, first, trace.orders, sequential, gate)
+        outcome, tokens = replay_steps(memo["runner"], logits, seed, first, trace.orders, sequential, gate,
+                                       None if sequential else trace.window_distributions(logits))
         allowance = _eq3_allowance(trace, logits, outcome)
     output = outcome.output.numpy()
     worst = {"lambdas": 0.0, "logits_vs_models": 0.0}

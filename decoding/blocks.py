@@ -275,11 +275,13 @@ def _concat_outcomes(outcomes: list[BlockOutcome]) -> BlockOutcome:
 
 
 def _mechanism_step(runner: Runner, logits: torch.Tensor, randomness: StepGenerators, orders: npt.NDArray[np.float64],
-                    budget: BudgetGate | None = None) -> tuple[BlockOutcome, npt.NDArray[np.int64]]:
+                    budget: BudgetGate | None = None,
+                    distributions: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[BlockOutcome, npt.NDArray[np.int64]]:
     """One call of the mechanism on (N+1, L, V) logits, then one sampled token per row; row i draws
     from randomness' generator i in this order (replay depends on it). With a budget, the filter
-    then decides the rows in order (dpledger.decoding.budget)."""
-    public, teachers = Ensemble.split_distributions(logits)
+    then decides the rows in order (dpledger.decoding.budget). `distributions`: the logits'
+    Ensemble.split_distributions, where the caller has them already."""
+    public, teachers = distributions if distributions is not None else Ensemble.split_distributions(logits)
     outcome = runner.process(public, teachers, randomness, orders)
     tokens = randomness.multinomial(outcome.output).numpy()
     if budget is not None:
@@ -289,7 +291,8 @@ def _mechanism_step(runner: Runner, logits: torch.Tensor, randomness: StepGenera
 
 
 def replay_steps(runner: Runner, logits: torch.Tensor, seed: int, first_step: int, orders: npt.NDArray[np.float64],
-                 sequential: bool, budget: BudgetGate | None = None) -> tuple[BlockOutcome, npt.NDArray[np.int64]]:
+                 sequential: bool, budget: BudgetGate | None = None,
+                 distributions: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[BlockOutcome, npt.NDArray[np.int64]]:
     """Recompute consecutive steps from their recorded logits (N+1, L, V): the outcome and the
     sampled tokens. Any window of a block replays exactly (per-step randomness); with a budget, the
     gate must hold the filter's state before `first_step`.
@@ -304,13 +307,16 @@ def replay_steps(runner: Runner, logits: torch.Tensor, seed: int, first_step: in
         orders: the ledger's Renyi orders.
         sequential: replay one step at a time (free generation) rather than the L steps at once.
         budget: the run's privacy filter, in its state before `first_step`; None without a budget.
+        distributions: Ensemble.split_distributions(logits), where the caller has formed them (the
+            audit's one pass over the windows); None: formed here. Not used step by step (sequential).
 
     Returns:
         (the mechanism's outcome on the L steps, the L sampled tokens).
     """
     length = logits.shape[1]
     if not sequential:
-        return _mechanism_step(runner, logits, StepGenerators.for_steps(seed, first_step, length), orders, budget)
+        return _mechanism_step(runner, logits, StepGenerators.for_steps(seed, first_step, length), orders, budget,
+                               distributions)
     steps = [_mechanism_step(runner, logits[:, i:i + 1], StepGenerators.for_steps(seed, first_step + i, 1), orders,
                              budget)
              for i in range(length)]

@@ -62,8 +62,8 @@ def test_each_check_over_one_pass_gives_what_it_gives_alone(runs, name, small_wi
         assert together[check] == alone(trace).to_dict(), check
         compared += 1
     assert compared == (1 if name == "hot-dpargmax" else 6)   # a voting run: the replay (its ablation reads votes)
-    if name != "hot-dpargmax":   # the one pass forms each window's distributions once, the replay its own
-        assert report.verdict == "PASS" and formed <= 3 * windows, formed
+    if name != "hot-dpargmax":   # the one pass forms each window's distributions once; the bracket, after it, again
+        assert report.verdict == "PASS" and formed <= 2 * windows, formed
 
 
 def test_a_window_error_reaches_only_its_own_check(runs, small_windows, monkeypatch):
