@@ -8,7 +8,7 @@ line exits 0, 1 and 3 for them, and 2 for input it cannot use.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -263,28 +263,36 @@ def _guarded(name: str, check, loaded) -> CheckResult:
         return _unevaluable(name, error)
 
 
-def _resumed(name: str, check: OverWindows[CheckResult], answer: object = None,
-             error: BaseException | None = None) -> tuple[WindowRequest | None, CheckResult | None]:
-    """The check started (no answer), sent its answer, or thrown a window's error: (its next window
-    request, None), or (None, its result) once it returns or fails as _guarded says."""
+def _resumed(name: str, check: OverWindows[CheckResult],
+             answer: Iterable[tuple[int, object]] | None = None) -> tuple[WindowRequest | None, CheckResult | None]:
+    """The check started (no answer) or sent its answer: (its next window request, None), or (None, its
+    result) once it returns or fails as _guarded says."""
     try:
-        if error is not None:
-            return check.throw(error), None
-        return (next(check) if answer is None else check.send(answer)), None  # type: ignore[arg-type]
+        return (next(check) if answer is None else check.send(answer)), None
     except StopIteration as finished:
         return None, finished.value
     except _UNEVALUABLE as failure:
         return None, _unevaluable(name, failure)
 
 
+def _as_read(pairs: list[tuple[int, object]], error: Exception | None) -> Iterator[tuple[int, object]]:
+    """The pairs one check was computed, then the error met at the next window (its own window function's,
+    or reading the window), raised where the check reads that window, as map_windows raises it: a check
+    that stops reading before it never meets it."""
+    yield from pairs
+    if error is not None:
+        raise error
+
+
 def _over_one_pass(loaded: LoadedTrace, checks: dict[str, OverWindows[CheckResult]],
                    seconds: dict[str, float]) -> dict[str, CheckResult]:
     """Checks written over windows (dpledger.audit.loader.OverWindows), run over one pass of the payload:
     each window is read, and its distributions formed (LoadedTrace.window_distributions), once for all
-    of them; each check is given its window function's (block, partial) pairs in block and window order,
-    as map_windows gives them, and a window function's error where it reads them. So each result is the
-    one the check gives alone. With an executor (Dask), or for a check's later requests, each request is
-    answered by map_windows, as alone. `seconds` gets each check's time (its windows' and its own)."""
+    of them. Each check is then given its window function's (block, partial) pairs in block and window
+    order, lazily, with an error met computing or reading a window raised where the check reads that
+    window (_as_read): what map_windows gives it alone, so each result is the one the check gives alone.
+    With an executor (Dask), or for a check's later requests, each request is answered by map_windows.
+    `seconds` gets each check's time (its windows' and its own)."""
     results: dict[str, CheckResult] = {}
     waiting: dict[str, tuple[OverWindows[CheckResult], WindowRequest]] = {}
     for name, check in checks.items():
@@ -299,13 +307,21 @@ def _over_one_pass(loaded: LoadedTrace, checks: dict[str, OverWindows[CheckResul
             results[name] = result
         seconds[name] = time.perf_counter() - started
     pairs: dict[str, list[tuple[int, object]]] = {name: [] for name in waiting}
-    errors: dict[str, BaseException] = {}
+    errors: dict[str, Exception] = {}
     if waiting and loaded.executor is None:
         window = loaded.window_rows()
         windows = sum(-(-info.length // window) for info in loaded.blocks_info)
         with tqdm(total=windows, desc="  windows (" + ", ".join(waiting) + ")", unit="window", leave=False,
                   disable=None if loaded.progress else True) as bar:  # None: only on a terminal
-            for block, records, logits in loaded.iter_payload(window):
+            read = loaded.iter_payload(window)
+            while len(errors) < len(waiting):
+                try:
+                    block, records, logits = next(read)
+                except StopIteration:
+                    break
+                except Exception as error:  # noqa: BLE001 (reading the window: every check still reading meets it)
+                    errors.update({name: error for name in waiting if name not in errors})
+                    break
                 for name, (_, asked) in waiting.items():
                     if name in errors:
                         continue
@@ -318,10 +334,9 @@ def _over_one_pass(loaded: LoadedTrace, checks: dict[str, OverWindows[CheckResul
                 bar.update(1)
     for name, (check, first) in waiting.items():
         started = time.perf_counter()
-        if loaded.executor is not None:
-            request, result = _resumed(name, check, loaded.map_windows(first.compute, *first.args, desc=first.desc))
-        else:
-            request, result = _resumed(name, check, pairs[name], errors.get(name))
+        answer = (loaded.map_windows(first.compute, *first.args, desc=first.desc) if loaded.executor is not None
+                  else _as_read(pairs[name], errors.get(name)))
+        request, result = _resumed(name, check, answer)
         while request is not None:   # a later request: answered alone
             request, result = _resumed(name, check, loaded.map_windows(request.compute, *request.args,
                                                                        desc=request.desc))

@@ -3,10 +3,13 @@ window read, and its distributions formed, once for all of them. Each check's re
 it gives alone (LoadedTrace.run_check, lazily over map_windows), errors of a window included."""
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from dpledger.audit import audit_run, bounds, loader, replay
 from dpledger.audit.ablation import check_ablation
+from dpledger.audit.audit import _guarded
 from dpledger.audit.loader import load_trace
 from dpledger.decoding.config import config_from_dict
 from dpledger.decoding.ensemble import Ensemble
@@ -82,3 +85,43 @@ def test_a_window_error_reaches_only_its_own_check(runs, small_windows, monkeypa
     assert [c.name for c in report.failed] == ["utility_theorem_4_3"]
     with pytest.raises(ValueError, match="a planted failure"):
         bounds.check_utility_bound(load_trace(runs / "adapmixed"))
+
+
+def test_a_window_that_cannot_be_read_fails_each_check_reading_it_as_alone(runs, small_windows, monkeypatch):
+    """Reading block 1's payload fails (found in review: before this, a damaged payload raised out of the
+    one pass and the audit exited as unusable): every check that reads it fails, as alone, and the
+    audit still gives its verdict."""
+    from dpledger.decoding import trace as trace_files
+
+    rows = trace_files.ReplayPayload.rows
+
+    def damaged(self, start, stop):
+        if self.path.name == "block-000001.npy":
+            raise trace_files.TraceError("block-000001.npy: a planted unreadable payload")
+        return rows(self, start, stop)
+
+    monkeypatch.setattr(trace_files.ReplayPayload, "rows", damaged)
+    report = audit_run(runs / "adapmixed", mc_samples=60, play_game=False, write=False)
+    together = {check.name: check.to_dict() for check in report.checks}
+    trace = load_trace(runs / "adapmixed")
+    for check, alone in ALONE.items():   # alone, as audit_run ran each check before: through _guarded
+        assert together[check] == _guarded(check, partial(alone, trace), trace).to_dict(), check
+    # theorem_3_1 of a data-dependent run reads the recorded Eq. 3, not the windows
+    reading = [check for check in ALONE if "a planted unreadable payload" in together[check]["detail"]]
+    assert reading == [check for check in ALONE if check != "theorem_3_1"] and report.verdict == "FAIL"
+
+
+def test_a_check_that_stops_reading_never_meets_a_later_windows_error(runs, small_windows, monkeypatch):
+    """The replay stops reading after 50 mismatches; an error of a later window (even one no check
+    turns into a FAIL) must not reach it (found in review: it replaced the mismatches, or ended the audit)."""
+    def replayed(trace, records, logits, *args):
+        if records[0]["step"] > 0:
+            raise RuntimeError("a later window's planted error")
+        return {"mismatches": [f"planted mismatch {i}" for i in range(51)], "count": 51, "worst": {"lambdas": 0.0},
+                "certificate_steps": 0}
+
+    monkeypatch.setattr(replay, "_replay_window", replayed)
+    report = audit_run(runs / "adapmixed", mc_samples=60, play_game=False, write=False)
+    check = report.check("replay")
+    assert check.status.value == "FAIL" and check.detail.startswith("51 replay mismatches")
+    assert check.to_dict() == replay.check_replay(load_trace(runs / "adapmixed")).to_dict()
