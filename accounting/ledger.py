@@ -229,15 +229,18 @@ class PrivacyLedger:
                 shape, NaN or negative, components covering different numbers of steps, or
                 relations that share no neighbouring pair (nothing is charged then).
         """
-        require(isinstance(components, Mapping) and len(components) > 0,
-                f"a block must charge a non-empty mapping of component name to (values, data_dependent), got {components!r}")
+        # the messages hold the entries' arrays: formatted only on failure (a 32-step block's repr took 2.6 ms)
+        if not (isinstance(components, Mapping) and len(components) > 0):
+            raise ValueError(f"a block must charge a non-empty mapping of component name to (values, data_dependent), "
+                             f"got {components!r}")
         steps = -1  # the block's step count, set by the first component
         blocks: dict[str, BlockSum] = {}
         for name, entry in components.items():
-            require(isinstance(entry, tuple) and len(entry) in (2, 3),
-                    f"component {name!r} must be (values[steps, orders], data_dependent[, relation]), got {entry!r}")
-            require(len(entry) == 2 or isinstance(entry[2], NeighbouringRelation),
-                    f"component {name!r} relation must be a NeighbouringRelation, got {entry[-1]!r}")
+            if not (isinstance(entry, tuple) and len(entry) in (2, 3)):
+                raise ValueError(f"component {name!r} must be (values[steps, orders], data_dependent[, relation]), "
+                                 f"got {entry!r}")
+            if not (len(entry) == 2 or isinstance(entry[2], NeighbouringRelation)):
+                raise ValueError(f"component {name!r} relation must be a NeighbouringRelation, got {entry[-1]!r}")
             require_bool(f"component {name!r} data_dependent", entry[1])
             raw = np.asarray(entry[0])
             require(raw.dtype.kind in "biuf", f"component {name!r} values must be numbers, got dtype {raw.dtype}")

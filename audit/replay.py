@@ -55,6 +55,8 @@ def _close(a, b, rtol=RTOL, atol=None) -> bool:
     """Equal within rtol (a relative tolerance, per element where an array), plus atol (an absolute
     tolerance per element, where given), with +-inf equal only to itself; a NaN on either side is a mismatch."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape == b.shape and np.array_equal(a, b):   # an exact replay (a NaN is never equal: below)
+        return True
     if a.shape != b.shape or np.isnan(a).any() or np.isnan(b).any():
         return False
     rtol = np.broadcast_to(np.asarray(rtol, dtype=np.float64), a.shape)
