@@ -13,6 +13,7 @@ DPLEDGER_RETAIN_FREED_MEMORY=0 leaves the allocator as it was.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -21,9 +22,9 @@ RETAINED_BYTES = 1 << 30
 M_TRIM_THRESHOLD); larger ones are mapped and returned as before."""
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's malloc.h
 _OLDER_GLIBC_CAP = 32 << 20
-_state: dict[str, bool] = {}
 
 
+@functools.cache
 def retain_freed_memory() -> bool:
     """Set glibc's mmap and trim thresholds to RETAINED_BYTES (the mmap threshold to 32 MiB where an
     older glibc refuses more), once per process (later calls return the first call's answer). Does
@@ -32,12 +33,6 @@ def retain_freed_memory() -> bool:
     Returns:
         Whether both thresholds are set in this process.
     """
-    if "applied" not in _state:
-        _state["applied"] = _apply()
-    return _state["applied"]
-
-
-def _apply() -> bool:
     if os.environ.get("DPLEDGER_RETAIN_FREED_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):
         return False
     try:

@@ -137,6 +137,24 @@ def test_the_power_path_never_falls_below_the_exact_divergence_in_mpmath(seed):
                 assert value <= exact * (1 + 1e-9) + 1e-13 / (order - 1)
 
 
+def mpmath_eq3(probs, public, lambdas, grid) -> list:
+    """Eq. 3 (Flemings et al. 2024), max_i D<->_a(p, p_-i), of the first step at each order, in mpmath at
+    the working precision from the float inputs (the Renyi divergence written from its definition)."""
+    import mpmath
+
+    mixed = [[mpmath.mpf(float(x)) for x in row] for row in mixed_teachers(probs, public, lambdas)[0].numpy()]
+    teachers, vocab = len(mixed), len(mixed[0])
+    output = [sum(row[j] for row in mixed) / teachers for j in range(vocab)]
+    withouts = [[sum(row[j] for i, row in enumerate(mixed) if i != removed) / (teachers - 1) for j in range(vocab)]
+                for removed in range(teachers)]
+    values = []
+    for order in grid.tolist():
+        a = mpmath.mpf(order)
+        values.append(max(mpmath.log(mpmath.fsum(f ** a * s ** (1 - a) for f, s in zip(first, second))) / (a - 1)
+                          for without in withouts for first, second in ((output, without), (without, output))))
+    return values
+
+
 @pytest.mark.parametrize("seed, teachers, orders", [(0, 2, TENTHS), (1, 5, TENTHS), (2, 3, QUARTERS), (3, 4, ORDERS),
                                                     (4, 2, torch.tensor([1.1, 2.5, 18.0], dtype=torch.float32))])
 def test_eq3_at_every_order_lies_within_its_allowance_above_mpmath(seed, teachers, orders):
@@ -153,14 +171,7 @@ def test_eq3_at_every_order_lies_within_its_allowance_above_mpmath(seed, teacher
     probs, public, lambdas = ensembles(rng, 1, teachers, 30, "plain")
     grid = orders.double().numpy()
     values, allowance, _ = leave_one_out_every_order(probs[0], public, lambdas[0], grid)
-    mixed = [[mpmath.mpf(float(x)) for x in row] for row in mixed_teachers(probs, public, lambdas)[0].numpy()]
-    output = [sum(row[j] for row in mixed) / teachers for j in range(30)]
-    withouts = [[sum(row[j] for i, row in enumerate(mixed) if i != removed) / (teachers - 1) for j in range(30)]
-                for removed in range(teachers)]
-    for k, order in enumerate(grid.tolist()):
-        a = mpmath.mpf(order)
-        exact = max(mpmath.log(mpmath.fsum(f ** a * s ** (1 - a) for f, s in zip(first, second))) / (a - 1)
-                    for without in withouts for first, second in ((output, without), (without, output)))
+    for k, (order, exact) in enumerate(zip(grid.tolist(), mpmath_eq3(probs, public, lambdas, grid))):
         assert values[k] >= exact, (order, values[k], exact)
         assert values[k] <= exact + 2 * allowance[k], (order, float(values[k] - exact), allowance[k])
 
@@ -202,14 +213,7 @@ def test_chords_under_a_charge_bound_eq3_from_above_by_mpmath(seed, teachers, or
     exact_values, _, _ = leave_one_out_every_order(probs[0], public, lambdas[0], grid)
     charges = exact_values * rng.uniform(0.9, 1.5, grid.size)    # covering some orders, not others
     values, allowance, _ = leave_one_out_every_order(probs[0], public, lambdas[0], grid, charges=charges)
-    mixed = [[mpmath.mpf(float(x)) for x in row] for row in mixed_teachers(probs, public, lambdas)[0].numpy()]
-    output = [sum(row[j] for row in mixed) / teachers for j in range(30)]
-    withouts = [[sum(row[j] for i, row in enumerate(mixed) if i != removed) / (teachers - 1) for j in range(30)]
-                for removed in range(teachers)]
-    for k, order in enumerate(grid.tolist()):
-        a = mpmath.mpf(order)
-        exact = max(mpmath.log(mpmath.fsum(f ** a * s ** (1 - a) for f, s in zip(first, second))) / (a - 1)
-                    for without in withouts for first, second in ((output, without), (without, output)))
+    for k, (order, exact) in enumerate(zip(grid.tolist(), mpmath_eq3(probs, public, lambdas, grid))):
         assert values[k] >= exact, (order, values[k], exact)
         assert values[k] <= exact + 2 * allowance[k] or values[k] <= charges[k], (order, values[k], charges[k])
 
