@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Generator
 import numpy as np
 from tqdm.auto import tqdm
 
-from dpledger.accounting.errors import require
 from dpledger.decoding import trace
 from dpledger.decoding.blocks import PreparedRun, block_records, build_manifest, prepare
 from dpledger.decoding.cluster import ClusterError
@@ -64,16 +63,11 @@ def _open_run_dir(prepared: PreparedRun, resume: bool) -> trace.RunLock:
     """The run directory, created with its manifest (a fresh run) or checked for resuming, and its
     lock, held until the caller releases it. Nothing is written when a check fails."""
     out = Path(prepared.config.out)
-    require(not out.exists() or out.is_dir(), f"output path {out} exists and is not a directory")
+    trace.check_output_directory(out, resume, prepared.config.fingerprint())
     if out.is_dir() and any(p.name != trace.LOCK for p in out.iterdir()):
-        if not resume:
-            raise ValueError(f"output directory {out} already holds files: pass --resume to continue that run, "
-                             "or choose another --out")
         lock = trace.RunLock(out).acquire()
         try:
-            manifest = trace.read_manifest(out)
-            if manifest.get("config_fingerprint") != prepared.config.fingerprint():
-                raise ValueError(f"output directory {out} holds another run (its config differs from this one)")
+            manifest = trace.read_manifest(out)   # (its config's fingerprint checked above; a manifest never changes)
             changes = _model_changes(manifest, prepared)
             if changes:
                 raise ValueError(f"output directory {out} was written with other models: {changes[0]}")

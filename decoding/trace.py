@@ -766,10 +766,9 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+            holder = _holder(fd)
             os.close(fd)
-            raise RunLockedError(f"{self.path.parent} is being written by another dpledger process "
-                                 f"({_one_line(holder)}); wait for it to finish or choose another --out") from None
+            raise _locked_error(self.path.parent, holder) from None
         except BaseException:
             os.close(fd)
             raise
@@ -786,27 +785,89 @@ class RunLock:
             self._fd = None
 
 
-def is_locked(directory: str | Path) -> bool:
-    """True while another process holds the directory's lock. A .lock that is not a regular file
-    (a link, a FIFO) is not dpledger's lock, so nobody holds it (the audit reports it).
+def _holder(fd: int) -> str:
+    """The holder a lock file names (RunLock.acquire writes "pid N" into it), or "unknown"."""
+    return os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+
+
+def _locked_error(directory: Path, holder: str) -> RunLockedError:
+    return RunLockedError(f"{directory} is being written by another dpledger process ({_one_line(holder)}); "
+                          "wait for it to finish or choose another --out")
+
+
+def _holds_files_error(out: Path) -> ValueError:
+    return ValueError(f"output directory {out} already holds files: pass --resume to continue that run, "
+                      "or choose another --out")
+
+
+def lock_holder(directory: str | Path) -> str | None:
+    """Who holds the directory's lock now ("pid N", as the holder wrote it), or None when nobody does.
+    A .lock that is not a regular file (a link, a FIFO) is not dpledger's lock, so nobody holds it (the
+    audit reports it).
 
     Args:
         directory: the run directory.
 
     Returns:
-        Whether a process holds an exclusive lock on directory/.lock now (tested with a non-blocking shared lock).
+        The holder's text ("unknown" if it wrote none) while a process holds an exclusive lock on
+        directory/.lock (tested with a non-blocking shared lock), else None.
     """
     try:
         fd = safe_files.open_regular(Path(directory) / LOCK, None)
     except (FileNotFoundError, NotADirectoryError, UnsafeFileError):
-        return False
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return True
+        return _holder(fd)
     finally:
         os.close(fd)  # closing releases the shared lock
-    return False
+    return None
+
+
+def is_locked(directory: str | Path) -> bool:
+    """True while another process holds the directory's lock (lock_holder is not None).
+
+    Args:
+        directory: the run directory.
+
+    Returns:
+        Whether a process holds an exclusive lock on directory/.lock now.
+    """
+    return lock_holder(directory) is not None
+
+
+def check_output_directory(out: str | Path, resume: bool, fingerprint: str | None = None) -> None:
+    """What decoding into `out` refuses that needs no model, checked before anything is loaded or
+    written (`dpledger decode` runs it before loading the models, so a used --out fails in a few
+    seconds, not after the model stack loads): `out` must be a directory or absent; one holding files
+    needs `resume`, must hold a dpledger run written with the same config (`fingerprint`, when given),
+    and no other process may be writing it. Writing takes the lock itself, so a writer that starts
+    after this check is still refused then (RunLock.acquire).
+
+    Args:
+        out: the run directory.
+        resume: whether the decode continues the run in `out`.
+        fingerprint: the config's fingerprint (RunConfig.fingerprint), or None not to compare it.
+
+    Raises:
+        ValueError: if `out` exists and is not a directory, or holds files and `resume` is False, or
+            holds another run (its config's fingerprint differs).
+        UnusableRunError: if `resume` and `out` holds files but no dpledger run (read_manifest).
+        TraceError: if its manifest cannot be read.
+        RunLockedError: if `resume` and another process holds the run's lock.
+    """
+    out = Path(out)
+    require(not out.exists() or out.is_dir(), f"output path {out} exists and is not a directory")
+    if out.is_dir() and any(p.name != LOCK for p in out.iterdir()):
+        if not resume:
+            raise _holds_files_error(out)
+        holder = lock_holder(out)
+        if holder is not None:
+            raise _locked_error(out, holder)
+        manifest = read_manifest(out)
+        if fingerprint is not None and manifest.get("config_fingerprint") != fingerprint:
+            raise ValueError(f"output directory {out} holds another run (its config differs from this one)")
 
 
 def _remove_abandoned_creations(out: Path) -> None:
@@ -853,8 +914,7 @@ def create_run_directory(out: str | Path, manifest: dict, payload: bool) -> RunL
             os.rename(staging, out)  # atomic; fails when `out` holds anything
         except OSError:
             if out.is_dir() and any(out.iterdir()):
-                raise ValueError(f"output directory {out} already holds files: pass --resume to continue that run, "
-                                 "or choose another --out") from None
+                raise _holds_files_error(out) from None
             raise
         lock.path = out / LOCK
         return lock

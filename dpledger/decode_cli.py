@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = tuple(args.overrides) + (() if args.queries is None else (f"run.queries={args.queries}",))
     config = load_config(args.config, args.out, overrides)
+    # a used --out or a run another process is writing fails here, before the models load
+    trace.check_output_directory(config.out, args.resume, config.fingerprint())
     cluster = ClusterSpec.from_flags(args.workers, args.scheduler)
     if cluster is not None:
         require_dask("--workers / --scheduler")

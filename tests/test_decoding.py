@@ -174,6 +174,42 @@ def test_output_directory_holding_another_run_is_refused(micro_models, tmp_path)
     assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == before
 
 
+def test_a_used_output_directory_is_refused_before_any_model_loads(micro_models, tmp_path, capsys):
+    """dpledger decode checks --out first: with teacher paths that do not exist, the error is still the
+    output directory's (the models were never opened), and the run there is unchanged."""
+    from dpledger.cli import main
+    from tests.micro import write_toml
+
+    config = micro_config(micro_models, tmp_path / "run", {"type": "public"}, queries=8)
+    run_decode(config_from_dict(config), progress=False, verbose=False)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    missing = {**config, "models": {**config["models"], "teacher_paths": [str(tmp_path / "absent")] * 3}}
+    path = write_toml(tmp_path / "missing.toml", missing)
+    other = write_toml(tmp_path / "other.toml", {**missing, "mechanism": {"type": "ensemble"}})
+    expected = {(path, ()): "already holds files: pass --resume",
+                (other, ("--resume",)): "holds another run (its config differs from this one)"}
+    for (config_path, flags), message in expected.items():
+        assert main(["decode", str(config_path), "--no-progress", *flags]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    holder = trace.RunLock(tmp_path / "run").acquire()   # another open file: the pre-flight sees it held
+    try:
+        resumed = write_toml(tmp_path / "same.toml", config)
+        assert main(["decode", str(resumed), "--no-progress", "--resume"]) == 2
+        err = capsys.readouterr().err
+        assert f"is being written by another dpledger process (pid {os.getpid()})" in err and err.count("\n") == 1
+    finally:
+        holder.release()
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("not a run")
+    with pytest.raises(trace.UnusableRunError, match="is not a dpledger run directory"):
+        trace.check_output_directory(tmp_path / "plain", resume=True)
+    with pytest.raises(ValueError, match="exists and is not a directory"):
+        trace.check_output_directory(tmp_path / "plain" / "notes.txt", resume=False)
+    trace.check_output_directory(tmp_path / "fresh", resume=False)   # absent: nothing to refuse
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+
+
 def test_free_generation_stream_and_subsampled_pmixed(micro_models, tmp_path):
     config = micro_config(micro_models, tmp_path / "gen", {"type": "pmixed", "alpha": 6.0, "beta": 0.05,
                                                           "sample_rate": 0.5, "subsampling_variant": "realised-size"},
