@@ -34,6 +34,7 @@ from dpledger.accounting.relation import DivergenceDirection, NeighbouringRelati
 from dpledger.accounting.rounding import SMALLEST_POSITIVE, positive_floor
 from dpledger.mechanisms.accountable import AccountableMechanism, mechanism_parameter, register_mechanism
 from dpledger.mechanisms.base import require_relation, set_validated
+from dpledger.mechanisms.log_space import log_sum_exp
 
 if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
     from dp_accounting.dp_event import DpEvent
@@ -663,10 +664,10 @@ def gnmax_log_output_law(counts: npt.ArrayLike, sigma: float,
         offsets = np.arange(-16 * points, 16 * points + 1) / points
         weights = np.full(offsets.size, -math.log(points))
         weights[[0, -1]] -= math.log(2.0)
-        law: NDArray[np.float64] = logsumexp(log_integrand(mode[:, None] + offsets[None, :]) + weights[None, :], axis=1)
+        law: NDArray[np.float64] = log_sum_exp(log_integrand(mode[:, None] + offsets[None, :]) + weights[None, :], axis=1)
         return law
 
     fine, coarse = per_value(points_per_sigma), per_value(points_per_sigma // 2)
-    log_total = float(logsumexp(fine, b=multiplicity))
+    log_total = float(log_sum_exp(fine, weights=multiplicity))
     error = max(abs(math.expm1(log_total)), float(np.max(np.abs(np.expm1(coarse - fine)))))
     return (fine - log_total)[inverse], error

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import numpy.typing as npt
 from numpy.typing import NDArray
-from scipy.special import logsumexp
+from dpledger.mechanisms.log_space import log_sum_exp
 
 from dpledger.accounting.errors import require, require_member
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, path_accounting
@@ -303,6 +303,6 @@ def renyi_divergence_of_log_laws(log_p: npt.ArrayLike, log_q: npt.ArrayLike,
     support = lp > -np.inf
     if np.any(support & (lq == -np.inf)):
         return np.full(grid.shape, np.inf)
-    values = logsumexp(grid[:, None] * lp[support][None, :] + (1.0 - grid[:, None]) * lq[support][None, :], axis=1)
+    values = log_sum_exp(grid[:, None] * lp[support][None, :] + (1.0 - grid[:, None]) * lq[support][None, :], axis=1)
     divergence: NDArray[np.float64] = np.maximum(values / (grid - 1.0), 0.0)
     return divergence
