@@ -63,11 +63,13 @@ def _open_run_dir(prepared: PreparedRun, resume: bool) -> trace.RunLock:
     """The run directory, created with its manifest (a fresh run) or checked for resuming, and its
     lock, held until the caller releases it. Nothing is written when a check fails."""
     out = Path(prepared.config.out)
-    trace.check_output_directory(out, resume, prepared.config.fingerprint())
+    fingerprint = prepared.config.fingerprint()
+    trace.check_output_directory(out, resume, fingerprint)
     if out.is_dir() and any(p.name != trace.LOCK for p in out.iterdir()):
         lock = trace.RunLock(out).acquire()
         try:
-            manifest = trace.read_manifest(out)   # (its config's fingerprint checked above; a manifest never changes)
+            # again under the lock: the directory at `out` may have been replaced since the check above
+            manifest = trace.resumed_run_manifest(out, resume, fingerprint)
             changes = _model_changes(manifest, prepared)
             if changes:
                 raise ValueError(f"output directory {out} was written with other models: {changes[0]}")

@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import stat
+import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -764,7 +765,7 @@ class RunLock:
         """
         fd = safe_files.open_lock(self.path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _take_exclusive(fd)
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
@@ -783,6 +784,24 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+_PROBE_RETRIES = 5
+"""Tries of a writer's non-blocking exclusive lock, 10 ms apart: lock_holder's probe (the audit's, and
+check_output_directory's) holds a shared lock for microseconds, a writer for its whole run; a writer that
+met a probe takes the lock on the next try instead of being refused under the prober's name."""
+
+
+def _take_exclusive(fd: int) -> None:
+    """flock(LOCK_EX | LOCK_NB), retried _PROBE_RETRIES times 10 ms apart; BlockingIOError if still held."""
+    for attempt in range(_PROBE_RETRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if attempt == _PROBE_RETRIES - 1:
+                raise
+            time.sleep(0.01)
 
 
 def _holder(fd: int) -> str:
@@ -841,9 +860,10 @@ def check_output_directory(out: str | Path, resume: bool, fingerprint: str | Non
     """What decoding into `out` refuses that needs no model, checked before anything is loaded or
     written (`dpledger decode` runs it before loading the models, so a used --out fails in a few
     seconds, not after the model stack loads): `out` must be a directory or absent; one holding files
-    needs `resume`, must hold a dpledger run written with the same config (`fingerprint`, when given),
-    and no other process may be writing it. Writing takes the lock itself, so a writer that starts
-    after this check is still refused then (RunLock.acquire).
+    needs `resume`, must hold a dpledger run written with the same config (`fingerprint`, when given;
+    resumed_run_manifest), and no other process may be writing it. The writer checks the run again
+    under its lock (the directory may change in between), and taking the lock is what refuses a
+    second writer (RunLock.acquire).
 
     Args:
         out: the run directory.
@@ -860,14 +880,41 @@ def check_output_directory(out: str | Path, resume: bool, fingerprint: str | Non
     out = Path(out)
     require(not out.exists() or out.is_dir(), f"output path {out} exists and is not a directory")
     if out.is_dir() and any(p.name != LOCK for p in out.iterdir()):
-        if not resume:
-            raise _holds_files_error(out)
-        holder = lock_holder(out)
+        try:
+            holder = lock_holder(out) if resume else None
+        except OSError:   # an unreadable .lock: taking it later names the directory and the failure
+            holder = None
         if holder is not None:
             raise _locked_error(out, holder)
-        manifest = read_manifest(out)
-        if fingerprint is not None and manifest.get("config_fingerprint") != fingerprint:
-            raise ValueError(f"output directory {out} holds another run (its config differs from this one)")
+        resumed_run_manifest(out, resume, fingerprint)
+
+
+def resumed_run_manifest(out: str | Path, resume: bool, fingerprint: str | None) -> dict:
+    """The manifest of the run in `out`, a directory that holds files, which a decode may continue:
+    only with `resume`, and only a dpledger run of the same config. The writer calls it under the
+    run's lock (what it then appends to), check_output_directory before loading any model.
+
+    Args:
+        out: the run directory (holding files).
+        resume: whether the decode continues the run in `out`.
+        fingerprint: the config's fingerprint (RunConfig.fingerprint), or None not to compare it.
+
+    Returns:
+        manifest.json's object.
+
+    Raises:
+        ValueError: if `resume` is False (the directory already holds files), or the run's config
+            fingerprint differs from `fingerprint`.
+        UnusableRunError: if `out` holds no dpledger run (read_manifest).
+        TraceError: if its manifest cannot be read.
+    """
+    out = Path(out)
+    if not resume:
+        raise _holds_files_error(out)
+    manifest = read_manifest(out)
+    if fingerprint is not None and manifest.get("config_fingerprint") != fingerprint:
+        raise ValueError(f"output directory {out} holds another run (its config differs from this one)")
+    return manifest
 
 
 def _remove_abandoned_creations(out: Path) -> None:

@@ -210,6 +210,50 @@ def test_a_used_output_directory_is_refused_before_any_model_loads(micro_models,
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
 
 
+def test_a_run_swapped_in_after_the_early_check_is_refused_under_the_lock(micro_models, tmp_path, monkeypatch):
+    """The early check runs before the lock: what the writer appends to is checked again under it."""
+    ours = config_from_dict(micro_config(micro_models, tmp_path / "run", {"type": "public"}, queries=8))
+    other = config_from_dict(micro_config(micro_models, tmp_path / "other", {"type": "ensemble"}, queries=8))
+    run_decode(other, progress=False, verbose=False)
+    real = trace.check_output_directory
+
+    def then_swapped(out, resume, fingerprint=None):
+        real(out, resume, fingerprint)
+        if (tmp_path / "run").exists():
+            (tmp_path / "run").rename(tmp_path / "ours-moved")
+        (tmp_path / "other").rename(tmp_path / "run")
+
+    monkeypatch.setattr(trace, "check_output_directory", then_swapped)
+    with pytest.raises(ValueError, match="already holds files: pass --resume"):   # empty at the check
+        run_decode(ours, progress=False, verbose=False)
+    (tmp_path / "run").rename(tmp_path / "other")
+    monkeypatch.setattr(trace, "check_output_directory", real)
+    run_decode(ours, progress=False, verbose=False)
+    monkeypatch.setattr(trace, "check_output_directory", then_swapped)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "other").rglob("*") if p.is_file() and p.name != trace.LOCK}
+    with pytest.raises(ValueError, match="holds another run"):   # ours at the check, the other config's under the lock
+        run_decode(ours, resume=True, progress=False, verbose=False)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != trace.LOCK} == before
+
+
+def test_a_lock_probe_never_refuses_a_writer(tmp_path):
+    """lock_holder's probe (the audit's, decode's early check) holds a shared lock for an instant: a writer
+    meeting it takes the lock a moment later instead of being refused under the prober's name."""
+    import fcntl
+    import threading
+
+    (tmp_path / "run").mkdir()
+    probe = os.open(tmp_path / "run" / trace.LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(probe, fcntl.LOCK_SH)
+    threading.Timer(0.015, os.close, (probe,)).start()   # closing releases the probe's lock
+    lock = trace.RunLock(tmp_path / "run").acquire()
+    try:
+        assert trace.lock_holder(tmp_path / "run") == f"pid {os.getpid()}"
+    finally:
+        lock.release()
+    assert trace.lock_holder(tmp_path / "run") is None
+
+
 def test_free_generation_stream_and_subsampled_pmixed(micro_models, tmp_path):
     config = micro_config(micro_models, tmp_path / "gen", {"type": "pmixed", "alpha": 6.0, "beta": 0.05,
                                                           "sample_rate": 0.5, "subsampling_variant": "realised-size"},

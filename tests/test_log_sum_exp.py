@@ -32,7 +32,8 @@ def rows(draw):
     size = draw(st.integers(1, 40))
     scale = draw(st.sampled_from([1e-3, 1.0, 30.0, 700.0]))
     values = draw(st.lists(st.one_of(st.floats(-scale, scale), st.just(-math.inf)), min_size=size, max_size=size))
-    weights = draw(st.none() | st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.0, 0.5]), min_size=size, max_size=size))
+    weight = st.sampled_from([0.0, 1.0, 2.0, 3.0, 0.5]) | st.floats(1e-30, 1e30)   # uneven weights: 60 decades
+    weights = draw(st.none() | st.lists(weight, min_size=size, max_size=size))
     return values, weights
 
 
@@ -45,7 +46,8 @@ def test_within_its_stated_rounding_of_the_exact_value(case):
     if exact == -mpmath.inf:
         assert got == -math.inf
         return
-    allowed = (len(values) + 3) * UNIT * max(1.0, abs(float(exact)))
+    # the docstring's (M + 3) u max(1, |y_m|), y_m the largest x_j + log w_j: |y_m| <= |exact| + log M
+    allowed = (len(values) + 3) * UNIT * max(1.0, abs(float(exact)) + math.log(len(values)))
     assert abs(mpmath.mpf(got) - exact) <= allowed
 
 
@@ -56,6 +58,13 @@ def test_a_probability_near_one_keeps_its_relative_accuracy():
 
 
 def test_special_values_and_axes():
+    assert log_sum_exp(np.array([])) == -np.inf and log_sum_exp(np.zeros((3, 0)), axis=1).tolist() == [-np.inf] * 3
+    assert log_sum_exp(np.array(2.5)) == 2.5
+    assert np.isnan(log_sum_exp(np.array([1.0, 2.0]), weights=np.array([-1.0, 1.0])))   # weights are nonnegative
+    # the largest weighted term is factored out: tiny or huge weights never overflow a quotient
+    assert float(log_sum_exp(np.array([0.0, -1.0]), weights=np.array([1e-320, 1.0]))) == pytest.approx(-1.0, rel=1e-15)
+    assert float(log_sum_exp(np.array([0.0, -1.0]), weights=np.array([1e-300, 1e300]))) == pytest.approx(
+        float(mpmath.log(mpmath.mpf(1e-300) + mpmath.mpf(1e300) * mpmath.exp(-1))), rel=1e-15)
     assert log_sum_exp(np.array([-np.inf, -np.inf])) == -np.inf
     assert log_sum_exp(np.array([np.inf, 1.0])) == np.inf
     assert np.isnan(log_sum_exp(np.array([np.nan, 1.0])))
