@@ -507,7 +507,8 @@ def run_ablation(trace: LoadedTrace, delta: float, teachers_sample: int | None =
 
 
 def ablation_over_windows(trace: LoadedTrace, delta: float, teachers_sample: int | None = None, mc_samples: int = 400,
-                 confidence: float = 0.95, orders=DEFAULT_AUDIT_ORDERS, seed: int = 0) -> OverWindows[AblationResult]:
+                          confidence: float = 0.95, orders=DEFAULT_AUDIT_ORDERS,
+                          seed: int = 0) -> OverWindows[AblationResult]:
     """run_ablation written over windows (dpledger.audit.loader.OverWindows).
 
     Args:

@@ -37,12 +37,13 @@ def log_sum_exp(values: ArrayLike, axis: int = -1, weights: ArrayLike | None = N
     largest = np.argmax(x, axis=axis, keepdims=True)
     top = np.take_along_axis(x, largest, axis=axis)
     shift = np.where(np.isfinite(top), top, 0.0)   # all -inf: exp(-inf) = 0; +inf and NaN pass through the sum
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         terms = np.exp(x - shift)
-        plain = np.log(np.sum(terms, axis=axis, keepdims=True)) + shift
         np.put_along_axis(terms, largest, 0.0, axis=axis)
-        factored = shift + np.log1p(np.sum(terms, axis=axis, keepdims=True))
-    result: NDArray[np.float64] = np.squeeze(np.where(np.isfinite(top), factored, plain), axis=axis)
+        others = np.sum(terms, axis=axis, keepdims=True)
+        # a finite top's own term is exactly 1 (log1p keeps a result near 0 accurate); otherwise it is 0, inf or NaN
+        total = np.where(np.isfinite(top), np.log1p(others), np.log(np.exp(top - shift) + others))
+    result: NDArray[np.float64] = np.squeeze(shift + total, axis=axis)
     return result
 
 
