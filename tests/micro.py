@@ -87,31 +87,74 @@ def write_toml(path: Path, config: dict) -> Path:
     return path
 
 
-def kill_and_resume(reference_cfg: dict, tmp_path: Path, chunk: int = 3):
-    """Decode `reference_cfg` in a subprocess into tmp_path/killed, SIGKILL it once chunk `chunk` is
-    committed, then resume it; returns (the resumed CompletedProcess, the killed run's directory, the
-    records committed before the resume)."""
+def forked_decode(config: Path) -> int:
+    """Start `dpledger decode config --no-progress` in a forked copy of this process, its output
+    discarded; returns the child's pid (reap it with os.waitpid).
+
+    A fork, not a fresh interpreter: the same command-line code in another process (its own pid and
+    locks, killable at any point) without 10 s of torch and transformers imports. Fresh `dpledger`
+    processes are killed and raced in tests/adversarial (make test-slow)."""
+    import contextlib
     import os
-    import signal
-    import subprocess
-    import sys
+
+    from dpledger.cli import main
+
+    child = os.fork()
+    if child == 0:  # the child decodes, then leaves without returning into the test
+        code = 1
+        try:
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+                code = main(["decode", str(config), "--no-progress"])
+        finally:
+            os._exit(code)
+    return child
+
+
+def wait_for_chunk(child: int, run: Path, chunk: int) -> None:
+    """Wait until chunk `chunk` of `run` is committed by the forked decode `child`, failing if it ends first."""
+    import os
     import time
 
     from dpledger.decoding import trace
 
-    repo = Path(__file__).resolve().parents[1]
-    killed = tmp_path / "killed"
-    config = write_toml(tmp_path / "killed.toml", {**reference_cfg, "run": {**reference_cfg["run"], "out": str(killed)}})
-    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "dpledger", "decode", str(config), "--no-progress"]
-    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
-    while not trace.chunk_path(killed, chunk).exists():
-        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+    while not trace.chunk_path(run, chunk).exists():
+        ended, status = os.waitpid(child, os.WNOHANG)
+        assert ended == 0, f"the decode ended before chunk {chunk} was committed (status {status})"
         assert time.time() < deadline, f"the run never committed chunk {chunk}"
         time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+
+
+def cli_in_process(argv: list[str]):
+    """`dpledger argv` run here, as a CompletedProcess (exit status, stdout, stderr)."""
+    import contextlib
+    import io
+    import subprocess
+
+    from dpledger.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(argv)
+    return subprocess.CompletedProcess(["dpledger", *argv], code, stdout.getvalue(), stderr.getvalue())
+
+
+def kill_and_resume(reference_cfg: dict, tmp_path: Path, chunk: int = 3):
+    """Decode `reference_cfg` into tmp_path/killed in a forked process (forked_decode), SIGKILL it
+    once chunk `chunk` is committed (at an arbitrary point of the decode, a chunk half written
+    included), then resume it through the command line here; returns (the resumed CompletedProcess,
+    the killed run's directory, the records committed before the resume)."""
+    import os
+    import signal
+
+    from dpledger.decoding import trace
+
+    killed = tmp_path / "killed"
+    config = write_toml(tmp_path / "killed.toml", {**reference_cfg, "run": {**reference_cfg["run"], "out": str(killed)}})
+    child = forked_decode(config)
+    wait_for_chunk(child, killed, chunk)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
     assert not (killed / trace.LEDGER).exists(), "the run finished before it could be killed"
     committed = len(trace.read_records(killed))
-    return subprocess.run(command + ["--resume"], env=env, cwd=tmp_path, capture_output=True, text=True), killed, committed
+    return cli_in_process(["decode", str(config), "--no-progress", "--resume"]), killed, committed

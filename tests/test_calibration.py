@@ -207,7 +207,9 @@ def test_pld_calibration_refuses_targets_beyond_its_grid_in_one_line(epsilon, me
 
 # ---- bounded work: ordinary PLD targets answer, absurd targets and counts are refused early ----
 
-@pytest.mark.parametrize("epsilon, queries, q", [(1.0, 1000, 0.01), (2.0, 100, 0.1), (8.0, 10_000, 0.01)])
+# 10,000 compositions (about 20 s of dp_accounting's PLD per calibration) run in make test-slow
+@pytest.mark.parametrize("epsilon, queries, q", [(1.0, 1000, 0.01), (2.0, 100, 0.1),
+                                                 pytest.param(8.0, 10_000, 0.01, marks=pytest.mark.slow)])
 def test_pld_calibration_of_the_subsampled_gaussian_answers_ordinary_targets(epsilon, queries, q):
     # a None composed noise multiplier (the event is not one Gaussian) was formatted into a message
     # that was never shown: TypeError for every target
