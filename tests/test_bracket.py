@@ -39,9 +39,9 @@ def audited(micro_models, tmp_path_factory):
     for name, mechanism in KINDS.items():
         mechanism = dict(mechanism)
         relation = mechanism.pop("relation", None)
-        # DPWS's Monte Carlo bounds cost ~0.3 s a step here: 16 steps check what the others check on 64
-        config = micro_config(micro_models, root / name, mechanism, queries=16 if name == "hot-dpws" else 64,
-                              block_size=16 if name == "hot-dpws" else 32,
+        # DPWS's Monte Carlo bounds cost ~0.3 s a step here: 16 steps check what the others check on 32
+        config = micro_config(micro_models, root / name, mechanism, queries=16 if name == "hot-dpws" else 32,
+                              block_size=16,
                               deltas=[1e-5, 1e-3], **({"relation": relation} if relation else {}))
         run_decode(config_from_dict(config), progress=False, verbose=False)
         runs[name] = (root / name, audit_run(root / name, mc_samples=200, play_game=False))
@@ -277,7 +277,7 @@ def test_a_dual_run_is_bracketed_by_the_optimised_adversary(micro_models, tmp_pa
     the claim's order (an added teacher PMixED projects like any other): on a narrow ball the bracket
     closes to within a factor 2 (a claim below the lower bound would FAIL as everywhere else)."""
     mechanism = {**SCREENED, "screening": False, "beta": 0.01, "add_one_dual": True}
-    config = micro_config(micro_models, tmp_path / "dual", mechanism, queries=8, block_size=8)
+    config = micro_config(micro_models, tmp_path / "dual", mechanism, queries=4, block_size=4)  # the dual costs ~0.7 s a step
     run_decode(config_from_dict(config), progress=False, verbose=False)
     report = audit_run(tmp_path / "dual", mc_samples=50, play_game=False)
     evidence = report.check("epsilon_bracket").evidence

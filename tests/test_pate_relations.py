@@ -182,8 +182,13 @@ def test_local_sensitivity_bounds_hold_by_enumeration_and_ss_is_smooth(relation)
     mechanism = ConfidentGNMax(6.0, 2.0, 1.5, relation)
     order, beta = 6.0, 0.05
 
-    def statistic(step_counts):
-        return smooth_sensitivity(step_counts[None, :], mechanism, order, beta).statistic
+    statistics: dict[tuple[int, ...], float] = {}
+
+    def statistic(step_counts):  # each histogram meets many others in the enumeration: computed once
+        key = tuple(int(c) for c in step_counts)
+        if key not in statistics:
+            statistics[key] = smooth_sensitivity(step_counts[None, :], mechanism, order, beta).statistic
+        return statistics[key]
 
     for _ in range(4):
         counts = np.bincount(rng.choice(3, 12, p=rng.dirichlet(np.ones(3))), minlength=3)
