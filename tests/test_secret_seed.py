@@ -72,10 +72,15 @@ def _outputs_of_every_run_kind(micro_models, root: Path, seed: int, capsys) -> d
     runs.append(root / "generate")
     for run in runs:
         cli(f"audit {run.name}", ["audit", str(run), "--trials", "40", "--mc-samples", "20", "--no-progress"])
-        cli(f"audit --json {run.name}", ["audit", str(run), "--trials", "40", "--mc-samples", "20", "--json",
-                                          "--no-progress"])
         for name in ("audit.json", "ledger.json", "final.json"):
             texts[f"{run.name}/{name}"] = (run / name).read_text()
+    # `audit --json` prints the audit.json it writes, byte for byte (asserted here on one run), so every
+    # run's audit.json searched above is what its --json would print
+    voting = root / "hot-dpargmax"
+    cli("audit --json hot-dpargmax", ["audit", str(voting), "--trials", "40", "--mc-samples", "20", "--json",
+                                      "--no-progress"])
+    assert texts["audit --json hot-dpargmax stdout"] == (voting / "audit.json").read_text()
+    texts["hot-dpargmax/audit.json (--json)"] = (voting / "audit.json").read_text()
     for output_format in ("html", "md", "json", "latex", "csv"):
         report = root / f"report.{output_format}"
         assert cli(f"report {output_format}", ["report", *map(str, runs), "--format", output_format,
