@@ -20,13 +20,15 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# the suite on every core, at most 4 (pytest-xdist; CI has 2): TEST_WORKERS=0 runs it in this process
+# the suite on every core, at most 4 (pytest-xdist; CI has 2): TEST_WORKERS=0 runs it in this process.
+# Whole files go to the workers, the longest first (tests/durations.py), not reordered by test count.
 TEST_WORKERS ?= auto
+XDIST := -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile tests
+	$(PY) -m pytest -q $(XDIST) tests
 
 test-slow: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile -m slow tests
+	$(PY) -m pytest -q $(XDIST) -m slow tests
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -9,6 +9,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+from tests.durations import recorded_seconds  # noqa: E402
+
 prefer_wide_vectors()   # the suite runs the kernels as users do (a no-op: importing it did this)
 retain_freed_memory()   # as a decode or an audit runs (tests call their parts directly)
 
@@ -57,10 +59,15 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config, items):
+    """Generated tests join a run of the slow tests; the longest files run first (tests/durations.py:
+    under xdist's loadfile scheduling the workers take files greedily and finish together), each
+    file's own order kept."""
     if _runs_the_slow_tests(config):
         for item in items:
             if item.get_closest_marker("generated") is not None:
                 item.add_marker(pytest.mark.slow)
+    seconds = recorded_seconds()
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))  # stable: a file's order kept
 
 
 @pytest.fixture

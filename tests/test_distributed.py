@@ -39,7 +39,7 @@ def client():
         yield client
 
 
-def config_for(micro_models, out: Path, name: str, queries: int = 64, block_size: int = 16) -> dict:
+def config_for(micro_models, out: Path, name: str, queries: int = 48, block_size: int = 16) -> dict:
     mechanism, budget = DEMO_MECHANISMS[name]
     config = micro_config(micro_models, out, mechanism, queries=queries, block_size=block_size)
     if budget is not None:
