@@ -257,7 +257,8 @@ def test_generated_runs_are_bracketed_and_an_understated_claim_fails(tmp_path, n
     mechanism, relation = GENERATED[name]
     if name in ("dpargmax", "dpws"):
         mechanism = {**mechanism, "threshold": teachers / 2}
-    run = write_synthetic_run(tmp_path / "run", teachers, 48, 24, 12, dict(mechanism), payload=True, seed=teachers,
+    steps = 12 if name == "dpws" else 24   # DPWS's Monte Carlo law bounds: ~0.2 s a step, twice
+    run = write_synthetic_run(tmp_path / "run", teachers, 48, steps, 12, dict(mechanism), payload=True, seed=teachers,
                               relation=relation)
     trace = load_trace(run)
     ablation = check_voting_ablation(trace) if name in ("dpargmax", "dpws") else check_ablation(trace, None, 100, 0)[0]
