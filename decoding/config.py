@@ -55,7 +55,7 @@ from dpledger.accounting.errors import require, require_in_open, require_int_at_
 from dpledger.accounting.orders import default_orders
 from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
 from dpledger.accounting.safe_files import read_bytes
-from dpledger.decoding.runners import MECHANISM_TYPES, unknown_type_message
+from dpledger.decoding.mechanism_types import MECHANISM_TYPES, unknown_type_message
 from dpledger.mechanisms.calibration import MAX_QUERIES
 
 SEED_LIMIT = 2 ** 63

@@ -19,6 +19,7 @@ import inspect
 
 from dpledger.accounting.errors import require
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, neighbouring_relation, path_accounting
+from dpledger.decoding.mechanism_types import MECHANISM_TYPES, unknown_type_message
 from dpledger.decoding.trace import RECORDS_VERSION
 from dpledger.mechanisms.adapmixed import AdaPMixED
 from dpledger.mechanisms.ball import Ball, ball_named
@@ -478,23 +479,6 @@ _BUILDERS = {
 }
 _PARAMETERISED: dict[str, Callable[..., Runner]] = {"pmixed": pmixed_runner, "adapmixed": adapmixed_runner,
                                                      "voting": voting_runner}
-MECHANISM_TYPES = tuple(sorted([*_BUILDERS, *_PARAMETERISED]))
-
-
-def unknown_type_message(kind: object) -> str:
-    """The one line for an unknown [mechanism] type; PATE aggregator names point to type = "voting".
-
-    Args:
-        kind: the `type` the [mechanism] table gave.
-
-    Returns:
-        The message, listing MECHANISM_TYPES, with a hint where `kind` names a PATE aggregator.
-    """
-    hint = (f" (PATE aggregators are type = \"voting\" with aggregator = \"{kind}\")"
-            if kind in aggregators() else
-            " (PATE aggregators are type = \"voting\" with aggregator = \"dpargmax\", Confident-GNMax)"
-            if kind in ("gnmax", "confident-gnmax", "confident_gnmax", "pate", "hotpate", "hot_pate") else "")
-    return f"unknown mechanism type {kind!r}; known: {', '.join(MECHANISM_TYPES)}{hint}"
 
 
 def _check_parameter(kind: str, name: str, value: object, annotation: str) -> None:

@@ -52,18 +52,19 @@ def run(args: argparse.Namespace) -> int:
             without Dask installed.
         OSError: if the run's files cannot be written, or the cluster fails.
     """
-    from dpledger.decoding.cluster import ClusterSpec, dask_client, require_dask
     from dpledger.decoding.config import load_config
-    from dpledger.decoding.dask_decode import sequential_reason
-    from dpledger.decoding.blocks import prepare
-    from dpledger.decoding.run import run_decode
-    from dpledger.decoding.utility import utility_warnings
     from dpledger.decoding import trace
 
     overrides = tuple(args.overrides) + (() if args.queries is None else (f"run.queries={args.queries}",))
     config = load_config(args.config, args.out, overrides)
-    # a used --out or a run another process is writing fails here, before the models load
+    # a bad config, a used --out or a run another process is writing fails here, in under a second:
+    # neither torch nor the models are loaded yet
     trace.check_output_directory(config.out, args.resume, config.fingerprint())
+    from dpledger.decoding.cluster import ClusterSpec, dask_client, require_dask
+    from dpledger.decoding.dask_decode import sequential_reason
+    from dpledger.decoding.blocks import prepare
+    from dpledger.decoding.run import run_decode
+    from dpledger.decoding.utility import utility_warnings
     cluster = ClusterSpec.from_flags(args.workers, args.scheduler)
     if cluster is not None:
         require_dask("--workers / --scheduler")

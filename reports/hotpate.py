@@ -54,6 +54,7 @@ from dpledger.accounting.orders import default_orders
 from dpledger.accounting.relation import NeighbouringRelation, neighbouring_relation
 from dpledger.accounting.safe_files import write_atomic
 from dpledger.accounting.strict_json import strict_json_text
+from dpledger.decoding.config import read_text_file
 from dpledger.decoding.recipe import encode_documents, set_single_thread
 from dpledger.mechanisms.calibration import calibrate_confident_gnmax, calibrate_dpws
 from dpledger.mechanisms.diversity import (DiversityCurve, diversity_preservation, largest_preserved_beta,
@@ -887,8 +888,6 @@ def read_partitioned_dataset(path: str | Path, partition_key: str, teachers: int
         ValueError: if the file cannot be read, a line is not a JSON object with both fields, or there are
             fewer distinct partition values than teachers.
     """
-    from dpledger.decoding.config import read_text_file
-
     teachers = require_int_at_least("teachers", teachers, 2)
     groups: dict[str, list[str]] = {}
     for number, line in enumerate(read_text_file(path, "--dataset").splitlines(), start=1):
@@ -964,7 +963,6 @@ def run_hotpate(teachers: int = 64, queries: int = 48, samples: int = 200, seed:
     """
     from transformers import AutoTokenizer
 
-    from dpledger.decoding.config import read_text_file
     from dpledger.decoding.icl import InContextEnsemble, embedded_icl_default, partition_records, prompt_text, \
         read_icl_examples
 

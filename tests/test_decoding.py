@@ -273,3 +273,13 @@ def test_free_generation_stream_and_subsampled_pmixed(micro_models, tmp_path):
     for record, size in zip(records, sizes):  # realised-size: the charge follows the recorded subsample size
         expected = SubsampledPMixED(pmixed, 0.5, "realised-size", size).rdp_values(np.asarray(orders))
         np.testing.assert_allclose(record["rdp_pmixed_subsampled_realised-size"], expected, rtol=1e-12)
+
+
+def test_the_light_list_of_mechanism_types_is_the_runners_registry():
+    """decoding.mechanism_types (checked before torch loads) names exactly the types build_runner builds."""
+    from dpledger.decoding import runners
+    from dpledger.decoding.mechanism_types import MECHANISM_TYPES
+
+    assert MECHANISM_TYPES == tuple(sorted([*runners._BUILDERS, *runners._PARAMETERISED]))
+    with pytest.raises(ValueError, match="unknown mechanism type 'gnmax'.*aggregator"):
+        runners.build_runner({"type": "gnmax"}, 3)

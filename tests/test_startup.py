@@ -48,7 +48,7 @@ def heavy_modules_loaded(body: str) -> list[str]:
 
 @pytest.mark.parametrize("statement", ["import dpledger", "import dpledger.accounting", "import dpledger.mechanisms",
                                        "from dpledger import PMixED, AdaPMixED, GNMax, Targmax, PrivacyLedger",
-                                       "import dpledger.audit.claims"])
+                                       "import dpledger.audit.claims", "import dpledger.decoding.config"])
 def test_imports_stay_light(statement):
     assert heavy_modules_loaded(statement) == []
 
@@ -82,3 +82,20 @@ def test_a_lazy_module_imports_on_first_read_and_then_reads_like_the_module():
     with pytest.raises(AttributeError):
         _ = stand_in.no_such_attribute
     assert lazy_module("json") is json             # already imported: nothing to defer
+
+
+def test_a_decode_refused_for_its_config_or_its_output_directory_loads_neither_torch_nor_numba(tmp_path):
+    """`dpledger decode` checks the configuration and --out before the decoding stack loads: a mistake
+    there is one line in well under a second, not after torch, transformers and the models."""
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "notes.txt").write_text("not a run\n")
+    misspelt = tmp_path / "misspelt.toml"
+    misspelt.write_text(f'[run]\nout = "{tmp_path / "out"}"\n[mechanism]\ntype = "pmixxed"\n')
+    for argv in (["decode", str(ROOT / "examples" / "pmixed.toml"), "--out", str(used)], ["decode", str(misspelt)]):
+        body = ("import contextlib, io\nfrom dpledger.cli import main\n"
+                "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+                f"    status = main({argv!r})\n"
+                "assert status == 2, status")
+        assert [name for name in heavy_modules_loaded(body) if name != "scipy.stats"] == [], argv
+    assert list(used.iterdir()) == [used / "notes.txt"] and not (tmp_path / "out").exists()
