@@ -17,7 +17,9 @@ import fnmatch
 import hashlib
 import json
 import pickle
+import threading
 import warnings
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +174,34 @@ def _quiet_loading() -> Iterator[None]:
         hf_logging.set_verbosity(verbosity)
 
 
+KEPT_MODEL_BYTES = 64 * 2 ** 20
+"""A local model directory whose files total at most this many bytes is kept loaded in the process, by
+content (load_causal_lm): tests, the demo and an audit after its decode load the same small models
+again and again (~28 ms a load against ~4 ms a copy for the embedded default's size). A larger
+model is loaded from its files every time, as before."""
+KEPT_MODELS = 16
+"""The most small models kept loaded (the least recently used is dropped)."""
+_kept: OrderedDict[str, PreTrainedModel] = OrderedDict()
+_kept_lock = threading.Lock()
+
+
+def _small_directory_digest(directory: Path) -> str | None:
+    """sha256 over the name, length and bytes of every file in `directory` (not its subdirectories),
+    or None when they total more than KEPT_MODEL_BYTES or cannot be read: what load_causal_lm keeps
+    a loaded model under, so that any change to any file of the directory loads it afresh."""
+    try:
+        files = sorted(path for path in directory.iterdir() if path.is_file())
+        if sum(path.stat().st_size for path in files) > KEPT_MODEL_BYTES:
+            return None
+        digest = hashlib.sha256()
+        for path in files:
+            data = path.read_bytes()
+            digest.update(path.name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
 def load_causal_lm(name_or_path: str) -> PreTrainedModel:
     """AutoModelForCausalLM.from_pretrained, in eval mode, or ValueError in one line naming the file
     at fault: a local path that does not exist (never looked up on the hub), a LoRA adapter, a
@@ -188,7 +218,7 @@ def load_causal_lm(name_or_path: str) -> PreTrainedModel:
     Raises:
         ValueError: for any of the problems above, or a hub model that cannot be loaded.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one bar per teacher drowns the run's own progress bar
@@ -198,6 +228,27 @@ def load_causal_lm(name_or_path: str) -> PreTrainedModel:
             return AutoModelForCausalLM.from_pretrained(str(name_or_path)).eval()
         except OSError as error:
             raise ValueError(f"cannot load model {name_or_path!r}: {_first_line(error)}; {HUB_HINT}") from None
+    # a small directory whose every file has bytes loaded before gets a copy of that model: the kept
+    # one never leaves the cache, so nothing a caller does to its model (training, dtype) reaches another
+    digest = _small_directory_digest(directory)
+    with _kept_lock:
+        kept = _kept.get(digest) if digest is not None else None
+        if kept is not None:
+            _kept.move_to_end(digest)
+            return copy.deepcopy(kept)
+    model = _load_local_causal_lm(directory)
+    if digest is not None and _small_directory_digest(directory) == digest:  # unchanged while it loaded
+        with _kept_lock:
+            _kept[digest] = copy.deepcopy(model)
+            while len(_kept) > KEPT_MODELS:
+                _kept.popitem(last=False)
+    return model
+
+
+def _load_local_causal_lm(directory: Path) -> PreTrainedModel:
+    """load_causal_lm's loading of a local model directory, with its checks."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     if is_lora_adapter(directory):
         raise ValueError(f"{directory} is a LoRA adapter ({ADAPTER_CONFIG}, no {CONFIG}), not a full model")
     config_file = directory / CONFIG

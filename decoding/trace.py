@@ -858,8 +858,8 @@ def is_locked(directory: str | Path) -> bool:
 
 def check_output_directory(out: str | Path, resume: bool, fingerprint: str | None = None) -> None:
     """What decoding into `out` refuses that needs no model, checked before anything is loaded or
-    written (`dpledger decode` runs it before loading the models, so a used --out fails in a few
-    seconds, not after the model stack loads): `out` must be a directory or absent; one holding files
+    written (`dpledger decode` runs it before loading the models, so a used --out fails in under a
+    second, not after the model stack loads): `out` must be a directory or absent; one holding files
     needs `resume`, must hold a dpledger run written with the same config (`fingerprint`, when given;
     resumed_run_manifest), and no other process may be writing it. The writer checks the run again
     under its lock (the directory may change in between), and taking the lock is what refuses a

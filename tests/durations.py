@@ -22,11 +22,13 @@ RECORD = Path(__file__).with_name("durations.json")
 
 
 def recorded_seconds() -> dict[str, float]:
-    """File path (as pytest names it, e.g. tests/test_audit.py) -> its recorded seconds; {} without a record."""
+    """File path (as pytest names it, e.g. tests/test_audit.py) -> its recorded seconds; {} without a
+    usable record."""
     try:
-        return json.loads(RECORD.read_text())
-    except FileNotFoundError:
+        recorded = json.loads(RECORD.read_text())
+    except (OSError, ValueError):   # absent, unreadable or not JSON: the files keep their collection order
         return {}
+    return {str(k): float(v) for k, v in recorded.items()} if isinstance(recorded, dict) else {}
 
 
 def seconds_per_file(junit_xml: Path) -> dict[str, float]:

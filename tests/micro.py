@@ -87,31 +87,42 @@ def write_toml(path: Path, config: dict) -> Path:
     return path
 
 
-def forked_decode(config: Path) -> int:
-    """Start `dpledger decode config --no-progress` in a forked copy of this process, its output
-    discarded; returns the child's pid (reap it with os.waitpid).
+def forked_decode(config: Path, log: Path) -> int:
+    """Start `dpledger decode config --no-progress` in a forked copy of this process, its stdout and
+    stderr written to `log`; returns the child's pid (reap it with os.waitpid).
 
     A fork, not a fresh interpreter: the same command-line code in another process (its own pid and
     locks, killable at any point) without 10 s of torch and transformers imports. Fresh `dpledger`
-    processes are killed and raced in tests/adversarial (make test-slow)."""
+    processes are killed and raced in tests/adversarial (make test-slow). The decode must stay
+    single-threaded for this (torch's and numba's OpenMP pools do not survive a fork)."""
     import contextlib
     import os
 
     from dpledger.cli import main
 
     child = os.fork()
-    if child == 0:  # the child decodes, then leaves without returning into the test
+    if child == 0:  # the child decodes, then leaves without ever returning into the test runner
         code = 1
         try:
-            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-                code = main(["decode", str(config), "--no-progress"])
+            with open(log, "w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                status = main(["decode", str(config), "--no-progress"])
+                code = status if isinstance(status, int) else 1
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        except BaseException:
+            code = 1
         finally:
             os._exit(code)
     return child
 
 
-def wait_for_chunk(child: int, run: Path, chunk: int) -> None:
-    """Wait until chunk `chunk` of `run` is committed by the forked decode `child`, failing if it ends first."""
+def _tail(log: Path) -> str:
+    return log.read_text()[-2000:] if log.exists() else ""
+
+
+def wait_for_chunk(child: int, run: Path, chunk: int, log: Path) -> None:
+    """Wait until chunk `chunk` of `run` is committed by the forked decode `child` (forked_decode),
+    failing with its output if it ends first or takes over 120 s."""
     import os
     import time
 
@@ -120,9 +131,38 @@ def wait_for_chunk(child: int, run: Path, chunk: int) -> None:
     deadline = time.time() + 120
     while not trace.chunk_path(run, chunk).exists():
         ended, status = os.waitpid(child, os.WNOHANG)
-        assert ended == 0, f"the decode ended before chunk {chunk} was committed (status {status})"
-        assert time.time() < deadline, f"the run never committed chunk {chunk}"
+        assert ended == 0, f"the decode ended (exit {os.waitstatus_to_exitcode(status)}) before chunk {chunk}: " \
+                           + _tail(log)
+        assert time.time() < deadline, f"the run never committed chunk {chunk}: " + _tail(log)
         time.sleep(0.01)
+
+
+def reap(child: int, seconds: float = 300) -> int:
+    """The exit code of the forked `child`, waiting at most `seconds` (then SIGKILL: -9)."""
+    import os
+    import signal
+    import time
+
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        ended, status = os.waitpid(child, os.WNOHANG)
+        if ended:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    kill(child)
+    return -signal.SIGKILL
+
+
+def kill(child: int) -> None:
+    """SIGKILL the forked `child` and reap it; nothing if it is gone already."""
+    import os
+    import signal
+
+    try:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def cli_in_process(argv: list[str]):
@@ -139,22 +179,31 @@ def cli_in_process(argv: list[str]):
     return subprocess.CompletedProcess(["dpledger", *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
-def kill_and_resume(reference_cfg: dict, tmp_path: Path, chunk: int = 3):
+def kill_and_resume(reference_cfg: dict, tmp_path: Path, chunk: int = 3, fresh_resume: bool = False):
     """Decode `reference_cfg` into tmp_path/killed in a forked process (forked_decode), SIGKILL it
     once chunk `chunk` is committed (at an arbitrary point of the decode, a chunk half written
-    included), then resume it through the command line here; returns (the resumed CompletedProcess,
-    the killed run's directory, the records committed before the resume)."""
+    included), then resume it through the command line: here, or with `fresh_resume` in a fresh
+    interpreter (kernels loaded from numba's disk cache, another hash seed: what a user's resume
+    is); returns (the resumed CompletedProcess, the killed run's directory, the records committed
+    before the resume)."""
     import os
-    import signal
+    import subprocess
+    import sys
 
     from dpledger.decoding import trace
 
     killed = tmp_path / "killed"
     config = write_toml(tmp_path / "killed.toml", {**reference_cfg, "run": {**reference_cfg["run"], "out": str(killed)}})
-    child = forked_decode(config)
-    wait_for_chunk(child, killed, chunk)
-    os.kill(child, signal.SIGKILL)
-    os.waitpid(child, 0)
+    child = forked_decode(config, tmp_path / "killed.log")
+    try:
+        wait_for_chunk(child, killed, chunk, tmp_path / "killed.log")
+    finally:
+        kill(child)
     assert not (killed / trace.LEDGER).exists(), "the run finished before it could be killed"
     committed = len(trace.read_records(killed))
-    return cli_in_process(["decode", str(config), "--no-progress", "--resume"]), killed, committed
+    argv = ["decode", str(config), "--no-progress", "--resume"]
+    if not fresh_resume:
+        return cli_in_process(argv), killed, committed
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "dpledger", *argv], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600), killed, committed

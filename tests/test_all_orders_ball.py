@@ -299,7 +299,8 @@ def _ball_cases(count: int, seed: int):
         else:
             vocab, teachers = int(rng.choice(VOCABS)), int(rng.integers(1, 9))
         kind = KINDS[index % len(KINDS)]
-        beta = float(BETAS[(index // len(KINDS)) % len(BETAS)])     # every (kind, beta) pair in 24 cases
+        # every beta in any 12 consecutive cases, every (kind, beta) pair in 24
+        beta = float(BETAS[(index + index // len(KINDS)) % len(BETAS)])
         ensemble, public = _ensemble(rng, teachers, vocab, kind, beta=beta)
         yield ensemble, public, beta, kind
 

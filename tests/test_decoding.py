@@ -119,7 +119,8 @@ def test_killed_run_resumes_to_the_same_ledger_as_an_uninterrupted_run(micro_mod
     reference_cfg = micro_config(micro_models, tmp_path / "reference", mechanism, queries=150, block_size=10,
                                  replay_payload=False)
     reference = run_decode(config_from_dict(reference_cfg), progress=False, verbose=False)
-    resumed, killed, committed = kill_and_resume(reference_cfg, tmp_path)
+    # resumed in a fresh interpreter, as a user resumes: kernels from numba's disk cache, another hash seed
+    resumed, killed, committed = kill_and_resume(reference_cfg, tmp_path, fresh_resume=True)
     assert 0 < committed < 150
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     killed_ledger = json.loads((tmp_path / "killed" / trace.LEDGER).read_text())
@@ -283,3 +284,31 @@ def test_the_light_list_of_mechanism_types_is_the_runners_registry():
     assert MECHANISM_TYPES == tuple(sorted([*runners._BUILDERS, *runners._PARAMETERISED]))
     with pytest.raises(ValueError, match="unknown mechanism type 'gnmax'.*aggregator"):
         runners.build_runner({"type": "gnmax"}, 3)
+
+
+def test_a_small_model_loaded_again_is_a_fresh_copy_and_any_changed_file_loads_afresh(micro_models, tmp_path):
+    """load_causal_lm keeps small models by the bytes of every file in their directory: a second load is
+    an equal, separate model (changing it changes no later load), and a file changed in place, its
+    size kept, is loaded from disk again."""
+    import shutil
+
+    import torch
+
+    from dpledger.decoding.ensemble import load_causal_lm
+
+    directory = tmp_path / "teacher"
+    shutil.copytree(micro_models.teachers[0], directory)
+    first, second = load_causal_lm(str(directory)), load_causal_lm(str(directory))
+    assert first is not second and not second.training
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+    with torch.no_grad():
+        for parameter in first.parameters():
+            parameter.add_(1.0)       # a caller's model is its own: training it changes no later load
+    third = load_causal_lm(str(directory))
+    assert all(torch.equal(a, b) for a, b in zip(third.state_dict().values(), second.state_dict().values()))
+    other = load_causal_lm(str(micro_models.teachers[1]))
+    weights = directory / "model.safetensors"
+    weights.write_bytes((micro_models.teachers[1] / "model.safetensors").read_bytes())  # the same size
+    changed = load_causal_lm(str(directory))
+    assert all(torch.equal(a, b) for a, b in zip(changed.state_dict().values(), other.state_dict().values()))
+    assert not all(torch.equal(a, b) for a, b in zip(changed.state_dict().values(), second.state_dict().values()))

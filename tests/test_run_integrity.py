@@ -21,7 +21,8 @@ from dpledger.decoding.run import run_decode
 from dpledger.cli import main
 from dpledger.reports import load_run, render
 from tests.forging import copy, forge, point_models_nowhere, reissue_final
-from tests.micro import ADAPMIXED, PMIXED, cli_in_process, forked_decode, make_run, micro_config, wait_for_chunk, write_toml
+from tests.micro import (ADAPMIXED, PMIXED, cli_in_process, forked_decode, kill, make_run, micro_config, reap,
+                         wait_for_chunk, write_toml)
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -239,25 +240,28 @@ def test_the_report_refuses_an_audit_made_for_other_files(runs, tmp_path):
 
 def test_a_second_writer_is_locked_out_and_changes_nothing(micro_models, tmp_path):
     config = micro_config(micro_models, tmp_path / "run", ADAPMIXED, queries=80, block_size=10, replay_payload=False)
-    path = write_toml(tmp_path / "run.toml", config)
-    first = forked_decode(path)
-    wait_for_chunk(first, tmp_path / "run", 1)
-    # paused, the first writer holds its lock while the second ones try (fresh processes racing each
-    # other are tests/adversarial/test_kills_and_concurrency.py, make test-slow)
-    os.kill(first, signal.SIGSTOP)
+    path, log = write_toml(tmp_path / "run.toml", config), tmp_path / "first.log"
+    first = forked_decode(path, log)
     try:
-        command = ["decode", str(path), "--no-progress"]
-        resumed, fresh = cli_in_process(command + ["--resume"]), cli_in_process(command)
-        assert os.waitpid(first, os.WNOHANG)[0] == 0, "the first run finished before the second writer started"
+        wait_for_chunk(first, tmp_path / "run", 1, log)
+        # paused, the first writer holds its lock while the second ones try (fresh processes racing each
+        # other are tests/adversarial/test_kills_and_concurrency.py, make test-slow)
+        os.kill(first, signal.SIGSTOP)
+        try:
+            command = ["decode", str(path), "--no-progress"]
+            resumed, fresh = cli_in_process(command + ["--resume"]), cli_in_process(command)
+            assert os.waitpid(first, os.WNOHANG)[0] == 0, "the first run finished before the second writer started"
+        finally:
+            os.kill(first, signal.SIGCONT)
+        assert resumed.returncode == 2 and resumed.stderr.count("\n") == 1
+        assert "is being written by another dpledger process (pid" in resumed.stderr
+        assert fresh.returncode == 2 and "already holds files" in fresh.stderr and fresh.stderr.count("\n") == 1
+        assert reap(first) == 0, log.read_text()[-2000:]
     finally:
-        os.kill(first, signal.SIGCONT)
-    assert resumed.returncode == 2 and resumed.stderr.count("\n") == 1
-    assert "is being written by another dpledger process (pid" in resumed.stderr
-    assert fresh.returncode == 2 and "already holds files" in fresh.stderr and fresh.stderr.count("\n") == 1
-    assert os.waitpid(first, 0)[1] == 0
+        kill(first)
     report = audit_run(tmp_path / "run", **AUDIT)
     assert report.verdict == "PASS" and report.check("hash_chain").status is Status.PASS
-    assert (tmp_path / "run" / trace.FINAL).exists()
+    assert f"chain head {trace.read_final(tmp_path / 'run')['head']}" in log.read_text()
 
 
 def test_creation_is_atomic_and_abandoned_creations_are_cleared(micro_models, tmp_path, monkeypatch):

@@ -92,10 +92,11 @@ def test_a_decode_refused_for_its_config_or_its_output_directory_loads_neither_t
     (used / "notes.txt").write_text("not a run\n")
     misspelt = tmp_path / "misspelt.toml"
     misspelt.write_text(f'[run]\nout = "{tmp_path / "out"}"\n[mechanism]\ntype = "pmixxed"\n')
-    for argv in (["decode", str(ROOT / "examples" / "pmixed.toml"), "--out", str(used)], ["decode", str(misspelt)]):
-        body = ("import contextlib, io\nfrom dpledger.cli import main\n"
-                "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+    for argv, refusal in ((["decode", str(ROOT / "examples" / "pmixed.toml"), "--out", str(used)], "already holds files"),
+                          (["decode", str(misspelt)], "unknown mechanism type 'pmixxed'")):
+        body = ("import contextlib, io\nfrom dpledger.cli import main\nerr = io.StringIO()\n"
+                "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):\n"
                 f"    status = main({argv!r})\n"
-                "assert status == 2, status")
+                f"assert status == 2 and {refusal!r} in err.getvalue(), (status, err.getvalue())")
         assert [name for name in heavy_modules_loaded(body) if name != "scipy.stats"] == [], argv
     assert list(used.iterdir()) == [used / "notes.txt"] and not (tmp_path / "out").exists()

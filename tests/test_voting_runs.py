@@ -30,9 +30,9 @@ def voting(aggregator: str, votes: str = "coordinated", **extra) -> dict:
     return {"type": "voting", "votes": votes, "aggregator": aggregator, **AGGREGATORS[aggregator], **extra}
 
 
-def decode(micro_models, out: Path, mechanism: dict, queries: int = 48, **run):
-    return run_decode(config_from_dict(micro_config(micro_models, out, mechanism, queries=queries, block_size=16,
-                                                    **run)), progress=False, verbose=False)
+def decode(micro_models, out: Path, mechanism: dict, queries: int = 48, block_size: int = 16, **run):
+    return run_decode(config_from_dict(micro_config(micro_models, out, mechanism, queries=queries,
+                                                    block_size=block_size, **run)), progress=False, verbose=False)
 
 
 @pytest.mark.parametrize("aggregator", sorted(AGGREGATORS))
@@ -40,7 +40,7 @@ def test_each_aggregator_decodes_records_votes_and_audits_pass(micro_models, tmp
     # DPWS's bracket draws its Monte Carlo law bounds at ~0.25 s a step here: 16 steps, the others 48
     result = decode(micro_models, tmp_path / aggregator, voting(aggregator, "independent" if aggregator == "tws"
                                                                 else "coordinated"),
-                    queries=16 if aggregator == "dpws" else 48)
+                    queries=16 if aggregator == "dpws" else 48, block_size=8 if aggregator == "dpws" else 16)
     records = trace.read_records(result.directory)
     for record in records:
         assert record["vote_seed"] == vote_seed(7, record["step"])
