@@ -231,11 +231,12 @@ def load_causal_lm(name_or_path: str) -> PreTrainedModel:
     # a small directory whose every file has bytes loaded before gets a copy of that model: the kept
     # one never leaves the cache, so nothing a caller does to its model (training, dtype) reaches another
     digest = _small_directory_digest(directory)
-    with _kept_lock:
-        kept = _kept.get(digest) if digest is not None else None
-        if kept is not None:
-            _kept.move_to_end(digest)
-            return copy.deepcopy(kept)
+    if digest is not None:
+        with _kept_lock:
+            kept = _kept.get(digest)
+            if kept is not None:
+                _kept.move_to_end(digest)
+                return copy.deepcopy(kept)
     model = _load_local_causal_lm(directory)
     if digest is not None and _small_directory_digest(directory) == digest:  # unchanged while it loaded
         with _kept_lock:
