@@ -16,6 +16,7 @@ import copy
 import fnmatch
 import hashlib
 import json
+import os
 import pickle
 import threading
 import warnings
@@ -175,10 +176,10 @@ def _quiet_loading() -> Iterator[None]:
 
 
 KEPT_MODEL_BYTES = 64 * 2 ** 20
-"""A local model directory whose files total at most this many bytes is kept loaded in the process, by
-content (load_causal_lm): tests, the demo and an audit after its decode load the same small models
-again and again (~28 ms a load against ~4 ms a copy for the embedded default's size). A larger
-model is loaded from its files every time, as before."""
+"""A local model directory whose files total at most this many bytes, weights all among them, is kept
+loaded in the process by content (load_causal_lm): tests, the demo and an audit after its decode load
+the same small models again and again (~28 ms a load against ~4 ms a copy for the embedded default's
+size). A larger model, or one with shards elsewhere, is loaded from its files every time, as before."""
 KEPT_MODELS = 16
 """The most small models kept loaded (the least recently used is dropped)."""
 _kept: OrderedDict[str, PreTrainedModel] = OrderedDict()
@@ -186,18 +187,26 @@ _kept_lock = threading.Lock()
 
 
 def _small_directory_digest(directory: Path) -> str | None:
-    """sha256 over the name, length and bytes of every file in `directory` (not its subdirectories),
-    or None when they total more than KEPT_MODEL_BYTES or cannot be read: what load_causal_lm keeps
-    a loaded model under, so that any change to any file of the directory loads it afresh."""
+    """sha256 over the name, length and bytes of every file directly in `directory`: what
+    load_causal_lm keeps a loaded model under, so that a change to any of them loads it afresh. None
+    (never kept) when they total more than KEPT_MODEL_BYTES, one cannot be read, or a weights file the
+    loader would read is not among them (a sharded index naming a shard in a subdirectory or
+    elsewhere: the digest would not cover it)."""
     try:
         files = sorted(path for path in directory.iterdir() if path.is_file())
-        if sum(path.stat().st_size for path in files) > KEPT_MODEL_BYTES:
+        names = {path.name for path in files}
+        if any(shard.parent != directory or shard.name not in names
+               for shard in _weights_files(directory, MODEL_WEIGHTS)):
             return None
-        digest = hashlib.sha256()
+        digest, left = hashlib.sha256(), KEPT_MODEL_BYTES
         for path in files:
-            data = path.read_bytes()
-            digest.update(path.name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
-    except OSError:
+            with open(path, "rb") as handle:       # at most what is left: a file may be larger than stat said
+                data = handle.read(left + 1)
+            if len(data) > left:
+                return None
+            left -= len(data)
+            digest.update(os.fsencode(path.name) + b"\0" + len(data).to_bytes(8, "little") + data)
+    except (OSError, ValueError):   # the loader names the fault; an unkept load meets it
         return None
     return digest.hexdigest()
 
@@ -236,11 +245,19 @@ def load_causal_lm(name_or_path: str) -> PreTrainedModel:
             kept = _kept.get(digest)
             if kept is not None:
                 _kept.move_to_end(digest)
-                return copy.deepcopy(kept)
+                model = copy.deepcopy(kept)
+                model.config.name_or_path = model.name_or_path = str(directory)  # as a load from here names it
+                return model
     model = _load_local_causal_lm(directory)
-    if digest is not None and _small_directory_digest(directory) == digest:  # unchanged while it loaded
+    # kept only if the files are as they were before the load (a change that lasts is seen; one undone
+    # while transformers read the files is not: the kept model is what the files held when both looked)
+    if digest is not None and _small_directory_digest(directory) == digest:
+        try:
+            kept = copy.deepcopy(model)
+        except Exception:  # a model that cannot be copied (non-leaf tensors, quantised weights) is not kept
+            return model
         with _kept_lock:
-            _kept[digest] = copy.deepcopy(model)
+            _kept[digest] = kept
             while len(_kept) > KEPT_MODELS:
                 _kept.popitem(last=False)
     return model

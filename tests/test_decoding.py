@@ -286,29 +286,51 @@ def test_the_light_list_of_mechanism_types_is_the_runners_registry():
         runners.build_runner({"type": "gnmax"}, 3)
 
 
-def test_a_small_model_loaded_again_is_a_fresh_copy_and_any_changed_file_loads_afresh(micro_models, tmp_path):
+def test_a_small_model_loaded_again_is_a_fresh_copy_and_any_changed_file_loads_afresh(micro_models, tmp_path,
+                                                                                         monkeypatch):
     """load_causal_lm keeps small models by the bytes of every file in their directory: a second load is
-    an equal, separate model (changing it changes no later load), and a file changed in place, its
-    size kept, is loaded from disk again."""
+    an equal, separate model (changing it changes no later load), a file changed in place, its size
+    kept, is loaded from disk again, and a checkpoint with a shard outside the directory is never kept."""
+    import json
     import shutil
 
     import torch
 
+    from dpledger.decoding import ensemble
     from dpledger.decoding.ensemble import load_causal_lm
+
+    loads = []
+    real = ensemble._load_local_causal_lm
+    monkeypatch.setattr(ensemble, "_load_local_causal_lm", lambda directory: loads.append(directory) or real(directory))
+
+    def same(a, b):
+        return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
     directory = tmp_path / "teacher"
     shutil.copytree(micro_models.teachers[0], directory)
     first, second = load_causal_lm(str(directory)), load_causal_lm(str(directory))
-    assert first is not second and not second.training
-    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+    assert len(loads) == 1 and first is not second and not second.training and same(first, second)
+    assert second.name_or_path == second.config.name_or_path == str(directory)
+    assert second.lm_head.weight is second.transformer.wte.weight      # tied, as a load ties them
     with torch.no_grad():
-        for parameter in first.parameters():
-            parameter.add_(1.0)       # a caller's model is its own: training it changes no later load
+        for parameter in second.parameters():
+            parameter.add_(1.0)       # a caller's model is its own: changing it changes no later load
     third = load_causal_lm(str(directory))
-    assert all(torch.equal(a, b) for a, b in zip(third.state_dict().values(), second.state_dict().values()))
-    other = load_causal_lm(str(micro_models.teachers[1]))
+    assert len(loads) == 1 and third is not second and same(third, first)
     weights = directory / "model.safetensors"
-    weights.write_bytes((micro_models.teachers[1] / "model.safetensors").read_bytes())  # the same size
+    other = tmp_path / "other"
+    shutil.copytree(micro_models.public, other)   # the same architecture, other weights
+    assert weights.stat().st_size == (other / "model.safetensors").stat().st_size
+    weights.write_bytes((other / "model.safetensors").read_bytes())   # the same size, other bytes
     changed = load_causal_lm(str(directory))
-    assert all(torch.equal(a, b) for a, b in zip(changed.state_dict().values(), other.state_dict().values()))
-    assert not all(torch.equal(a, b) for a, b in zip(changed.state_dict().values(), second.state_dict().values()))
+    # (against the kept copy: `first` may map the weights file, rewritten in place above)
+    assert len(loads) == 2 and same(changed, load_causal_lm(str(other))) and not same(changed, third)
+    # a sharded checkpoint whose shard lies in a subdirectory: the digest would not cover it
+    sharded = tmp_path / "sharded"
+    shutil.copytree(micro_models.teachers[0], sharded)
+    (sharded / "shards").mkdir()
+    (sharded / "model.safetensors").rename(sharded / "shards" / "model.safetensors")
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {name: "shards/model.safetensors" for name in first.state_dict()}}))
+    assert ensemble._small_directory_digest(sharded) is None
+    assert ensemble._small_directory_digest(directory) is not None
