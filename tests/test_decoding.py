@@ -299,6 +299,9 @@ def test_a_small_model_loaded_again_is_a_fresh_copy_and_any_changed_file_loads_a
     from dpledger.decoding import ensemble
     from dpledger.decoding.ensemble import load_causal_lm
 
+    from collections import OrderedDict
+
+    monkeypatch.setattr(ensemble, "_kept", OrderedDict())   # other tests kept these bytes' model already
     loads = []
     real = ensemble._load_local_causal_lm
     monkeypatch.setattr(ensemble, "_load_local_causal_lm", lambda directory: loads.append(directory) or real(directory))
