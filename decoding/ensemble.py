@@ -249,13 +249,15 @@ def load_causal_lm(name_or_path: str) -> PreTrainedModel:
                 model.config.name_or_path = model.name_or_path = str(directory)  # as a load from here names it
                 return model
     model = _load_local_causal_lm(directory)
+    if digest is None:
+        return model
+    try:
+        kept = copy.deepcopy(model)   # before the second look: the loaded tensors may map the weights file
+    except Exception:  # a model that cannot be copied (non-leaf tensors, quantised weights) is not kept
+        return model
     # kept only if the files are as they were before the load (a change that lasts is seen; one undone
     # while transformers read the files is not: the kept model is what the files held when both looked)
-    if digest is not None and _small_directory_digest(directory) == digest:
-        try:
-            kept = copy.deepcopy(model)
-        except Exception:  # a model that cannot be copied (non-leaf tensors, quantised weights) is not kept
-            return model
+    if _small_directory_digest(directory) == digest:
         with _kept_lock:
             _kept[digest] = kept
             while len(_kept) > KEPT_MODELS:

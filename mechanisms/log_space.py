@@ -31,7 +31,7 @@ def log_sum_exp(values: ArrayLike, axis: int = -1, weights: ArrayLike | None = N
     if weights is not None:
         w = np.broadcast_to(np.asarray(weights, dtype=np.float64), x.shape)
         with np.errstate(divide="ignore", invalid="ignore"):   # log 0 = -inf: the term drops; log(-1) = NaN
-            x = np.where(w == 0.0, -np.inf, x + np.log(w))
+            x = np.where((w == 0.0) & ~np.isnan(x), -np.inf, x + np.log(w))   # a NaN value stays NaN
     if x.shape[axis] == 0:
         return np.full(np.delete(x.shape, axis % x.ndim), -np.inf)
     largest = np.argmax(x, axis=axis, keepdims=True)

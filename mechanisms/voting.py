@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import numpy.typing as npt
 from numpy.typing import NDArray
-from dpledger.mechanisms.log_space import log_sum_exp
 
 from dpledger.accounting.errors import require, require_member
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, path_accounting
 from dpledger.mechanisms.aggregation import VoteAggregator, pick_token
 from dpledger.mechanisms.aggregators import build_aggregator
 from dpledger.mechanisms.base import Mechanism, set_validated
+from dpledger.mechanisms.log_space import log_sum_exp
 from dpledger.mechanisms.pate import gnmax_log_output_law
 from dpledger.accounting.lazy_import import lazy_module
 

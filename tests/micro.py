@@ -154,15 +154,18 @@ def reap(child: int, seconds: float = 300) -> int:
 
 
 def kill(child: int) -> None:
-    """SIGKILL the forked `child` and reap it; nothing if it is gone already."""
+    """SIGKILL the forked `child` and reap it; nothing if it was reaped already (its pid may be another
+    process's by now, so it is never signalled)."""
     import os
     import signal
 
     try:
+        ended, _ = os.waitpid(child, os.WNOHANG)
+    except ChildProcessError:
+        return
+    if ended == 0:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
 
 
 def cli_in_process(argv: list[str]):

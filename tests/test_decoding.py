@@ -293,13 +293,12 @@ def test_a_small_model_loaded_again_is_a_fresh_copy_and_any_changed_file_loads_a
     kept, is loaded from disk again, and a checkpoint with a shard outside the directory is never kept."""
     import json
     import shutil
+    from collections import OrderedDict
 
     import torch
 
     from dpledger.decoding import ensemble
     from dpledger.decoding.ensemble import load_causal_lm
-
-    from collections import OrderedDict
 
     monkeypatch.setattr(ensemble, "_kept", OrderedDict())   # other tests kept these bytes' model already
     loads = []

@@ -69,6 +69,7 @@ def test_special_values_and_axes():
     assert log_sum_exp(np.array([np.inf, 1.0])) == np.inf
     assert np.isnan(log_sum_exp(np.array([np.nan, 1.0])))
     assert np.isnan(log_sum_exp(np.array([1.0, 2.0]), weights=np.array([np.nan, 1.0])))   # a NaN weight is no 0
+    assert np.isnan(log_sum_exp(np.array([np.nan, 2.0]), weights=np.array([0.0, 1.0])))   # nor drops a NaN value
     # a largest term of weight 0 adds nothing, however large
     assert float(log_sum_exp(np.array([900.0, -475.0]), weights=np.array([0.0, 2.0]))) == pytest.approx(-475.0 + math.log(2.0))
     grid = np.random.default_rng(3).normal(0, 5, (3, 4, 5))

@@ -2,6 +2,7 @@
 processes), atomic creation, every tampering class a forger can try (with the chain, ledger and
 final record recomputed as a forger would), verdicts that say what was verified, audit.json bound
 to what it audited, and one clean error line for bad configs and bad trace directories."""
+import contextlib
 import json
 import os
 import shutil
@@ -252,7 +253,8 @@ def test_a_second_writer_is_locked_out_and_changes_nothing(micro_models, tmp_pat
             resumed, fresh = cli_in_process(command + ["--resume"]), cli_in_process(command)
             assert os.waitpid(first, os.WNOHANG)[0] == 0, "the first run finished before the second writer started"
         finally:
-            os.kill(first, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):   # ended already: the assertion above says so
+                os.kill(first, signal.SIGCONT)
         assert resumed.returncode == 2 and resumed.stderr.count("\n") == 1
         assert "is being written by another dpledger process (pid" in resumed.stderr
         assert fresh.returncode == 2 and "already holds files" in fresh.stderr and fresh.stderr.count("\n") == 1
