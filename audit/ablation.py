@@ -343,8 +343,8 @@ def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas:
     removed_t = torch.tensor(removed, dtype=torch.long)
 
     def divergences(log_output: torch.Tensor, log_neighbours: torch.Tensor) -> torch.Tensor:
-        return torch.stack([renyi_divergence_orders(log_output, log_neighbours, orders),
-                            renyi_divergence_orders(log_neighbours, log_output, orders)])
+        return torch.stack([renyi_divergence_orders(log_output, log_neighbours, orders, parallel=True),
+                            renyi_divergence_orders(log_neighbours, log_output, orders, parallel=True)])
 
     # without subsampling on the CPU, the removals run through the leave-one-out kernel (both directions
     # from one exp pair per token), with no (L, N, V) temporaries; otherwise in torch, every neighbour's law built

@@ -473,7 +473,6 @@ def normalised_distributions(rows: FloatArray, out: FloatArray, sums: FloatArray
     return nan > 0.0, infinite == 0.0, smallest
 
 
-@jit(**_FLAGS)
 def has_positive_below(values: FloatArray, below: float) -> bool:
     """Whether some entry of `values` (one-dimensional) lies in (0, below): one vectorised pass.
 
@@ -485,9 +484,14 @@ def has_positive_below(values: FloatArray, below: float) -> bool:
         True where 0 < values_j < below for some j.
     """
     found = 0.0
-    for j in range(values.size):
+    for j in prange(values.size):   # a count of ones: exact in any order, so the parallel twin agrees
         found += 1.0 if 0.0 < values[j] < below else 0.0
     return found > 0.0
+
+
+has_positive_below_parallel = jit(**_PARALLEL_FLAGS)(_renamed(has_positive_below, "has_positive_below_parallel"))
+has_positive_below = jit(**_FLAGS)(has_positive_below)
+"""has_positive_below with the scan across threads, for the audit's ablation (_LeaveOneOut(parallel=True))."""
 
 
 _CHUNK = 2048
@@ -1094,13 +1098,30 @@ def renyi_log_moments(log_p: FloatArray, log_q: FloatArray, p_rows: IntArray, q_
 
 
 @jit(**_PARALLEL_FLAGS)
+def renyi_log_moments_parallel(log_p: FloatArray, log_q: FloatArray, p_rows: IntArray, q_rows: IntArray,
+                               orders: FloatArray, slack_ulps: float, summation: float, out: FloatArray) -> None:
+    """renyi_log_moments with its row pairs across threads, for the audit's ablation only: each row is
+    summed by one thread in the same way, so it is rounded up by the same allowance (trace kernels run
+    serial: _TRACE_FLAGS).
+
+    Args:
+        log_p, log_q, p_rows, q_rows, orders, slack_ulps, summation: as renyi_log_moments.
+        out: output, shape (R, K), as renyi_log_moments.
+    """
+    for r in prange(p_rows.size):
+        _renyi_row(log_p[p_rows[r]], log_q[q_rows[r]], orders, slack_ulps, summation, out[r])
+
+
+@jit(**_PARALLEL_FLAGS)
 def screen_pass_counts(mean: FloatArray, log_public: FloatArray, noise: FloatArray, alpha: float, threshold: float,
                        slack_ulps: float, counts: FloatArray) -> None:
     """Monte Carlo counts of AdaPMixED's noisy screen passing (Flemings et al. 2024, Algorithm 1) for
     E ensembles of each of L steps, S noise draws each (the same draws for every ensemble of a step):
     the statistic D_alpha(clip(mean + noise, 0) renormalised || p0 on the top-k renormalised) is
     computed as dpledger.mechanisms.screening.NoisyScreening.statistic_from_mean computes it (the Renyi
-    kernel's rounding up; +inf where every clipped entry is 0) and compared with the threshold.
+    kernel's rounding up; +inf where every clipped entry is 0) and compared with the threshold. A draw
+    whose statistic's bounds D_2 <= D_alpha <= D_inf clear the threshold by a margin above every rounding
+    is decided from them, with no log or exp per token (_screen_decided): the same decision.
 
     Args:
         mean: the lam-mixed ensemble means on the public model's top-k tokens, shape (L, E, k).
@@ -1114,11 +1135,14 @@ def screen_pass_counts(mean: FloatArray, log_public: FloatArray, noise: FloatArr
     steps, ensembles, size = mean.shape
     samples = noise.shape[1]
     order = np.array([alpha])
+    margin = _screen_decision_margin(alpha, threshold, size)
     for row in prange(steps * ensembles):
         step, ensemble = row // ensembles, row % ensembles
         noisy = np.empty(size)
         log_noisy = np.empty(size)
         value = np.empty(1)
+        public = np.empty(size)
+        bounded = margin < np.inf and _public_for_bounds(log_public[step], public)
         passed = 0.0
         for sample in range(samples):
             total = 0.0
@@ -1127,11 +1151,85 @@ def screen_pass_counts(mean: FloatArray, log_public: FloatArray, noise: FloatArr
                 total += noisy[j]
             if not total > 0.0:
                 continue
+            decided = _screen_decided(noisy, total, public, alpha, threshold, margin) if bounded else 0
+            if decided != 0:
+                passed += 1.0 if decided > 0 else 0.0
+                continue
             for j in range(size):
                 log_noisy[j] = vlog(noisy[j] / total)
             _renyi_row(log_noisy, log_public[step], order, slack_ulps, 0.0, value)
             passed += 1.0 if max(value[0] / (alpha - 1.0), 0.0) <= threshold else 0.0
         counts[step, ensemble] = passed
+
+
+_BOUNDED_BELOW = 2.0 ** -1000
+"""The early screen decisions read only positive probabilities at least this (|log| <= 694): exp and
+log are then within their stated ulps, and no quotient or square under- or overflows unnoticed."""
+
+
+@jit(**_HELPER_FLAGS)
+def _screen_decision_margin(alpha: float, threshold: float, size: int) -> float:
+    """How far (in nats) a bound of the screen statistic must clear the threshold for _screen_decided
+    to take the decision the Renyi kernel would take: 1e-9 (1 + threshold + 1 / (alpha - 1)) plus
+    4 (size + 2) unit roundoffs. Each error _screen_decided's docstring counts is below 1e-11 + 2 (size + 2) u
+    plus 1e-11 / (alpha - 1), so the margin holds them about 100 times over. +inf (no early decision)
+    unless alpha > 1 and the threshold is finite (an infinite one passes even the kernel's +inf)."""
+    if not (alpha > 1.0 and abs(threshold) < np.inf):
+        return np.inf
+    return 1e-9 * (1.0 + abs(threshold) + 1.0 / (alpha - 1.0)) + 4.0 * (size + 2.0) * _UNIT
+
+
+@jit(**_HELPER_FLAGS)
+def _public_for_bounds(log_public: FloatArray, public: FloatArray) -> bool:
+    """public_j = exp(log_public_j); whether every entry is 0 (log -inf) or at least _BOUNDED_BELOW, and
+    none is NaN: the condition for _screen_decided's bounds."""
+    usable = 0.0
+    for j in range(log_public.size):
+        lq = log_public[j]
+        public[j] = math.exp(lq) if lq > -np.inf else 0.0
+        usable += 0.0 if (lq == -np.inf or (lq >= -690.0 and lq <= 1.0)) else 1.0
+    return usable == 0.0
+
+
+@jit(**_HELPER_FLAGS)
+def _screen_decided(noisy: FloatArray, total: float, public: FloatArray, alpha: float, threshold: float,
+                    margin: float) -> int:
+    """The screen's decision for one noisy draw where bounds of its statistic settle it, without a log or
+    exp per token: +1 pass, -1 fail, 0 unsettled (the caller then computes the statistic). With
+    x = noisy / total, q = the public top-k law and S the statistic as the Renyi kernel computes it
+    (rounded up: D <= S <= D + its allowance, D = D_alpha of the laws its logs stand for):
+
+    - D <= D_inf = log max_j x_j / q_j (van Erven & Harremoes 2014, Theorem 3: D_alpha increases with
+      alpha): pass where log max x / q + margin <= threshold;
+    - for alpha >= 2, D >= D_2 = log sum_j x_j^2 / q_j (the same theorem): fail where
+      log sum x^2 / q - margin > threshold;
+    - x_j > 0 = q_j: the kernel's +inf, a fail.
+
+    The laws differ from x and q by their logs' rounding (vlog and exp within 2 ulps at |log| <= 694:
+    4e-13 relative) and their sums from 1 by (size + 2) u, which moves log max x / q and log sum x^2 / q
+    by less than 1e-12 + 2 (size + 2) u and the normalisation terms ((2 - alpha) log sum P in D_2's
+    inequality; log sum P / (alpha - 1) in D_inf's) by 1e-11 / (alpha - 1) at most; the kernel's allowance
+    adds at most 1e-11 more (|log| <= 1400 in its magnitude). _screen_decision_margin covers their sum.
+    Anything outside those conditions (a positive x or q below _BOUNDED_BELOW, a NaN) is left unsettled."""
+    largest, chi_square, outside, unusable = 0.0, 0.0, 0.0, 0.0
+    for j in range(noisy.size):
+        x = noisy[j] / total
+        q = public[j]
+        # a positive entry whose share is tiny (or rounds to 0: its log would differ) is left to the kernel
+        unusable += 1.0 if (x != x or (noisy[j] > 0.0 and x < _BOUNDED_BELOW)) else 0.0
+        outside += 1.0 if (x > 0.0 and q == 0.0) else 0.0
+        ratio = x / q if q > 0.0 else 0.0
+        largest = vmax(largest, ratio)
+        chi_square += ratio * x
+    if unusable > 0.0:
+        return 0
+    if outside > 0.0:
+        return -1
+    if largest > 0.0 and math.log(largest) + margin <= threshold:
+        return 1
+    if alpha >= 2.0 and chi_square > 0.0 and math.log(chi_square) - margin > threshold:
+        return -1
+    return 0
 
 
 @jit(**_HELPER_FLAGS)

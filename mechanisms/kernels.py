@@ -97,7 +97,8 @@ def _row_source(shape: tuple[int, ...], batch_shape: tuple[int, ...], rows: IntA
     return np.ravel_multi_index(own, shape) if shape else np.zeros_like(rows)
 
 
-def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
+def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: torch.Tensor,
+                            parallel: bool = False) -> torch.Tensor:
     """D_a(P||Q) for every order a in `orders` (shape (K,)): result shape broadcast(P, Q)[:-1] + (K,).
 
     van Erven & Harremoes 2014, Definition 2 (the Renyi divergence of order a > 1):
@@ -110,6 +111,9 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
         log_p: log P, float (any dtype; computed in float64), shape (..., V); -inf marks P_j = 0.
         log_q: log Q, shape (..., V), broadcastable against log_p over the leading axes.
         orders: the Renyi orders a > 1, shape (K,) (any shape; flattened).
+        parallel: on the CPU, sum the row pairs across kernel_threads() threads
+            (dpledger.mechanisms.fused.renyi_log_moments_parallel): the audit's ablation only, never a value
+            a trace records (those kernels run serial).
 
     Returns:
         float64 tensor of shape broadcast(P, Q)[:-1] + (K,): D_a(P||Q) in nats, rounded up, >= 0;
@@ -126,7 +130,7 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
         raise ValueError(f"P and Q must share the vocabulary axis, got {vocab} and {log_q.shape[-1]}")
     if log_p.device.type != "cpu" or log_q.device.type != "cpu":
         return renyi_divergence_orders_torch(log_p, log_q, orders)
-    from dpledger.mechanisms.fused import renyi_log_moments
+    from dpledger.mechanisms.fused import renyi_log_moments, renyi_log_moments_parallel
 
     lp = np.ascontiguousarray(log_p.detach().double().numpy().reshape(-1, vocab))
     lq = np.ascontiguousarray(log_q.detach().double().numpy().reshape(-1, vocab))
@@ -136,8 +140,9 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
     p_shape, q_shape = tuple(log_p.shape[:-1]), tuple(log_q.shape[:-1])
     moments = np.empty((rows, orders_np.size))
     _set_threads()
-    renyi_log_moments(lp, lq, _row_source(p_shape, batch_shape, flat), _row_source(q_shape, batch_shape, flat),
-                      orders_np, _SLACK_ULPS, (vocab + 2.0) * UNIT_ROUNDOFF, moments)
+    (renyi_log_moments_parallel if parallel else renyi_log_moments)(
+        lp, lq, _row_source(p_shape, batch_shape, flat), _row_source(q_shape, batch_shape, flat), orders_np,
+        _SLACK_ULPS, (vocab + 2.0) * UNIT_ROUNDOFF, moments)
     return torch.from_numpy(_divergences_from_moments(moments, orders_np).reshape(*batch_shape, orders_np.size))
 
 
@@ -506,7 +511,7 @@ class _LeaveOneOut:
         teachers = np.ascontiguousarray(teachers, dtype=np.float64)
         public = np.ascontiguousarray(public, dtype=np.float64)
         lambdas = np.ascontiguousarray(lambdas, dtype=np.float64)
-        self.scaled = bool(_has_tiny_positive(teachers) or _has_tiny_positive(public))
+        self.scaled = bool(_has_tiny_positive(teachers, parallel) or _has_tiny_positive(public))
         if self.scaled:
             teachers, public = np.ldexp(teachers, _SCALE_BITS), np.ldexp(public, _SCALE_BITS)
         if reuse is not None and reuse.ratios.shape == teachers.shape:   # a block's steps share the buffers
@@ -595,10 +600,11 @@ def _power_lattice(orders: FloatArray) -> int:
     return 0
 
 
-def _has_tiny_positive(values: FloatArray) -> bool:
-    from dpledger.mechanisms.fused import has_positive_below
+def _has_tiny_positive(values: FloatArray, parallel: bool = False) -> bool:
+    from dpledger.mechanisms.fused import has_positive_below, has_positive_below_parallel
 
-    return bool(has_positive_below(np.ascontiguousarray(values).reshape(-1), _SCALE_BELOW))
+    scan = has_positive_below_parallel if parallel else has_positive_below
+    return bool(scan(np.ascontiguousarray(values).reshape(-1), _SCALE_BELOW))
 
 
 def leave_one_out_divergences_torch(mixed: torch.Tensor, orders: torch.Tensor, mask: torch.Tensor | None = None,

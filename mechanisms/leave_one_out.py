@@ -116,8 +116,8 @@ def leave_one_out_direction_divergences(teachers: torch.Tensor, public: torch.Te
             log_without = torch.log(sums_without_each(mixed)[rows_np] / (n - 1))
             log_output = torch.log(torch.from_numpy(ratios.output)).unsqueeze(0)
             orders_t = torch.from_numpy(orders_np)
-            divergences[0, step] = renyi_divergence_orders(log_output, log_without, orders_t).numpy()
-            divergences[1, step] = renyi_divergence_orders(log_without, log_output, orders_t).numpy()
+            divergences[0, step] = renyi_divergence_orders(log_output, log_without, orders_t, parallel=True).numpy()
+            divergences[1, step] = renyi_divergence_orders(log_without, log_output, orders_t, parallel=True).numpy()
             continue
         moments = ratios.direction_moments(rows_np, orders_np)
         divergences[:, step] = _divergences_from_moments(moments.reshape(-1, orders_np.size),

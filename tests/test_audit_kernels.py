@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dpledger.audit.ablation import neighbour_divergences
-from dpledger.mechanisms.kernels import mixed_teachers, renyi_divergence_orders_torch, sums_without_each
+from dpledger.mechanisms.fused import screen_pass_counts
+from dpledger.mechanisms.kernels import _SLACK_ULPS, mixed_teachers, renyi_divergence_orders_torch, sums_without_each
 from dpledger.mechanisms.leave_one_out import leave_one_out_direction_divergences
 from dpledger.mechanisms.screening import NoisyScreening
 from tests.conftest import examples, lm_like
@@ -98,6 +99,110 @@ def test_the_fused_screen_counts_are_the_broadcast_statistics_counted(quantile):
     expected = (statistic <= threshold).double().sum(dim=2)
     assert torch.equal(counts, expected)
     assert 0 < float(counts.sum()) < steps * ensembles_per_step * samples
+
+
+def _screen_case(rng, kind, top):
+    """(mean (1, 1, k), public_top (1, k), noise (1, S, k)) for one kind of hard screen input."""
+    public_top = rng.dirichlet(np.full(top, 0.3 if kind == "peaked" else 2.0))
+    if kind == "zeros":          # tokens outside the public law: a draw that keeps them is +inf
+        public_top[: top // 3] = 0.0
+    if kind == "tiny":           # below the early decisions' range: the kernel decides alone
+        public_top[0] = 1e-310
+    public_top /= public_top.sum()
+    mean = np.clip(public_top * rng.uniform(0.2, 3.0, top), 0.0, None)
+    noise = rng.normal(0.0, float(rng.choice([1e-4, 1e-2, 0.1])), (200, top))
+    if kind == "zeros":
+        noise[::3, : top // 3] = -1.0          # a third of the draws clip the outside tokens to 0
+    if kind == "clipped":
+        noise[::5] = -10.0                     # every entry clipped: no statistic, never a pass
+    return (torch.from_numpy(mean)[None, None], torch.from_numpy(public_top)[None],
+            torch.from_numpy(noise)[None])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_early_screen_decisions_are_the_kernels_decisions_at_and_beside_the_threshold(seed):
+    """Thresholds a hair either side of computed statistics, just outside the margin, far away and +inf, orders below 2
+    (no D_2 bound) to 10^4, zeros and sub-range values in the public law: every count equals the
+    statistic the Renyi kernel computes, counted; a wrong margin or bound changes a count."""
+    rng = np.random.default_rng(seed)
+    for kind in ("plain", "peaked", "zeros", "tiny", "clipped"):
+        top = int(rng.choice([1, 2, 7, 60]))
+        mean, public_top, noise = _screen_case(rng, kind, top)
+        for alpha in (1.5, 2.0, 18.0, 1e4):
+            probe = NoisyScreening(teachers=1, lam=0.5, sigma=1e-2, alpha=alpha, threshold=1.0, top_k=top)
+            statistic = probe.statistic_from_mean(mean.unsqueeze(2), public_top.unsqueeze(1).unsqueeze(1),
+                                                  noise.unsqueeze(1))[0, 0]
+            finite = statistic[torch.isfinite(statistic)]
+            at = [float(x) for x in finite[:: max(1, finite.numel() // 6)]]
+            # beside a statistic by far less than the margin (but more than torch's log and the kernel's
+            # differ in: exact ties are the helper's test below), just outside the margin, and far away
+            thresholds = [x * (1 + e) + e for x in at for e in (1e-11, -1e-11, 1e-7, -1e-7, 1.0, -0.5)]
+            for threshold in [t for t in thresholds if t >= 0.0]:
+                screen = NoisyScreening(teachers=1, lam=0.5, sigma=1e-2, alpha=alpha, threshold=threshold, top_k=top)
+                counts = screen.pass_counts(mean, public_top, noise)
+                expected = float((statistic <= threshold).sum())
+                assert float(counts[0, 0]) == expected, (kind, top, alpha, threshold)
+            # the spec keeps thresholds finite; at +inf the kernel passes every draw with a statistic, even
+            # +inf (mass outside the public law), and none whose entries were all clipped to 0
+            everything = np.empty((1, 1))
+            log_public = torch.log(public_top / public_top.sum(dim=-1, keepdim=True)).numpy()
+            screen_pass_counts(mean.numpy(), log_public, noise.numpy(), alpha, np.inf, _SLACK_ULPS, everything)
+            drawn = (mean[0, 0] + noise[0]).clamp_min(0.0).sum(dim=-1) > 0
+            assert everything[0, 0] == float(drawn.sum()), (kind, top, alpha)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_early_screen_decision_is_never_against_the_statistic_even_at_a_tie(seed):
+    """Draw by draw, at thresholds equal to each statistic and its neighbouring floats: the bounds
+    settle a draw only on the side the statistic is."""
+    from dpledger.mechanisms.fused import _public_for_bounds, _screen_decided, _screen_decision_margin
+
+    rng = np.random.default_rng(100 + seed)
+    settled = 0
+    for kind in ("plain", "peaked", "zeros", "tiny", "clipped"):
+        top = int(rng.choice([2, 7, 60]))
+        mean, public_top, noise = _screen_case(rng, kind, top)
+        public = np.empty(top)
+        log_public = torch.log(public_top / public_top.sum(dim=-1, keepdim=True)).numpy()[0]
+        usable = _public_for_bounds(log_public, public)
+        for alpha in (1.5, 2.0, 18.0, 1e4):
+            probe = NoisyScreening(teachers=1, lam=0.5, sigma=1e-2, alpha=alpha, threshold=1.0, top_k=top)
+            statistic = probe.statistic_from_mean(mean.unsqueeze(2), public_top.unsqueeze(1).unsqueeze(1),
+                                                  noise.unsqueeze(1))[0, 0].numpy()
+            noisy = np.clip(mean.numpy()[0, 0] + noise.numpy()[0], 0.0, None)
+            for draw in range(0, noisy.shape[0], 7):
+                total = float(noisy[draw].sum())
+                if not (usable and total > 0.0 and np.isfinite(statistic[draw])):
+                    continue
+                for threshold in (statistic[draw], np.nextafter(statistic[draw], np.inf),
+                                  np.nextafter(statistic[draw], -np.inf), statistic[draw] * 1.001):
+                    if threshold < 0.0:
+                        continue
+                    decided = _screen_decided(noisy[draw], total, public, alpha, float(threshold),
+                                              _screen_decision_margin(alpha, float(threshold), top))
+                    settled += decided != 0
+                    assert decided == 0 or (decided > 0) == (statistic[draw] <= threshold), (kind, alpha, draw)
+    assert settled > 0     # (at 1.001 times the statistic the bounds can settle a draw)
+
+
+def test_early_screen_decisions_settle_the_draws_far_from_the_threshold():
+    """The bounds do settle draws (the kernel's speed comes from them): far above and below the
+    threshold, every draw; within the margin, none (checked through the kernel's own helper)."""
+    from dpledger.mechanisms.fused import _screen_decided, _screen_decision_margin
+
+    rng = np.random.default_rng(11)
+    public = rng.dirichlet(np.full(60, 2.0))
+    noisy = np.clip(public + rng.normal(0.0, 1e-3, 60), 0.0, None)
+    total = float(noisy.sum())
+    statistic = float(NoisyScreening(teachers=1, lam=0.5, sigma=1e-2, alpha=18.0, threshold=1.0).statistic_from_mean(
+        torch.from_numpy(noisy), torch.from_numpy(public), torch.zeros(60, dtype=torch.float64)))
+    margin = _screen_decision_margin(18.0, 1.0, 60)
+    assert 0.0 < margin < 1e-7
+    assert _screen_decided(noisy, total, public, 18.0, statistic * 100 + 1.0, margin) == 1
+    assert _screen_decided(noisy, total, public, 18.0, statistic / 100, margin) == -1 or statistic < 1e-6
+    assert _screen_decided(noisy, total, public, 18.0, statistic, margin) == 0
+    assert _screen_decision_margin(18.0, float("inf"), 60) == float("inf")
+    assert _screen_decision_margin(1.0, 1.0, 60) == float("inf")
 
 
 def test_leave_one_out_scratch_rows_are_reused_only_once_their_holder_is_gone():

@@ -81,7 +81,8 @@ def test_cached_and_fresh_kernels_record_the_same_step(tmp_path):
     assert np.all(np.abs(np.subtract(narrow["eq3"], fresh["eq3"])) <= 2.0 * allowance)
 
 
-AUDIT_ONLY_PARALLEL = {"leave_one_out_direction_power_moments", "screen_pass_counts", "leave_one_out_log_ratios_parallel"}
+AUDIT_ONLY_PARALLEL = {"leave_one_out_direction_power_moments", "screen_pass_counts", "leave_one_out_log_ratios_parallel",
+                       "renyi_log_moments_parallel", "has_positive_below_parallel"}
 """The kernels that may run parallel: the audit's ablation and Monte Carlo, whose values are compared
 within the kernels' allowance and never recorded in a trace."""
 
