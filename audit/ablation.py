@@ -282,8 +282,11 @@ def block_divergences(trace: LoadedTrace, records: list[dict], logits: torch.Ten
     else:
         lambdas = torch.tensor([r["lambdas"] for r in records], dtype=torch.float64)
     passed = torch.tensor([bool(r.get("screen_passed", True)) for r in records])
+    # the removals' rows as Eq. 3's check forms them (the decode loop's renormalised inputs), once per window
+    prepared = (trace.window_leave_one_out(logits, lambdas)
+                if removals_through_kernel(teachers, trace.params.get("sample_rate")) else None)
     return neighbour_divergences(public, teachers, lambdas, trace.mechanism_type, trace.params, removed, orders,
-                                 mc_samples, generator, confidence, passed)
+                                 mc_samples, generator, confidence, passed, prepared)
 
 
 def _added_neighbours(output: torch.Tensor, total: torch.Tensor, teachers: int, public: torch.Tensor, kind: str,
@@ -305,10 +308,25 @@ def _added_neighbours(output: torch.Tensor, total: torch.Tensor, teachers: int, 
                                          params.get("sample_rate"))
 
 
+def removals_through_kernel(teachers: torch.Tensor, rate: float | None) -> bool:
+    """Whether neighbour_divergences takes the removals through the leave-one-out kernel (no subsampling,
+    N >= 2, CPU tensors), and so reads `prepared` rows; otherwise every neighbour's law is built in torch.
+
+    Args:
+        teachers: (L, N, V) the teachers' laws.
+        rate: the Poisson subsampling rate, or None.
+
+    Returns:
+        True where the kernel path applies.
+    """
+    return rate is None and teachers.shape[-2] >= 2 and teachers.device.type == "cpu"
+
+
 def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas: torch.Tensor, kind: str,
                           params: dict, removed: list[int], orders: torch.Tensor, mc_samples: int = 400,
                           generator: torch.Generator | None = None, confidence: float = 0.95,
-                          passed: torch.Tensor | None = None) -> tuple[torch.Tensor, float | None, torch.Tensor | None]:
+                          passed: torch.Tensor | None = None, prepared: list | None = None
+                          ) -> tuple[torch.Tensor, float | None, torch.Tensor | None]:
     """Divergences (2, L, E, K) in both directions between the output law of the ensemble
     (public (L, V), teachers (L, N, V), lambdas (L, N)) and each neighbour's: the teachers in
     `removed` taken out one at a time, then the three add-one adversaries. Vectorised over steps,
@@ -328,6 +346,9 @@ def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas:
         generator: their source of randomness; None: seeded with 0.
         confidence: the Clopper-Pearson level of the returned halfwidth.
         passed: (L,) bool, where the screen passed (realised path); None: every step.
+        prepared: each step's leave-one-out rows (dpledger.mechanisms.leave_one_out.prepared_leave_one_out) of
+            these laws, or of as_ensemble's renormalised copy of them, where removals_through_kernel holds;
+            None: formed here.
 
     Returns:
         ((2, L, E, K) forward and backward divergences with E = len(removed) + 3; the largest
@@ -348,8 +369,8 @@ def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas:
 
     # without subsampling on the CPU, the removals run through the leave-one-out kernel (both directions
     # from one exp pair per token), with no (L, N, V) temporaries; otherwise in torch, every neighbour's law built
-    if rate is None and n >= 2 and teachers.device.type == "cpu":
-        output, removal = leave_one_out_direction_divergences(teachers, public, lambdas, removed, orders)
+    if removals_through_kernel(teachers, rate):
+        output, removal = leave_one_out_direction_divergences(teachers, public, lambdas, removed, orders, prepared)
         total = output * n           # within an ulp of the mixed teachers' sum
         point_masses, added = _added_neighbours(output, total, n, public, kind, params)
         token_divergence = torch.cat([removal, divergences(torch.log(output).unsqueeze(1), torch.log(added))], dim=2)

@@ -16,7 +16,6 @@ from dpledger.mechanisms.add_one import add_one_divergence_bounds
 from dpledger.mechanisms.kernels import max_divergence_symmetric, mixed_teachers, symmetric_renyi_orders
 from dpledger.mechanisms.leave_one_out import leave_one_out_curve, leave_one_out_divergences, leave_one_out_every_order
 from dpledger.mechanisms.adapmixed import loss_covering
-from dpledger.mechanisms.step import as_ensemble
 from dpledger.mechanisms.ball import Ball
 from dpledger.mechanisms.pmixed import PMixED
 from dpledger.mechanisms.screening import NoisyScreening
@@ -187,11 +186,10 @@ def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torc
                            relation: NeighbouringRelation, every_step: bool) -> _ChargePartial:
     """The window's largest relative shortfall of the charge below the loss covering `relation`, and
     the steps charged less (or holding a NaN)."""
-    public, teachers = trace.window_distributions(logits)
     # the decode loop's own inputs: as_ensemble renormalises each row (its last bits), and a loss
     # recomputed from the softmax's rows instead differs from the charged one by more than the
     # relative tolerance at tiny values (~1e-14 absolute at values ~1e-9)
-    teachers, public = as_ensemble(teachers, public, trace.n_teachers)
+    teachers, public = trace.window_ensemble(logits)
     lambdas = _recorded_lambdas(records)
     charged = np.asarray([r["rdp_pmixed_data_dependent"] for r in records])
     answered = np.asarray([(every_step or r["screen_passed"]) and not r.get("budget_refused") for r in records])
@@ -202,7 +200,8 @@ def _data_dependent_window(trace: LoadedTrace, records: list[dict], logits: torc
     # Eq. 3, so at least the recomputed value less twice the allowance, however its sums ran; a chord lies
     # under the charge already. A step not compared (unanswered) is charged nothing here: +inf covers it.
     values, allowance, output = leave_one_out_every_order(teachers, public, lambdas, trace.orders,
-                                                          charges=np.where(answered[:, None], charged, np.inf))
+                                                          charges=np.where(answered[:, None], charged, np.inf),
+                                                          prepared=trace.window_leave_one_out(logits, lambdas))
     eq3_floor = np.where(np.isfinite(values), values - 2.0 * allowance, values)
     dual = bool(trace.params.get("add_one_dual", False))
     if dual:

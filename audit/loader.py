@@ -36,6 +36,8 @@ from dpledger.decoding.corpus import generate_corpus
 from dpledger.decoding.ensemble import Ensemble, file_problems, identity_problems, tokenizer_files
 from dpledger.decoding.icl import InContextEnsemble, load_icl_ensemble
 from dpledger.decoding.vote_payload import VotePayload, block_payload_file, read_vote_payload
+from dpledger.mechanisms.leave_one_out import prepared_leave_one_out
+from dpledger.mechanisms.step import as_ensemble
 
 WindowData = torch.Tensor | VotePayload
 """What a payload window holds: the logits (N+1, W, V), or a voting run's bounded vote payload."""
@@ -167,6 +169,10 @@ class LoadedTrace:
     """Whether `map_windows` in this process shows a progress bar over the windows (on stderr, tqdm)."""
     _distributions: tuple[object, tuple[torch.Tensor, torch.Tensor]] | None = None
     """window_distributions' memo: the last window's logits and their distributions."""
+    _ensemble_rows: tuple[object, tuple[torch.Tensor, torch.Tensor]] | None = None
+    """window_ensemble's memo: the last window's logits and as_ensemble's rows of its distributions."""
+    _leave_one_out: tuple[object, bytes, list] | None = None
+    """window_leave_one_out's memo: the last window's logits, the lambdas' bytes and each step's rows."""
 
     @property
     def orders(self) -> np.ndarray:
@@ -612,6 +618,41 @@ class LoadedTrace:
             self._distributions = (logits, Ensemble.split_distributions(logits))
         return self._distributions[1]
 
+    def window_ensemble(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """as_ensemble's rows of window_distributions (each row renormalised, as the decode loop's step
+        does), formed once per window.
+
+        Args:
+            logits: a window's (N+1, W, V) logits.
+
+        Returns:
+            (teachers (W, N, V), public (W, V)) float64, in as_ensemble's order.
+        """
+        if self._ensemble_rows is None or self._ensemble_rows[0] is not logits:
+            public, teachers = self.window_distributions(logits)
+            self._ensemble_rows = (logits, as_ensemble(teachers, public, self.n_teachers))
+        return self._ensemble_rows[1]
+
+    def window_leave_one_out(self, logits: torch.Tensor, lambdas: torch.Tensor) -> list:
+        """Each step's leave-one-out rows p_-i / p (dpledger.mechanisms.leave_one_out.prepared_leave_one_out)
+        from the decode loop's own inputs (as_ensemble's renormalised rows of window_distributions) and
+        `lambdas` (window_ensemble), formed once per window: Eq. 3's check and the neighbour ablation read the same rows
+        (each formed them apart: ~55 ms a paper-scale step). Held until the next window's, like the
+        distributions (at most 2 N V float64 per step, within PAYLOAD_WINDOW_BYTES' per-step share).
+
+        Args:
+            logits: a window's (N+1, W, V) logits.
+            lambdas: the window's mixing weights, (W, N).
+
+        Returns:
+            One entry per step of the window (read-only by convention, like the distributions).
+        """
+        key = lambdas.detach().double().contiguous().numpy().tobytes()
+        if self._leave_one_out is None or self._leave_one_out[0] is not logits or self._leave_one_out[1] != key:
+            self._leave_one_out = None   # the last window's rows go before this window's are formed
+            self._leave_one_out = (logits, key, prepared_leave_one_out(*self.window_ensemble(logits), lambdas))
+        return self._leave_one_out[2]
+
     def for_workers(self) -> "LoadedTrace":
         """A copy to send to workers: what the window functions read, without the recomputed totals,
         the loaded models (a worker loads its own, once) or the executor.
@@ -621,7 +662,7 @@ class LoadedTrace:
         """
         return replace(self, directory=self.directory.resolve(), totals=None, _ensemble=None, executor=None, memo={},
                        progress=False, problems=[], _window_rows=self.window_rows(), _logits_source=self.logits_source,
-                       _distributions=None)
+                       _distributions=None, _ensemble_rows=None, _leave_one_out=None)
 
     def prepare_worker(self) -> None:
         """On a worker, once: load the run's models where the driver found them (their content

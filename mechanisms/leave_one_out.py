@@ -9,7 +9,7 @@ up) are in dpledger.mechanisms.kernels.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -69,7 +69,9 @@ def leave_one_out_divergences(mixed: torch.Tensor, orders: torch.Tensor, mask: t
 
 
 def leave_one_out_direction_divergences(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
-                                        rows: list[int], orders: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                                        rows: list[int], orders: torch.Tensor,
+                                        prepared: Sequence[_LeaveOneOut] | None = None
+                                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """D_a(p || p_-i) and D_a(p_-i || p) apart, for the teachers i in `rows` at every order, with p the
     mean of the mixed teachers lambda_i p_i + (1 - lambda_i) p0 and p_-i the mean without teacher i
     (Flemings et al. 2024, Eq. 3, before its maximum over i and the two directions): the audit's
@@ -84,6 +86,9 @@ def leave_one_out_direction_divergences(teachers: torch.Tensor, public: torch.Te
         lambdas: the mixing weights, shape (L, N).
         rows: the teachers i to remove (indices into N).
         orders: the Renyi orders a > 1, shape (K,).
+        prepared: each step's rows p_-i / p already formed (prepared_leave_one_out) from these
+            teachers, public model and lambdas, or from as_ensemble's renormalised copy of them;
+            None: formed here.
 
     Returns:
         (p as a float64 tensor (L, V), float64 tensor (2, L, len(rows), K): forward D_a(p || p_-i) and
@@ -107,9 +112,12 @@ def leave_one_out_direction_divergences(teachers: torch.Tensor, public: torch.Te
     flat_lambdas = lambdas.detach().double().numpy()
     output = np.empty((length, vocab))
     divergences = np.empty((2, length, rows_np.size, orders_np.size))
+    require(prepared is None or len(prepared) == length, f"prepared must hold one step's rows per step ({length}), "
+            f"got {None if prepared is None else len(prepared)}")
     ratios = None
     for step in range(length):
-        ratios = _LeaveOneOut(flat_teachers[step], flat_public[step], flat_lambdas[step], ratios, parallel=True)
+        ratios = prepared[step] if prepared is not None else \
+            _LeaveOneOut(flat_teachers[step], flat_public[step], flat_lambdas[step], ratios, parallel=True)
         output[step] = ratios.output
         if np.isneginf(ratios.spans[rows_np, 0]).any():   # a neighbour without mass where p has some
             mixed = mixed_teachers(teachers[step], public[step], lambdas[step])
@@ -263,6 +271,27 @@ def _flat_ensemble(teachers: torch.Tensor, public: torch.Tensor,
             lambdas.detach().double().reshape(-1, n).numpy())
 
 
+def prepared_leave_one_out(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor) -> list[_LeaveOneOut]:
+    """Each step's rows p_-i / p and their logs (the leave-one-out kernel's parallel twin, as the audit's
+    checks form them), for callers that read them more than once: leave_one_out_every_order and
+    leave_one_out_direction_divergences take them as `prepared`.
+
+    Args:
+        teachers: the teachers' probabilities p_i, shape (..., N, V), N >= 2, on the CPU.
+        public: the public model's probabilities p0, shape (..., V).
+        lambdas: the mixing weights lambda_i in [0, 1], shape (..., N).
+
+    Returns:
+        One entry per step (the leading axes flattened), each holding its own arrays.
+
+    Raises:
+        ValueError: if N < 2, or an input holds NaN.
+    """
+    flat_teachers, flat_public, flat_lambdas = _flat_ensemble(teachers, public, lambdas)
+    return [_LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], parallel=True)
+            for row in range(flat_teachers.shape[0])]
+
+
 def eq3_allowance_of(magnitudes: FloatArray, orders: ArrayLike, vocab: int, values: ArrayLike) -> FloatArray:
     """leave_one_out_allowance from each step's rounding scale M (leave_one_out_curve's `magnitudes`,
     which the decode loop's own computation fills, so a replay need not form the ratios again):
@@ -286,7 +315,8 @@ def eq3_allowance_of(magnitudes: FloatArray, orders: ArrayLike, vocab: int, valu
 
 
 def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lambdas: torch.Tensor,
-                              orders: ArrayLike, charges: ArrayLike | None = None
+                              orders: ArrayLike, charges: ArrayLike | None = None,
+                              prepared: Sequence[_LeaveOneOut] | None = None
                               ) -> tuple[FloatArray, FloatArray, torch.Tensor]:
     """Eq. 3 (Flemings et al. 2024), max_i D<->_a(p, p_-i), every teacher at every order of `orders`
     (no sub-grid, no chords), with each value's rounding allowance: what the audit holds a charge to.
@@ -314,6 +344,8 @@ def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lamb
         orders: the Renyi orders a > 1, increasing, shape (K,).
         charges: the D values a charge holds at each order, shape (..., K) (NaN covers nothing); None:
             every teacher at every order.
+        prepared: each step's rows p_-i / p already formed from exactly these inputs
+            (prepared_leave_one_out); None: formed here.
 
     Returns:
         (values (..., K) in nats, rounded up; allowance (..., K) in nats; p = the mixed teachers' mean (..., V)).
@@ -338,8 +370,11 @@ def leave_one_out_every_order(teachers: torch.Tensor, public: torch.Tensor, lamb
                 f"step ({flat_teachers.shape[0]}), got shape {np.shape(charges)}")
         # the moment each charge allows, rounded down (its D times a - 1, and a - 1, each rounded once)
         allowed = allowed * (grid - 1.0) * (1.0 - 4.0 * UNIT_ROUNDOFF)
+    require(prepared is None or len(prepared) == flat_teachers.shape[0], f"prepared must hold one step's rows per "
+            f"step ({flat_teachers.shape[0]}), got {None if prepared is None else len(prepared)}")
     for row in range(flat_teachers.shape[0]):
-        ratios = _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios, parallel=True)
+        ratios = prepared[row] if prepared is not None else \
+            _LeaveOneOut(flat_teachers[row], flat_public[row], flat_lambdas[row], ratios, parallel=True)
         moments[row] = (ratios.direction_moments(rows, grid).max(axis=(0, 1)) if charges is None
                         else _covered_moments(ratios, n, grid, allowed[row], power=bool(_power_lattice(grid))))
         magnitude[row], output[row] = ratios.magnitude, ratios.output

@@ -69,6 +69,34 @@ def test_each_check_over_one_pass_gives_what_it_gives_alone(runs, name, small_wi
         assert report.verdict == "PASS" and formed <= 2 * windows, formed
 
 
+@pytest.mark.parametrize("name", ["adapmixed", "adapmixed-remove-one"])
+def test_eq3_and_the_ablation_read_one_set_of_leave_one_out_rows_per_window(runs, name, small_windows, monkeypatch):
+    """The one pass forms each window's leave-one-out rows once, for data_dependent_eq3 and the neighbour
+    ablation both (each formed its own: ~55 ms a paper-scale step); other lambdas for the same logits
+    form their own rows."""
+    from dpledger.mechanisms.kernels import _LeaveOneOut
+
+    formed = []
+    construct = _LeaveOneOut.__init__
+
+    def counted(self, *args, parallel=False, **kwargs):
+        formed.append(parallel)
+        construct(self, *args, parallel=parallel, **kwargs)
+
+    monkeypatch.setattr(_LeaveOneOut, "__init__", counted)
+    report = audit_run(runs / name, mc_samples=60, play_game=False, write=False)
+    # the audit's rows (the parallel twin's) once per step of the two blocks of 5; the replay's step forms its own
+    assert report.verdict == "PASS" and formed.count(True) == 10, formed
+    trace = load_trace(runs / name)
+    records = next(trace.iter_blocks())[1][:2]
+    logits = next(trace.iter_payload(2))[2]
+    lambdas = bounds._recorded_lambdas(records)
+    first = trace.window_leave_one_out(logits, lambdas)
+    assert trace.window_leave_one_out(logits, lambdas) is first and len(first) == 2
+    other = trace.window_leave_one_out(logits, lambdas * 0.5)
+    assert other is not first and not (other[0].ratios == first[0].ratios).all()
+
+
 def test_a_window_error_reaches_only_its_own_check(runs, small_windows, monkeypatch):
     """A window function failing on the second window fails its check, as alone, and no other."""
     utility = bounds._utility_window
