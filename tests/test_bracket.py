@@ -278,7 +278,7 @@ def test_a_dual_run_is_bracketed_by_the_optimised_adversary(micro_models, tmp_pa
     the claim's order (an added teacher PMixED projects like any other): on a narrow ball the bracket
     closes to within a factor 2 (a claim below the lower bound would FAIL as everywhere else)."""
     mechanism = {**SCREENED, "screening": False, "beta": 0.01, "add_one_dual": True}
-    config = micro_config(micro_models, tmp_path / "dual", mechanism, queries=4, block_size=4)  # the dual costs ~0.7 s a step
+    config = micro_config(micro_models, tmp_path / "dual", mechanism, queries=2, block_size=2)  # the dual costs ~0.7 s a step
     run_decode(config_from_dict(config), progress=False, verbose=False)
     report = audit_run(tmp_path / "dual", mc_samples=50, play_game=False)
     evidence = report.check("epsilon_bracket").evidence
