@@ -1167,16 +1167,25 @@ _BOUNDED_BELOW = 2.0 ** -1000
 log are then within their stated ulps, and no quotient or square under- or overflows unnoticed."""
 
 
+_EARLY_ORDERS = (1.0 + 2.0 ** -10, 2.0 ** 20)
+"""The screen orders at which _screen_decided may decide a draw. Outside them the statistic the kernel
+computes is not within its allowance of D_alpha, so bounds of D_alpha could decide against it: near 1 the
+division by alpha - 1 multiplies the sum's rounding (found in review: at alpha = 1 + 2^-52 two compiles
+of the same kernel disagree), and from about 10^12 on, alpha |log x - log q| loses every unit
+(at 3e17 the kernel failed draws whose D_inf was 50)."""
+
+
 @jit(**_HELPER_FLAGS)
 def _screen_decision_margin(alpha: float, threshold: float, size: int) -> float:
     """How far (in nats) a bound of the screen statistic must clear the threshold for _screen_decided
     to take the decision the Renyi kernel would take: 1e-9 (1 + threshold + 1 / (alpha - 1)) plus
     4 (size + 2) unit roundoffs. Each error _screen_decided's docstring counts is below 1e-11 + 2 (size + 2) u
     plus 1e-11 / (alpha - 1), so the margin holds them about 100 times over. +inf (no early decision)
-    unless alpha > 1 and the threshold is finite (an infinite one passes even the kernel's +inf)."""
-    if not (alpha > 1.0 and abs(threshold) < np.inf):
+    outside _EARLY_ORDERS or unless 0 <= threshold < inf (a negative one passes nothing, as
+    max(statistic, 0) <= threshold never holds; an infinite one passes even the kernel's +inf)."""
+    if not (_EARLY_ORDERS[0] <= alpha <= _EARLY_ORDERS[1] and 0.0 <= threshold < np.inf):
         return np.inf
-    return 1e-9 * (1.0 + abs(threshold) + 1.0 / (alpha - 1.0)) + 4.0 * (size + 2.0) * _UNIT
+    return 1e-9 * (1.0 + threshold + 1.0 / (alpha - 1.0)) + 4.0 * (size + 2.0) * _UNIT
 
 
 @jit(**_HELPER_FLAGS)
@@ -1210,7 +1219,10 @@ def _screen_decided(noisy: FloatArray, total: float, public: FloatArray, alpha: 
     by less than 1e-12 + 2 (size + 2) u and the normalisation terms ((2 - alpha) log sum P in D_2's
     inequality; log sum P / (alpha - 1) in D_inf's) by 1e-11 / (alpha - 1) at most; the kernel's allowance
     adds at most 1e-11 more (|log| <= 1400 in its magnitude). _screen_decision_margin covers their sum.
-    Anything outside those conditions (a positive x or q below _BOUNDED_BELOW, a NaN) is left unsettled."""
+    Anything outside those conditions (a total, a positive x or a positive q below _BOUNDED_BELOW, a NaN,
+    an order outside _EARLY_ORDERS) is left unsettled."""
+    if not total >= _BOUNDED_BELOW:   # (1 / total overflows for a sub-normal total: the kernel's shares differ)
+        return 0
     largest, chi_square, outside, unusable = 0.0, 0.0, 0.0, 0.0
     for j in range(noisy.size):
         x = noisy[j] / total

@@ -201,8 +201,13 @@ def test_early_screen_decisions_settle_the_draws_far_from_the_threshold():
     assert _screen_decided(noisy, total, public, 18.0, statistic * 100 + 1.0, margin) == 1
     assert _screen_decided(noisy, total, public, 18.0, statistic / 100, margin) == -1 or statistic < 1e-6
     assert _screen_decided(noisy, total, public, 18.0, statistic, margin) == 0
-    assert _screen_decision_margin(18.0, float("inf"), 60) == float("inf")
-    assert _screen_decision_margin(1.0, 1.0, 60) == float("inf")
+    # no early decision where the kernel's statistic is not within its allowance of D_alpha (found in review),
+    # for a negative threshold (max(statistic, 0) <= it never holds) or an infinite one
+    for alpha, threshold in ((1.0, 1.0), (1.0 + 2.0 ** -52, 1.0), (1.0 + 1e-9, 1.0), (3e17, 50.0), (2.0 ** 21, 1.0),
+                             (18.0, -0.5), (18.0, float("inf")), (18.0, float("nan"))):
+        assert _screen_decision_margin(alpha, threshold, 60) == float("inf"), (alpha, threshold)
+    tiny = np.array([1.6e-310])            # a sub-normal total: the kernel's own shares overflow
+    assert _screen_decided(tiny, float(tiny.sum()), np.ones(1), 18.0, 1e3, margin) == 0
 
 
 def test_leave_one_out_scratch_rows_are_reused_only_once_their_holder_is_gone():
