@@ -1179,13 +1179,16 @@ of the same kernel disagree), and from about 10^12 on, alpha |log x - log q| los
 def _screen_decision_margin(alpha: float, threshold: float, size: int) -> float:
     """How far (in nats) a bound of the screen statistic must clear the threshold for _screen_decided
     to take the decision the Renyi kernel would take: 1e-9 (1 + threshold + 1 / (alpha - 1)) plus
-    4 (size + 2) unit roundoffs. Each error _screen_decided's docstring counts is below 1e-11 + 2 (size + 2) u
-    plus 1e-11 / (alpha - 1), so the margin holds them about 100 times over. +inf (no early decision)
+    4 (size + 2) u (1 + 1 / (alpha - 1)). The errors _screen_decided's docstring counts are below
+    1e-11 (1 + 1 / (alpha - 1)) and 3 (size + 2) u (1 + 1 / (alpha - 1)): the sums' rounding enters
+    divided by alpha - 1 (found in review: at alpha = 1 + 2^-10 and 8e7 tokens a size term without that
+    division let a bound decide 3e-7 from the kernel's statistic). +inf (no early decision)
     outside _EARLY_ORDERS or unless 0 <= threshold < inf (a negative one passes nothing, as
     max(statistic, 0) <= threshold never holds; an infinite one passes even the kernel's +inf)."""
     if not (_EARLY_ORDERS[0] <= alpha <= _EARLY_ORDERS[1] and 0.0 <= threshold < np.inf):
         return np.inf
-    return 1e-9 * (1.0 + threshold + 1.0 / (alpha - 1.0)) + 4.0 * (size + 2.0) * _UNIT
+    inverse = 1.0 / (alpha - 1.0)
+    return 1e-9 * (1.0 + threshold + inverse) + 4.0 * (size + 2.0) * _UNIT * (1.0 + inverse)
 
 
 @jit(**_HELPER_FLAGS)
@@ -1216,9 +1219,11 @@ def _screen_decided(noisy: FloatArray, total: float, public: FloatArray, alpha: 
 
     The laws differ from x and q by their logs' rounding (vlog and exp within 2 ulps at |log| <= 694:
     4e-13 relative) and their sums from 1 by (size + 2) u, which moves log max x / q and log sum x^2 / q
-    by less than 1e-12 + 2 (size + 2) u and the normalisation terms ((2 - alpha) log sum P in D_2's
-    inequality; log sum P / (alpha - 1) in D_inf's) by 1e-11 / (alpha - 1) at most; the kernel's allowance
-    adds at most 1e-11 more (|log| <= 1400 in its magnitude). _screen_decision_margin covers their sum.
+    by less than 1e-12 + 2 (size + 2) u and the normalisation terms ((2 - alpha) / (alpha - 1) log sum P
+    in D_2's inequality, log sum P / (alpha - 1) in D_inf's) by (4e-13 + 2 (size + 2) u) / (alpha - 1) at
+    most; the kernel's statistic adds its allowance (at most 1e-11 at |log| <= 1400) and its V-term sum's
+    rounding, (size + 2) u / (alpha - 1) (the kernel calls the Renyi row without a summation term).
+    _screen_decision_margin covers their sum.
     Anything outside those conditions (a total, a positive x or a positive q below _BOUNDED_BELOW, a NaN,
     an order outside _EARLY_ORDERS) is left unsettled."""
     if not total >= _BOUNDED_BELOW:   # (1 / total overflows for a sub-normal total: the kernel's shares differ)

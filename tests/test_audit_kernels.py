@@ -206,6 +206,12 @@ def test_early_screen_decisions_settle_the_draws_far_from_the_threshold():
     for alpha, threshold in ((1.0, 1.0), (1.0 + 2.0 ** -52, 1.0), (1.0 + 1e-9, 1.0), (3e17, 50.0), (2.0 ** 21, 1.0),
                              (18.0, -0.5), (18.0, float("inf")), (18.0, float("nan"))):
         assert _screen_decision_margin(alpha, threshold, 60) == float("inf"), (alpha, threshold)
+    # the sums' rounding enters divided by alpha - 1 (found in review: 8e7 tokens at alpha = 1 + 2^-10)
+    u = np.finfo(float).eps / 2
+    for alpha in (1.0 + 2.0 ** -10, 1.01, 1.5, 2.0, 18.0, 2.0 ** 20):
+        for size in (1, 60, 50257, 8e7):
+            stated = (3.0 * (size + 2) * u + 1e-11) * (1.0 + 1.0 / (alpha - 1.0))
+            assert _screen_decision_margin(alpha, 4.5, size) > stated, (alpha, size)
     tiny = np.array([1.6e-310])            # a sub-normal total: the kernel's own shares overflow
     assert _screen_decided(tiny, float(tiny.sum()), np.ones(1), 18.0, 1e3, margin) == 0
 
