@@ -464,19 +464,25 @@ def main() -> None:
     parser.add_argument("--ablation-child", type=int, metavar="STEPS", help=argparse.SUPPRESS)
     parser.add_argument("--audit-only", action="store_true",
                         help="measure only the audit as it runs, into the existing results (the other sections kept)")
+    parser.add_argument("--ablation-only", action="store_true",
+                        help="measure only the ablation (1 and 2 threads), into the existing results (the others kept)")
     args = parser.parse_args()
     retain_freed_memory()
     if args.ablation_child:        # ablation_in_process's child: one JSON line
         print(json.dumps(ablation_section(args.ablation_child, int(_THREADS)), allow_nan=False))
         return
     torch.set_num_threads(1)
-    if args.audit_only:
+    if args.audit_only or args.ablation_only:
         kept = json.loads(Path(args.out).read_text())
         started = load()
-        kept["audit"] = {**audit_section(), "load_start": started, "load_end": load()}
+        if args.audit_only:
+            kept["audit"] = {**audit_section(), "load_start": started, "load_end": load()}
+        else:
+            kept["ablation"] = {"threads_1": {**ablation_section(steps=4, threads=1), "load_start": started},
+                                "threads_2": {**ablation_in_process(steps=4, threads=2), "load_end": load()}}
         Path(args.out).write_text(json.dumps(kept, indent=2, allow_nan=False) + "\n")
         Path(args.markdown).write_text(markdown(kept))
-        print(json.dumps(kept["audit"], indent=2))
+        print(json.dumps(kept["audit" if args.audit_only else "ablation"], indent=2))
         return
     reference = load_reference()
     print(f"comparator: {'the reference from $DPLEDGER_REFERENCE' if reference else IN_REPO}", flush=True)
