@@ -635,10 +635,10 @@ class LoadedTrace:
 
     def window_leave_one_out(self, logits: torch.Tensor, lambdas: torch.Tensor) -> list:
         """Each step's leave-one-out rows p_-i / p (dpledger.mechanisms.leave_one_out.prepared_leave_one_out)
-        from the decode loop's own inputs (as_ensemble's renormalised rows of window_distributions) and
-        `lambdas` (window_ensemble), formed once per window: Eq. 3's check and the neighbour ablation read the same rows
-        (each formed them apart: ~55 ms a paper-scale step). Held until the next window's, like the
-        distributions (at most 2 N V float64 per step, within PAYLOAD_WINDOW_BYTES' per-step share).
+        from the decode loop's own inputs (window_ensemble: as_ensemble's renormalised rows) and `lambdas`,
+        formed once per window: Eq. 3's check and the neighbour ablation read the same rows (each formed
+        them apart: ~55 ms a paper-scale step). Held until the next window's, like the distributions (at
+        most 2 N V float64 per step, within PAYLOAD_WINDOW_BYTES' per-step share).
 
         Args:
             logits: a window's (N+1, W, V) logits.
