@@ -276,13 +276,14 @@ def block_divergences(trace: LoadedTrace, records: list[dict], logits: torch.Ten
         As neighbour_divergences: ((2, L, E, K) divergences, the halfwidth or None, the realised-path
         divergences or None).
     """
-    public, teachers = trace.window_distributions(logits)
+    # the decode loop's own inputs (as_ensemble renormalises each row): the laws the run released, and the
+    # rows Eq. 3's check forms its leave-one-out ratios from, which the removals share below
+    teachers, public = trace.window_ensemble(logits)
     if trace.mechanism_type == "ensemble":
         lambdas = torch.ones(teachers.shape[:-1], dtype=torch.float64)
     else:
         lambdas = torch.tensor([r["lambdas"] for r in records], dtype=torch.float64)
     passed = torch.tensor([bool(r.get("screen_passed", True)) for r in records])
-    # the removals' rows as Eq. 3's check forms them (the decode loop's renormalised inputs), once per window
     prepared = (trace.window_leave_one_out(logits, lambdas)
                 if removals_through_kernel(teachers, trace.params.get("sample_rate")) else None)
     return neighbour_divergences(public, teachers, lambdas, trace.mechanism_type, trace.params, removed, orders,
@@ -347,8 +348,7 @@ def neighbour_divergences(public: torch.Tensor, teachers: torch.Tensor, lambdas:
         confidence: the Clopper-Pearson level of the returned halfwidth.
         passed: (L,) bool, where the screen passed (realised path); None: every step.
         prepared: each step's leave-one-out rows (dpledger.mechanisms.leave_one_out.prepared_leave_one_out) of
-            these laws, or of as_ensemble's renormalised copy of them, where removals_through_kernel holds;
-            None: formed here.
+            exactly these laws and lambdas, where removals_through_kernel holds; None: formed here.
 
     Returns:
         ((2, L, E, K) forward and backward divergences with E = len(removed) + 3; the largest

@@ -1193,8 +1193,9 @@ def _screen_decision_margin(alpha: float, threshold: float, size: int) -> float:
 
 @jit(**_HELPER_FLAGS)
 def _public_for_bounds(log_public: FloatArray, public: FloatArray) -> bool:
-    """public_j = exp(log_public_j); whether every entry is 0 (log -inf) or at least _BOUNDED_BELOW, and
-    none is NaN: the condition for _screen_decided's bounds."""
+    """public_j = exp(log_public_j); whether every log is -inf (q_j = 0) or in [-690, 1] (q_j between
+    e^-690, above _BOUNDED_BELOW, and e: an unnormalised law may hold a log slightly above 0), none NaN:
+    the condition for _screen_decided's bounds."""
     usable = 0.0
     for j in range(log_public.size):
         lq = log_public[j]

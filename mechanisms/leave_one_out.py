@@ -86,9 +86,8 @@ def leave_one_out_direction_divergences(teachers: torch.Tensor, public: torch.Te
         lambdas: the mixing weights, shape (L, N).
         rows: the teachers i to remove (indices into N).
         orders: the Renyi orders a > 1, shape (K,).
-        prepared: each step's rows p_-i / p already formed (prepared_leave_one_out) from these
-            teachers, public model and lambdas, or from as_ensemble's renormalised copy of them;
-            None: formed here.
+        prepared: each step's rows p_-i / p already formed (prepared_leave_one_out) from exactly these
+            teachers, public model and lambdas; None: formed here.
 
     Returns:
         (p as a float64 tensor (L, V), float64 tensor (2, L, len(rows), K): forward D_a(p || p_-i) and
