@@ -218,15 +218,19 @@ def _ball_residual(lam: float, teacher: FloatArray, public: FloatArray, log_publ
     for k in range(orders.size):
         powers = powers and orders[k] == math.floor(orders[k]) and orders[k] <= MAX_INTEGER_ORDER
     high_r, low_r = fma(lam, high, keep), fma(lam, low, keep)
+    rows = not powers   # whether an order needs the rows of logs (one call site of the inlined _mixed_log_ratios)
+    top, bottom = 0.0, 0.0
     if powers:
         # every r_j lies in [r_min, r_max] (the ratio 1 where p0_j = 0 too: low <= 1 <= high)
         top, bottom = max(0.0, math.log(high_r)), min(0.0, math.log(low_r))
         for k in range(orders.size):   # an order past the power path's range needs the rows of logs
             if not orders[k] * (top - bottom) + top + math.log(size) < _FAST_RANGE and bottom > -np.inf:
-                _mixed_log_ratios(lam, teacher, public, ratio, log_r, slope, mixed_ratio, normal_public)
+                rows = True
                 break
-    else:
-        top, bottom = _mixed_log_ratios(lam, teacher, public, ratio, log_r, slope, mixed_ratio, normal_public)
+    if rows:
+        row_top, row_bottom = _mixed_log_ratios(lam, teacher, public, ratio, log_r, slope, mixed_ratio, normal_public)
+        if not powers:
+            top, bottom = row_top, row_bottom
     if bottom == -np.inf:   # the mixture vanishes where p0 does not: no finite divergence
         return np.inf, np.nan, 0.0, 0.0
     # |log m_j| <= |log p0_j| + |log r_j|: twice the public magnitude and the span bound the kernel's
@@ -343,36 +347,38 @@ def _solve_teacher(teacher: FloatArray, public: FloatArray, log_public: FloatArr
     lo, residual_lo, hi, residual_hi, hi_known = 0.0, -smallest_target, 1.0, np.inf, False
     trial = min(1.0, 1.0 / math.sqrt(curvature * chi_square)) if curvature * chi_square > 1.0 else 1.0
     count, answer = 0, -1.0
+    # one call site of _ball_residual: inlined, each call site is a copy of its loops (compile time)
+    point, chord_step = trial, False   # chord_step: `point` is the chord root taken after an infeasible trial
     while True:
-        residual, derivative, exponent, target = _ball_residual(trial, teacher, public, log_public, ratio, low, high,
+        residual, derivative, exponent, target = _ball_residual(point, teacher, public, log_public, ratio, low, high,
                                                                 orders, log_targets, max_log_ratio, log_r, slope,
                                                                 mixed_ratio, public_magnitude, slack_ulps, normal_public,
                                                                 version)
         count += 1
-        latest, residual_latest, derivative_latest = trial, residual, derivative
-        exponent_latest, target_latest = exponent, target
-        if residual <= 0.0:
-            if trial == 1.0:
-                answer = 1.0
-                break
-            lo, residual_lo = trial, residual
+        if chord_step:
+            chord_step = False
+            if residual <= 0.0:
+                lo, residual_lo = point, residual
+            else:
+                hi, residual_hi = point, residual
+                latest, residual_latest, derivative_latest = point, residual, derivative
+                exponent_latest, target_latest = exponent, target
         else:
-            hi, residual_hi, hi_known = trial, residual, True
-            chord = _secant_root(lo, residual_lo, hi, residual_hi)
-            # far from the root the next Newton point gains more than the secant would
-            close = math.isfinite(residual) and derivative > 0.0 and residual < 1e-3 * derivative * trial
-            if close and lo < chord < hi and count < max_evaluations:
-                residual, derivative, exponent, target = _ball_residual(chord, teacher, public, log_public, ratio, low,
-                                                                        high, orders, log_targets, max_log_ratio,
-                                                                        log_r, slope, mixed_ratio, public_magnitude,
-                                                                        slack_ulps, normal_public, version)
-                count += 1
-                if residual <= 0.0:
-                    lo, residual_lo = chord, residual
-                else:
-                    hi, residual_hi = chord, residual
-                    latest, residual_latest, derivative_latest = chord, residual, derivative
-                    exponent_latest, target_latest = exponent, target
+            latest, residual_latest, derivative_latest = point, residual, derivative
+            exponent_latest, target_latest = exponent, target
+            if residual <= 0.0:
+                if point == 1.0:
+                    answer = 1.0
+                    break
+                lo, residual_lo = point, residual
+            else:
+                hi, residual_hi, hi_known = point, residual, True
+                chord = _secant_root(lo, residual_lo, hi, residual_hi)
+                # far from the root the next Newton point gains more than the secant would
+                close = math.isfinite(residual) and derivative > 0.0 and residual < 1e-3 * derivative * point
+                if close and lo < chord < hi and count < max_evaluations:
+                    point, chord_step = chord, True
+                    continue
         if count >= max_evaluations or residual_lo >= -tolerance * smallest_target or hi - lo <= 1e-12:
             break
         if math.isfinite(residual_latest) and derivative_latest > 0.0:
@@ -386,6 +392,7 @@ def _solve_teacher(teacher: FloatArray, public: FloatArray, log_public: FloatArr
             trial = 1.0
         elif not (lo < trial < hi):
             trial = 0.5 * (lo + hi)
+        point = trial
     return (answer if answer >= 0.0 else lo), count
 
 
