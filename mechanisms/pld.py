@@ -28,6 +28,7 @@ from dpledger.mechanisms.dp_events import mechanism_from_dp_event
 
 if TYPE_CHECKING:  # dp_accounting ships no type information: DpEvent is opaque to mypy
     from dp_accounting.dp_event import DpEvent
+    from dp_accounting.pld import PLDAccountant
 
 PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 """Width of the privacy-loss grid (dp-accounting's default): the pessimistic PLD epsilon is within
@@ -94,6 +95,12 @@ def pld_out_of_range(event: DpEvent) -> str | None:
     return None
 
 
+_COMPOSED: dict[tuple[str, object, float], "PLDAccountant"] = {}
+"""pld_epsilon's composed accountants, by (the simplified event's repr, dp-accounting's relation, the grid's
+width), the oldest dropped past _COMPOSED_KEPT: an attrs event's repr names every field (floats exactly)."""
+_COMPOSED_KEPT = 8
+
+
 def pld_epsilon(event: DpEvent, delta: float,
                 relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
                 value_discretization_interval: float = PLD_VALUE_DISCRETIZATION_INTERVAL) -> float:
@@ -122,14 +129,24 @@ def pld_epsilon(event: DpEvent, delta: float,
     delta = require_in_open("delta", delta, 0.0, 1.0)
     require(value_discretization_interval > 0, f"value_discretization_interval must be > 0, got "
                                                f"{value_discretization_interval!r}")
-    accountant = PLDAccountant(dp_accounting_relation(relation, event), value_discretization_interval)
+    dp_relation = dp_accounting_relation(relation, event)
     simple = simplified_event(event)
-    require(accountant.supports(simple), f"dp-accounting's PLDAccountant does not support {type(simple).__name__} "
-                                         f"under {neighbouring_relation(relation).label}")
+    # the composed distribution depends on the event, the relation and the grid only: a run's summary
+    # asks it at each of its deltas, and runs of one configuration ask it again (2 s a composition)
+    key = (repr(simple), dp_relation, float(value_discretization_interval))
+    accountant = _COMPOSED.get(key)
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            epsilon = float(accountant.compose(simple).get_epsilon(delta))
+            if accountant is None:
+                accountant = PLDAccountant(dp_relation, value_discretization_interval)
+                require(accountant.supports(simple), f"dp-accounting's PLDAccountant does not support "
+                                                     f"{type(simple).__name__} under {neighbouring_relation(relation).label}")
+                accountant.compose(simple)
+                _COMPOSED[key] = accountant
+                while len(_COMPOSED) > _COMPOSED_KEPT:
+                    _COMPOSED.pop(next(iter(_COMPOSED)))
+            epsilon = float(accountant.get_epsilon(delta))
     except (OverflowError, FloatingPointError, ZeroDivisionError, MemoryError):
         return math.inf
     require(not math.isnan(epsilon), "dp-accounting's PLD gave a NaN epsilon")

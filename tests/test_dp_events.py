@@ -179,3 +179,23 @@ def test_dp_accountings_replace_one_reads_a_gaussian_event_two_ways():
 
 def test_a_tiny_noise_has_no_pld_statement_but_no_error():
     assert pld_epsilon(self_compose(GaussianMechanism(1e-200), 3).dp_event(), 1e-5) == math.inf
+
+
+def test_a_composed_distribution_is_reused_only_for_the_same_event_and_grid():
+    """pld_epsilon keeps recent compositions (mechanisms.pld._COMPOSED), keyed by what the composition
+    reads (the event, dp-accounting's relation, the grid): each answer equals a fresh dp-accounting
+    accountant's, whatever was asked before; an event differing in one bit, or another grid, is
+    composed for itself; replace-one, read at unit sensitivity as add-or-remove (dp_accounting_relation),
+    shares add-or-remove's."""
+    from dpledger.mechanisms import pld as pld_module
+
+    pld_module._COMPOSED.clear()
+    first = GaussianMechanism(2.0).dp_event()
+    close = GaussianMechanism(2.0 + 2 ** -40).dp_event()
+    both, replace = NeighbouringRelation.ADD_OR_REMOVE_ONE, NeighbouringRelation.REPLACE_ONE
+    asked = [(first, 1e-5, both, 1e-4), (first, 1e-3, both, 1e-4), (close, 1e-5, both, 1e-4),
+             (first, 1e-5, replace, 1e-4), (first, 1e-5, both, 1e-3), (first, 1e-5, both, 1e-4)]
+    for event, delta, relation, interval in asked:
+        fresh = PLDAccountant(DpRelation.ADD_OR_REMOVE_ONE, interval)
+        assert pld_epsilon(event, delta, relation, interval) == fresh.compose(event).get_epsilon(delta)
+    assert len(pld_module._COMPOSED) == 3   # first at 1e-4 (four questions), close, first at 1e-3
