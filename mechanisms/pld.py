@@ -95,10 +95,30 @@ def pld_out_of_range(event: DpEvent) -> str | None:
     return None
 
 
-_COMPOSED: dict[tuple[str, object, float], "PLDAccountant"] = {}
-"""pld_epsilon's composed accountants, by (the simplified event's repr, dp-accounting's relation, the grid's
-width), the oldest dropped past _COMPOSED_KEPT: an attrs event's repr names every field (floats exactly)."""
+_COMPOSED: dict[tuple[object, object, str], "PLDAccountant"] = {}
+"""pld_epsilon's composed accountants, by (_exact_key of the simplified event, dp-accounting's relation,
+the grid's width in hex), the oldest dropped past _COMPOSED_KEPT."""
 _COMPOSED_KEPT = 8
+
+
+def _exact_key(value: object) -> object:
+    """A hashable key equal for two values exactly when they are the same event, field for field: an
+    attrs event as its class and fields, a float by its hex digits (so -0.0 and 0.0 differ, and a NaN
+    has no key), a sequence or array element by element. None (do not reuse) for anything else: a
+    repr would not do, since numpy prints 8 digits and elides long arrays."""
+    if isinstance(value, (bool, int, np.integer, str)) or value is None:
+        return (type(value).__name__, value)
+    if isinstance(value, (float, np.floating)):
+        return None if math.isnan(value) else ("float", float(value).hex())
+    if isinstance(value, (list, tuple, np.ndarray)):
+        items = [_exact_key(item) for item in (value.tolist() if isinstance(value, np.ndarray) else value)]
+        return None if any(item is None for item in items) else (type(value).__name__, tuple(items))
+    fields = getattr(type(value), "__attrs_attrs__", None)
+    if fields is None:
+        return None
+    parts = [_exact_key(getattr(value, field.name)) for field in fields]
+    name = f"{type(value).__module__}.{type(value).__qualname__}"
+    return None if any(part is None for part in parts) else (name, tuple(parts))
 
 
 def pld_epsilon(event: DpEvent, delta: float,
@@ -133,8 +153,9 @@ def pld_epsilon(event: DpEvent, delta: float,
     simple = simplified_event(event)
     # the composed distribution depends on the event, the relation and the grid only: a run's summary
     # asks it at each of its deltas, and runs of one configuration ask it again (2 s a composition)
-    key = (repr(simple), dp_relation, float(value_discretization_interval))
-    accountant = _COMPOSED.get(key)
+    exact = _exact_key(simple)
+    key = None if exact is None else (exact, dp_relation, float(value_discretization_interval).hex())
+    accountant = None if key is None else _COMPOSED.get(key)
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -143,9 +164,10 @@ def pld_epsilon(event: DpEvent, delta: float,
                 require(accountant.supports(simple), f"dp-accounting's PLDAccountant does not support "
                                                      f"{type(simple).__name__} under {neighbouring_relation(relation).label}")
                 accountant.compose(simple)
-                _COMPOSED[key] = accountant
-                while len(_COMPOSED) > _COMPOSED_KEPT:
-                    _COMPOSED.pop(next(iter(_COMPOSED)))
+                if key is not None:
+                    _COMPOSED[key] = accountant
+                    while len(_COMPOSED) > _COMPOSED_KEPT:
+                        _COMPOSED.pop(next(iter(_COMPOSED)))
             epsilon = float(accountant.get_epsilon(delta))
     except (OverflowError, FloatingPointError, ZeroDivisionError, MemoryError):
         return math.inf

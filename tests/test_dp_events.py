@@ -199,3 +199,24 @@ def test_a_composed_distribution_is_reused_only_for_the_same_event_and_grid():
         fresh = PLDAccountant(DpRelation.ADD_OR_REMOVE_ONE, interval)
         assert pld_epsilon(event, delta, relation, interval) == fresh.compose(event).get_epsilon(delta)
     assert len(pld_module._COMPOSED) == 3   # first at 1e-4 (four questions), close, first at 1e-3
+
+
+def test_the_reuse_key_tells_apart_every_field_bit_and_refuses_what_it_cannot_read():
+    """The key of a composition (mechanisms.pld._exact_key) is exact where a repr is not: numpy prints 8
+    digits and elides arrays past 1,000 entries, so events differing there shared a repr."""
+    from dpledger.mechanisms.pld import _exact_key
+
+    def mixture(sensitivities):
+        return dp_accounting.dp_event.MixtureOfGaussiansDpEvent(1.0, sensitivities, np.full(len(sensitivities), 1 / len(sensitivities)))
+
+    base = np.linspace(0.0, 1.0, 2001)
+    moved = base.copy()
+    moved[1000] = np.nextafter(moved[1000], 2.0)
+    assert repr(mixture(base)) == repr(mixture(moved))          # the pitfall a repr key falls into
+    assert _exact_key(mixture(base)) != _exact_key(mixture(moved))
+    assert _exact_key(mixture(base)) == _exact_key(mixture(base.copy()))
+    assert _exact_key(dp_accounting.GaussianDpEvent(0.0)) != _exact_key(dp_accounting.GaussianDpEvent(-0.0))
+    assert _exact_key(dp_accounting.GaussianDpEvent(float("nan"))) is None
+    assert _exact_key(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0), 3)) != \
+        _exact_key(dp_accounting.SelfComposedDpEvent(dp_accounting.LaplaceDpEvent(1.0), 3))
+    assert _exact_key(dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(1.0), object()])) is None
