@@ -95,23 +95,30 @@ def pld_out_of_range(event: DpEvent) -> str | None:
     return None
 
 
-_COMPOSED: dict[tuple[object, object, str], "PLDAccountant"] = {}
+_COMPOSED: dict[tuple[object, object, object], "PLDAccountant"] = {}
 """pld_epsilon's composed accountants, by (_exact_key of the simplified event, dp-accounting's relation,
-the grid's width in hex), the oldest dropped past _COMPOSED_KEPT."""
+_exact_key of the grid's width), the oldest dropped past _COMPOSED_KEPT."""
 _COMPOSED_KEPT = 8
 
 
 def _exact_key(value: object) -> object:
-    """A hashable key equal for two values exactly when they are the same event, field for field: an
-    attrs event as its class and fields, a float by its hex digits (so -0.0 and 0.0 differ, and a NaN
-    has no key), a sequence or array element by element. None (do not reuse) for anything else: a
-    repr would not do, since numpy prints 8 digits and elides long arrays."""
-    if isinstance(value, (bool, int, np.integer, str)) or value is None:
+    """A hashable key equal for two values exactly when they are the same event, field for field and
+    type for type: an attrs event as its class and fields, a Python float by its hex digits (so -0.0
+    and 0.0 differ, and a NaN has no key), a numpy scalar or array by its type or dtype, shape and
+    bytes (dp-accounting computes in float32 when handed float32), a list or tuple element by element.
+    None (do not reuse) for anything else: a repr would not do, since numpy prints 8 digits and elides
+    long arrays.
+    """
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.dtype.str, value.shape, value.tobytes()) if value.dtype.kind in "biuf" else None
+    if isinstance(value, np.generic):
+        return ("numpy", type(value).__name__, value.tobytes()) if value.dtype.kind in "biuf" else None
+    if isinstance(value, float):
+        return None if math.isnan(value) else ("float", value.hex())
+    if isinstance(value, (bool, int, str)) or value is None:
         return (type(value).__name__, value)
-    if isinstance(value, (float, np.floating)):
-        return None if math.isnan(value) else ("float", float(value).hex())
-    if isinstance(value, (list, tuple, np.ndarray)):
-        items = [_exact_key(item) for item in (value.tolist() if isinstance(value, np.ndarray) else value)]
+    if isinstance(value, (list, tuple)):
+        items = [_exact_key(item) for item in value]
         return None if any(item is None for item in items) else (type(value).__name__, tuple(items))
     fields = getattr(type(value), "__attrs_attrs__", None)
     if fields is None:
@@ -154,7 +161,8 @@ def pld_epsilon(event: DpEvent, delta: float,
     # the composed distribution depends on the event, the relation and the grid only: a run's summary
     # asks it at each of its deltas, and runs of one configuration ask it again (2 s a composition)
     exact = _exact_key(simple)
-    key = None if exact is None else (exact, dp_relation, float(value_discretization_interval).hex())
+    width = _exact_key(value_discretization_interval)   # its type too: a float32 width composes otherwise
+    key = None if exact is None or width is None else (exact, dp_relation, width)
     accountant = None if key is None else _COMPOSED.get(key)
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():

@@ -220,3 +220,21 @@ def test_the_reuse_key_tells_apart_every_field_bit_and_refuses_what_it_cannot_re
     assert _exact_key(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0), 3)) != \
         _exact_key(dp_accounting.SelfComposedDpEvent(dp_accounting.LaplaceDpEvent(1.0), 3))
     assert _exact_key(dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(1.0), object()])) is None
+
+
+def test_the_reuse_key_tells_apart_float32_from_float64_and_reads_0_d_arrays():
+    """dp-accounting computes in float32 when handed float32 fields or a float32 grid width, so a float32
+    event answered by its float64 twin's composition gave a smaller epsilon (a review's reproducer);
+    a 0-d array field composes as before."""
+    from dpledger.mechanisms import pld as pld_module
+
+    pld_module._COMPOSED.clear()
+    single = dp_accounting.PoissonSampledDpEvent(np.float32(0.01), dp_accounting.LaplaceDpEvent(np.float32(0.7)))
+    double = dp_accounting.PoissonSampledDpEvent(float(np.float32(0.01)), dp_accounting.LaplaceDpEvent(float(np.float32(0.7))))
+    for width in (1e-4, np.float32(1e-4)):
+        for event in (double, single, double):
+            fresh = PLDAccountant(DpRelation.ADD_OR_REMOVE_ONE, width).compose(event).get_epsilon(1e-5)
+            assert pld_epsilon(event, 1e-5, value_discretization_interval=width) == fresh
+    assert len(pld_module._COMPOSED) == 4
+    zero_d = dp_accounting.LaplaceDpEvent(np.array(0.7))
+    assert pld_epsilon(zero_d, 1e-5) == PLDAccountant().compose(zero_d).get_epsilon(1e-5)
