@@ -114,10 +114,7 @@ def compile_rows(rows: list[int]) -> None:
     """Compile (or load from the cache) the kernels of these KERNELS rows, in this process."""
     import importlib
 
-    from dpledger.mechanisms.fastmath import prefer_wide_vectors
-
-    prefer_wide_vectors()   # as the suite runs the kernels (conftest.py)
-    for row in rows:
+    for row in rows:   # importing the kernels' modules sets the vector width, as in the suite (fastmath.py)
         module, name, codes = KERNELS[row]
         kernel = getattr(importlib.import_module(f"dpledger.mechanisms.{module}"), name, None)
         if kernel is None or not hasattr(kernel, "compile"):
