@@ -51,8 +51,8 @@ class StepResult:
 
     def __post_init__(self) -> None:
         # the charges go to a ledger: a NaN or negative RDP value, or one off the grid, is refused here
-        require(isinstance(self.relation, NeighbouringRelation),
-                f"relation must be a NeighbouringRelation, got {self.relation!r}")
+        if not isinstance(self.relation, NeighbouringRelation):
+            raise ValueError(f"relation must be a NeighbouringRelation, got {self.relation!r}")
         orders = validated_orders(self.orders)
         if not (isinstance(self.charged, dict) and len(self.charged) > 0):  # the message's repr only when it fails
             raise ValueError(f"charged must be a non-empty mapping of component name to RDP values, got {self.charged!r}")
@@ -63,9 +63,9 @@ class StepResult:
             if given is None:
                 continue
             values = np.asarray(given)
-            require(values.dtype.kind in "biuf" and values.shape[-1:] == (orders.size,),
-                    f"{name} must be numbers with a last axis of {orders.size} orders, got {values.dtype} "
-                    f"{values.shape}")
+            if not (values.dtype.kind in "biuf" and values.shape[-1:] == (orders.size,)):   # (the message only then)
+                raise ValueError(f"{name} must be numbers with a last axis of {orders.size} orders, got "
+                                 f"{values.dtype} {values.shape}")
             smallest = values.min() if values.size else 0.0   # NaN if any is NaN
             require(not bool(np.isnan(smallest)), f"{name} holds NaN RDP values")
             if smallest < 0:
