@@ -77,7 +77,7 @@ from dpledger.mechanisms.kernels import (ADD_ONE_VERSION, _SLACK_ULPS, FloatArra
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
 from dpledger.mechanisms.fused import (_LATTICE as LATTICE, add_one_lattice_allowances, add_one_order_sums,
                                        add_one_power_bases, add_one_power_order_sums, add_one_weighted_order_sums,
-                                       knapsack_allocation, renyi_log_moments)
+                                       convex_sandwich, knapsack_allocation, renyi_log_moments)
 from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:
@@ -1463,36 +1463,36 @@ def _convex_sandwich(grid: np.ndarray, anchors: np.ndarray, values: np.ndarray,
     enclosing anchors and the extensions of the neighbouring chords); both equal the value at an anchor.
     A convex function lies under its chords, above its tangents and, outside a chord's interval, above
     the chord's line (Boyd & Vandenberghe 2004, Section 3.1.3). +inf anywhere in a row makes the row
-    +inf: (k-1) D_k is infinite at one order > 1 exactly when the support condition fails, at every order."""
-    size = grid.size
-    position = np.clip(np.searchsorted(anchors, np.arange(size), side="right") - 1, 0, anchors.size - 2)
-    left, right = anchors[position], anchors[position + 1]
-    weight = (grid - grid[left]) / (grid[right] - grid[left])
-    index = np.searchsorted(anchors, np.arange(size))
-    on_anchor = np.zeros(size, dtype=bool)
-    on_anchor[anchors] = True
-    a_left, a_right = values[..., position], values[..., position + 1]
-    with np.errstate(invalid="ignore", over="ignore"):
-        chord = (1.0 - weight) * a_left + weight * a_right
-        rounding = 4.0 * ROUNDING_ULPS * (np.abs((1.0 - weight) * a_left) + np.abs(weight * a_right))
-        lower = np.full(values.shape[:-1] + (size,), -np.inf)
-        for before, after in ((position - 1, position), (position + 1, position + 2)):
-            valid = (before >= 0) & (after < anchors.size) & (before < after)
-            b, c = np.clip(before, 0, anchors.size - 1), np.clip(after, 0, anchors.size - 1)
-            run = np.where(valid, grid[anchors[c]] - grid[anchors[b]], 1.0)
-            slope = (values[..., c] - values[..., b]) / run
-            line = values[..., b] + slope * (grid - grid[anchors[b]])
-            lower = np.where(valid, np.fmax(lower, line), lower)
-        if slopes is not None:
-            for end, at in ((position, left), (position + 1, right)):
-                lower = np.fmax(lower, values[..., end] + slopes[..., end] * (grid - grid[at]))
-        exact_here = values[..., np.clip(index, 0, anchors.size - 1)]
-        chord = np.where(on_anchor, exact_here, chord)
-        rounding = np.where(on_anchor, 0.0, rounding)
-        lower = np.where(on_anchor, exact_here, lower)
-    infinite = np.expand_dims(np.isposinf(values).any(axis=-1), -1)
-    return (np.where(infinite, np.inf, chord), np.where(infinite, 0.0, rounding),
-            np.where(infinite, np.inf, lower))
+    +inf: (k-1) D_k is infinite at one order > 1 exactly when the support condition fails, at every order.
+    (_sandwich with the values placed on the grid.)"""
+    shape = values.shape[:-1] + (grid.size,)
+    done = np.zeros(grid.size, dtype=bool)
+    done[anchors] = True
+    placed = np.full(shape, np.nan)
+    placed[..., anchors] = values
+    tangents = None
+    if slopes is not None:
+        tangents = np.full(shape, np.nan)
+        tangents[..., anchors] = slopes
+    return _sandwich(grid, done, placed, tangents)
+
+
+def _sandwich(grid: np.ndarray, done: np.ndarray, values: np.ndarray,
+              slopes: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """_convex_sandwich's (chord, rounding, lower), each of values' shape (..., K), for values (and slopes,
+    or None) given at every grid order and read at each row's anchors `done` (bool, broadcast against
+    values: (K,) for anchors shared by every row); each row needs at least two anchors. Compiled
+    (dpledger.mechanisms.fused.convex_sandwich: numpy's IEEE operations in numpy's order, element by element)."""
+    shape = values.shape
+    rows = np.ascontiguousarray(values, dtype=np.float64).reshape(-1, shape[-1])
+    marks = np.ascontiguousarray(np.broadcast_to(done, shape)).reshape(-1, shape[-1])
+    if not marks.sum(axis=1).min(initial=2) >= 2:
+        raise ValueError("a convex sandwich needs at least two anchors in every row")
+    tangents = rows if slopes is None else np.ascontiguousarray(slopes, dtype=np.float64).reshape(-1, shape[-1])
+    chord, rounding, lower = np.empty(rows.shape), np.empty(rows.shape), np.empty(rows.shape)
+    convex_sandwich(np.ascontiguousarray(grid, dtype=np.float64), marks, rows, tangents, slopes is not None,
+                    ROUNDING_ULPS, chord, rounding, lower)
+    return chord.reshape(shape), rounding.reshape(shape), lower.reshape(shape)
 
 
 def _order_curve_on_subgrid(sums: _Sums, allowances: _Allowances, bound: _Bound, rounded_up: list[bool],
@@ -1528,8 +1528,7 @@ def _order_curve_on_subgrid(sums: _Sums, allowances: _Allowances, bound: _Bound,
     evaluate(_seed_orders(grid))
     while not done.all():
         anchors = np.flatnonzero(done)
-        sandwiches = [_convex_sandwich(grid, anchors, store[..., anchors], slope[..., anchors] if has_slopes else None)
-                      for store, slope in zip(known, slopes)]
+        sandwiches = [_sandwich(grid, done, store, slope if has_slopes else None) for store, slope in zip(known, slopes)]
         upper = bound(_chord_values(sandwiches, allowances, grid, anchors, known, rounded_up), grid)
         lower = bound([floor for _, _, floor in sandwiches], grid)
         with np.errstate(invalid="ignore"):
@@ -1584,8 +1583,7 @@ def _order_curve_per_row(sums: _Sums, allowances: _Allowances, bound: _Bound, ro
         if not active.any():
             break
         geometry = _row_geometry(done)
-        sandwiches = [_row_sandwich(grid, geometry, store, slope if has_slopes else None, done)
-                      for store, slope in zip(known, slopes)]
+        sandwiches = [_sandwich(grid, done, store, slope if has_slopes else None) for store, slope in zip(known, slopes)]
         upper = bound([value.reshape(*batch, size) for value in
                        _row_chord_values(sandwiches, allowances, grid, geometry, known, rounded_up, batch, done)],
                       grid).reshape(rows, size)
@@ -1610,10 +1608,10 @@ def _order_curve_per_row(sums: _Sums, allowances: _Allowances, bound: _Bound, ro
     return result.reshape(*batch, size)
 
 
-def _row_geometry(done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _row_geometry(done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row (its anchors: `done`, which always holds the first and last order) and order q, as
     _convex_sandwich places q among the row's anchors: the enclosing anchors (left, right; for the last
-    anchor the two last), the anchor before `left` and the one after `right` (-1 where there is none)."""
+    anchor the two last)."""
     rows, size = done.shape
     order = np.arange(size)
     at_or_before = np.maximum.accumulate(np.where(done, order, -1), axis=1)
@@ -1621,47 +1619,11 @@ def _row_geometry(done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     strictly_after = np.concatenate([after[:, 1:], np.full((rows, 1), size)], axis=1)
     strictly_before = np.concatenate([np.full((rows, 1), -1), at_or_before[:, :-1]], axis=1)
     last = order == size - 1
-    left = np.where(last, strictly_before[:, -1:], at_or_before)
-    right = np.where(last, size - 1, strictly_after)
-    before = np.take_along_axis(strictly_before, np.clip(left, 0, size - 1), axis=1)
-    beyond = np.take_along_axis(strictly_after, np.clip(right, 0, size - 1), axis=1)
-    return left, right, before, np.where(beyond >= size, -1, beyond)
-
-
-def _row_sandwich(grid: np.ndarray, geometry: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-                  values: np.ndarray, slopes: np.ndarray | None, done: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """_convex_sandwich for rows (R, K) with their own anchors (`done`, placed by _row_geometry): the
-    same operations on the same numbers, element by element."""
-    left, right, before, beyond = geometry
-    g_left, g_right = grid[left], grid[right]
-    weight = (grid - g_left) / (g_right - g_left)
-    a_left, a_right = np.take_along_axis(values, left, axis=1), np.take_along_axis(values, right, axis=1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        chord = (1.0 - weight) * a_left + weight * a_right
-        rounding = 4.0 * ROUNDING_ULPS * (np.abs((1.0 - weight) * a_left) + np.abs(weight * a_right))
-        lower = np.full(values.shape, -np.inf)
-        for start, end in ((before, left), (right, beyond)):
-            valid = (start >= 0) & (end >= 0)
-            b, c = np.clip(start, 0, None), np.clip(end, 0, None)
-            run = np.where(valid, grid[c] - grid[b], 1.0)
-            slope = (np.take_along_axis(values, c, axis=1) - np.take_along_axis(values, b, axis=1)) / run
-            line = np.take_along_axis(values, b, axis=1) + slope * (grid - grid[b])
-            lower = np.where(valid, np.fmax(lower, line), lower)
-        if slopes is not None:
-            for at in (left, right):
-                lower = np.fmax(lower, np.take_along_axis(values, at, axis=1)
-                                + np.take_along_axis(slopes, at, axis=1) * (grid - grid[at]))
-        chord = np.where(done, values, chord)
-        rounding = np.where(done, 0.0, rounding)
-        lower = np.where(done, values, lower)
-    infinite = (np.isposinf(values) & done).any(axis=1, keepdims=True)
-    return (np.where(infinite, np.inf, chord), np.where(infinite, 0.0, rounding),
-            np.where(infinite, np.inf, lower))
+    return np.where(last, strictly_before[:, -1:], at_or_before), np.where(last, size - 1, strictly_after)
 
 
 def _row_chord_values(sandwiches: list[tuple[np.ndarray, np.ndarray, np.ndarray]], allowances: _Allowances,
-                      grid: np.ndarray, geometry: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+                      grid: np.ndarray, geometry: tuple[np.ndarray, np.ndarray],
                       known: list[np.ndarray], rounded_up: list[bool], batch: tuple[int, ...],
                       done: np.ndarray) -> list[np.ndarray]:
     """_chord_values for rows with their own anchors: the allowances at every computed order (the

@@ -934,6 +934,7 @@ def leave_one_out_direction_power_moments(output: FloatArray, log_output: FloatA
 
 _EXACT_FLAGS: JitOptions = dict(error_model="numpy", cache=True, nogil=True)
 """No fastmath: the sub-grid's bookkeeping performs numpy's IEEE operations in numpy's order."""
+_EXACT_HELPER_FLAGS: JitOptions = {**_EXACT_FLAGS, "inline": "always"}
 
 
 @jit(**_EXACT_FLAGS)
@@ -968,6 +969,78 @@ def _chords_and_floor(grid: FloatArray, done: BoolArray, upper: FloatArray, slop
         bound[q] = best
         value = best if done[q] else tangent_best
         floor[q] = value if (value != value or value > 0.0) else 0.0
+
+
+@jit(**_EXACT_HELPER_FLAGS)
+def _fmax(x: float, y: float) -> float:
+    """numpy's fmax: the larger, ignoring a NaN (NaN only where both are)."""
+    if y != y:
+        return x
+    if x != x:
+        return y
+    return x if x >= y else y
+
+
+@jit(**_EXACT_FLAGS)
+def convex_sandwich(grid: FloatArray, done: BoolArray, values: FloatArray, slopes: FloatArray, has_slopes: bool,
+                    rounding_ulps: float, chord: FloatArray, rounding: FloatArray, lower: FloatArray) -> None:
+    """dpledger.mechanisms.add_one's sandwich of a function convex in the order, each row on its own anchors,
+    compiled: the numpy form's operations (tests/straightforward.py keeps it) on the same numbers in the
+    same order, element by element (no fastmath: IEEE operations, no fused multiply-adds). Per row r and
+    grid order q, with `done[r]` the row's anchors (at least two) and left, right the anchors enclosing q
+    (for the last anchor, the two last): the chord between them, its rounding bound
+    4 rounding_ulps (|(1 - w) v_left| + |w v_right|), and the lower bound, the largest (NaN ignored) of the
+    neighbouring chords' extensions and, with `has_slopes`, the tangents at left and right. At an anchor
+    all three are its value (rounding 0); a row holding +inf at an anchor is +inf (rounding 0) throughout.
+
+    Args:
+        grid: the orders, increasing, shape (K,).
+        done: each row's anchors, bool (R, K).
+        values: the function at the anchors, (R, K) (read at anchors only).
+        slopes: its derivatives there, (R, K) (read only with has_slopes).
+        has_slopes: whether the tangents join the lower bound.
+        rounding_ulps: dpledger.accounting.rounding.ROUNDING_ULPS.
+        chord, rounding, lower: outputs, (R, K).
+    """
+    rows, size = values.shape
+    anchors = np.empty(size, dtype=np.int64)
+    for r in range(rows):
+        count = 0
+        infinite = False
+        for q in range(size):
+            if done[r, q]:
+                anchors[count] = q
+                count += 1
+                infinite = infinite or values[r, q] == np.inf
+        position = 0
+        for q in range(size):
+            while position + 1 < count and anchors[position + 1] <= q:
+                position += 1
+            at = min(position, count - 2)
+            left, right = anchors[at], anchors[at + 1]
+            if infinite:
+                chord[r, q], rounding[r, q], lower[r, q] = np.inf, 0.0, np.inf
+                continue
+            if done[r, q]:
+                chord[r, q], rounding[r, q], lower[r, q] = values[r, q], 0.0, values[r, q]
+                continue
+            weight = (grid[q] - grid[left]) / (grid[right] - grid[left])
+            a_left, a_right = values[r, left], values[r, right]
+            chord[r, q] = (1.0 - weight) * a_left + weight * a_right
+            rounding[r, q] = 4.0 * rounding_ulps * (abs((1.0 - weight) * a_left) + abs(weight * a_right))
+            floor = -np.inf
+            if at >= 1:   # the chord before, extended
+                b = anchors[at - 1]
+                slope = (values[r, left] - values[r, b]) / (grid[left] - grid[b])
+                floor = _fmax(floor, values[r, b] + slope * (grid[q] - grid[b]))
+            if at + 2 < count:   # the chord after, extended
+                c = anchors[at + 2]
+                slope = (values[r, c] - values[r, right]) / (grid[c] - grid[right])
+                floor = _fmax(floor, values[r, right] + slope * (grid[q] - grid[right]))
+            if has_slopes:
+                floor = _fmax(floor, values[r, left] + slopes[r, left] * (grid[q] - grid[left]))
+                floor = _fmax(floor, values[r, right] + slopes[r, right] * (grid[q] - grid[right]))
+            lower[r, q] = floor
 
 
 @jit(**_EXACT_FLAGS)

@@ -283,3 +283,94 @@ def _chord_and_tangent_bounds(grid: np.ndarray, anchors: np.ndarray, upper: np.n
     bound = chords.max(axis=0)
     floor = np.where(on_anchor, bound, np.where(np.isnan(tangents), -np.inf, tangents).max(axis=0))
     return chords, bound, np.maximum(floor, 0.0)
+
+
+def reference_convex_sandwich(grid: np.ndarray, anchors: np.ndarray, values: np.ndarray,
+                     slopes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For a function convex in the order, known at grid[anchors] (values (..., A), with its derivatives
+    there or None), at every grid order: (the chord between the enclosing anchors (..., K), a bound on
+    that chord's rounding (..., K), a lower bound (..., K): the largest of the tangents at the two
+    enclosing anchors and the extensions of the neighbouring chords); both equal the value at an anchor.
+    A convex function lies under its chords, above its tangents and, outside a chord's interval, above
+    the chord's line (Boyd & Vandenberghe 2004, Section 3.1.3). +inf anywhere in a row makes the row
+    +inf: (k-1) D_k is infinite at one order > 1 exactly when the support condition fails, at every order.
+    (dpledger.mechanisms.add_one's numpy form before dpledger.mechanisms.fused.convex_sandwich.)"""
+    size = grid.size
+    position = np.clip(np.searchsorted(anchors, np.arange(size), side="right") - 1, 0, anchors.size - 2)
+    left, right = anchors[position], anchors[position + 1]
+    weight = (grid - grid[left]) / (grid[right] - grid[left])
+    index = np.searchsorted(anchors, np.arange(size))
+    on_anchor = np.zeros(size, dtype=bool)
+    on_anchor[anchors] = True
+    a_left, a_right = values[..., position], values[..., position + 1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        chord = (1.0 - weight) * a_left + weight * a_right
+        rounding = 4.0 * ROUNDING_ULPS * (np.abs((1.0 - weight) * a_left) + np.abs(weight * a_right))
+        lower = np.full(values.shape[:-1] + (size,), -np.inf)
+        for before, after in ((position - 1, position), (position + 1, position + 2)):
+            valid = (before >= 0) & (after < anchors.size) & (before < after)
+            b, c = np.clip(before, 0, anchors.size - 1), np.clip(after, 0, anchors.size - 1)
+            run = np.where(valid, grid[anchors[c]] - grid[anchors[b]], 1.0)
+            slope = (values[..., c] - values[..., b]) / run
+            line = values[..., b] + slope * (grid - grid[anchors[b]])
+            lower = np.where(valid, np.fmax(lower, line), lower)
+        if slopes is not None:
+            for end, at in ((position, left), (position + 1, right)):
+                lower = np.fmax(lower, values[..., end] + slopes[..., end] * (grid - grid[at]))
+        exact_here = values[..., np.clip(index, 0, anchors.size - 1)]
+        chord = np.where(on_anchor, exact_here, chord)
+        rounding = np.where(on_anchor, 0.0, rounding)
+        lower = np.where(on_anchor, exact_here, lower)
+    infinite = np.expand_dims(np.isposinf(values).any(axis=-1), -1)
+    return (np.where(infinite, np.inf, chord), np.where(infinite, 0.0, rounding),
+            np.where(infinite, np.inf, lower))
+
+
+def reference_row_sandwich(grid: np.ndarray, geometry: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+                           values: np.ndarray, slopes: np.ndarray | None, done: np.ndarray
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """reference_convex_sandwich for rows (R, K) with their own anchors (`done`, placed by row_geometry):
+    the same operations on the same numbers, element by element."""
+    left, right, before, beyond = geometry
+    g_left, g_right = grid[left], grid[right]
+    weight = (grid - g_left) / (g_right - g_left)
+    a_left, a_right = np.take_along_axis(values, left, axis=1), np.take_along_axis(values, right, axis=1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        chord = (1.0 - weight) * a_left + weight * a_right
+        rounding = 4.0 * ROUNDING_ULPS * (np.abs((1.0 - weight) * a_left) + np.abs(weight * a_right))
+        lower = np.full(values.shape, -np.inf)
+        for start, end in ((before, left), (right, beyond)):
+            valid = (start >= 0) & (end >= 0)
+            b, c = np.clip(start, 0, None), np.clip(end, 0, None)
+            run = np.where(valid, grid[c] - grid[b], 1.0)
+            slope = (np.take_along_axis(values, c, axis=1) - np.take_along_axis(values, b, axis=1)) / run
+            line = np.take_along_axis(values, b, axis=1) + slope * (grid - grid[b])
+            lower = np.where(valid, np.fmax(lower, line), lower)
+        if slopes is not None:
+            for at in (left, right):
+                lower = np.fmax(lower, np.take_along_axis(values, at, axis=1)
+                                + np.take_along_axis(slopes, at, axis=1) * (grid - grid[at]))
+        chord = np.where(done, values, chord)
+        rounding = np.where(done, 0.0, rounding)
+        lower = np.where(done, values, lower)
+    infinite = (np.isposinf(values) & done).any(axis=1, keepdims=True)
+    return (np.where(infinite, np.inf, chord), np.where(infinite, 0.0, rounding),
+            np.where(infinite, np.inf, lower))
+
+
+def row_geometry(done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per row (its anchors: `done`, holding the first and last order) and order q: the enclosing anchors
+    (left, right; for the last anchor the two last), the anchor before `left` and the one after `right`
+    (-1 where there is none), as reference_convex_sandwich places q among the anchors."""
+    rows, size = done.shape
+    order = np.arange(size)
+    at_or_before = np.maximum.accumulate(np.where(done, order, -1), axis=1)
+    after = np.minimum.accumulate(np.where(done, order, size)[:, ::-1], axis=1)[:, ::-1]
+    strictly_after = np.concatenate([after[:, 1:], np.full((rows, 1), size)], axis=1)
+    strictly_before = np.concatenate([np.full((rows, 1), -1), at_or_before[:, :-1]], axis=1)
+    last = order == size - 1
+    left = np.where(last, strictly_before[:, -1:], at_or_before)
+    right = np.where(last, size - 1, strictly_after)
+    before = np.take_along_axis(strictly_before, np.clip(left, 0, size - 1), axis=1)
+    beyond = np.take_along_axis(strictly_after, np.clip(right, 0, size - 1), axis=1)
+    return left, right, before, np.where(beyond >= size, -1, beyond)

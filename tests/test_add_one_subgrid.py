@@ -406,3 +406,58 @@ def test_before_version_9_a_batch_shared_its_subgrid():
                       for r in range(4)])
     assert not np.array_equal(together[0], alone)
     assert np.all(np.abs(together[0] - alone) <= ADD_ONE_RELATIVE_TOLERANCE * np.minimum(together[0], alone) * (1 + 1e-9))
+
+
+def _sandwich_case(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Increasing orders, per-row anchors (first and last always), values and slopes at them: convex-like
+    rows, rows with a +inf or NaN anchor, zeros, negative values, and rows sharing one set of anchors."""
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(2, 160))
+    grid = np.cumsum(rng.uniform(0.01, 3.0, size)) + 1.0
+    rows = int(rng.integers(1, 6))
+    done = rng.random((rows, size)) < rng.uniform(0.05, 0.9)
+    if seed % 3 == 0:
+        done[:] = done[0]
+    done[:, 0] = done[:, -1] = True
+    values = np.log1p(grid)[None] * rng.uniform(0, 5, (rows, 1)) + rng.normal(0, 0.3, (rows, size))
+    slopes = rng.normal(0, 2, (rows, size))
+    values[rng.random((rows, size)) < 0.05] = 0.0
+    values[rng.random((rows, size)) < 0.03] = np.inf
+    values[rng.random((rows, size)) < 0.03] = np.nan
+    slopes[rng.random((rows, size)) < 0.03] = np.nan
+    return grid, done, np.where(done, values, np.nan), np.where(done, slopes, np.nan)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_compiled_sandwich_equals_its_numpy_form(seed):
+    """_sandwich (dpledger.mechanisms.fused.convex_sandwich) gives the numpy form's numbers, element by element
+    (NaN where it gives NaN), for rows on their own anchors and on shared ones, with and without slopes,
+    through both of add_one's entry points."""
+    from tests.straightforward import reference_convex_sandwich, reference_row_sandwich, row_geometry
+    from dpledger.mechanisms.add_one import _sandwich
+
+    grid, done, values, slopes = _sandwich_case(seed)
+    for tangents in (None, slopes):
+        expected = reference_row_sandwich(grid, row_geometry(done), values, tangents, done)
+        for got, want in zip(_sandwich(grid, done, values, tangents), expected):
+            assert np.array_equal(got, want, equal_nan=True)
+        if (done == done[0]).all():   # shared anchors: the sub-grid's form, one row and a batch
+            anchors = np.flatnonzero(done[0])
+            shared = reference_convex_sandwich(grid, anchors, values[:, anchors],
+                                               None if tangents is None else tangents[:, anchors])
+            for got, want in zip(_convex_sandwich(grid, anchors, values[:, anchors],
+                                                  None if tangents is None else tangents[:, anchors]), shared):
+                assert np.array_equal(got, want, equal_nan=True)
+            for got, want in zip(_sandwich(grid, done[0], values, tangents), shared):
+                assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_a_sandwich_row_needs_two_anchors():
+    """A row with one anchor has no chord: refused in one line, never read past its anchors."""
+    from dpledger.mechanisms.add_one import _sandwich
+
+    done = np.zeros((2, 5), dtype=bool)
+    done[:, [0, 4]] = True
+    done[1, 4] = False
+    with pytest.raises(ValueError, match="at least two anchors"):
+        _sandwich(np.arange(2.0, 7.0), done, np.zeros((2, 5)), None)
