@@ -77,7 +77,8 @@ from dpledger.mechanisms.kernels import (ADD_ONE_VERSION, _SLACK_ULPS, FloatArra
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
 from dpledger.mechanisms.fused import (_LATTICE as LATTICE, add_one_lattice_allowances, add_one_order_sums,
                                        add_one_power_bases, add_one_power_order_sums, add_one_weighted_order_sums,
-                                       convex_sandwich, knapsack_allocation, renyi_log_moments)
+                                       add_one_token_bounds, convex_sandwich, knapsack_allocation,
+                                       renyi_log_moments)
 from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:
@@ -1264,18 +1265,19 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     n = float(teachers)
     log_p = _log(output).numpy()
     log_p0 = _log(public).numpy()
-    on_public = np.isfinite(log_p0)
     log_r = (alpha - 1.0) * radius
-    with np.errstate(invalid="ignore"):
-        log_qmax = np.where(on_public, np.minimum(0.0, (log_r + (alpha - 1.0) * log_p0) / alpha), -np.inf)
-        log_qmin = np.where(on_public, (alpha * log_p0 - log_r) / (alpha - 1.0), -np.inf)
-        # tokens the public model never emits: every q in the ball is 0 there too (D_alpha(q||p0) finite)
-        ratio_p0_p = np.where(on_public, log_p0 - log_p, -np.inf)          # +inf where p_j = 0 < p0_j
-        log_m = np.where(on_public, log_qmax - log_p0, -np.inf).max(axis=-1)   # log M
-        ratio_q_p = np.where(on_public, log_qmax - log_p, -np.inf)          # log(qmax_j / p_j)
-    max_ratio = ratio_p0_p.max(axis=-1)
-    slack = ROUNDING_ULPS * (np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1)
-                             + np.abs(np.where(on_public, log_p0, 0.0)).max(axis=-1) + abs(log_r) + 4.0)
+    # qmax_j, qmin_j and qmax_j / p_j per token (logs; -inf on tokens the public model never emits: every q
+    # in the ball is 0 there too, D_alpha(q||p0) being finite), log M = max_j log(qmax_j / p0_j), the largest
+    # log(p0_j / p_j) (+inf where p_j = 0 < p0_j) and the magnitudes the allowances scale with, in one pass
+    log_qmax, log_qmin, ratio_q_p = (np.empty(log_p.shape) for _ in range(3))
+    maxima = np.empty((int(np.prod(log_p.shape[:-1], dtype=np.int64)), 6))
+    add_one_token_bounds(np.ascontiguousarray(log_p).reshape(-1, log_p.shape[-1]),
+                         np.ascontiguousarray(log_p0).reshape(-1, log_p.shape[-1]), float(alpha), float(log_r),
+                         log_qmax.reshape(-1, log_p.shape[-1]), log_qmin.reshape(-1, log_p.shape[-1]),
+                         ratio_q_p.reshape(-1, log_p.shape[-1]), maxima)
+    log_m, max_ratio, top_log_p, top_log_p0, top_log_qmin, top_log_t = (maxima[:, column].reshape(log_p.shape[:-1])
+                                                                         for column in range(6))
+    slack = ROUNDING_ULPS * (top_log_p + top_log_p0 + abs(log_r) + 4.0)
     # One allocation serves U2 and the chord bound at every order: both fill tokens by decreasing
     # t_j = qmax_j / p_j (the chord's slope (phi_k(t) - phi_k(0)) / t grows with t, phi_k being convex).
     log_allocation, log_t = _knapsack_allocation(log_qmax, ratio_q_p)
@@ -1284,9 +1286,8 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     # sum's worst case, (V + 2) u, on top of the computed sum
     masses = output.numpy().sum(axis=-1) * (1.0 + (log_p.shape[-1] + 2.0) * _U)
     allocated_tokens = _AllocatedTokens(log_allocation, log_t, n, weighted, masses, powers=version >= 8)
-    magnitude = np.abs(np.where(np.isfinite(log_t), log_t, 0.0)).max(axis=-1)[..., None]
-    w_magnitude = (np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1)
-                   + np.abs(np.where(np.isfinite(log_qmin), log_qmin, 0.0)).max(axis=-1) + 2.0)[..., None]
+    magnitude = top_log_t[..., None]   # (log_t holds ratio_q_p's values: the knapsack only reorders them)
+    w_magnitude = (top_log_p + top_log_qmin + 2.0)[..., None]
     vocab = log_p.shape[-1]
     allocation_magnitude = np.abs(np.where(np.isfinite(log_allocation), log_allocation, 0.0)).max(axis=-1)[..., None]
     mass_excess_up = np.maximum(masses - 1.0, 0.0) * (1.0 + 2.0 * _U)

@@ -1044,6 +1044,61 @@ def convex_sandwich(grid: FloatArray, done: BoolArray, values: FloatArray, slope
 
 
 @jit(**_EXACT_FLAGS)
+def add_one_token_bounds(log_p: FloatArray, log_p0: FloatArray, alpha: float, log_r: float, log_qmax: FloatArray,
+                         log_qmin: FloatArray, ratio_q_p: FloatArray, row_maxima: FloatArray) -> None:
+    """dpledger.mechanisms.add_one.add_one_direction_bounds' per-token ball limits and their row maxima in
+    one pass, compiled with numpy's IEEE operations in numpy's order (no fastmath; the numpy form is kept in
+    tests/straightforward.py). Per row and token j, with public tokens those where log p0_j is finite
+    (elsewhere the three outputs are -inf):
+    log qmax_j = min(0, (log_r + (alpha - 1) log p0_j) / alpha), log qmin_j = (alpha log p0_j - log_r) /
+    (alpha - 1), log(qmax_j / p_j) = log qmax_j - log p_j. row_maxima (R, 6): max_j log(qmax_j / p0_j)
+    (log M), max_j log(p0_j / p_j), max |log p_j| over finite log p_j, max |log p0_j| over public tokens,
+    max |log qmin_j| over finite values, max |log(qmax_j / p_j)| over finite values; a maximum over no
+    token is -inf (the first two) or 0, and a NaN among the first two's terms makes it NaN (as numpy's max).
+
+    Args:
+        log_p: log p, (R, V).
+        log_p0: log p0, (R, V).
+        alpha: the ball's order (> 1).
+        log_r: (alpha - 1) radius.
+        log_qmax, log_qmin, ratio_q_p: outputs, (R, V).
+        row_maxima: output, (R, 6).
+    """
+    rows, size = log_p.shape
+    for r in range(rows):
+        log_m, max_ratio, top_p, top_p0, top_qmin, top_t = -np.inf, -np.inf, 0.0, 0.0, 0.0, 0.0
+        for j in range(size):
+            p, p0 = log_p[r, j], log_p0[r, j]
+            if p - p == 0.0:   # finite (neither inf nor NaN)
+                top_p = max(top_p, abs(p))
+            if not (p0 - p0 == 0.0):
+                log_qmax[r, j], log_qmin[r, j], ratio_q_p[r, j] = -np.inf, -np.inf, -np.inf
+                continue
+            cap = (log_r + (alpha - 1.0) * p0) / alpha
+            cap = cap if cap < 0.0 else 0.0
+            floor = (alpha * p0 - log_r) / (alpha - 1.0)
+            log_qmax[r, j], log_qmin[r, j] = cap, floor
+            ratio_q_p[r, j] = cap - p
+            log_m = _nan_max(log_m, cap - p0)
+            max_ratio = _nan_max(max_ratio, p0 - p)
+            top_p0 = max(top_p0, abs(p0))
+            if floor - floor == 0.0:
+                top_qmin = max(top_qmin, abs(floor))
+            if ratio_q_p[r, j] - ratio_q_p[r, j] == 0.0:
+                top_t = max(top_t, abs(ratio_q_p[r, j]))
+        row_maxima[r, 0], row_maxima[r, 1], row_maxima[r, 2] = log_m, max_ratio, top_p
+        row_maxima[r, 3], row_maxima[r, 4], row_maxima[r, 5] = top_p0, top_qmin, top_t
+
+
+@jit(**_EXACT_HELPER_FLAGS)
+def _nan_max(x: float, y: float) -> float:
+    """numpy's max of two: NaN if either is."""
+    if x != x or y != y:
+        return np.nan
+    return x if x >= y else y
+
+
+@jit(**_EXACT_FLAGS)
 def refinement_round(grid: FloatArray, tolerance: float, chord_factor: float, slack_ulps: float, magnitude: float,
                      vocabulary: int, seeding: bool, picked: IntArray, new: IntArray, wanted: BoolArray,
                      value: FloatArray, derivative: FloatArray, upper: FloatArray, slope: FloatArray,

@@ -461,3 +461,29 @@ def test_a_sandwich_row_needs_two_anchors():
     done[1, 4] = False
     with pytest.raises(ValueError, match="at least two anchors"):
         _sandwich(np.arange(2.0, 7.0), done, np.zeros((2, 5)), None)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_compiled_token_bounds_equal_their_numpy_form(seed):
+    """dpledger.mechanisms.fused.add_one_token_bounds gives the numpy form's numbers byte for byte (its row
+    maxima NaN where numpy's are), on laws with zeros on either side (-inf logs), a NaN, one-token laws and
+    radii from 0 up."""
+    from dpledger.mechanisms.fused import add_one_token_bounds
+    from tests.straightforward import reference_token_bounds
+
+    rng = np.random.default_rng(seed)
+    rows, vocab = int(rng.integers(1, 4)), int(rng.choice([1, 2, 7, 300, 5000]))
+    with np.errstate(divide="ignore"):
+        log_p = np.log(_softmax(rng.normal(0, rng.uniform(0.1, 9), (rows, vocab))) * (rng.random((rows, vocab)) > 0.1))
+        log_p0 = np.log(_softmax(rng.normal(0, rng.uniform(0.1, 9), (rows, vocab))) * (rng.random((rows, vocab)) > 0.1))
+    if seed % 5 == 0:
+        log_p[0, rng.integers(vocab)] = np.nan
+    alpha = float(rng.choice([1.5, 2.0, 18.0, 64.0]))
+    log_r = (alpha - 1.0) * float(rng.choice([0.0, 0.01, 3.6, 50.0]))
+    outputs = [np.empty((rows, vocab)) for _ in range(3)] + [np.empty((rows, 6))]
+    add_one_token_bounds(log_p, log_p0, alpha, log_r, *outputs)
+    expected = reference_token_bounds(log_p, log_p0, alpha, log_r)
+    for got, want in zip(outputs[:3], expected[:3]):
+        assert got.tobytes() == want.tobytes()
+    for column, want in enumerate(expected[3:]):
+        assert np.array_equal(outputs[3][:, column], want, equal_nan=True)
