@@ -77,8 +77,8 @@ from dpledger.mechanisms.kernels import (ADD_ONE_VERSION, _SLACK_ULPS, FloatArra
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
 from dpledger.mechanisms.fused import (_LATTICE as LATTICE, add_one_lattice_allowances, add_one_order_sums,
                                        add_one_power_bases, add_one_power_order_sums, add_one_weighted_order_sums,
-                                       add_one_token_bounds, convex_sandwich, knapsack_allocation,
-                                       renyi_log_moments)
+                                       add_one_token_bounds, allocated_tokens_of, convex_sandwich,
+                                       knapsack_allocation, renyi_log_moments)
 from dpledger.accounting.lazy_import import lazy_module
 
 if TYPE_CHECKING:
@@ -974,7 +974,9 @@ class _AllocatedTokens:
     phi_k(0) sum_j p_j, which a float law may hold above 1), C the computed sum_j c_j and d a bound on
     its relative error (each exp within 1 ulp of its rounded argument, (M + 1) ulps for a sum of M
     nonnegative terms in any order); the factor and the u cover the subtraction's and the product's
-    rounding, so w0 >= sum_j p_j - sum_j c_j."""
+    rounding, so w0 >= sum_j p_j - sum_j c_j. For every row, infinite or not, it also keeps how many tokens
+    receive mass and the largest |log a_j| (allocated_counts, allocation_magnitudes: the allowances'
+    scales)."""
 
     def __init__(self, log_allocation: np.ndarray, log_t: np.ndarray, teachers: float, weighted: bool = True,
                  masses: np.ndarray | None = None, powers: bool = False) -> None:
@@ -987,14 +989,18 @@ class _AllocatedTokens:
         flat_t = log_t.reshape(-1, log_t.shape[-1])
         self.rows: list[tuple[np.ndarray, ...] | None] = []
         self.log_zero_weights: list[float] = []
+        # per row: how many tokens receive mass, and the largest |log a_j| (the allowances scale with both)
+        self.allocated_counts = np.zeros(flat_t.shape[0], dtype=np.int64)
+        self.allocation_magnitudes = np.zeros(flat_t.shape[0])
         for row in range(flat_t.shape[0]):
-            allocated = np.isfinite(flat_allocation[row])
-            if np.isposinf(flat_t[row][allocated]).any():
+            la, lt, infinite, self.allocation_magnitudes[row] = allocated_tokens_of(
+                np.ascontiguousarray(flat_allocation[row]), np.ascontiguousarray(flat_t[row]))
+            self.allocated_counts[row] = la.size
+            if infinite:
                 self.rows.append(None)
                 self.log_zero_weights.append(-np.inf)
                 self.power_factors.append(None)
                 continue
-            la, lt = np.ascontiguousarray(flat_allocation[row][allocated]), np.ascontiguousarray(flat_t[row][allocated])
             shift = np.ascontiguousarray(np.logaddexp(np.log(teachers), lt) - np.log(teachers + 1.0))
             if not weighted:
                 self.rows.append((la, lt, shift))
@@ -1289,10 +1295,10 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     magnitude = top_log_t[..., None]   # (log_t holds ratio_q_p's values: the knapsack only reorders them)
     w_magnitude = (top_log_p + top_log_qmin + 2.0)[..., None]
     vocab = log_p.shape[-1]
-    allocation_magnitude = np.abs(np.where(np.isfinite(log_allocation), log_allocation, 0.0)).max(axis=-1)[..., None]
+    allocation_magnitude = allocated_tokens.allocation_magnitudes.reshape(log_p.shape[:-1])[..., None]
     mass_excess_up = np.maximum(masses - 1.0, 0.0) * (1.0 + 2.0 * _U)
     if weighted:   # a sum of M nonnegative terms in any order: within (M - 1) u relative; plus w0's term
-        summation = (np.isfinite(log_allocation).sum(axis=-1)[..., None] + 2.0) * _U * (1.0 + 1e-6)
+        summation = (allocated_tokens.allocated_counts.reshape(log_p.shape[:-1])[..., None] + 2.0) * _U * (1.0 + 1e-6)
         w_summation = (vocab + 2.0) * _U * (1.0 + 1e-6)   # W's V-term sum, as the Renyi kernel adds it
         chord_magnitude = magnitude + allocated_tokens.zero_weight_magnitude()
     else:

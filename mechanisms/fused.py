@@ -1090,6 +1090,34 @@ def add_one_token_bounds(log_p: FloatArray, log_p0: FloatArray, alpha: float, lo
         row_maxima[r, 3], row_maxima[r, 4], row_maxima[r, 5] = top_p0, top_qmin, top_t
 
 
+@jit(**_EXACT_FLAGS)
+def allocated_tokens_of(log_allocation: FloatArray, log_t: FloatArray) -> tuple[FloatArray, FloatArray, bool, float]:
+    """One row's tokens the fractional knapsack allocates mass to (finite log a_j), compacted in their
+    order: (log a_j, log t_j, whether some such t_j is +inf, max_j |log a_j| (0 for none)); what
+    dpledger.mechanisms.add_one._AllocatedTokens formed with numpy's masks (exact: copies and a maximum).
+
+    Args:
+        log_allocation: log a_j per token, -inf where none, shape (V,).
+        log_t: log t_j per token, shape (V,).
+
+    Returns:
+        (log a (M,), log t (M,), whether a log t there is +inf, the largest |log a|).
+    """
+    count = 0
+    for j in range(log_allocation.size):
+        if log_allocation[j] - log_allocation[j] == 0.0:   # finite
+            count += 1
+    allocation, ratios = np.empty(count), np.empty(count)
+    infinite, magnitude, m = False, 0.0, 0
+    for j in range(log_allocation.size):
+        if log_allocation[j] - log_allocation[j] == 0.0:
+            allocation[m], ratios[m] = log_allocation[j], log_t[j]
+            infinite = infinite or log_t[j] == np.inf
+            magnitude = max(magnitude, abs(log_allocation[j]))
+            m += 1
+    return allocation, ratios, infinite, magnitude
+
+
 @jit(**_EXACT_HELPER_FLAGS)
 def _nan_max(x: float, y: float) -> float:
     """numpy's max of two: NaN if either is."""

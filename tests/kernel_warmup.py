@@ -56,6 +56,7 @@ KERNELS: tuple[tuple[str, str, str], ...] = (
     ("fused", "add_one_order_sums", "f1 f1 f1 f1 f f1 f1 f1 f1"),
     ("fused", "add_one_power_bases", "f1 f1 f1 f1 f1 f1 f1 f1"),
     ("fused", "add_one_token_bounds", "f2 f2 f f f2 f2 f2 f2"),
+    ("fused", "allocated_tokens_of", "f1 f1"),
     ("fused", "add_one_power_order_sums", "f1 f1 f1 f1 f1 f1 f f f f1 i1 i1 f f1 f1 f1 f1 b1"),
     ("fused", "add_one_weighted_order_sums", "f1 f1 f1 f1 f f1 f f1 f1 f1 f1"),
     ("fused", "convex_sandwich", "f1 b2 f2 f2 b f f2 f2 f2"),

@@ -487,3 +487,22 @@ def test_the_compiled_token_bounds_equal_their_numpy_form(seed):
         assert got.tobytes() == want.tobytes()
     for column, want in enumerate(expected[3:]):
         assert np.array_equal(outputs[3][:, column], want, equal_nan=True)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_compiled_compaction_equals_numpys_masks(seed):
+    """dpledger.mechanisms.fused.allocated_tokens_of compacts a row as numpy's masks did: the tokens with a
+    finite allocation, in order, byte for byte; whether one of their t is +inf; the largest |log a|."""
+    from dpledger.mechanisms.fused import allocated_tokens_of
+
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.choice([1, 5, 300, 4000]))
+    log_a = np.where(rng.random(vocab) < rng.uniform(0, 1), np.log(rng.random(vocab)), -np.inf)
+    log_a[rng.random(vocab) < 0.02] = np.nan
+    log_t = rng.normal(0, 5, vocab)
+    log_t[rng.random(vocab) < (0.02 if seed % 3 else 0.0)] = np.inf
+    allocated = np.isfinite(log_a)
+    la, lt, infinite, magnitude = allocated_tokens_of(log_a, log_t)
+    assert la.tobytes() == log_a[allocated].tobytes() and lt.tobytes() == log_t[allocated].tobytes()
+    assert infinite == bool(np.isposinf(log_t[allocated]).any())
+    assert magnitude == np.abs(np.where(allocated, log_a, 0.0)).max()
