@@ -1118,6 +1118,28 @@ def allocated_tokens_of(log_allocation: FloatArray, log_t: FloatArray) -> tuple[
     return allocation, ratios, infinite, magnitude
 
 
+@jit(**_EXACT_FLAGS)
+def finite_magnitude(values: FloatArray, checked: FloatArray) -> tuple[float, bool]:
+    """(max_j |values_j| over the finite entries, 0 for none; whether `checked` holds a NaN), in one pass
+    each (exact: a maximum and comparisons).
+
+    Args:
+        values: any float64 array, shape (V,).
+        checked: any float64 array, shape (M,).
+
+    Returns:
+        (the largest finite magnitude, whether a NaN is in `checked`).
+    """
+    largest = 0.0
+    for j in range(values.size):
+        if values[j] - values[j] == 0.0:
+            largest = max(largest, abs(values[j]))
+    nan = False
+    for j in range(checked.size):
+        nan = nan or checked[j] != checked[j]
+    return largest, nan
+
+
 @jit(**_EXACT_HELPER_FLAGS)
 def _nan_max(x: float, y: float) -> float:
     """numpy's max of two: NaN if either is."""

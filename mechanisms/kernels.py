@@ -506,7 +506,7 @@ class _LeaveOneOut:
                  reuse: "_LeaveOneOut | None" = None, parallel: bool = False) -> None:
         """`parallel`: form the rows with the kernel's parallel twin (the audit's ablation, whose values
         are never recorded: trace kernels run serial, dpledger.mechanisms.fused._TRACE_FLAGS)."""
-        from dpledger.mechanisms.fused import leave_one_out_log_ratios, leave_one_out_log_ratios_parallel
+        from dpledger.mechanisms.fused import finite_magnitude, leave_one_out_log_ratios, leave_one_out_log_ratios_parallel
 
         teachers = np.ascontiguousarray(teachers, dtype=np.float64)
         public = np.ascontiguousarray(public, dtype=np.float64)
@@ -529,14 +529,13 @@ class _LeaveOneOut:
         if self.scaled:   # back to the true scale: log p exactly shifted, p itself only for the output law
             self.log_output = (self.log_output - _SCALE_BITS * _LN2_HIGH) - _SCALE_BITS * _LN2_LOW
             self.output = np.ldexp(self.output, -_SCALE_BITS)
-        finite = self.log_output[np.isfinite(self.log_output)]
         # the kernel's largest rounding scale: max_j |log p_j| + N + 2 + the widest log-rho span
-        # (dpledger.mechanisms.fused.leave_one_out_log_moments)
+        # (dpledger.mechanisms.fused.leave_one_out_log_moments); and a NaN anywhere in the teachers, the public
+        # model or the lambdas reaches the mean
+        largest_log, nan_output = finite_magnitude(np.ascontiguousarray(self.log_output), np.ascontiguousarray(self.output))
         spans = self.spans[:, 1] - self.spans[:, 0]
-        self.magnitude = ((float(np.abs(finite).max()) if finite.size else 0.0) + teachers.shape[0] + 2.0
-                          + float(spans[np.isfinite(spans)].max(initial=0.0)))
-        # a NaN anywhere in the teachers, the public model or the lambdas reaches the mean
-        if np.isnan(self.output).any() or np.isnan(self.spans).any():
+        self.magnitude = (largest_log + teachers.shape[0] + 2.0 + float(spans[np.isfinite(spans)].max(initial=0.0)))
+        if nan_output or np.isnan(self.spans).any():
             raise ValueError("Renyi divergence is NaN: a mixed teacher holds NaN")
 
     @classmethod

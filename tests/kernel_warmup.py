@@ -60,6 +60,7 @@ KERNELS: tuple[tuple[str, str, str], ...] = (
     ("fused", "add_one_power_order_sums", "f1 f1 f1 f1 f1 f1 f f f f1 i1 i1 f f1 f1 f1 f1 b1"),
     ("fused", "add_one_weighted_order_sums", "f1 f1 f1 f1 f f1 f f1 f1 f1 f1"),
     ("fused", "convex_sandwich", "f1 b2 f2 f2 b f f2 f2 f2"),
+    ("fused", "finite_magnitude", "f1 f1"),
     ("fused", "has_positive_below", "f1 f"),
     ("fused", "has_positive_below_parallel", "f1 f"),
     ("fused", "knapsack_allocation", "f1 f1 f f1"),

@@ -594,3 +594,22 @@ def test_integer_powers_solve_the_ball_as_exp_and_log_do(seed, teachers, vocab, 
     mixed = powers[:, None] * ensemble.numpy() + (1 - powers[:, None]) * public.numpy()
     assert np.all(renyi_divergence(mixed, public.numpy(), alpha, symmetric=True) <= radius)
     assert oracle_symmetric_renyi(mixed[0], public.numpy(), alpha) <= radius
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_finite_magnitude_equals_numpys_masks(seed):
+    """dpledger.mechanisms.fused.finite_magnitude: the largest |x| over the finite entries (0 for none) and
+    whether a NaN is present, as _LeaveOneOut formed them with numpy's masks."""
+    from dpledger.mechanisms.fused import finite_magnitude
+
+    rng = np.random.default_rng(seed)
+    size = int(rng.choice([0, 1, 9, 5000]))
+    values = rng.normal(0, 50, size)
+    for special in (np.inf, -np.inf, np.nan):
+        values[rng.random(size) < 0.05] = special
+    checked = rng.random(size)
+    if seed % 2:
+        checked[rng.random(size) < 0.01] = np.nan
+    finite = values[np.isfinite(values)]
+    assert finite_magnitude(values, checked) == (float(np.abs(finite).max()) if finite.size else 0.0,
+                                                 bool(np.isnan(checked).any()))
