@@ -1491,6 +1491,8 @@ def _sandwich(grid: np.ndarray, done: np.ndarray, values: np.ndarray,
     values: (K,) for anchors shared by every row); each row needs at least two anchors. Compiled
     (dpledger.mechanisms.fused.convex_sandwich: numpy's IEEE operations in numpy's order, element by element)."""
     shape = values.shape
+    if slopes is not None and slopes.shape != shape:   # (the kernel reads them row for row, unchecked)
+        raise ValueError(f"slopes must have the values' shape {shape}, got {slopes.shape}")
     rows = np.ascontiguousarray(values, dtype=np.float64).reshape(-1, shape[-1])
     marks = np.ascontiguousarray(np.broadcast_to(done, shape)).reshape(-1, shape[-1])
     if not marks.sum(axis=1).min(initial=2) >= 2:

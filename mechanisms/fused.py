@@ -1050,8 +1050,9 @@ def add_one_token_bounds(log_p: FloatArray, log_p0: FloatArray, alpha: float, lo
     one pass, compiled with numpy's IEEE operations in numpy's order (no fastmath; the numpy form is kept in
     tests/straightforward.py). Per row and token j, with public tokens those where log p0_j is finite
     (elsewhere the three outputs are -inf):
-    log qmax_j = min(0, (log_r + (alpha - 1) log p0_j) / alpha), log qmin_j = (alpha log p0_j - log_r) /
-    (alpha - 1), log(qmax_j / p_j) = log qmax_j - log p_j. row_maxima (R, 6): max_j log(qmax_j / p0_j)
+    log qmax_j = min(0, (log_r + (alpha - 1) log p0_j) / alpha) (NaN where that is, as np.minimum keeps it),
+    log qmin_j = (alpha log p0_j - log_r) / (alpha - 1), log(qmax_j / p_j) = log qmax_j - log p_j.
+    row_maxima (R, 6): max_j log(qmax_j / p0_j)
     (log M), max_j log(p0_j / p_j), max |log p_j| over finite log p_j, max |log p0_j| over public tokens,
     max |log qmin_j| over finite values, max |log(qmax_j / p_j)| over finite values; a maximum over no
     token is -inf (the first two) or 0, and a NaN among the first two's terms makes it NaN (as numpy's max).
@@ -1075,7 +1076,7 @@ def add_one_token_bounds(log_p: FloatArray, log_p0: FloatArray, alpha: float, lo
                 log_qmax[r, j], log_qmin[r, j], ratio_q_p[r, j] = -np.inf, -np.inf, -np.inf
                 continue
             cap = (log_r + (alpha - 1.0) * p0) / alpha
-            cap = cap if cap < 0.0 else 0.0
+            cap = cap if (cap < 0.0 or cap != cap) else 0.0   # np.minimum(0, cap): a NaN stays NaN
             floor = (alpha * p0 - log_r) / (alpha - 1.0)
             log_qmax[r, j], log_qmin[r, j] = cap, floor
             ratio_q_p[r, j] = cap - p

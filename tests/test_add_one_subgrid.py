@@ -506,3 +506,26 @@ def test_the_compiled_compaction_equals_numpys_masks(seed):
     assert la.tobytes() == log_a[allocated].tobytes() and lt.tobytes() == log_t[allocated].tobytes()
     assert infinite == bool(np.isposinf(log_t[allocated]).any())
     assert magnitude == np.abs(np.where(allocated, log_a, 0.0)).max()
+
+
+def test_a_ball_limit_that_is_nan_stays_nan_and_the_bound_is_refused():
+    """At an order alpha so large that (alpha - 1) radius and (alpha - 1) log p0 overflow to +inf and
+    -inf, log qmax is NaN (as np.minimum keeps it), and the add-one bound refuses the NaN, as the numpy
+    form did; a slope array of another shape than the values is refused, never read past its end."""
+    from dpledger.mechanisms.add_one import _sandwich
+    from dpledger.mechanisms.fused import add_one_token_bounds
+    from tests.straightforward import reference_token_bounds
+
+    log_p, log_p0 = np.log([[0.03, 0.07, 0.34, 0.56]]), np.log([[0.33, 0.17, 0.28, 0.22]])
+    alpha = 1.7e308
+    outputs = [np.empty((1, 4)) for _ in range(3)] + [np.empty((1, 6))]
+    add_one_token_bounds(log_p, log_p0, alpha, (alpha - 1.0) * 2.0, *outputs)
+    expected = reference_token_bounds(log_p, log_p0, alpha, (alpha - 1.0) * 2.0)
+    assert np.isnan(expected[0]).all() and np.array_equal(outputs[0], expected[0], equal_nan=True)
+    with pytest.raises(ValueError, match="NaN"):
+        add_one_direction_bounds(torch.tensor(np.exp(log_p[0])), torch.tensor(np.exp(log_p0[0])), 8,
+                                 torch.tensor([2.0, 4.0]), alpha, 2.0)
+    done = np.zeros(5, dtype=bool)
+    done[[0, 4]] = True
+    with pytest.raises(ValueError, match="slopes must have the values' shape"):
+        _sandwich(np.arange(2.0, 7.0), done, np.zeros((3, 5)), np.zeros((1, 5)))
