@@ -79,6 +79,21 @@ def load() -> dict:
             "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}
 
 
+def vector_unit() -> dict:
+    """The CPU as LLVM names it and the vector width the fused kernels compile for: 512 bits where
+    dpledger.mechanisms.fastmath let LLVM use AVX-512's full width (its import decides), else 256 with
+    AVX2 (128 without). The ratios depend on it: the kernels run twice the lanes on AVX-512."""
+    import llvmlite.binding as llvm
+
+    import dpledger.mechanisms.fastmath  # noqa: F401  (importing it sets the kernels' CPU features)
+
+    llvm.initialize_native_target()
+    features = llvm.get_host_cpu_features().flatten().split(",")
+    wide = os.environ.get("NUMBA_CPU_FEATURES", "").endswith("-prefer-256-bit")
+    return {"cpu": llvm.get_host_cpu_name(), "avx512f": "+avx512f" in features, "avx2": "+avx2" in features,
+            "kernel_vector_bits": 512 if wide else 256 if "+avx2" in features else 128}
+
+
 # ---- interleaved pairs --------------------------------------------------------------------------------
 
 def interleaved(functions: dict, pairs: int, steps: int) -> dict:
@@ -440,7 +455,9 @@ def markdown(results: dict) -> str:
               f"{g['grid_orders']}, curve / exact in [{g['min_ratio_to_exact']:.4f}, {g['max_ratio_to_exact']:.4f}], "
               f"run epsilon ratio {g['run_epsilon_ratio']}.",
               f"Load (1, 5, 15-minute averages) at the start: {results['load_start']['loadavg_1_5_15']}, "
-              f"at the end: {results['load_end']['loadavg_1_5_15']} on {results['machine']['cores']} cores."]
+              f"at the end: {results['load_end']['loadavg_1_5_15']} on {results['machine']['cores']} cores "
+              f"({results['machine'].get('cpu', 'CPU not recorded')}, kernels at "
+              f"{results['machine'].get('kernel_vector_bits', '?')}-bit vectors)."]
     lines += ["", "The distributed audit and decode against one plain process: benchmarks/results/distributed.json "
               "(bench_distributed.py; docs/distributed.md)."]
     return "\n".join(lines) + "\n"
@@ -491,7 +508,7 @@ def main() -> None:
         "machine": {"processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "numba_threads": os.environ["NUMBA_NUM_THREADS"],
                     "omp_threads": os.environ["OMP_NUM_THREADS"], "python": platform.python_version(),
-                    "torch": torch.__version__},
+                    "torch": torch.__version__, **vector_unit()},
         "reference_folder": None if reference is None else str(reference.folder),
         "load_start": load(),
         "steps": {},
