@@ -1225,7 +1225,7 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     not 1: from version 7 log(1 + e) joins its moment, e the mass's excess over 1.) So each lies under
     its chord between two
     orders where it was computed, and above its tangents there (the kernel gives the derivatives of the
-    first two) and the extensions of its neighbouring chords (`_convex_sandwich`). Every formula above
+    first two) and the extensions of its neighbouring chords (`_sandwich`). Every formula above
     is nondecreasing in each sum, so the chords give an upper bound and the tangents and extensions a
     lower bound on what the sums give at that order. Each direction's sub-grid starts at every 8th
     order of the grid and its last, and bisects every interval where the direction's upper bound
@@ -1462,34 +1462,18 @@ def _seed_orders(grid: np.ndarray) -> np.ndarray:
     return np.unique(np.append(np.arange(0, grid.size, ADD_ONE_SEED_SPACING), grid.size - 1))
 
 
-def _convex_sandwich(grid: np.ndarray, anchors: np.ndarray, values: np.ndarray,
-                     slopes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For a function convex in the order, known at grid[anchors] (values (..., A), with its derivatives
-    there or None), at every grid order: (the chord between the enclosing anchors (..., K), a bound on
-    that chord's rounding (..., K), a lower bound (..., K): the largest of the tangents at the two
-    enclosing anchors and the extensions of the neighbouring chords); both equal the value at an anchor.
-    A convex function lies under its chords, above its tangents and, outside a chord's interval, above
-    the chord's line (Boyd & Vandenberghe 2004, Section 3.1.3). +inf anywhere in a row makes the row
-    +inf: (k-1) D_k is infinite at one order > 1 exactly when the support condition fails, at every order.
-    (_sandwich with the values placed on the grid.)"""
-    shape = values.shape[:-1] + (grid.size,)
-    done = np.zeros(grid.size, dtype=bool)
-    done[anchors] = True
-    placed = np.full(shape, np.nan)
-    placed[..., anchors] = values
-    tangents = None
-    if slopes is not None:
-        tangents = np.full(shape, np.nan)
-        tangents[..., anchors] = slopes
-    return _sandwich(grid, done, placed, tangents)
-
-
 def _sandwich(grid: np.ndarray, done: np.ndarray, values: np.ndarray,
               slopes: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """_convex_sandwich's (chord, rounding, lower), each of values' shape (..., K), for values (and slopes,
-    or None) given at every grid order and read at each row's anchors `done` (bool, broadcast against
-    values: (K,) for anchors shared by every row); each row needs at least two anchors. Compiled
-    (dpledger.mechanisms.fused.convex_sandwich: numpy's IEEE operations in numpy's order, element by element)."""
+    """For a function convex in the order, known at each row's anchors `done` (values, and its derivatives
+    there or None, given at every grid order and read at the anchors only; `done` bool, broadcast against
+    values: (K,) for anchors shared by every row; each row needs at least two), at every grid order:
+    (the chord between the enclosing anchors, a bound on that chord's rounding, a lower bound: the largest
+    of the tangents at the two enclosing anchors and the extensions of the neighbouring chords), each of
+    values' shape (..., K); both equal the value at an anchor. A convex function lies under its chords,
+    above its tangents and, outside a chord's interval, above the chord's line (Boyd & Vandenberghe 2004,
+    Section 3.1.3). +inf at an anchor makes the row +inf: (k-1) D_k is infinite at one order > 1 exactly
+    when the support condition fails, at every order. Compiled (dpledger.mechanisms.fused.convex_sandwich:
+    numpy's IEEE operations in numpy's order, element by element)."""
     shape = values.shape
     if slopes is not None and slopes.shape != shape:   # (the kernel reads them row for row, unchecked)
         raise ValueError(f"slopes must have the values' shape {shape}, got {slopes.shape}")
@@ -1619,7 +1603,7 @@ def _order_curve_per_row(sums: _Sums, allowances: _Allowances, bound: _Bound, ro
 
 def _row_geometry(done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row (its anchors: `done`, which always holds the first and last order) and order q, as
-    _convex_sandwich places q among the row's anchors: the enclosing anchors (left, right; for the last
+    _sandwich places q among the row's anchors: the enclosing anchors (left, right; for the last
     anchor the two last)."""
     rows, size = done.shape
     order = np.arange(size)

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from dpledger.accounting import DEFAULT_ORDERS
-from dpledger.mechanisms.add_one import (ADD_ONE_RELATIVE_TOLERANCE, ADD_ONE_SUBGRID_MIN_VOCABULARY, _convex_sandwich,
+from dpledger.mechanisms.add_one import (ADD_ONE_RELATIVE_TOLERANCE, ADD_ONE_SUBGRID_MIN_VOCABULARY, _sandwich,
                                          add_one_direction_bounds, add_one_divergence_bounds)
 
 ORDERS = torch.tensor(DEFAULT_ORDERS)
@@ -92,7 +92,7 @@ def _log_sum_exp_affine(weights: np.ndarray, slopes: np.ndarray, order: float) -
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_sandwich_brackets_a_convex_sum_computed_in_mpmath(seed):
-    """_convex_sandwich's chord is above and its extended chords below a log-sum-exp of affine functions
+    """_sandwich's chord is above and its extended chords below a log-sum-exp of affine functions
     of the order (the form of every sum the sub-grid interpolates), evaluated exactly in mpmath."""
     mpmath.mp.dps = 40
     rng = np.random.default_rng(seed)
@@ -100,7 +100,9 @@ def test_the_sandwich_brackets_a_convex_sum_computed_in_mpmath(seed):
     grid = np.asarray(DEFAULT_ORDERS[:60])
     anchors = np.unique(np.append(np.arange(0, grid.size, 7), grid.size - 1))
     exact = np.asarray([float(_log_sum_exp_affine(weights, slopes, k)) for k in grid])
-    chord, rounding, lower = _convex_sandwich(grid, anchors, exact[anchors][None])
+    done = np.zeros(grid.size, dtype=bool)
+    done[anchors] = True
+    chord, rounding, lower = _sandwich(grid, done, np.where(done, exact, np.nan)[None], None)
     assert np.all(chord[0] + rounding[0] >= exact - 1e-15 * np.abs(exact))
     assert np.all(lower[0] <= exact + 1e-12 * np.abs(exact))
     assert np.array_equal(chord[0][anchors], exact[anchors])
@@ -430,32 +432,25 @@ def _sandwich_case(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 
 @pytest.mark.parametrize("seed", range(60))
 def test_the_compiled_sandwich_equals_its_numpy_form(seed):
-    """_sandwich (dpledger.mechanisms.fused.convex_sandwich) gives the numpy form's numbers, element by element
-    (NaN where it gives NaN), for rows on their own anchors and on shared ones, with and without slopes,
-    through both of add_one's entry points."""
+    """_sandwich (dpledger.mechanisms.fused.convex_sandwich) gives the numpy forms' numbers, element by element
+    (NaN where they give NaN), for rows on their own anchors and on shared ones, with and without slopes."""
     from tests.straightforward import reference_convex_sandwich, reference_row_sandwich, row_geometry
-    from dpledger.mechanisms.add_one import _sandwich
 
     grid, done, values, slopes = _sandwich_case(seed)
     for tangents in (None, slopes):
         expected = reference_row_sandwich(grid, row_geometry(done), values, tangents, done)
         for got, want in zip(_sandwich(grid, done, values, tangents), expected):
             assert np.array_equal(got, want, equal_nan=True)
-        if (done == done[0]).all():   # shared anchors: the sub-grid's form, one row and a batch
+        if (done == done[0]).all():   # shared anchors: the sub-grid's form, `done` of shape (K,)
             anchors = np.flatnonzero(done[0])
             shared = reference_convex_sandwich(grid, anchors, values[:, anchors],
                                                None if tangents is None else tangents[:, anchors])
-            for got, want in zip(_convex_sandwich(grid, anchors, values[:, anchors],
-                                                  None if tangents is None else tangents[:, anchors]), shared):
-                assert np.array_equal(got, want, equal_nan=True)
             for got, want in zip(_sandwich(grid, done[0], values, tangents), shared):
                 assert np.array_equal(got, want, equal_nan=True)
 
 
 def test_a_sandwich_row_needs_two_anchors():
     """A row with one anchor has no chord: refused in one line, never read past its anchors."""
-    from dpledger.mechanisms.add_one import _sandwich
-
     done = np.zeros((2, 5), dtype=bool)
     done[:, [0, 4]] = True
     done[1, 4] = False
@@ -512,7 +507,6 @@ def test_a_ball_limit_that_is_nan_stays_nan_and_the_bound_is_refused():
     """At an order alpha so large that (alpha - 1) radius and (alpha - 1) log p0 overflow to +inf and
     -inf, log qmax is NaN (as np.minimum keeps it), and the add-one bound refuses the NaN, as the numpy
     form did; a slope array of another shape than the values is refused, never read past its end."""
-    from dpledger.mechanisms.add_one import _sandwich
     from dpledger.mechanisms.fused import add_one_token_bounds
     from tests.straightforward import reference_token_bounds
 
