@@ -1475,7 +1475,10 @@ def _sandwich(grid: np.ndarray, done: np.ndarray, values: np.ndarray,
     when the support condition fails, at every order. Compiled (dpledger.mechanisms.fused.convex_sandwich:
     numpy's IEEE operations in numpy's order, element by element)."""
     shape = values.shape
-    if slopes is not None and slopes.shape != shape:   # (the kernel reads them row for row, unchecked)
+    # (the kernel reads the grid and the slopes order for order and row for row, unchecked)
+    if grid.shape != shape[-1:]:
+        raise ValueError(f"the grid must hold one order per value, {shape[-1]}, got shape {grid.shape}")
+    if slopes is not None and slopes.shape != shape:
         raise ValueError(f"slopes must have the values' shape {shape}, got {slopes.shape}")
     rows = np.ascontiguousarray(values, dtype=np.float64).reshape(-1, shape[-1])
     marks = np.ascontiguousarray(np.broadcast_to(done, shape)).reshape(-1, shape[-1])

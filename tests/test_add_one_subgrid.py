@@ -523,3 +523,5 @@ def test_a_ball_limit_that_is_nan_stays_nan_and_the_bound_is_refused():
     done[[0, 4]] = True
     with pytest.raises(ValueError, match="slopes must have the values' shape"):
         _sandwich(np.arange(2.0, 7.0), done, np.zeros((3, 5)), np.zeros((1, 5)))
+    with pytest.raises(ValueError, match="one order per value"):
+        _sandwich(np.arange(2.0, 6.0), done, np.zeros((3, 5)), None)
