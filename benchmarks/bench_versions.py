@@ -20,13 +20,15 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_step import ratios  # noqa: E402  (the per-pair ratio, median and range, as bench_step reports it)
 SCALES = {"paper": (50257, 100, 20), "n8_full_vocab": (50257, 8, 150), "demo": (1024, 8, 1500)}
 """name -> (vocabulary, teachers, steps per sample), the scales of benchmarks/bench_step.py."""
 
@@ -74,11 +76,6 @@ def sample(root: Path, vocab: int, teachers: int, steps: int) -> tuple[float, fl
     return median, least
 
 
-def ratios(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3), "pairs": len(values)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, required=True, help="a checkout of dpledger to compare with")
@@ -114,11 +111,12 @@ def main() -> None:
             pairs.append(measured)
             print(f"{name} pair {pair + 1}: baseline {measured['baseline'][0] * 1e3:.3f} ms, "
                   f"current {measured['current'][0] * 1e3:.3f} ms", flush=True)
+        sides = ("baseline", "current")
         results["scales"][name] = {
             "vocab": vocab, "teachers": teachers, "steps_per_sample": steps,
-            "seconds_per_step_median": {side: [round(p[side][0], 6) for p in pairs] for side in ("baseline", "current")},
-            "speedup_of_medians": ratios([p["baseline"][0] / p["current"][0] for p in pairs]),
-            "speedup_of_minima": ratios([p["baseline"][1] / p["current"][1] for p in pairs])}
+            "seconds_per_step_median": {side: [round(p[side][0], 6) for p in pairs] for side in sides},
+            "speedup_of_medians": ratios({side: [p[side][0] for p in pairs] for side in sides}, "baseline", "current"),
+            "speedup_of_minima": ratios({side: [p[side][1] for p in pairs] for side in sides}, "baseline", "current")}
     results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     arguments.out.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
     print(json.dumps({name: scale["speedup_of_medians"] for name, scale in results["scales"].items()}))

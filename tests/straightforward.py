@@ -360,35 +360,14 @@ def reference_row_sandwich(grid: np.ndarray, geometry: tuple[np.ndarray, np.ndar
 
 def row_geometry(done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per row (its anchors: `done`, holding the first and last order) and order q: the enclosing anchors
-    (left, right; for the last anchor the two last), the anchor before `left` and the one after `right`
-    (-1 where there is none), as reference_convex_sandwich places q among the anchors."""
-    rows, size = done.shape
-    order = np.arange(size)
-    at_or_before = np.maximum.accumulate(np.where(done, order, -1), axis=1)
-    after = np.minimum.accumulate(np.where(done, order, size)[:, ::-1], axis=1)[:, ::-1]
-    strictly_after = np.concatenate([after[:, 1:], np.full((rows, 1), size)], axis=1)
-    strictly_before = np.concatenate([np.full((rows, 1), -1), at_or_before[:, :-1]], axis=1)
-    last = order == size - 1
-    left = np.where(last, strictly_before[:, -1:], at_or_before)
-    right = np.where(last, size - 1, strictly_after)
-    before = np.take_along_axis(strictly_before, np.clip(left, 0, size - 1), axis=1)
-    beyond = np.take_along_axis(strictly_after, np.clip(right, 0, size - 1), axis=1)
-    return left, right, before, np.where(beyond >= size, -1, beyond)
+    (left, right; for the last anchor the two last: dpledger.mechanisms.add_one._row_geometry), the anchor
+    before `left` and the one after `right` (-1 where there is none), as reference_convex_sandwich places q
+    among the anchors. Below the last order, _row_geometry's left at q is the last anchor at or before q and
+    its right the first anchor after q, which places the anchors beside them too."""
+    from dpledger.mechanisms.add_one import _row_geometry
 
-
-def reference_token_bounds(log_p: np.ndarray, log_p0: np.ndarray, alpha: float, log_r: float) -> tuple[np.ndarray, ...]:
-    """The numpy form of dpledger.mechanisms.fused.add_one_token_bounds (add_one_direction_bounds' before it):
-    (log qmax, log qmin, log(qmax / p), log M, max log(p0 / p), max |finite log p|, max |log p0| on public
-    tokens, max |finite log qmin|, max |finite log(qmax / p)|)."""
-    on_public = np.isfinite(log_p0)
-    with np.errstate(invalid="ignore"):
-        log_qmax = np.where(on_public, np.minimum(0.0, (log_r + (alpha - 1.0) * log_p0) / alpha), -np.inf)
-        log_qmin = np.where(on_public, (alpha * log_p0 - log_r) / (alpha - 1.0), -np.inf)
-        ratio_p0_p = np.where(on_public, log_p0 - log_p, -np.inf)
-        log_m = np.where(on_public, log_qmax - log_p0, -np.inf).max(axis=-1)
-        ratio_q_p = np.where(on_public, log_qmax - log_p, -np.inf)
-    return (log_qmax, log_qmin, ratio_q_p, log_m, ratio_p0_p.max(axis=-1),
-            np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1),
-            np.abs(np.where(on_public, log_p0, 0.0)).max(axis=-1),
-            np.abs(np.where(np.isfinite(log_qmin), log_qmin, 0.0)).max(axis=-1),
-            np.abs(np.where(np.isfinite(ratio_q_p), ratio_q_p, 0.0)).max(axis=-1))
+    size = done.shape[1]
+    left, right = _row_geometry(done)
+    before = np.where(left >= 1, np.take_along_axis(left, np.clip(left - 1, 0, size - 1), axis=1), -1)
+    beyond = np.where(right < size - 1, np.take_along_axis(right, np.clip(right, 0, size - 1), axis=1), -1)
+    return left, right, before, beyond
