@@ -371,3 +371,21 @@ def row_geometry(done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     before = np.where(left >= 1, np.take_along_axis(left, np.clip(left - 1, 0, size - 1), axis=1), -1)
     beyond = np.where(right < size - 1, np.take_along_axis(right, np.clip(right, 0, size - 1), axis=1), -1)
     return left, right, before, beyond
+
+
+def reference_token_bounds(log_p: np.ndarray, log_p0: np.ndarray, alpha: float, log_r: float) -> tuple[np.ndarray, ...]:
+    """The numpy form of dpledger.mechanisms.fused.add_one_token_bounds (add_one_direction_bounds' before it):
+    (log qmax, log qmin, log(qmax / p), log M, max log(p0 / p), max |finite log p|, max |log p0| on public
+    tokens, max |finite log qmin|, max |finite log(qmax / p)|)."""
+    on_public = np.isfinite(log_p0)
+    with np.errstate(invalid="ignore"):
+        log_qmax = np.where(on_public, np.minimum(0.0, (log_r + (alpha - 1.0) * log_p0) / alpha), -np.inf)
+        log_qmin = np.where(on_public, (alpha * log_p0 - log_r) / (alpha - 1.0), -np.inf)
+        ratio_p0_p = np.where(on_public, log_p0 - log_p, -np.inf)
+        log_m = np.where(on_public, log_qmax - log_p0, -np.inf).max(axis=-1)
+        ratio_q_p = np.where(on_public, log_qmax - log_p, -np.inf)
+    return (log_qmax, log_qmin, ratio_q_p, log_m, ratio_p0_p.max(axis=-1),
+            np.abs(np.where(np.isfinite(log_p), log_p, 0.0)).max(axis=-1),
+            np.abs(np.where(on_public, log_p0, 0.0)).max(axis=-1),
+            np.abs(np.where(np.isfinite(log_qmin), log_qmin, 0.0)).max(axis=-1),
+            np.abs(np.where(np.isfinite(ratio_q_p), ratio_q_p, 0.0)).max(axis=-1))
