@@ -24,14 +24,14 @@ install: $(STAMP)
 # Whole files go to the workers, the longest first (tests/durations.py), not reordered by test count.
 TEST_WORKERS ?= auto
 XDIST := -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile --no-loadscope-reorder
-# The kernels compile first, once, split across the cores (tests/kernel_warmup.py): in a clean clone the
+# The kernels compile first, once, split across the cores (dpledger.mechanisms.warmup): in a clean clone the
 # workers, Dask workers and CLI subprocesses would otherwise each compile them at once.
 test: install
-	$(PY) -m tests.kernel_warmup
+	$(PY) -m dpledger.mechanisms.warmup
 	$(PY) -m pytest -q $(XDIST) tests
 
 test-slow: install
-	$(PY) -m tests.kernel_warmup
+	$(PY) -m dpledger.mechanisms.warmup
 	$(PY) -m pytest -q $(XDIST) -m slow tests
 
 lint: install

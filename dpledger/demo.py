@@ -174,10 +174,24 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
     Raises:
         ValueError: if a run's configuration is invalid (e.g. `queries` or `teachers` out of range).
     """
+    from dpledger.mechanisms.warmup import finish_background_warmup, start_background_warmup
+
+    methods = demo_methods(queries, teachers)   # (its checks first: bad input starts nothing)
+    # a first run trains the embedded models on one thread: the kernels compile on another core meanwhile
+    warmup = start_background_warmup()
+    try:
+        table, summaries, root = _demo_runs(out, methods, queries, teachers, progress)
+    finally:
+        finish_background_warmup(warmup)
+    return table, summaries, root
+
+
+def _demo_runs(out: str | None, methods: dict, queries: int, teachers: int,
+               progress: bool) -> tuple[pd.DataFrame, dict, Path]:
+    """run_demo's runs, tables, audit and report."""
     started = time.time()
     root = Path(out) if out else Path("runs") / "demo" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     rows, summaries = [], {}
-    methods = demo_methods(queries, teachers)
     for label, method in methods.items():
         config = RunConfig(out=str(root / slug(label)), mechanism=method.mechanism,
                            models=ModelsConfig(teachers=teachers), queries=queries, seed=demo_seed(root / slug(label)),

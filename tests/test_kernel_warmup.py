@@ -1,4 +1,4 @@
-"""tests/kernel_warmup.py's table: every kernel the package's kernel modules define is in it, each row names a
+"""dpledger.mechanisms.warmup's table: every kernel the package's kernel modules define is in it, each row names a
 kernel with as many argument types as it takes, and the types read back as numba's."""
 import importlib
 import inspect
@@ -6,7 +6,7 @@ import inspect
 import pytest
 from numba.core.registry import CPUDispatcher
 
-from tests.kernel_warmup import KERNELS, argument_types, shares
+from dpledger.mechanisms.warmup import KERNELS, argument_types, shares
 
 
 def _kernels(module: str) -> set[str]:
@@ -21,7 +21,7 @@ def _kernels(module: str) -> set[str]:
 def test_every_kernel_is_warmed(module):
     listed = {name for listed_module, name, _ in KERNELS if listed_module == module}
     missing = _kernels(module) - listed
-    assert not missing, f"add these kernels of dpledger.mechanisms.{module} to tests/kernel_warmup.py: {sorted(missing)}"
+    assert not missing, f"add these kernels of dpledger.mechanisms.{module} to dpledger.mechanisms.warmup.KERNELS: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("module, name, codes", KERNELS)
@@ -39,7 +39,181 @@ def test_argument_types_read_as_numba_types():
                                               types.Array(types.boolean, 1, "C"))
 
 
-@pytest.mark.parametrize("processes", [1, 2, 3])
-def test_the_split_covers_each_row_once(processes):
+@pytest.mark.parametrize("processes", [1, 2, 3, 60])
+def test_the_split_covers_each_row_once_and_keeps_a_kernels_rows_together(processes):
     split = shares(processes)
+    assert len(split) == processes
     assert sorted(row for share in split for row in share) == list(range(len(KERNELS)))
+    for module, name, _ in KERNELS:
+        holding = [share for share in split if any(KERNELS[row][:2] == (module, name) for row in share)]
+        assert len(holding) == 1, (module, name)
+
+
+def test_no_background_warmup_with_one_core_the_cache_off_or_a_finished_warmup(monkeypatch, tmp_path):
+    from dpledger.mechanisms import warmup
+
+    def started() -> list:
+        processes = warmup.start_background_warmup()
+        warmup.finish_background_warmup(processes)   # (a wrong start stops here, not after the test)
+        return processes
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(warmup, "usable_cores", lambda: 1)
+    assert started() == []
+    monkeypatch.setattr(warmup, "usable_cores", lambda: 2)
+    warmup.warmed_marker(tmp_path).touch()
+    assert started() == []
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    monkeypatch.setenv("DPLEDGER_NUMBA_CACHE", "off")
+    assert started() == []
+
+
+def test_a_background_warmup_starts_quietly_for_this_processes_cpu_key(monkeypatch, tmp_path):
+    import subprocess
+
+    from dpledger.mechanisms import warmup
+
+    calls = []
+
+    class Recorded:
+        def __init__(self, command, **options):
+            calls.append((command, options))
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(warmup, "usable_cores", lambda: 2)
+    monkeypatch.setattr(warmup.subprocess, "Popen", Recorded)
+    assert len(warmup.start_background_warmup()) == 1
+    (command, options), = calls
+    assert command[1:5] == ["-P", "-m", "dpledger.mechanisms.warmup", "--background"]   # -P: never the cwd's dpledger/
+    assert [int(row) for row in command[command.index("--rows") + 1].split(",")] == warmup.background_rows()
+    assert options["stdout"] is subprocess.DEVNULL and options["stderr"] is subprocess.DEVNULL
+    _, name, features = warmup._cpu_key()
+    assert options["env"]["NUMBA_CPU_NAME"] == name and options["env"]["NUMBA_CPU_FEATURES"] == features
+
+    def refused(command, **options):
+        raise OSError("no process to spare")
+
+    monkeypatch.setattr(warmup.subprocess, "Popen", refused)
+    assert warmup.start_background_warmup() == []
+
+
+def test_the_background_leaves_kernels_of_several_signatures_to_the_caller():
+    from dpledger.mechanisms.warmup import background_rows
+
+    names = [name for _, name, _ in KERNELS]
+    several = {name for name in names if names.count(name) > 1}
+    assert several   # (renyi_log_moments and _screen_decision_margin today)
+    assert {KERNELS[row][1] for row in background_rows()} == set(names) - several
+
+
+def test_the_marker_is_named_by_the_table_and_the_cpu_key(monkeypatch, tmp_path):
+    from dpledger.mechanisms import warmup
+
+    before = warmup.warmed_marker(tmp_path)
+    assert before.parent == tmp_path
+    monkeypatch.setattr(warmup, "KERNELS", KERNELS[:-1])
+    assert warmup.warmed_marker(tmp_path) != before
+    monkeypatch.setattr(warmup, "KERNELS", KERNELS)
+    monkeypatch.setattr(warmup, "_cpu_key", lambda: ("x86_64-unknown-linux-gnu", "another", "+avx2"))
+    assert warmup.warmed_marker(tmp_path) != before
+
+
+def test_a_kernel_the_background_warmed_is_a_cache_hit_in_a_fresh_process(tmp_path):
+    """The child compiles for the parent's CPU key; a process like the CLI then loads it, not compiles it."""
+    import os
+    import subprocess
+    import sys
+
+    from dpledger.mechanisms import warmup
+
+    cache = tmp_path / "cache"
+    row = next(index for index, (_, name, _) in enumerate(KERNELS) if name == "_ball_certified")
+    _, name, features = warmup._cpu_key()
+    environment = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": features}
+    done = subprocess.run([sys.executable, "-P", "-m", "dpledger.mechanisms.warmup", "--background", "--rows", str(row)],
+                          env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not warmup.warmed_marker(cache).exists()   # one row of many: no finished warm-up to mark
+    probe = ("from dpledger.mechanisms import add_one; add_one._ball_certified(18.0, 3.6, 2.0); "
+             "print(sum(add_one._ball_certified.stats.cache_hits.values()), "
+             "sum(add_one._ball_certified.stats.cache_misses.values()))")
+    environment = {key: value for key, value in environment.items() if not key.startswith("NUMBA_CPU")}
+    loaded = subprocess.run([sys.executable, "-P", "-c", probe], env=environment, capture_output=True, text=True,
+                            timeout=300)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split() == ["1", "0"], loaded.stdout
+
+
+def test_a_child_given_the_background_rows_marks_the_cache(monkeypatch, tmp_path):
+    import sys
+
+    from dpledger.mechanisms import warmup
+
+    compiled = []
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(warmup, "compile_rows", compiled.extend)
+    monkeypatch.setattr(sys, "argv", ["warmup", "--rows", ",".join(map(str, warmup.background_rows()[:-1]))])
+    warmup.main()
+    assert not warmup.warmed_marker(tmp_path).exists()
+    monkeypatch.setattr(sys, "argv", ["warmup", "--rows", ",".join(map(str, warmup.background_rows()))])
+    warmup.main()
+    assert warmup.warmed_marker(tmp_path).exists()
+    assert compiled == warmup.background_rows()[:-1] + warmup.background_rows()
+
+
+def test_finishing_stops_a_warmup_that_still_runs():
+    import subprocess
+    import sys
+    import time
+
+    from dpledger.mechanisms.warmup import finish_background_warmup
+
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    started = time.perf_counter()
+    finish_background_warmup([running])
+    assert running.poll() is not None and time.perf_counter() - started < 30
+
+
+def test_the_demo_stops_its_warmup_when_it_fails(monkeypatch):
+    from dpledger import demo
+    from dpledger.mechanisms import warmup
+
+    finished = []
+    started = [object()]
+    monkeypatch.setattr(warmup, "start_background_warmup", lambda: started)
+    monkeypatch.setattr(warmup, "finish_background_warmup", finished.append)
+    monkeypatch.setattr(demo, "demo_methods", lambda queries, teachers: {})
+
+    def failing(*arguments):
+        raise RuntimeError("a run failed")
+
+    monkeypatch.setattr(demo, "_demo_runs", failing)
+    with pytest.raises(RuntimeError, match="a run failed"):
+        demo.run_demo("unused", 4, 2, progress=False)
+    assert finished == [started]
+
+
+def test_a_row_that_names_no_kernel_fails_in_one_line(monkeypatch, capsys):
+    import sys
+
+    from dpledger.mechanisms import warmup
+
+    monkeypatch.setattr(warmup, "KERNELS", (("fused", "no_such_kernel", "f"),))
+    with pytest.raises(ValueError, match="no_such_kernel is not a numba kernel"):
+        warmup.compile_rows([0])
+    monkeypatch.setattr(sys, "argv", ["warmup", "--rows", "0"])
+    with pytest.raises(SystemExit, match="^kernel warm-up: dpledger.mechanisms.fused.no_such_kernel is not a numba "
+                                         "kernel: update dpledger.mechanisms.warmup.KERNELS$"):
+        warmup.main()
+
+
+def test_a_background_warmup_takes_the_audits_parallel_kernels_first():
+    from dpledger.mechanisms.warmup import audit_kernels_first
+
+    rows = shares(1)[0]
+    ordered = audit_kernels_first(rows)
+    assert sorted(ordered) == sorted(rows)
+    names = [KERNELS[row][1] for row in ordered]
+    parallel = {"leave_one_out_direction_power_moments", "screen_pass_counts", "leave_one_out_log_ratios_parallel",
+                "renyi_log_moments_parallel", "has_positive_below_parallel"}
+    assert set(names[:len(parallel)]) == parallel
