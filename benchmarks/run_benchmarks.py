@@ -1,6 +1,7 @@
 """make bench: the per-step benchmark against the public PMixED reference (benchmarks/results/step.json and
-results.md), the model forward benchmark (benchmarks/results/forward.json), and the distributed audit
-and decode against one plain process (benchmarks/results/distributed.json and distributed.png).
+results.md), the step's kernels against the cost of their arithmetic (benchmarks/results/floor.json), the
+model forward benchmark (benchmarks/results/forward.json), and the distributed audit and decode against
+one plain process (benchmarks/results/distributed.json and distributed.png).
 
 $DPLEDGER_REFERENCE, when set, names a checkout of github.com/james-flemings/pmixed: the per-step
 benchmark then runs the reference's own step functions beside dpledger's (benchmarks/baselines.py);
@@ -16,6 +17,6 @@ from pathlib import Path
 HERE = Path(__file__).parent
 reference = os.environ.get("DPLEDGER_REFERENCE")
 print(f"comparator: {'the reference at ' + reference if reference else 'the in-repo baseline (DPLEDGER_REFERENCE unset)'}")
-for script in ("bench_step.py", "bench_forward.py", "bench_distributed.py"):
+for script in ("bench_step.py", "bench_floor.py", "bench_forward.py", "bench_distributed.py"):
     print(f"== {script}", flush=True)
     subprocess.run([sys.executable, str(HERE / script)], check=True, cwd=HERE.parent)

@@ -1,0 +1,192 @@
+"""How far the AdaPMixED step's kernels run above the cost of the arithmetic they perform: the cost of
+each primitive on this machine, the work each kernel does in one step, and its time per unit of that
+work. Writes benchmarks/results/floor.json.
+
+What it answers: the README says the step's kernels run near their arithmetic floor and what is left is
+Python around them; this measures both on the machine at hand instead of quoting one-off numbers.
+
+1. Primitives, each a compiled loop over a 2,048-token chunk with the kernels' flags, in ns per token:
+   the exp pair (`vexp_pair`: exp(x) and exp(-x), what Eq. 3's exp path takes per token and order),
+   one product pass (two multiplies and their loads and stores, the power path per set bit of a step)
+   and one sum pass (the power path's two weighted sums per order).
+2. One step at `--vocab` x `--teachers` (default N = 8, V = 50,257, issue 27's target that stays below
+   2x): the step's median seconds without a profiler; under cProfile, each compiled kernel's own time
+   per step and the rest (Python and numpy around them, inflated by the profiler); and the work, counted
+   by wrapping the calls: Eq. 3's teacher-order evaluations (leave_one_out_log_moments, one exp pair per
+   token each) and the add-one sums' orders and allocated tokens.
+3. Per unit of work: Eq. 3's ns per teacher-order-token against the exp pair plus a sum pass (a lower
+   estimate of its floor: its pass also sums the two slopes), and the add-one sums' ns per order-token.
+
+Run: python benchmarks/bench_floor.py [--vocab V] [--teachers N] [--steps S]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("DPLEDGER_KERNEL_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks.bench_step import load, synthetic_ensemble, vector_unit  # noqa: E402
+
+CHUNK = 2048
+"""Tokens per primitive pass: the kernels' own chunk (dpledger.mechanisms.fused._CHUNK), in L1/L2."""
+
+
+def primitive_costs(repeats: int = 20000) -> dict:
+    """ns per token of the exp pair, a product pass and a sum pass, each the median of 5 timings of
+    `repeats` passes over one chunk, compiled with the fused kernels' flags (reassociated sums)."""
+    from dpledger.mechanisms.fastmath import jit, vexp_pair
+    from dpledger.mechanisms.fused import _FLAGS
+
+    @jit(**{**_FLAGS, "cache": False})
+    def exp_pairs(x, ups, downs, passes):
+        for _ in range(passes):
+            for j in range(x.size):
+                ups[j], downs[j] = vexp_pair(0.1 * x[j])
+
+    @jit(**{**_FLAGS, "cache": False})
+    def product_passes(power, inverse, ups, downs, passes):
+        for _ in range(passes):
+            for j in range(power.size):
+                power[j] *= ups[j]
+                inverse[j] *= downs[j]
+
+    @jit(**{**_FLAGS, "cache": False})
+    def sum_passes(power, inverse, output, ratios, passes):
+        total = 0.0
+        for _ in range(passes):
+            forward, reverse = 0.0, 0.0
+            for j in range(power.size):
+                reverse += output[j] * power[j]
+                forward += output[j] * ratios[j] * inverse[j]
+            total += forward + reverse
+        return total
+
+    rng = np.random.default_rng(0)
+    x = -5.0 * rng.random(CHUNK)
+    ups, downs = np.exp(0.1 * x), np.exp(-0.1 * x)
+    power, inverse, output, ratios = (rng.random(CHUNK) for _ in range(4))
+    cases = {"exp_pair": (exp_pairs, (x, ups.copy(), downs.copy())),
+             "product_pass": (product_passes, (np.ones(CHUNK), np.ones(CHUNK), np.full(CHUNK, 1.0 - 1e-9),
+                                               np.full(CHUNK, 1.0 + 1e-9))),
+             "sum_pass": (sum_passes, (power, inverse, output, ratios))}
+    costs = {}
+    for name, (kernel, arguments) in cases.items():
+        kernel(*arguments, 1)
+        timings = []
+        for _ in range(5):
+            started = time.perf_counter()
+            kernel(*arguments, repeats)
+            timings.append(time.perf_counter() - started)
+        costs[name] = round(statistics.median(timings) / (repeats * CHUNK) * 1e9, 4)
+    return costs
+
+
+def step_work(vocab: int, teachers: int, steps: int) -> dict:
+    """The step's time, its kernels' own times under cProfile, and the work it does (module docstring)."""
+    from dpledger.accounting.orders import DEFAULT_ORDERS
+    from dpledger.mechanisms import add_one, fused, kernels
+    from dpledger.mechanisms.adapmixed import AdaPMixED
+
+    probs, public = synthetic_ensemble(vocab, teachers)
+    t64, p64 = torch.from_numpy(probs), torch.from_numpy(public)
+    ada = AdaPMixED.paper_defaults(teachers)
+    generator = torch.Generator().manual_seed(0)
+    orders = np.asarray(DEFAULT_ORDERS)
+    for _ in range(3):
+        ada.step(t64, p64, generator, orders)
+    seconds = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        ada.step(t64, p64, generator, orders)
+        seconds.append(time.perf_counter() - started)
+
+    counts = {"eq3_evaluations": 0, "eq3_calls": 0, "add_one_orders": 0, "add_one_order_tokens": 0}
+    moments, order_sums = kernels._LeaveOneOut.moments, add_one._AllocatedTokens.order_sums
+
+    def counted_moments(self, rows, grid, wanted=None):
+        counts["eq3_calls"] += 1
+        counts["eq3_evaluations"] += int(np.sum(wanted)) if wanted is not None else len(rows) * len(grid)
+        return moments(self, rows, grid, wanted)
+
+    def counted_order_sums(self, grid):
+        counts["add_one_orders"] += len(grid)
+        counts["add_one_order_tokens"] += len(grid) * int(self.allocated_counts.sum())
+        return order_sums(self, grid)
+
+    kernels._LeaveOneOut.moments, add_one._AllocatedTokens.order_sums = counted_moments, counted_order_sums
+    try:
+        ada.step(t64, p64, generator, orders)
+    finally:
+        kernels._LeaveOneOut.moments, add_one._AllocatedTokens.order_sums = moments, order_sums
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(steps):
+        ada.step(t64, p64, generator, orders)
+    profile.disable()
+    table = pstats.Stats(profile).stats   # (function -> (calls, primitive calls, own time, cumulative, callers))
+    kernel_files = {os.path.abspath(fused.__file__), os.path.abspath(add_one.__file__)}
+    kernel_names = {name for name in dir(fused) + dir(add_one)
+                    if hasattr(getattr(fused, name, None) or getattr(add_one, name, None), "py_func")}
+    own: dict[str, float] = {}
+    total = 0.0
+    for (filename, _, name), (_, _, own_time, cumulative, _) in table.items():
+        if os.path.abspath(filename) in kernel_files and name in kernel_names:
+            own[name] = own.get(name, 0.0) + own_time / steps
+        if name == "step" and filename.endswith("adapmixed.py"):
+            total = cumulative / steps
+    kernel_seconds = sum(own.values())
+    return {"vocab": vocab, "teachers": teachers, "steps": steps,
+            "step_seconds": {"median": round(statistics.median(seconds), 6), "min": round(min(seconds), 6)},
+            "profiled_step_seconds": round(total, 6),
+            "profiled_kernel_seconds": {name: round(value, 6) for name, value in
+                                        sorted(own.items(), key=lambda item: -item[1]) if value >= 1e-5},
+            "profiled_kernels_total": round(kernel_seconds, 6),
+            "profiled_rest": round(total - kernel_seconds, 6),
+            "work": counts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--teachers", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "floor.json")
+    arguments = parser.parse_args()
+    torch.set_num_threads(1)
+    started = load()
+    primitives = primitive_costs()
+    step = step_work(arguments.vocab, arguments.teachers, arguments.steps)
+    work, kernel = step["work"], step["profiled_kernel_seconds"]
+    per_unit = {}
+    if work["eq3_evaluations"]:
+        per_unit["eq3_ns_per_teacher_order_token"] = round(
+            kernel.get("leave_one_out_log_moments", 0.0) / (work["eq3_evaluations"] * arguments.vocab) * 1e9, 4)
+        per_unit["eq3_floor_ns_exp_pair_plus_sum_pass"] = round(primitives["exp_pair"] + primitives["sum_pass"], 4)
+    if work["add_one_order_tokens"]:
+        per_unit["add_one_sums_ns_per_order_token"] = round(
+            kernel.get("add_one_power_order_sums", 0.0) / work["add_one_order_tokens"] * 1e9, 4)
+    result = {"machine": vector_unit(), "load_before": started, "load_after": load(),
+              "primitives_ns_per_token": primitives, "step": step, "per_unit_of_work": per_unit}
+    arguments.out.parent.mkdir(parents=True, exist_ok=True)
+    arguments.out.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
