@@ -25,7 +25,7 @@ import os
 import sys
 from importlib.metadata import version
 from pathlib import Path
-from typing import Callable, Literal, TypedDict, TypeVar, Unpack, cast
+from typing import Any, Callable, Literal, TypedDict, TypeVar, Unpack, cast
 
 
 _VECTORS_DECIDED = False
@@ -123,7 +123,57 @@ configure_kernel_cache()
 import numpy as np  # noqa: E402 (numba reads the CPU features when it is imported)
 from llvmlite import ir  # noqa: E402
 from numba import njit, types  # noqa: E402
-from numba.core import cgutils  # noqa: E402
+from numba.core import caching, cgutils  # noqa: E402
+
+
+def serialise_cache_saves() -> None:
+    """Make numba's cache saves safe between processes. numba keeps one index file per function, mapping
+    each compiled signature to a data file, and its IndexDataCacheFile.save reads the index, picks the
+    first free data file name, rewrites the index and then writes the data, with no lock. Two processes
+    saving two signatures of one function at the same moment (pytest or Dask workers, the demo and its
+    background warm-up, a kernel and the callee it compiles) can then both pick one name, and the index
+    can end up naming one signature's code for the other: a later process loads it and runs the wrong
+    code, and keeps loading it. This wraps save in an exclusive lock per index (fcntl.flock on
+    <index>.lock), reads the index inside it, and writes the data before the index that names it, so an
+    index never names a file that is not yet, or no longer, its signature's. Where fcntl or numba's
+    internals are missing, or the lock file cannot be opened, numba's own save runs. Runs when this module
+    is imported; calling it again is a no-op."""
+    cache_file = getattr(caching, "IndexDataCacheFile", None)
+    needed = ("save", "_load_index", "_save_index", "_save_data", "_data_name")
+    if cache_file is None or not all(hasattr(cache_file, name) for name in needed) \
+            or getattr(cache_file.save, "serialised", False):
+        return
+    try:
+        import fcntl  # deferred: POSIX only
+    except ImportError:
+        return
+    unlocked = cache_file.save
+
+    def save(self: Any, key: object, data: object) -> None:   # (numba's class is untyped)
+        try:
+            lock = open(self._index_path + ".lock", "ab")
+        except OSError:
+            unlocked(self, key, data)
+            return
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            overloads = self._load_index()
+            name = overloads.get(key)
+            if name is None:
+                taken = set(overloads.values())
+                number = 1
+                while self._data_name(number) in taken:
+                    number += 1
+                name = self._data_name(number)
+            self._save_data(name, data)
+            overloads[key] = name
+            self._save_index(overloads)
+
+    save.serialised = True  # type: ignore[attr-defined]
+    cache_file.save = save
+
+
+serialise_cache_saves()
 from numba.core.base import BaseContext  # noqa: E402
 from numba.core.typing import Signature  # noqa: E402
 from numba.core.typing.context import Context  # noqa: E402

@@ -119,41 +119,23 @@ def argument_types(codes: str) -> tuple[Any, ...]:
 
 def shares(processes: int) -> list[list[int]]:
     """KERNELS' row indices split into lists of about equal compile time: the largest first, each to the
-    least loaded list, and every row of one kernel in the same list. (numba keeps one index file per
-    function and rewrites it without a lock: two processes saving two signatures of one function at the
-    same moment can leave the index naming one signature's code for the other.)
+    least loaded list. (Processes saving into one cache at once are safe: numba's saves are serialised,
+    dpledger.mechanisms.fastmath.serialise_cache_saves.)
 
     Args:
         processes: how many lists, >= 1.
 
     Returns:
-        `processes` lists of row indices (some empty when there are more lists than kernels).
+        `processes` lists of row indices (some empty when there are more lists than rows).
     """
-    kernels: dict[tuple[str, str], list[int]] = {}
-    for row, (module, name, _) in enumerate(KERNELS):
-        kernels.setdefault((module, name), []).append(row)
     loads = [0.0] * processes
     split: list[list[int]] = [[] for _ in range(processes)]
-    for (_, name), rows in sorted(kernels.items(), key=lambda item: -COMPILE_SECONDS.get(item[0][1], 1.0)
-                                  * len(item[1])):
+    order = sorted(range(len(KERNELS)), key=lambda row: -COMPILE_SECONDS.get(KERNELS[row][1], 1.0))
+    for row in order:
         least = loads.index(min(loads))
-        split[least] += rows
-        loads[least] += COMPILE_SECONDS.get(name, 1.0) * len(rows)
+        split[least].append(row)
+        loads[least] += COMPILE_SECONDS.get(KERNELS[row][1], 1.0)
     return split
-
-
-def background_rows() -> list[int]:
-    """The rows a background warm-up compiles: those of every kernel the table lists with one signature.
-    A kernel with several is left to the caller's own process, which compiles the signature it calls: the
-    warm-up saving another signature of it at the same moment could mislink numba's index (shares says how).
-
-    Returns:
-        Row indices into KERNELS, in table order.
-    """
-    counts: dict[tuple[str, str], int] = {}
-    for module, name, _ in KERNELS:
-        counts[(module, name)] = counts.get((module, name), 0) + 1
-    return [row for row, (module, name, _) in enumerate(KERNELS) if counts[(module, name)] == 1]
 
 
 def compile_rows(rows: list[int]) -> None:
@@ -176,10 +158,11 @@ def compile_rows(rows: list[int]) -> None:
 
 def warmed_marker(directory: str | Path) -> Path:
     """The file whose presence says that a warm-up finished in the kernel cache `directory` for this
-    process's cache key: every row of background_rows is there. Its name hashes what numba's cache keys
-    on beyond the directory (the Python version, the kernels' source folder, the CPU name and features
-    the code is compiled for) and the table, so that another interpreter, checkout, vector width or table
-    warms again (a change to a kernel's source already starts a fresh directory).
+    process's cache key: every row of KERNELS is there. Its name hashes what numba's cache keys on beyond
+    the directory (the Python version, the kernels' source folder and their files' modification times and
+    sizes, the CPU name and features the code is compiled for) and the table, so that another interpreter,
+    checkout, touched source file, vector width or table warms again (a change to a kernel's source
+    already starts a fresh directory).
 
     Args:
         directory: the kernel cache directory (dpledger.mechanisms.fastmath.kernel_cache_dir).
@@ -187,7 +170,10 @@ def warmed_marker(directory: str | Path) -> Path:
     Returns:
         The marker's path in it.
     """
-    key = repr((KERNELS, tuple(sys.version_info[:2]), str(Path(__file__).resolve().parent), _cpu_key()))
+    folder = Path(__file__).resolve().parent
+    stamps = [(name, os.stat(folder / name).st_mtime, os.stat(folder / name).st_size)
+              for name in sorted({f"{module}.py" for module, _, _ in KERNELS})]
+    key = repr((KERNELS, tuple(sys.version_info[:2]), str(folder), stamps, _cpu_key()))
     return Path(directory) / f"warmed-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
@@ -281,13 +267,12 @@ def usable_cores() -> int:
 def start_background_warmup() -> list[subprocess.Popen[bytes]]:
     """Start filling the kernel cache in one background process at low priority (nice 10 where the system
     has it; its output discarded), and return at once: for a long job whose first kernel comes late, such
-    as the demo's first run, which trains its models on one thread first. The process compiles the rows of
-    background_rows, the audit's kernels first, for this process's CPU name and features (passed to it, so
-    that its cache entries are the ones this process loads), loading any that are cached already, and
-    stops between two kernels once this process has gone. This process loads what it finds in the cache
-    when it first needs a kernel and compiles what it does not (numba writes each cache file under a
-    temporary name and renames it into place, and a process that finds an index entry before its data file
-    compiles the kernel itself). Which process compiled a kernel changes no value a trace records (those
+    as the demo's first run, which trains its models on one thread first. The process compiles every row
+    of KERNELS, the audit's kernels first, for this process's CPU name and features (passed to it, so that
+    its cache entries are the ones this process loads), loading any that are cached already, and stops
+    between two kernels once this process has gone. This process loads what it finds in the cache when it
+    first needs a kernel and compiles what it does not; both saving into the cache at once is safe
+    (dpledger.mechanisms.fastmath.serialise_cache_saves). Which process compiled a kernel changes no value a trace records (those
     kernels give the same bits cached or fresh); the audit's parallel kernels may differ in their last
     bits, within their rounding allowance (dpledger.mechanisms.fused). Nothing starts with one usable core
     (it would slow this process down), with the cache off, where a finished warm-up marked the cache
@@ -304,7 +289,7 @@ def start_background_warmup() -> list[subprocess.Popen[bytes]]:
     _, name, features = _cpu_key()
     environment = {**os.environ, "NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": features}
     try:
-        return [subprocess.Popen(_command(background_rows(), True), stdout=subprocess.DEVNULL,
+        return [subprocess.Popen(_command(list(range(len(KERNELS))), True), stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, env=environment)]
     except OSError:   # no process to spare: the kernels compile on first use, as without a warm-up
         return []
@@ -312,8 +297,8 @@ def start_background_warmup() -> list[subprocess.Popen[bytes]]:
 
 def finish_background_warmup(processes: list[subprocess.Popen[bytes]]) -> None:
     """Stop what start_background_warmup started, if it still runs: a kernel it has not reached compiles
-    on first use, as without it, and a file it was writing stays under its temporary name, which numba
-    never reads.
+    on first use, as without it (numba writes each cache file under a temporary name and renames it into
+    place, and a saved signature's data before the index that names it: serialise_cache_saves).
 
     Args:
         processes: start_background_warmup's list.
@@ -383,7 +368,7 @@ def main() -> None:
                 compile_rows([row])
         except ValueError as error:
             raise SystemExit(f"kernel warm-up: {error}") from None
-        if set(rows) >= set(background_rows()):
+        if sorted(rows) == list(range(len(KERNELS))):   # one process did them all (the background warm-up)
             _mark_warm()
         return
     from dpledger.mechanisms.fastmath import kernel_cache_dir

@@ -40,13 +40,10 @@ def test_argument_types_read_as_numba_types():
 
 
 @pytest.mark.parametrize("processes", [1, 2, 3, 60])
-def test_the_split_covers_each_row_once_and_keeps_a_kernels_rows_together(processes):
+def test_the_split_covers_each_row_once(processes):
     split = shares(processes)
     assert len(split) == processes
     assert sorted(row for share in split for row in share) == list(range(len(KERNELS)))
-    for module, name, _ in KERNELS:
-        holding = [share for share in split if any(KERNELS[row][:2] == (module, name) for row in share)]
-        assert len(holding) == 1, (module, name)
 
 
 def test_no_background_warmup_with_one_core_the_cache_off_or_a_finished_warmup(monkeypatch, tmp_path):
@@ -85,7 +82,7 @@ def test_a_background_warmup_starts_quietly_for_this_processes_cpu_key(monkeypat
     assert len(warmup.start_background_warmup()) == 1
     (command, options), = calls
     assert command[1:5] == ["-P", "-m", "dpledger.mechanisms.warmup", "--background"]   # -P: never the cwd's dpledger/
-    assert [int(row) for row in command[command.index("--rows") + 1].split(",")] == warmup.background_rows()
+    assert [int(row) for row in command[command.index("--rows") + 1].split(",")] == list(range(len(KERNELS)))
     assert options["stdout"] is subprocess.DEVNULL and options["stderr"] is subprocess.DEVNULL
     _, name, features = warmup._cpu_key()
     assert options["env"]["NUMBA_CPU_NAME"] == name and options["env"]["NUMBA_CPU_FEATURES"] == features
@@ -97,24 +94,32 @@ def test_a_background_warmup_starts_quietly_for_this_processes_cpu_key(monkeypat
     assert warmup.start_background_warmup() == []
 
 
-def test_the_background_leaves_kernels_of_several_signatures_to_the_caller():
-    from dpledger.mechanisms.warmup import background_rows
+def test_the_marker_is_named_by_the_table_the_interpreter_the_sources_and_the_cpu_key(monkeypatch, tmp_path):
+    import os
+    import sys
 
-    names = [name for _, name, _ in KERNELS]
-    several = {name for name in names if names.count(name) > 1}
-    assert several   # (renyi_log_moments and _screen_decision_margin today)
-    assert {KERNELS[row][1] for row in background_rows()} == set(names) - several
-
-
-def test_the_marker_is_named_by_the_table_and_the_cpu_key(monkeypatch, tmp_path):
     from dpledger.mechanisms import warmup
 
     before = warmup.warmed_marker(tmp_path)
-    assert before.parent == tmp_path
+    assert before.parent == tmp_path and warmup.warmed_marker(tmp_path) == before
     monkeypatch.setattr(warmup, "KERNELS", KERNELS[:-1])
     assert warmup.warmed_marker(tmp_path) != before
     monkeypatch.setattr(warmup, "KERNELS", KERNELS)
     monkeypatch.setattr(warmup, "_cpu_key", lambda: ("x86_64-unknown-linux-gnu", "another", "+avx2"))
+    assert warmup.warmed_marker(tmp_path) != before
+    monkeypatch.undo()
+    monkeypatch.setattr(sys, "version_info", (3, 99, 0))
+    assert warmup.warmed_marker(tmp_path) != before
+    monkeypatch.undo()
+    real_stat = os.stat
+
+    def touched(path, *arguments, **options):   # a kernel's source file rewritten with the same content
+        found = real_stat(path, *arguments, **options)
+        if str(path).endswith("fused.py"):
+            return os.stat_result((*found[:8], found.st_mtime + 1.0, found[9]))
+        return found
+
+    monkeypatch.setattr(warmup.os, "stat", touched)
     assert warmup.warmed_marker(tmp_path) != before
 
 
@@ -144,21 +149,31 @@ def test_a_kernel_the_background_warmed_is_a_cache_hit_in_a_fresh_process(tmp_pa
     assert loaded.stdout.split() == ["1", "0"], loaded.stdout
 
 
-def test_a_child_given_the_background_rows_marks_the_cache(monkeypatch, tmp_path):
+def test_a_child_given_every_row_marks_the_cache_and_one_that_fails_does_not(monkeypatch, tmp_path):
     import sys
 
     from dpledger.mechanisms import warmup
 
     compiled = []
+    every = list(range(len(KERNELS)))
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(warmup, "compile_rows", compiled.extend)
-    monkeypatch.setattr(sys, "argv", ["warmup", "--rows", ",".join(map(str, warmup.background_rows()[:-1]))])
+    monkeypatch.setattr(sys, "argv", ["warmup", "--rows", ",".join(map(str, every[:-1]))])
     warmup.main()
     assert not warmup.warmed_marker(tmp_path).exists()
-    monkeypatch.setattr(sys, "argv", ["warmup", "--rows", ",".join(map(str, warmup.background_rows()))])
+
+    def failing(rows):
+        raise ValueError("dpledger.mechanisms.fused.gone is not a numba kernel")
+
+    monkeypatch.setattr(warmup, "compile_rows", failing)
+    monkeypatch.setattr(sys, "argv", ["warmup", "--rows", ",".join(map(str, every))])
+    with pytest.raises(SystemExit):
+        warmup.main()
+    assert not warmup.warmed_marker(tmp_path).exists()
+    monkeypatch.setattr(warmup, "compile_rows", compiled.extend)
     warmup.main()
     assert warmup.warmed_marker(tmp_path).exists()
-    assert compiled == warmup.background_rows()[:-1] + warmup.background_rows()
+    assert compiled == every[:-1] + every
 
 
 def test_finishing_stops_a_warmup_that_still_runs():
@@ -172,6 +187,17 @@ def test_finishing_stops_a_warmup_that_still_runs():
     started = time.perf_counter()
     finish_background_warmup([running])
     assert running.poll() is not None and time.perf_counter() - started < 30
+
+
+def test_the_demo_checks_its_arguments_before_it_starts_a_warmup(monkeypatch):
+    from dpledger import demo
+    from dpledger.mechanisms import warmup
+
+    started = []
+    monkeypatch.setattr(warmup, "start_background_warmup", lambda: started.append(1) or [])
+    with pytest.raises(ValueError):
+        demo.run_demo("unused", 0, 2, progress=False)
+    assert started == []
 
 
 def test_the_demo_stops_its_warmup_when_it_fails(monkeypatch):
