@@ -1,9 +1,10 @@
-"""How far the AdaPMixED step's kernels run above the cost of the arithmetic they perform: the cost of
-each primitive on this machine, the work each kernel does in one step, and its time per unit of that
-work. Writes benchmarks/results/floor.json.
+"""What the AdaPMixED step's kernels cost against the arithmetic they perform: the cost of each primitive
+on this machine, the work each kernel does in one step, and its time per unit of that work. Writes
+benchmarks/results/floor.json.
 
-What it answers: the README says the step's kernels run near their arithmetic floor and what is left is
-Python around them; this measures both on the machine at hand instead of quoting one-off numbers.
+What it answers: where the step's time goes between its kernels and the Python around them, and whether
+Eq. 3's moments, its largest kernel, cost more than their parts timed apart, measured on the machine at
+hand instead of quoted from one-off numbers.
 
 1. Primitives, each a compiled loop over a 2,048-token chunk with the kernels' flags, in ns per token:
    the exp pair (`vexp_pair`: exp(x) and exp(-x), what Eq. 3's exp path takes per token and order),
@@ -12,10 +13,14 @@ Python around them; this measures both on the machine at hand instead of quoting
 2. One step at `--vocab` x `--teachers` (default N = 8, V = 50,257, issue 27's target that stays below
    2x): the step's median seconds without a profiler; under cProfile, each compiled kernel's own time
    per step and the rest (Python and numpy around them, inflated by the profiler); and the work, counted
-   by wrapping the calls: Eq. 3's teacher-order evaluations (leave_one_out_log_moments, one exp pair per
-   token each) and the add-one sums' orders and allocated tokens.
-3. Per unit of work: Eq. 3's ns per teacher-order-token against the exp pair plus a sum pass (a lower
-   estimate of its floor: its pass also sums the two slopes), and the add-one sums' ns per order-token.
+   by wrapping the calls: Eq. 3's teacher-order evaluations (leave_one_out_log_moments), split into those
+   on its one-exp-pair path and those on its two-pass log-sum-exp path (two exps per token and a pass for
+   the largest exponents, taken where an order times the row's log-ratio span is large), and the add-one
+   sums' orders and allocated tokens.
+3. Per unit of work: Eq. 3's ns per teacher-order-token (both paths together) beside the exp pair plus a
+   sum pass timed apart (its one-exp-pair path per token: the pair, three loads, no stores, four running
+   sums, two of them the slopes'; the sum pass has two: these are its parts, not a proven lower bound),
+   and the add-one sums' ns per order-token (no such comparison).
 
 Run: python benchmarks/bench_floor.py [--vocab V] [--teachers N] [--steps S]
 """
@@ -115,12 +120,21 @@ def step_work(vocab: int, teachers: int, steps: int) -> dict:
         ada.step(t64, p64, generator, orders)
         seconds.append(time.perf_counter() - started)
 
-    counts = {"eq3_evaluations": 0, "eq3_calls": 0, "add_one_orders": 0, "add_one_order_tokens": 0}
+    from dpledger.mechanisms.fused import _FAST_RANGE
+
+    counts = {"eq3_evaluations": 0, "eq3_one_exp_pair_path": 0, "eq3_two_pass_path": 0, "eq3_calls": 0,
+              "add_one_orders": 0, "add_one_order_tokens": 0}
     moments, order_sums = kernels._LeaveOneOut.moments, add_one._AllocatedTokens.order_sums
 
     def counted_moments(self, rows, grid, wanted=None):
+        wanted = np.ones((len(rows), len(grid)), dtype=bool) if wanted is None else np.asarray(wanted)
         counts["eq3_calls"] += 1
-        counts["eq3_evaluations"] += int(np.sum(wanted)) if wanted is not None else len(rows) * len(grid)
+        counts["eq3_evaluations"] += int(wanted.sum())
+        low, high = self.spans[rows, 0][:, None], self.spans[rows, 1][:, None]   # (fused.leave_one_out_log_moments' test)
+        fast = (np.asarray(grid)[None, :] * (high - low) + np.abs(high) + np.log(self.output.size) < _FAST_RANGE) \
+            & (not self.shifted_only)
+        counts["eq3_one_exp_pair_path"] += int((wanted & fast).sum())
+        counts["eq3_two_pass_path"] += int((wanted & ~fast).sum())
         return moments(self, rows, grid, wanted)
 
     def counted_order_sums(self, grid):
@@ -177,7 +191,7 @@ def main() -> None:
     if work["eq3_evaluations"]:
         per_unit["eq3_ns_per_teacher_order_token"] = round(
             kernel.get("leave_one_out_log_moments", 0.0) / (work["eq3_evaluations"] * arguments.vocab) * 1e9, 4)
-        per_unit["eq3_floor_ns_exp_pair_plus_sum_pass"] = round(primitives["exp_pair"] + primitives["sum_pass"], 4)
+        per_unit["eq3_parts_ns_exp_pair_plus_sum_pass"] = round(primitives["exp_pair"] + primitives["sum_pass"], 4)
     if work["add_one_order_tokens"]:
         per_unit["add_one_sums_ns_per_order_token"] = round(
             kernel.get("add_one_power_order_sums", 0.0) / work["add_one_order_tokens"] * 1e9, 4)
