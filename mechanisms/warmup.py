@@ -222,9 +222,10 @@ def audit_kernels_first(rows: list[int]) -> list[int]:
 
 
 def _command(rows: list[int], background: bool) -> list[str]:
-    """This module run on `rows`, with -P: a `dpledger/` folder in the working directory is never imported."""
-    return [sys.executable, "-P", "-m", "dpledger.mechanisms.warmup", *(["--background"] if background else []),
-            "--rows", ",".join(map(str, rows))]
+    """This module run on `rows`, with -P: a `dpledger/` folder in the working directory is never imported.
+    A background one is told this process's id, to stop once this process is gone."""
+    return [sys.executable, "-P", "-m", "dpledger.mechanisms.warmup",
+            *(["--background", "--parent", str(os.getpid())] if background else []), "--rows", ",".join(map(str, rows))]
 
 
 def warm_kernels(processes: int) -> tuple[int, float] | None:
@@ -349,6 +350,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=min(4, os.cpu_count() or 1))
     parser.add_argument("--rows", help=argparse.SUPPRESS)   # a child's share: comma-separated row indices
     parser.add_argument("--background", action="store_true", help=argparse.SUPPRESS)   # at low priority
+    parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)   # the process it warms for
     parser.add_argument("--table", type=Path, help="print KERNELS from this filled numba cache directory")
     arguments = parser.parse_args()
     if arguments.table is not None:
@@ -356,7 +358,7 @@ def main() -> None:
         return
     if arguments.rows is not None:
         rows = [int(row) for row in arguments.rows.split(",") if row]
-        parent = os.getppid()
+        parent = os.getppid() if arguments.parent is None else arguments.parent
         if arguments.background:
             if hasattr(os, "nice"):
                 os.nice(10)

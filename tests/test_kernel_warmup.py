@@ -66,6 +66,7 @@ def test_no_background_warmup_with_one_core_the_cache_off_or_a_finished_warmup(m
 
 
 def test_a_background_warmup_starts_quietly_for_this_processes_cpu_key(monkeypatch, tmp_path):
+    import os
     import subprocess
 
     from dpledger.mechanisms import warmup
@@ -82,6 +83,7 @@ def test_a_background_warmup_starts_quietly_for_this_processes_cpu_key(monkeypat
     assert len(warmup.start_background_warmup()) == 1
     (command, options), = calls
     assert command[1:5] == ["-P", "-m", "dpledger.mechanisms.warmup", "--background"]   # -P: never the cwd's dpledger/
+    assert command[5:7] == ["--parent", str(os.getpid())]
     assert [int(row) for row in command[command.index("--rows") + 1].split(",")] == list(range(len(KERNELS)))
     assert options["stdout"] is subprocess.DEVNULL and options["stderr"] is subprocess.DEVNULL
     _, name, features = warmup._cpu_key()
@@ -174,6 +176,21 @@ def test_a_child_given_every_row_marks_the_cache_and_one_that_fails_does_not(mon
     warmup.main()
     assert warmup.warmed_marker(tmp_path).exists()
     assert compiled == every[:-1] + every
+
+
+def test_a_background_child_whose_parent_is_gone_compiles_nothing(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    row = next(index for index, (_, name, _) in enumerate(KERNELS) if name == "_ball_certified")
+    not_its_parent = os.getpid() + 1_000_000   # (its real parent is this process)
+    done = subprocess.run([sys.executable, "-P", "-m", "dpledger.mechanisms.warmup", "--background", "--parent",
+                           str(not_its_parent), "--rows", str(row)], env={**os.environ, "NUMBA_CACHE_DIR": str(cache)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not list(cache.rglob("*.nbi"))
 
 
 def test_finishing_stops_a_warmup_that_still_runs():
