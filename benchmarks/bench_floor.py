@@ -45,7 +45,7 @@ os.environ.setdefault("DPLEDGER_KERNEL_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.bench_step import load, synthetic_ensemble, vector_unit  # noqa: E402
+from benchmarks.bench_step import load, timed_adapmixed_steps, vector_unit  # noqa: E402
 
 CHUNK = 2048
 """Tokens per primitive pass: the kernels' own chunk (dpledger.mechanisms.fused._CHUNK), in L1/L2."""
@@ -103,23 +103,9 @@ def primitive_costs(repeats: int = 20000) -> dict:
 
 def step_work(vocab: int, teachers: int, steps: int) -> dict:
     """The step's time, its kernels' own times under cProfile, and the work it does (module docstring)."""
-    from dpledger.accounting.orders import DEFAULT_ORDERS
     from dpledger.mechanisms import add_one, fused, kernels
-    from dpledger.mechanisms.adapmixed import AdaPMixED
 
-    probs, public = synthetic_ensemble(vocab, teachers)
-    t64, p64 = torch.from_numpy(probs), torch.from_numpy(public)
-    ada = AdaPMixED.paper_defaults(teachers)
-    generator = torch.Generator().manual_seed(0)
-    orders = np.asarray(DEFAULT_ORDERS)
-    for _ in range(3):
-        ada.step(t64, p64, generator, orders)
-    seconds = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        ada.step(t64, p64, generator, orders)
-        seconds.append(time.perf_counter() - started)
-
+    step, seconds = timed_adapmixed_steps(vocab, teachers, steps)
     from dpledger.mechanisms.fused import _FAST_RANGE
 
     counts = {"eq3_evaluations": 0, "eq3_one_exp_pair_path": 0, "eq3_two_pass_path": 0, "eq3_calls": 0,
@@ -144,19 +130,18 @@ def step_work(vocab: int, teachers: int, steps: int) -> dict:
 
     kernels._LeaveOneOut.moments, add_one._AllocatedTokens.order_sums = counted_moments, counted_order_sums
     try:
-        ada.step(t64, p64, generator, orders)
+        step()
     finally:
         kernels._LeaveOneOut.moments, add_one._AllocatedTokens.order_sums = moments, order_sums
 
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(steps):
-        ada.step(t64, p64, generator, orders)
+        step()
     profile.disable()
     table = pstats.Stats(profile).stats   # (function -> (calls, primitive calls, own time, cumulative, callers))
     kernel_files = {os.path.abspath(fused.__file__), os.path.abspath(add_one.__file__)}
-    kernel_names = {name for name in dir(fused) + dir(add_one)
-                    if hasattr(getattr(fused, name, None) or getattr(add_one, name, None), "py_func")}
+    kernel_names = {name for module in (fused, add_one) for name, value in vars(module).items() if hasattr(value, "py_func")}
     own: dict[str, float] = {}
     total = 0.0
     for (filename, _, name), (_, _, own_time, cumulative, _) in table.items():

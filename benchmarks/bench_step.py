@@ -71,6 +71,31 @@ def synthetic_ensemble(vocab: int, teachers: int, seed: int = 0) -> tuple[np.nda
     return softmax(teacher_logits), softmax(public_logits)
 
 
+def timed_adapmixed_steps(vocab: int, teachers: int, steps: int) -> tuple:
+    """dpledger's AdaPMixED step (paper defaults, the default grid) on synthetic_ensemble's inputs, one
+    thread: (the step as a closure, the seconds of `steps` timed calls after three warm-up calls)."""
+    from dpledger.accounting.orders import DEFAULT_ORDERS
+    from dpledger.mechanisms.adapmixed import AdaPMixED
+
+    probs, public = synthetic_ensemble(vocab, teachers)
+    t64, p64 = torch.from_numpy(probs), torch.from_numpy(public)
+    ada = AdaPMixED.paper_defaults(teachers)
+    generator = torch.Generator().manual_seed(0)
+    orders = np.asarray(DEFAULT_ORDERS)
+
+    def step():
+        return ada.step(t64, p64, generator, orders)
+
+    for _ in range(3):
+        step()
+    seconds = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - started)
+    return step, seconds
+
+
 def load() -> dict:
     """The machine's load: 1-minute load average and uptime's line."""
     import subprocess

@@ -33,7 +33,7 @@ SCALES = {"paper": (50257, 100, 20), "n8_full_vocab": (50257, 8, 150), "demo": (
 """name -> (vocabulary, teachers, steps per sample), the scales of benchmarks/bench_step.py."""
 
 _CHILD = r'''
-import sys, time
+import sys
 root, vocab, teachers, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 finder = sys.modules.get("__editable___dpledger_0_1_0_finder")
 if finder is None:
@@ -46,21 +46,9 @@ torch.set_num_threads(1)
 import dpledger
 if not dpledger.__file__.startswith(root):
     raise SystemExit(f"dpledger loaded from {dpledger.__file__}, not from {root}")
-from benchmarks.bench_step import synthetic_ensemble
-from dpledger.accounting.orders import DEFAULT_ORDERS
-from dpledger.mechanisms.adapmixed import AdaPMixED
-probs, public = synthetic_ensemble(vocab, teachers)
-t64, p64 = torch.from_numpy(probs), torch.from_numpy(public)
-orders = np.asarray(DEFAULT_ORDERS)
-ada = AdaPMixED.paper_defaults(teachers)
-generator = torch.Generator().manual_seed(0)
-for _ in range(3):
-    ada.step(t64, p64, generator, orders)
-seconds = []
-for _ in range(steps):
-    started = time.perf_counter()
-    ada.step(t64, p64, generator, orders)
-    seconds.append(time.perf_counter() - started)
+sys.path.insert(0, sys.argv[5])   # then this checkout's benchmarks: the same inputs and timing on both sides
+from benchmarks.bench_step import timed_adapmixed_steps
+_, seconds = timed_adapmixed_steps(vocab, teachers, steps)
 print(float(np.median(seconds)), min(seconds))
 '''
 
