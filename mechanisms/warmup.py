@@ -171,8 +171,8 @@ def warmed_marker(directory: str | Path) -> Path:
         The marker's path in it.
     """
     folder = Path(__file__).resolve().parent
-    stamps = [(name, os.stat(folder / name).st_mtime, os.stat(folder / name).st_size)
-              for name in sorted({f"{module}.py" for module, _, _ in KERNELS})]
+    stamps = [(name, found.st_mtime, found.st_size) for name in sorted({f"{module}.py" for module, _, _ in KERNELS})
+              for found in [os.stat(folder / name)]]
     key = repr((KERNELS, tuple(sys.version_info[:2]), str(folder), stamps, _cpu_key()))
     return Path(directory) / f"warmed-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
@@ -195,7 +195,7 @@ def _mark_warm() -> None:
     if directory is None:
         return
     try:
-        warmed_marker(directory).parent.mkdir(parents=True, exist_ok=True)
+        Path(directory).mkdir(parents=True, exist_ok=True)
         warmed_marker(directory).touch()
     except OSError:   # a cache folder this process cannot write (numba then caches elsewhere or not at all)
         pass
@@ -339,6 +339,29 @@ def print_table(cache: Path) -> None:
                 print(f'    ("{module}", "{name}", "{" ".join(codes)}"),')
 
 
+def _at_least_one(text: str) -> int:
+    """argparse's reading of --processes: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def _rows(text: str) -> list[int]:
+    """argparse's reading of --rows: comma-separated indices into KERNELS."""
+    try:
+        rows = [int(row) for row in text.split(",") if row]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
+    outside = [row for row in rows if not 0 <= row < len(KERNELS)]
+    if outside:
+        raise argparse.ArgumentTypeError(f"rows must be in [0, {len(KERNELS)}), got {outside}")
+    return rows
+
+
 def main() -> None:
     """The command line: warm every kernel (--processes N), a child's share (--rows), or print the table.
 
@@ -347,8 +370,8 @@ def main() -> None:
     """
     parser = argparse.ArgumentParser(description="Compile the package's numba kernels into the kernel cache "
                                                  "(dpledger.mechanisms.fastmath.kernel_cache_dir), split across processes.")
-    parser.add_argument("--processes", type=int, default=min(4, os.cpu_count() or 1))
-    parser.add_argument("--rows", help=argparse.SUPPRESS)   # a child's share: comma-separated row indices
+    parser.add_argument("--processes", type=_at_least_one, default=min(4, os.cpu_count() or 1))
+    parser.add_argument("--rows", type=_rows, help=argparse.SUPPRESS)   # a child's share: comma-separated row indices
     parser.add_argument("--background", action="store_true", help=argparse.SUPPRESS)   # at low priority
     parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)   # the process it warms for
     parser.add_argument("--table", type=Path, help="print KERNELS from this filled numba cache directory")
@@ -357,7 +380,7 @@ def main() -> None:
         print_table(arguments.table)
         return
     if arguments.rows is not None:
-        rows = [int(row) for row in arguments.rows.split(",") if row]
+        rows = arguments.rows
         parent = os.getppid() if arguments.parent is None else arguments.parent
         if arguments.background:
             if hasattr(os, "nice"):
@@ -375,12 +398,14 @@ def main() -> None:
         return
     from dpledger.mechanisms.fastmath import kernel_cache_dir
 
-    warmed = warm_kernels(arguments.processes)
-    if warmed is not None:
-        _mark_warm()
+    try:
+        warmed = warm_kernels(arguments.processes)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from None
     if warmed is None:
         print("kernel warm-up: the kernel cache is off (DPLEDGER_NUMBA_CACHE=off): nothing to warm")
         return
+    _mark_warm()
     print(f"kernel warm-up: {len(KERNELS)} kernels compiled or loaded in {warmed[0]} processes into "
           f"{kernel_cache_dir()} in {warmed[1]:.0f} s")
 

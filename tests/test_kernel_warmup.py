@@ -260,3 +260,18 @@ def test_a_background_warmup_takes_the_audits_parallel_kernels_first():
     parallel = {"leave_one_out_direction_power_moments", "screen_pass_counts", "leave_one_out_log_ratios_parallel",
                 "renyi_log_moments_parallel", "has_positive_below_parallel"}
     assert set(names[:len(parallel)]) == parallel
+
+
+@pytest.mark.parametrize("arguments", [["--rows", "x"], ["--rows", "0,999"], ["--rows", "-1"], ["--processes", "0"],
+                                       ["--processes", "two"]])
+def test_bad_arguments_exit_2_with_one_line_naming_the_value(monkeypatch, capsys, arguments):
+    import sys
+
+    from dpledger.mechanisms import warmup
+
+    monkeypatch.setattr(sys, "argv", ["warmup", *arguments])
+    with pytest.raises(SystemExit) as stopped:
+        warmup.main()
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("warmup: error: argument ") and arguments[1].split(",")[-1] in error
