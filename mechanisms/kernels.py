@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 
 from dpledger.accounting.rounding import ROUNDING_ULPS, UNIT_ROUNDOFF
 from dpledger.accounting.lazy_import import lazy_module
+from dpledger.mechanisms.device_kernels import ball_mixing_weights_device, device_solver_enabled, log_moments
 
 if TYPE_CHECKING:
     import torch
@@ -179,13 +180,10 @@ def renyi_divergence_orders_torch(log_p: torch.Tensor, log_q: torch.Tensor, orde
     base = torch.where(q_zero & ~p_zero, 0.0, log_q)
     magnitude = (torch.where(p_zero, 0.0, log_p.abs()).amax(dim=-1)
                  + torch.where(q_zero, 0.0, log_q.abs()).amax(dim=-1) + 2.0)
-    columns = []
-    for order in orders:
-        value = torch.logsumexp(base + order * ratio, dim=-1)
-        slack = (ROUNDING_ULPS * _SLACK_PER_ULP * ((order + 1.0) * magnitude + math.log2(log_p.shape[-1]) + 2.0
-                                                   + value.abs()) + (log_p.shape[-1] + 2.0) * UNIT_ROUNDOFF)
-        columns.append(value + slack)
-    moments = torch.stack(columns, dim=-1).clamp_min(0.0)
+    values = log_moments(base, ratio, orders)   # one Triton kernel on a CUDA device, else one logsumexp per order
+    slack = (ROUNDING_ULPS * _SLACK_PER_ULP * ((orders + 1.0) * magnitude.unsqueeze(-1) + math.log2(log_p.shape[-1])
+                                              + 2.0 + values.abs()) + (log_p.shape[-1] + 2.0) * UNIT_ROUNDOFF)
+    moments = (values + slack).clamp_min(0.0)
     moments = torch.where((log_p == log_q).all(dim=-1, keepdim=True), 0.0, moments)
     moments = torch.where((~p_zero & q_zero).any(dim=-1, keepdim=True), torch.inf, moments)
     if bool(torch.isnan(moments).any()):
@@ -312,6 +310,9 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
         ValueError: if an input distribution holds NaN (CPU tensors).
     """
     if teachers.device.type != "cpu":
+        if device_solver_enabled(teachers.device, len(orders)):   # one Triton launch
+            return ball_mixing_weights_device(teachers, public, orders, radii, _SLACK_ULPS, max_radius,
+                                              relative_tolerance=relative_tolerance)
         return ball_mixing_weights_torch(teachers, public, orders, radii, max_radius, relative_tolerance=relative_tolerance)
     from dpledger.mechanisms.fused import solve_mixing_weights
 
@@ -443,6 +444,13 @@ def sums_without_each(values: torch.Tensor) -> torch.Tensor:
     Returns:
         Tensor of the same shape and dtype: entry i holds the sum over the other N - 1 rows.
     """
+    if values.device.type != "cpu":   # a row at a time would be 2N launches on a GPU
+        return sums_without_each_by_scans(values)
+    return _sums_without_each_by_rows(values)
+
+
+def _sums_without_each_by_rows(values: torch.Tensor) -> torch.Tensor:
+    """sums_without_each a row at a time (the CPU's form; benchmarks/bench_gpu.py times it on a GPU)."""
     # running sums in place, one row at a time: the same additions in the same order as exclusive
     # cumsums from each end (bitwise the same result), without their flipped and concatenated copies
     out = torch.empty_like(values)
@@ -455,6 +463,24 @@ def sums_without_each(values: torch.Tensor) -> torch.Tensor:
         out[..., i, :] += running
         running += values[..., i, :]
     return out
+
+
+def sums_without_each_by_scans(values: torch.Tensor) -> torch.Tensor:
+    """sums_without_each by two exclusive scans (torch.cumsum from each end) and one addition: a few
+    launches on a GPU where the row-at-a-time form takes 2N. The device orders a scan's additions as it
+    likes, but a sum of N non-negative terms is within N ulps relative in any order (Higham 2002,
+    Section 4.2), so the bound of sums_without_each holds; the bits may differ from it.
+
+    Args:
+        values: non-negative values, shape (..., N, V) (N along axis -2).
+
+    Returns:
+        Tensor of the same shape and dtype: entry i holds the sum over the other N - 1 rows.
+    """
+    edge = torch.zeros_like(values[..., :1, :])
+    before = torch.cat([edge, torch.cumsum(values[..., :-1, :], dim=-2)], dim=-2)
+    after = torch.cat([torch.cumsum(values[..., 1:, :].flip(-2), dim=-2).flip(-2), edge], dim=-2)
+    return before + after
 
 
 _SCALE_BELOW = 2.0 ** -900

@@ -389,7 +389,7 @@ class PMixED(AccountableMechanism):
         if self.ball is Ball.PROJECTION_ORDER:
             return mixing_weights(teachers, public, self.alpha, self.radius, solver_version=solver_version)
         if self.beta == 0.0:  # radius 0: only the public model itself is in the ball
-            return torch.zeros(teachers.shape[:-1], dtype=torch.float64)
+            return torch.zeros(teachers.shape[:-1], dtype=torch.float64, device=teachers.device)
         return ball_mixing_weights(teachers, public, *self.ball_constraints, solver_version=solver_version)
 
     def step(self, teachers: npt.ArrayLike | torch.Tensor, public: npt.ArrayLike | torch.Tensor,

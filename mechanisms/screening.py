@@ -140,8 +140,12 @@ class NoisyScreening(AccountableMechanism):
                 f"teachers must hold N={self.teachers} distributions on axis -2, got shape {tuple(ensemble.shape)}")
         require(reference.shape[-1] == ensemble.shape[-1] and tuple(reference.shape[:-1]) == tuple(ensemble.shape[:-2]),
                 f"public shape {tuple(reference.shape)} does not match teachers {tuple(ensemble.shape)}")
+        # the top-k on the CPU (a GPU's topk may break ties otherwise, and the replay runs on the CPU), the
+        # teachers' columns gathered where they are: only (..., N, k) values cross to the CPU, not (..., N, V)
+        reference = reference.cpu()
         top = self.top_indices(reference)
-        teacher_top = torch.gather(ensemble, -1, top.unsqueeze(-2).expand(*ensemble.shape[:-1], top.shape[-1]))
+        teacher_top = torch.gather(ensemble, -1, top.to(ensemble.device).unsqueeze(-2).expand(
+            *ensemble.shape[:-1], top.shape[-1])).cpu()
         public_top = torch.gather(reference, -1, top)
         mean = self.lam * teacher_top.mean(dim=-2) + (1.0 - self.lam) * public_top
         noise = self.sigma * standard_normal(mean.shape, generator)

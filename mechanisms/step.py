@@ -343,8 +343,7 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
     if screening:
         if generator is None:
             raise ValueError("screening draws Gaussian noise: pass a torch.Generator")
-        statistic = screen.statistics(ensemble.cpu() if ensemble.device.type != "cpu" else ensemble,
-                                      reference.cpu(), generator)
+        statistic = screen.statistics(ensemble, reference, generator)   # gathers the top-k columns on the device
         passed = statistic <= screen.threshold
     else:
         statistic, passed = None, torch.ones(batch, dtype=torch.bool)

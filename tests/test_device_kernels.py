@@ -1,0 +1,150 @@
+"""The GPU path's kernels (dpledger.mechanisms.device_kernels): the two exclusive scans that replace the
+row-at-a-time leave-one-out sums on a device, the dispatch switches, and, where Triton is installed, both
+Triton kernels run in Triton's interpreter on the CPU (TRITON_INTERPRET=1, in a child process, since
+Triton reads it at import): Eq. 3's moments against torch's loop of logsumexps, and the one-launch
+solver against the torch Illinois solver, its lambdas checked inside the ball by an mpmath oracle.
+CI installs no Triton (a 640 MB wheel), so there the interpreter tests skip; benchmarks/bench_gpu.py
+checks both kernels on a CUDA device against the same torch forms."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpledger.mechanisms.device_kernels import (_MAX_DEVICE_CONSTRAINTS, ball_mixing_weights_device,
+                                                device_solver_enabled, log_moments, triton_moments_enabled)
+from dpledger.mechanisms.kernels import sums_without_each, sums_without_each_by_scans
+from tests.oracles.renyi import symmetric_renyi_divergence
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_scans_sum_the_other_rows_within_n_ulps_without_subtracting(seed):
+    rng = np.random.default_rng(seed)
+    teachers, vocab = int(rng.integers(1, 9)), int(rng.integers(1, 40))
+    values = torch.from_numpy(rng.dirichlet(np.full(vocab, 0.3), size=(2, teachers)))
+    scans, rows = sums_without_each_by_scans(values), sums_without_each(values)
+    exact = values.sum(dim=-2, keepdim=True) - values      # close enough for a reference at these sizes
+    tolerance = (teachers + 1) * 2.0 ** -53 * values.sum(dim=-2, keepdim=True)
+    assert torch.all((scans - rows).abs() <= 2 * tolerance)
+    assert torch.all((scans - exact).abs() <= 2 * tolerance + 1e-300)
+
+
+def test_the_scans_keep_a_tiny_teacher_that_a_subtraction_would_lose():
+    values = torch.tensor([[[0.5, 0.5], [1.0 - 1e-16, 6e-17]]], dtype=torch.float64)
+    scans = sums_without_each_by_scans(values)
+    assert scans[0, 0, 1] == 6e-17 and scans[0, 1, 1] == 0.5
+    assert torch.equal(sums_without_each_by_scans(values[:, :1]), torch.zeros_like(values[:, :1]))
+
+
+def test_log_moments_off_the_device_is_one_logsumexp_per_order():
+    rng = np.random.default_rng(3)
+    base = torch.from_numpy(rng.normal(size=(3, 50)))
+    ratio = torch.from_numpy(rng.normal(size=(3, 50)))
+    ratio[1] = -torch.inf
+    orders = torch.tensor([1.5, 2.0, 18.0])
+    expected = torch.stack([torch.logsumexp(base + order * ratio, dim=-1) for order in orders], dim=-1)
+    assert torch.equal(log_moments(base, ratio, orders), expected)
+
+
+def test_the_kernels_run_only_on_a_cuda_device_or_the_interpreter_and_can_be_switched_off(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not triton_moments_enabled(torch.device("cpu"))
+    monkeypatch.setenv("DPLEDGER_TRITON", "0")
+    assert not triton_moments_enabled(torch.device("cuda"))
+    assert not device_solver_enabled(torch.device("cuda"), 1)
+    monkeypatch.setenv("DPLEDGER_TRITON", "1")
+    assert not device_solver_enabled(torch.device("cuda"), _MAX_DEVICE_CONSTRAINTS + 1)
+    assert not device_solver_enabled(torch.device("cuda"), 0)
+
+
+@pytest.mark.parametrize("orders, radii", [((), ()), (tuple(range(2, 12)), tuple(range(2, 12))), ((2.0,), (1.0, 2.0))])
+def test_the_device_solver_refuses_a_ball_it_does_not_take_in_one_line(orders, radii):
+    teachers = torch.full((2, 4), 0.25, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"the device solver takes 1 to 8 ball orders with one radius each, got"):
+        ball_mixing_weights_device(teachers, teachers[0], orders, radii, 1e-15)
+
+
+_INTERPRETED = r"""
+import json, sys
+import numpy as np, torch
+from dpledger.mechanisms import device_kernels
+from dpledger.mechanisms.kernels import _SLACK_ULPS, ball_mixing_weights, ball_mixing_weights_torch
+
+report = {"enabled": device_kernels.triton_moments_enabled(torch.device("cpu"))}
+rng = np.random.default_rng(int(sys.argv[1]))
+rows, vocab = 5, int(rng.integers(300, 700))
+base = torch.from_numpy(rng.normal(scale=4.0, size=(rows, vocab)))
+ratio = torch.from_numpy(rng.normal(scale=2.0, size=(rows, vocab)))
+ratio[0, rng.integers(vocab, size=9)] = -torch.inf          # P_j = 0 at some tokens
+ratio[1] = -torch.inf                                      # P = 0 throughout: logsumexp -inf
+orders = torch.tensor(np.unique(np.round(rng.uniform(1.01, 300.0, size=11), 2)))
+kernel = device_kernels.log_moments(base, ratio, orders)
+loop = torch.stack([torch.logsumexp(base + order * ratio, dim=-1) for order in orders], dim=-1)
+finite = torch.isfinite(loop)
+report["moments_same_infinities"] = bool(torch.equal(torch.isfinite(kernel), finite) and torch.all(kernel[~finite] == loop[~finite]))
+report["moments_max_relative_gap"] = float(((kernel - loop).abs() / loop.abs().clamp_min(1.0))[finite].max())
+
+teachers_per_step, steps = 4, 2
+public = torch.softmax(torch.from_numpy(rng.normal(scale=4.5, size=(steps, vocab))), -1)
+teachers = torch.softmax(torch.log(public)[:, None] + torch.from_numpy(rng.normal(size=(steps, teachers_per_step, vocab))), -1)
+teachers[0, 0, :7] = 0.0
+teachers[0, 0] /= teachers[0, 0].sum()
+balls = [((18.0,), (0.2 * 18.0,), None), ((35.0, 36.0), (0.1 * 35.0, 0.1 * 36.0), None),
+         ((2.0, 5.0), (0.02, 0.1), 0.4), ((4.0,), (float(rng.uniform(0.001, 0.05)),), None)]
+report["solver"] = []
+for ball_orders, radii, max_radius in balls:
+    device = device_kernels.ball_mixing_weights_device(teachers, public, ball_orders, radii, _SLACK_ULPS, max_radius)
+    straightforward = ball_mixing_weights_torch(teachers, public, ball_orders, radii, max_radius)
+    report["solver"].append({"orders": ball_orders, "radii": radii, "max_radius": max_radius,
+                             "lambdas": device.tolist(), "max_gap_to_torch": float((device - straightforward).abs().max()),
+                             "cpu_fused_lambdas": ball_mixing_weights(teachers, public, ball_orders, radii, max_radius).tolist()})
+report["public"], report["teachers"] = public.tolist(), teachers.tolist()
+print(json.dumps(report))
+"""
+
+
+def _interpreted(seed: int) -> dict:
+    triton_spec = importlib.util.find_spec("triton")
+    if triton_spec is None or triton_spec.origin is None:
+        pytest.skip("Triton is not installed here (CI has none); benchmarks/bench_gpu.py checks the kernels on a GPU")
+    site = str(Path(triton_spec.origin).parents[1])
+    env = {**os.environ, "TRITON_INTERPRET": "1", "DPLEDGER_TRITON": "1",
+           "PYTHONPATH": os.pathsep.join([site, str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED, str(seed)], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_both_triton_kernels_in_the_interpreter_match_the_torch_forms_and_stay_in_the_ball(seed):
+    report = _interpreted(seed)
+    assert report["enabled"]
+    assert report["moments_same_infinities"]
+    # the same logsumexp in another order of addition: far inside the allowance's (V + 2) u
+    assert report["moments_max_relative_gap"] <= 1e-13
+    public, teachers = np.asarray(report["public"]), np.asarray(report["teachers"])
+    for ball in report["solver"]:
+        lambdas = np.asarray(ball["lambdas"])
+        assert ball["max_gap_to_torch"] <= 1e-12
+        # the CPU's Newton solver finds the same boundary (to its tolerance); neither may leave the ball
+        np.testing.assert_allclose(lambdas, np.asarray(ball["cpu_fused_lambdas"]), atol=1e-8)
+        for step in range(lambdas.shape[0]):
+            for teacher in range(lambdas.shape[1]):
+                lam = lambdas[step, teacher]
+                assert 0.0 <= lam <= 1.0
+                mixed = lam * teachers[step, teacher] + (1.0 - lam) * public[step]
+                for order, radius in zip(ball["orders"], ball["radii"]):
+                    assert float(symmetric_renyi_divergence(mixed, public[step], order)) <= radius
+                if ball["max_radius"] is not None:
+                    support = (mixed > 0) & (public[step] > 0)
+                    assert np.abs(np.log(mixed[support]) - np.log(public[step][support])).max() <= ball["max_radius"]
