@@ -412,25 +412,6 @@ def audit_section(steps: int = 4, pairs: int = 3) -> dict:
             "check_seconds_per_step": dict(sorted(checks.items(), key=lambda item: -item[1]))}
 
 
-def gpu_section() -> dict:
-    if not torch.cuda.is_available():
-        return {"device": None, "note": "no CUDA device on this machine"}
-    from dpledger.accounting.orders import DEFAULT_ORDERS
-    from dpledger.mechanisms.adapmixed import AdaPMixED
-
-    probs, public = synthetic_ensemble(50257, 100)
-    teachers = torch.from_numpy(probs).cuda()
-    public_t = torch.from_numpy(public).cuda()
-    ada = AdaPMixED.paper_defaults(100)
-    generator = torch.Generator().manual_seed(0)
-
-    def step():
-        ada.step(teachers, public_t, generator, DEFAULT_ORDERS)
-        torch.cuda.synchronize()
-
-    return {"device": torch.cuda.get_device_name(0), "seconds_adapmixed_step": round(median_seconds(step, 5), 5)}
-
-
 def _range(figure: dict, unit: float = 1.0, digits: int = 4) -> str:
     return (f"{figure['median'] * unit:.{digits}f} ({figure['min'] * unit:.{digits}f} to "
             f"{figure['max'] * unit:.{digits}f})")
@@ -548,7 +529,6 @@ def main() -> None:
         results["steps"][name] = section(reference, vocab, teachers, pairs, steps)
     results["sub_grid"] = sub_grid_section(50257, 100)
     results["accountant"] = accountant_section()
-    results["gpu"] = gpu_section()
     if not args.quick:
         results["ablation"] = {"threads_1": ablation_section(steps=4, threads=1),
                                "threads_2": ablation_in_process(steps=4, threads=2)}
