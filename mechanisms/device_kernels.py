@@ -44,10 +44,10 @@ _SOLVER_WARPS = 8
 
 
 def triton_moments_enabled(device: torch.device) -> bool:
-    """Whether log_moments runs the Triton kernel for tensors on `device`: a CUDA device, Triton
-    importable, and DPLEDGER_TRITON not set to 0 (benchmarks/bench_gpu.py sets it to time the torch loop
-    beside the kernel). TRITON_INTERPRET=1 runs the kernel on the CPU in Triton's interpreter
-    (the tests' way to check it without a GPU).
+    """Whether log_moments runs the Triton kernel for tensors on `device`: a CUDA device (not ROCm's,
+    which torch names "cuda" too), Triton importable, and DPLEDGER_TRITON not set to 0
+    (benchmarks/bench_gpu.py sets it to time the torch loop beside the kernel). TRITON_INTERPRET=1 runs
+    the kernel on the CPU in Triton's interpreter (the tests' way to check it without a GPU).
 
     Args:
         device: where the tensors are.
@@ -57,7 +57,10 @@ def triton_moments_enabled(device: torch.device) -> bool:
     """
     if os.environ.get("DPLEDGER_TRITON", "1") == "0":
         return False
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return _triton_kernels() is not None
+    # ROCm's torch calls its devices "cuda" too; the rounding argument above is CUDA's math library's
+    if device.type != "cuda" or torch.version.hip is not None:
         return False
     return _triton_kernels() is not None
 
@@ -79,7 +82,8 @@ def log_moments(base: torch.Tensor, ratio: torch.Tensor, orders: torch.Tensor) -
 
     Args:
         base: float64 tensor (..., V), finite.
-        ratio: float64 tensor (..., V) of the same shape, finite or -inf.
+        ratio: float64 tensor (..., V) of the same shape, finite or +-inf (+inf where P_j > 0 = Q_j: the
+            row's value is +inf, which the caller replaces by its own special case).
         orders: float64 tensor (K,) of orders on the same device.
 
     Returns:
@@ -133,12 +137,16 @@ def ball_mixing_weights_device(teachers: torch.Tensor, public: torch.Tensor, ord
     renyi_divergence_orders_torch, and D<->_inf's), where the torch form launches some sixty kernels
     per evaluation and synchronises at every iteration. The returned lambda is the feasible end of the
     bracket, as evaluated with that allowance: the mixed teacher is inside the ball (radii aimed
-    1e-12 inside, as the torch form). The lambdas may differ from the torch form's in their last bits.
+    1e-12 inside, as the torch form). The kernel forms lam p + (1 - lam) q as the compiler likes (a
+    fused multiply-add may save a rounding), so its mixed teacher may differ from mixed_teachers' by an
+    ulp per token; the 1e-12 aim and the allowance cover that, as they cover a renormalised row. The
+    lambdas may differ from the torch form's in their last bits.
 
     Args:
         teachers: the teachers' probabilities, float64 (..., N, V) on a CUDA device (or the CPU under
             TRITON_INTERPRET=1), finite and non-negative.
-        public: the public model's probabilities, float64 (..., V) on the same device.
+        public: the public model's probabilities, float64 (..., V) on the same device, broadcastable to
+            the teachers' steps (one law may serve a batch, as in the torch solver).
         orders: the constrained orders k > 1 (1 to _MAX_DEVICE_CONSTRAINTS of them).
         radii: the radius in nats at each order, > 0.
         slack_ulps: the allowance per unit of magnitude (dpledger.mechanisms.kernels' _SLACK_ULPS).
@@ -150,15 +158,33 @@ def ball_mixing_weights_device(teachers: torch.Tensor, public: torch.Tensor, ord
         float64 tensor (..., N) on the inputs' device: each teacher's lambda in [0, 1].
 
     Raises:
-        ValueError: if an input holds NaN or inf, or the ball has no order or more than _MAX_DEVICE_CONSTRAINTS.
+        ValueError: if an input holds NaN, inf or a negative value, the shapes or devices do not match, an
+            order is not > 1, a radius not > 0, or the ball has no order or more than _MAX_DEVICE_CONSTRAINTS.
     """
     require(1 <= len(orders) <= _MAX_DEVICE_CONSTRAINTS and len(radii) == len(orders),
             f"the device solver takes 1 to {_MAX_DEVICE_CONSTRAINTS} ball orders with one radius each, "
             f"got {len(orders)} orders and {len(radii)} radii")
-    teachers, public = teachers.double(), public.double()
+    for order, radius in zip(orders, radii):
+        require(math.isfinite(float(order)) and float(order) > 1.0, f"ball orders must be finite and > 1, got {order}")
+        require(math.isfinite(float(radius)) and float(radius) > 0.0, f"ball radii must be finite and > 0, got {radius}")
+    require(max_radius is None or (math.isfinite(float(max_radius)) and float(max_radius) > 0.0),
+            f"max_radius must be None or finite and > 0, got {max_radius}")
+    require(public.device == teachers.device,
+            f"public must be on the teachers' device {teachers.device}, got {public.device}")
+    require(teachers.ndim >= 2 and public.ndim >= 1 and public.shape[-1] == teachers.shape[-1],
+            f"teachers (..., N, V) and public (..., V) must share V, got shapes {tuple(teachers.shape)} "
+            f"and {tuple(public.shape)}")
+    vocab = teachers.shape[-1]
+    try:   # one public law per step, broadcast as the torch solver broadcasts it (one law may serve a batch)
+        public = public.double().expand(*teachers.shape[:-2], vocab)
+    except RuntimeError:
+        raise ValueError(f"public of shape {tuple(public.shape)} does not broadcast to the teachers' steps "
+                         f"{tuple(teachers.shape[:-2])}") from None
+    teachers = teachers.double()
     require(bool(torch.isfinite(teachers).all()) and bool(torch.isfinite(public).all()),
             "mixing weights: an input distribution holds NaN or inf")
-    vocab = teachers.shape[-1]
+    require(bool((teachers >= 0).all()) and bool((public >= 0).all()),
+            "mixing weights: an input distribution holds a negative probability")
     radii_aimed = [float(r) * (1.0 - 1e-12) for r in radii]
     limit = None if max_radius is None else float(max_radius) * (1.0 - 1e-12)
     smallest = min(radii_aimed + ([limit] if limit is not None else []))
@@ -170,7 +196,8 @@ def ball_mixing_weights_device(teachers: torch.Tensor, public: torch.Tensor, ord
     orders_t = torch.tensor([float(o) for o in orders], dtype=torch.float64, device=teachers.device)
     radii_t = torch.tensor(radii_aimed, dtype=torch.float64, device=teachers.device)
     scalars = torch.tensor([0.0 if limit is None else limit, smallest, relative_tolerance * max(smallest, 1e-300),
-                            slack_ulps, ROUNDING_ULPS, math.log2(vocab) + 2.0, (vocab + 2.0) * UNIT_ROUNDOFF, 1.0],
+                            slack_ulps, ROUNDING_ULPS, math.log2(vocab) + 2.0, (vocab + 2.0) * UNIT_ROUNDOFF, 1.0,
+                            1e-12],
                            dtype=torch.float64, device=teachers.device)
     arguments = (flat_teachers, flat_public, orders_t, radii_t, scalars, out, teachers.shape[-2], len(orders),
                  int(limit is not None), max_iterations)

@@ -14,7 +14,7 @@ def log_moments_kernel(base_ptr, ratio_ptr, orders_ptr, out_ptr, orders_count,
 
     Args:
         base_ptr: float64 (rows, vocab), finite.
-        ratio_ptr: float64 (rows, vocab), finite or -inf.
+        ratio_ptr: float64 (rows, vocab), finite or +-inf (+inf: the row's value is +inf).
         orders_ptr: float64 (orders_count,).
         out_ptr: float64 (rows, orders_count), written.
         orders_count: the number of orders.
@@ -48,7 +48,9 @@ def log_moments_kernel(base_ptr, ratio_ptr, orders_ptr, out_ptr, orders_count,
         b = tl.load(base_ptr + start_of_row + js, mask=in_row, other=0.0)[None, :]
         r = tl.load(ratio_ptr + start_of_row + js, mask=in_row, other=float("-inf"))[None, :]
         total += tl.exp(b + order * r - shift[:, None])
-    tl.store(out_ptr + row.to(tl.int64) * orders_count + ks, shift + tl.log(tl.sum(total, axis=1)), mask=in_grid)
+    # a +inf exponent (P_j > 0 = Q_j) makes the sum +inf, as torch's logsumexp (exp(inf - inf) would be NaN)
+    value = tl.where(peak == float("inf"), float("inf"), shift + tl.log(tl.sum(total, axis=1)))
+    tl.store(out_ptr + row.to(tl.int64) * orders_count + ks, value, mask=in_grid)
 
 
 @triton.jit
@@ -179,8 +181,9 @@ def solve_kernel(teachers_ptr, public_ptr, orders_ptr, radii_ptr, scalars_ptr, o
         public_ptr: float64 (steps, vocab).
         orders_ptr: float64 (constraint_count,), the ball's orders.
         radii_ptr: float64 (constraint_count,), the radii aimed at.
-        scalars_ptr: float64 (8,): D<->_inf's radius, the smallest radius, the stopping tolerance, the
-            two allowances per unit of magnitude, log2(vocab) + 2, (vocab + 2) u, and 1.
+        scalars_ptr: float64 (9,): D<->_inf's radius, the smallest radius, the stopping tolerance, the
+            two allowances per unit of magnitude, log2(vocab) + 2, (vocab + 2) u, 1, and the bracket width
+            at which the iteration stops (1e-12).
         out_ptr: float64 (steps * teachers_per_step,), written.
         teachers_per_step: N.
         constraint_count: the ball's number of orders.
@@ -202,6 +205,7 @@ def solve_kernel(teachers_ptr, public_ptr, orders_ptr, radii_ptr, scalars_ptr, o
     log2_vocab_plus_2 = tl.load(scalars_ptr + 5)
     sum_roundoff = tl.load(scalars_ptr + 6)
     one = tl.load(scalars_ptr + 7)
+    narrowest = tl.load(scalars_ptr + 8)   # the bracket width at which the iteration stops (1e-12)
     zero = one - one
     row = tl.program_id(0)
     p_row = teachers_ptr + row.to(tl.int64) * vocab
@@ -238,5 +242,5 @@ def solve_kernel(teachers_ptr, public_ptr, orders_ptr, radii_ptr, scalars_ptr, o
         weight_high = tl.where(infeasible, value, weight_high)
         side = tl.where(feasible, -one, tl.where(infeasible, one, side))
         iteration += 1
-        done = (true_low >= -tolerance) | (high - low <= 1e-12)
+        done = (true_low >= -tolerance) | (high - low <= narrowest)
     tl.store(out_ptr + row, tl.where(at_one <= 0.0, one, low))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,24 @@ def test_the_device_solver_refuses_a_ball_it_does_not_take_in_one_line(orders, r
         ball_mixing_weights_device(teachers, teachers[0], orders, radii, 1e-15)
 
 
+@pytest.mark.parametrize("change, message", [
+    (dict(orders=(1.0,)), "ball orders must be finite and > 1, got 1.0"),
+    (dict(radii=(float("nan"),)), "ball radii must be finite and > 0, got nan"),
+    (dict(radii=(0.0,)), "ball radii must be finite and > 0, got 0.0"),
+    (dict(max_radius=-1.0), "max_radius must be None or finite and > 0, got -1.0"),
+    (dict(public=torch.full((3, 4), 0.25, dtype=torch.float64)), "does not broadcast to the teachers' steps (2,)"),
+    (dict(public=torch.full((5,), 0.2, dtype=torch.float64)), "must share V, got shapes (2, 3, 4) and (5,)"),
+    (dict(teachers=torch.full((2, 3, 4), -0.25, dtype=torch.float64)), "holds a negative probability"),
+])
+def test_the_device_solver_names_a_bad_argument_in_one_line(change, message):
+    arguments = dict(teachers=torch.full((2, 3, 4), 0.25, dtype=torch.float64),
+                     public=torch.full((2, 4), 0.25, dtype=torch.float64), orders=(2.0,), radii=(0.5,), max_radius=None)
+    arguments.update(change)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ball_mixing_weights_device(arguments["teachers"], arguments["public"], arguments["orders"], arguments["radii"],
+                                   1e-15, arguments["max_radius"])
+
+
 _INTERPRETED = r"""
 import json, sys
 import numpy as np, torch
@@ -86,6 +105,7 @@ base = torch.from_numpy(rng.normal(scale=4.0, size=(rows, vocab)))
 ratio = torch.from_numpy(rng.normal(scale=2.0, size=(rows, vocab)))
 ratio[0, rng.integers(vocab, size=9)] = -torch.inf          # P_j = 0 at some tokens
 ratio[1] = -torch.inf                                      # P = 0 throughout: logsumexp -inf
+ratio[2, 5] = torch.inf                                    # P_j > 0 = Q_j: +inf, as torch's logsumexp
 orders = torch.tensor(np.unique(np.round(rng.uniform(1.01, 300.0, size=11), 2)))
 kernel = device_kernels.log_moments(base, ratio, orders)
 loop = torch.stack([torch.logsumexp(base + order * ratio, dim=-1) for order in orders], dim=-1)
@@ -99,7 +119,8 @@ teachers = torch.softmax(torch.log(public)[:, None] + torch.from_numpy(rng.norma
 teachers[0, 0, :7] = 0.0
 teachers[0, 0] /= teachers[0, 0].sum()
 balls = [((18.0,), (0.2 * 18.0,), None), ((35.0, 36.0), (0.1 * 35.0, 0.1 * 36.0), None),
-         ((2.0, 5.0), (0.02, 0.1), 0.4), ((4.0,), (float(rng.uniform(0.001, 0.05)),), None)]
+         ((2.0, 5.0), (0.02, 0.1), 0.4), ((4.0,), (float(rng.uniform(0.001, 0.05)),), None),
+         ((2.0,), (1.0,), 0.05)]                           # D<->_inf binding
 report["solver"] = []
 for ball_orders, radii, max_radius in balls:
     device = device_kernels.ball_mixing_weights_device(teachers, public, ball_orders, radii, _SLACK_ULPS, max_radius)
@@ -108,6 +129,15 @@ for ball_orders, radii, max_radius in balls:
                              "lambdas": device.tolist(), "max_gap_to_torch": float((device - straightforward).abs().max()),
                              "cpu_fused_lambdas": ball_mixing_weights(teachers, public, ball_orders, radii, max_radius).tolist()})
 report["public"], report["teachers"] = public.tolist(), teachers.tolist()
+# one public law for every step, as the torch solver takes it
+shared = device_kernels.ball_mixing_weights_device(teachers, public[0], (18.0,), (3.6,), _SLACK_ULPS)
+report["broadcast_gap"] = float((shared - device_kernels.ball_mixing_weights_device(
+    teachers, public[:1].expand(steps, vocab), (18.0,), (3.6,), _SLACK_ULPS)).abs().max())
+# a teacher with no mass where the public model has half of it: D<->_inf binds through the reverse ratio
+small_public = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+small_teacher = torch.tensor([[0.0, 0.5, 0.5]], dtype=torch.float64)
+report["hand_case"] = device_kernels.ball_mixing_weights_device(small_teacher, small_public, (2.0,), (10.0,), _SLACK_ULPS,
+                                                               0.3).tolist()
 print(json.dumps(report))
 """
 
@@ -133,9 +163,15 @@ def test_both_triton_kernels_in_the_interpreter_match_the_torch_forms_and_stay_i
     # the same logsumexp in another order of addition: far inside the allowance's (V + 2) u
     assert report["moments_max_relative_gap"] <= 1e-13
     public, teachers = np.asarray(report["public"]), np.asarray(report["teachers"])
+    assert report["broadcast_gap"] == 0.0
+    hand = report["hand_case"][0]
+    hand_mixed = hand * np.array([0.0, 0.5, 0.5]) + (1.0 - hand) * np.array([0.5, 0.25, 0.25])
+    assert np.abs(np.log(hand_mixed) - np.log([0.5, 0.25, 0.25])).max() <= 0.3 < 0.3 + 1e-9 and hand > 0.25
     for ball in report["solver"]:
         lambdas = np.asarray(ball["lambdas"])
-        assert ball["max_gap_to_torch"] <= 1e-12
+        # the same iteration on the same evaluations (the torch solver's logsumexps run through the same
+        # interpreter); only the logs differ (numpy's in the interpreter, torch's there), by an ulp at times
+        assert ball["max_gap_to_torch"] <= 1e-13
         # the CPU's Newton solver finds the same boundary (to its tolerance); neither may leave the ball
         np.testing.assert_allclose(lambdas, np.asarray(ball["cpu_fused_lambdas"]), atol=1e-8)
         for step in range(lambdas.shape[0]):
@@ -146,5 +182,6 @@ def test_both_triton_kernels_in_the_interpreter_match_the_torch_forms_and_stay_i
                 for order, radius in zip(ball["orders"], ball["radii"]):
                     assert float(symmetric_renyi_divergence(mixed, public[step], order)) <= radius
                 if ball["max_radius"] is not None:
-                    support = (mixed > 0) & (public[step] > 0)
+                    assert np.array_equal(mixed > 0, public[step] > 0)   # else D<->_inf is infinite
+                    support = mixed > 0
                     assert np.abs(np.log(mixed[support]) - np.log(public[step][support])).max() <= ball["max_radius"]
