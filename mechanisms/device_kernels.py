@@ -150,7 +150,7 @@ def ball_mixing_weights_device(teachers: torch.Tensor, public: torch.Tensor, ord
         orders: the constrained orders k > 1 (1 to _MAX_DEVICE_CONSTRAINTS of them).
         radii: the radius in nats at each order, > 0.
         slack_ulps: the allowance per unit of magnitude (dpledger.mechanisms.kernels' _SLACK_ULPS).
-        max_radius: the radius of D<->_inf in nats, or None.
+        max_radius: the radius of D<->_inf in nats (> 0; inf: no bound), or None.
         max_iterations: the most Illinois steps per teacher.
         relative_tolerance: as ball_mixing_weights_torch.
 
@@ -167,11 +167,14 @@ def ball_mixing_weights_device(teachers: torch.Tensor, public: torch.Tensor, ord
     for order, radius in zip(orders, radii):
         require(math.isfinite(float(order)) and float(order) > 1.0, f"ball orders must be finite and > 1, got {order}")
         require(math.isfinite(float(radius)) and float(radius) > 0.0, f"ball radii must be finite and > 0, got {radius}")
-    require(max_radius is None or (math.isfinite(float(max_radius)) and float(max_radius) > 0.0),
-            f"max_radius must be None or finite and > 0, got {max_radius}")
+    require(max_radius is None or float(max_radius) > 0.0, f"max_radius must be None or > 0, got {max_radius}")
+    if max_radius is not None and math.isinf(float(max_radius)):   # no bound on D<->_inf, as the CPU solver reads it
+        max_radius = None
     require(public.device == teachers.device,
             f"public must be on the teachers' device {teachers.device}, got {public.device}")
-    require(teachers.ndim >= 2 and public.ndim >= 1 and public.shape[-1] == teachers.shape[-1],
+    require(teachers.ndim >= 2 and teachers.shape[-1] >= 1,
+            f"teachers must have shape (..., N, V) with V >= 1, got {tuple(teachers.shape)}")
+    require(public.ndim >= 1 and public.shape[-1] == teachers.shape[-1],
             f"teachers (..., N, V) and public (..., V) must share V, got shapes {tuple(teachers.shape)} "
             f"and {tuple(public.shape)}")
     vocab = teachers.shape[-1]

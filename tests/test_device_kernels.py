@@ -67,6 +67,12 @@ def test_the_kernels_run_only_on_a_cuda_device_or_the_interpreter_and_can_be_swi
     assert not device_solver_enabled(torch.device("cuda"), 0)
 
 
+def test_rocm_devices_keep_the_torch_forms(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.version, "hip", "6.0")   # torch names ROCm devices "cuda" too
+    assert not triton_moments_enabled(torch.device("cuda"))
+
+
 @pytest.mark.parametrize("orders, radii", [((), ()), (tuple(range(2, 12)), tuple(range(2, 12))), ((2.0,), (1.0, 2.0))])
 def test_the_device_solver_refuses_a_ball_it_does_not_take_in_one_line(orders, radii):
     teachers = torch.full((2, 4), 0.25, dtype=torch.float64)
@@ -78,7 +84,11 @@ def test_the_device_solver_refuses_a_ball_it_does_not_take_in_one_line(orders, r
     (dict(orders=(1.0,)), "ball orders must be finite and > 1, got 1.0"),
     (dict(radii=(float("nan"),)), "ball radii must be finite and > 0, got nan"),
     (dict(radii=(0.0,)), "ball radii must be finite and > 0, got 0.0"),
-    (dict(max_radius=-1.0), "max_radius must be None or finite and > 0, got -1.0"),
+    (dict(max_radius=-1.0), "max_radius must be None or > 0, got -1.0"),
+    (dict(max_radius=float("nan")), "max_radius must be None or > 0, got nan"),
+    (dict(teachers=torch.full((4,), 0.25, dtype=torch.float64)), "teachers must have shape (..., N, V) with V >= 1"),
+    (dict(teachers=torch.zeros((2, 3, 0), dtype=torch.float64), public=torch.zeros((2, 0), dtype=torch.float64)),
+     "with V >= 1, got (2, 3, 0)"),
     (dict(public=torch.full((3, 4), 0.25, dtype=torch.float64)), "does not broadcast to the teachers' steps (2,)"),
     (dict(public=torch.full((5,), 0.2, dtype=torch.float64)), "must share V, got shapes (2, 3, 4) and (5,)"),
     (dict(teachers=torch.full((2, 3, 4), -0.25, dtype=torch.float64)), "holds a negative probability"),
@@ -129,6 +139,10 @@ for ball_orders, radii, max_radius in balls:
                              "lambdas": device.tolist(), "max_gap_to_torch": float((device - straightforward).abs().max()),
                              "cpu_fused_lambdas": ball_mixing_weights(teachers, public, ball_orders, radii, max_radius).tolist()})
 report["public"], report["teachers"] = public.tolist(), teachers.tolist()
+# an infinite D<->_inf radius bounds nothing, as the CPU solver reads it
+report["infinite_max_radius_gap"] = float((device_kernels.ball_mixing_weights_device(
+    teachers, public, (18.0,), (3.6,), _SLACK_ULPS, float("inf")) - device_kernels.ball_mixing_weights_device(
+    teachers, public, (18.0,), (3.6,), _SLACK_ULPS)).abs().max())
 # one public law for every step, as the torch solver takes it
 shared = device_kernels.ball_mixing_weights_device(teachers, public[0], (18.0,), (3.6,), _SLACK_ULPS)
 report["broadcast_gap"] = float((shared - device_kernels.ball_mixing_weights_device(
@@ -163,14 +177,19 @@ def test_both_triton_kernels_in_the_interpreter_match_the_torch_forms_and_stay_i
     # the same logsumexp in another order of addition: far inside the allowance's (V + 2) u
     assert report["moments_max_relative_gap"] <= 1e-13
     public, teachers = np.asarray(report["public"]), np.asarray(report["teachers"])
-    assert report["broadcast_gap"] == 0.0
+    assert report["broadcast_gap"] == 0.0 and report["infinite_max_radius_gap"] == 0.0
     hand = report["hand_case"][0]
     hand_mixed = hand * np.array([0.0, 0.5, 0.5]) + (1.0 - hand) * np.array([0.5, 0.25, 0.25])
-    assert np.abs(np.log(hand_mixed) - np.log([0.5, 0.25, 0.25])).max() <= 0.3 < 0.3 + 1e-9 and hand > 0.25
+    # inside D<->_inf's radius, and not far inside it: the boundary is at lambda = 1 - 2^-0.3... (0.2592)
+    assert np.abs(np.log(hand_mixed) - np.log([0.5, 0.25, 0.25])).max() <= 0.3
+    assert hand > 0.2591
     for ball in report["solver"]:
         lambdas = np.asarray(ball["lambdas"])
         # the same iteration on the same evaluations (the torch solver's logsumexps run through the same
-        # interpreter); only the logs differ (numpy's in the interpreter, torch's there), by an ulp at times
+        # interpreter); only the logs differ (numpy's in the interpreter, torch's there), by an ulp at times.
+        # Tighter than the solver's stopping rule on purpose: a change to the allowance, the aim or D<->_inf's
+        # allowance moves lambda by 1.2e-13 or more here (mutation runs), and the seeds' gaps are below 2.1e-14;
+        # a numpy or torch release with other logs may need it revisited, not the kernel
         assert ball["max_gap_to_torch"] <= 1e-13
         # the CPU's Newton solver finds the same boundary (to its tolerance); neither may leave the ball
         np.testing.assert_allclose(lambdas, np.asarray(ball["cpu_fused_lambdas"]), atol=1e-8)
