@@ -120,8 +120,6 @@ def excess_at(p_row, q_row, lam, order, radius, in_ball, max_radius, has_max, sl
     size_m = tl.zeros([block_tokens], tl.float64)
     size_q = tl.zeros([block_tokens], tl.float64)
     unequal = tl.zeros([block_tokens], tl.int32)
-    outside_q = tl.zeros([block_tokens], tl.int32)    # m_j > 0 = q_j: D(m || q) = inf
-    outside_m = tl.zeros([block_tokens], tl.int32)    # q_j > 0 = m_j: D(q || m) = inf
     ratio_top = tl.full([block_tokens], float("-inf"), tl.float64)
     for start in tl.range(0, vocab, block_tokens):
         js = start + tl.arange(0, block_tokens)
@@ -131,8 +129,6 @@ def excess_at(p_row, q_row, lam, order, radius, in_ball, max_radius, has_max, sl
         size_m = tl.maximum(size_m, tl.where(m_zero | ~in_row, 0.0, tl.abs(log_m)))
         size_q = tl.maximum(size_q, tl.where(q_zero | ~in_row, 0.0, tl.abs(log_q)))
         unequal = tl.maximum(unequal, tl.where(in_row & (log_m != log_q), 1, 0))
-        outside_q = tl.maximum(outside_q, tl.where(in_row & ~m_zero & q_zero, 1, 0))
-        outside_m = tl.maximum(outside_m, tl.where(in_row & ~q_zero & m_zero, 1, 0))
         ratio_top = tl.maximum(ratio_top, tl.where(in_row, tl.maximum(forward_ratio, reverse_ratio), float("-inf")))
         top_f = tl.maximum(top_f, tl.where(in_row[None, :], forward, float("-inf")))
         top_r = tl.maximum(top_r, tl.where(in_row[None, :], reverse, float("-inf")))
@@ -150,24 +146,29 @@ def excess_at(p_row, q_row, lam, order, radius, in_ball, max_radius, has_max, sl
         total_f += tl.where(in_row[None, :], tl.exp(forward - shift_f[:, None]), 0.0)
         total_r += tl.where(in_row[None, :], tl.exp(reverse - shift_r[:, None]), 0.0)
     magnitude = tl.max(size_m, axis=0) + tl.max(size_q, axis=0) + 2.0
-    value_f = shift_f + tl.log(tl.sum(total_f, axis=1))
-    value_r = shift_r + tl.log(tl.sum(total_r, axis=1))
+    # a +inf exponent (m_j > 0 = q_j forward, q_j > 0 = m_j reverse) is an infinite divergence, as in the torch
+    # form; exp(inf - inf) would make it NaN, which a maximum on the device drops
+    value_f = tl.where(peak_f == float("inf"), float("inf"), shift_f + tl.log(tl.sum(total_f, axis=1)))
+    value_r = tl.where(peak_r == float("inf"), float("inf"), shift_r + tl.log(tl.sum(total_r, axis=1)))
     order_k = tl.reshape(order, [block_constraints])
     moment_f = value_f + (slack_ulps * ((order_k + 1.0) * magnitude + log2_vocab_plus_2 + tl.abs(value_f))
                           + sum_roundoff)
     moment_r = value_r + (slack_ulps * ((order_k + 1.0) * magnitude + log2_vocab_plus_2 + tl.abs(value_r))
                           + sum_roundoff)
-    moment_f = tl.maximum(moment_f, 0.0)
-    moment_r = tl.maximum(moment_r, 0.0)
+    # every maximum keeps a NaN (the device's default drops it): a NaN excess is neither feasible nor
+    # infeasible, so the iteration never moves its feasible end off it
     equal = tl.max(unequal, axis=0) == 0
-    moment_f = tl.where(equal, 0.0, tl.where(tl.max(outside_q, axis=0) > 0, float("inf"), moment_f))
-    moment_r = tl.where(equal, 0.0, tl.where(tl.max(outside_m, axis=0) > 0, float("inf"), moment_r))
-    symmetric = tl.maximum(tl.maximum(moment_f / (order_k - 1.0), 0.0), tl.maximum(moment_r / (order_k - 1.0), 0.0))
-    worst = tl.max(tl.where(in_ball, symmetric - radius, float("-inf")), axis=0)
+    moment_f = tl.where(equal, 0.0, tl.maximum(moment_f, 0.0, propagate_nan=tl.PropagateNan.ALL))
+    moment_r = tl.where(equal, 0.0, tl.maximum(moment_r, 0.0, propagate_nan=tl.PropagateNan.ALL))
+    forward_d = tl.maximum(moment_f / (order_k - 1.0), 0.0, propagate_nan=tl.PropagateNan.ALL)
+    reverse_d = tl.maximum(moment_r / (order_k - 1.0), 0.0, propagate_nan=tl.PropagateNan.ALL)
+    symmetric = tl.maximum(forward_d, reverse_d, propagate_nan=tl.PropagateNan.ALL)
+    excess = tl.where(in_ball, symmetric - radius, float("-inf"))
+    worst = tl.where(tl.max(tl.where(excess != excess, 1, 0), axis=0) > 0, float("nan"), tl.max(excess, axis=0))
     # D<->_inf = max_j |log m_j - log q_j| over the supports, rounded up as max_divergence_symmetric
     largest = tl.maximum(tl.max(ratio_top, axis=0), 0.0)
     largest = tl.where(largest < float("inf"), largest + rounding_ulps * magnitude * 2.0, largest)
-    return tl.where(has_max != 0, tl.maximum(worst, largest - max_radius), worst)
+    return tl.where(has_max != 0, tl.maximum(worst, largest - max_radius, propagate_nan=tl.PropagateNan.ALL), worst)
 
 @triton.jit
 def solve_kernel(teachers_ptr, public_ptr, orders_ptr, radii_ptr, scalars_ptr, out_ptr, teachers_per_step,

@@ -152,21 +152,65 @@ small_public = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
 small_teacher = torch.tensor([[0.0, 0.5, 0.5]], dtype=torch.float64)
 report["hand_case"] = device_kernels.ball_mixing_weights_device(small_teacher, small_public, (2.0,), (10.0,), _SLACK_ULPS,
                                                                0.3).tolist()
+# the same teacher in a wide ball with no D<->_inf radius: at lambda = 1 D_2(p0 || m) is infinite (m_0 = 0 < p0_0),
+# which only the kernel's own infinity flag sees (a NaN there would be dropped by a maximum on a GPU)
+report["reverse_infinite_case"] = device_kernels.ball_mixing_weights_device(small_teacher, small_public, (2.0,), (10.0,),
+                                                                           _SLACK_ULPS).tolist()
 print(json.dumps(report))
 """
 
 
-def _interpreted(seed: int) -> dict:
+def _with_triton(script: str, *arguments: str, interpret: bool = True) -> str:
+    """`script` run in a child process that imports Triton (the interpreter's switch is read at import)."""
     triton_spec = importlib.util.find_spec("triton")
     if triton_spec is None or triton_spec.origin is None:
         pytest.skip("Triton is not installed here (CI has none); benchmarks/bench_gpu.py checks the kernels on a GPU")
     site = str(Path(triton_spec.origin).parents[1])
-    env = {**os.environ, "TRITON_INTERPRET": "1", "DPLEDGER_TRITON": "1",
+    env = {**os.environ, "DPLEDGER_TRITON": "1",
            "PYTHONPATH": os.pathsep.join([site, str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", _INTERPRETED, str(seed)], capture_output=True, text=True, env=env,
+    env.pop("TRITON_INTERPRET", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    done = subprocess.run([sys.executable, "-c", script, *arguments], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return done.stdout
+
+
+def _interpreted(seed: int) -> dict:
+    return json.loads(_with_triton(_INTERPRETED, str(seed)).strip().splitlines()[-1])
+
+
+_COMPILED = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from dpledger.mechanisms import device_kernels, triton_kernels
+
+hopper = GPUTarget("cuda", 90, 32)
+moments = {name: "*fp64" for name in ("base_ptr", "ratio_ptr", "orders_ptr", "out_ptr")}
+moments.update(orders_count="i32", vocab="constexpr", block_orders="constexpr", block_tokens="constexpr")
+solver = {name: "*fp64" for name in ("teachers_ptr", "public_ptr", "orders_ptr", "radii_ptr", "scalars_ptr", "out_ptr")}
+solver.update(teachers_per_step="i32", constraint_count="i32", has_max="i32", max_iterations="i32", vocab="constexpr",
+              block_constraints="constexpr", block_tokens="constexpr")
+for vocab in (50257, 7):
+    code = triton.compile(ASTSource(triton_kernels.log_moments_kernel, signature=moments, constexprs=dict(
+        vocab=vocab, block_orders=device_kernels._BLOCK_ORDERS, block_tokens=device_kernels._BLOCK_TOKENS)),
+        target=hopper).asm["ptx"]
+    assert "ex2.approx" not in code and "lg2.approx" not in code
+    for constraints in (1, 2, 8):
+        code = triton.compile(ASTSource(triton_kernels.solve_kernel, signature=solver, constexprs=dict(
+            vocab=vocab, block_constraints=constraints, block_tokens=device_kernels._SOLVER_BLOCK_TOKENS)),
+            target=hopper, options={"num_warps": device_kernels._SOLVER_WARPS}).asm["ptx"]
+        assert "ex2.approx" not in code and "lg2.approx" not in code
+print("compiled")
+"""
+
+
+def test_both_triton_kernels_compile_for_a_hopper_gpu_with_the_full_precision_exp_and_log():
+    """What the interpreter cannot see: the kernels as Triton compiles them for a GPU (here for an H100 or
+    H200, sm_90, without one), with the shipped block sizes, and no approximate exp2 or log2 in them."""
+    assert _with_triton(_COMPILED, interpret=False).strip().endswith("compiled")
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -183,6 +227,9 @@ def test_both_triton_kernels_in_the_interpreter_match_the_torch_forms_and_stay_i
     # inside D<->_inf's radius, and not far inside it: the boundary is at lambda = 1 - 2^-0.3... (0.2592)
     assert np.abs(np.log(hand_mixed) - np.log([0.5, 0.25, 0.25])).max() <= 0.3
     assert hand > 0.2591
+    wide = report["reverse_infinite_case"][0]
+    wide_mixed = wide * np.array([0.0, 0.5, 0.5]) + (1.0 - wide) * np.array([0.5, 0.25, 0.25])
+    assert wide < 1.0 and float(symmetric_renyi_divergence(wide_mixed, np.array([0.5, 0.25, 0.25]), 2.0)) <= 10.0
     for ball in report["solver"]:
         lambdas = np.asarray(ball["lambdas"])
         # the same iteration on the same evaluations (the torch solver's logsumexps run through the same
