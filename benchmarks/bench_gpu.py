@@ -36,7 +36,7 @@ import torch  # noqa: E402
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.bench_step import summary, synthetic_ensemble  # noqa: E402
+from benchmarks.bench_step import call_seconds, summary, synthetic_ensemble  # noqa: E402
 
 VOCAB, TEACHERS = 50257, 100
 
@@ -59,37 +59,34 @@ def finite_or_text(value):
 
 def synchronised_seconds(function, repeats: int, warm_up: int = 2) -> list[float]:
     """Wall seconds of `repeats` calls, each ended by torch.cuda.synchronize, after `warm_up` calls."""
-    for _ in range(warm_up):
-        function()
-    synchronise()
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        synchronise()
-        seconds.append(time.perf_counter() - started)
-    return seconds
+    return call_seconds(function, repeats, warm_up, after=synchronise)
 
 
 def with_triton(enabled: bool, function):
-    """`function` run with dpledger's Triton kernel on or off (DPLEDGER_TRITON)."""
+    """`function` run with dpledger's Triton kernels on or off (DPLEDGER_TRITON; off: the torch forms)."""
     def run():
+        before = os.environ.get("DPLEDGER_TRITON")
         os.environ["DPLEDGER_TRITON"] = "1" if enabled else "0"
         try:
             return function()
         finally:
-            os.environ["DPLEDGER_TRITON"] = "1"
+            if before is None:
+                del os.environ["DPLEDGER_TRITON"]
+            else:
+                os.environ["DPLEDGER_TRITON"] = before
     return run
 
 
 def paired(kernel, loop, pairs: int, repeats: int) -> dict:
-    """Interleaved pairs (loop, kernel), each sample the median of `repeats` synchronised calls."""
+    """Interleaved pairs (loop, kernel), each sample the median of `repeats` synchronised calls: `kernel`
+    with the Triton kernels, `loop` the same work with DPLEDGER_TRITON=0 (the torch forms: torch's loop of
+    logsumexps, and in a whole step the torch Illinois solver too)."""
     kernel_seconds, loop_seconds = [], []
     for _ in range(pairs):
         loop_seconds.append(statistics.median(synchronised_seconds(loop, repeats, warm_up=1)))
         kernel_seconds.append(statistics.median(synchronised_seconds(kernel, repeats, warm_up=1)))
     speedups = [slow / fast for slow, fast in zip(loop_seconds, kernel_seconds)]
-    return {"seconds_triton_kernel": summary(kernel_seconds, 6), "seconds_torch_loop": summary(loop_seconds, 6),
+    return {"seconds_triton_kernels": summary(kernel_seconds, 6), "seconds_torch_forms": summary(loop_seconds, 6),
             "speedup": {**summary(speedups, 3), "pairs": pairs}}
 
 
@@ -123,7 +120,7 @@ def step_section(ada, teachers, public, orders, pairs: int) -> dict:
 
     full = paired(with_triton(True, step()), with_triton(False, step()), pairs, repeats=10)
     remove_one = summary(synchronised_seconds(step("remove_one"), 10), 6)
-    return {"adapmixed_step_add_or_remove": full, "adapmixed_step_remove_one_only": {"seconds_triton_kernel": remove_one}}
+    return {"adapmixed_step_add_or_remove": full, "adapmixed_step_remove_one_only": {"seconds_triton_kernels": remove_one}}
 
 
 def phases_section(ada, teachers, public, orders) -> dict:
@@ -169,7 +166,7 @@ def kernel_section(ada, teachers, public, orders) -> dict:
     timing = paired(kernel, loop, pairs=5, repeats=5)
     exps = base.numel() * orders.size
     return {**timing, "max_abs_difference_from_loop": float(difference.max()),
-            "exps_per_second_triton": exps / timing["seconds_triton_kernel"]["median"],
+            "exps_per_second_triton": exps / timing["seconds_triton_kernels"]["median"],
             "note": "one direction of Eq. 3 (D(p || p_-i)) at every teacher and order: N x K x V exps"}
 
 

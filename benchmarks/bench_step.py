@@ -86,14 +86,24 @@ def timed_adapmixed_steps(vocab: int, teachers: int, steps: int) -> tuple:
     def step():
         return ada.step(t64, p64, generator, orders)
 
-    for _ in range(3):
-        step()
+    return step, call_seconds(step, steps, warm_up=3)
+
+
+def call_seconds(function, repeats: int, warm_up: int = 1, after=None) -> list[float]:
+    """Wall seconds of each of `repeats` calls of `function` after `warm_up` untimed ones; `after` (e.g.
+    torch.cuda.synchronize) runs once after the warm-up and inside each timed call's span."""
+    for _ in range(warm_up):
+        function()
+    if after is not None:
+        after()
     seconds = []
-    for _ in range(steps):
+    for _ in range(repeats):
         started = time.perf_counter()
-        step()
+        function()
+        if after is not None:
+            after()
         seconds.append(time.perf_counter() - started)
-    return step, seconds
+    return seconds
 
 
 def load() -> dict:
@@ -294,13 +304,7 @@ def run_epsilon_ratio(coarse: np.ndarray, exact: np.ndarray, orders: np.ndarray)
 
 
 def median_seconds(function, repeats: int) -> float:
-    function()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return statistics.median(call_seconds(function, repeats))
 
 
 def accountant_section(steps: int = 100_000) -> dict:
