@@ -19,6 +19,7 @@ Appendix "Mathematical Functions", double-precision table), inside the 2 ulps th
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -98,15 +99,17 @@ def log_moments(base: torch.Tensor, ratio: torch.Tensor, orders: torch.Tensor) -
     grid_orders = orders.contiguous()
     out = torch.empty((rows_base.shape[0], grid_orders.numel()), dtype=torch.float64, device=base.device)
     blocks = (grid_orders.numel() + _BLOCK_ORDERS - 1) // _BLOCK_ORDERS
-    launch = _triton_kernels().log_moments_kernel[(rows_base.shape[0], blocks)]
-    if base.device.type == "cuda":
-        with torch.cuda.device(base.device):   # Triton launches on the current device
-            launch(rows_base, rows_ratio, grid_orders, out, grid_orders.numel(),
-                   vocab=vocab, block_orders=_BLOCK_ORDERS, block_tokens=_BLOCK_TOKENS)
-    else:   # Triton's interpreter (TRITON_INTERPRET=1)
-        launch(rows_base, rows_ratio, grid_orders, out, grid_orders.numel(),
-               vocab=vocab, block_orders=_BLOCK_ORDERS, block_tokens=_BLOCK_TOKENS)
+    _launch(_triton_kernels().log_moments_kernel, (rows_base.shape[0], blocks), base.device,
+            rows_base, rows_ratio, grid_orders, out, grid_orders.numel(),
+            vocab=vocab, block_orders=_BLOCK_ORDERS, block_tokens=_BLOCK_TOKENS)
     return out.reshape(*base.shape[:-1], grid_orders.numel())
+
+
+def _launch(kernel: Any, grid: tuple[int, ...], device: torch.device, *arguments: Any, **options: Any) -> None:
+    """kernel[grid](*arguments, **options) on `device` (Triton launches on the current CUDA device; under
+    TRITON_INTERPRET=1 the CPU's tensors need no device)."""
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        kernel[grid](*arguments, **options)
 
 
 _MAX_DEVICE_CONSTRAINTS = 8
@@ -198,18 +201,13 @@ def ball_mixing_weights_device(teachers: torch.Tensor, public: torch.Tensor, ord
         return out.reshape(teachers.shape[:-1])
     orders_t = torch.tensor([float(o) for o in orders], dtype=torch.float64, device=teachers.device)
     radii_t = torch.tensor(radii_aimed, dtype=torch.float64, device=teachers.device)
-    scalars = torch.tensor([0.0 if limit is None else limit, smallest, relative_tolerance * max(smallest, 1e-300),
+    scalars = torch.tensor([0.0 if limit is None else limit, smallest, relative_tolerance * smallest,
                             slack_ulps, ROUNDING_ULPS, math.log2(vocab) + 2.0, (vocab + 2.0) * UNIT_ROUNDOFF, 1.0,
                             1e-12],
                            dtype=torch.float64, device=teachers.device)
     arguments = (flat_teachers, flat_public, orders_t, radii_t, scalars, out, teachers.shape[-2], len(orders),
                  int(limit is not None), max_iterations)
-    block_constraints = 1 << (len(orders) - 1).bit_length()
-    launch = _triton_kernels().solve_kernel[(flat_teachers.shape[0],)]
-    if teachers.device.type == "cuda":
-        with torch.cuda.device(teachers.device):
-            launch(*arguments, vocab=vocab, block_constraints=block_constraints, block_tokens=_SOLVER_BLOCK_TOKENS,
-                   num_warps=_SOLVER_WARPS)
-    else:   # Triton's interpreter (TRITON_INTERPRET=1)
-        launch(*arguments, vocab=vocab, block_constraints=block_constraints, block_tokens=_SOLVER_BLOCK_TOKENS)
+    _launch(_triton_kernels().solve_kernel, (flat_teachers.shape[0],), teachers.device, *arguments, vocab=vocab,
+            block_constraints=1 << (len(orders) - 1).bit_length(), block_tokens=_SOLVER_BLOCK_TOKENS,
+            num_warps=_SOLVER_WARPS)
     return out.reshape(teachers.shape[:-1])
