@@ -184,9 +184,13 @@ def renyi_divergence_orders_torch(log_p: torch.Tensor, log_q: torch.Tensor, orde
     slack = (ROUNDING_ULPS * _SLACK_PER_ULP * ((orders + 1.0) * magnitude.unsqueeze(-1) + math.log2(log_p.shape[-1])
                                               + 2.0 + values.abs()) + (log_p.shape[-1] + 2.0) * UNIT_ROUNDOFF)
     moments = (values + slack).clamp_min(0.0)
+    # a NaN or +inf log (a NaN or inf probability) must raise, as in the fused kernel, before the special
+    # cases below could turn its NaN into 0 or +inf
+    invalid = (torch.isnan(moments).any() | torch.isnan(log_p).any() | torch.isnan(log_q).any()
+               | torch.isposinf(log_p).any() | torch.isposinf(log_q).any())
     moments = torch.where((log_p == log_q).all(dim=-1, keepdim=True), 0.0, moments)
     moments = torch.where((~p_zero & q_zero).any(dim=-1, keepdim=True), torch.inf, moments)
-    if bool(torch.isnan(moments).any()):
+    if bool(invalid):
         raise ValueError("Renyi divergence is NaN: an input distribution holds NaN or inf")
     return (moments / (orders - 1.0)).clamp_min(0.0)
 

@@ -56,6 +56,28 @@ def test_log_moments_off_the_device_is_one_logsumexp_per_order():
     assert torch.equal(log_moments(base, ratio, orders), expected)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("where", ["p", "q"])
+def test_a_nan_or_inf_probability_never_becomes_a_finite_divergence(bad, where):
+    """The torch form raises (a NaN one before its special cases could turn it into 0 or +inf); the fused
+    kernel raises for NaN and, for an inf probability beside an infinite token, answers +inf (no guarantee)."""
+    from dpledger.mechanisms.kernels import renyi_divergence_orders, renyi_divergence_orders_torch
+
+    # token 1 has P > 0 = Q: the divergence is +inf, which must not cover up the bad token 0 in the torch form
+    p = torch.tensor([[0.5, 0.5, 0.0]], dtype=torch.float64)
+    q = torch.tensor([[0.5, 0.0, 0.5]], dtype=torch.float64)
+    (p if where == "p" else q)[0, 0] = bad
+    orders = torch.tensor([2.0, 18.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match="an input distribution holds NaN or inf"):
+        renyi_divergence_orders_torch(torch.log(p), torch.log(q), orders)
+    try:
+        fused = renyi_divergence_orders(torch.log(p), torch.log(q), orders)
+    except ValueError as error:
+        assert "an input distribution holds NaN or inf" in str(error)
+    else:
+        assert bad == float("inf") and bool(torch.isposinf(fused).all())
+
+
 def test_the_kernels_run_only_on_a_cuda_device_or_the_interpreter_and_can_be_switched_off(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert not triton_moments_enabled(torch.device("cpu"))
