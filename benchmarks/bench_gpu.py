@@ -235,7 +235,7 @@ def agreement_section(ada, teachers, public, orders) -> dict:
         "eq3_cpu_exact_orders": int(exact.sum()), "eq3_orders": int(exact.size),
         "eq3_max_abs_gap_at_cpu_exact_orders": float(exact_gap.max()) if exact_gap.size else None,
         "eq3_cpu_allowance_max": float(allowance.max()),
-        "eq3_cpu_chord_minus_gpu_min_at_other_orders": float(below.min()) if below.size else None,
+        "eq3_cpu_chord_plus_twice_allowance_minus_gpu_min_at_other_orders": float(below.min()) if below.size else None,
         "add_one_gpu_over_cpu": ratio_range(on_gpu.add_one_bound, on_cpu.add_one_bound),
         "charged_total_gpu_over_cpu": ratio_range(total_gpu, total_cpu),
     }
