@@ -311,7 +311,8 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
         float64 tensor (..., N): each teacher's lambda in [0, 1].
 
     Raises:
-        ValueError: if an input distribution holds NaN (CPU tensors).
+        ValueError: if an input distribution holds NaN, or public does not broadcast against the
+            teachers' leading axes (CPU tensors).
     """
     if teachers.device.type != "cpu":
         if device_solver_enabled(teachers.device, len(orders)):   # one Triton launch
@@ -326,8 +327,14 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
     log_targets = np.asarray([(o - 1.0) * float(r) * (1.0 - 1e-12) for o, r in zip(orders_np, radii)])
     max_log_ratio = np.inf if max_radius is None else float(max_radius) * (1.0 - 1e-12)
     vocab = teachers.shape[-1]
+    batch = tuple(teachers.shape[:-2])
+    try:   # one public law may serve a batch of ensembles, as on a GPU (ball_mixing_weights_torch)
+        shared_public = np.broadcast_to(public.detach().double().numpy(), (*batch, vocab))
+    except ValueError:
+        raise ValueError(f"public must have shape (..., V) broadcastable to the teachers' {(*batch, vocab)}, "
+                         f"got {tuple(public.shape)}") from None
     flat_teachers = np.ascontiguousarray(teachers.detach().double().numpy().reshape(-1, teachers.shape[-2], vocab))
-    flat_public = np.ascontiguousarray(public.detach().double().numpy().reshape(-1, vocab))
+    flat_public = np.ascontiguousarray(shared_public.reshape(-1, vocab))
     if np.isnan(flat_teachers).any() or np.isnan(flat_public).any():
         raise ValueError("mixing weights: an input distribution holds NaN")
     lambdas = np.empty(flat_teachers.shape[:2])

@@ -179,6 +179,24 @@ def test_solver_edge_cases():
     assert lambdas[0] == 0.0 and lambdas[1] == 1.0
 
 
+@pytest.mark.parametrize("batch", [(3,), (2, 2)])
+def test_cpu_solver_shares_one_public_law_across_a_batch_as_the_torch_solver_does(batch):
+    """A (V,) public law against (..., N, V) teachers: every step's lambdas are those of that step alone
+    (bit for bit) and agree with the torch solver, which broadcasts the same way."""
+    rng = np.random.default_rng(7)
+    public = torch.from_numpy(rng.dirichlet(np.ones(40)))
+    teachers = torch.from_numpy(rng.dirichlet(np.ones(40), size=(*batch, 3)))
+    shared = ball_mixing_weights(teachers, public, (6.0,), (0.3,))
+    assert shared.shape == (*batch, 3)
+    for index in np.ndindex(*batch):
+        alone = ball_mixing_weights(teachers[index], public, (6.0,), (0.3,))
+        assert torch.equal(shared[index], alone)
+    np.testing.assert_allclose(shared.numpy(), ball_mixing_weights_torch(teachers, public, (6.0,), (0.3,)).numpy(),
+                               rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"public must have shape \(\.\.\., V\) broadcastable"):
+        ball_mixing_weights(teachers, torch.from_numpy(rng.dirichlet(np.ones(40), size=5)), (6.0,), (0.3,))
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 10**6), st.integers(2, 10), st.integers(3, 300), st.floats(0.1, 2.0))
 def test_leave_one_out_fused_equals_the_torch_form(seed, teachers, vocab, spread):
