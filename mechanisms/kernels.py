@@ -328,8 +328,12 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
     max_log_ratio = np.inf if max_radius is None else float(max_radius) * (1.0 - 1e-12)
     vocab = teachers.shape[-1]
     batch = tuple(teachers.shape[:-2])
+    public_np = public.detach().double().numpy()
+    extra = public_np.shape[:max(public_np.ndim - 1 - len(batch), 0)]
+    if extra and all(size == 1 for size in extra):   # e.g. (1, V) beside (N, V): one law, as before
+        public_np = public_np.reshape(public_np.shape[len(extra):])
     try:   # one public law may serve a batch of ensembles, as on a GPU (ball_mixing_weights_torch)
-        shared_public = np.broadcast_to(public.detach().double().numpy(), (*batch, vocab))
+        shared_public = np.broadcast_to(public_np, (*batch, vocab))
     except ValueError:
         raise ValueError(f"public must have shape (..., V) broadcastable to the teachers' {(*batch, vocab)}, "
                          f"got {tuple(public.shape)}") from None

@@ -193,6 +193,8 @@ def test_cpu_solver_shares_one_public_law_across_a_batch_as_the_torch_solver_doe
         assert torch.equal(shared[index], alone)
     np.testing.assert_allclose(shared.numpy(), ball_mixing_weights_torch(teachers, public, (6.0,), (0.3,)).numpy(),
                                rtol=0, atol=1e-6)
+    one_row = ball_mixing_weights(teachers[(0,) * len(batch)], public[None], (6.0,), (0.3,))   # (1, V) beside (N, V)
+    assert torch.equal(one_row, shared[(0,) * len(batch)])
     with pytest.raises(ValueError, match=r"public must have shape \(\.\.\., V\) broadcastable"):
         ball_mixing_weights(teachers, torch.from_numpy(rng.dirichlet(np.ones(40), size=5)), (6.0,), (0.3,))
 
