@@ -329,14 +329,15 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
     vocab = teachers.shape[-1]
     batch = tuple(teachers.shape[:-2])
     public_np = public.detach().double().numpy()
-    extra = public_np.shape[:max(public_np.ndim - 1 - len(batch), 0)]
-    if extra and all(size == 1 for size in extra):   # e.g. (1, V) beside (N, V): one law, as before
-        public_np = public_np.reshape(public_np.shape[len(extra):])
-    try:   # one public law may serve a batch of ensembles, as on a GPU (ball_mixing_weights_torch)
-        shared_public = np.broadcast_to(public_np, (*batch, vocab))
+    # one public law may serve a batch of ensembles, as on a GPU (ball_mixing_weights_torch); a (1, V) law
+    # beside (N, V) teachers is one law too: it broadcasts to no more rows than the teachers have
+    try:
+        shared_public = np.broadcast_to(public_np, np.broadcast_shapes(public_np.shape, (*batch, vocab)))
     except ValueError:
-        raise ValueError(f"public must have shape (..., V) broadcastable to the teachers' {(*batch, vocab)}, "
-                         f"got {tuple(public.shape)}") from None
+        shared_public = np.empty((0, vocab))   # refused just below
+    if shared_public.size != math.prod(batch) * vocab:
+        raise ValueError(f"public must have shape (..., V) broadcastable to {(*batch, vocab)} (one law per step of "
+                         f"teachers {tuple(teachers.shape)}), got {tuple(public.shape)}")
     flat_teachers = np.ascontiguousarray(teachers.detach().double().numpy().reshape(-1, teachers.shape[-2], vocab))
     flat_public = np.ascontiguousarray(shared_public.reshape(-1, vocab))
     if np.isnan(flat_teachers).any() or np.isnan(flat_public).any():
