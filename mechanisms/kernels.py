@@ -383,7 +383,8 @@ def ball_mixing_weights_torch(teachers: torch.Tensor, public: torch.Tensor, orde
     # rows renormalised to sum to 1, may differ from this evaluation by a few ulps
     radii_t = torch.tensor([float(r) * (1.0 - 1e-12) for r in radii], dtype=torch.float64, device=teachers.device)
     order_t = torch.tensor([float(o) for o in orders], dtype=torch.float64, device=teachers.device)
-    max_radius = None if max_radius is None else float(max_radius) * (1.0 - 1e-12)
+    # an infinite D<->_inf radius bounds nothing (as the CPU and device solvers read it): inf - inf would be NaN
+    max_radius = None if max_radius is None or math.isinf(float(max_radius)) else float(max_radius) * (1.0 - 1e-12)
     smallest = min([float(radii_t.min())] + ([max_radius] if max_radius is not None else []))
     flat_teachers = teachers.reshape(-1, teachers.shape[-1])
     flat_public = public.unsqueeze(-2).expand(teachers.shape).reshape(-1, teachers.shape[-1])
@@ -400,7 +401,8 @@ def ball_mixing_weights_torch(teachers: torch.Tensor, public: torch.Tensor, orde
             worst = torch.maximum(worst, max_divergence_symmetric(log_mixed, log_q) - max_radius)
         return worst
 
-    active = torch.nonzero(excess(flat_teachers, flat_public, _log(flat_public), lambdas) > 0).flatten()
+    # `not <= 0`: a NaN excess at lambda = 1 is not feasible; iterated, it keeps the bracket's low end
+    active = torch.nonzero(~(excess(flat_teachers, flat_public, _log(flat_public), lambdas) <= 0)).flatten()
     if active.numel() == 0:
         return lambdas.reshape(teachers.shape[:-1])
     p_active, q_active = flat_teachers[active], flat_public[active]   # gathered once

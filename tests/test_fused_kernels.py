@@ -179,6 +179,21 @@ def test_solver_edge_cases():
     assert lambdas[0] == 0.0 and lambdas[1] == 1.0
 
 
+def test_an_infinite_max_divergence_radius_bounds_nothing_in_every_solver():
+    """max_radius = inf is no D<->_inf bound: the torch solver once read D<->_inf - inf = NaN as feasible and
+    returned lambda = 1 for a teacher without mass on a public token (D_2 = +inf there)."""
+    public = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    teacher = torch.tensor([[0.0, 0.5, 0.5]], dtype=torch.float64)
+    for solver in (ball_mixing_weights, ball_mixing_weights_torch):
+        unbounded = solver(teacher, public, (2.0,), (10.0,), math.inf)
+        np.testing.assert_allclose(unbounded.numpy(), solver(teacher, public, (2.0,), (10.0,), None).numpy(),
+                                   rtol=0, atol=1e-9)
+        lam = float(unbounded[0])
+        assert lam < 1.0
+        mixed = lam * teacher[0].numpy() + (1 - lam) * public.numpy()
+        assert oracle_symmetric_renyi(mixed, public.numpy(), 2.0) <= 10.0
+
+
 @pytest.mark.parametrize("batch", [(3,), (2, 2)])
 def test_cpu_solver_shares_one_public_law_across_a_batch_as_the_torch_solver_does(batch):
     """A (V,) public law against (..., N, V) teachers: every step's lambdas are those of that step alone
