@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from dpledger.accounting.errors import require
 from dpledger.accounting.lazy_import import lazy_module
 from dpledger.accounting.rounding import ROUNDING_ULPS, UNIT_ROUNDOFF
+from dpledger.mechanisms.distributions import public_per_step, require_probabilities
 
 if TYPE_CHECKING:
     import torch
@@ -175,22 +176,11 @@ def ball_mixing_weights_device(teachers: torch.Tensor, public: torch.Tensor, ord
         max_radius = None
     require(public.device == teachers.device,
             f"public must be on the teachers' device {teachers.device}, got {public.device}")
-    require(teachers.ndim >= 2 and teachers.shape[-1] >= 1,
-            f"teachers must have shape (..., N, V) with V >= 1, got {tuple(teachers.shape)}")
-    require(public.ndim >= 1 and public.shape[-1] == teachers.shape[-1],
-            f"teachers (..., N, V) and public (..., V) must share V, got shapes {tuple(teachers.shape)} "
-            f"and {tuple(public.shape)}")
+    public = public_per_step(teachers, public).double()   # one law may serve a batch, as in the torch solver
     vocab = teachers.shape[-1]
-    try:   # one public law per step, broadcast as the torch solver broadcasts it (one law may serve a batch)
-        public = public.double().expand(*teachers.shape[:-2], vocab)
-    except RuntimeError:
-        raise ValueError(f"public of shape {tuple(public.shape)} does not broadcast to the teachers' steps "
-                         f"{tuple(teachers.shape[:-2])}") from None
     teachers = teachers.double()
-    require(bool(torch.isfinite(teachers).all()) and bool(torch.isfinite(public).all()),
-            "mixing weights: an input distribution holds NaN or inf")
-    require(bool((teachers >= 0).all()) and bool((public >= 0).all()),
-            "mixing weights: an input distribution holds a negative probability")
+    require_probabilities(teachers)
+    require_probabilities(public)
     radii_aimed = [float(r) * (1.0 - 1e-12) for r in radii]
     limit = None if max_radius is None else float(max_radius) * (1.0 - 1e-12)
     smallest = min(radii_aimed + ([limit] if limit is not None else []))

@@ -89,6 +89,55 @@ def require_same_vocabulary(name_a: str, a: NDArray[np.float64], name_b: str, b:
             f"{name_a} and {name_b} must share the vocabulary axis, got {a.shape[-1]} and {b.shape[-1]}")
 
 
+def require_probabilities(values: "torch.Tensor") -> None:
+    """Check a mixing-weight solver's input (not renormalised) in one pass on its device: torch.aminmax,
+    whose NaN propagates to both ends.
+
+    Args:
+        values: probabilities, any shape.
+
+    Raises:
+        ValueError: if an entry is NaN, infinite or negative.
+    """
+    if values.numel() == 0:
+        return
+    low, high = values.aminmax()
+    require(bool(high < float("inf")) and not bool(low.isnan()), "mixing weights: an input distribution holds NaN or inf")
+    require(bool(low >= 0.0), f"mixing weights: an input distribution holds a negative probability, {float(low):g}")
+
+
+def public_per_step(teachers: "torch.Tensor", public: "torch.Tensor") -> "torch.Tensor":
+    """The public law of each step of an ensemble, as every mixing-weight solver reads it: teachers (..., N, V)
+    and public (..., V), where one law may serve a batch of steps (numpy's broadcasting of public against
+    the teachers' steps) and leading axes of size 1 beyond the steps' are one law too ((1, V) beside (N, V)).
+
+    Args:
+        teachers: the teachers' probabilities, shape (..., N, V), V >= 1.
+        public: the public model's probabilities, shape (..., V).
+
+    Returns:
+        A view of public with shape teachers.shape[:-2] + (V,).
+
+    Raises:
+        ValueError: if teachers has fewer than 2 axes or V = 0, the vocabularies differ, or public does
+            not broadcast to one law per step.
+    """
+    require(teachers.ndim >= 2 and teachers.shape[-1] >= 1,
+            f"teachers must have shape (..., N, V) with V >= 1, got {tuple(teachers.shape)}")
+    steps, vocab = tuple(teachers.shape[:-2]), teachers.shape[-1]
+    require(public.ndim >= 1 and public.shape[-1] == vocab,
+            f"teachers (..., N, V) and public (..., V) must share V, got shapes {tuple(teachers.shape)} "
+            f"and {tuple(public.shape)}")
+    refused = f"public of shape {tuple(public.shape)} does not broadcast to the teachers' steps {steps}"
+    extra = public.ndim - 1 - len(steps)
+    if extra > 0:
+        require(all(size == 1 for size in public.shape[:extra]), refused)
+        public = public.reshape(public.shape[extra:])
+    try:
+        return public.expand(*steps, vocab)
+    except RuntimeError:
+        raise ValueError(refused) from None
+
 def validated_lambdas(lambdas: "torch.Tensor | ArrayLike", teachers: NDArray[np.float64]) -> NDArray[np.float64]:
     """Mixing weights as float64, one per teacher (shape teachers.shape[:-1]), each in [0, 1].
 

@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from dpledger.accounting.rounding import ROUNDING_ULPS, UNIT_ROUNDOFF
 from dpledger.accounting.lazy_import import lazy_module
 from dpledger.mechanisms.device_kernels import ball_mixing_weights_device, device_solver_enabled, log_moments
+from dpledger.mechanisms.distributions import public_per_step, require_probabilities
 
 if TYPE_CHECKING:
     import torch
@@ -311,8 +312,8 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
         float64 tensor (..., N): each teacher's lambda in [0, 1].
 
     Raises:
-        ValueError: if an input distribution holds NaN, or public does not broadcast against the
-            teachers' leading axes (CPU tensors).
+        ValueError: if an input distribution holds NaN, inf or a negative probability, or the shapes do
+            not match (dpledger.mechanisms.distributions.public_per_step).
     """
     if teachers.device.type != "cpu":
         if device_solver_enabled(teachers.device, len(orders)):   # one Triton launch
@@ -327,21 +328,11 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
     log_targets = np.asarray([(o - 1.0) * float(r) * (1.0 - 1e-12) for o, r in zip(orders_np, radii)])
     max_log_ratio = np.inf if max_radius is None else float(max_radius) * (1.0 - 1e-12)
     vocab = teachers.shape[-1]
-    batch = tuple(teachers.shape[:-2])
-    public_np = public.detach().double().numpy()
-    # one public law may serve a batch of ensembles, as on a GPU (ball_mixing_weights_torch); a (1, V) law
-    # beside (N, V) teachers is one law too: it broadcasts to no more rows than the teachers have
-    try:
-        shared_public = np.broadcast_to(public_np, np.broadcast_shapes(public_np.shape, (*batch, vocab)))
-    except ValueError:
-        shared_public = np.empty((0, vocab))   # refused just below
-    if shared_public.size != math.prod(batch) * vocab:
-        raise ValueError(f"public must have shape (..., V) broadcastable to {(*batch, vocab)} (one law per step of "
-                         f"teachers {tuple(teachers.shape)}), got {tuple(public.shape)}")
+    public = public_per_step(teachers, public)
+    require_probabilities(teachers)
+    require_probabilities(public)
     flat_teachers = np.ascontiguousarray(teachers.detach().double().numpy().reshape(-1, teachers.shape[-2], vocab))
-    flat_public = np.ascontiguousarray(shared_public.reshape(-1, vocab))
-    if np.isnan(flat_teachers).any() or np.isnan(flat_public).any():
-        raise ValueError("mixing weights: an input distribution holds NaN")
+    flat_public = np.ascontiguousarray(public.detach().double().numpy().reshape(-1, vocab))
     lambdas = np.empty(flat_teachers.shape[:2])
     evaluations = np.empty(flat_teachers.shape[:2], dtype=np.int64)
     _set_threads()
@@ -375,10 +366,13 @@ def ball_mixing_weights_torch(teachers: torch.Tensor, public: torch.Tensor, orde
         float64 tensor (..., N) on the inputs' device: each teacher's lambda in [0, 1].
 
     Raises:
-        ValueError: if a divergence evaluated on the way is NaN (an input holds NaN or inf).
+        ValueError: if an input holds NaN, inf or a negative probability, or the shapes do not match
+            (dpledger.mechanisms.distributions.public_per_step).
     """
+    public = public_per_step(teachers, public).double()
     teachers = teachers.double()
-    public = public.double()
+    require_probabilities(teachers)
+    require_probabilities(public)
     # aim 1e-12 inside the ball: the divergence of the mixed teacher, recomputed elsewhere from
     # rows renormalised to sum to 1, may differ from this evaluation by a few ulps
     radii_t = torch.tensor([float(r) * (1.0 - 1e-12) for r in radii], dtype=torch.float64, device=teachers.device)
@@ -387,7 +381,7 @@ def ball_mixing_weights_torch(teachers: torch.Tensor, public: torch.Tensor, orde
     max_radius = None if max_radius is None or math.isinf(float(max_radius)) else float(max_radius) * (1.0 - 1e-12)
     smallest = min([float(radii_t.min())] + ([max_radius] if max_radius is not None else []))
     flat_teachers = teachers.reshape(-1, teachers.shape[-1])
-    flat_public = public.unsqueeze(-2).expand(teachers.shape).reshape(-1, teachers.shape[-1])
+    flat_public = public.unsqueeze(-2).expand(teachers.shape).reshape(-1, teachers.shape[-1])   # one law per teacher
     lambdas = torch.ones(flat_teachers.shape[0], dtype=torch.float64, device=teachers.device)
 
     def excess(p: torch.Tensor, q: torch.Tensor, log_q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:

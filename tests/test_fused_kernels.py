@@ -210,8 +210,22 @@ def test_cpu_solver_shares_one_public_law_across_a_batch_as_the_torch_solver_doe
                                rtol=0, atol=1e-6)
     one_row = ball_mixing_weights(teachers[(0,) * len(batch)], public[None], (6.0,), (0.3,))   # (1, V) beside (N, V)
     assert torch.equal(one_row, shared[(0,) * len(batch)])
-    with pytest.raises(ValueError, match=r"public must have shape \(\.\.\., V\) broadcastable"):
-        ball_mixing_weights(teachers, torch.from_numpy(rng.dirichlet(np.ones(40), size=5)), (6.0,), (0.3,))
+    for solver in (ball_mixing_weights, ball_mixing_weights_torch):   # one rule, one message, in every solver
+        with pytest.raises(ValueError, match=r"public of shape \(5, 40\) does not broadcast to the teachers' steps"):
+            solver(teachers, torch.from_numpy(rng.dirichlet(np.ones(40), size=5)), (6.0,), (0.3,))
+
+
+@pytest.mark.parametrize("bad, message", [(float("nan"), "holds NaN or inf"), (float("inf"), "holds NaN or inf"),
+                                          (-0.1, "holds a negative probability")])
+@pytest.mark.parametrize("where", ["teachers", "public"])
+def test_every_cpu_solver_refuses_a_bad_probability_in_one_line(bad, message, where):
+    """Once an inf public entry gave lambdas 0 and a negative entry ordinary lambdas on the CPU."""
+    teachers = torch.full((2, 4), 0.25, dtype=torch.float64)
+    public = torch.full((4,), 0.25, dtype=torch.float64)
+    (teachers[1] if where == "teachers" else public)[2] = bad
+    for solver in (ball_mixing_weights, ball_mixing_weights_torch):
+        with pytest.raises(ValueError, match=f"mixing weights: an input distribution {message}"):
+            solver(teachers, public, (6.0,), (0.3,))
 
 
 @settings(max_examples=20, deadline=None)
