@@ -135,11 +135,15 @@ def serialise_cache_saves() -> None:
     can end up naming one signature's code for the other: a later process loads it and runs the wrong
     code, and keeps loading it. This wraps save in an exclusive lock per index (fcntl.flock on
     <index>.lock), reads the index inside it, and writes the data before the index that names it, so an
-    index never names a file that is not yet, or no longer, its signature's. Where fcntl or numba's
-    internals are missing, or the lock file cannot be opened, numba's own save runs. Runs when this module
-    is imported; calling it again is a no-op."""
+    index never names a file that is not yet, or no longer, its signature's. A new signature takes a data
+    file name that no file has yet: where the index is stale (its source stamp differs, as after a touch
+    that keeps the source's content), numba's own save reuses the first name, whose file a reader holding
+    the older index may still be about to load as another signature's; the older files are left in place.
+    Where fcntl or numba's internals are missing, or the lock file cannot be opened or locked (ENOLCK on
+    some network file systems), numba's own save runs. Runs when this module is imported; calling it again
+    is a no-op."""
     cache_file = getattr(caching, "IndexDataCacheFile", None)
-    needed = ("save", "_load_index", "_save_index", "_save_data", "_data_name")
+    needed = ("save", "_load_index", "_save_index", "_save_data", "_data_name", "_data_path")
     if cache_file is None or not all(hasattr(cache_file, name) for name in needed) \
             or getattr(cache_file.save, "serialised", False):
         return
@@ -156,13 +160,17 @@ def serialise_cache_saves() -> None:
             unlocked(self, key, data)
             return
         with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            except OSError:
+                unlocked(self, key, data)
+                return
             overloads = self._load_index()
             name = overloads.get(key)
             if name is None:
                 taken = set(overloads.values())
                 number = 1
-                while self._data_name(number) in taken:
+                while self._data_name(number) in taken or os.path.exists(self._data_path(self._data_name(number))):
                     number += 1
                 name = self._data_name(number)
             self._save_data(name, data)

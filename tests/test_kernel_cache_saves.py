@@ -52,3 +52,29 @@ def test_saving_a_signature_again_replaces_its_code_in_place(tmp_path):
     assert reader.load(("float64",)) == {"code": "new"} and reader.load(("int64",)) == {"code": "other"}
     assert sorted(path.name for path in tmp_path.glob("*.nbc")) == ["module.kernel-12.py311.1.nbc",
                                                                       "module.kernel-12.py311.2.nbc"]
+
+
+def test_a_stale_index_never_gets_a_data_file_a_reader_of_the_older_index_may_load(tmp_path):
+    """A touch that keeps the source's content keeps the cache folder but changes the stamp: numba's own save
+    then reads the index as empty and writes the new signature over .1.nbc, which a process holding the
+    older index still names for another signature."""
+    older = index_file(tmp_path)
+    older.save(("float64",), {"code": "float64 kernel"})
+    reader = index_file(tmp_path)
+    overloads = reader._load_index()   # the reader has read the index, not yet the data
+    newer = caching.IndexDataCacheFile(str(tmp_path), "module.kernel-12.py311", ("mtime", 5678))
+    newer.save(("int64",), {"code": "int64 kernel (new stamp)"})
+    assert reader._load_data(overloads[("float64",)]) == {"code": "float64 kernel"}
+    assert newer.load(("int64",)) == {"code": "int64 kernel (new stamp)"}
+
+
+def test_a_lock_the_file_system_refuses_falls_back_to_numbas_own_save(tmp_path, monkeypatch):
+    import fcntl
+
+    def refuse(*_):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    saver = index_file(tmp_path)
+    saver.save(("float64",), {"code": "float64 kernel"})
+    assert index_file(tmp_path).load(("float64",)) == {"code": "float64 kernel"}
