@@ -1,13 +1,34 @@
 """Validation helpers shared by every package: bad input raises ValueError naming the constraint."""
 from __future__ import annotations
 
+import argparse
 import enum
 import math
-from typing import SupportsFloat, SupportsIndex, SupportsInt, TypeGuard, TypeVar
+from typing import NoReturn, SupportsFloat, SupportsIndex, SupportsInt, TypeGuard, TypeVar
 
 import numpy as np
 
 MemberT = TypeVar("MemberT", bound=enum.Enum)
+
+EXIT_BAD_INPUT = 2
+"""The exit status of a command given bad input (a usage error or a ValueError)."""
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (the usage block is in --help), exit status 2: the
+    `dpledger` command's parser and every module run as a command (python -m dpledger.mechanisms.warmup).
+    Subcommand parsers inherit the class (argparse's add_subparsers uses type(self))."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print the usage error on one line, with a pointer to --help, and exit with status 2.
+
+        Args:
+            message: argparse's message (its whitespace collapsed to single spaces).
+
+        Raises:
+            SystemExit: always, with status EXIT_BAD_INPUT (2).
+        """
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def require(condition: bool, message: str) -> None:

@@ -7,32 +7,15 @@ import os
 import sys
 import warnings
 from importlib.metadata import version
-from typing import NoReturn
 
 from dpledger import account_cli, audit_cli, decode_cli, demo_cli, hotpate_cli, report_cli, sweep_cli
 from dpledger import frontier_cli
 from dpledger import verify_cli
 from dpledger import calibrate_cli
 from dpledger import teachers_cli
+from dpledger.accounting.errors import EXIT_BAD_INPUT, OneLineErrorParser  # noqa: F401 (re-exported)
 
-EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 4
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse with its usage errors on one line (the usage block is in --help), exit status 2.
-    Subcommand parsers inherit the class (argparse's add_subparsers uses type(self))."""
-
-    def error(self, message: str) -> NoReturn:
-        """Print the usage error on one line, with a pointer to --help, and exit with status 2.
-
-        Args:
-            message: argparse's message (its whitespace collapsed to single spaces).
-
-        Raises:
-            SystemExit: always, with status EXIT_BAD_INPUT (2).
-        """
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dpledger.accounting.errors import EXIT_BAD_INPUT, OneLineErrorParser
+
 # (module under dpledger.mechanisms, kernel, argument types): f float64, i int64, b bool; an array is
 # its dtype letter and its number of dimensions, C-contiguous, with "r" when read-only
 KERNELS: tuple[tuple[str, str, str], ...] = (
@@ -144,16 +146,26 @@ def compile_rows(rows: list[int]) -> None:
     Args:
         rows: indices into KERNELS.
 
+    A row whose types the kernel no longer takes (its signature changed) is skipped with one line on
+    stderr, naming it: that kernel compiles on first use, as without a warm-up, and the rows after it
+    are still warmed (tests/test_kernel_warmup.py compiles every row, so the suite names a stale one).
+
     Raises:
         ValueError: if a row names no numba kernel (a kernel renamed or removed: update KERNELS).
     """
+    from numba.core.errors import TypingError
+
     for row in rows:   # importing the kernels' modules sets the vector width, as in the suite (fastmath.py)
         module, name, codes = KERNELS[row]
         kernel = getattr(importlib.import_module(f"dpledger.mechanisms.{module}"), name, None)
         if kernel is None or not hasattr(kernel, "compile"):
             raise ValueError(f"dpledger.mechanisms.{module}.{name} is not a numba kernel: update "
                              "dpledger.mechanisms.warmup.KERNELS")
-        kernel.compile(argument_types(codes))
+        try:
+            kernel.compile(argument_types(codes))
+        except TypingError:
+            print(f"kernel warm-up: row {row} ({module}.{name}, {codes!r}) does not type: skipped, update "
+                  "dpledger.mechanisms.warmup.KERNELS", file=sys.stderr)
 
 
 def warmed_marker(directory: str | Path) -> Path:
@@ -233,7 +245,7 @@ def warm_kernels(processes: int) -> tuple[int, float] | None:
     and wait for them (what `make test` runs before its workers start).
 
     Args:
-        processes: how many processes compile at once, >= 1.
+        processes: how many processes compile at once, >= 1 (at most one per row of KERNELS run).
 
     Returns:
         (the number of processes, seconds taken), or None when the kernel cache is off
@@ -247,7 +259,8 @@ def warm_kernels(processes: int) -> tuple[int, float] | None:
     if kernel_cache_dir() is None:
         return None
     started = time.perf_counter()
-    children = [subprocess.Popen(_command(share, False)) for share in shares(max(1, processes)) if share]
+    children = [subprocess.Popen(_command(share, False))
+                for share in shares(min(max(1, processes), len(KERNELS))) if share]   # no more processes than rows
     failed = [child.args for child in children if child.wait() != 0]
     if failed:
         raise RuntimeError(f"kernel warm-up failed: {failed}")
@@ -316,16 +329,25 @@ def print_table(cache: Path) -> None:
 
     Args:
         cache: the numba cache directory, filled by a run of the whole suite.
+
+    Raises:
+        ValueError: if `cache` is not a directory holding index files, or one of them cannot be read.
     """
     from numba import types
 
     letters = {"float64": "f", "int64": "i", "bool": "b"}
-    for index in sorted(cache.rglob("*.nbi")):
+    indexes = sorted(cache.rglob("*.nbi")) if cache.is_dir() else []
+    if not indexes:
+        raise ValueError(f"--table must name a numba cache directory holding index files (*.nbi), got {cache}")
+    for index in indexes:
         module, _, rest = index.name.partition(".")
         name = rest.rsplit("-", 1)[0]
-        with index.open("rb") as handle:
-            pickle.load(handle)                       # numba's version
-            _, overloads = pickle.loads(handle.read())
+        try:
+            with index.open("rb") as handle:
+                pickle.load(handle)                       # numba's version
+                _, overloads = pickle.loads(handle.read())
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as error:
+            raise ValueError(f"{index} is not a numba cache index ({type(error).__name__})") from None
         for key in overloads:
             codes = []
             for kind in key[0]:
@@ -356,6 +378,8 @@ def _rows(text: str) -> list[int]:
         rows = [int(row) for row in text.split(",") if row]
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
+    if not rows:
+        raise argparse.ArgumentTypeError(f"must name at least one row, got {text!r}")
     outside = [row for row in rows if not 0 <= row < len(KERNELS)]
     if outside:
         raise argparse.ArgumentTypeError(f"rows must be in [0, {len(KERNELS)}), got {outside}")
@@ -366,18 +390,26 @@ def main() -> None:
     """The command line: warm every kernel (--processes N), a child's share (--rows), or print the table.
 
     Raises:
-        SystemExit: naming a row that names no kernel (exit code 1), or for bad arguments (argparse, 2).
+        SystemExit: naming a row that names no kernel (exit code 1), or for bad arguments or a --table that
+            is not a numba cache (one line, exit code 2).
     """
-    parser = argparse.ArgumentParser(description="Compile the package's numba kernels into the kernel cache "
-                                                 "(dpledger.mechanisms.fastmath.kernel_cache_dir), split across processes.")
-    parser.add_argument("--processes", type=_at_least_one, default=min(4, os.cpu_count() or 1))
+    parser = OneLineErrorParser(description="Compile the package's numba kernels into the kernel cache "
+                                            "(dpledger.mechanisms.fastmath.kernel_cache_dir), split across processes.")
+    parser.add_argument("--processes", type=_at_least_one, default=min(4, usable_cores()))
     parser.add_argument("--rows", type=_rows, help=argparse.SUPPRESS)   # a child's share: comma-separated row indices
     parser.add_argument("--background", action="store_true", help=argparse.SUPPRESS)   # at low priority
     parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)   # the process it warms for
     parser.add_argument("--table", type=Path, help="print KERNELS from this filled numba cache directory")
     arguments = parser.parse_args()
+    if arguments.background and arguments.rows is None:
+        parser.error("argument --background: needs --rows (a background child's share)")
+    if arguments.parent is not None and not arguments.background:
+        parser.error("argument --parent: needs --background (only a background child stops with its parent)")
     if arguments.table is not None:
-        print_table(arguments.table)
+        try:
+            print_table(arguments.table)
+        except ValueError as error:
+            parser.exit(EXIT_BAD_INPUT, f"{parser.prog}: error: {error}\n")
         return
     if arguments.rows is not None:
         rows = arguments.rows

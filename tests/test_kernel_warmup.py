@@ -275,3 +275,72 @@ def test_bad_arguments_exit_2_with_one_line_naming_the_value(monkeypatch, capsys
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("warmup: error: argument ") and arguments[1].split(",")[-1] in error
+
+
+def test_every_row_types_as_its_kernel_takes_it():
+    """A row whose types went stale is skipped by the warm-up with one line (compile_rows): here it fails,
+    naming the row. The kernels load from the cache `make test` warmed first."""
+    from numba.core.errors import TypingError
+
+    stale = []
+    for row, (module, name, codes) in enumerate(KERNELS):
+        try:
+            getattr(importlib.import_module(f"dpledger.mechanisms.{module}"), name).compile(argument_types(codes))
+        except TypingError:
+            stale.append(f"{row}: {module}.{name} {codes!r}")
+    assert not stale, f"KERNELS rows that no longer type: {stale}"
+
+
+def test_a_row_that_no_longer_types_is_skipped_in_one_line_and_the_rest_are_warmed(monkeypatch, capsys):
+    from dpledger.mechanisms import warmup
+
+    good = next(row for row in KERNELS if row[1] == "_public_for_bounds")
+    monkeypatch.setattr(warmup, "KERNELS", (("add_one", "_ball_certified", "f1 f f"), good))
+    warmup.compile_rows([0, 1])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["kernel warm-up: row 0 (add_one._ball_certified, 'f1 f f') does not type: skipped, update "
+                     "dpledger.mechanisms.warmup.KERNELS"]
+    assert warmup.KERNELS[1][1] == "_public_for_bounds"
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--rows", ","], "argument --rows: must name at least one row"),
+    (["--background"], "argument --background: needs --rows"),
+    (["--parent", "3"], "argument --parent: needs --background"),
+    (["--table", "/nonexistent-cache"], "--table must name a numba cache directory holding index files"),
+])
+def test_arguments_that_do_nothing_exit_2_in_exactly_one_line(monkeypatch, capsys, arguments, message):
+    import sys
+
+    from dpledger.mechanisms import warmup
+
+    monkeypatch.setattr(sys, "argv", ["warmup", *arguments])
+    with pytest.raises(SystemExit) as stopped:
+        warmup.main()
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith(f"warmup: error: {message}")
+
+
+def test_a_corrupt_index_in_the_table_exits_2_in_one_line(monkeypatch, capsys, tmp_path):
+    import sys
+
+    from dpledger.mechanisms import warmup
+
+    (tmp_path / "fused.kernel-12.py311.nbi").write_bytes(b"not a pickle")
+    monkeypatch.setattr(sys, "argv", ["warmup", "--table", str(tmp_path)])
+    with pytest.raises(SystemExit) as stopped:
+        warmup.main()
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "is not a numba cache index (UnpicklingError)" in error[0]
+
+
+def test_no_more_warm_up_processes_than_rows(monkeypatch, tmp_path):
+    from dpledger.mechanisms import fastmath, warmup
+
+    asked = []
+    monkeypatch.setattr(fastmath, "kernel_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(warmup, "shares", lambda processes: asked.append(processes) or [])
+    assert warmup.warm_kernels(10 ** 11)[0] == 0
+    assert asked == [len(KERNELS)]
