@@ -83,16 +83,19 @@ def log_moments(base: torch.Tensor, ratio: torch.Tensor, orders: torch.Tensor) -
     ratio = log P - log Q, -inf where P_j = 0). Not rounded up: the caller adds the allowance.
 
     Args:
-        base: float64 tensor (..., V), finite.
+        base: float64 tensor (..., V): finite, or -inf where P_j = Q_j = 0 (with ratio -inf there too: the
+            token adds nothing).
         ratio: float64 tensor (..., V) of the same shape, finite or +-inf (+inf where P_j > 0 = Q_j: the
             row's value is +inf, which the caller replaces by its own special case).
         orders: float64 tensor (K,) of orders on the same device.
 
     Returns:
         float64 tensor (..., K) on the inputs' device: each row's logsumexp at each order (-inf for a
-        row whose ratio is -inf throughout).
+        row whose ratio is -inf throughout); (..., 0) for no orders.
     """
-    if not triton_moments_enabled(base.device) or base.numel() == 0 or orders.numel() == 0:
+    if orders.numel() == 0:
+        return base.new_empty((*base.shape[:-1], 0))
+    if not triton_moments_enabled(base.device) or base.numel() == 0:
         return torch.stack([torch.logsumexp(base + order * ratio, dim=-1) for order in orders], dim=-1)
     vocab = base.shape[-1]
     rows_base = base.reshape(-1, vocab).contiguous()

@@ -291,7 +291,9 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
     Theorem 13, with value 0 at lambda = 0), and exp((k-1) D_k) of the mixed teacher is convex in
     lambda (a sum of p0_j (1 + lambda delta_j)^c, c = k > 1 or c = 1 - k < 0). CPU tensors run the
     fused safeguarded Newton solver (dpledger.mechanisms.fused.solve_mixing_weights), one teacher at a time
-    in cache; other devices run ball_mixing_weights_torch there. Either way the returned value is
+    in cache; a CUDA device with Triton runs one launch for balls of 1 to 8 orders
+    (dpledger.mechanisms.device_kernels.ball_mixing_weights_device), and other devices and balls run
+    ball_mixing_weights_torch there. Every way the returned value is
     the feasible end of a bracket, as evaluated in float64, 1e-12 inside the ball and within
     `relative_tolerance` * radius of its boundary (or 1e-12 in lambda).
 

@@ -46,7 +46,7 @@ def test_the_scans_keep_a_tiny_teacher_that_a_subtraction_would_lose():
     assert torch.equal(sums_without_each_by_scans(values[:, :1]), torch.zeros_like(values[:, :1]))
 
 
-def test_log_moments_off_the_device_is_one_logsumexp_per_order():
+def test_log_moments_off_the_device_takes_the_torch_loop_and_no_orders_give_an_empty_axis():
     rng = np.random.default_rng(3)
     base = torch.from_numpy(rng.normal(size=(3, 50)))
     ratio = torch.from_numpy(rng.normal(size=(3, 50)))
@@ -54,6 +54,7 @@ def test_log_moments_off_the_device_is_one_logsumexp_per_order():
     orders = torch.tensor([1.5, 2.0, 18.0])
     expected = torch.stack([torch.logsumexp(base + order * ratio, dim=-1) for order in orders], dim=-1)
     assert torch.equal(log_moments(base, ratio, orders), expected)
+    assert log_moments(base, ratio, orders[:0]).shape == (3, 0)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
@@ -246,7 +247,7 @@ def test_both_triton_kernels_in_the_interpreter_match_the_torch_forms_and_stay_i
     assert report["broadcast_gap"] == 0.0 and report["infinite_max_radius_gap"] == 0.0
     hand = report["hand_case"][0]
     hand_mixed = hand * np.array([0.0, 0.5, 0.5]) + (1.0 - hand) * np.array([0.5, 0.25, 0.25])
-    # inside D<->_inf's radius, and not far inside it: the boundary is at lambda = 1 - 2^-0.3... (0.2592)
+    # inside D<->_inf's radius, and not far inside it: the boundary is at lambda = 1 - e^-0.3 (0.2592)
     assert np.abs(np.log(hand_mixed) - np.log([0.5, 0.25, 0.25])).max() <= 0.3
     assert hand > 0.2591
     wide = report["reverse_infinite_case"][0]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpledger.mechanisms.kernels import sums_without_each
+from dpledger.mechanisms.kernels import sums_without_each, sums_without_each_by_scans
 
 
 def exclusive_sums_by_cumsum(values: torch.Tensor) -> torch.Tensor:
@@ -20,14 +20,15 @@ def exclusive_sums_by_cumsum(values: torch.Tensor) -> torch.Tensor:
     return before + after
 
 
+@pytest.mark.parametrize("function", [sums_without_each, sums_without_each_by_scans])   # the CPU's and a GPU's form
 @pytest.mark.parametrize("seed", range(12))
-def test_the_sums_over_the_other_rows_are_exact_to_n_ulps_and_equal_the_cumulative_form(seed):
+def test_the_sums_over_the_other_rows_are_exact_to_n_ulps_and_equal_the_cumulative_form(seed, function):
     rng = np.random.default_rng(seed)
     shape = tuple(int(x) for x in rng.integers(1, 6, size=int(rng.integers(0, 3)))) + (int(rng.integers(1, 9)),
                                                                                        int(rng.integers(1, 7)))
     values = torch.from_numpy(rng.uniform(0, 1, shape) ** rng.uniform(1, 60))
     values[..., 0, :] = torch.where(torch.rand(values[..., 0, :].shape) < 0.5, 1 - 1e-16, values[..., 0, :])
-    got = sums_without_each(values)
+    got = function(values)
     assert torch.equal(got, exclusive_sums_by_cumsum(values))
     flat, result = values.reshape(-1, *values.shape[-2:]).numpy(), got.reshape(-1, *values.shape[-2:]).numpy()
     n = values.shape[-2]
