@@ -36,7 +36,8 @@ import torch  # noqa: E402
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.bench_step import call_seconds, summary, synthetic_ensemble  # noqa: E402
+from benchmarks.bench_step import call_seconds, ratios, summary, synthetic_ensemble  # noqa: E402
+from dpledger.accounting.strict_json import strict_json_text  # noqa: E402
 
 VOCAB, TEACHERS = 50257, 100
 
@@ -44,17 +45,6 @@ VOCAB, TEACHERS = 50257, 100
 def synchronise() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def finite_or_text(value):
-    """`value` with every non-finite float written as text: the JSON stays strict whatever a figure is."""
-    if isinstance(value, dict):
-        return {key: finite_or_text(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [finite_or_text(item) for item in value]
-    if isinstance(value, float) and not np.isfinite(value):
-        return repr(value)
-    return value
 
 
 def synchronised_seconds(function, repeats: int, warm_up: int = 2) -> list[float]:
@@ -85,9 +75,8 @@ def paired(kernel, loop, pairs: int, repeats: int) -> dict:
     for _ in range(pairs):
         loop_seconds.append(statistics.median(synchronised_seconds(loop, repeats, warm_up=1)))
         kernel_seconds.append(statistics.median(synchronised_seconds(kernel, repeats, warm_up=1)))
-    speedups = [slow / fast for slow, fast in zip(loop_seconds, kernel_seconds)]
     return {"seconds_triton_kernels": summary(kernel_seconds, 6), "seconds_torch_forms": summary(loop_seconds, 6),
-            "speedup": {**summary(speedups, 3), "pairs": pairs}}
+            "speedup": ratios({"loop": loop_seconds, "kernel": kernel_seconds}, "loop", "kernel")}
 
 
 def environment() -> dict:
@@ -260,18 +249,26 @@ def profile_section(ada, teachers, public, orders) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(HERE / "results" / "gpu.json"))
+    parser.add_argument("--out", help="the results file (default benchmarks/results/gpu.json; a dry run writes "
+                                      "only where this names a file)")
     parser.add_argument("--pairs", type=int, default=5, help="interleaved (loop, kernel) pairs of the whole step")
     parser.add_argument("--dry-run", type=int, nargs=2, metavar=("VOCAB", "TEACHERS"),
-                        help="run every section on the CPU at this size (checks the script, measures nothing)")
+                        help="run every section on the CPU at this size (checks the script, measures nothing; writes only to --out)")
     args = parser.parse_args()
     if args.pairs < 1:
         parser.error(f"--pairs must be at least 1, got {args.pairs}")
     global VOCAB, TEACHERS
+    from dpledger.mechanisms.device_kernels import triton_moments_enabled
+
+    out = args.out if args.out is not None or args.dry_run else str(HERE / "results" / "gpu.json")
     if args.dry_run:
         VOCAB, TEACHERS = args.dry_run
     elif not torch.cuda.is_available():   # the measured results stay as they are
-        print(f"bench_gpu: no CUDA device on this machine, nothing measured ({args.out} kept)")
+        print(f"bench_gpu: no CUDA device on this machine, nothing measured ({out} kept)")
+        return
+    elif not triton_moments_enabled(torch.device("cuda")):   # its figures would time the torch forms against themselves
+        print(f"bench_gpu: the Triton kernels do not run on this CUDA device (Triton missing, ROCm or DPLEDGER_TRITON=0), "
+              f"nothing measured ({out} kept)")
         return
     torch.set_num_threads(1)
     from dpledger.accounting.orders import DEFAULT_ORDERS
@@ -292,11 +289,12 @@ def main() -> None:
     for name, section in sections:
         started = time.perf_counter()
         try:
-            result[name] = finite_or_text(section(ada, teachers, public, orders))
+            result[name] = section(ada, teachers, public, orders)
         except Exception:   # one failing section must not lose the others' figures
             result[name] = {"error": traceback.format_exc()[-3000:]}
-        print(f"{name} ({time.perf_counter() - started:.1f} s): {json.dumps(result[name])}", flush=True)
-        Path(args.out).write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+        print(f"{name} ({time.perf_counter() - started:.1f} s): {strict_json_text({name: result[name]}, indent=None)}", flush=True)
+        if out is not None:   # strict JSON: a non-finite figure is written null and named under NULLS
+            Path(out).write_text(strict_json_text(result, sort_keys=False) + "\n")
 
 
 if __name__ == "__main__":
