@@ -15,9 +15,11 @@ hand instead of quoted from one-off numbers.
    per step and the rest (Python and numpy around them, inflated by the profiler); and the work, counted
    by wrapping the calls: Eq. 3's teacher-order evaluations (leave_one_out_log_moments), split into those
    on its one-exp-pair path and those on its two-pass log-sum-exp path (two exps per token and a pass for
-   the largest exponents, taken where an order times the row's log-ratio span is large), and the add-one
-   sums' orders and allocated tokens.
-3. Per unit of work: Eq. 3's ns per teacher-order-token (both paths together) beside the exp pair plus a
+   the largest exponents, taken where an order times the row's log-ratio span is large; a row with
+   q = p or a token q_j = 0 < p_j takes neither: the kernel answers 0 or +inf without a sum), and the
+   add-one sums' orders and allocated tokens.
+3. Per unit of work (null where the profile kept no time for the kernel): Eq. 3's ns per teacher-order-token
+   of the evaluations that sum (both paths together) beside the exp pair plus a
    sum pass timed apart (its one-exp-pair path per token: the pair, three loads, no stores, four running
    sums, two of them the slopes'; the sum pass has two: these are its parts, not a proven lower bound),
    and the add-one sums' ns per order-token (no such comparison).
@@ -26,14 +28,12 @@ Run: python benchmarks/bench_floor.py [--vocab V] [--teachers N] [--steps S]
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import json
 import os
 import pstats
 import statistics
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -45,7 +45,8 @@ os.environ.setdefault("DPLEDGER_KERNEL_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.bench_step import load, timed_adapmixed_steps, vector_unit  # noqa: E402
+from benchmarks.bench_step import call_seconds, load, timed_adapmixed_steps, vector_unit  # noqa: E402
+from dpledger.accounting.errors import OneLineErrorParser  # noqa: E402
 
 CHUNK = 2048
 """Tokens per primitive pass: the kernels' own chunk (dpledger.mechanisms.fused._CHUNK), in L1/L2."""
@@ -91,12 +92,8 @@ def primitive_costs(repeats: int = 20000) -> dict:
              "sum_pass": (sum_passes, (power, inverse, output, ratios))}
     costs = {}
     for name, (kernel, arguments) in cases.items():
-        kernel(*arguments, 1)
-        timings = []
-        for _ in range(5):
-            started = time.perf_counter()
-            kernel(*arguments, repeats)
-            timings.append(time.perf_counter() - started)
+        kernel(*arguments, 1)   # compiles
+        timings = call_seconds(lambda: kernel(*arguments, repeats), 5, warm_up=0)  # noqa: B023 (called at once)
         costs[name] = round(statistics.median(timings) / (repeats * CHUNK) * 1e9, 4)
     return costs
 
@@ -117,10 +114,13 @@ def step_work(vocab: int, teachers: int, steps: int) -> dict:
         counts["eq3_calls"] += 1
         counts["eq3_evaluations"] += int(wanted.sum())
         low, high = self.spans[rows, 0][:, None], self.spans[rows, 1][:, None]   # (fused.leave_one_out_log_moments' test)
-        fast = (np.asarray(grid)[None, :] * (high - low) + np.abs(high) + np.log(self.output.size) < _FAST_RANGE) \
-            & (not self.shifted_only)
-        counts["eq3_one_exp_pair_path"] += int((wanted & fast).sum())
-        counts["eq3_two_pass_path"] += int((wanted & ~fast).sum())
+        # rows with q = p or q_j = 0 < p_j take neither path (the kernel answers 0 or +inf at once)
+        summed = wanted & ~(((low == 0.0) & (high == 0.0)) | (low == -np.inf))
+        with np.errstate(invalid="ignore"):
+            fast = (np.asarray(grid)[None, :] * (high - low) + np.abs(high) + np.log(self.output.size) < _FAST_RANGE) \
+                & (not self.shifted_only)
+        counts["eq3_one_exp_pair_path"] += int((summed & fast).sum())
+        counts["eq3_two_pass_path"] += int((summed & ~fast).sum())
         return moments(self, rows, grid, wanted)
 
     def counted_order_sums(self, grid):
@@ -161,25 +161,32 @@ def step_work(vocab: int, teachers: int, steps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=50257)
     parser.add_argument("--teachers", type=int, default=8)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "floor.json")
     arguments = parser.parse_args()
+    for name, least in (("vocab", 1), ("teachers", 2), ("steps", 1)):
+        if getattr(arguments, name) < least:
+            parser.error(f"argument --{name}: must be at least {least}, got {getattr(arguments, name)}")
     torch.set_num_threads(1)
     started = load()
     primitives = primitive_costs()
     step = step_work(arguments.vocab, arguments.teachers, arguments.steps)
     work, kernel = step["work"], step["profiled_kernel_seconds"]
-    per_unit = {}
+    per_unit: dict[str, float | None] = {}
+
+    def per(name: str, units: float) -> float | None:
+        """The kernel's ns per unit of work; None where the profile kept no time for it (under 10 us a step)."""
+        return None if name not in kernel else round(kernel[name] / units * 1e9, 4)
+
     if work["eq3_evaluations"]:
-        per_unit["eq3_ns_per_teacher_order_token"] = round(
-            kernel.get("leave_one_out_log_moments", 0.0) / (work["eq3_evaluations"] * arguments.vocab) * 1e9, 4)
+        per_unit["eq3_ns_per_teacher_order_token"] = per(   # over the evaluations that sum over the tokens
+            "leave_one_out_log_moments", (work["eq3_one_exp_pair_path"] + work["eq3_two_pass_path"]) * arguments.vocab)
         per_unit["eq3_parts_ns_exp_pair_plus_sum_pass"] = round(primitives["exp_pair"] + primitives["sum_pass"], 4)
     if work["add_one_order_tokens"]:
-        per_unit["add_one_sums_ns_per_order_token"] = round(
-            kernel.get("add_one_power_order_sums", 0.0) / work["add_one_order_tokens"] * 1e9, 4)
+        per_unit["add_one_sums_ns_per_order_token"] = per("add_one_power_order_sums", work["add_one_order_tokens"])
     result = {"machine": vector_unit(), "load_before": started, "load_after": load(),
               "primitives_ns_per_token": primitives, "step": step, "per_unit_of_work": per_unit}
     arguments.out.parent.mkdir(parents=True, exist_ok=True)
