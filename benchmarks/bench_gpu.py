@@ -191,8 +191,8 @@ def block_sizes_section(ada, teachers, public, orders) -> dict:
             lambda: ada.pmixed.mixing_weights_tensor(teachers, public), 5))
     best_solver = min(solver, key=solver.get)
     device_kernels._SOLVER_BLOCK_TOKENS, device_kernels._SOLVER_WARPS = (int(x) for x in best_solver.split("x"))
-    return {"log_moments_orders_x_tokens_seconds": moments, "kept": best,
-            "solver_tokens_x_warps_seconds": solver, "solver_kept": best_solver}
+    return {"log_moments_orders_x_tokens_seconds": moments, "used_in_this_run": best,
+            "solver_tokens_x_warps_seconds": solver, "solver_used_in_this_run": best_solver}
 
 
 def agreement_section(ada, teachers, public, orders) -> dict:
