@@ -45,7 +45,8 @@ os.environ.setdefault("DPLEDGER_KERNEL_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.bench_step import call_seconds, load, timed_adapmixed_steps, vector_unit  # noqa: E402
+from benchmarks.bench_step import load, vector_unit  # noqa: E402
+from benchmarks.step_timing import call_seconds, timed_adapmixed_steps  # noqa: E402
 from dpledger.accounting.errors import OneLineErrorParser  # noqa: E402
 
 CHUNK = 2048

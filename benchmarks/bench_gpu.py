@@ -36,7 +36,8 @@ import torch  # noqa: E402
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.bench_step import call_seconds, ratios, summary, synthetic_ensemble  # noqa: E402
+from benchmarks.bench_step import ratios, summary  # noqa: E402
+from benchmarks.step_timing import call_seconds, synthetic_ensemble  # noqa: E402
 from dpledger.accounting.strict_json import strict_json_text  # noqa: E402
 
 VOCAB, TEACHERS = 50257, 100

@@ -53,57 +53,11 @@ sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.baselines import (IN_REPO, InRepoAdaPMixED, InRepoPMixED, load_reference,  # noqa: E402
                                   reference_adapmixed, reference_pmixed, subsampled_ball_loss)
+from benchmarks.step_timing import call_seconds, synthetic_ensemble, timed_adapmixed_steps  # noqa: E402,F401
 from dpledger.decoding.process_memory import retain_freed_memory  # noqa: E402
 
 ADA = dict(alpha=18, beta=0.2, lam=1e-4, sigma=1e-2, threshold=4.5, top_k=60)
 PMIXED_ALPHA, PMIXED_BETA = 6, 0.01
-
-
-def synthetic_ensemble(vocab: int, teachers: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    public_logits = 4.5 * rng.standard_normal(vocab)
-    teacher_logits = public_logits + rng.standard_normal((teachers, vocab))
-
-    def softmax(x):
-        e = np.exp(x - x.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
-
-    return softmax(teacher_logits), softmax(public_logits)
-
-
-def timed_adapmixed_steps(vocab: int, teachers: int, steps: int) -> tuple:
-    """dpledger's AdaPMixED step (paper defaults, the default grid) on synthetic_ensemble's inputs, one
-    thread: (the step as a closure, the seconds of `steps` timed calls after three warm-up calls)."""
-    from dpledger.accounting.orders import DEFAULT_ORDERS
-    from dpledger.mechanisms.adapmixed import AdaPMixED
-
-    probs, public = synthetic_ensemble(vocab, teachers)
-    t64, p64 = torch.from_numpy(probs), torch.from_numpy(public)
-    ada = AdaPMixED.paper_defaults(teachers)
-    generator = torch.Generator().manual_seed(0)
-    orders = np.asarray(DEFAULT_ORDERS)
-
-    def step():
-        return ada.step(t64, p64, generator, orders)
-
-    return step, call_seconds(step, steps, warm_up=3)
-
-
-def call_seconds(function, repeats: int, warm_up: int = 1, after=None) -> list[float]:
-    """Wall seconds of each of `repeats` calls of `function` after `warm_up` untimed ones; `after` (e.g.
-    torch.cuda.synchronize) runs once after the warm-up and inside each timed call's span."""
-    for _ in range(warm_up):
-        function()
-    if after is not None:
-        after()
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        if after is not None:
-            after()
-        seconds.append(time.perf_counter() - started)
-    return seconds
 
 
 def load() -> dict:

@@ -4,7 +4,7 @@ taking turns, one thread each. Writes benchmarks/results/versions.json.
 What it answers: did a change make the step faster, and by how much, with the machine's noise in the
 range. Within one process two versions of the package cannot be loaded, so each sample is a child
 process that maps the `dpledger` packages to one checkout (the editable install's finder, pointed at
-that checkout's folders), builds the benchmark's synthetic inputs (benchmarks/bench_step.py), warms up
+that checkout's folders), builds the benchmark's synthetic inputs (benchmarks/step_timing.py), warms up
 (its numba kernels compile, or load from their own cache: a checkout's kernel sources key its cache
 folder), and times `steps` AdaPMixED steps. Pairs alternate which checkout runs first; the speed-up
 is the per-pair ratio of medians (baseline / current), reported as median and range, with the
@@ -47,7 +47,7 @@ import dpledger
 if not dpledger.__file__.startswith(root):
     raise SystemExit(f"dpledger loaded from {dpledger.__file__}, not from {root}")
 sys.path.insert(0, sys.argv[5])   # then this checkout's benchmarks: the same inputs and timing on both sides
-from benchmarks.bench_step import timed_adapmixed_steps
+from benchmarks.step_timing import timed_adapmixed_steps   # numpy, torch and AdaPMixED only: any checkout runs it
 _, seconds = timed_adapmixed_steps(vocab, teachers, steps)
 print(float(np.median(seconds)), min(seconds))
 '''
