@@ -186,7 +186,7 @@ def run_demo(out: str | None = None, queries: int = DEMO_QUERIES, teachers: int 
     return table, summaries, root
 
 
-def _demo_runs(out: str | None, methods: dict, queries: int, teachers: int,
+def _demo_runs(out: str | None, methods: dict[str, DemoMethod], queries: int, teachers: int,
                progress: bool) -> tuple[pd.DataFrame, dict, Path]:
     """run_demo's runs, tables, audit and report."""
     started = time.time()

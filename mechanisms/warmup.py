@@ -157,7 +157,7 @@ def compile_rows(rows: list[int]) -> None:
 
     for row in rows:   # importing the kernels' modules sets the vector width, as in the suite (fastmath.py)
         module, name, codes = KERNELS[row]
-        kernel = getattr(importlib.import_module(f"dpledger.mechanisms.{module}"), name, None)
+        kernel = _kernel(row)
         if kernel is None or not hasattr(kernel, "compile"):
             raise ValueError(f"dpledger.mechanisms.{module}.{name} is not a numba kernel: update "
                              "dpledger.mechanisms.warmup.KERNELS")
@@ -226,11 +226,15 @@ def audit_kernels_first(rows: list[int]) -> list[int]:
         The same indices, reordered.
     """
     def parallel(row: int) -> bool:
-        module, name, _ = KERNELS[row]
-        kernel = getattr(importlib.import_module(f"dpledger.mechanisms.{module}"), name, None)
-        return bool(getattr(kernel, "targetoptions", {}).get("parallel", False))
+        return bool(getattr(_kernel(row), "targetoptions", {}).get("parallel", False))
 
     return sorted(rows, key=lambda row: not parallel(row))
+
+
+def _kernel(row: int) -> Any:
+    """The object a KERNELS row names (its module imported), or None where the module has no such name."""
+    module, name, _ = KERNELS[row]
+    return getattr(importlib.import_module(f"dpledger.mechanisms.{module}"), name, None)
 
 
 def _command(rows: list[int], background: bool) -> list[str]:
