@@ -102,8 +102,10 @@ def require_probabilities(values: "torch.Tensor") -> None:
     if values.numel() == 0:
         return
     low, high = values.aminmax()
-    require(bool(high < float("inf")) and not bool(low.isnan()), "mixing weights: an input distribution holds NaN or inf")
-    require(bool(low >= 0.0), f"mixing weights: an input distribution holds a negative probability, {float(low):g}")
+    # both findings in one number: one read back from a device
+    found = int(2 * (~(high < float("inf")) | low.isnan()).int() + (low < 0.0).int())
+    require(found < 2, "mixing weights: an input distribution holds NaN or inf")
+    require(found == 0, f"mixing weights: an input distribution holds a negative probability, {float(low):g}")
 
 
 def public_per_step(teachers: "torch.Tensor", public: "torch.Tensor") -> "torch.Tensor":
