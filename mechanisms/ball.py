@@ -4,7 +4,10 @@ that enforce each."""
 from __future__ import annotations
 
 import enum
+import math
 from typing import Sequence
+
+from dpledger.accounting.errors import require
 
 
 class Ball(enum.Enum):
@@ -112,3 +115,25 @@ def all_orders_ball_constraints(beta: float, grid: Sequence[float] = ALL_ORDERS_
     grid = tuple(sorted(float(k) for k in grid))
     lower = (1.0,) + grid[:-1]
     return grid, tuple(beta * k for k in lower), beta * grid[-1]
+
+
+def require_ball(orders: Sequence[float], radii: Sequence[float], max_radius: float | None) -> None:
+    """Check a ball's constraints as a mixing-weight solver takes them: D<->_k(., p0) <= r_k at each order k
+    and, where max_radius is given, D<->_inf(., p0) <= max_radius. A NaN or out-of-range argument would
+    otherwise reach the solver's comparisons, where it can read as feasible (lambda = 1 outside the ball).
+
+    Args:
+        orders: the constrained orders, each finite and > 1.
+        radii: one radius per order, each >= 0 (0: only p0 itself; +inf: no bound at that order).
+        max_radius: D<->_inf's radius, >= 0 (+inf: no bound), or None.
+
+    Raises:
+        ValueError: naming the first order, radius or max_radius out of range, or a length mismatch.
+    """
+    require(len(orders) == len(radii), f"the ball needs one radius per order, got {len(orders)} orders and "
+                                       f"{len(radii)} radii")
+    for order in orders:
+        require(math.isfinite(float(order)) and float(order) > 1.0, f"ball orders must be finite and > 1, got {order}")
+    for radius in radii:
+        require(float(radius) >= 0.0, f"ball radii must be >= 0, got {radius}")
+    require(max_radius is None or float(max_radius) >= 0.0, f"max_radius must be None or >= 0, got {max_radius}")

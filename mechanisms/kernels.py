@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from dpledger.accounting.rounding import ROUNDING_ULPS, UNIT_ROUNDOFF
 from dpledger.accounting.lazy_import import lazy_module
 from dpledger.mechanisms.device_kernels import ball_mixing_weights_device, device_solver_enabled, log_moments
+from dpledger.mechanisms.ball import require_ball
 from dpledger.mechanisms.distributions import public_per_step, require_probabilities
 
 if TYPE_CHECKING:
@@ -314,8 +315,9 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
         float64 tensor (..., N): each teacher's lambda in [0, 1].
 
     Raises:
-        ValueError: if an input distribution holds NaN, inf or a negative probability, or the shapes do
-            not match (dpledger.mechanisms.distributions.public_per_step).
+        ValueError: if an input distribution holds NaN, inf or a negative probability, the shapes do
+            not match (dpledger.mechanisms.distributions.public_per_step), or an order, radius or max_radius
+            is out of range (dpledger.mechanisms.ball.require_ball).
     """
     if teachers.device.type != "cpu":
         if device_solver_enabled(teachers.device, len(orders)):   # one Triton launch
@@ -324,6 +326,7 @@ def ball_mixing_weights(teachers: torch.Tensor, public: torch.Tensor, orders: Se
         return ball_mixing_weights_torch(teachers, public, orders, radii, max_radius, relative_tolerance=relative_tolerance)
     from dpledger.mechanisms.fused import solve_mixing_weights
 
+    require_ball(orders, radii, max_radius)
     orders_np = np.asarray([float(o) for o in orders], dtype=np.float64)
     # aim 1e-12 inside the ball: the divergence of the mixed teacher, recomputed elsewhere from
     # rows renormalised to sum to 1, may differ from this evaluation by a few ulps
@@ -368,9 +371,11 @@ def ball_mixing_weights_torch(teachers: torch.Tensor, public: torch.Tensor, orde
         float64 tensor (..., N) on the inputs' device: each teacher's lambda in [0, 1].
 
     Raises:
-        ValueError: if an input holds NaN, inf or a negative probability, or the shapes do not match
-            (dpledger.mechanisms.distributions.public_per_step).
+        ValueError: if an input holds NaN, inf or a negative probability, the shapes do not match
+            (dpledger.mechanisms.distributions.public_per_step), or an order, radius or max_radius is out of
+            range (dpledger.mechanisms.ball.require_ball).
     """
+    require_ball(orders, radii, max_radius)
     public = public_per_step(teachers, public).double()
     teachers = teachers.double()
     require_probabilities(teachers)

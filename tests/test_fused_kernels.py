@@ -5,6 +5,7 @@ within its tolerance, and the public step API consistent across input types and 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -192,6 +193,25 @@ def test_an_infinite_max_divergence_radius_bounds_nothing_in_every_solver():
         assert lam < 1.0
         mixed = lam * teacher[0].numpy() + (1 - lam) * public.numpy()
         assert oracle_symmetric_renyi(mixed, public.numpy(), 2.0) <= 10.0
+
+
+@pytest.mark.parametrize("orders, radii, max_radius, message", [
+    ((2.0,), (float("nan"),), None, "ball radii must be >= 0, got nan"),
+    ((2.0,), (-1.0,), None, "ball radii must be >= 0, got -1.0"),
+    ((2.0,), (0.5,), float("nan"), "max_radius must be None or >= 0, got nan"),
+    ((2.0,), (0.5,), -1.0, "max_radius must be None or >= 0, got -1.0"),
+    ((float("nan"),), (0.5,), None, "ball orders must be finite and > 1, got nan"),
+    ((0.5,), (0.5,), None, "ball orders must be finite and > 1, got 0.5"),
+    ((2.0, 3.0), (0.5,), None, "the ball needs one radius per order, got 2 orders and 1 radii"),
+])
+def test_a_ball_argument_out_of_range_is_refused_in_one_line_not_read_as_feasible(orders, radii, max_radius, message):
+    """Once the CPU solver returned lambda = 1 for a teacher away from p0 under a NaN or negative radius, a
+    NaN order or an order below 1, and the torch solver for an order below 1."""
+    public = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    teachers = torch.tensor([[0.0, 0.5, 0.5], [0.4, 0.3, 0.3]], dtype=torch.float64)
+    for solver in (ball_mixing_weights, ball_mixing_weights_torch):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            solver(teachers, public, orders, radii, max_radius)
 
 
 @pytest.mark.parametrize("batch", [(3,), (2, 2)])
