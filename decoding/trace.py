@@ -51,7 +51,7 @@ from dpledger.accounting.strict_json import MAX_BYTES as MAX_JSON_BYTES
 from dpledger.accounting.strict_json import NULLS, loads_json, strict_json_text  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
-RECORDS_VERSION = 9
+RECORDS_VERSION = 10
 """Version 2 records hold Eq. 3 (`eq3_remove_one`) and the add-one bound (`add_one_bound`) apart
 from the loss covering the run's relation (`observed_data_dependent`); a trace without the key is
 version 1 (that loss only). Version 3 records hold these three losses only where a component charges
@@ -72,7 +72,12 @@ per-token powers, without an exp per token and order (dpledger.mechanisms.fused.
 with their own rounding allowance; values within ~1e-13 of version 7's. Version 9 refines the add-one
 bound's sub-grid row by row: versions 4 to 8 shared it across a decode block's steps, so a replay in windows
 shorter than the block (one step at GPT-2 scale) could not reproduce the recorded bits (the audit's replay
-then compares those steps' add-one values within the sub-grid's certificate, audit.replay). The manifest
+then compares those steps' add-one values within the sub-grid's certificate, audit.replay). Version 10
+runs the add-one bound's forward sub-grid rounds compiled (dpledger.mechanisms.fused.add_one_forward_round):
+the same certificate, bisection and bound, with the C library's exp, expm1, log and log1p in place of
+numpy's vectorised ones, so values within ~1e-15 of version 9's (but for a bisection decided the other way
+in their last bits, within the sub-grid's certificate); the replay of an earlier trace follows version 9.
+The manifest
 records the version; dpledger.decoding.blocks writes the records."""
 MANIFEST = "manifest.json"
 LEDGER = "ledger.json"

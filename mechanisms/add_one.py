@@ -75,8 +75,9 @@ from dpledger.mechanisms.ball import ALL_ORDERS_BALL_GRID, all_orders_ball_const
 from dpledger.mechanisms.kernels import (ADD_ONE_VERSION, _SLACK_ULPS, FloatArray, _log, _set_threads,
                                          ball_mixing_weights)
 from dpledger.mechanisms.log_space import log_mean_with_one_exp
-from dpledger.mechanisms.fused import (_LATTICE as LATTICE, add_one_lattice_allowances, add_one_order_sums,
-                                       add_one_power_bases, add_one_power_order_sums, add_one_weighted_order_sums,
+from dpledger.mechanisms.fused import (_LATTICE as LATTICE, add_one_forward_round, add_one_lattice_allowances,
+                                       add_one_order_sums, add_one_power_bases, add_one_power_order_sums,
+                                       add_one_shifts, add_one_weighted_order_sums,
                                        add_one_token_bounds, allocated_tokens_of, convex_sandwich,
                                        knapsack_allocation, renyi_log_moments)
 from dpledger.accounting.lazy_import import lazy_module
@@ -979,7 +980,7 @@ class _AllocatedTokens:
     scales)."""
 
     def __init__(self, log_allocation: np.ndarray, log_t: np.ndarray, teachers: float, weighted: bool = True,
-                 masses: np.ndarray | None = None, powers: bool = False) -> None:
+                 masses: np.ndarray | None = None, powers: bool = False, vectorised_shifts: bool = False) -> None:
         self.batch = log_t.shape[:-1]
         self.teachers = teachers
         self.weighted = weighted
@@ -992,6 +993,8 @@ class _AllocatedTokens:
         # per row: how many tokens receive mass, and the largest |log a_j| (the allowances scale with both)
         self.allocated_counts = np.zeros(flat_t.shape[0], dtype=np.int64)
         self.allocation_magnitudes = np.zeros(flat_t.shape[0])
+        # per row: a bound on every shift's error (records version >= 10: dpledger.mechanisms.fused.add_one_shifts)
+        self.shift_errors = np.zeros(flat_t.shape[0])
         for row in range(flat_t.shape[0]):
             la, lt, infinite, self.allocation_magnitudes[row] = allocated_tokens_of(
                 np.ascontiguousarray(flat_allocation[row]), np.ascontiguousarray(flat_t[row]))
@@ -1001,7 +1004,11 @@ class _AllocatedTokens:
                 self.log_zero_weights.append(-np.inf)
                 self.power_factors.append(None)
                 continue
-            shift = np.ascontiguousarray(np.logaddexp(np.log(teachers), lt) - np.log(teachers + 1.0))
+            if vectorised_shifts:
+                shift = np.empty(lt.size)
+                self.shift_errors[row] = add_one_shifts(lt, float(teachers), shift)
+            else:
+                shift = np.ascontiguousarray(np.logaddexp(np.log(teachers), lt) - np.log(teachers + 1.0))
             if not weighted:
                 self.rows.append((la, lt, shift))
                 self.power_factors.append(None)
@@ -1067,42 +1074,54 @@ class _AllocatedTokens:
         the other orders asked for at once (the sub-grid's values equal computing every order's)."""
         orders = np.ascontiguousarray(orders, dtype=np.float64)
         u2, chord, u2_slope, chord_slope = (np.empty((len(self.rows), orders.size)) for _ in range(4))
-        on = self._on_lattice(orders) if self.powers else np.zeros(orders.size, dtype=bool)
-        lattice = np.ascontiguousarray(orders[on])
-        chord_steps = np.rint(lattice * LATTICE).astype(np.int64)
         _set_threads()
-        for row, tokens in enumerate(self.rows):
-            if tokens is None:
-                u2[row], chord[row], u2_slope[row], chord_slope[row] = np.inf, np.inf, 0.0, 0.0
-                continue
-            targets = (u2[row], chord[row], u2_slope[row], chord_slope[row])
-            exp_path = np.ones(orders.size, dtype=bool)
-            if on.any() and (factors := self.power_factors[row]) is not None:
-                powered = [np.empty(lattice.size) for _ in range(4)]
-                underflow = np.zeros(lattice.size, dtype=bool)
-                add_one_power_order_sums(factors[0], factors[1], factors[2], factors[3], tokens[1], tokens[3],
-                                         factors[4], factors[5], self.log_zero_weights[row], lattice,
-                                         chord_steps - LATTICE, chord_steps, float(self.teachers), powered[0],
-                                         powered[1], powered[2], powered[3], underflow)
-                for target, values in zip(targets, powered):
-                    target[on] = values
-                exp_path = ~on
-                exp_path[np.flatnonzero(on)[underflow]] = True   # lost digits to underflow: the exp path there
-            if not exp_path.any():
-                continue
-            outputs = [np.empty(int(exp_path.sum())) for _ in range(4)]
-            subset = np.ascontiguousarray(orders[exp_path])
-            if self.weighted:
-                add_one_weighted_order_sums(tokens[0], tokens[1], tokens[2], tokens[3], self.log_zero_weights[row],
-                                            subset, float(self.teachers), outputs[0], outputs[1], outputs[2],
-                                            outputs[3])
-            else:
-                add_one_order_sums(tokens[0], tokens[1], tokens[2], subset, float(self.teachers), outputs[0],
-                                   outputs[1], outputs[2], outputs[3])
-            for target, values in zip(targets, outputs):
-                target[exp_path] = values
+        for row in range(len(self.rows)):
+            self._row_sums(row, orders, (u2[row], chord[row], u2_slope[row], chord_slope[row]))
         shape = (*self.batch, orders.size)
         return u2.reshape(shape), chord.reshape(shape), u2_slope.reshape(shape), chord_slope.reshape(shape)
+
+    def row_order_sums(self, row: int, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """order_sums for one row (its index in the flattened batch): (K,) each, the same values."""
+        orders = np.ascontiguousarray(orders, dtype=np.float64)
+        targets = (np.empty(orders.size), np.empty(orders.size), np.empty(orders.size), np.empty(orders.size))
+        _set_threads()
+        self._row_sums(row, orders, targets)
+        return targets
+
+    def _row_sums(self, row: int, orders: np.ndarray,
+                  targets: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
+        """Writes order_sums' four values of one row at `orders` (float64, contiguous) into `targets`."""
+        tokens = self.rows[row]
+        if tokens is None:
+            targets[0][:], targets[1][:], targets[2][:], targets[3][:] = np.inf, np.inf, 0.0, 0.0
+            return
+        exp_path = np.ones(orders.size, dtype=bool)
+        if self.powers and (factors := self.power_factors[row]) is not None and (on := self._on_lattice(orders)).any():
+            lattice = np.ascontiguousarray(orders[on])
+            chord_steps = np.rint(lattice * LATTICE).astype(np.int64)
+            powered = [np.empty(lattice.size) for _ in range(4)]
+            underflow = np.zeros(lattice.size, dtype=bool)
+            add_one_power_order_sums(factors[0], factors[1], factors[2], factors[3], tokens[1], tokens[3],
+                                     factors[4], factors[5], self.log_zero_weights[row], lattice,
+                                     chord_steps - LATTICE, chord_steps, float(self.teachers), powered[0],
+                                     powered[1], powered[2], powered[3], underflow)
+            for target, values in zip(targets, powered):
+                target[on] = values
+            exp_path = ~on
+            exp_path[np.flatnonzero(on)[underflow]] = True   # lost digits to underflow: the exp path there
+        if not exp_path.any():
+            return
+        outputs = [np.empty(int(exp_path.sum())) for _ in range(4)]
+        subset = np.ascontiguousarray(orders[exp_path])
+        if self.weighted:
+            add_one_weighted_order_sums(tokens[0], tokens[1], tokens[2], tokens[3], self.log_zero_weights[row],
+                                        subset, float(self.teachers), outputs[0], outputs[1], outputs[2],
+                                        outputs[3])
+        else:
+            add_one_order_sums(tokens[0], tokens[1], tokens[2], subset, float(self.teachers), outputs[0],
+                               outputs[1], outputs[2], outputs[3])
+        for target, values in zip(targets, outputs):
+            target[exp_path] = values
 
 
 ADD_ONE_RELATIVE_TOLERANCE = 0.005
@@ -1291,7 +1310,8 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     # an upper bound on each row's mass sum_j p_j (a float law may hold a few ulps above 1): the V-term
     # sum's worst case, (V + 2) u, on top of the computed sum
     masses = output.numpy().sum(axis=-1) * (1.0 + (log_p.shape[-1] + 2.0) * _U)
-    allocated_tokens = _AllocatedTokens(log_allocation, log_t, n, weighted, masses, powers=version >= 8)
+    allocated_tokens = _AllocatedTokens(log_allocation, log_t, n, weighted, masses, powers=version >= 8,
+                                        vectorised_shifts=version >= 10)
     magnitude = top_log_t[..., None]   # (log_t holds ratio_q_p's values: the knapsack only reorders them)
     w_magnitude = (top_log_p + top_log_qmin + 2.0)[..., None]
     vocab = log_p.shape[-1]
@@ -1375,8 +1395,19 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     # of the batch, so a replay in windows of another length than the decode's blocks recomputes the same bits
     per_row = version >= 9 and relative_tolerance is not None and int(np.prod(batch, dtype=np.int64)) > 1
     curve = _order_curve_per_row if per_row else _order_curve_on_subgrid   # (one row: the same, with less bookkeeping)
-    forward = curve(forward_sums, forward_allowances, forward_bound, [False, False], orders_np, batch,
-                    relative_tolerance)
+    if version >= 10:   # the same rounds and bound, compiled (records version 10)
+        rows = int(np.prod(batch, dtype=np.int64))
+        row_terms = np.stack(np.broadcast_arrays(
+            log_m, max_ratio, slack, np.log1p(mass_excess_up) * (1.0 + 2.0 * _U), np.full(batch, n),
+            allocation_magnitude[..., 0], magnitude[..., 0], chord_magnitude[..., 0], summation[..., 0],
+            np.full(batch, 2.0 * np.log2(log_t.shape[-1] + 1.0)),
+            allocated_tokens.shift_errors.reshape(batch)), axis=-1).reshape(rows, 11)
+        ball = np.array([alpha, radius, np.nan if all_orders_beta is None else all_orders_beta], dtype=np.float64)
+        forward = _forward_curve_by_rows(allocated_tokens, orders_np, ball, row_terms,
+                                         relative_tolerance).reshape(*batch, orders_np.size)
+    else:
+        forward = curve(forward_sums, forward_allowances, forward_bound, [False, False], orders_np, batch,
+                        relative_tolerance)
     if reverse_where_binding:
         # B1 = log(1 + 1/N) bounds the reverse at every order; where the forward bound is at least B1 the
         # larger of the two is the forward whatever W gives, so W is computed only at the other orders
@@ -1602,6 +1633,39 @@ def _order_curve_per_row(sums: _Sums, allowances: _Allowances, bound: _Bound, ro
     if complete.any():
         result[complete] = bound([store.reshape(*batch, size) for store in known], grid).reshape(rows, size)[complete]
     return result.reshape(*batch, size)
+
+
+def _forward_curve_by_rows(allocated_tokens: _AllocatedTokens, grid: np.ndarray, ball: np.ndarray,
+                           row_terms: np.ndarray, relative_tolerance: float | None) -> np.ndarray:
+    """The forward add-one bound at every order of `grid`, row by row on each row's own sub-grid, with
+    each round's certificate, bisection and bound compiled (records version >= 10:
+    dpledger.mechanisms.fused.add_one_forward_round): the seeds, the certificate and the bisection of
+    _order_curve_per_row, with the C library's transcendental functions in place of numpy's;
+    relative_tolerance=None computes every order (one round). (R, K) for the R rows of `row_terms`
+    (add_one_forward_round's `row`, one per row of the flattened batch)."""
+    if relative_tolerance is not None and not relative_tolerance > 0:
+        raise ValueError(f"relative_tolerance must be > 0 or None, got {relative_tolerance!r}")
+    if relative_tolerance is not None and grid.size > 1 and not np.all(np.diff(grid) > 0):
+        raise ValueError(f"the add-one bound's sub-grid needs strictly increasing orders, got {grid.tolist()!r}")
+    rows, size = row_terms.shape[0], grid.size
+    result = np.empty((rows, size))
+    if size == 0:
+        return result
+    grid = np.ascontiguousarray(grid, dtype=np.float64)
+    lattice_u2, lattice_chord = (np.ascontiguousarray(value).reshape(rows, size)
+                                 for value in allocated_tokens.lattice_allowances(grid))
+    seeds = np.arange(size, dtype=np.int64) if relative_tolerance is None else _seed_orders(grid).astype(np.int64)
+    tolerance = np.inf if relative_tolerance is None else float(relative_tolerance)   # (no round follows the seeds)
+    for row in range(rows):
+        done = np.zeros((1, size), dtype=bool)
+        known, slopes = np.full((2, size), np.nan), np.full((2, size), np.nan)
+        index = seeds
+        while index.size:
+            sums = allocated_tokens.row_order_sums(row, grid[index])
+            index = add_one_forward_round(grid, index, *sums, done, known, slopes, ball, row_terms[row],
+                                          lattice_u2[row], lattice_chord[row], tolerance,
+                                          ROUNDING_ULPS, result[row])
+    return result
 
 
 def _row_geometry(done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

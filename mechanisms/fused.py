@@ -1043,6 +1043,157 @@ def convex_sandwich(grid: FloatArray, done: BoolArray, values: FloatArray, slope
             lower[r, q] = floor
 
 
+@jit(**_EXACT_HELPER_FLAGS)
+def _nan_min(x: float, y: float) -> float:
+    """numpy's minimum of two: NaN if either is."""
+    if x != x or y != y:
+        return np.nan
+    return x if x <= y else y
+
+
+@jit(**_EXACT_HELPER_FLAGS)
+def _log_mean_with_one_exp(x: float, n: float) -> float:
+    """dpledger.mechanisms.log_space.log_mean_with_one_exp for one value, with the C library's expm1,
+    log1p, exp and log: log1p(expm1(x) / n) for x <= 700, x - log n + log1p((n - 1) e^-x) above (NaN
+    stays NaN, +inf stays +inf)."""
+    if x <= 700.0:
+        return math.log1p(math.expm1(x) / n)
+    return x - math.log(n) + math.log1p((n - 1.0) * math.exp(-x))
+
+
+@jit(**_EXACT_HELPER_FLAGS)
+def _add_one_forward_allowances(u2: float, chord: float, k: float, q: int, lattice_u2: FloatArray,
+                                lattice_chord: FloatArray, slack: float, allocation_magnitude: float,
+                                magnitude: float, chord_magnitude: float, summation: float, log_size: float,
+                                shift_error: float, rounding_ulps: float) -> tuple[float, float]:
+    """The rounding allowances of (k - 1) U2_k's computed sum (with (k - 1) slack) and of the chord sum's
+    at order k = grid[q], as dpledger.mechanisms.add_one.add_one_direction_bounds states them (a nonfinite
+    sum contributes 0 to its own term), the chord's with k times the shifts' error bound (add_one_shifts:
+    each of its terms is exp of its shift times k)."""
+    u2_size = abs(u2) if math.isfinite(u2) else 0.0
+    chord_size = abs(chord) if math.isfinite(chord) else 0.0
+    u2_allowance = (rounding_ulps * (u2_size + allocation_magnitude + (k - 1.0) * (magnitude + 4.0) + log_size)
+                    + lattice_u2[q] + summation)
+    chord_allowance = (rounding_ulps * (chord_size + k * (chord_magnitude + 4.0) + log_size)
+                       + lattice_chord[q] + summation + k * shift_error)
+    return (k - 1.0) * slack + u2_allowance, chord_allowance
+
+
+@jit(**_EXACT_HELPER_FLAGS)
+def _add_one_forward_bound(u2: float, chord: float, k: float, q: int, ball: FloatArray, row: FloatArray,
+                           lattice_u2: FloatArray, lattice_chord: FloatArray, rounding_ulps: float) -> float:
+    """The forward add-one bound at order k = grid[q] from the two sums there (nondecreasing in each):
+    min(Jensen's bound through min(U1_k, U2_k), the chord bound), add_one_direction_bounds' formula.
+    ball = (alpha, radius, beta or NaN); row as add_one_forward_round."""
+    alpha, radius, beta = ball[0], ball[1], ball[2]
+    log_m, max_ratio, slack, mass_term, teachers = row[0], row[1], row[2], row[3], row[4]
+    u2_allowance, chord_allowance = _add_one_forward_allowances(u2, chord, k, q, lattice_u2, lattice_chord, 0.0,
+                                                                row[5], row[6], row[7], row[8], row[9],
+                                                                row[10], rounding_ulps)
+    rho = radius if k <= alpha else ((alpha - 1.0) * radius + (k - alpha) * log_m) / (k - 1.0)
+    if beta == beta:
+        rho = _nan_min(rho, beta * k)
+    u = _nan_min(rho + max_ratio, (u2 + u2_allowance) / (k - 1.0)) + slack
+    jensen = (_log_mean_with_one_exp((k - 1.0) * u, teachers + 1.0) + mass_term) / (k - 1.0)
+    return _nan_min(jensen, (chord + chord_allowance) / (k - 1.0))
+
+
+@jit(**_EXACT_FLAGS)
+def add_one_forward_round(grid: FloatArray, index: IntArray, u2: FloatArray, chord: FloatArray, u2_slope: FloatArray,
+                          chord_slope: FloatArray, done: BoolArray, known: FloatArray, slopes: FloatArray,
+                          ball: FloatArray, row: FloatArray, lattice_u2: FloatArray, lattice_chord: FloatArray,
+                          tolerance: float, rounding_ulps: float, out: FloatArray) -> IntArray:
+    """One round of the forward add-one bound's sub-grid for one row (records version >= 10), compiled:
+    dpledger.mechanisms.add_one.add_one_direction_bounds' certificate and bisection, as the numpy form of
+    version 9 runs them (_order_curve_on_subgrid), with the C library's exp, expm1, log and log1p in place
+    of numpy's (whose vectorised forms may differ in the last bits: hence a records version). It takes in
+    the two sums and their slopes at the orders grid[index] (the last evaluation) and then either finishes,
+    writing the bound at every order into `out` and returning an empty array, or returns the orders to
+    evaluate next: the midpoint of every interval of anchors holding an order whose value from the chords
+    (each plus its rounding, the larger allowance of its two anchors and the allowance at the order) is
+    above (1 + tolerance) times its value from the lower sandwich (tangents and neighbouring chords,
+    dpledger.mechanisms.add_one._sandwich). The forward bound is nondecreasing in each sum, so the first is
+    an upper bound on computing that order, the second a lower bound on it. The caller evaluates the sums
+    with the fused kernels from Python (refinement_round says why not from here).
+
+    Args:
+        grid: the Renyi orders k > 1, strictly increasing, shape (K,).
+        index: the grid indices evaluated last, int64 (M,).
+        u2, chord, u2_slope, chord_slope: (k - 1) U2_k, the chord sum and their derivatives in k there, (M,).
+        done: state, bool (1, K), all False at the start: the anchors.
+        known, slopes: state, (2, K): the sums (u2, chord) and their slopes at the anchors.
+        ball: (alpha, radius, beta of the all-orders ball or NaN), shape (3,).
+        row: the row's terms, shape (11,): log M, max_j log(p0_j / p_j), slack (a rounding allowance on
+            U_k), the Jensen step's mass term log1p(e) (1 + 2u), N, and the allowances' scales: the largest
+            |log a_j|, the largest log t_j, that plus |log w0|, the sums' worst-case summation error
+            ((M + 2) u), 2 log2(V + 1) and the shifts' error bound (add_one_shifts).
+        lattice_u2, lattice_chord: the power path's allowances at every grid order (add_one_lattice_allowances), (K,).
+        tolerance: the certificate's relative gap (> 0).
+        rounding_ulps: dpledger.accounting.rounding.ROUNDING_ULPS.
+        out: output, shape (K,): the bound at every order, when the round finishes.
+
+    Returns:
+        The next grid indices to evaluate, increasing; empty when `out` holds the curve.
+    """
+    size = grid.size
+    for m in range(index.size):
+        q = index[m]
+        known[0, q], known[1, q], slopes[0, q], slopes[1, q] = u2[m], chord[m], u2_slope[m], chord_slope[m]
+        done[0, q] = True
+    slack = row[2]
+    allocation_magnitude, magnitude, chord_magnitude, summation, log_size = row[5], row[6], row[7], row[8], row[9]
+    shift_error = row[10]
+    count = 0
+    for q in range(size):
+        count += done[0, q]
+    if count == size:
+        for q in range(size):
+            out[q] = _add_one_forward_bound(known[0, q], known[1, q], grid[q], q, ball, row, lattice_u2,
+                                            lattice_chord, rounding_ulps)
+        return np.empty(0, dtype=np.int64)
+    chords, rounding, lower = np.empty((2, size)), np.empty((2, size)), np.empty((2, size))
+    for s in range(2):
+        convex_sandwich(grid, done, known[s:s + 1], slopes[s:s + 1], True, rounding_ulps, chords[s:s + 1],
+                        rounding[s:s + 1], lower[s:s + 1])
+    anchors = np.flatnonzero(done[0])
+    midpoints = np.zeros(size, dtype=np.bool_)
+    failing = False
+    position = 0
+    for q in range(size):
+        k = grid[q]
+        while position + 2 < anchors.size and anchors[position + 1] <= q:
+            position += 1
+        left, right = anchors[position], anchors[position + 1]
+        u2_chord, chord_chord = chords[0, q] + rounding[0, q], chords[1, q] + rounding[1, q]
+        if not done[0, q]:   # the chords' own allowance and the larger of their anchors'
+            u2_here, chord_here = _add_one_forward_allowances(u2_chord, chord_chord, k, q, lattice_u2, lattice_chord,
+                                                              slack, allocation_magnitude, magnitude, chord_magnitude,
+                                                              summation, log_size, shift_error, rounding_ulps)
+            u2_left, chord_left = _add_one_forward_allowances(known[0, left], known[1, left], grid[left], left,
+                                                              lattice_u2, lattice_chord, slack, allocation_magnitude,
+                                                              magnitude, chord_magnitude, summation, log_size,
+                                                              shift_error, rounding_ulps)
+            u2_right, chord_right = _add_one_forward_allowances(known[0, right], known[1, right], grid[right], right,
+                                                                lattice_u2, lattice_chord, slack, allocation_magnitude,
+                                                                magnitude, chord_magnitude, summation, log_size,
+                                                                shift_error, rounding_ulps)
+            u2_chord = u2_chord + (u2_here + _nan_max(u2_left, u2_right))
+            chord_chord = chord_chord + (chord_here + _nan_max(chord_left, chord_right))
+        upper = _add_one_forward_bound(u2_chord, chord_chord, k, q, ball, row, lattice_u2, lattice_chord,
+                                       rounding_ulps)
+        floor = _add_one_forward_bound(lower[0, q], lower[1, q], k, q, ball, row, lattice_u2, lattice_chord,
+                                       rounding_ulps)
+        out[q] = upper
+        if not done[0, q] and not upper <= (1.0 + tolerance) * _fmax(floor, 0.0) + 1e-300:
+            failing = True
+            middle = anchors[position] + anchors[position + 1]
+            midpoints[middle // 2] = True
+    if not failing:
+        return np.empty(0, dtype=np.int64)
+    return np.flatnonzero(midpoints).astype(np.int64)
+
+
+
 @jit(**_EXACT_FLAGS)
 def add_one_token_bounds(log_p: FloatArray, log_p0: FloatArray, alpha: float, log_r: float, log_qmax: FloatArray,
                          log_qmin: FloatArray, ratio_q_p: FloatArray, row_maxima: FloatArray) -> None:
@@ -1626,6 +1777,42 @@ def add_one_lattice_allowances(orders: FloatArray, on_lattice: BoolArray, spans:
             span = spans[r]
             out_u2[r, i] = u2_steps * (6.0 + 0.3 * span) * _UNIT + u2_gap * span if on else 0.0
             out_chord[r, i] = steps * (6.0 + 0.3 * span) * _UNIT + chord_gap * span if on else 0.0
+
+
+@jit(**_FLAGS)
+def add_one_shifts(log_t: FloatArray, teachers: float, out: FloatArray) -> float:
+    """shift_j = log((N + t_j) / (N + 1)) for each token (records version >= 10; version 9 took numpy's
+    logaddexp, one scalar exp and log1p per token), vectorised: h_j + log(1 + exp(-|log t_j - log N|)) -
+    log(N + 1) with h_j = max(log t_j, log N), by vexp and vlog (2 ulps = 4u each, fastmath.MAX_ULPS).
+    Returns d >= max_j |computed - exact shift_j|. Its derivation, first order in u (each libm log within
+    1 ulp = 2u; a sum of three terms in any association within 2u times their magnitudes):
+    log N and log(N + 1) err by 2u log N and 2u log(N + 1); with x = -|log t_j - log N| <= 0, the error
+    of log N moves h_j by at most 2u |log N| and x by as much plus x's rounding u |x|, which moves
+    L = log(1 + e^x) by at most half of it (L' = e^x / (1 + e^x) <= 1/2; |x| e^x <= 1/e); vexp's 4u
+    relative error and the rounding of 1 + e^x give 1 + e^x within 3u relative, so L within 3u, and vlog
+    adds 4u L <= 2.8u (L <= log 2); the two additions add 2u (|h_j| + log 2 + log(N + 1)). In all
+    (7.7 + 3 |log N| + 2 |h_j| + 4 log(N + 1)) u; the kernel returns 10 in place of 7.7. A flushed
+    vexp (x < -708) loses L <= e^-708, far below d. The add-one chord sum's terms carry their shift
+    times the order, so k d joins its allowance (dpledger.mechanisms.fused.add_one_forward_round).
+
+    Args:
+        log_t: log t_j, all finite, shape (M,).
+        teachers: the ensemble size N (> 0), as a float.
+        out: output, shape (M,): shift_j.
+
+    Returns:
+        The bound d on every shift's error (0 for M = 0).
+    """
+    log_n = math.log(teachers)
+    log_n1 = math.log(teachers + 1.0)
+    for j in range(log_t.size):
+        out[j] = vmax(log_t[j], log_n) + vlog(1.0 + vexp(-abs(log_t[j] - log_n))) - log_n1
+    if log_t.size == 0:
+        return 0.0
+    largest = abs(log_n)   # >= every |h_j| (a loop of its own: beside the values, the maximum stops vectorising)
+    for j in range(log_t.size):
+        largest = vmax(largest, abs(log_t[j]))
+    return (10.0 + 3.0 * abs(log_n) + 2.0 * largest + 4.0 * log_n1) * _UNIT
 
 
 @jit(**_FLAGS)

@@ -245,14 +245,17 @@ roots too; from 7, integer orders raised to powers by products instead of exp an
 with the worst case of a V-term sum ((V + 2) unit roundoffs, where earlier versions assumed log2 V). The replay of a trace follows the
 version that wrote it (dpledger.decoding.runners.build_runner)."""
 
-ADD_ONE_VERSION = 9
+ADD_ONE_VERSION = 10
 """The records version whose add-one bound arithmetic dpledger.mechanisms.add_one follows by default: below
 4, every order computed; from 4, the certified sub-grid from ADD_ONE_SUBGRID_MIN_VOCABULARY tokens on;
 from 7, the chord sum as a nonnegative combination (one exp per token, add_one_weighted_order_sums) and
 each sum's rounding allowance with the worst case of a sum of M terms, (M + 2) unit roundoffs; from 8,
 orders on the lattice of tenths by products of per-token powers (add_one_power_order_sums); from 9,
 each row of a batch on its own sub-grid (before, the rows of a decode block shared theirs, so a replay in
-shorter windows could not reproduce the bits). The replay of a trace follows the version that wrote it
+shorter windows could not reproduce the bits); from 10, the forward direction's sub-grid rounds compiled
+(dpledger.mechanisms.fused.add_one_forward_round: the same certificate and bisection, with the C library's
+exp, expm1, log and log1p where version 9 took numpy's, whose vectorised forms may differ in the last
+bits, and with them a bisection decision). The replay of a trace follows the version that wrote it
 (dpledger.decoding.runners.build_runner)."""
 
 

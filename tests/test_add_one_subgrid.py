@@ -200,13 +200,15 @@ def test_the_weighted_chord_sums_are_within_their_allowance_of_mpmath(seed, toke
         assert abs(mpmath.mpf(chord[0, index]) - exact_chord) <= chord_allowance
 
 
-@pytest.mark.parametrize("version, previous", [(9, 8), (8, 7), (7, 6)])
+@pytest.mark.parametrize("version, previous", [(10, 9), (9, 8), (8, 7), (7, 6)])
 @settings(max_examples=15, deadline=None)
 @given(st.integers(0, 10**6), st.integers(2, 12), st.integers(3, 400), st.sampled_from([2.0, 6.0, 18.0]),
        st.floats(0.01, 0.3), st.booleans())
 def test_each_records_version_add_one_bound_agrees_with_the_previous(version, previous, seed, teachers, vocab,
                                                                      alpha, beta, all_orders):
-    """Version 9's per-row sub-grid against version 8's shared one (one row: the same bits), version 8's
+    """Version 10's compiled forward rounds against version 9's numpy ones (the C library's exp, expm1, log
+    and log1p in place of numpy's), version 9's per-row sub-grid against version 8's shared one (one row:
+    the same bits), version 8's
     products on the lattice of tenths against version 7's one exp per token and order, and
     version 7's weighted chord sum against the expm1 form (versions 4 to 6): the same bound within their
     allowances: within 1e-9 relative at every order computed. On the sub-grid both are never below their
@@ -370,30 +372,32 @@ def _batch_of_ensembles(seed: int, rows: int, teachers: int, vocab: int, alpha: 
     return torch.stack(outputs), public
 
 
+@pytest.mark.parametrize("version", [9, 10])
 @settings(max_examples=12, deadline=None)
 @given(st.integers(0, 10**6), st.integers(2, 5), st.sampled_from([1, 2, 8, 100]), st.sampled_from([40, 700]),
        st.sampled_from([2.0, 6.0, 18.0]), st.floats(0.01, 0.3), st.booleans(), st.booleans())
-def test_each_row_of_a_batch_gets_the_bound_it_gets_alone(seed, rows, teachers, vocab, alpha, beta, all_orders,
+def test_each_row_of_a_batch_gets_the_bound_it_gets_alone(version, seed, rows, teachers, vocab, alpha, beta, all_orders,
                                                            where_binding):
     """From records version 9 every row refines its own sub-grid: a decode block of steps gives each
     step bit for bit what the step gives alone (the audit replays one step per window at GPT-2 scale),
-    whatever the rows beside it, in both directions and with W computed only where it can bind."""
+    whatever the rows beside it, in both directions and with W computed only where it can bind; version
+    10's compiled rounds likewise."""
     output, public = _batch_of_ensembles(seed, rows, teachers, vocab, alpha, beta)
     args = (teachers, ORDERS.double(), alpha, alpha * beta, beta if all_orders else None, ADD_ONE_RELATIVE_TOLERANCE, 0)
-    together = add_one_direction_bounds(output, public, *args, version=9, reverse_where_binding=where_binding)
+    together = add_one_direction_bounds(output, public, *args, version=version, reverse_where_binding=where_binding)
     for row in range(rows):
-        alone = add_one_direction_bounds(output[row], public[row], *args, version=9, reverse_where_binding=where_binding)
+        alone = add_one_direction_bounds(output[row], public[row], *args, version=version, reverse_where_binding=where_binding)
         for direction in range(2):
             assert np.array_equal(together[direction][row], alone[direction])
     # one public law (V,) for the whole batch: broadcast, each row as alone
-    shared = add_one_direction_bounds(output, public[0], *args, version=9, reverse_where_binding=where_binding)
+    shared = add_one_direction_bounds(output, public[0], *args, version=version, reverse_where_binding=where_binding)
     for row in range(rows):
-        alone = add_one_direction_bounds(output[row], public[0], *args, version=9, reverse_where_binding=where_binding)
+        alone = add_one_direction_bounds(output[row], public[0], *args, version=version, reverse_where_binding=where_binding)
         assert np.array_equal(shared[0][row], alone[0]) and np.array_equal(shared[1][row], alone[1])
     # a batch shaped (2, rows/2, V) too: rows are rows, whatever the batch's shape
     if rows % 2 == 0:
         shaped = add_one_direction_bounds(output.reshape(2, rows // 2, -1), public.reshape(2, rows // 2, -1), *args,
-                                          version=9, reverse_where_binding=where_binding)
+                                          version=version, reverse_where_binding=where_binding)
         assert np.array_equal(shaped[0].reshape(rows, -1), together[0])
 
 
@@ -525,3 +529,86 @@ def test_a_ball_limit_that_is_nan_stays_nan_and_the_bound_is_refused():
         _sandwich(np.arange(2.0, 7.0), done, np.zeros((3, 5)), np.zeros((1, 5)))
     with pytest.raises(ValueError, match="one order per value"):
         _sandwich(np.arange(2.0, 6.0), done, np.zeros((3, 5)), None)
+
+
+@pytest.mark.parametrize("x", [-np.inf, -800.0, -40.0, -1e-300, 0.0, 1e-300, 1e-12, 0.3, 1.0, 35.0, 699.9, 700.0,
+                               700.1, 1e4, np.inf, np.nan])
+@pytest.mark.parametrize("n", [2.0, 9.0, 101.0])
+def test_the_compiled_log_mean_agrees_with_the_numpy_form(x, n):
+    """Version 10's log((n - 1 + e^x) / n), n = N + 1 >= 2 (the C library's functions), against the numpy
+    form that version 9 takes and mpmath: within 4 ulps of the exact value (both sides of x = 700, where expm1 would overflow),
+    exact 0 at x = 0, +inf at +inf, NaN at NaN."""
+    from dpledger.mechanisms.fused import _log_mean_with_one_exp
+    from dpledger.mechanisms.log_space import log_mean_with_one_exp
+
+    compiled, numpy_form = _log_mean_with_one_exp(x, n), float(log_mean_with_one_exp(x, n))
+    if np.isnan(x):
+        assert np.isnan(compiled) and np.isnan(numpy_form)
+        return
+    mpmath.mp.dps = 50
+    exact = float(mpmath.log1p(mpmath.expm1(mpmath.mpf(x)) / n)) if np.isfinite(x) else (
+        np.inf if x > 0 else float(mpmath.log(mpmath.mpf(n - 1) / n)))
+    for value in (compiled, numpy_form):
+        if np.isfinite(exact):
+            assert abs(value - exact) <= 4 * np.spacing(abs(exact)) + 1e-320
+        else:
+            assert value == exact
+    if x == 0.0:
+        assert compiled == 0.0
+
+
+def test_a_trace_of_version_9_replays_with_version_9s_rounds(monkeypatch):
+    """build_runner follows the records version that wrote a trace: the step asks the add-one bound for
+    version 9's numpy rounds or version 10's compiled ones, and charges what that version gives."""
+    import dpledger.mechanisms.add_one as add_one
+    from dpledger.decoding.runners import build_runner
+    from dpledger.mechanisms.randomness import StepGenerators
+
+    calls = []
+
+    def recorded(*args, **kwargs):
+        bound = add_one_divergence_bounds(*args, **kwargs)
+        calls.append((args, kwargs, bound))
+        return bound
+
+    monkeypatch.setattr(add_one, "add_one_divergence_bounds", recorded)
+    rng = np.random.default_rng(11)
+    vocab = ADD_ONE_SUBGRID_MIN_VOCABULARY
+    teachers = torch.from_numpy(_softmax(rng.normal(0, 2, (2, 4, vocab))))
+    public = torch.from_numpy(_softmax(rng.normal(0, 2, (2, vocab))))
+    table = dict(type="adapmixed", alpha=6.0, beta=0.05, lam=1e-4, sigma=1e-2, threshold=4.5, top_k=8,
+                 screening=False)
+    bounds = {}
+    for version in (9, 10):
+        calls.clear()
+        runner = build_runner(dict(table), 4, "add_or_remove_one", records_version=version)
+        outcome = runner.process(public, teachers, StepGenerators.for_steps(1, 0, 2), np.asarray(DEFAULT_ORDERS))
+        (args, kwargs, bound), = calls
+        assert kwargs["version"] == version
+        assert np.array_equal(outcome.add_one_bound, bound.numpy())
+        bounds[version] = (args, kwargs, bound.numpy())
+    args, kwargs, _ = bounds[9]   # the same law under the other version: within the certificate, never NaN
+    other = add_one_divergence_bounds(*args, **{**kwargs, "version": 10}).numpy()
+    assert np.all(np.abs(other - bounds[9][2]) <= ADD_ONE_RELATIVE_TOLERANCE * bounds[9][2])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from([1, 2, 8, 100, 10**4, 10**6]), st.floats(0.1, 400.0))
+def test_the_vectorised_shifts_are_within_their_stated_error_of_mpmath(seed, teachers, spread):
+    """Version 10's shift_j = log((N + t_j) / (N + 1)) (dpledger.mechanisms.fused.add_one_shifts, vexp and
+    vlog) against mpmath at 50 digits: every value within the bound the kernel returns, which is small
+    (a few hundred unit roundoffs at most); and within 1e-14 absolute of version 9's numpy logaddexp."""
+    from dpledger.mechanisms.fused import add_one_shifts
+
+    mpmath.mp.dps = 50
+    rng = np.random.default_rng(seed)
+    log_t = np.concatenate([rng.normal(0.0, spread, 300), [0.0, np.log(teachers), -745.0, 709.0, -1e-300, 1e-300]])
+    shifts = np.empty(log_t.size)
+    bound = add_one_shifts(log_t, float(teachers), shifts)
+    assert 0.0 < bound < 400 * 2.0 ** -53 * (1.0 + np.abs(log_t).max())
+    n = mpmath.mpf(teachers)
+    for x, value in zip(log_t, shifts):
+        exact = mpmath.log((n + mpmath.exp(mpmath.mpf(float(x)))) / (n + 1))
+        assert abs(mpmath.mpf(float(value)) - exact) <= bound, (x, value, float(exact))
+    numpy_form = np.logaddexp(np.log(teachers), log_t) - np.log(teachers + 1.0)
+    assert np.all(np.abs(shifts - numpy_form) <= 1e-14 * (1.0 + np.abs(log_t)))
