@@ -28,7 +28,7 @@ from dpledger.mechanisms.pmixed import subsampling_variant as variant_named
 from dpledger.mechanisms.aggregation import VoteAggregator
 from dpledger.mechanisms.randomness import StepGenerators, uniform
 from dpledger.mechanisms.screening import NoisyScreening
-from dpledger.mechanisms.kernels import ADD_ONE_VERSION, SOLVER_VERSION
+from dpledger.mechanisms.kernels import ADD_ONE_VERSION, SCREEN_VERSION, SOLVER_VERSION
 from dpledger.mechanisms.step import adapmixed_step, pmixed_step
 from dpledger.mechanisms.aggregators import aggregator_class, aggregators
 from dpledger.mechanisms.voting import VotingMechanism, histograms
@@ -202,7 +202,7 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
                      accounting: str = "released-output", ball: str = Ball.PROJECTION_ORDER.value,
                      relation: NeighbouringRelation | str = NeighbouringRelation.ADD_OR_REMOVE_ONE,
                      add_one_dual: bool = False, add_one_version: int = ADD_ONE_VERSION,
-                     solver_version: int = SOLVER_VERSION) -> Runner:
+                     solver_version: int = SOLVER_VERSION, screen_version: int = SCREEN_VERSION) -> Runner:
     """AdaPMixED (Flemings et al. 2024, Algorithm 1) and its Table 2a ablations.
 
     screening=True, data_dependent=True: AdaPMixED (screen, then PMixED charged data-dependently);
@@ -258,6 +258,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
             sum from 7); not a config key: it follows the code that wrote a trace (build_runner).
         solver_version: whose mixing-weight solver arithmetic to follow; not a config key either (the
             trace's records_version).
+        screen_version: whose screening-statistic arithmetic to follow (one compiled pass from 10); not a
+            config key either.
 
     Returns:
         The runner: kind "adapmixed", its recorded parameters, its components ("screen" when
@@ -292,7 +294,8 @@ def adapmixed_runner(alpha: float, beta: float, teachers: int, lam: float, sigma
     def process(public: torch.Tensor, teacher_probs: torch.Tensor, generator: Randomness,
                 orders: npt.NDArray[np.float64]) -> BlockOutcome:
         result = adapmixed_step(mechanism, teacher_probs, public, generator if screening else None, orders, relation,
-                                accounting, screening, data_dependent, add_one_dual, add_one_version, solver_version)
+                                accounting, screening, data_dependent, add_one_dual, add_one_version, solver_version,
+                                screen_version)
         # what was charged: the loss covering the relation, Eq. 3 its remove-one part; a run charged by
         # Theorem 3.1 records neither (the audit's theorem_3_1 check computes Eq. 3 from the payload)
         observed = result.data_dependent if data_dependent else None
@@ -466,7 +469,7 @@ def runner_parameters(kind: str) -> set[str]:
     return set(inspect.signature(_PARAMETERISED[kind]).parameters) - {"teachers", "relation"} - _CODE_VERSION_OPTIONS
 
 
-_CODE_VERSION_OPTIONS = frozenset({"add_one_version", "solver_version"})
+_CODE_VERSION_OPTIONS = frozenset({"add_one_version", "solver_version", "screen_version"})
 """Runner arguments that follow the version of the code that wrote a trace, never a config key: build_runner
 sets them from the trace's records_version."""
 
@@ -555,7 +558,8 @@ def build_runner(mechanism: dict, teachers: int,
     if kind == "voting":
         aggregator_class(params["aggregator"])   # an unknown name: the registry's one line
     if kind == "adapmixed":
-        params = {**params, "add_one_version": min(records_version, ADD_ONE_VERSION)}
+        params = {**params, "add_one_version": min(records_version, ADD_ONE_VERSION),
+                  "screen_version": min(records_version, SCREEN_VERSION)}
     if kind in ("pmixed", "adapmixed"):
         params = {**params, "solver_version": min(records_version, SOLVER_VERSION)}
     try:

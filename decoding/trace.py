@@ -76,7 +76,9 @@ then compares those steps' add-one values within the sub-grid's certificate, aud
 runs the add-one bound's forward sub-grid rounds compiled (dpledger.mechanisms.fused.add_one_forward_round):
 the same certificate, bisection and bound, with the C library's exp, expm1, log and log1p in place of
 numpy's vectorised ones, so values within ~1e-15 of version 9's (but for a bisection decided the other way
-in their last bits, within the sub-grid's certificate); the replay of an earlier trace follows version 9.
+in their last bits, within the sub-grid's certificate), and computes the screening statistic in one compiled
+pass (dpledger.mechanisms.fused.screen_statistics; the same formula, other last bits); the replay of an
+earlier trace follows version 9 in both.
 The manifest
 records the version; dpledger.decoding.blocks writes the records."""
 MANIFEST = "manifest.json"

@@ -1499,6 +1499,59 @@ def screen_pass_counts(mean: FloatArray, log_public: FloatArray, noise: FloatArr
         counts[step, ensemble] = passed
 
 
+
+@jit(**_TRACE_FLAGS)
+def screen_statistics(teacher_top: FloatArray, public_top: FloatArray, noise: FloatArray, lam: float, sigma: float,
+                      alpha: float, slack_ulps: float, out: FloatArray) -> None:
+    """AdaPMixED's screening statistics (Flemings et al. 2024, Algorithm 1) for L steps in one pass
+    (records version >= 10; earlier versions ran the same formula as some twenty torch operations,
+    dpledger.mechanisms.screening.NoisyScreening.statistic_from_mean): per step, on the public model's
+    top-k tokens, the mean m = lam mean_i p_i + (1 - lam) p0, the noisy vector clip(m + sigma z, 0)
+    renormalised, and D_alpha of it from p0 renormalised, by the Renyi kernel's arithmetic and its
+    rounding up (renyi_log_moments, with the k-term sum's worst case); +inf where every clipped entry is
+    0, NaN where an input is. The statistic is post-processing of the noisy vector: its arithmetic
+    decides nothing a guarantee rests on, only what the replay reproduces.
+
+    Args:
+        teacher_top: the teachers' probabilities on the top-k tokens, shape (L, N, k).
+        public_top: the public model's probabilities on them, shape (L, k).
+        noise: standard normal draws, shape (L, k) (sigma not applied).
+        lam: the screen's mixing weight lam in [0, 1].
+        sigma: the noise's standard deviation.
+        alpha: the statistic's Renyi order (> 1).
+        slack_ulps: the Renyi kernel's rounding-up allowance (kernels._SLACK_ULPS).
+        out: output, shape (L,): the statistics.
+    """
+    steps, n, size = teacher_top.shape
+    order = np.array([alpha])
+    value = np.empty(1)
+    noisy, log_noisy, log_public = np.empty(size), np.empty(size), np.empty(size)
+    summation = (size + 2.0) * _UNIT
+    keep = 1.0 - lam
+    for step in range(steps):
+        total, public_total, nan = 0.0, 0.0, 0.0
+        for j in range(size):
+            teachers_sum = 0.0
+            for i in range(n):
+                teachers_sum += teacher_top[step, i, j]
+            raw = fma(sigma, noise[step, j], fma(lam, teachers_sum / n, keep * public_top[step, j]))
+            nan += 1.0 if raw != raw else 0.0   # (clipping at 0 below would turn a NaN into a number)
+            noisy[j] = raw if raw > 0.0 else 0.0
+            total += noisy[j]
+            public_total += public_top[step, j]
+        if nan > 0.0 or public_total != public_total:
+            out[step] = np.nan
+            continue
+        if not total > 0.0:
+            out[step] = np.inf
+            continue
+        for j in range(size):
+            log_noisy[j] = vlog(noisy[j] / total)
+            log_public[j] = vlog(public_top[step, j] / public_total)
+        _renyi_row(log_noisy, log_public, order, slack_ulps, summation, value)
+        out[step] = value[0] / (alpha - 1.0) if value[0] == value[0] else np.nan
+
+
 _BOUNDED_BELOW = 2.0 ** -1000
 """The early screen decisions read only positive probabilities at least this (|log| <= 694): exp and
 log are then within their stated ulps, and no quotient or square under- or overflows unnoticed."""

@@ -258,6 +258,13 @@ exp, expm1, log and log1p where version 9 took numpy's, whose vectorised forms m
 bits, and with them a bisection decision). The replay of a trace follows the version that wrote it
 (dpledger.decoding.runners.build_runner)."""
 
+SCREEN_VERSION = 10
+"""The records version whose screening-statistic arithmetic dpledger.mechanisms.screening follows by default:
+below 10, some twenty torch operations on the top-k columns (NoisyScreening.statistic_from_mean); from 10,
+one compiled pass (dpledger.mechanisms.fused.screen_statistics: the same formula with vlog for torch's log
+and fused multiply-adds, so other last bits and, for a statistic within them of the threshold, another
+decision). The replay of a trace follows the version that wrote it (dpledger.decoding.runners.build_runner)."""
+
 
 def mixing_weights(teachers: torch.Tensor, public: torch.Tensor, order: float, radius: float,
                    relative_tolerance: float = 1e-10, solver_version: int = SOLVER_VERSION) -> torch.Tensor:

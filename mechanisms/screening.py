@@ -16,7 +16,7 @@ from dpledger.accounting.rounding import positive_floor
 from dpledger.mechanisms.accountable import TEACHERS_HELP, AccountableMechanism, mechanism_parameter, register_mechanism
 from dpledger.mechanisms.base import require_relation, set_validated
 from dpledger.mechanisms.distributions import validated_ensemble
-from dpledger.mechanisms.kernels import _SLACK_ULPS, _set_threads, renyi_divergence_orders
+from dpledger.mechanisms.kernels import SCREEN_VERSION, _SLACK_ULPS, _set_threads, renyi_divergence_orders
 from dpledger.mechanisms.randomness import StepGenerators, standard_normal
 from dpledger.accounting.lazy_import import lazy_module
 
@@ -112,7 +112,7 @@ class NoisyScreening(AccountableMechanism):
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
 
     def statistics(self, teachers: torch.Tensor | npt.ArrayLike, public: torch.Tensor | npt.ArrayLike,
-                   generator: torch.Generator | StepGenerators) -> torch.Tensor:
+                   generator: torch.Generator | StepGenerators, version: int = SCREEN_VERSION) -> torch.Tensor:
         """Screening statistics of L queries at once (Flemings et al. 2024, Algorithm 1): teachers
         (L, N, V), public (L, V) -> (L,) torch float64; `generator` is a torch.Generator or
         dpledger.mechanisms.randomness.StepGenerators (one per query).
@@ -120,18 +120,22 @@ class NoisyScreening(AccountableMechanism):
         Per query: K = top-k of p0 (public, so free); mean = lam * mean_i p_i[K] + (1-lam) p0[K];
         add N(0, sigma^2) to each entry, clip at 0 and renormalise (post-processing); the statistic
         is D_alpha(noisy || p0[K] renormalised) (Flemings et al. 2024, Algorithm 1 writes the symmetric form;
-        either is post-processing of the noisy vector). An all-zero noisy vector gives +inf.
+        either is post-processing of the noisy vector). An all-zero noisy vector gives +inf. From records
+        version 10 the statistic takes one compiled pass (dpledger.mechanisms.fused.screen_statistics); before,
+        statistic_from_mean's torch operations, which a replay of an earlier trace follows.
 
         Args:
             teachers: (L, N, V) the teachers' distributions, N = self.teachers.
             public: (L, V) the public model's distributions.
             generator: a torch.Generator, or StepGenerators with one generator per query.
+            version: the records version whose arithmetic to follow (dpledger.mechanisms.kernels.SCREEN_VERSION).
 
         Returns:
             (L,) float64 statistics.
 
         Raises:
-            ValueError: if the teacher axis does not hold N distributions or the shapes do not match.
+            ValueError: if the teacher axis does not hold N distributions, the shapes do not match, or a
+                statistic is NaN (an input holds NaN or inf).
         """
         ensemble = torch.as_tensor(teachers, dtype=torch.float64)
         reference = torch.as_tensor(public, dtype=torch.float64)
@@ -147,9 +151,30 @@ class NoisyScreening(AccountableMechanism):
         teacher_top = torch.gather(ensemble, -1, top.to(ensemble.device).unsqueeze(-2).expand(
             *ensemble.shape[:-1], top.shape[-1])).cpu()
         public_top = torch.gather(reference, -1, top)
+        if version >= 10:
+            return self._compiled_statistics(teacher_top, public_top, standard_normal(public_top.shape, generator))
         mean = self.lam * teacher_top.mean(dim=-2) + (1.0 - self.lam) * public_top
         noise = self.sigma * standard_normal(mean.shape, generator)
         return self.statistic_from_mean(mean, public_top, noise)
+
+    def _compiled_statistics(self, teacher_top: torch.Tensor, public_top: torch.Tensor,
+                             draws: torch.Tensor) -> torch.Tensor:
+        """statistics from the gathered columns (..., N, k) and (..., k) and standard normal draws (..., k),
+        in one compiled pass (records version >= 10); ValueError for a NaN statistic."""
+        from dpledger.mechanisms.fused import screen_statistics   # deferred: numba kernels on first use
+
+        batch, size = tuple(public_top.shape[:-1]), public_top.shape[-1]
+        steps = int(np.prod(batch, dtype=np.int64))
+        out = np.empty(steps)
+        _set_threads()
+        screen_statistics(np.ascontiguousarray(teacher_top.double().numpy()).reshape(steps, self.teachers, size),
+                          np.ascontiguousarray(public_top.double().numpy()).reshape(steps, size),
+                          np.ascontiguousarray(draws.double().numpy()).reshape(steps, size), float(self.lam),
+                          float(self.sigma), float(self.alpha), _SLACK_ULPS, out)
+        nan = np.isnan(out)
+        require(not nan.any(), f"screening statistic is NaN in row {int(np.argmax(nan))}: an input distribution "
+                               "holds NaN or inf")
+        return torch.from_numpy(out.reshape(batch))
 
     def top_indices(self, public: torch.Tensor) -> torch.Tensor:
         """K: the public model's top-k tokens per query (public, so choosing them costs nothing).

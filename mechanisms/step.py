@@ -20,7 +20,7 @@ from dpledger.accounting.errors import require
 from dpledger.accounting.orders import DEFAULT_ORDERS, canonical_orders, validated_orders
 from dpledger.accounting.relation import NeighbouringRelation, PathAccounting, neighbouring_relation, path_accounting
 from dpledger.mechanisms.distributions import validated_ensemble
-from dpledger.mechanisms.kernels import ADD_ONE_VERSION, SOLVER_VERSION, mixed_teachers
+from dpledger.mechanisms.kernels import ADD_ONE_VERSION, SCREEN_VERSION, SOLVER_VERSION, mixed_teachers
 from dpledger.mechanisms.leave_one_out import eq3_allowance_of, leave_one_out_curve
 from dpledger.accounting.lazy_import import lazy_module
 
@@ -299,7 +299,7 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
                    relation: NeighbouringRelation | str | None = None,
                    accounting: PathAccounting | str = "released-output", screening: bool = True,
                    data_dependent: bool = True, add_one_dual: bool = False, add_one_version: int = ADD_ONE_VERSION,
-                   solver_version: int = SOLVER_VERSION) -> StepResult:
+                   solver_version: int = SOLVER_VERSION, screen_version: int = SCREEN_VERSION) -> StepResult:
     """AdaPMixED (Flemings et al. 2024, Algorithm 1) for a batch of steps: the noisy screen
     (Theorem 4.1), PMixED's projection, and the charged curve by component: "screen" and
     "pmixed_data_dependent" (the loss covering `relation`, the mechanism's own by default) or,
@@ -322,6 +322,7 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
         add_one_dual: the add-one bound also takes the certified dual.
         add_one_version: whose add-one bound arithmetic to follow (data_dependent_step_curve).
         solver_version: whose mixing-weight solver arithmetic to follow (PMixED.mixing_weights_tensor).
+        screen_version: whose screening-statistic arithmetic to follow (NoisyScreening.statistics).
 
     Returns:
         The StepResult, charged by component.
@@ -343,7 +344,7 @@ def adapmixed_step(mechanism: AdaPMixED, teachers: torch.Tensor | npt.ArrayLike,
     if screening:
         if generator is None:
             raise ValueError("screening draws Gaussian noise: pass a torch.Generator")
-        statistic = screen.statistics(ensemble, reference, generator)   # gathers the top-k columns on the device
+        statistic = screen.statistics(ensemble, reference, generator, screen_version)   # gathers the top-k columns on the device
         passed = statistic <= screen.threshold
     else:
         statistic, passed = None, torch.ones(batch, dtype=torch.bool)

@@ -86,6 +86,7 @@ KERNELS: tuple[tuple[str, str, str], ...] = (
     ("fused", "renyi_log_moments", "f2 f2r i1 i1 f1 f f f2"),
     ("fused", "renyi_log_moments_parallel", "f2 f2 i1 i1 f1 f f f2"),
     ("fused", "screen_pass_counts", "f3 f2 f3 f f f f2"),
+    ("fused", "screen_statistics", "f3 f2 f2 f f f f f1"),
     ("fused", "solve_mixing_weights", "f2 f1 f1 f1 f f i f i f1 i1"),
 )
 

@@ -148,3 +148,70 @@ def test_budget_filters_and_refuses_data_dependent_checks_unless_opted_in():
 def test_invalid_screening_parameters(kwargs, message):
     with pytest.raises(ValueError, match=message):
         NoisyScreening(**kwargs)
+
+
+def _generated_screen_case(seed):
+    """A batch of steps of LM-like teachers around a public law, and a screen, from one seed."""
+    rng = np.random.default_rng(seed)
+    n, vocab, steps = int(rng.choice([1, 2, 8, 100])), int(rng.choice([5, 60, 1024])), int(rng.integers(1, 5))
+    logits = 4.0 * rng.standard_normal((steps, vocab))
+    public = np.exp(logits - logits.max(-1, keepdims=True))
+    public /= public.sum(-1, keepdims=True)
+    spread = logits[:, None] + rng.uniform(0.1, 3.0) * rng.standard_normal((steps, n, vocab))
+    teachers = np.exp(spread - spread.max(-1, keepdims=True))
+    teachers /= teachers.sum(-1, keepdims=True)
+    screen = NoisyScreening(teachers=n, lam=float(rng.uniform(0, 1)), sigma=float(10 ** rng.uniform(-4, 0)),
+                            alpha=float(rng.choice([2.0, 6.0, 18.0])), threshold=1.0, top_k=int(rng.choice([1, 8, 60])))
+    return torch.from_numpy(teachers), torch.from_numpy(public), screen
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_compiled_screen_statistic_is_the_torch_forms(seed):
+    """Records version 10's screening statistic (one compiled pass, fused.screen_statistics) against
+    version 9's torch operations on the same columns and draws: the same value within 1e-9 relative (or
+    1e-13 absolute, where both are the rounding-up slack around 0: a one-token top-k), the same +inf where
+    every noisy entry clips to 0."""
+    teachers, public, screen = _generated_screen_case(seed)
+    before, after = (screen.statistics(teachers, public, torch.Generator().manual_seed(seed), version=v).numpy()
+                     for v in (9, 10))
+    assert before.shape == after.shape == tuple(public.shape[:-1])
+    finite = np.isfinite(before)
+    assert np.array_equal(finite, np.isfinite(after)) and np.array_equal(before[~finite], after[~finite])
+    np.testing.assert_allclose(after[finite], before[finite], rtol=1e-9, atol=1e-13)
+
+
+def test_a_screen_whose_noise_clips_every_entry_gives_inf_in_both_versions():
+    """sigma far above the mean with draws all negative: every clipped entry is 0, the statistic +inf."""
+    screen = NoisyScreening(teachers=2, lam=0.5, sigma=10.0, alpha=18.0, threshold=1.0, top_k=3)
+    teachers = torch.full((1, 2, 3), 1.0 / 3, dtype=torch.float64)
+    public = torch.full((1, 3), 1.0 / 3, dtype=torch.float64)
+    generator_seed = next(s for s in range(10_000)
+                          if bool((torch.randn(1, 3, generator=torch.Generator().manual_seed(s), dtype=torch.float64) < -0.1).all()))
+    for version in (9, 10):
+        value = screen.statistics(teachers, public, torch.Generator().manual_seed(generator_seed), version=version)
+        assert value.tolist() == [np.inf]
+
+
+def test_a_runner_screens_with_the_arithmetic_of_the_records_version(monkeypatch):
+    """build_runner passes the trace's records version to the screen: 9 for a version 9 trace (the
+    torch operations it was decoded with), 10 from version 10 on."""
+    from dpledger.decoding.runners import build_runner
+    from dpledger.mechanisms.randomness import StepGenerators
+
+    seen = []
+    original = NoisyScreening.statistics
+
+    def recorded(self, *args, **kwargs):
+        seen.append(args[3] if len(args) > 3 else kwargs.get("version"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(NoisyScreening, "statistics", recorded)
+    rng = np.random.default_rng(5)
+    teachers, public = torch.from_numpy(lm_like(rng, 64, (2, 4))), torch.from_numpy(lm_like(rng, 64, (2,)))
+    table = dict(type="adapmixed", alpha=6.0, beta=0.05, lam=1e-4, sigma=1e-2, threshold=4.5, top_k=8)
+    for version in (9, 10):
+        seen.clear()
+        runner = build_runner(dict(table), 4, "add_or_remove_one", records_version=version)
+        assert "screen_version" not in runner.params
+        runner.process(public, teachers, StepGenerators.for_steps(1, 0, 2), ORDERS)
+        assert seen == [version]
