@@ -108,7 +108,7 @@ def step_work(vocab: int, teachers: int, steps: int) -> dict:
 
     counts = {"eq3_evaluations": 0, "eq3_one_exp_pair_path": 0, "eq3_two_pass_path": 0, "eq3_calls": 0,
               "add_one_orders": 0, "add_one_order_tokens": 0}
-    moments, order_sums = kernels._LeaveOneOut.moments, add_one._AllocatedTokens.order_sums
+    moments, row_sums = kernels._LeaveOneOut.moments, add_one._AllocatedTokens._row_sums
 
     def counted_moments(self, rows, grid, wanted=None):
         wanted = np.ones((len(rows), len(grid)), dtype=bool) if wanted is None else np.asarray(wanted)
@@ -124,16 +124,16 @@ def step_work(vocab: int, teachers: int, steps: int) -> dict:
         counts["eq3_two_pass_path"] += int((summed & ~fast).sum())
         return moments(self, rows, grid, wanted)
 
-    def counted_order_sums(self, grid):
+    def counted_row_sums(self, row, grid, targets):   # (every order and row the add-one sums take passes here)
         counts["add_one_orders"] += len(grid)
-        counts["add_one_order_tokens"] += len(grid) * int(self.allocated_counts.sum())
-        return order_sums(self, grid)
+        counts["add_one_order_tokens"] += len(grid) * int(self.allocated_counts[row])
+        return row_sums(self, row, grid, targets)
 
-    kernels._LeaveOneOut.moments, add_one._AllocatedTokens.order_sums = counted_moments, counted_order_sums
+    kernels._LeaveOneOut.moments, add_one._AllocatedTokens._row_sums = counted_moments, counted_row_sums
     try:
         step()
     finally:
-        kernels._LeaveOneOut.moments, add_one._AllocatedTokens.order_sums = moments, order_sums
+        kernels._LeaveOneOut.moments, add_one._AllocatedTokens._row_sums = moments, row_sums
 
     profile = cProfile.Profile()
     profile.enable()
