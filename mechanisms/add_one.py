@@ -1402,7 +1402,8 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
             allocation_magnitude[..., 0], magnitude[..., 0], chord_magnitude[..., 0], summation[..., 0],
             np.full(batch, 2.0 * np.log2(log_t.shape[-1] + 1.0)),
             allocated_tokens.shift_errors.reshape(batch)), axis=-1).reshape(rows, 11)
-        ball = np.array([alpha, radius, np.nan if all_orders_beta is None else all_orders_beta], dtype=np.float64)
+        ball = np.array([alpha, radius, 0.0 if all_orders_beta is None else all_orders_beta,
+                         0.0 if all_orders_beta is None else 1.0], dtype=np.float64)
         forward = _forward_curve_by_rows(allocated_tokens, orders_np, ball, row_terms,
                                          relative_tolerance).reshape(*batch, orders_np.size)
     else:

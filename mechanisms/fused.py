@@ -1084,14 +1084,14 @@ def _add_one_forward_bound(u2: float, chord: float, k: float, q: int, ball: Floa
                            lattice_u2: FloatArray, lattice_chord: FloatArray, rounding_ulps: float) -> float:
     """The forward add-one bound at order k = grid[q] from the two sums there (nondecreasing in each):
     min(Jensen's bound through min(U1_k, U2_k), the chord bound), add_one_direction_bounds' formula.
-    ball = (alpha, radius, beta or NaN); row as add_one_forward_round."""
+    ball = (alpha, radius, beta, 1 where beta bounds the ball at every order else 0); row as add_one_forward_round."""
     alpha, radius, beta = ball[0], ball[1], ball[2]
     log_m, max_ratio, slack, mass_term, teachers = row[0], row[1], row[2], row[3], row[4]
     u2_allowance, chord_allowance = _add_one_forward_allowances(u2, chord, k, q, lattice_u2, lattice_chord, 0.0,
                                                                 row[5], row[6], row[7], row[8], row[9],
                                                                 row[10], rounding_ulps)
     rho = radius if k <= alpha else ((alpha - 1.0) * radius + (k - alpha) * log_m) / (k - 1.0)
-    if beta == beta:
+    if ball[3] > 0.0:   # (a NaN beta makes the bound NaN, which the caller refuses)
         rho = _nan_min(rho, beta * k)
     u = _nan_min(rho + max_ratio, (u2 + u2_allowance) / (k - 1.0)) + slack
     jensen = (_log_mean_with_one_exp((k - 1.0) * u, teachers + 1.0) + mass_term) / (k - 1.0)
@@ -1122,7 +1122,7 @@ def add_one_forward_round(grid: FloatArray, index: IntArray, u2: FloatArray, cho
         u2, chord, u2_slope, chord_slope: (k - 1) U2_k, the chord sum and their derivatives in k there, (M,).
         done: state, bool (1, K), all False at the start: the anchors.
         known, slopes: state, (2, K): the sums (u2, chord) and their slopes at the anchors.
-        ball: (alpha, radius, beta of the all-orders ball or NaN), shape (3,).
+        ball: (alpha, radius, beta of the all-orders ball, 1 with that ball else 0), shape (4,).
         row: the row's terms, shape (11,): log M, max_j log(p0_j / p_j), slack (a rounding allowance on
             U_k), the Jensen step's mass term log1p(e) (1 + 2u), N, and the allowances' scales: the largest
             |log a_j|, the largest log t_j, that plus |log w0|, the sums' worst-case summation error

@@ -255,7 +255,9 @@ each row of a batch on its own sub-grid (before, the rows of a decode block shar
 shorter windows could not reproduce the bits); from 10, the forward direction's sub-grid rounds compiled
 (dpledger.mechanisms.fused.add_one_forward_round: the same certificate and bisection, with the C library's
 exp, expm1, log and log1p where version 9 took numpy's, whose vectorised forms may differ in the last
-bits, and with them a bisection decision). The replay of a trace follows the version that wrote it
+bits, and with them a bisection decision; and the chord sum's shifts by vectorised exp and log,
+dpledger.mechanisms.fused.add_one_shifts, whose error bound joins the chord's allowance). The replay of a
+trace follows the version that wrote it
 (dpledger.decoding.runners.build_runner)."""
 
 SCREEN_VERSION = 10

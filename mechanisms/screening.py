@@ -166,14 +166,17 @@ class NoisyScreening(AccountableMechanism):
         batch, size = tuple(public_top.shape[:-1]), public_top.shape[-1]
         steps = int(np.prod(batch, dtype=np.int64))
         out = np.empty(steps)
-        _set_threads()
-        screen_statistics(np.ascontiguousarray(teacher_top.double().numpy()).reshape(steps, self.teachers, size),
-                          np.ascontiguousarray(public_top.double().numpy()).reshape(steps, size),
-                          np.ascontiguousarray(draws.double().numpy()).reshape(steps, size), float(self.lam),
-                          float(self.sigma), float(self.alpha), _SLACK_ULPS, out)
+        if steps:
+            _set_threads()
+            teacher_rows, public_rows, draw_rows = (np.ascontiguousarray(values.detach().double().numpy())
+                                                    for values in (teacher_top, public_top, draws))
+            screen_statistics(teacher_rows.reshape(steps, self.teachers, size), public_rows.reshape(steps, size),
+                              draw_rows.reshape(steps, size), float(self.lam), float(self.sigma), float(self.alpha),
+                              _SLACK_ULPS, out)
         nan = np.isnan(out)
-        require(not nan.any(), f"screening statistic is NaN in row {int(np.argmax(nan))}: an input distribution "
-                               "holds NaN or inf")
+        if nan.any():
+            raise ValueError(f"screening statistic is NaN in row {int(np.argmax(nan))}: an input distribution "
+                             "holds NaN or inf")
         return torch.from_numpy(out.reshape(batch))
 
     def top_indices(self, public: torch.Tensor) -> torch.Tensor:

@@ -215,3 +215,18 @@ def test_a_runner_screens_with_the_arithmetic_of_the_records_version(monkeypatch
         assert "screen_version" not in runner.params
         runner.process(public, teachers, StepGenerators.for_steps(1, 0, 2), ORDERS)
         assert seen == [version]
+
+
+def test_the_compiled_screen_takes_an_empty_batch_and_tensors_that_require_grad():
+    """Found in review: version 10 failed on zero steps (numpy's argmax of nothing in its NaN check) and on
+    tensors that require grad (.numpy() without .detach()); version 9 answered both."""
+    screen = NoisyScreening(teachers=2, lam=0.5, sigma=0.01, alpha=18.0, top_k=4)
+    for version in (9, 10):
+        empty = screen.statistics(torch.rand(0, 2, 10, dtype=torch.float64), torch.rand(0, 10, dtype=torch.float64),
+                                  torch.Generator(), version=version)
+        assert tuple(empty.shape) == (0,)
+    teachers = torch.softmax(torch.randn(3, 2, 10, dtype=torch.float64), -1).requires_grad_()
+    public = torch.softmax(torch.randn(3, 10, dtype=torch.float64), -1)
+    values = [screen.statistics(teachers, public, torch.Generator().manual_seed(1), version=v).detach().numpy()
+              for v in (9, 10)]
+    np.testing.assert_allclose(values[1], values[0], rtol=1e-9, atol=1e-13)

@@ -612,3 +612,13 @@ def test_the_vectorised_shifts_are_within_their_stated_error_of_mpmath(seed, tea
         assert abs(mpmath.mpf(float(value)) - exact) <= bound, (x, value, float(exact))
     numpy_form = np.logaddexp(np.log(teachers), log_t) - np.log(teachers + 1.0)
     assert np.all(np.abs(shifts - numpy_form) <= 1e-14 * (1.0 + np.abs(log_t)))
+
+
+@pytest.mark.parametrize("version", [9, 10])
+def test_a_nan_all_orders_beta_is_refused(version):
+    """Found in review: version 10 passed beta as NaN to mean "no all-orders ball", so a NaN beta gave the
+    order-alpha ball's bound (an upper bound, but a NaN input must be refused, as version 9 refuses it)."""
+    case = generated_case(5)
+    with pytest.raises(ValueError, match="NaN"):
+        add_one_direction_bounds(case["output"], case["public"], case["teachers"], ORDERS.double(), 6.0, 0.3,
+                                 float("nan"), ADD_ONE_RELATIVE_TOLERANCE, 0, version)
