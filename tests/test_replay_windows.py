@@ -43,6 +43,20 @@ def test_a_block_replays_step_by_step_bit_for_bit(tmp_path):
     assert result.evidence["add_one_within_certificate_steps"] == 0
 
 
+def test_a_version_9_trace_replays_bit_for_bit_under_version_10s_code(tmp_path, monkeypatch):
+    """A trace written before records version 10 (the add-one rounds and the screen statistic in numpy and
+    torch) replays step by step with the arithmetic that wrote it: every step exact, none within the
+    certificate."""
+    _written_as_version(monkeypatch, 9)
+    run = synthetic.write_synthetic_run(tmp_path / "run", 4, VOCAB, STEPS, STEPS, PAPER_ADAPMIXED, payload=True,
+                                        step_spreads=SPREADS)
+    monkeypatch.undo()
+    loaded, result = _replayed_in_one_step_windows(run)
+    assert loaded.manifest["records_version"] == 9 < trace_files.RECORDS_VERSION
+    assert result.status.value == "PASS", result.detail
+    assert result.evidence["add_one_within_certificate_steps"] == 0
+
+
 def test_a_version_8_block_replays_within_the_subgrid_certificate(tmp_path, monkeypatch):
     _written_as_version(monkeypatch, 8)
     run = synthetic.write_synthetic_run(tmp_path / "run", 4, VOCAB, STEPS, STEPS, PAPER_ADAPMIXED, payload=True,
