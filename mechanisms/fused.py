@@ -9,8 +9,8 @@ cache is keyed). Every kernel whose values a trace records gives the same bits i
 compiled it and in one that loaded it from the cache, whatever the process ran before and with any
 number of threads: every fastmath helper is inlined into its kernel (_HELPER_FLAGS says why that
 matters), no kernel calls a fastmath kernel from compiled code (refinement_round says why; what
-compiled code does call without inlining, vexp and _chords_and_floor, has no fastmath flags, so a
-re-optimised copy keeps its IEEE bits), and none runs parallel (_TRACE_FLAGS). What
+compiled code does call without inlining, vexp, _chords_and_floor and convex_sandwich, has no fastmath
+flags, so a re-optimised copy keeps its IEEE bits), and none runs parallel (_TRACE_FLAGS). What
 does change the last bits of the reassociated sums is the vector width
 (dpledger.mechanisms.fastmath.prefer_wide_vectors); every value stays within the kernels' rounding
 allowance of the exact one either way, and the audit compares Eq. 3 within that allowance

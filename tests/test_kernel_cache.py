@@ -35,7 +35,8 @@ probs, public = synthetic_ensemble({vocab}, {teachers}, seed=3)
 result = AdaPMixED.paper_defaults({teachers}).step(probs, public, torch.Generator().manual_seed(0),
                                                    np.asarray(DEFAULT_ORDERS))
 print(json.dumps({{"lambdas": result.lambdas.numpy().tolist(), "eq3": result.details["eq3_remove_one"].tolist(),
-                  "added": result.add_one_bound.tolist(), "exact": result.exact_orders.tolist()}}))
+                  "added": result.add_one_bound.tolist(), "exact": result.exact_orders.tolist(),
+                  "screen": result.screen_statistic.tolist()}}))
 """
 
 
@@ -121,7 +122,7 @@ def test_no_trace_kernel_runs_parallel_or_links_another_fast_kernel():
         linked = {callee for callee in fast - {name} if re.search(rf"\b{callee}\(", body)}
         assert not linked, f"{name} calls the fastmath kernels {linked} from compiled code"
     # what compiled code may call without inlining keeps IEEE semantics, so a re-optimised copy has its bits
-    for name in ("vexp", "_chords_and_floor"):
+    for name in ("vexp", "_chords_and_floor", "convex_sandwich"):
         assert not kernels[name].targetoptions.get("fastmath"), name
 
 
