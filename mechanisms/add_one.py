@@ -1295,7 +1295,7 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
     # in the ball is 0 there too, D_alpha(q||p0) being finite), log M = max_j log(qmax_j / p0_j), the largest
     # log(p0_j / p_j) (+inf where p_j = 0 < p0_j) and the magnitudes the allowances scale with, in one pass
     log_qmax, log_qmin, ratio_q_p = (np.empty(log_p.shape) for _ in range(3))
-    maxima = np.empty((int(np.prod(log_p.shape[:-1], dtype=np.int64)), 6))
+    maxima = np.empty((math.prod(log_p.shape[:-1]), 6))
     add_one_token_bounds(np.ascontiguousarray(log_p).reshape(-1, log_p.shape[-1]),
                          np.ascontiguousarray(log_p0).reshape(-1, log_p.shape[-1]), float(alpha), float(log_r),
                          log_qmax.reshape(-1, log_p.shape[-1]), log_qmin.reshape(-1, log_p.shape[-1]),
@@ -1393,10 +1393,10 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         relative_tolerance = None
     # from records version 9 each row refines its own sub-grid: a row's bound never depends on the other rows
     # of the batch, so a replay in windows of another length than the decode's blocks recomputes the same bits
-    per_row = version >= 9 and relative_tolerance is not None and int(np.prod(batch, dtype=np.int64)) > 1
+    per_row = version >= 9 and relative_tolerance is not None and math.prod(batch) > 1
     curve = _order_curve_per_row if per_row else _order_curve_on_subgrid   # (one row: the same, with less bookkeeping)
     if version >= 10:   # the same rounds and bound, compiled (records version 10)
-        rows = int(np.prod(batch, dtype=np.int64))
+        rows = math.prod(batch)
         row_terms = np.stack(np.broadcast_arrays(
             log_m, max_ratio, slack, np.log1p(mass_excess_up) * (1.0 + 2.0 * _U), np.full(batch, n),
             allocation_magnitude[..., 0], magnitude[..., 0], chord_magnitude[..., 0], summation[..., 0],
@@ -1416,7 +1416,7 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
         needed = ~(forward >= cap)   # (a NaN forward counts as needed, and is refused below)
         reverse = np.full(forward.shape, cap)
         if per_row:   # each row at its own orders, as the row alone
-            rows = int(np.prod(batch, dtype=np.int64))
+            rows = math.prod(batch)
             flat_needed, flat_reverse = needed.reshape(rows, orders_np.size), reverse.reshape(rows, orders_np.size)
             flat_log_p = log_p.reshape(-1, vocab)
             flat_log_qmin = np.broadcast_to(log_qmin, log_p.shape).reshape(-1, vocab)
@@ -1430,7 +1430,7 @@ def add_one_direction_bounds(output: torch.Tensor, public: torch.Tensor, teacher
                     orders_np[columns], (1,), relative_tolerance)[0]
             reverse = flat_reverse.reshape(forward.shape)
         else:
-            columns = np.flatnonzero(needed.reshape(int(np.prod(batch, dtype=np.int64)), orders_np.size).any(axis=0))
+            columns = np.flatnonzero(needed.reshape(math.prod(batch), orders_np.size).any(axis=0))
             if columns.size:
                 reverse[..., columns] = _order_curve_on_subgrid(reverse_sums_on(orders_np[columns]),
                                                                 reverse_allowances, reverse_bound, [True],
@@ -1581,7 +1581,7 @@ def _order_curve_per_row(sums: _Sums, allowances: _Allowances, bound: _Bound, ro
         return _order_curve_on_subgrid(sums, allowances, bound, rounded_up, grid, batch, relative_tolerance)
     if grid.size > 1 and not np.all(np.diff(grid) > 0):
         raise ValueError(f"the add-one bound's sub-grid needs strictly increasing orders, got {grid.tolist()!r}")
-    rows, size = int(np.prod(batch, dtype=np.int64)), grid.size
+    rows, size = math.prod(batch), grid.size
     done = np.zeros((rows, size), dtype=bool)
     known = [np.full((rows, size), np.nan) for _ in rounded_up]
     slopes = [np.full((rows, size), np.nan) for _ in rounded_up]

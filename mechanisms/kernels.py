@@ -138,7 +138,7 @@ def renyi_divergence_orders(log_p: torch.Tensor, log_q: torch.Tensor, orders: to
     lp = np.ascontiguousarray(log_p.detach().double().numpy().reshape(-1, vocab))
     lq = np.ascontiguousarray(log_q.detach().double().numpy().reshape(-1, vocab))
     orders_np = np.ascontiguousarray(orders.detach().cpu().double().numpy().reshape(-1))
-    rows = int(np.prod(batch_shape)) if batch_shape else 1
+    rows = math.prod(batch_shape) if batch_shape else 1
     flat = np.arange(rows)
     p_shape, q_shape = tuple(log_p.shape[:-1]), tuple(log_q.shape[:-1])
     moments = np.empty((rows, orders_np.size))

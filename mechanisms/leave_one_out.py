@@ -9,6 +9,7 @@ up) are in dpledger.mechanisms.kernels.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -181,7 +182,7 @@ def leave_one_out_curve(teachers: torch.Tensor, public: torch.Tensor, lambdas: t
     if n < 2:
         raise ValueError(f"leave-one-out needs an ensemble of at least 2 teachers, got {n}")
     if magnitudes is not None:
-        steps = int(np.prod(teachers.shape[:-2], dtype=np.int64))
+        steps = math.prod(teachers.shape[:-2])
         require(teachers.device.type == "cpu" and magnitudes.shape == (steps,),
                 f"magnitudes must hold one value per step of a CPU ensemble, shape ({steps},), got "
                 f"{magnitudes.shape} on {teachers.device.type}")

@@ -164,7 +164,7 @@ class NoisyScreening(AccountableMechanism):
         from dpledger.mechanisms.fused import screen_statistics   # deferred: numba kernels on first use
 
         batch, size = tuple(public_top.shape[:-1]), public_top.shape[-1]
-        steps = int(np.prod(batch, dtype=np.int64))
+        steps = math.prod(batch)
         out = np.empty(steps)
         if steps:
             _set_threads()

@@ -9,6 +9,7 @@ curve charged, by component, on the order grid.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Hashable, Protocol, Sequence
 
@@ -212,7 +213,7 @@ def data_dependent_step_curve(
     """
     relation = neighbouring_relation(relation)
     # each step's rounding scale (CPU): the replay compares two computations of Eq. 3 within its allowance
-    magnitudes = np.full(int(np.prod(teachers.shape[:-2])), np.nan) if teachers.device.type == "cpu" else None
+    magnitudes = np.full(math.prod(teachers.shape[:-2]), np.nan) if teachers.device.type == "cpu" else None
     removed, exact, output = leave_one_out_curve(teachers, public, lambdas, orders, relative_tolerance, magnitudes)
     output = output.to(public.device)
     added = None
