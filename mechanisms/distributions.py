@@ -103,7 +103,7 @@ def require_probabilities(values: "torch.Tensor") -> None:
     """
     if values.numel() == 0:
         return
-    low, high = values.aminmax()
+    low, high = values.detach().aminmax()   # (a float() of a grad tensor warns)
     if values.device.type == "cpu":   # two Python floats cost less than the device form's tensor operations
         smallest, largest = float(low), float(high)
         found = 2 * int(not largest < math.inf or smallest != smallest) + int(smallest < 0.0)

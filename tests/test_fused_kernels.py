@@ -235,6 +235,19 @@ def test_cpu_solver_shares_one_public_law_across_a_batch_as_the_torch_solver_doe
             solver(teachers, torch.from_numpy(rng.dirichlet(np.ones(40), size=5)), (6.0,), (0.3,))
 
 
+def test_the_cpu_input_check_takes_a_tensor_that_requires_grad_without_a_warning():
+    """Found in review: reading aminmax's ends as Python floats warned for a grad tensor (PyTorch's
+    "Converting a tensor with requires_grad=True to a scalar"); the check reads them detached."""
+    import warnings
+
+    teachers = torch.softmax(torch.randn(3, 2, 10, dtype=torch.float64), -1).requires_grad_()
+    public = torch.softmax(torch.randn(3, 10, dtype=torch.float64), -1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lambdas = ball_mixing_weights(teachers, public, (2.0,), (0.5,))
+    assert lambdas.shape == (3, 2)
+
+
 @pytest.mark.parametrize("bad, message", [(float("nan"), "holds NaN or inf"), (float("inf"), "holds NaN or inf"),
                                           (-0.1, "holds a negative probability")])
 @pytest.mark.parametrize("where", ["teachers", "public"])
