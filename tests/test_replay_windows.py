@@ -47,14 +47,32 @@ def test_a_version_9_trace_replays_bit_for_bit_under_version_10s_code(tmp_path, 
     """A trace written before records version 10 (the add-one rounds and the screen statistic in numpy and
     torch) replays step by step with the arithmetic that wrote it: every step exact, none within the
     certificate."""
+    from dpledger.mechanisms.screening import NoisyScreening
+
     _written_as_version(monkeypatch, 9)
     run = synthetic.write_synthetic_run(tmp_path / "run", 4, VOCAB, STEPS, STEPS, PAPER_ADAPMIXED, payload=True,
                                         step_spreads=SPREADS)
     monkeypatch.undo()
+    # version 10's arithmetic would replay these steps within the replay's 1e-9 as well, so the versions the
+    # replay asks for are what shows it follows the trace's
+    versions: dict[str, set] = {"add_one": set(), "screen": set()}
+    add_one_bounds, statistics = add_one.add_one_divergence_bounds, NoisyScreening.statistics
+
+    def add_one_spy(*args, **kwargs):
+        versions["add_one"].add(kwargs["version"])
+        return add_one_bounds(*args, **kwargs)
+
+    def screen_spy(self, *args, **kwargs):
+        versions["screen"].add(args[3] if len(args) > 3 else kwargs["version"])
+        return statistics(self, *args, **kwargs)
+
+    monkeypatch.setattr(add_one, "add_one_divergence_bounds", add_one_spy)
+    monkeypatch.setattr(NoisyScreening, "statistics", screen_spy)
     loaded, result = _replayed_in_one_step_windows(run)
     assert loaded.manifest["records_version"] == 9 < trace_files.RECORDS_VERSION
     assert result.status.value == "PASS", result.detail
     assert result.evidence["add_one_within_certificate_steps"] == 0
+    assert versions == {"add_one": {9}, "screen": {9}}
 
 
 def test_a_version_8_block_replays_within_the_subgrid_certificate(tmp_path, monkeypatch):
