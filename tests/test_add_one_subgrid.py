@@ -108,24 +108,30 @@ def test_the_sandwich_brackets_a_convex_sum_computed_in_mpmath(seed):
     assert np.array_equal(chord[0][anchors], exact[anchors])
 
 
-def test_a_trace_follows_the_arithmetic_of_the_code_that_wrote_it():
-    """build_runner with records_version < 4 charges the add-one bound at every order, as the code that
-    wrote such traces did (their replay must reproduce it); version 4 on the sub-grid, never below."""
+def _unscreened_block(seed: int, records_version: int):
+    """A block of 2 steps of 4 teachers at the sub-grid's smallest vocabulary in the decode loop, run by an
+    unscreened AdaPMixED runner built as for a trace of `records_version`: (its outcome, the public laws)."""
     from dpledger.decoding.runners import build_runner
-    from dpledger.mechanisms import PMixED
     from dpledger.mechanisms.randomness import StepGenerators
 
-    rng = np.random.default_rng(3)
-    vocab = ADD_ONE_SUBGRID_MIN_VOCABULARY     # the sub-grid's smallest vocabulary in the decode loop
+    rng = np.random.default_rng(seed)
+    vocab = ADD_ONE_SUBGRID_MIN_VOCABULARY
     teachers = torch.from_numpy(_softmax(rng.normal(0, 2, (2, 4, vocab))))
     public = torch.from_numpy(_softmax(rng.normal(0, 2, (2, vocab))))
     table = dict(type="adapmixed", alpha=6.0, beta=0.05, lam=1e-4, sigma=1e-2, threshold=4.5, top_k=8,
                  screening=False)
-    outcomes = {}
-    for version in (3, 4):
-        runner = build_runner(dict(table), 4, "add_or_remove_one", records_version=version)
-        assert "add_one_version" not in runner.params        # never a config key: the manifest check is unchanged
-        outcomes[version] = runner.process(public, teachers, StepGenerators.for_steps(1, 0, 2), np.asarray(DEFAULT_ORDERS))
+    runner = build_runner(table, 4, "add_or_remove_one", records_version=records_version)
+    assert "add_one_version" not in runner.params   # never a config key: the manifest check is unchanged
+    return runner.process(public, teachers, StepGenerators.for_steps(1, 0, 2), np.asarray(DEFAULT_ORDERS)), public
+
+
+def test_a_trace_follows_the_arithmetic_of_the_code_that_wrote_it():
+    """build_runner with records_version < 4 charges the add-one bound at every order, as the code that
+    wrote such traces did (their replay must reproduce it); version 4 on the sub-grid, never below."""
+    from dpledger.mechanisms import PMixED
+
+    (every_order_outcome, public), (subgrid_outcome, _) = (_unscreened_block(3, version) for version in (3, 4))
+    outcomes = {3: every_order_outcome, 4: subgrid_outcome}
     every_order = add_one_divergence_bounds(outcomes[3].output, public, 4, ORDERS, *PMixED(6.0, 0.05, 4).one_order_ball,
                                             relative_tolerance=None).numpy()
     np.testing.assert_allclose(outcomes[3].add_one_bound, every_order, rtol=1e-6)   # (from the step's own output law)
@@ -561,8 +567,6 @@ def test_a_trace_of_version_9_replays_with_version_9s_rounds(monkeypatch):
     """build_runner follows the records version that wrote a trace: the step asks the add-one bound for
     version 9's numpy rounds or version 10's compiled ones, and charges what that version gives."""
     import dpledger.mechanisms.add_one as add_one
-    from dpledger.decoding.runners import build_runner
-    from dpledger.mechanisms.randomness import StepGenerators
 
     calls = []
 
@@ -572,17 +576,10 @@ def test_a_trace_of_version_9_replays_with_version_9s_rounds(monkeypatch):
         return bound
 
     monkeypatch.setattr(add_one, "add_one_divergence_bounds", recorded)
-    rng = np.random.default_rng(11)
-    vocab = ADD_ONE_SUBGRID_MIN_VOCABULARY
-    teachers = torch.from_numpy(_softmax(rng.normal(0, 2, (2, 4, vocab))))
-    public = torch.from_numpy(_softmax(rng.normal(0, 2, (2, vocab))))
-    table = dict(type="adapmixed", alpha=6.0, beta=0.05, lam=1e-4, sigma=1e-2, threshold=4.5, top_k=8,
-                 screening=False)
     bounds = {}
     for version in (9, 10):
         calls.clear()
-        runner = build_runner(dict(table), 4, "add_or_remove_one", records_version=version)
-        outcome = runner.process(public, teachers, StepGenerators.for_steps(1, 0, 2), np.asarray(DEFAULT_ORDERS))
+        outcome = _unscreened_block(11, version)[0]
         (args, kwargs, bound), = calls
         assert kwargs["version"] == version
         assert np.array_equal(outcome.add_one_bound, bound.numpy())
