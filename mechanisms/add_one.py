@@ -1523,6 +1523,17 @@ def _sandwich(grid: np.ndarray, done: np.ndarray, values: np.ndarray,
     return chord.reshape(shape), rounding.reshape(shape), lower.reshape(shape)
 
 
+def _require_subgrid(grid: np.ndarray, relative_tolerance: float | None) -> None:
+    """The sub-grid's arguments, one line each: a certificate > 0 (None: every order computed, any grid) and,
+    with one, strictly increasing orders (the chords and the bisection read them in order)."""
+    if relative_tolerance is None:
+        return
+    if not relative_tolerance > 0:
+        raise ValueError(f"relative_tolerance must be > 0 or None, got {relative_tolerance!r}")
+    if grid.size > 1 and not np.all(np.diff(grid) > 0):
+        raise ValueError(f"the add-one bound's sub-grid needs strictly increasing orders, got {grid.tolist()!r}")
+
+
 def _order_curve_on_subgrid(sums: _Sums, allowances: _Allowances, bound: _Bound, rounded_up: list[bool],
                             grid: np.ndarray, batch: tuple[int, ...], relative_tolerance: float | None) -> np.ndarray:
     """One direction of add_one_direction_bounds at every order of `grid` from sums convex in the order,
@@ -1531,12 +1542,9 @@ def _order_curve_on_subgrid(sums: _Sums, allowances: _Allowances, bound: _Bound,
     grid[index] and their derivatives (or None); `allowances(values, orders)` bounds their rounding,
     `rounded_up` says which sums the kernel already rounded up; `bound(values, orders)` is the direction's
     bound, nondecreasing in each sum."""
-    if relative_tolerance is not None and not (relative_tolerance > 0):
-        raise ValueError(f"relative_tolerance must be > 0 or None, got {relative_tolerance!r}")
+    _require_subgrid(grid, relative_tolerance)
     if relative_tolerance is None or grid.size == 0:   # an empty grid has no sub-grid to seed
         return bound(sums(np.arange(grid.size))[0], grid)
-    if grid.size > 1 and not np.all(np.diff(grid) > 0):
-        raise ValueError(f"the add-one bound's sub-grid needs strictly increasing orders, got {grid.tolist()!r}")
     done = np.zeros(grid.size, dtype=bool)
     known = [np.full(batch + (grid.size,), np.nan) for _ in rounded_up]
     slopes = [np.full(batch + (grid.size,), np.nan) for _ in rounded_up]
@@ -1579,8 +1587,7 @@ def _order_curve_per_row(sums: _Sums, allowances: _Allowances, bound: _Bound, ro
     a row keeps only the orders its sub-grid asked for."""
     if relative_tolerance is None or not (relative_tolerance > 0) or grid.size == 0:   # (no sub-grid to seed)
         return _order_curve_on_subgrid(sums, allowances, bound, rounded_up, grid, batch, relative_tolerance)
-    if grid.size > 1 and not np.all(np.diff(grid) > 0):
-        raise ValueError(f"the add-one bound's sub-grid needs strictly increasing orders, got {grid.tolist()!r}")
+    _require_subgrid(grid, relative_tolerance)
     rows, size = math.prod(batch), grid.size
     done = np.zeros((rows, size), dtype=bool)
     known = [np.full((rows, size), np.nan) for _ in rounded_up]
@@ -1644,10 +1651,7 @@ def _forward_curve_by_rows(allocated_tokens: _AllocatedTokens, grid: np.ndarray,
     _order_curve_per_row, with the C library's transcendental functions in place of numpy's;
     relative_tolerance=None computes every order (one round). (R, K) for the R rows of `row_terms`
     (add_one_forward_round's `row`, one per row of the flattened batch)."""
-    if relative_tolerance is not None and not relative_tolerance > 0:
-        raise ValueError(f"relative_tolerance must be > 0 or None, got {relative_tolerance!r}")
-    if relative_tolerance is not None and grid.size > 1 and not np.all(np.diff(grid) > 0):
-        raise ValueError(f"the add-one bound's sub-grid needs strictly increasing orders, got {grid.tolist()!r}")
+    _require_subgrid(grid, relative_tolerance)
     rows, size = row_terms.shape[0], grid.size
     result = np.empty((rows, size))
     if size == 0:
